@@ -1,0 +1,101 @@
+"""Input embeddings (tokens + positions + token types) and the tied/untied output projection."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from jaxformer.config import ModelConfig
+from jaxformer.layers.params import ParamSpec, declare, norm_spec
+from jaxformer.ops.dropout import dropout
+from jaxformer.ops.embedding import attend, embed
+from jaxformer.ops.norms import normalize
+from jaxformer.ops.positions import lookup_positions, relative_position_bias, sinusoidal
+
+
+class TokenEmbed(nn.Module):
+    """The `[vocab, d_model]` token table; `attend` reuses it as the output projection (tied)."""
+
+    cfg: ModelConfig
+
+    def setup(self):
+        cfg = self.cfg
+        self.params_ = declare(self, {"embedding": ParamSpec(
+            (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), "normal", cfg.embed_init_std)},
+            jnp.dtype(cfg.param_dtype))
+
+    def __call__(self, ids):
+        """`[B, T]` ids → `[B, T, D]` in the compute dtype (NaN rows for out-of-vocabulary ids)."""
+        return embed(self.params_["embedding"], ids, dtype=jnp.dtype(self.cfg.dtype))
+
+    def attend(self, x):
+        """`[B, T, D]` → `[B, T, vocab]` logits with the transposed table."""
+        return attend(self.params_["embedding"], x)
+
+
+class InputEmbedding(nn.Module):
+    """x = dropout(norm?(scale · E[tokens] + P[positions] + T[token_types])).
+
+    ``scale`` is sqrt(d_model) when ``cfg.scale_embeddings`` (Vaswani §3.4), else 1. Positions are
+    sinusoidal (no parameters) or a learned `[max_len, d_model]` table; RoPE and relative positions
+    act inside attention instead.
+    """
+
+    cfg: ModelConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, token_embeddings, positions, token_types=None):
+        cfg = self.cfg
+        spec = {}
+        if cfg.position == "learned":
+            spec["pos_embedding"] = ParamSpec((cfg.max_len, cfg.d_model), ("length", "embed"),
+                                              "normal", cfg.embed_init_std)
+        if cfg.type_vocab_size:
+            spec["type_embedding"] = ParamSpec((cfg.type_vocab_size, cfg.d_model), ("types", "embed"),
+                                               "normal", cfg.embed_init_std)
+        if cfg.embedding_norm:
+            spec["norm"] = norm_spec(cfg)
+        p = declare(self, spec, jnp.dtype(cfg.param_dtype))
+        x = token_embeddings
+        if cfg.scale_embeddings:
+            x = x * jnp.sqrt(jnp.asarray(cfg.d_model, x.dtype))
+        if cfg.position == "learned":
+            x = x + lookup_positions(p["pos_embedding"], positions).astype(x.dtype)
+        elif cfg.position == "sinusoidal":
+            x = x + sinusoidal(positions, cfg.d_model, dtype=x.dtype)
+        if cfg.type_vocab_size:
+            types = jnp.zeros_like(positions) if token_types is None else token_types
+            x = x + embed(p["type_embedding"], types, dtype=x.dtype)
+        if cfg.embedding_norm:
+            x = normalize(cfg.norm, x, p["norm"], eps=cfg.norm_eps)
+        rng = None if self.deterministic or cfg.dropout_rate == 0 else self.make_rng("dropout")
+        return dropout(x, cfg.dropout_rate, rng)
+
+
+class FinalNorm(nn.Module):
+    """The norm after the last pre-LN block."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+        p = declare(self, norm_spec(self.cfg), jnp.dtype(self.cfg.param_dtype))
+        return normalize(self.cfg.norm, x, p, eps=self.cfg.norm_eps)
+
+
+class RelativeBias(nn.Module):
+    """T5's learned `[buckets, heads]` table; one per stack, shared by its layers."""
+
+    cfg: ModelConfig
+    bidirectional: bool
+
+    @nn.compact
+    def __call__(self, q_positions, kv_positions):
+        cfg = self.cfg
+        p = declare(self, {"embedding": ParamSpec((cfg.relative_num_buckets, cfg.num_heads),
+                                                  ("relpos", "heads"), "normal", cfg.embed_init_std)},
+                    jnp.dtype(cfg.param_dtype))
+        return relative_position_bias(p["embedding"], q_positions, kv_positions,
+                                      bidirectional=self.bidirectional,
+                                      max_distance=cfg.relative_max_distance).astype(cfg.dtype)

@@ -1,0 +1,59 @@
+"""A stack of `Block`s: unrolled, or scanned with `nn.scan`, optionally rematerialised.
+
+Scanning compiles one layer instead of ``num_layers`` (fast compiles for deep models) and stacks the
+parameters along a leading ``layers`` axis; unrolled stacks name layers ``layer_0 … layer_{N-1}``.
+Both compute the same function (tested). ``remat_policy`` trades compute for activation memory
+(`jax.checkpoint` policies: "full" saves nothing, "dots" saves matmul outputs).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+from jaxformer.config import ModelConfig
+from jaxformer.layers.block import Block
+
+REMAT_POLICIES = {
+    "full": None,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_with_no_batch_dims": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+class Stack(nn.Module):
+    """``num_layers`` blocks applied in order (each block's output feeds the next)."""
+
+    cfg: ModelConfig
+    num_layers: int
+    causal: bool = False
+    cross_attention: bool = False
+    deterministic: bool = True
+    decode: bool = False
+
+    @nn.compact
+    def __call__(self, x, positions=None, segment_ids=None, bias=None, encoder_out=None,
+                 encoder_segment_ids=None, cross_bias=None, cache_index=None):
+        cfg = self.cfg
+        block_cls = Block
+        if cfg.remat_policy != "none":
+            block_cls = nn.remat(Block, policy=REMAT_POLICIES[cfg.remat_policy],
+                                 prevent_cse=not cfg.scan_layers)
+        attrs = dict(cfg=cfg, causal=self.causal, cross_attention=self.cross_attention,
+                     deterministic=self.deterministic, decode=self.decode)
+        args = (positions, segment_ids, bias, encoder_out, encoder_segment_ids, cross_bias,
+                cache_index)
+        if cfg.scan_layers:
+            scanned = nn.scan(
+                block_cls,
+                variable_axes={"params": 0, "cache": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast,) * len(args),
+                length=self.num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
+            x, _ = scanned(**attrs, name="layers")(x, *args)
+            return x
+        for i in range(self.num_layers):
+            x, _ = block_cls(**attrs, name=f"layer_{i}")(x, *args)
+        return x

@@ -1,0 +1,57 @@
+"""Published architectures as `ModelConfig` keyword sets, plus CPU-sized "tiny" variants.
+
+Parameter counts (tested) equal the published models at the same vocabulary:
+GPT-2 small 124,439,808; BERT-base-uncased 109,482,240 (with pooler, without MLM head);
+T5-small v1.0 60,506,624.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxformer.config import ModelConfig
+
+_GPT2 = dict(family="decoder", position="learned", norm="layer", norm_position="pre", norm_eps=1e-5,
+             activation="gelu_tanh", use_bias=True, tie_embeddings=True, dropout_rate=0.1,
+             attention_dropout_rate=0.1)
+_BERT = dict(family="encoder", position="learned", norm="layer", norm_position="post", norm_eps=1e-12,
+             activation="gelu", use_bias=True, embedding_norm=True, type_vocab_size=2, head="mlm",
+             mlm_transform=True, lm_head_bias=True, pooler=True, pooling="first",
+             dropout_rate=0.1, attention_dropout_rate=0.1)
+_T5_V1_0 = dict(family="encoder_decoder", position="relative", norm="rms", norm_position="pre",
+                norm_eps=1e-6, activation="relu", use_bias=False, attention_scale=1.0,
+                tie_embeddings=True, rescale_tied_logits=True, relative_num_buckets=32,
+                relative_max_distance=128, dropout_rate=0.1, attention_dropout_rate=0.1,
+                ffn_dropout_rate=0.1, embed_init_std=1.0)
+_VASWANI = dict(family="encoder_decoder", position="sinusoidal", norm="layer", norm_position="post",
+                norm_eps=1e-6, activation="relu", use_bias=True, tie_embeddings=True,
+                scale_embeddings=True, dropout_rate=0.1, attention_dropout_rate=0.0,
+                embed_init_std=512 ** -0.5)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "gpt2_small": dict(_GPT2, vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
+                       max_len=1024),
+    "gpt_tiny": dict(_GPT2, vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_layers=2,
+                     max_len=128),
+    "bert_base": dict(_BERT, vocab_size=30522, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
+                      max_len=512),
+    "bert_tiny": dict(_BERT, vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_layers=2,
+                      max_len=128),
+    "t5_small": dict(_T5_V1_0, vocab_size=32128, d_model=512, num_heads=8, d_ff=2048, num_layers=6,
+                     max_len=512),
+    "t5_tiny": dict(_T5_V1_0, vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_layers=2,
+                    max_len=128),
+    "transformer_base": dict(_VASWANI, vocab_size=37000, d_model=512, num_heads=8, d_ff=2048,
+                             num_layers=6, max_len=512),
+    "transformer_tiny": dict(_VASWANI, vocab_size=512, d_model=64, num_heads=4, d_ff=256,
+                             num_layers=2, max_len=128, embed_init_std=64 ** -0.5),
+}
+
+
+def preset(name: str, **overrides) -> dict[str, Any]:
+    """A copy of preset ``name`` with ``overrides`` applied (validated by building a ModelConfig)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    out = dict(PRESETS[name], **overrides)
+    ModelConfig.from_dict(out)
+    return out

@@ -1,0 +1,45 @@
+"""Pure functions (jax.numpy in, jax.numpy out; no parameters held): import and use directly."""
+
+from jaxformer.ops.activations import ACTIVATIONS, get_activation
+from jaxformer.ops.attention import dot_product_attention
+from jaxformer.ops.blocks import (
+    attention_sublayer,
+    decoder_block,
+    encoder_block,
+    transformer_block,
+)
+from jaxformer.ops.dense import dense
+from jaxformer.ops.dropout import dropout
+from jaxformer.ops.embedding import attend, check_token_ids, embed
+from jaxformer.ops.ffn import ffn
+from jaxformer.ops.losses import (
+    cross_entropy_with_integer_labels,
+    weighted_accuracy,
+    weighted_cross_entropy,
+)
+from jaxformer.ops.masks import (
+    causal_mask,
+    combine_masks,
+    key_padding_mask,
+    make_attention_mask,
+    padding_mask,
+    segment_mask,
+)
+from jaxformer.ops.norms import layer_norm, normalize, rms_norm
+from jaxformer.ops.positions import (
+    apply_rope,
+    lookup_positions,
+    relative_position_bias,
+    relative_position_bucket,
+    sinusoidal,
+    sinusoidal_table,
+)
+
+__all__ = [
+    "ACTIVATIONS", "get_activation", "dot_product_attention", "attention_sublayer", "decoder_block",
+    "encoder_block", "transformer_block", "dense", "dropout", "attend", "check_token_ids", "embed",
+    "ffn", "cross_entropy_with_integer_labels", "weighted_accuracy", "weighted_cross_entropy",
+    "causal_mask", "combine_masks", "key_padding_mask", "make_attention_mask", "padding_mask",
+    "segment_mask", "layer_norm", "normalize", "rms_norm", "apply_rope", "lookup_positions",
+    "relative_position_bias", "relative_position_bucket", "sinusoidal", "sinusoidal_table",
+]

@@ -1,0 +1,238 @@
+"""Scaled dot-product attention, plain and memory-efficient (chunked, online softmax).
+
+    Attention(Q, K, V) = softmax(Q Kᵀ · scale + B + M) V          (Vaswani et al. 2017, eq. 1)
+
+with ``scale = 1/sqrt(head_dim)`` by default (T5 uses 1.0), ``B`` an additive bias (e.g. T5 relative
+positions) and ``M`` the mask (−∞ where the boolean mask is False).
+
+Layout follows `jax.nn.dot_product_attention`: ``q`` is `[batch, q_len, heads, head_dim]`, ``k``/``v``
+are `[batch, kv_len, kv_heads, head_dim]`. ``heads`` must be a multiple of ``kv_heads``: grouped-query
+attention (Ainslie et al. 2023) shares each key/value head among ``heads // kv_heads`` query heads
+(``kv_heads == 1`` is multi-query attention). Masks are boolean, broadcastable to
+`[batch, heads, q_len, kv_len]`, True = may attend.
+
+A query row with no visible key returns zeros (not the mean of the values), in both paths.
+
+The chunked path (``implementation="chunked"``) never materialises the `[q_len, kv_len]` logits: it
+streams over key/value chunks keeping a running max and normaliser (Milakov & Gimelshein 2018;
+Rabe & Staats 2021, "Self-attention does not need O(n²) memory") and rematerialises each chunk in the
+backward pass. It equals the plain path to float rounding (dropout patterns differ; they agree in
+distribution).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxformer.ops.dropout import dropout
+
+Array = jnp.ndarray
+IMPLEMENTATIONS = ("xla", "chunked")
+
+
+def _to_5d(x: Array | None, kv_heads: int, groups: int) -> Array | None:
+    """Broadcastable `[..., heads?, q, kv]` → `[batch?, kv_heads?, groups?, q, kv]`."""
+    if x is None:
+        return None
+    while x.ndim < 4:
+        x = x[None]
+    if x.shape[1] == 1:
+        return x[:, :, None]
+    if x.shape[1] != kv_heads * groups:
+        raise ValueError(f"mask/bias head dimension {x.shape[1]} is neither 1 nor heads={kv_heads * groups}")
+    return x.reshape(x.shape[0], kv_heads, groups, *x.shape[2:])
+
+
+def _check_shapes(q: Array, k: Array, v: Array) -> tuple[int, int]:
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            f"q, k, v must be [batch, length, heads, head_dim]; got {q.shape}, {k.shape}, {v.shape}"
+        )
+    heads, kv_heads = q.shape[2], k.shape[2]
+    if v.shape[2] != kv_heads or k.shape[1] != v.shape[1]:
+        raise ValueError(f"k {k.shape} and v {v.shape} must agree on length and heads")
+    if heads % kv_heads:
+        raise ValueError(f"query heads ({heads}) must be a multiple of kv heads ({kv_heads})")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q head_dim {q.shape[-1]} != k head_dim {k.shape[-1]}")
+    return kv_heads, heads // kv_heads
+
+
+def _block_mask(
+    q_idx: Array,
+    kv_idx: Array,
+    *,
+    causal: bool,
+    mask5: Array | None,
+    q_seg: Array | None,
+    kv_seg: Array | None,
+) -> Array | None:
+    """Combined boolean mask `[batch?, kvh?, g?, q, kv]` for the given index ranges."""
+    out = mask5
+    if causal:
+        c = (kv_idx[None, :] <= q_idx[:, None])[None, None, None]
+        out = c if out is None else jnp.logical_and(out, c)
+    if q_seg is not None:
+        s = (q_seg[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] != 0)
+        s = s[:, None, None]
+        out = s if out is None else jnp.logical_and(out, s)
+    return out
+
+
+def _plain(q5, k, v, bias5, mask, scale, dropout_rate, dropout_rng, precision):
+    logits = jnp.einsum(
+        "bqhgd,bkhd->bhgqk", q5, k, precision=precision, preferred_element_type=jnp.float32
+    )
+    logits = logits * scale
+    if bias5 is not None:
+        logits = logits + bias5.astype(jnp.float32)
+    if mask is not None:
+        logits = jnp.where(mask, logits, -jnp.inf)
+    m = jnp.max(logits, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(logits - m)
+    denom = jnp.sum(p, axis=-1, keepdims=True)
+    w = p / jnp.where(denom == 0, 1.0, denom)
+    w = dropout(w, dropout_rate, dropout_rng)
+    return jnp.einsum("bhgqk,bkhd->bqhgd", w.astype(v.dtype), v, precision=precision)
+
+
+def _slice_last(x: Array | None, start: Array, size: int) -> Array | None:
+    if x is None or x.shape[-1] == 1:
+        return x
+    return lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim - 1)
+
+
+def _slice_axis(x: Array | None, start: Array, size: int, axis: int) -> Array | None:
+    if x is None or x.shape[axis] == 1:
+        return x
+    return lax.dynamic_slice_in_dim(x, start, size, axis=axis)
+
+
+def _chunked(q5, k, v, bias5, mask5, causal, q_seg, kv_seg, scale, dropout_rate, dropout_rng,
+             precision, q_chunk, kv_chunk):
+    """Online-softmax attention over kv chunks, mapped over query chunks."""
+    b, lq, kvh, g, d = q5.shape
+    lk, dv = k.shape[1], v.shape[-1]
+    q_chunk, kv_chunk = min(q_chunk, lq), min(kv_chunk, lk)
+    if lq % q_chunk or lk % kv_chunk:
+        raise ValueError(
+            f"chunked attention needs q_len ({lq}) divisible by q_chunk ({q_chunk}) and kv_len ({lk}) "
+            f"divisible by kv_chunk ({kv_chunk})"
+        )
+    n_kv = lk // kv_chunk
+
+    def one_q_chunk(qi):
+        q_start = qi * q_chunk
+        qc = lax.dynamic_slice_in_dim(q5, q_start, q_chunk, axis=1)
+        q_idx = q_start + jnp.arange(q_chunk)
+        qs = _slice_axis(q_seg, q_start, q_chunk, axis=1)
+        bias_q = _slice_axis(bias5, q_start, q_chunk, axis=3)
+        mask_q = _slice_axis(mask5, q_start, q_chunk, axis=3)
+
+        @jax.checkpoint
+        def body(carry, ki):
+            acc, m_prev, l_prev = carry
+            k_start = ki * kv_chunk
+            kc = lax.dynamic_slice_in_dim(k, k_start, kv_chunk, axis=1)
+            vc = lax.dynamic_slice_in_dim(v, k_start, kv_chunk, axis=1)
+            s = jnp.einsum("bqhgd,bkhd->bhgqk", qc, kc, precision=precision,
+                           preferred_element_type=jnp.float32) * scale
+            if bias_q is not None:
+                s = s + _slice_last(bias_q, k_start, kv_chunk).astype(jnp.float32)
+            kv_idx = k_start + jnp.arange(kv_chunk)
+            msk = _block_mask(q_idx, kv_idx, causal=causal, mask5=_slice_last(mask_q, k_start, kv_chunk),
+                              q_seg=qs, kv_seg=_slice_axis(kv_seg, k_start, kv_chunk, axis=1))
+            if msk is not None:
+                s = jnp.where(msk, s, -jnp.inf)
+            m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1))
+            m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+            p = jnp.exp(s - m_safe[..., None])
+            corr = jnp.exp(jnp.where(jnp.isfinite(m_prev), m_prev, m_safe) - m_safe)
+            l_new = l_prev * corr + jnp.sum(p, axis=-1)
+            if dropout_rate > 0.0 and dropout_rng is not None:
+                rng = jax.random.fold_in(jax.random.fold_in(dropout_rng, qi), ki)
+                p = dropout(p, dropout_rate, rng)
+            pv = jnp.einsum("bhgqk,bkhd->bhgqd", p.astype(v.dtype), vc, precision=precision,
+                            preferred_element_type=jnp.float32)
+            acc = acc * corr[..., None] + pv
+            return (acc, m_new, l_new), None
+
+        init = (
+            jnp.zeros((b, kvh, g, q_chunk, dv), jnp.float32),
+            jnp.full((b, kvh, g, q_chunk), -jnp.inf, jnp.float32),
+            jnp.zeros((b, kvh, g, q_chunk), jnp.float32),
+        )
+        (acc, _, l), _ = lax.scan(body, init, jnp.arange(n_kv))
+        out = acc / jnp.where(l == 0, 1.0, l)[..., None]
+        return jnp.transpose(out, (0, 3, 1, 2, 4))  # [b, q_chunk, kvh, g, dv]
+
+    chunks = lax.map(one_q_chunk, jnp.arange(lq // q_chunk))  # [n_q, b, q_chunk, kvh, g, dv]
+    out = jnp.moveaxis(chunks, 0, 1).reshape(b, lq, kvh, g, dv)
+    return out.astype(v.dtype)
+
+
+def dot_product_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    bias: Array | None = None,
+    mask: Array | None = None,
+    causal: bool = False,
+    q_segment_ids: Array | None = None,
+    kv_segment_ids: Array | None = None,
+    scale: float | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng: Array | None = None,
+    implementation: str = "xla",
+    q_chunk_size: int = 512,
+    kv_chunk_size: int = 512,
+    precision: lax.PrecisionLike = None,
+) -> Array:
+    """softmax(q kᵀ · scale + bias + mask) v.
+
+    Args:
+      q: `[batch, q_len, heads, head_dim]`.
+      k: `[batch, kv_len, kv_heads, head_dim]` with ``heads % kv_heads == 0`` (GQA / MQA).
+      v: `[batch, kv_len, kv_heads, v_head_dim]`.
+      bias: additive logits bias broadcastable to `[batch, heads, q_len, kv_len]`.
+      mask: boolean, broadcastable to `[batch, heads, q_len, kv_len]`; True = may attend.
+      causal: also apply ``key index <= query index``.
+      q_segment_ids, kv_segment_ids: `[batch, q_len]` / `[batch, kv_len]` ints for packed sequences;
+        tokens attend only within equal ids and id 0 (padding) is never attended. In the chunked
+        path this mask is built per chunk and never materialised.
+      scale: logits multiplier; default ``1/sqrt(head_dim)``.
+      dropout_rate, dropout_rng: dropout on the attention weights (training only).
+      implementation: ``"xla"`` (plain) or ``"chunked"`` (memory-efficient online softmax).
+      q_chunk_size, kv_chunk_size: chunk sizes of the chunked path (lengths must divide evenly).
+      precision: matmul precision passed to `jnp.einsum`.
+
+    Returns:
+      `[batch, q_len, heads, v_head_dim]` in ``v.dtype``.
+    """
+    kv_heads, groups = _check_shapes(q, k, v)
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        if kv_segment_ids is None and q.shape[1] == k.shape[1]:
+            kv_segment_ids = q_segment_ids
+        else:
+            raise ValueError("pass both q_segment_ids and kv_segment_ids (or neither)")
+    b, lq, h, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q5 = q.reshape(b, lq, kv_heads, groups, d)
+    bias5 = _to_5d(bias, kv_heads, groups)
+    mask5 = _to_5d(mask, kv_heads, groups)
+    if implementation == "chunked":
+        out = _chunked(q5, k, v, bias5, mask5, causal, q_segment_ids, kv_segment_ids, scale,
+                       dropout_rate, dropout_rng, precision, q_chunk_size, kv_chunk_size)
+    else:
+        full = _block_mask(jnp.arange(lq), jnp.arange(k.shape[1]), causal=causal, mask5=mask5,
+                           q_seg=q_segment_ids, kv_seg=kv_segment_ids)
+        out = _plain(q5, k, v, bias5, full, scale, dropout_rate, dropout_rng, precision)
+    return out.reshape(b, lq, h, v.shape[-1])

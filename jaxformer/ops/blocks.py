@@ -1,0 +1,203 @@
+"""Transformer blocks as pure functions of a parameter pytree.
+
+One implementation serves every family: `transformer_block` = self-attention (+ optional
+cross-attention) + FFN, each wrapped in a residual connection with either
+
+    post-LN:  x ← Norm(x + Dropout(Sublayer(x)))          (Vaswani et al. 2017 §5.4; BERT)
+    pre-LN:   x ← x + Dropout(Sublayer(Norm(x)))          (GPT-2, T5; Xiong et al. 2020)
+
+`encoder_block` and `decoder_block` are the two common call patterns. The Flax modules in
+`jaxformer.layers` only declare these parameters and call these functions.
+
+Parameter tree of one block (``H`` heads, ``K`` kv heads, ``Dh`` head_dim, ``F`` d_ff)::
+
+    self_attn:  query {kernel [D, H, Dh], bias? [H, Dh]}, key/value {kernel [D, K, Dh], bias? [K, Dh]},
+                out {kernel [H, Dh, D], bias? [D]}
+    self_attn_norm: {scale [D], bias? [D]}
+    cross_attn, cross_attn_norm: as above (decoder blocks of encoder-decoder models)
+    ffn: wi {kernel [D, F], bias? [F]}, wi_gate? {kernel [D, F]}, wo {kernel [F, D], bias? [D]}
+    ffn_norm: {scale [D], bias? [D]}
+
+Decoding cache (self-attention): ``{"key": [B, S, K, Dh], "value": [B, S, K, Dh], "valid": [B, S]}``
+with ``S`` the maximum length; new keys are written at ``cache_index`` and each query sees the valid
+slots up to its own. Cross-attention keys/values are computed once from the encoder output and
+passed back in as ``cross_kv``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxformer.ops.attention import dot_product_attention
+from jaxformer.ops.dense import dense
+from jaxformer.ops.dropout import dropout
+from jaxformer.ops.ffn import ffn
+from jaxformer.ops.norms import normalize
+from jaxformer.ops.positions import apply_rope
+
+if TYPE_CHECKING:
+    from jaxformer.config import ModelConfig
+
+Array = jnp.ndarray
+
+
+def project_kv(params: dict, x: Array) -> tuple[Array, Array]:
+    """Keys and values `[B, L, K, Dh]` of `[B, L, D]` inputs."""
+    return dense(params["key"], x), dense(params["value"], x)
+
+
+def update_cache(cache: dict, k: Array, v: Array, valid: Array, index: Array) -> dict:
+    """Write `[B, T, K, Dh]` keys/values and `[B, T]` validity at slot ``index`` of the cache."""
+    upd = lambda buf, new: lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), index, axis=1)
+    return {"key": upd(cache["key"], k), "value": upd(cache["value"], v),
+            "valid": upd(cache["valid"], valid)}
+
+
+def attention_sublayer(
+    params: dict,
+    x: Array,
+    *,
+    cfg: ModelConfig,
+    kv_input: Array | None = None,
+    kv: tuple[Array, Array] | None = None,
+    positions: Array | None = None,
+    kv_positions: Array | None = None,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    causal: bool = False,
+    segment_ids: Array | None = None,
+    kv_segment_ids: Array | None = None,
+    cache: dict | None = None,
+    cache_index: Array | None = None,
+    dropout_rng: jax.Array | None = None,
+) -> tuple[Array, dict | None]:
+    """Multi-head attention of `[B, T, D]` queries over ``kv_input`` (self-attention when None).
+
+    ``kv`` passes precomputed keys/values (cached cross-attention). With ``cache`` (self-attention
+    decoding) the new keys are written at ``cache_index`` and attention runs over all cached slots.
+    RoPE (``cfg.position == "rope"``) rotates queries and keys of self-attention by ``positions``.
+
+    Returns:
+      (`[B, T, D]`, updated cache or None).
+    """
+    q = dense(params["query"], x)
+    if kv is not None:
+        k, v = kv
+    else:
+        k, v = project_kv(params, x if kv_input is None else kv_input)
+    if cfg.position == "rope" and kv_input is None and kv is None:
+        if positions is None:
+            raise ValueError("RoPE attention needs positions")
+        q = apply_rope(q, positions, theta=cfg.rope_theta)
+        k = apply_rope(k, positions, theta=cfg.rope_theta)
+    new_cache = None
+    if cache is not None:
+        valid_new = (jnp.ones(x.shape[:2], bool) if segment_ids is None else segment_ids != 0)
+        new_cache = update_cache(cache, k, v, valid_new, cache_index)
+        k, v = new_cache["key"], new_cache["value"]
+        slots = jnp.arange(k.shape[1])
+        q_slots = cache_index + jnp.arange(x.shape[1])
+        visible = (slots[None, :] <= q_slots[:, None])[None, None]  # causal by slot
+        visible = jnp.logical_and(visible, new_cache["valid"][:, None, None, :])
+        mask = visible if mask is None else jnp.logical_and(mask, visible)
+        causal, segment_ids, kv_segment_ids = False, None, None
+    out = dot_product_attention(
+        q, k, v, bias=bias, mask=mask, causal=causal,
+        q_segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
+        scale=cfg.attention_scale, dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng,
+        implementation=cfg.attention_impl if cache is None else "xla",
+        q_chunk_size=cfg.attention_chunk_size, kv_chunk_size=cfg.attention_chunk_size,
+    )
+    return dense(params["out"], out, in_axes=2), new_cache
+
+
+def _residual(cfg: ModelConfig, norm_params: dict, x: Array, sublayer, rng) -> Array:
+    """Pre- or post-LN residual wrapper around ``sublayer`` (a function of the normalised input)."""
+    norm = lambda h: normalize(cfg.norm, h, norm_params, eps=cfg.norm_eps)
+    if cfg.norm_position == "pre":
+        return x + dropout(sublayer(norm(x)), cfg.dropout_rate, rng)
+    return norm(x + dropout(sublayer(x), cfg.dropout_rate, rng))
+
+
+def transformer_block(
+    params: dict,
+    x: Array,
+    *,
+    cfg: ModelConfig,
+    causal: bool = False,
+    positions: Array | None = None,
+    segment_ids: Array | None = None,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    encoder_out: Array | None = None,
+    encoder_segment_ids: Array | None = None,
+    cross_mask: Array | None = None,
+    cross_bias: Array | None = None,
+    cross_kv: tuple[Array, Array] | None = None,
+    cache: dict | None = None,
+    cache_index: Array | None = None,
+    dropout_rng: jax.Array | None = None,
+) -> tuple[Array, dict | None]:
+    """One block on `[B, T, D]` inputs. Cross-attention runs when ``params`` has ``cross_attn``.
+
+    Args:
+      causal: mask future positions in self-attention (decoders).
+      positions: `[B, T]` token positions (RoPE).
+      segment_ids: `[B, T]` packing ids (0 = padding) for self-attention.
+      mask, bias: extra self-attention mask / additive bias (e.g. T5 relative bias `[B|1, H, T, T]`).
+      encoder_out: `[B, S, D]` memory for cross-attention (or ``cross_kv`` precomputed).
+      encoder_segment_ids: `[B, S]` segment ids of the memory.
+      cache, cache_index: self-attention decoding cache (see module docstring).
+      dropout_rng: enables dropout when given.
+
+    Returns:
+      (`[B, T, D]`, ``{"self": cache, "cross": (k, v)}`` when decoding, else None).
+    """
+    rngs = list(jax.random.split(dropout_rng, 6)) if dropout_rng is not None else [None] * 6
+    new_cache = None
+
+    def self_attn(h):
+        nonlocal new_cache
+        out, new_cache = attention_sublayer(
+            params["self_attn"], h, cfg=cfg, positions=positions, mask=mask, bias=bias,
+            causal=causal, segment_ids=segment_ids, kv_segment_ids=segment_ids,
+            cache=cache, cache_index=cache_index, dropout_rng=rngs[0])
+        return out
+
+    x = _residual(cfg, params["self_attn_norm"], x, self_attn, rngs[1])
+    cross_out_kv = None
+    if "cross_attn" in params:
+        if cross_kv is None:
+            if encoder_out is None:
+                raise ValueError("a block with cross-attention needs encoder_out or cross_kv")
+            cross_kv = project_kv(params["cross_attn"], encoder_out)
+        cross_out_kv = cross_kv
+        q_seg = None
+        if encoder_segment_ids is not None:
+            q_seg = (jnp.ones(x.shape[:2], jnp.int32) if segment_ids is None
+                     else segment_ids)
+        cross = lambda h: attention_sublayer(
+            params["cross_attn"], h, cfg=cfg, kv=cross_kv, mask=cross_mask, bias=cross_bias,
+            segment_ids=q_seg, kv_segment_ids=encoder_segment_ids if q_seg is not None else None,
+            dropout_rng=rngs[2])[0]
+        x = _residual(cfg, params["cross_attn_norm"], x, cross, rngs[3])
+    ff = lambda h: ffn(params["ffn"], h, activation=cfg.activation,
+                       dropout_rate=cfg.ffn_dropout_rate, dropout_rng=rngs[4])
+    x = _residual(cfg, params["ffn_norm"], x, ff, rngs[5])
+    if cache is not None:
+        return x, {"self": new_cache, "cross": cross_out_kv}
+    return x, None
+
+
+def encoder_block(params: dict, x: Array, *, cfg: ModelConfig, **kwargs) -> Array:
+    """Bidirectional block (BERT / T5 encoder): `[B, T, D]` → `[B, T, D]`."""
+    return transformer_block(params, x, cfg=cfg, causal=False, **kwargs)[0]
+
+
+def decoder_block(params: dict, x: Array, *, cfg: ModelConfig, **kwargs) -> tuple[Array, dict | None]:
+    """Causal block (GPT; T5 decoder with cross-attention when ``params`` has ``cross_attn``)."""
+    return transformer_block(params, x, cfg=cfg, causal=True, **kwargs)

@@ -1,0 +1,19 @@
+"""Inverted dropout (Srivastava et al. 2014) as a pure function."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def dropout(x: jnp.ndarray, rate: float, rng: jax.Array | None) -> jnp.ndarray:
+    """Zero each element with probability ``rate`` and scale survivors by 1/(1−rate).
+
+    Identity when ``rate == 0`` or ``rng is None`` (deterministic / evaluation mode).
+    """
+    if rate <= 0.0 or rng is None:
+        return x
+    if rate >= 1.0:
+        return jnp.zeros_like(x)
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x)).astype(x.dtype)

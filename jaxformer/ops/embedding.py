@@ -1,0 +1,39 @@
+"""Token embedding lookup and the tied unembedding (logits = h · Eᵀ)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+Array = jnp.ndarray
+
+
+def embed(table: Array, ids: Array, *, dtype=None) -> Array:
+    """Rows of ``table`` `[vocab, d]` at ``ids`` `S` → `S + [d]`.
+
+    JAX clamps out-of-range gathers silently; here an id outside ``[0, vocab)`` yields NaN so the bad
+    batch is visible in the loss (the trainer also checks ids on the host before they reach the model,
+    see `check_token_ids`).
+    """
+    out = jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan)
+    return out if dtype is None else out.astype(dtype)
+
+
+def attend(table: Array, x: Array) -> Array:
+    """Tied output projection: `[..., d]` · `[vocab, d]`ᵀ → `[..., vocab]` (Press & Wolf 2017)."""
+    return jnp.einsum("...d,vd->...v", x, table.astype(x.dtype))
+
+
+def check_token_ids(ids, vocab_size: int, name: str = "tokens") -> None:
+    """Raise ValueError if concrete ``ids`` fall outside ``[0, vocab_size)`` (no-op on tracers)."""
+    import jax
+    import numpy as np
+
+    if isinstance(ids, jax.core.Tracer):
+        return
+    a = np.asarray(ids)
+    if a.size and (a.min() < 0 or a.max() >= vocab_size):
+        bad = a[(a < 0) | (a >= vocab_size)]
+        raise ValueError(
+            f"{name} contain ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()} "
+            f"(min {a.min()}, max {a.max()}); check the tokenizer's vocab size against model.vocab_size"
+        )

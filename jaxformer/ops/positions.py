@@ -1,0 +1,126 @@
+"""Position information: sinusoidal, learned-table lookup, rotary (RoPE) and T5 relative buckets.
+
+All functions are pure; learned tables are passed in as arrays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+Array = jnp.ndarray
+
+
+def sinusoidal(positions: Array, d_model: int, *, max_timescale: float = 10_000.0,
+               dtype=jnp.float32) -> Array:
+    """Sinusoidal encodings of Vaswani et al. (2017), §3.5, interleaved exactly as the paper writes:
+
+        PE(pos, 2i)   = sin(pos / max_timescale^(2i / d_model))
+        PE(pos, 2i+1) = cos(pos / max_timescale^(2i / d_model))
+
+    Args:
+      positions: int or float array of any shape ``S`` (e.g. `[batch, length]`).
+      d_model: encoding width (even).
+
+    Returns:
+      `S + [d_model]` in ``dtype``.
+    """
+    if d_model % 2:
+        raise ValueError(f"sinusoidal encodings need an even d_model, got {d_model}")
+    i2 = jnp.arange(0, d_model, 2, dtype=jnp.float32)  # the 2i of the formula
+    inv = jnp.exp(-math.log(max_timescale) * i2 / d_model)
+    angles = positions.astype(jnp.float32)[..., None] * inv  # S + [d/2]
+    pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # S + [d/2, 2]
+    return pe.reshape(*positions.shape, d_model).astype(dtype)
+
+
+def sinusoidal_table(length: int, d_model: int, **kwargs) -> Array:
+    """`[length, d_model]` table of `sinusoidal` for positions ``0 .. length-1``."""
+    return sinusoidal(jnp.arange(length), d_model, **kwargs)
+
+
+def lookup_positions(table: Array, positions: Array) -> Array:
+    """Learned absolute positions: rows of `table` `[max_len, d]` at ``positions`` `S` → `S + [d]`.
+
+    Positions beyond the table give NaN rather than silently reusing the last row.
+    """
+    return jnp.take(table, positions, axis=0, mode="fill", fill_value=jnp.nan)
+
+
+def apply_rope(x: Array, positions: Array, *, theta: float = 10_000.0,
+               rotary_dim: int | None = None) -> Array:
+    """Rotary position embedding (Su et al. 2021, "RoFormer", eq. 34), half-split layout.
+
+    Pairs feature ``i`` with feature ``i + rotary_dim/2`` and rotates each pair by
+    ``pos · theta^(-2i/rotary_dim)``, so ⟨RoPE(q, m), RoPE(k, n)⟩ depends on m − n only.
+
+    Args:
+      x: `[batch, length, heads, head_dim]`.
+      positions: `[batch, length]` ints.
+      theta: base wavelength.
+      rotary_dim: number of leading features rotated (even); default ``head_dim``.
+
+    Returns:
+      same shape and dtype as ``x``.
+    """
+    d = x.shape[-1] if rotary_dim is None else rotary_dim
+    if d % 2:
+        raise ValueError(f"RoPE needs an even rotary dimension, got {d}")
+    half = d // 2
+    inv = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / d)
+    ang = positions.astype(jnp.float32)[..., None, None] * inv  # [b, l, 1, half]
+    sin, cos = jnp.sin(ang), jnp.cos(ang)
+    xr, rest = x[..., :d].astype(jnp.float32), x[..., d:]
+    x1, x2 = xr[..., :half], xr[..., half:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+    return jnp.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
+
+
+def relative_position_bucket(relative_position: Array, *, bidirectional: bool = True,
+                             num_buckets: int = 32, max_distance: int = 128) -> Array:
+    """T5 relative position buckets (Raffel et al. 2020, §2.1; the Mesh-TF implementation).
+
+    ``relative_position = key_pos - query_pos``. Half the buckets (all of them when
+    ``bidirectional`` is False, where future positions map to bucket 0) cover exact small distances;
+    the rest grow logarithmically up to ``max_distance``, beyond which distances share the last bucket.
+
+    Returns:
+      int32 buckets in ``[0, num_buckets)``, same shape as the input.
+    """
+    n = -relative_position
+    ret = jnp.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        ret = ret + (n < 0).astype(jnp.int32) * num_buckets
+        n = jnp.abs(n)
+    else:
+        n = jnp.maximum(n, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    val_if_large = max_exact + (
+        jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact)
+        / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).astype(jnp.int32)
+    val_if_large = jnp.minimum(val_if_large, num_buckets - 1)
+    return (ret + jnp.where(is_small, n, val_if_large)).astype(jnp.int32)
+
+
+def relative_position_bias(table: Array, q_positions: Array, kv_positions: Array, *,
+                           bidirectional: bool = True, max_distance: int = 128) -> Array:
+    """Additive attention bias from a learned bucket table.
+
+    Args:
+      table: `[num_buckets, heads]`.
+      q_positions: `[batch, q_len]` (or `[q_len]`) ints.
+      kv_positions: `[batch, kv_len]` (or `[kv_len]`) ints.
+
+    Returns:
+      `[batch, heads, q_len, kv_len]` (batch is 1 for 1-D positions), dtype of ``table``.
+    """
+    if q_positions.ndim == 1:
+        q_positions, kv_positions = q_positions[None], kv_positions[None]
+    rel = kv_positions[:, None, :] - q_positions[:, :, None]
+    buckets = relative_position_bucket(rel, bidirectional=bidirectional,
+                                       num_buckets=table.shape[0], max_distance=max_distance)
+    return jnp.transpose(table[buckets], (0, 3, 1, 2))
