@@ -11,6 +11,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from jaxformer.ops.activations import ACTIVATIONS
+
 FAMILIES = ("encoder", "decoder", "encoder_decoder")
 POSITIONS = ("sinusoidal", "learned", "rope", "relative", "none")
 NORMS = ("layer", "rms")
@@ -102,6 +104,7 @@ class ModelConfig:
 
     def __post_init__(self):
         if (self.head_dim is None and isinstance(self.num_heads, int) and self.num_heads > 0
+                and isinstance(self.d_model, int) and self.d_model > 0
                 and self.d_model % self.num_heads):
             raise ValueError(f"model.d_model={self.d_model} is invalid: must be divisible by "
                              f"num_heads={self.num_heads} (or set head_dim explicitly)")
@@ -126,7 +129,8 @@ class ModelConfig:
         for f, choices in [("family", FAMILIES), ("position", POSITIONS), ("norm", NORMS),
                            ("norm_position", NORM_POSITIONS), ("head", HEADS), ("pooling", POOLINGS),
                            ("remat_policy", REMAT_POLICIES), ("attention_impl", ATTENTION_IMPLS),
-                           ("dtype", DTYPES), ("param_dtype", DTYPES)]:
+                           ("dtype", DTYPES), ("param_dtype", DTYPES),
+                           ("activation", tuple(ACTIVATIONS))]:
             if getattr(self, f) not in choices:
                 bad(f, getattr(self, f), f"choose one of {choices}")
         for f in ["vocab_size", "d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff",

@@ -1,0 +1,15 @@
+"""Generation: KV-cache helpers, greedy / sampled decoding, beam search, and the user-facing API."""
+
+from jaxformer.decode.api import GenerationConfig, generate, generate_padded, generate_text
+from jaxformer.decode.beam import BeamResult, beam_search, length_penalty
+from jaxformer.decode.cache import cache_batch_axes, expand_beams, gather_rows, init_cache
+from jaxformer.decode.sampling import apply_temperature, sample, top_k_filter, top_p_filter
+from jaxformer.decode.search import DecodeResult, decode_loop
+
+__all__ = [
+    "GenerationConfig", "generate", "generate_padded", "generate_text",
+    "BeamResult", "beam_search", "length_penalty",
+    "cache_batch_axes", "expand_beams", "gather_rows", "init_cache",
+    "apply_temperature", "sample", "top_k_filter", "top_p_filter",
+    "DecodeResult", "decode_loop",
+]

@@ -83,13 +83,19 @@ def _block_mask(
     return out
 
 
+def _acc_dtype(x: Array):
+    """Softmax/accumulation dtype: float32, or wider when the inputs are (float64)."""
+    return jnp.promote_types(x.dtype, jnp.float32)
+
+
 def _plain(q5, k, v, bias5, mask, scale, dropout_rate, dropout_rng, precision):
+    acc = _acc_dtype(q5)
     logits = jnp.einsum(
-        "bqhgd,bkhd->bhgqk", q5, k, precision=precision, preferred_element_type=jnp.float32
+        "bqhgd,bkhd->bhgqk", q5, k, precision=precision, preferred_element_type=acc
     )
     logits = logits * scale
     if bias5 is not None:
-        logits = logits + bias5.astype(jnp.float32)
+        logits = logits + bias5.astype(acc)
     if mask is not None:
         logits = jnp.where(mask, logits, -jnp.inf)
     m = jnp.max(logits, axis=-1, keepdims=True)
@@ -125,6 +131,7 @@ def _chunked(q5, k, v, bias5, mask5, causal, q_seg, kv_seg, scale, dropout_rate,
             f"divisible by kv_chunk ({kv_chunk})"
         )
     n_kv = lk // kv_chunk
+    acc_t = _acc_dtype(q5)
 
     def one_q_chunk(qi):
         q_start = qi * q_chunk
@@ -141,9 +148,9 @@ def _chunked(q5, k, v, bias5, mask5, causal, q_seg, kv_seg, scale, dropout_rate,
             kc = lax.dynamic_slice_in_dim(k, k_start, kv_chunk, axis=1)
             vc = lax.dynamic_slice_in_dim(v, k_start, kv_chunk, axis=1)
             s = jnp.einsum("bqhgd,bkhd->bhgqk", qc, kc, precision=precision,
-                           preferred_element_type=jnp.float32) * scale
+                           preferred_element_type=acc_t) * scale
             if bias_q is not None:
-                s = s + _slice_last(bias_q, k_start, kv_chunk).astype(jnp.float32)
+                s = s + _slice_last(bias_q, k_start, kv_chunk).astype(acc_t)
             kv_idx = k_start + jnp.arange(kv_chunk)
             msk = _block_mask(q_idx, kv_idx, causal=causal, mask5=_slice_last(mask_q, k_start, kv_chunk),
                               q_seg=qs, kv_seg=_slice_axis(kv_seg, k_start, kv_chunk, axis=1))
@@ -158,14 +165,14 @@ def _chunked(q5, k, v, bias5, mask5, causal, q_seg, kv_seg, scale, dropout_rate,
                 rng = jax.random.fold_in(jax.random.fold_in(dropout_rng, qi), ki)
                 p = dropout(p, dropout_rate, rng)
             pv = jnp.einsum("bhgqk,bkhd->bhgqd", p.astype(v.dtype), vc, precision=precision,
-                            preferred_element_type=jnp.float32)
+                            preferred_element_type=acc_t)
             acc = acc * corr[..., None] + pv
             return (acc, m_new, l_new), None
 
         init = (
-            jnp.zeros((b, kvh, g, q_chunk, dv), jnp.float32),
-            jnp.full((b, kvh, g, q_chunk), -jnp.inf, jnp.float32),
-            jnp.zeros((b, kvh, g, q_chunk), jnp.float32),
+            jnp.zeros((b, kvh, g, q_chunk, dv), acc_t),
+            jnp.full((b, kvh, g, q_chunk), -jnp.inf, acc_t),
+            jnp.zeros((b, kvh, g, q_chunk), acc_t),
         )
         (acc, _, l), _ = lax.scan(body, init, jnp.arange(n_kv))
         out = acc / jnp.where(l == 0, 1.0, l)[..., None]

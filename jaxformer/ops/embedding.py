@@ -14,8 +14,19 @@ def embed(table: Array, ids: Array, *, dtype=None) -> Array:
     batch is visible in the loss (the trainer also checks ids on the host before they reach the model,
     see `check_token_ids`).
     """
-    out = jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan)
+    out = take_rows(table, ids)
     return out if dtype is None else out.astype(dtype)
+
+
+def take_rows(table: Array, ids: Array) -> Array:
+    """``table[ids]`` along axis 0 with NaN rows for ids outside ``[0, len(table))``.
+
+    `jnp.take` wraps negative ids (NumPy style) even in ``mode="fill"``, so they are sent past the end
+    first: -1 must not silently read the last row.
+    """
+    ids = jnp.asarray(ids)
+    ids = jnp.where(ids < 0, table.shape[0], ids)
+    return jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan)
 
 
 def attend(table: Array, x: Array) -> Array:

@@ -19,17 +19,17 @@ def cross_entropy_with_integer_labels(logits: Array, labels: Array, *, label_smo
     """Per-position loss.
 
     Args:
-      logits: `[..., vocab]` (any float dtype; computed in float32).
+      logits: `[..., vocab]` (any float dtype; computed in float32, or float64 for float64).
       labels: `[...]` ints in ``[0, vocab)``.
       label_smoothing: ε in [0, 1).
       z_loss: coefficient of log²Z (0 disables).
 
     Returns:
-      `[...]` float32 losses.
+      `[...]` float32 (float64 for float64 logits) losses.
     """
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-    logits = logits.astype(jnp.float32)
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     vocab = logits.shape[-1]
     log_z = jax.nn.logsumexp(logits, axis=-1)
     logp = logits - log_z[..., None]
@@ -54,7 +54,7 @@ def weighted_cross_entropy(logits: Array, labels: Array, weights: Array | None =
     """
     loss = cross_entropy_with_integer_labels(logits, labels, label_smoothing=label_smoothing,
                                              z_loss=z_loss)
-    w = jnp.ones_like(loss) if weights is None else weights.astype(jnp.float32)
+    w = jnp.ones_like(loss) if weights is None else weights.astype(loss.dtype)
     return jnp.sum(loss * w), jnp.sum(w)
 
 

@@ -1,4 +1,5 @@
-"""Normalisation layers as pure functions. Statistics are computed in float32; output keeps x.dtype."""
+"""Normalisation layers as pure functions. Statistics are computed in float32 (float64
+for float64 inputs); output keeps x.dtype."""
 
 from __future__ import annotations
 
@@ -14,23 +15,23 @@ def layer_norm(x: Array, scale: Array | None = None, bias: Array | None = None, 
     Args:
       x: `[..., d]`; scale, bias: `[d]` or None.
     """
-    xf = x.astype(jnp.float32)
+    xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
     y = (xf - mean) * jax_rsqrt(var + eps)
     if scale is not None:
-        y = y * scale.astype(jnp.float32)
+        y = y * scale.astype(xf.dtype)
     if bias is not None:
-        y = y + bias.astype(jnp.float32)
+        y = y + bias.astype(xf.dtype)
     return y.astype(x.dtype)
 
 
 def rms_norm(x: Array, scale: Array | None = None, *, eps: float = 1e-6) -> Array:
     """RMSNorm (Zhang & Sennrich 2019), as in T5: x / sqrt(mean(x²) + eps) · scale; no mean, no bias."""
-    xf = x.astype(jnp.float32)
+    xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     y = xf * jax_rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
     if scale is not None:
-        y = y * scale.astype(jnp.float32)
+        y = y * scale.astype(xf.dtype)
     return y.astype(x.dtype)
 
 

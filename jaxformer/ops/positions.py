@@ -9,6 +9,8 @@ import math
 
 import jax.numpy as jnp
 
+from jaxformer.ops.embedding import take_rows
+
 Array = jnp.ndarray
 
 
@@ -28,9 +30,10 @@ def sinusoidal(positions: Array, d_model: int, *, max_timescale: float = 10_000.
     """
     if d_model % 2:
         raise ValueError(f"sinusoidal encodings need an even d_model, got {d_model}")
-    i2 = jnp.arange(0, d_model, 2, dtype=jnp.float32)  # the 2i of the formula
+    ct = jnp.promote_types(positions.dtype, jnp.float32)  # float64 positions stay float64
+    i2 = jnp.arange(0, d_model, 2, dtype=ct)  # the 2i of the formula
     inv = jnp.exp(-math.log(max_timescale) * i2 / d_model)
-    angles = positions.astype(jnp.float32)[..., None] * inv  # S + [d/2]
+    angles = positions.astype(ct)[..., None] * inv  # S + [d/2]
     pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # S + [d/2, 2]
     return pe.reshape(*positions.shape, d_model).astype(dtype)
 
@@ -43,9 +46,9 @@ def sinusoidal_table(length: int, d_model: int, **kwargs) -> Array:
 def lookup_positions(table: Array, positions: Array) -> Array:
     """Learned absolute positions: rows of `table` `[max_len, d]` at ``positions`` `S` → `S + [d]`.
 
-    Positions beyond the table give NaN rather than silently reusing the last row.
+    Positions outside ``[0, max_len)`` give NaN rather than silently reusing a row.
     """
-    return jnp.take(table, positions, axis=0, mode="fill", fill_value=jnp.nan)
+    return take_rows(table, positions)
 
 
 def apply_rope(x: Array, positions: Array, *, theta: float = 10_000.0,
@@ -68,10 +71,11 @@ def apply_rope(x: Array, positions: Array, *, theta: float = 10_000.0,
     if d % 2:
         raise ValueError(f"RoPE needs an even rotary dimension, got {d}")
     half = d // 2
-    inv = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / d)
-    ang = positions.astype(jnp.float32)[..., None, None] * inv  # [b, l, 1, half]
+    ct = jnp.promote_types(x.dtype, jnp.float32)  # rotate in float32 (float64 for float64 x)
+    inv = theta ** (-jnp.arange(half, dtype=ct) * 2.0 / d)
+    ang = positions.astype(ct)[..., None, None] * inv  # [b, l, 1, half]
     sin, cos = jnp.sin(ang), jnp.cos(ang)
-    xr, rest = x[..., :d].astype(jnp.float32), x[..., d:]
+    xr, rest = x[..., :d].astype(ct), x[..., d:]
     x1, x2 = xr[..., :half], xr[..., half:]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
     return jnp.concatenate([out, rest], axis=-1) if rest.shape[-1] else out

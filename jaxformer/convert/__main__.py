@@ -1,0 +1,54 @@
+"""Command line: convert a Hugging Face directory to a jaxformer checkpoint, or back.
+
+    python -m jaxformer.convert --from-hf HF_DIR --to CKPT_DIR [--scan-layers] [--head H]
+    python -m jaxformer.convert --from CKPT_DIR --to-hf HF_DIR
+
+Tokenizer files found in HF_DIR are copied to CKPT_DIR/tokenizer/ and from there back to HF_DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from jaxformer.convert.checkpoint import load_params, save_params
+from jaxformer.convert.hf import load_hf, save_hf
+from jaxformer.convert.hf_io import copy_tokenizer_files
+
+TOKENIZER_DIR = "tokenizer"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jaxformer.convert", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-hf", help="Hugging Face model directory to import")
+    src.add_argument("--from", dest="from_ckpt", help="jaxformer checkpoint directory to export")
+    ap.add_argument("--to", help="jaxformer checkpoint directory to write (with --from-hf)")
+    ap.add_argument("--to-hf", help="Hugging Face directory to write (with --from)")
+    ap.add_argument("--scan-layers", action="store_true", help="write the scanned layer layout")
+    ap.add_argument("--head", help="jaxformer head (default: the checkpoint's)")
+    ap.add_argument("--num-classes", type=int, help="classes of a classification head")
+    args = ap.parse_args(argv)
+
+    if args.from_hf:
+        if not args.to or args.to_hf:
+            ap.error("--from-hf needs --to (a jaxformer checkpoint directory)")
+        cfg, params, _ = load_hf(args.from_hf, scan_layers=args.scan_layers, head=args.head,
+                                 num_classes=args.num_classes)
+        save_params(args.to, cfg, params)
+        copied = copy_tokenizer_files(args.from_hf, os.path.join(args.to, TOKENIZER_DIR))
+        print(f"wrote {args.to} ({cfg['family']}, head={cfg['head']}); tokenizer files: {copied}")
+    else:
+        if not args.to_hf or args.to:
+            ap.error("--from needs --to-hf (a Hugging Face directory)")
+        cfg, params = load_params(args.from_ckpt)
+        tok = os.path.join(args.from_ckpt, TOKENIZER_DIR)
+        save_hf(cfg, params, args.to_hf, tokenizer_path=tok if os.path.isdir(tok) else None)
+        print(f"wrote {args.to_hf}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

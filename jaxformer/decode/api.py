@@ -1,0 +1,223 @@
+"""User-facing generation: token-id lists or text in, generations out; one jitted function inside.
+
+    result = generate(model, params, [[5, 17, 9], [8]], strategy="beam", beam_size=4,
+                      max_new_tokens=20)
+    texts = generate_text(model, params, tokenizer, ["Once upon a time"], strategy="sample",
+                          temperature=0.8, top_p=0.9, rng=jax.random.key(0))
+
+For decoder-only models the inputs are prompts (continued); for encoder-decoder models they are
+sources (the decoder starts from ``decoder_start_id``, 0 = pad as in T5). Everything from the prompt
+to the last token runs in one `jax.jit` (``generate_padded``, compiled once per model, config and
+padded input shape), so it also runs on sharded parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer.decode import steps
+from jaxformer.decode.beam import BeamResult, beam_search
+from jaxformer.decode.sampling import sample
+from jaxformer.decode.search import DecodeResult, decode_loop
+from jaxformer.ops.embedding import check_token_ids
+
+STRATEGIES = ("greedy", "sample", "beam")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    """How to generate (hashable: a static argument of the jitted `generate_padded`).
+
+    Attributes:
+      strategy: "greedy" (argmax), "sample" (temperature / top-k / top-p) or "beam".
+      max_new_tokens: tokens generated per row at most (EOS included).
+      temperature, top_k, top_p: sampling controls (`jaxformer.decode.sampling.sample`);
+        temperature 0 = greedy; top_k None/0 and top_p None/1 disable the filters.
+      beam_size, length_penalty: beam width k and GNMT exponent alpha (0 = none).
+      eos_id: id that ends a sequence (None: always generate ``max_new_tokens``).
+      pad_id: id written after EOS.
+      decoder_start_id: first decoder input of encoder-decoder models (T5: pad = 0).
+    """
+
+    strategy: str = "greedy"
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    beam_size: int = 4
+    length_penalty: float = 0.6
+    eos_id: int | None = 1
+    pad_id: int = 0
+    decoder_start_id: int = 0
+
+    def __post_init__(self):
+        def bad(field, want):
+            raise ValueError(f"{field}={getattr(self, field)!r} is invalid: {want}")
+
+        def positive_int(x):
+            return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+        if self.strategy not in STRATEGIES:
+            bad("strategy", f"choose one of {STRATEGIES}")
+        if not positive_int(self.max_new_tokens):
+            bad("max_new_tokens", "must be a positive integer")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            bad("temperature", "must be a number >= 0 (0 = greedy)")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
+            bad("top_k", "must be None or an integer >= 0 (0 or None = off)")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            bad("top_p", "must be None or in (0, 1] (None or 1 = off)")
+        if not positive_int(self.beam_size):
+            bad("beam_size", "must be a positive integer")
+        if not isinstance(self.length_penalty, (int, float)):
+            bad("length_penalty", "must be a number (the GNMT alpha, e.g. 0.6; 0 = none)")
+        for f in ("pad_id", "decoder_start_id") + (() if self.eos_id is None else ("eos_id",)):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) < 0:
+                bad(f, "must be a non-negative token id")
+
+    def check_model(self, cfg) -> None:
+        """Raise ValueError if this config cannot run on a model with config ``cfg``."""
+        if cfg.family not in ("decoder", "encoder_decoder") or cfg.head != "lm":
+            raise ValueError(f"cannot generate with model.family={cfg.family!r}, "
+                             f"model.head={cfg.head!r}: need a 'decoder' or 'encoder_decoder' "
+                             "model with the 'lm' head")
+        ids = {"pad_id": self.pad_id, "decoder_start_id": self.decoder_start_id,
+               "eos_id": self.eos_id}
+        for name, v in ids.items():
+            if v is not None and v >= cfg.vocab_size:
+                raise ValueError(f"{name}={v} is outside the model vocabulary [0, {cfg.vocab_size})")
+
+
+def _generate_impl(model: nn.Module, config: GenerationConfig, params: Any, inputs: jax.Array,
+                   lengths: jax.Array, rng: jax.Array | None) -> DecodeResult | BeamResult:
+    s = steps.start(model, params, inputs, lengths, max_new_tokens=config.max_new_tokens,
+                    decoder_start_id=config.decoder_start_id)
+    step_fn = partial(steps.step, model, params)
+    if config.strategy == "beam":
+        return beam_search(step_fn, s.logits, s.state, s.positions, s.axes,
+                           beam_size=config.beam_size, max_new_tokens=config.max_new_tokens,
+                           alpha=config.length_penalty, eos_id=config.eos_id,
+                           pad_id=config.pad_id)
+    temperature = 0.0 if config.strategy == "greedy" else config.temperature
+    choose = partial(sample, temperature=temperature, top_k=config.top_k, top_p=config.top_p)
+    return decode_loop(step_fn, s.logits, s.state, s.positions, choose,
+                       max_new_tokens=config.max_new_tokens, eos_id=config.eos_id,
+                       pad_id=config.pad_id, rng=rng)
+
+
+_generate_jit = jax.jit(_generate_impl, static_argnums=(0, 1))
+
+
+def generate_padded(model: nn.Module, params: Any, inputs: jax.Array, lengths: jax.Array,
+                    config: GenerationConfig, rng: jax.Array | None = None
+                    ) -> DecodeResult | BeamResult:
+    """Jitted generation from a right-padded batch (e.g. a pipeline batch's ``inputs``).
+
+    Args:
+      model: a `DecoderOnly` or `EncoderDecoder` module.
+      params: its parameter tree (the ``"params"`` collection).
+      inputs: `[B, L]` int32 prompts (decoder-only) or sources (encoder-decoder), right-padded.
+      lengths: `[B]` int32 real tokens per row (prompts need at least one).
+      rng: PRNG key (required for ``strategy="sample"`` with temperature > 0).
+
+    Returns:
+      `DecodeResult` (greedy/sample) or `BeamResult` (beam), arrays of shape `[B, max_new_tokens]`.
+    """
+    config.check_model(model.cfg)
+    if config.strategy == "sample" and config.temperature > 0 and rng is None:
+        raise ValueError("strategy='sample' needs rng (a jax.random.key) for reproducible samples")
+    return _generate_jit(model, config, params, inputs, lengths, rng)
+
+
+def _unwrap(params: Any) -> Any:
+    if isinstance(params, Mapping) and set(params) == {"params"}:
+        return params["params"]
+    return params
+
+
+def generate(
+    model: nn.Module,
+    params: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    strategy: str = "greedy",
+    max_new_tokens: int = 32,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    beam_size: int = 4,
+    length_penalty: float = 0.6,
+    eos_id: int | None = 1,
+    pad_id: int = 0,
+    decoder_start_id: int = 0,
+    rng: jax.Array | None = None,
+) -> DecodeResult | BeamResult:
+    """Generate continuations of ``prompts`` (decoder-only) or targets for sources (enc-dec).
+
+    ``prompts`` is a list of token-id lists of any lengths (padded here; each row's result equals
+    generating it alone). See `GenerationConfig` for the options. ``params`` is the parameter tree
+    (``{"params": tree}`` is accepted too). Use ``result.sequences(eos_id)`` for Python lists.
+    """
+    config = GenerationConfig(
+        strategy=strategy, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+        top_p=top_p, beam_size=beam_size, length_penalty=length_penalty, eos_id=eos_id,
+        pad_id=pad_id, decoder_start_id=decoder_start_id)
+    cfg = model.cfg
+    config.check_model(cfg)
+    if isinstance(prompts, (str, bytes)) or not len(prompts):
+        raise ValueError("prompts must be a non-empty list of token-id lists, e.g. [[5, 6], [7]]")
+    rows = [list(p) for p in prompts]
+    lengths = np.array([len(r) for r in rows], np.int32)
+    decoder_only = cfg.family == "decoder"
+    if decoder_only and lengths.min() == 0:
+        raise ValueError(f"prompt {int(np.argmin(lengths))} is empty: a decoder-only model needs "
+                         "at least one token to continue from (e.g. the BOS id)")
+    inputs = np.full((len(rows), max(1, lengths.max())), pad_id, np.int32)
+    for i, r in enumerate(rows):
+        inputs[i, :len(r)] = r
+    check_token_ids(inputs, cfg.vocab_size, "prompts" if decoder_only else "sources")
+    if cfg.position == "learned":
+        need = (int(lengths.max()) + max_new_tokens if decoder_only
+                else max(int(lengths.max()), max_new_tokens))
+        if need > cfg.max_len:
+            what = ("longest prompt + max_new_tokens" if decoder_only
+                    else "max(source length, max_new_tokens)")
+            raise ValueError(f"{what} = {need} exceeds model.max_len={cfg.max_len} (the learned "
+                             "position table); shorten the input or lower max_new_tokens")
+    return generate_padded(model, _unwrap(params), jnp.asarray(inputs), jnp.asarray(lengths),
+                           config, rng)
+
+
+def generate_text(model: nn.Module, params: Any, tokenizer: Any, texts: Sequence[str], *,
+                  add_bos: bool = False, append_eos: bool | None = None, **kwargs) -> list[str]:
+    """Text in, text out: ``tokenizer`` has ``encode(str) -> list[int]``, ``decode(list[int]) -> str``
+    and ``special`` (`jaxformer.data.vocab.SpecialTokens`), whose eos/pad ids are the defaults.
+
+    Args:
+      add_bos: prepend the BOS id to each input.
+      append_eos: append the EOS id to each input; default True for encoder-decoder sources
+        (T5 inputs end with EOS), False for prompts.
+      kwargs: `generate` options.
+
+    Returns:
+      the generated texts (EOS removed), one per input.
+    """
+    if isinstance(texts, str):
+        raise ValueError("texts must be a list of strings, e.g. ['Hello'], not one string")
+    special = tokenizer.special
+    kwargs.setdefault("eos_id", special.eos_id)
+    kwargs.setdefault("pad_id", special.pad_id)
+    if append_eos is None:
+        append_eos = model.cfg.family == "encoder_decoder"
+    ids = [([special.bos_id] if add_bos else []) + list(tokenizer.encode(t))
+           + ([special.eos_id] if append_eos else []) for t in texts]
+    result = generate(model, params, ids, **kwargs)
+    return [tokenizer.decode(s) for s in result.sequences(kwargs["eos_id"])]

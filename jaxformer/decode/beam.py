@@ -1,0 +1,148 @@
+"""Beam search with the GNMT length penalty, EOS handling and early stopping, as one while_loop.
+
+Score of a finished hypothesis ``Y`` (Wu et al. 2016, "Google's Neural Machine Translation System",
+eq. 14, without the coverage term)::
+
+    s(Y) = log p(Y | X) / lp(Y),      lp(Y) = ((5 + |Y|) / 6) ** alpha
+
+with ``|Y|`` the number of generated tokens including EOS. Each step expands every alive beam by
+every token (`[B, k·V]` candidates), keeps the best ``2k`` (so ``k`` non-EOS ones survive even if
+``k`` end in EOS), moves those ending in EOS (and, at the last step, all of them) into a pool of the
+``k`` best finished hypotheses, and continues the best ``k`` others. The cache, expanded from
+``B`` to ``B·k`` rows after the prompt, is reordered by the surviving beams' parents each step with
+a gather along each leaf's batch axis (`jaxformer.decode.cache.gather_rows`). The loop stops early
+once, for every example, ``k`` hypotheses are finished and none of the alive beams can still beat
+the worst of them: log-probs only decrease, so an alive beam's best reachable score is
+``logp / max(lp(i + 1), lp(N))`` (the flax WMT example uses the same bound).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxformer.decode.cache import expand_beams, gather_rows
+from jaxformer.decode.search import DecodeResult, StepFn
+
+Array = jnp.ndarray
+NEG_INF = -jnp.inf
+
+
+class BeamResult(NamedTuple):
+    """Beam search output: the best hypothesis per example, and all ``k`` finished ones.
+
+    Attributes:
+      tokens, log_probs, lengths, scores: as `DecodeResult` for the best hypothesis
+        (`[B, N]`, `[B, N]`, `[B]`, `[B]`); ``scores`` is length-penalised.
+      beam_tokens, beam_log_probs: `[B, k, N]` the ``k`` finished hypotheses, best first.
+      beam_lengths, beam_scores: `[B, k]`.
+    """
+
+    tokens: Array
+    log_probs: Array
+    lengths: Array
+    scores: Array
+    beam_tokens: Array
+    beam_log_probs: Array
+    beam_lengths: Array
+    beam_scores: Array
+
+    def sequences(self, strip_eos_id: int | None = None) -> list[list[int]]:
+        """Host-side lists of the best hypotheses (see `DecodeResult.sequences`)."""
+        return DecodeResult(self.tokens, self.log_probs, self.lengths, self.scores).sequences(
+            strip_eos_id)
+
+
+def length_penalty(length: Array, alpha: float) -> Array:
+    """GNMT lp = ((5 + length) / 6) ** alpha (Wu et al. 2016, eq. 14); alpha 0 gives 1."""
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def _take(x: Array, idx: Array) -> Array:
+    """x `[B, M, ...]`, idx `[B, J]` → `[B, J, ...]`."""
+    return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def beam_search(
+    step_fn: StepFn,
+    logits: Array,
+    state: Any,
+    positions: Array,
+    axes: Any,
+    *,
+    beam_size: int,
+    max_new_tokens: int,
+    alpha: float = 0.6,
+    eos_id: int | None = 1,
+    pad_id: int = 0,
+) -> BeamResult:
+    """Beam search from the first-token logits `[B, V]` and the decode state of ``B`` rows.
+
+    Args:
+      step_fn: ``(state, tokens [B·k], positions [B·k]) → (logits [B·k, V], state)``.
+      positions: `[B]` position of the first generated token.
+      axes: batch axis of each leaf of ``state`` (``-1``: none), see `cache_batch_axes`.
+      alpha: length-penalty exponent (0 = plain log-probability).
+      eos_id: id that finishes a hypothesis (None: all hypotheses run to ``max_new_tokens``).
+    """
+    b, vocab = logits.shape
+    k, n = beam_size, max_new_tokens
+    state = expand_beams(state, axes, k)
+    logits = jnp.repeat(logits, k, axis=0)
+    positions = jnp.repeat(positions, k, axis=0)
+    # Only beam 0 is alive at first, so the k copies do not yield k identical hypotheses.
+    alive_score = jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF)[None].repeat(b, axis=0)
+    lp_max = length_penalty(n, alpha)
+    carry = dict(
+        i=jnp.zeros((), jnp.int32), logits=logits, state=state, positions=positions,
+        alive_tokens=jnp.full((b, k, n), pad_id, jnp.int32),
+        alive_log_probs=jnp.zeros((b, k, n), jnp.float32), alive_score=alive_score,
+        fin_tokens=jnp.full((b, k, n), pad_id, jnp.int32),
+        fin_log_probs=jnp.zeros((b, k, n), jnp.float32),
+        fin_lengths=jnp.zeros((b, k), jnp.int32), fin_score=jnp.full((b, k), NEG_INF))
+
+    def cond(c):
+        bound = c["alive_score"][:, 0] / jnp.maximum(length_penalty(c["i"] + 1, alpha), lp_max)
+        settled = c["fin_score"][:, -1] >= bound  # -inf (fewer than k finished) never settles
+        settled = jnp.logical_and(settled, jnp.isfinite(c["fin_score"][:, -1]))
+        return jnp.logical_and(c["i"] < n, ~jnp.all(settled))
+
+    def body(c):
+        i = c["i"]
+        logp = jax.nn.log_softmax(c["logits"], axis=-1).reshape(b, k * vocab)
+        cand = (c["alive_score"][:, :, None] + logp.reshape(b, k, vocab)).reshape(b, k * vocab)
+        top_score, top_idx = lax.top_k(cand, 2 * k)  # [B, 2k]
+        parent, tok = top_idx // vocab, (top_idx % vocab).astype(jnp.int32)
+        tok_lp = jnp.take_along_axis(logp, top_idx, axis=1)
+        seqs = lax.dynamic_update_slice_in_dim(
+            _take(c["alive_tokens"], parent), tok[:, :, None], i, axis=2)
+        seq_lps = lax.dynamic_update_slice_in_dim(
+            _take(c["alive_log_probs"], parent), tok_lp[:, :, None], i, axis=2)
+        is_eos = jnp.zeros_like(tok, bool) if eos_id is None else tok == eos_id
+        finishing = jnp.logical_or(is_eos, i == n - 1)
+        # Finished pool: merge the k kept with the 2k new candidates, keep the best k.
+        new_fin = jnp.where(finishing, top_score / length_penalty(i + 1, alpha), NEG_INF)
+        all_score = jnp.concatenate([c["fin_score"], new_fin], axis=1)
+        fin_score, fin_idx = lax.top_k(all_score, k)
+        cat = lambda old, new: _take(jnp.concatenate([old, new], axis=1), fin_idx)
+        fin_tokens = cat(c["fin_tokens"], seqs)
+        fin_log_probs = cat(c["fin_log_probs"], seq_lps)
+        fin_lengths = cat(c["fin_lengths"], jnp.full((b, 2 * k), i + 1, jnp.int32))
+        # Alive beams: the best k candidates that did not end in EOS.
+        alive_score, alive_idx = lax.top_k(jnp.where(is_eos, NEG_INF, top_score), k)
+        alive_tokens, alive_log_probs = _take(seqs, alive_idx), _take(seq_lps, alive_idx)
+        rows = (jnp.arange(b)[:, None] * k + _take(parent, alive_idx)).reshape(b * k)
+        state = gather_rows(c["state"], axes, rows)
+        logits, state = step_fn(state, alive_tokens[:, :, i].reshape(b * k), c["positions"])
+        return dict(i=i + 1, logits=logits, state=state, positions=c["positions"] + 1,
+                    alive_tokens=alive_tokens, alive_log_probs=alive_log_probs,
+                    alive_score=alive_score, fin_tokens=fin_tokens, fin_log_probs=fin_log_probs,
+                    fin_lengths=fin_lengths, fin_score=fin_score)
+
+    out = lax.while_loop(cond, body, carry)
+    return BeamResult(out["fin_tokens"][:, 0], out["fin_log_probs"][:, 0], out["fin_lengths"][:, 0],
+                      out["fin_score"][:, 0], out["fin_tokens"], out["fin_log_probs"],
+                      out["fin_lengths"], out["fin_score"])

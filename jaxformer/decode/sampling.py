@@ -1,0 +1,86 @@
+"""Pure functions on next-token logits `[..., vocab]`: temperature, top-k, top-p, sampling.
+
+Filters return logits with excluded tokens set to −∞, so they compose in any order and feed
+`jax.random.categorical` directly. `sample` applies them in the usual order: temperature, then top-k,
+then top-p (as in Hugging Face `generate`).
+
+* temperature: softmax(z / T) (Ackley et al. 1985; T → 0 is argmax, T = 1 the model).
+* top-k: keep the k largest logits (Fan et al. 2018, "Hierarchical Neural Story Generation").
+* top-p / nucleus: keep the smallest set of most likely tokens whose probability mass is ≥ p
+  (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration", eq. 2).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jnp.ndarray
+
+
+def apply_temperature(logits: Array, temperature: float) -> Array:
+    """`[..., V]` logits divided by ``temperature`` (> 0). Use `sample(temperature=0)` for argmax."""
+    if isinstance(temperature, (int, float)) and temperature <= 0:
+        raise ValueError(f"temperature={temperature} is invalid: must be > 0 here (temperature 0 "
+                         "means greedy decoding: call sample(..., temperature=0) or use argmax)")
+    return logits / jnp.asarray(temperature, logits.dtype)
+
+
+def top_k_filter(logits: Array, k: int) -> Array:
+    """Keep exactly the ``k`` largest of `[..., V]` logits (ties broken by lower id), −∞ elsewhere."""
+    vocab = logits.shape[-1]
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 < k:
+        raise ValueError(f"top_k={k!r} is invalid: must be a positive integer (None disables it)")
+    if k >= vocab:
+        return logits
+    values, idx = lax.top_k(logits, k)
+    out = jnp.full_like(logits, -jnp.inf)
+    return jnp.put_along_axis(out, idx, values, axis=-1, inplace=False)
+
+
+def top_p_filter(logits: Array, p: float) -> Array:
+    """Nucleus filter of `[..., V]` logits: keep the smallest top set with probability mass ≥ ``p``.
+
+    A token is kept when the mass of the tokens ranked strictly above it is < ``p``; the most
+    likely token is always kept. ``p`` in (0, 1]; 1 keeps every token.
+    """
+    if isinstance(p, (int, float)) and not 0.0 < p <= 1.0:
+        raise ValueError(f"top_p={p!r} is invalid: must be in (0, 1] (None disables it)")
+    order = jnp.argsort(-logits, axis=-1, stable=True)
+    sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+    probs = jax.nn.softmax(sorted_logits.astype(jnp.float32), axis=-1)
+    mass_above = jnp.cumsum(probs, axis=-1) - probs
+    keep_sorted = mass_above < p
+    keep_sorted = keep_sorted.at[..., 0].set(True)
+    keep = jnp.put_along_axis(jnp.zeros_like(keep_sorted), order, keep_sorted, axis=-1,
+                              inplace=False)
+    return jnp.where(keep, logits, -jnp.inf)
+
+
+def sample(
+    rng: jax.Array,
+    logits: Array,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> Array:
+    """Draw one token id per row of `[..., V]` logits → `[...]` int32.
+
+    ``temperature == 0`` returns the argmax (greedy; ``top_k``/``top_p`` are then irrelevant).
+    ``top_k`` None/0 and ``top_p`` None/1.0 disable those filters. The same ``rng`` gives the same
+    tokens.
+    """
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature={temperature!r} is invalid: must be a number >= 0")
+    if temperature == 0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logits = apply_temperature(logits.astype(jnp.float32), temperature)
+    if top_k:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p={top_p!r} is invalid: must be in (0, 1] (None disables it)")
+    if top_p is not None and top_p < 1.0:
+        logits = top_p_filter(logits, top_p)
+    return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)

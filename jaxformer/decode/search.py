@@ -1,0 +1,107 @@
+"""Token-by-token decoding (greedy or sampled) as one `lax.while_loop`.
+
+Each iteration picks a token per row from the current logits (``choose``), records it with its
+log-probability under the model, and feeds it through one cached model step. A row is finished once
+it emits ``eos_id`` (the EOS is kept; later slots get ``pad_id`` and log-prob 0); the loop stops
+when every row is finished or after ``max_new_tokens`` tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jnp.ndarray
+StepFn = Callable[[Any, Array, Array], tuple[Array, Any]]
+
+
+class DecodeResult(NamedTuple):
+    """Generated continuations.
+
+    Attributes:
+      tokens: `[B, N]` int32 generated ids (EOS included; ``pad_id`` after it).
+      log_probs: `[B, N]` float32 log p(token | prefix) under the model (untempered, unfiltered);
+        0 after EOS.
+      lengths: `[B]` int32 number of generated tokens, EOS included.
+      scores: `[B]` float32 sequence score: the sum of ``log_probs`` (beam search: length-penalised).
+    """
+
+    tokens: Array
+    log_probs: Array
+    lengths: Array
+    scores: Array
+
+    def sequences(self, strip_eos_id: int | None = None) -> list[list[int]]:
+        """Host-side lists of the generated ids (``lengths`` long; without EOS if its id is given)."""
+        tokens, lengths = jax.device_get((self.tokens, self.lengths))
+        out = []
+        for row, n in zip(tokens.tolist(), lengths.tolist()):
+            row = row[:n]
+            if strip_eos_id is not None and row and row[-1] == strip_eos_id:
+                row = row[:-1]
+            out.append(row)
+        return out
+
+
+def token_log_probs(logits: Array, tokens: Array) -> Array:
+    """log softmax(logits)[token]: `[..., V]`, `[...]` → `[...]` float32."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+
+
+def decode_loop(
+    step_fn: StepFn,
+    logits: Array,
+    state: Any,
+    positions: Array,
+    choose: Callable[[jax.Array, Array], Array],
+    *,
+    max_new_tokens: int,
+    eos_id: int | None,
+    pad_id: int,
+    rng: jax.Array | None = None,
+) -> DecodeResult:
+    """Generate up to ``max_new_tokens`` tokens per row.
+
+    Args:
+      step_fn: ``(state, tokens [B], positions [B]) → (logits [B, V], state)`` (one cached step).
+      logits: `[B, V]` logits of the first token to generate.
+      state: decode state passed through ``step_fn``.
+      positions: `[B]` position of the first generated token.
+      choose: ``(rng, logits [B, V]) → tokens [B]`` (argmax, or `sampling.sample`).
+      eos_id: id that ends a row (None: rows run to ``max_new_tokens``).
+      rng: key for ``choose``; step ``i`` uses ``fold_in(rng, i)``.
+    """
+    b = logits.shape[0]
+    rng = jax.random.key(0) if rng is None else rng
+    carry = dict(
+        i=jnp.zeros((), jnp.int32), logits=logits, state=state, positions=positions,
+        tokens=jnp.full((b, max_new_tokens), pad_id, jnp.int32),
+        log_probs=jnp.zeros((b, max_new_tokens), jnp.float32),
+        lengths=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool))
+
+    def cond(c):
+        return jnp.logical_and(c["i"] < max_new_tokens, ~jnp.all(c["done"]))
+
+    def body(c):
+        i, done = c["i"], c["done"]
+        tok = choose(jax.random.fold_in(rng, i), c["logits"]).astype(jnp.int32)
+        lp = token_log_probs(c["logits"], tok)
+        tok = jnp.where(done, pad_id, tok)
+        lp = jnp.where(done, 0.0, lp)
+        tokens = lax.dynamic_update_slice_in_dim(c["tokens"], tok[:, None], i, axis=1)
+        log_probs = lax.dynamic_update_slice_in_dim(c["log_probs"], lp[:, None], i, axis=1)
+        lengths = c["lengths"] + (~done).astype(jnp.int32)
+        if eos_id is not None:
+            done = jnp.logical_or(done, tok == eos_id)
+        logits, state = step_fn(c["state"], tok, c["positions"])
+        return dict(i=i + 1, logits=logits, state=state, positions=c["positions"] + 1,
+                    tokens=tokens, log_probs=log_probs, lengths=lengths, done=done)
+
+    out = lax.while_loop(cond, body, carry)
+    return DecodeResult(out["tokens"], out["log_probs"], out["lengths"],
+                        jnp.sum(out["log_probs"], axis=-1))

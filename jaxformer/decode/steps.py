@@ -1,0 +1,101 @@
+"""Prefill and one-token steps of the two generative families on the KV cache.
+
+The search loops (`search.py`, `beam.py`) see a model only through `start` and `step`, so they are
+the same for GPT-style and T5-style models:
+
+* decoder-only: prompts `[B, L]` (right-padded, as in pipeline batches) are left-aligned inside the
+  jitted function, so every row's last prompt token sits in slot ``L − 1``; the whole prompt is
+  prefilled in one cached call with ``segment_ids`` 0 on the padding (never attended) and per-row
+  positions ``slot − num_pads`` (clipped at 0 on the padding, where a learned position table would
+  otherwise give NaN). Row ``b`` then continues at position ``length_b``.
+* encoder-decoder: sources `[B, S]` (right-padded) are encoded once; the decoder start token
+  (``decoder_start_id``, 0 = pad in T5) is fed with the encoder output, which stores the
+  cross-attention keys/values in the cache; later steps pass ``encoder_out=None`` and the source
+  segment ids (the padding mask), carried in the decode state.
+
+The decode state is ``{"cache": ..., "source_segment_ids"?: [B, S]}``; `DecodeStart.axes` gives the
+batch axis of each of its leaves (see `jaxformer.decode.cache`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from jaxformer.decode.cache import cache_batch_axes, init_cache
+
+Array = jnp.ndarray
+
+
+class DecodeStart(NamedTuple):
+    """What the search loops start from.
+
+    Attributes:
+      logits: `[B, V]` float32 logits of the first token to generate.
+      state: decode state pytree (cache, and source segment ids for encoder-decoder models).
+      positions: `[B]` int32 position of the next token fed to the model.
+      axes: pytree like ``state``: the batch axis of each leaf (``-1``: none).
+    """
+
+    logits: Array
+    state: dict[str, Any]
+    positions: Array
+    axes: dict[str, Any]
+
+
+def start(model: nn.Module, params: Any, inputs: Array, lengths: Array, *, max_new_tokens: int,
+          decoder_start_id: int = 0) -> DecodeStart:
+    """Run the prompt (decoder-only) or the source + start token (encoder-decoder).
+
+    Args:
+      inputs: `[B, L]` int32 right-padded prompts or sources.
+      lengths: `[B]` int32 number of real tokens per row (prompts need ≥ 1).
+      max_new_tokens: tokens to generate; sizes the cache.
+      decoder_start_id: first decoder input of encoder-decoder models.
+    """
+    b, length = inputs.shape
+    slot = jnp.arange(length, dtype=jnp.int32)[None, :]
+    lengths = lengths.astype(jnp.int32)
+    variables = {"params": params}
+    if model.cfg.family == "decoder":
+        shift = (length - lengths)[:, None]  # number of left pads per row
+        tokens = jnp.take_along_axis(inputs, (slot - shift) % length, axis=1)
+        seg = (slot >= shift).astype(jnp.int32)
+        tokens = jnp.where(seg == 1, tokens, 0)
+        positions = jnp.maximum(slot - shift, 0)
+        cache_len = length + max_new_tokens
+        cache = init_cache(model, b, cache_len)
+        logits, mut = model.apply({**variables, "cache": cache}, tokens, positions=positions,
+                                  segment_ids=seg, decode=True, mutable=["cache"])
+        state = {"cache": mut["cache"]}
+        axes = {"cache": cache_batch_axes(model, cache_len)}
+        return DecodeStart(logits[:, -1].astype(jnp.float32), state, lengths, axes)
+    seg = (slot < lengths[:, None]).astype(jnp.int32)
+    encoder_out = model.apply(variables, inputs, inputs_segment_ids=seg, method="encode")
+    cache_len = max_new_tokens + 1
+    cache = init_cache(model, b, cache_len, source_length=length)
+    first = jnp.full((b, 1), decoder_start_id, jnp.int32)
+    logits, mut = model.apply({**variables, "cache": cache}, encoder_out, first,
+                              inputs_segment_ids=seg, targets_positions=jnp.zeros_like(first),
+                              decode=True, mutable=["cache"], method="decode")
+    state = {"cache": mut["cache"], "source_segment_ids": seg}
+    axes = {"cache": cache_batch_axes(model, cache_len, length), "source_segment_ids": 0}
+    return DecodeStart(logits[:, -1].astype(jnp.float32), state, jnp.ones((b,), jnp.int32), axes)
+
+
+def step(model: nn.Module, params: Any, state: dict[str, Any], tokens: Array,
+         positions: Array) -> tuple[Array, dict[str, Any]]:
+    """Append one token per row: tokens `[B]` at positions `[B]` → (`[B, V]` float32 logits, state)."""
+    variables = {"params": params, "cache": state["cache"]}
+    tokens, positions = tokens[:, None].astype(jnp.int32), positions[:, None]
+    if model.cfg.family == "decoder":
+        logits, mut = model.apply(variables, tokens, positions=positions, decode=True,
+                                  mutable=["cache"])
+    else:
+        logits, mut = model.apply(variables, None, tokens,
+                                  inputs_segment_ids=state["source_segment_ids"],
+                                  targets_positions=positions, decode=True, mutable=["cache"],
+                                  method="decode")
+    return logits[:, 0].astype(jnp.float32), {**state, "cache": mut["cache"]}

@@ -1,0 +1,37 @@
+"""Sequence classification fine-tuning (BERT GLUE, Devlin et al. 2019 §4.1; GPT, Radford et al.
+2018 §3.2): one label per row, read by the model's pooled classifier head."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.data.vocab import SpecialTokens
+from jaxformer.objectives._common import require, segments_and_positions
+
+Array = jnp.ndarray
+
+
+def prepare_classify(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
+                     cfg: Any = None) -> dict:
+    """Batch ``inputs`` `[B, L]`, ``label`` `[B]` int (optional segment ids / positions and
+    ``inputs_token_types`` for sentence pairs) → ``model_inputs`` {tokens, positions, segment_ids
+    [, token_types]}, ``targets`` `[B]` = label, ``weights`` `[B]` float32 ones.
+
+    Rows must be unpacked (one example per row): the head pools one token per row.
+    """
+    del rng, cfg
+    require(batch, "classify", "inputs", "label")
+    tokens, seg, pos = segments_and_positions(batch, "inputs", special.pad_id)
+    label = jnp.asarray(batch["label"], jnp.int32)
+    if label.shape != tokens.shape[:1]:
+        raise ValueError(f"classify: label must have shape [batch]={tokens.shape[:1]}, got "
+                         f"{label.shape}")
+    model_inputs = {"tokens": tokens, "positions": pos, "segment_ids": seg}
+    if "inputs_token_types" in batch:
+        model_inputs["token_types"] = jnp.asarray(batch["inputs_token_types"], jnp.int32)
+    return {"model_inputs": model_inputs, "targets": label,
+            "weights": jnp.ones(label.shape, jnp.float32)}

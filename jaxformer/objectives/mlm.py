@@ -1,0 +1,88 @@
+"""Masked language modelling (BERT; Devlin et al. 2019, §3.1 "Task #1" and Appendix A.1).
+
+Per row, ``round(mask_rate · n)`` of the ``n`` candidate positions (non-padding, not a special
+token), at least one when ``n > 0``, are chosen uniformly without replacement, as BERT's
+``create_pretraining_data.py`` does. Of the chosen positions 80% become ``[MASK]``, 10% a random
+non-special token and 10% stay unchanged; the model predicts the original id at every chosen
+position and nowhere else.
+
+Next-sentence prediction (§3.1 "Task #2") is emitted when the batch carries ``nsp_label`` `[B]`
+with BERT's convention: 0 = sentence B follows A ("IsNext"), 1 = B is random ("NotNext"). It
+needs one sentence pair per row (no packing); building such pairs is the pipeline's job and
+optional there. Pair rows may also carry ``inputs_token_types`` `[B, L]` (0 for A, 1 for B).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer.data.vocab import SpecialTokens
+from jaxformer.objectives._common import option, require, segments_and_positions
+
+Array = jnp.ndarray
+
+
+def _non_special_ids(special: SpecialTokens) -> np.ndarray:
+    ids = np.setdiff1d(np.arange(special.vocab_size), np.asarray(special.all_special))
+    if ids.size == 0:
+        raise ValueError(f"vocab_size={special.vocab_size} leaves no non-special token to sample "
+                         f"for MLM random replacement; use a vocabulary larger than "
+                         f"{special.num_special}")
+    return ids.astype(np.int32)
+
+
+def choose_positions(rng: jax.Array, candidates: Array, rate: float) -> Array:
+    """Pick ``round(rate · n)`` (≥ 1 if n > 0) of each row's ``n`` True ``candidates`` `[B, L]`,
+    uniformly without replacement. Returns a bool `[B, L]` subset of ``candidates``."""
+    n = jnp.sum(candidates, axis=-1)
+    k = jnp.where(n > 0, jnp.maximum(jnp.round(rate * n), 1), 0).astype(jnp.int32)
+    score = jnp.where(candidates, jax.random.uniform(rng, candidates.shape), 2.0)
+    ranks = jnp.argsort(jnp.argsort(score, axis=-1), axis=-1)
+    return candidates & (ranks < k[:, None])
+
+
+def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
+                cfg: Any = None) -> dict:
+    """BERT masking of ``inputs`` `[B, L]`.
+
+    Options (``cfg``): ``mask_rate`` (0.15), ``mask_token_fraction`` (0.8) and
+    ``random_token_fraction`` (0.1) of the chosen positions; the rest stay unchanged.
+
+    Returns ``model_inputs`` {tokens (corrupted), positions, segment_ids[, token_types]} for
+    `EncoderOnly`, ``targets`` `[B, L]` (the original ids) and ``weights`` `[B, L]` float32 (1 on
+    chosen positions); with ``nsp_label`` also ``nsp_targets`` `[B]` and ``nsp_weights`` `[B]`.
+    """
+    require(batch, "mlm", "inputs")
+    rate = float(option(cfg, "mask_rate", 0.15))
+    p_mask = float(option(cfg, "mask_token_fraction", 0.8))
+    p_random = float(option(cfg, "random_token_fraction", 0.1))
+    if not 0.0 < rate < 1.0:
+        raise ValueError(f"objective.mask_rate={rate} must be in (0, 1) (BERT uses 0.15)")
+    if p_mask < 0 or p_random < 0 or p_mask + p_random > 1.0:
+        raise ValueError(f"objective.mask_token_fraction={p_mask} and random_token_fraction="
+                         f"{p_random} must be ≥ 0 with a sum ≤ 1 (BERT uses 0.8 and 0.1)")
+    tokens, seg, pos = segments_and_positions(batch, "inputs", special.pad_id)
+    k_choose, k_how, k_tok = jax.random.split(rng, 3)
+    is_special = jnp.isin(tokens, jnp.asarray(special.all_special, jnp.int32))
+    chosen = choose_positions(k_choose, (seg != 0) & ~is_special, rate)
+
+    how = jax.random.uniform(k_how, tokens.shape)
+    pool = jnp.asarray(_non_special_ids(special))
+    random_ids = pool[jax.random.randint(k_tok, tokens.shape, 0, pool.shape[0])]
+    corrupted = jnp.where(how < p_mask, special.mask_id,
+                          jnp.where(how < p_mask + p_random, random_ids, tokens))
+    model_inputs = {"tokens": jnp.where(chosen, corrupted, tokens), "positions": pos,
+                    "segment_ids": seg}
+    if "inputs_token_types" in batch:
+        model_inputs["token_types"] = jnp.asarray(batch["inputs_token_types"], jnp.int32)
+    out = {"model_inputs": model_inputs, "targets": tokens, "weights": chosen.astype(jnp.float32)}
+    if "nsp_label" in batch:
+        nsp = jnp.asarray(batch["nsp_label"], jnp.int32)
+        out["nsp_targets"] = nsp
+        out["nsp_weights"] = jnp.ones(nsp.shape, jnp.float32)
+    return out

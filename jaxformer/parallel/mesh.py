@@ -1,0 +1,55 @@
+"""Device meshes from the config: ``mesh.data``, ``mesh.fsdp``, ``mesh.tensor`` (−1 = the rest).
+
+The mesh spans all devices of all processes. Axis order is (data, fsdp, tensor): the innermost
+axis, tensor parallelism, gets the closest devices (`jax.make_mesh` orders devices for the topology).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import jax
+from jax.sharding import Mesh
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> dict[str, int]:
+    """Resolve sizes (at most one −1) so that their product is ``num_devices``.
+
+    Default (empty config): everything on ``data``.
+    """
+    sizes = {a: int(mesh_cfg.get(a, 1 if a != "data" else -1)) for a in MESH_AXES}
+    unknown = set(mesh_cfg) - set(MESH_AXES)
+    if unknown:
+        raise ValueError(f"unknown mesh axes {sorted(unknown)}; valid axes are {MESH_AXES}")
+    fill = [a for a, s in sizes.items() if s == -1]
+    if len(fill) > 1:
+        raise ValueError(f"mesh: at most one axis may be -1, got {fill}")
+    for a, s in sizes.items():
+        if s == 0 or s < -1:
+            raise ValueError(f"mesh.{a}={s} is invalid: use a positive size or -1")
+    known = math.prod(s for s in sizes.values() if s != -1)
+    if fill:
+        if num_devices % known:
+            raise ValueError(f"mesh {sizes}: {num_devices} devices are not divisible by {known}")
+        sizes[fill[0]] = num_devices // known
+    if math.prod(sizes.values()) != num_devices:
+        raise ValueError(
+            f"mesh {sizes} has {math.prod(sizes.values())} devices but {num_devices} are available; "
+            "set one axis to -1 to fill the rest")
+    return sizes
+
+
+def make_mesh(mesh_cfg: Mapping[str, int] | None = None,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A `Mesh` with axes ``("data", "fsdp", "tensor")`` over ``devices`` (default: all devices)."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = mesh_shape(dict(mesh_cfg or {}), len(devices))
+    shape = tuple(sizes[a] for a in MESH_AXES)
+    if len(devices) == len(jax.devices()):
+        return jax.make_mesh(shape, MESH_AXES, devices=devices)
+    import numpy as np
+
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)

@@ -1,0 +1,127 @@
+"""Logical axis rules: the one table that maps parameter/activation axis names to mesh axes.
+
+=================  ===============  ===========================================================
+logical axis        mesh axes        why
+=================  ===============  ===========================================================
+batch               (data, fsdp)     data parallelism; FSDP shards the batch as well
+embed               fsdp             ZeRO-3 / FSDP: every weight with a d_model axis is split
+vocab               tensor           vocabulary-parallel embedding and logits
+heads, kv_heads     tensor           Megatron column split of Q/K/V, row split of the output
+mlp                 tensor           Megatron column split of W_in, row split of W_out
+kv, layers, length  (replicated)     head_dim, the scanned layer axis, positions
+classes, relpos,    (replicated)     small tables
+types
+act_length,         (replicated)     activations' sequence and width axes
+act_embed
+=================  ===============  ===========================================================
+
+Parameters carry logical names (`jaxformer.layers.params`); `param_shardings` turns an abstract,
+logically-boxed parameter tree into `NamedSharding`s for a mesh.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("kv", None),
+    ("layers", None),
+    ("length", None),
+    ("classes", None),
+    ("relpos", None),
+    ("types", None),
+    ("act_length", None),
+    ("act_embed", None),
+)
+
+
+def _mesh_axis_size(mesh: Mesh, axes) -> int:
+    if axes is None:
+        return 1
+    axes = (axes,) if isinstance(axes, str) else axes
+    size = 1
+    for a in axes:
+        size *= mesh.shape[a]
+    return size
+
+
+def logical_to_shardings(logical_specs, abstract_values, mesh: Mesh, rules=LOGICAL_AXIS_RULES):
+    """Map a tree of logical `PartitionSpec`s to `NamedSharding`s, checking divisibility.
+
+    Raises ValueError naming the parameter, its shape and the mesh axes when a sharded dimension is
+    not divisible by the mesh axes it is mapped to.
+    """
+    mesh_specs = nn.logical_to_mesh(logical_specs, rules)
+
+    def check(path, spec, value):
+        spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
+        for dim, axes in zip(value.shape, spec):
+            n = _mesh_axis_size(mesh, axes)
+            if dim % n:
+                raise ValueError(
+                    f"parameter {jax.tree_util.keystr(path)} of shape {value.shape} cannot be sharded "
+                    f"as {spec} on mesh {dict(mesh.shape)}: dimension {dim} is not divisible by {n}")
+        return NamedSharding(mesh, spec)
+
+    return jax.tree_util.tree_map_with_path(
+        check, mesh_specs, abstract_values, is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
+
+
+def param_shardings(boxed_abstract_params, mesh: Mesh, rules=LOGICAL_AXIS_RULES):
+    """Shardings for an abstract parameter tree boxed with `nn.LogicallyPartitioned`."""
+    specs = nn.get_partition_spec(boxed_abstract_params)
+    return logical_to_shardings(specs, nn.unbox(boxed_abstract_params), mesh, rules)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Batch arrays `[batch, ...]`: leading axis over (data, fsdp), the rest replicated."""
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def match_shardings_by_path(tree, param_shardings_tree, params_abstract, mesh: Mesh):
+    """Shardings for a tree that mirrors parameters (e.g. optimizer moments).
+
+    A leaf whose key path ends with a parameter's key path and has the same shape gets that
+    parameter's sharding; everything else (step counters, scalars) is replicated.
+    """
+    table = {}
+    for (path, sh), (_, val) in zip(
+            jax.tree_util.tree_flatten_with_path(param_shardings_tree)[0],
+            jax.tree_util.tree_flatten_with_path(params_abstract)[0]):
+        table[_names(path)] = (sh, val.shape)
+
+    def pick(path, leaf):
+        names = _names(path)
+        for i in range(len(names)):
+            hit = table.get(names[i:])
+            if hit is not None and hit[1] == getattr(leaf, "shape", None):
+                return hit[0]
+        return replicated(mesh)
+
+    return jax.tree_util.tree_map_with_path(pick, tree)
+
+
+def _names(path) -> tuple[str, ...]:
+    out = []
+    for k in path:
+        if isinstance(k, jax.tree_util.DictKey):
+            out.append(str(k.key))
+        elif isinstance(k, jax.tree_util.GetAttrKey):
+            out.append(k.name)
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            out.append(f"[{k.idx}]")
+        else:
+            out.append(str(k))
+    return tuple(out)

@@ -1,0 +1,82 @@
+"""The training config: defaults for every key, and validation before anything compiles.
+
+Every ``configs/<name>.py`` starts from `base_config()` and overrides what it needs, so any key can be
+overridden on the command line (``--config.num_train_steps=20``). Top-level keys:
+
+=================  ==============================================================================
+seed               int; parameters, dropout, masking and data order all derive from it
+num_train_steps    optimizer updates to run (a resumed run continues up to this number)
+init_from          "" | pretrain workdir | checkpoint step dir | Hugging Face model dir
+model              `jaxformer.config.ModelConfig` fields
+objective          name ("clm", "mlm", "seq2seq", "classify", "sft") + options
+data               source, task, lengths, batch_size, packing, tokenizer (see data.pipeline)
+optimizer          AdamW + schedule (see train.optim)
+checkpoint         every_steps, keep, best_metric, async_save
+eval               every_steps, num_batches, split
+mesh               data / fsdp / tensor sizes (-1 fills)
+parallel           "jit" (sharded over the mesh) or "pmap" (data-parallel, replicated state)
+log_every_steps    metrics.jsonl / TensorBoard cadence
+progress_bar       show a tqdm bar
+=================  ==============================================================================
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from jaxformer.config import ModelConfig
+
+TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "model", "objective", "data", "optimizer",
+                  "checkpoint", "eval", "mesh", "parallel", "log_every_steps", "progress_bar",
+                  "name")
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """All keys with defaults; configs override them."""
+    from jaxformer.data.pipeline import default_data_config
+    from jaxformer.train.optim import default_optimizer_config
+
+    c = ml_collections.ConfigDict()
+    c.name = "run"
+    c.seed = 0
+    c.num_train_steps = 1000
+    c.init_from = ""
+    c.model = ml_collections.ConfigDict()
+    c.objective = ml_collections.ConfigDict(dict(
+        name="clm", label_smoothing=0.0, z_loss=0.0, mask_rate=0.15, noise_density=0.15,
+        mean_span_length=3.0, decoder_start_id=0))
+    c.data = default_data_config()
+    c.optimizer = default_optimizer_config()
+    c.checkpoint = ml_collections.ConfigDict(dict(every_steps=500, keep=3, best_metric="",
+                                                  best_mode="min", async_save=True))
+    c.eval = ml_collections.ConfigDict(dict(every_steps=500, num_batches=20, split="validation"))
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    c.parallel = "jit"
+    c.log_every_steps = 50
+    c.progress_bar = True
+    return c
+
+
+def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
+    """Check the whole config up front; returns the validated ModelConfig.
+
+    Raises ValueError naming the offending field.
+    """
+    unknown = sorted(set(config.keys()) - set(TOP_LEVEL_KEYS))
+    if unknown:
+        raise ValueError(f"unknown top-level config keys {unknown}; valid keys are {TOP_LEVEL_KEYS}")
+    model_cfg = ModelConfig.from_dict(config.model)
+    if not isinstance(config.num_train_steps, int) or config.num_train_steps <= 0:
+        raise ValueError(f"num_train_steps={config.num_train_steps!r} must be a positive integer")
+    if config.parallel not in ("jit", "pmap"):
+        raise ValueError(f"parallel={config.parallel!r} must be 'jit' or 'pmap'")
+    for key in ("every_steps", "keep"):
+        if config.checkpoint[key] <= 0:
+            raise ValueError(f"checkpoint.{key}={config.checkpoint[key]} must be positive")
+    if config.eval.every_steps <= 0 or config.eval.num_batches < 0:
+        raise ValueError("eval.every_steps must be positive and eval.num_batches >= 0")
+    accum = config.optimizer.get("grad_accum_steps", 1)
+    if config.data.batch_size % accum:
+        raise ValueError(f"data.batch_size={config.data.batch_size} must be divisible by "
+                         f"optimizer.grad_accum_steps={accum}")
+    return model_cfg

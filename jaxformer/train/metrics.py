@@ -1,0 +1,77 @@
+"""Metrics out: ``<workdir>/metrics.jsonl``, TensorBoard event files, and a console progress bar.
+
+Only process 0 writes. Each JSONL line is one logged step: ``{"step": s, "loss": …, …}`` with eval
+metrics prefixed ``eval_`` when evaluated at that step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import jax
+
+
+class MetricWriter:
+    def __init__(self, workdir: str | os.PathLike, *, enabled: bool | None = None):
+        self.enabled = jax.process_index() == 0 if enabled is None else enabled
+        self.path = Path(workdir) / "metrics.jsonl"
+        self._tb = None
+        if self.enabled:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
+
+    def write(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        row = {"step": int(step), **{k: _py(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        for k, v in row.items():
+            if k != "step" and isinstance(v, (int, float)):
+                self._tb.add_scalar(k, v, int(step))
+        self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _py(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return v
+
+
+def read_metrics(workdir: str | os.PathLike) -> list[dict]:
+    """All rows of ``<workdir>/metrics.jsonl``."""
+    path = Path(workdir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class Progress:
+    """tqdm bar showing step, loss, tokens/s, learning rate and ETA (process 0, TTY or not)."""
+
+    def __init__(self, start: int, total: int, *, enabled: bool = True, desc: str = "train"):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, initial=start, desc=desc, unit="step", dynamic_ncols=True,
+                        disable=not enabled or jax.process_index() != 0, mininterval=1.0)
+        self._t, self._tokens = time.perf_counter(), 0.0
+
+    def update(self, n: int, *, loss: float, lr: float, tokens: float) -> None:
+        self._tokens += tokens
+        now = time.perf_counter()
+        rate = self._tokens / max(now - self._t, 1e-9)
+        self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{rate:,.0f}", lr=f"{lr:.2e}", refresh=False)
+        self.bar.update(n)
+        self._t, self._tokens = now, 0.0
+
+    def close(self) -> None:
+        self.bar.close()

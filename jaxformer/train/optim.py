@@ -1,0 +1,207 @@
+"""The optimizer: AdamW with masked weight decay, clipping, accumulation and fine-tuning groups.
+
+`make_optimizer` builds, from the ``optimizer`` config section (`default_optimizer_config`),
+
+    MultiSteps(                                   # accumulate=True, grad_accum_steps > 1
+      clip_by_global_norm(clip_norm)              # clip_norm > 0
+      → AdamW(schedule, b1, b2, eps, weight_decay, mask=decay_mask))
+
+AdamW is Loshchilov & Hutter 2019 (decoupled decay; optax's convention multiplies the decay by
+the learning rate, like PyTorch's ``AdamW``). Weight decay applies only to ``kernel`` parameters of
+rank ≥ 2 (`decay_mask`): never to biases, norm scales, or the token/position/type/relative-bias
+embedding tables. Names decide, not ranks alone, because scanned stacks add a leading ``layers``
+axis that makes biases rank 2.
+
+Fine-tuning: ``head_lr_multiplier`` gives the head parameters (top-level modules named in
+``head_param_prefixes``) their own AdamW with ``multiplier × schedule``; ``freeze_backbone`` sets
+every other update to zero (no optimizer state, no decay) and clips the head's gradients alone.
+Both use `optax.multi_transform` over `param_labels`.
+
+Parameter trees may be plain or boxed in ``flax.linen.LogicallyPartitioned`` (as ``model.init``
+returns them); the mask and label functions handle both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+import optax
+
+from jaxformer.train.schedules import (
+    constant,
+    inverse_sqrt,
+    make_schedule,
+    warmup_cosine,
+    warmup_linear,
+    warmup_rsqrt,
+)
+
+HEAD_PARAM_PREFIXES = ("lm_head", "mlm_head", "classifier", "token_classifier", "pooler",
+                       "nsp_head")
+
+_DEFAULTS = dict(
+    name="adamw", schedule="inverse_sqrt", peak_lr=1e-3, scale=1.0, warmup_steps=4000, end_lr=0.0,
+    b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0, clip_norm=0.0, grad_accum_steps=1,
+    freeze_backbone=False, head_lr_multiplier=1.0, head_param_prefixes=HEAD_PARAM_PREFIXES)
+
+OPTIMIZER_PRESETS: dict[str, dict[str, Any]] = {
+    # Vaswani et al. 2017 §5.3: Adam β = (0.9, 0.98), ε = 1e-9, eq. (3) with 4000 warmup steps.
+    "vaswani": {},
+    # Devlin et al. 2019 §A.2 (+ the released code's ε and clipping): lr 1e-4, β2 0.999, decay
+    # 0.01, 10k warmup steps, linear decay.
+    "bert": dict(schedule="warmup_linear", peak_lr=1e-4, warmup_steps=10_000, b2=0.999, eps=1e-6,
+                 weight_decay=0.01, clip_norm=1.0),
+    # Brown et al. 2020 §B (125M model): β = (0.9, 0.95), ε = 1e-8, clip 1.0, decay 0.1, cosine to
+    # 10% of the 6e-4 peak.
+    "gpt3": dict(schedule="warmup_cosine", peak_lr=6e-4, end_lr=6e-5, warmup_steps=2000, b2=0.95,
+                 eps=1e-8, weight_decay=0.1, clip_norm=1.0),
+}
+
+
+def default_optimizer_config(preset: str = "vaswani", **overrides) -> ml_collections.ConfigDict:
+    """The ``optimizer`` config section: the defaults (Vaswani's Adam) updated by ``preset`` and
+    ``overrides``. Keys: name, schedule, peak_lr, scale, warmup_steps, end_lr, b1, b2, eps,
+    weight_decay, clip_norm, grad_accum_steps, freeze_backbone, head_lr_multiplier,
+    head_param_prefixes."""
+    if preset not in OPTIMIZER_PRESETS:
+        raise ValueError(f"unknown optimizer preset {preset!r}; choose one of "
+                         f"{sorted(OPTIMIZER_PRESETS)}")
+    out = dict(_DEFAULTS, **OPTIMIZER_PRESETS[preset])
+    _check_keys(overrides)
+    out.update(overrides)
+    return ml_collections.ConfigDict(out)
+
+
+def _check_keys(cfg) -> None:
+    unknown = sorted(set(cfg.keys()) - set(_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown optimizer config keys {unknown}; known keys: "
+                         f"{sorted(_DEFAULTS)}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-parameter decisions by path, on plain or LogicallyPartitioned trees.
+
+
+def _is_box(x) -> bool:
+    return isinstance(x, nn.meta.AxisMetadata)
+
+
+def _key_name(k) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def map_params_by_path(fn: Callable[[str, Any], Any], tree: Any) -> Any:
+    """Apply ``fn("a/b/kernel", array)`` to every parameter; a tree of the same structure.
+
+    Boxed parameters are unboxed for ``fn`` and the result re-boxed, so the output matches a
+    boxed input leaf for leaf. Entries without a shape (optax's ``MaskedNode`` inside a box, seen
+    under `optax.multi_transform`) are passed through unchanged.
+    """
+    def leaf(path, x):
+        value = x.unbox() if _is_box(x) else x
+        if not hasattr(value, "shape"):
+            return x
+        out = fn("/".join(_key_name(k) for k in path), value)
+        return x.replace_boxed(out) if _is_box(x) else out
+
+    return jax.tree_util.tree_map_with_path(leaf, tree, is_leaf=_is_box)
+
+
+def decay_mask(params: Any) -> Any:
+    """True for parameters that get weight decay: those named ``kernel`` with rank ≥ 2."""
+    return map_params_by_path(
+        lambda path, x: path.rsplit("/", 1)[-1] == "kernel" and len(x.shape) >= 2, params)
+
+
+def is_head(path: str, prefixes: Sequence[str]) -> bool:
+    """Whether ``path`` ("a/b/kernel") lies under one of ``prefixes`` (module paths like ``lm_head``
+    or ``encoder/layer_1``)."""
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+def param_labels(params: Any, head_prefixes: Sequence[str] = HEAD_PARAM_PREFIXES) -> Any:
+    """``"head"`` or ``"backbone"`` for every parameter (the labels of `optax.multi_transform`)."""
+    return map_params_by_path(
+        lambda path, _: "head" if is_head(path, head_prefixes) else "backbone", params)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = None, *,
+                   accumulate: bool = False
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The gradient transformation and its (backbone) learning-rate schedule.
+
+    Args:
+      opt_cfg: the ``optimizer`` config section (see `default_optimizer_config`).
+      d_model: model width, for the ``inverse_sqrt`` schedule.
+      total_steps: number of optimizer updates (not micro-batches), for decaying schedules.
+      params: optional parameter tree (plain or boxed, arrays or ``ShapeDtypeStruct``); when
+        given, a fine-tuning config whose ``head_param_prefixes`` match no parameter is an error
+        now rather than a silently frozen model later.
+      accumulate: wrap the optimizer in `optax.MultiSteps` over ``grad_accum_steps`` calls (each
+        call one micro-batch; updates are zero until the k-th, which applies the mean gradient).
+        Leave False when the train step accumulates micro-batches itself
+        (`jaxformer.train.step`), or the accumulation would happen twice.
+
+    Returns:
+      ``(tx, schedule)``; ``schedule(step)`` is the backbone learning rate at optax update count
+      ``step`` (the head's is ``head_lr_multiplier`` times it; under MultiSteps the count is
+      ``MultiStepsState.gradient_step``).
+    """
+    _check_keys(opt_cfg)
+    cfg = ml_collections.ConfigDict(dict(_DEFAULTS, **dict(opt_cfg)))
+    if cfg.name != "adamw":
+        raise ValueError(f"unknown optimizer.name {cfg.name!r}; supported: ['adamw']")
+    if cfg.clip_norm < 0 or cfg.weight_decay < 0 or cfg.head_lr_multiplier < 0:
+        raise ValueError("optimizer.clip_norm, weight_decay and head_lr_multiplier must be ≥ 0, "
+                         f"got {cfg.clip_norm}, {cfg.weight_decay}, {cfg.head_lr_multiplier}")
+    if int(cfg.grad_accum_steps) < 1:
+        raise ValueError(f"optimizer.grad_accum_steps={cfg.grad_accum_steps} must be ≥ 1")
+    schedule = make_schedule(cfg, d_model, total_steps)
+    prefixes = tuple(cfg.head_param_prefixes)
+    mult = float(cfg.head_lr_multiplier)
+    grouped = cfg.freeze_backbone or mult != 1.0
+    if grouped and params is not None:
+        labels = jax.tree_util.tree_leaves(param_labels(params, prefixes))
+        if "head" not in labels:
+            raise ValueError("optimizer.freeze_backbone / head_lr_multiplier need head "
+                             "parameters, but no parameter path starts with one of "
+                             f"optimizer.head_param_prefixes={list(prefixes)}")
+
+    def adamw(lr):
+        return optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                           mask=decay_mask)
+
+    clip = [optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm > 0 else []
+    head_schedule = schedule if mult == 1.0 else (lambda step: mult * schedule(step))
+    label_fn = lambda p: param_labels(p, prefixes)
+    if cfg.freeze_backbone:
+        tx = optax.multi_transform(
+            {"head": optax.chain(*clip, adamw(head_schedule)), "backbone": optax.set_to_zero()},
+            label_fn)
+    elif grouped:
+        tx = optax.chain(*clip, optax.multi_transform(
+            {"head": adamw(head_schedule), "backbone": adamw(schedule)}, label_fn))
+    else:
+        tx = optax.chain(*clip, adamw(schedule))
+    if accumulate and int(cfg.grad_accum_steps) > 1:
+        tx = optax.MultiSteps(tx, every_k_schedule=int(cfg.grad_accum_steps))
+        tx = tx.gradient_transformation()
+    return tx, schedule
+
+
+__all__ = [
+    "HEAD_PARAM_PREFIXES", "OPTIMIZER_PRESETS", "default_optimizer_config", "make_optimizer",
+    "make_schedule", "decay_mask", "param_labels", "is_head", "map_params_by_path",
+    "inverse_sqrt", "warmup_rsqrt", "warmup_cosine", "warmup_linear", "constant",
+]

@@ -1,0 +1,145 @@
+"""The train and eval steps: objective → model → weighted cross-entropy → optax update.
+
+One step function serves every family; the objective decides what the model sees and which
+positions count. Losses are normalised by the global sum of weights (tokens that count), so the
+loss is the same whatever the mesh, the micro-batching or the number of hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxformer.ops.losses import weighted_accuracy, weighted_cross_entropy
+from jaxformer.train.state import TrainState
+
+
+def loss_and_metrics(model: nn.Module, params, prepared: dict, *, deterministic: bool,
+                     dropout_rng: jax.Array | None, label_smoothing: float = 0.0,
+                     z_loss: float = 0.0) -> tuple[jax.Array, dict]:
+    """Sums (not means) of loss, correct predictions and weights for one batch.
+
+    ``prepared`` is an objective's output: ``model_inputs``, ``targets``, ``weights`` and, for BERT
+    next-sentence prediction, ``nsp_targets``/``nsp_weights``.
+    """
+    rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
+    out = model.apply({"params": params}, **prepared["model_inputs"], deterministic=deterministic,
+                      rngs=rngs)
+    logits, nsp_logits = (out if isinstance(out, tuple) else (out, None))
+    loss_sum, weight_sum = weighted_cross_entropy(
+        logits, prepared["targets"], prepared["weights"], label_smoothing=label_smoothing,
+        z_loss=z_loss)
+    correct, _ = weighted_accuracy(logits, prepared["targets"], prepared["weights"])
+    sums = {"loss": loss_sum, "correct": correct, "weight": weight_sum}
+    if nsp_logits is not None and "nsp_targets" in prepared:
+        nsp_loss, nsp_w = weighted_cross_entropy(nsp_logits, prepared["nsp_targets"],
+                                                 prepared.get("nsp_weights"))
+        nsp_correct, _ = weighted_accuracy(nsp_logits, prepared["nsp_targets"],
+                                           prepared.get("nsp_weights"))
+        sums.update(nsp_loss=nsp_loss, nsp_correct=nsp_correct, nsp_weight=nsp_w)
+    return sums
+
+
+def _objective_loss(sums: dict) -> jax.Array:
+    loss = sums["loss"] / jnp.maximum(sums["weight"], 1.0)
+    if "nsp_loss" in sums:
+        loss = loss + sums["nsp_loss"] / jnp.maximum(sums["nsp_weight"], 1.0)
+    return loss
+
+
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare: Callable,
+                    schedule: Callable, *, label_smoothing: float = 0.0, z_loss: float = 0.0,
+                    grad_accum_steps: int = 1, axis_name: str | None = None
+                    ) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
+    """``train_step(state, batch) -> (state, metrics)``, to be wrapped in `jax.jit`.
+
+    ``prepare(batch, rng)`` is the objective bound to its special tokens and options. With
+    ``grad_accum_steps > 1`` the batch is split into that many micro-batches along axis 0 whose
+    gradients are summed in a `lax.scan` before one optimizer update (same result as one big batch,
+    less activation memory).
+
+    ``axis_name`` (pmap path): each device holds a slice of the batch; gradient and loss *sums* are
+    `lax.psum`-ed over the axis before normalising, which equals the jit path's global-batch
+    normalisation (a `pmean` of per-device means would weight devices equally instead). Devices
+    fold their index into the step key so their dropout masks differ.
+    """
+
+    def micro_grads(params, batch, key):
+        obj_key, drop_key = jax.random.split(key)
+        prepared = prepare(batch, obj_key)
+
+        def f(p):
+            sums = loss_and_metrics(model, p, prepared, deterministic=False, dropout_rng=drop_key,
+                                    label_smoothing=label_smoothing, z_loss=z_loss)
+            # Sum-of-losses gradient; normalised once all micro-batches are in.
+            total = sums["loss"] + sums.get("nsp_loss", 0.0)
+            return total, sums
+
+        return jax.grad(f, has_aux=True)(params)
+
+    def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+        key = state.step_key()
+        if axis_name is not None:
+            key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
+        if grad_accum_steps == 1:
+            grads, sums = micro_grads(state.params, batch, key)
+        else:
+            micro = jax.tree.map(
+                lambda x: x.reshape(grad_accum_steps, x.shape[0] // grad_accum_steps, *x.shape[1:]),
+                batch)
+
+            def body(acc, xs):
+                i, mb = xs
+                g, s = micro_grads(state.params, mb, jax.random.fold_in(key, i))
+                return jax.tree.map(jnp.add, acc, (g, s)), None
+
+            zeros = jax.eval_shape(micro_grads, state.params,
+                                   jax.tree.map(lambda x: x[0], micro), key)
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
+            (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(grad_accum_steps), micro))
+        if axis_name is not None:
+            grads, sums = jax.lax.psum((grads, sums), axis_name)
+        denom = jnp.maximum(sums["weight"], 1.0)
+        grads = jax.tree.map(lambda g: g / denom, grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss": _objective_loss(sums),
+            "accuracy": sums["correct"] / denom,
+            "tokens": sums["weight"],
+            "grad_norm": optax.global_norm(grads),
+            "learning_rate": schedule(state.step),
+        }
+        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    return train_step
+
+
+def make_eval_step(model: nn.Module, prepare: Callable) -> Callable[[Any, dict, jax.Array], dict]:
+    """``eval_step(params, batch, key) -> sums`` (loss/correct/weight sums; add over batches).
+
+    Evaluation uses the plain cross-entropy (no label smoothing) so perplexity is exp(loss).
+    """
+
+    def eval_step(params, batch, key):
+        prepared = prepare(batch, key)
+        return loss_and_metrics(model, params, prepared, deterministic=True, dropout_rng=None)
+
+    return eval_step
+
+
+def summarize_eval(sums: dict) -> dict:
+    """Totals over eval batches → loss, accuracy, perplexity (and NSP metrics when present)."""
+    w = max(float(sums["weight"]), 1.0)
+    loss = float(sums["loss"]) / w
+    out = {"loss": loss, "accuracy": float(sums["correct"]) / w,
+           "perplexity": float(jnp.exp(jnp.minimum(loss, 50.0)))}
+    if "nsp_loss" in sums:
+        nw = max(float(sums["nsp_weight"]), 1.0)
+        out.update(nsp_loss=float(sums["nsp_loss"]) / nw, nsp_accuracy=float(sums["nsp_correct"]) / nw)
+    return out

@@ -1,0 +1,309 @@
+"""Hugging Face GPT-2 / BERT / T5 ↔ jaxformer: logit parity with PyTorch, export round trips.
+
+The references are randomly initialised transformers models (PyTorch, CPU, float32, eager
+attention) saved with ``save_pretrained``; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import flax.core
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file, save_file
+
+from jaxformer.config import ModelConfig
+from jaxformer.convert import is_hf_directory, load_hf, load_params, save_hf, save_params
+from jaxformer.convert.__main__ import main as convert_main
+from jaxformer.models.transformer import build_model
+from jaxformer.ops import weighted_cross_entropy
+
+V, B, T = 128, 2, 12
+RTOL = 1e-4
+SMALL = dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=128, max_position_embeddings=64)
+
+
+def rel_err(ours, ref) -> float:
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
+
+
+def _save(model, path) -> str:
+    model.eval().save_pretrained(path, safe_serialization=True)
+    return str(path)
+
+
+def _hf(cls, path):
+    return cls.from_pretrained(path, attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    """Tiny random HF models saved as safetensors: {name: directory}."""
+    torch.manual_seed(0)
+    tmp = tmp_path_factory.mktemp("hf")
+    out = {
+        "gpt2": _save(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, vocab_size=V, n_positions=64, bos_token_id=1,
+            eos_token_id=1)), tmp / "gpt2"),
+        "bert_mlm": _save(transformers.BertForMaskedLM(transformers.BertConfig(**SMALL)),
+                          tmp / "bert_mlm"),
+        "bert_cls": _save(transformers.BertForSequenceClassification(
+            transformers.BertConfig(**SMALL, num_labels=3)), tmp / "bert_cls"),
+    }
+    t5 = dict(vocab_size=V, d_model=64, d_kv=8, d_ff=96, num_layers=2, num_decoder_layers=3,
+              num_heads=4, relative_attention_num_buckets=16, relative_attention_max_distance=20)
+    out["t5_v1_0"] = _save(transformers.T5ForConditionalGeneration(
+        transformers.T5Config(**t5, feed_forward_proj="relu")), tmp / "t5_v1_0")
+    v11 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        **t5, feed_forward_proj="gated-gelu", tie_word_embeddings=False))
+    # transformers 5 ties lm_head to `shared` regardless; give it its own weights like the
+    # published v1.1 checkpoints (transformers 4 already made it untied).
+    v11.lm_head.weight = torch.nn.Parameter(torch.randn(V, 64))
+    out["t5_v1_1"] = _save(v11, tmp / "t5_v1_1")
+    return out
+
+
+def _tokens(seed, shape=(B, T)):
+    return np.random.default_rng(seed).integers(0, V, shape).astype(np.int32)
+
+
+def _bert_batch():
+    x = _tokens(1)
+    types = np.zeros_like(x)
+    types[:, T // 2:] = 1
+    mask = np.ones_like(x)
+    mask[1, T - 4:] = 0  # padding in the second row
+    return x, types, mask
+
+
+def _ours(cfg_dict, params, name):
+    """jaxformer logits on the batch used for ``name``; padded positions dropped for BERT MLM."""
+    apply = jax.jit(build_model(ModelConfig.from_dict(cfg_dict)).apply)
+    if name == "gpt2":
+        return np.asarray(apply({"params": params}, _tokens(0)))
+    if name.startswith("bert"):
+        x, types, mask = _bert_batch()
+        out = np.asarray(apply({"params": params}, x, token_types=types, segment_ids=mask))
+        return out[mask == 1] if out.ndim == 3 else out
+    x, y = _tokens(2), _tokens(3, (B, 7))
+    mask = np.ones_like(x)
+    mask[0, T - 3:] = 0
+    return np.asarray(apply({"params": params}, x, y, inputs_segment_ids=mask))
+
+
+HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "bert_mlm": "BertForMaskedLM",
+              "bert_cls": "BertForSequenceClassification", "t5_v1_0": "T5ForConditionalGeneration",
+              "t5_v1_1": "T5ForConditionalGeneration", "t5_tied": "T5ForConditionalGeneration"}
+
+
+def _theirs(name, path):
+    model = _hf(getattr(transformers, HF_CLASSES[name]), path)
+    with torch.no_grad():
+        if name == "gpt2":
+            return model(torch.tensor(_tokens(0))).logits.numpy()
+        if name.startswith("bert"):
+            x, types, mask = _bert_batch()
+            out = model(torch.tensor(x), token_type_ids=torch.tensor(types),
+                        attention_mask=torch.tensor(mask)).logits.numpy()
+            return out[mask == 1] if out.ndim == 3 else out
+        x, y = _tokens(2), _tokens(3, (B, 7))
+        mask = np.ones_like(x)
+        mask[0, T - 3:] = 0
+        return model(input_ids=torch.tensor(x), attention_mask=torch.tensor(mask),
+                     decoder_input_ids=torch.tensor(y)).logits.numpy()
+
+
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,scan", [("gpt2", False), ("bert_mlm", False), ("bert_cls", True),
+                                       ("t5_v1_0", False), ("t5_v1_1", True)])
+def test_import_matches_pytorch_logits(dirs, name, scan, tmp_path):
+    cfg, params, tok = load_hf(dirs[name], scan_layers=scan)
+    assert cfg["scan_layers"] is scan
+    ref = _theirs(name, dirs[name])
+    ours = _ours(cfg, params, name)
+    assert ours.shape == ref.shape
+    err = rel_err(ours, ref)
+    print(f"{name}: max relative logit error {err:.2e}")
+    assert err <= RTOL
+    # Export → from_pretrained gives the same logits, and import → export the same tensors.
+    out = tmp_path / "exported"
+    save_hf(cfg, params, out)
+    assert rel_err(_theirs(name, out), ref) <= RTOL
+    src, dst = load_file(os.path.join(dirs[name], "model.safetensors")), load_file(
+        out / "model.safetensors")
+    assert sorted(dst) == sorted(src)
+    for k in src:
+        np.testing.assert_array_equal(dst[k], src[k], err_msg=k)
+
+
+def test_configs_and_layouts(dirs):
+    gpt, _, _ = load_hf(dirs["gpt2"])
+    assert (gpt["activation"], gpt["norm_position"], gpt["tie_embeddings"]) == (
+        "gelu_tanh", "pre", True)
+    bert, _, _ = load_hf(dirs["bert_cls"])
+    assert (bert["head"], bert["num_classes"], bert["pooler"], bert["activation"]) == (
+        "classify", 3, True, "gelu")
+    v10, _, tok = load_hf(dirs["t5_v1_0"])
+    assert (v10["activation"], v10["gated_ffn"], v10["tie_embeddings"],
+            v10["rescale_tied_logits"], v10["attention_scale"], v10["head_dim"]) == (
+        "relu", False, True, True, 1.0, 8)
+    assert tok is None
+    v11, unrolled, _ = load_hf(dirs["t5_v1_1"])
+    assert (v11["activation"], v11["gated_ffn"], v11["tie_embeddings"]) == (
+        "gelu_tanh", True, False)
+    assert (v11["num_encoder_layers"], v11["num_decoder_layers"]) == (2, 3)
+    # Scanned layout = unrolled layers stacked on a leading axis, same tree as init builds.
+    _, scanned, _ = load_hf(dirs["t5_v1_1"], scan_layers=True)
+    k = "decoder", "layer_2", "cross_attn", "query", "kernel"
+    np.testing.assert_array_equal(scanned["decoder"]["layers"]["cross_attn"]["query"]["kernel"][2],
+                                  unrolled[k[0]][k[1]][k[2]][k[3]][k[4]])
+    for cfg_dict, params in [(v11, unrolled), (dict(v11, scan_layers=True), scanned)]:
+        cfg = ModelConfig.from_dict(cfg_dict)
+        t = jnp.zeros((1, 1), jnp.int32)
+        init = jax.eval_shape(build_model(cfg).init, jax.random.key(0), t, t)["params"]
+        want = jax.tree.map(lambda s: s.shape, flax.core.meta.unbox(init))
+        assert jax.tree.map(np.shape, params) == want
+
+
+def test_t5_tied_without_rescale_round_trip(tmp_path):
+    """transformers 5's default v1.1 (tied lm_head, no d_model^-0.5): exported with an explicit
+    ``lm_head.weight`` so every transformers version reads it the same."""
+    torch.manual_seed(1)
+    path = _save(transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False)), tmp_path / "t5")
+    cfg, params, _ = load_hf(path)
+    assert (cfg["tie_embeddings"], cfg["rescale_tied_logits"]) == (True, False)
+    ref = _theirs("t5_tied", path)
+    assert rel_err(_ours(cfg, params, "t5_tied"), ref) <= RTOL
+    save_hf(cfg, params, tmp_path / "out")
+    assert rel_err(_theirs("t5_tied", tmp_path / "out"), ref) <= RTOL
+
+
+def test_pytorch_bin_and_legacy_names_match_safetensors(dirs, tmp_path):
+    model = _hf(transformers.BertForMaskedLM, dirs["bert_mlm"])
+    state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias",
+                                                                      "LayerNorm.beta"): v
+             for k, v in model.state_dict().items()}
+    os.makedirs(tmp_path / "bin")
+    torch.save(state, tmp_path / "bin" / "pytorch_model.bin")
+    with open(tmp_path / "bin" / "config.json", "w") as f:
+        json.dump(model.config.to_dict(), f)
+    cfg_a, a, _ = load_hf(dirs["bert_mlm"])
+    cfg_b, b, _ = load_hf(tmp_path / "bin")
+    assert cfg_a == cfg_b
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_new_head_is_initialised_and_old_head_dropped(dirs, caplog):
+    with caplog.at_level(logging.WARNING):
+        cfg, params, _ = load_hf(dirs["bert_mlm"], head="classify", num_classes=5, seed=3)
+    assert "cls.predictions.bias" in caplog.text
+    assert (cfg["head"], cfg["num_classes"]) == ("classify", 5)
+    assert "mlm_head" not in params
+    c = ModelConfig.from_dict(cfg)
+    t = jnp.zeros((1, 1), jnp.int32)
+    fresh = flax.core.meta.unbox(jax.jit(build_model(c).init)(jax.random.key(3), t)["params"])
+    for k in ("classifier", "pooler"):  # equal up to XLA's float rounding
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+                     params[k], fresh[k])
+    _, mlm, _ = load_hf(dirs["bert_mlm"])
+    np.testing.assert_array_equal(params["token_embed"]["embedding"],
+                                  mlm["token_embed"]["embedding"])
+
+
+def test_finetune_imported_gpt2_then_export(dirs, tmp_path):
+    cfg_dict, params, _ = load_hf(dirs["gpt2"])
+    cfg = ModelConfig.from_dict(cfg_dict)
+    model = build_model(cfg)
+    x = jnp.asarray(_tokens(7, (4, 16)))
+
+    def loss_fn(p):
+        logits = model.apply({"params": p}, x[:, :-1])
+        total, weight = weighted_cross_entropy(logits, x[:, 1:])
+        return total / weight
+
+    opt = optax.adam(1e-2)
+    state = opt.init(params)
+
+    @jax.jit
+    def step(p, s):
+        loss, g = jax.value_and_grad(loss_fn)(p)
+        updates, s = opt.update(g, s, p)
+        return optax.apply_updates(p, updates), s, loss
+
+    losses = []
+    for _ in range(5):
+        params, state, loss = step(params, state)
+        losses.append(float(loss))
+    assert losses[-1] < losses[0] - 0.5, losses
+    save_hf(cfg, params, tmp_path / "tuned")
+    ref = _theirs("gpt2", tmp_path / "tuned")
+    assert rel_err(_ours(cfg_dict, jax.device_get(params), "gpt2"), ref) <= RTOL
+
+
+def test_cli_round_trip(dirs, tmp_path):
+    src = dirs["t5_v1_0"]
+    open(os.path.join(src, "spiece.model"), "wb").write(b"not a real model")  # copied as is
+    assert is_hf_directory(src) and not is_hf_directory(tmp_path)
+    ckpt, back = tmp_path / "ckpt", tmp_path / "back"
+    assert convert_main(["--from-hf", src, "--to", str(ckpt), "--scan-layers"]) == 0
+    cfg, params = load_params(ckpt)
+    assert cfg["scan_layers"] and "layers" in params["encoder"]
+    assert convert_main(["--from", str(ckpt), "--to-hf", str(back)]) == 0
+    a, b = load_file(os.path.join(src, "model.safetensors")), load_file(back / "model.safetensors")
+    assert sorted(a) == sorted(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert (back / "spiece.model").read_bytes() == b"not a real model"
+    assert load_hf(back)[2] == str(back / "spiece.model")
+    os.remove(os.path.join(src, "spiece.model"))
+    with pytest.raises(ValueError, match="already exists"):
+        save_params(ckpt, cfg, params)
+
+
+# --------------------------------------------------------------------------------------------------
+def test_errors(dirs, tmp_path):
+    with pytest.raises(ValueError, match="config.json is missing"):
+        load_hf(tmp_path)
+    bad = tmp_path / "llama"
+    os.makedirs(bad)
+    (bad / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ValueError, match=r"model_type='llama'.*supported: \['bert', 'gpt2'"):
+        load_hf(bad)
+    (bad / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="no weights"):
+        load_hf(bad)
+    # A tensor whose shape disagrees with config.json: named, with both shapes.
+    src = dirs["gpt2"]
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    tensors["transformer.h.1.mlp.c_fc.weight"] = np.zeros((64, 200), np.float32)
+    shaped = tmp_path / "shaped"
+    os.makedirs(shaped)
+    save_file(tensors, shaped / "model.safetensors", metadata={"format": "pt"})
+    (shaped / "config.json").write_text(open(os.path.join(src, "config.json")).read())
+    with pytest.raises(ValueError, match=r"'transformer\.h\.1\.mlp\.c_fc\.weight' has shape "
+                                         r"\(64, 200\) but \(64, 256\).*decoder/layer_1/ffn/wi"):
+        load_hf(shaped)
+    # Exports without a Hugging Face equivalent, and params that do not fit the config.
+    cfg, params, _ = load_hf(src)
+    with pytest.raises(ValueError, match="GPT-2 equivalent: position='rope'"):
+        save_hf(dict(cfg, position="rope"), params, tmp_path / "x")
+    with pytest.raises(ValueError, match="T5 equivalent:.*use_bias=True"):
+        save_hf(dict(cfg, family="encoder_decoder", position="relative", norm="rms"), params,
+                tmp_path / "x")
+    with pytest.raises(ValueError, match="'token_embed/embedding' has shape \\(128, 64\\) but "
+                                         "\\(100, 64\\)"):
+        save_hf(dict(cfg, vocab_size=100), params, tmp_path / "x")
+    with pytest.raises(ValueError, match="head='mlm' is not available for GPT-2"):
+        load_hf(src, head="mlm")

