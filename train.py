@@ -15,6 +15,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     del argv
+    from absl import logging
+
+    logging.set_verbosity(logging.WARNING)  # Orbax/Grain log every file operation at INFO
     from jaxformer.parallel.distributed import maybe_initialize_distributed
     from jaxformer.train.loop import train_and_evaluate
 

@@ -154,8 +154,9 @@ class ModelConfig:
             bad("head_dim", self.head_dim, "must be even for RoPE")
         if self.family == "encoder" and self.head == "lm":
             bad("head", self.head, "an encoder-only model has no causal LM head; use 'mlm'")
-        if self.family == "encoder_decoder" and self.head not in ("lm", "classify"):
-            bad("head", self.head, "encoder_decoder models support 'lm' (and 'classify')")
+        if self.family == "encoder_decoder" and self.head != "lm":
+            bad("head", self.head, "encoder_decoder models support only 'lm' (T5 casts "
+                "classification as text-to-text: the label is the target text)")
         if self.rescale_tied_logits and not self.tie_embeddings:
             bad("rescale_tied_logits", True, "only applies when tie_embeddings=True")
         if self.nsp_head and not (self.family == "encoder" and self.head == "mlm"):

@@ -52,6 +52,7 @@ def test_presets_build_and_round_trip(name):
     (dict(position="rope", d_model=60, num_heads=4), "head_dim=15"),
     (dict(family="encoder", head="lm"), "head='lm'"),
     (dict(family="encoder_decoder", head="token_classify"), "head"),
+    (dict(family="encoder_decoder", head="classify"), "head='classify'"),
     (dict(tie_embeddings=False, rescale_tied_logits=True), "rescale_tied_logits"),
     (dict(family="decoder", nsp_head=True), "nsp_head"),
 ])

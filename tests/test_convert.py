@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 
 import flax.core
 import jax
@@ -205,18 +206,27 @@ def test_pytorch_bin_and_legacy_names_match_safetensors(dirs, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+def test_sharded_bfloat16_checkpoint(dirs, tmp_path):
+    """bfloat16 tensors (which safetensors.numpy cannot hold) in an indexed, sharded checkpoint."""
+    model = _hf(transformers.GPT2LMHeadModel, dirs["gpt2"]).to(torch.bfloat16)
+    model.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert os.path.isfile(tmp_path / "model.safetensors.index.json")
+    _, params, _ = load_hf(tmp_path)
+    _, ref, _ = load_hf(dirs["gpt2"])
+    rounded = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32), ref)
+    jax.tree.map(np.testing.assert_array_equal, params, rounded)
+
+
 def test_new_head_is_initialised_and_old_head_dropped(dirs, caplog):
     with caplog.at_level(logging.WARNING):
         cfg, params, _ = load_hf(dirs["bert_mlm"], head="classify", num_classes=5, seed=3)
     assert "cls.predictions.bias" in caplog.text
     assert (cfg["head"], cfg["num_classes"]) == ("classify", 5)
     assert "mlm_head" not in params
-    c = ModelConfig.from_dict(cfg)
-    t = jnp.zeros((1, 1), jnp.int32)
-    fresh = flax.core.meta.unbox(jax.jit(build_model(c).init)(jax.random.key(3), t)["params"])
-    for k in ("classifier", "pooler"):  # equal up to XLA's float rounding
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-                     params[k], fresh[k])
+    # Fresh parameters follow the config's initialisers (normal(init_std) kernels, zero biases).
+    assert not np.any(params["classifier"]["bias"]) and not np.any(params["pooler"]["bias"])
+    assert abs(np.std(params["pooler"]["kernel"]) / cfg["init_std"] - 1) < 0.1
+    assert params["classifier"]["kernel"].shape == (64, 5)
     _, mlm, _ = load_hf(dirs["bert_mlm"])
     np.testing.assert_array_equal(params["token_embed"]["embedding"],
                                   mlm["token_embed"]["embedding"])
@@ -253,23 +263,62 @@ def test_finetune_imported_gpt2_then_export(dirs, tmp_path):
 
 
 def test_cli_round_trip(dirs, tmp_path):
-    src = dirs["t5_v1_0"]
-    open(os.path.join(src, "spiece.model"), "wb").write(b"not a real model")  # copied as is
+    src = tmp_path / "src"
+    shutil.copytree(dirs["t5_v1_0"], src)
+    (src / "spiece.model").write_bytes(b"not a real model")  # copied as is
+    hf_cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(dict(hf_cfg, finetuning_task="translation")))
     assert is_hf_directory(src) and not is_hf_directory(tmp_path)
     ckpt, back = tmp_path / "ckpt", tmp_path / "back"
-    assert convert_main(["--from-hf", src, "--to", str(ckpt), "--scan-layers"]) == 0
+    assert convert_main(["--from-hf", str(src), "--to", str(ckpt), "--scan-layers"]) == 0
     cfg, params = load_params(ckpt)
     assert cfg["scan_layers"] and "layers" in params["encoder"]
     assert convert_main(["--from", str(ckpt), "--to-hf", str(back)]) == 0
-    a, b = load_file(os.path.join(src, "model.safetensors")), load_file(back / "model.safetensors")
+    a, b = load_file(src / "model.safetensors"), load_file(back / "model.safetensors")
     assert sorted(a) == sorted(b)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     assert (back / "spiece.model").read_bytes() == b"not a real model"
     assert load_hf(back)[2] == str(back / "spiece.model")
-    os.remove(os.path.join(src, "spiece.model"))
+    assert json.loads((back / "config.json").read_text())["finetuning_task"] == "translation"
     with pytest.raises(ValueError, match="already exists"):
         save_params(ckpt, cfg, params)
+    assert convert_main(["--from-hf", str(src), "--to", str(ckpt)]) == 2  # the same, via the CLI
+
+
+VARIANTS = {  # architectures whose shared parts the logit tests cover: tensors and loading only
+    "GPT2Model": lambda: transformers.GPT2Model(transformers.GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=V, n_positions=16)),
+    "GPT2LMHeadModel-untied": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=V, n_positions=16, tie_word_embeddings=False)),
+    "BertForPreTraining": lambda: transformers.BertForPreTraining(transformers.BertConfig(
+        **dict(SMALL, num_hidden_layers=1))),
+    "BertForTokenClassification": lambda: transformers.BertForTokenClassification(
+        transformers.BertConfig(**dict(SMALL, num_hidden_layers=1), num_labels=4)),
+    "BertModel": lambda: transformers.BertModel(transformers.BertConfig(
+        **dict(SMALL, num_hidden_layers=1))),
+}
+EXPECTED = {"GPT2Model": ("none", True), "GPT2LMHeadModel-untied": ("lm", False),
+            "BertForPreTraining": ("mlm", True),
+            "BertForTokenClassification": ("token_classify", True), "BertModel": ("none", True)}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variants_round_trip(name, tmp_path):
+    torch.manual_seed(2)
+    model = VARIANTS[name]()
+    path = _save(model, tmp_path / "src")
+    cfg, params, _ = load_hf(path)
+    assert (cfg["head"], cfg["tie_embeddings"]) == EXPECTED[name]
+    save_hf(cfg, params, tmp_path / "out")
+    src, dst = load_file(tmp_path / "src" / "model.safetensors"), load_file(
+        tmp_path / "out" / "model.safetensors")
+    assert sorted(dst) == sorted(src)
+    for k in src:
+        np.testing.assert_array_equal(dst[k], src[k], err_msg=k)
+    back, info = type(model).from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert not any(info.values()), info
+    assert type(back) is type(model)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -284,17 +333,27 @@ def test_errors(dirs, tmp_path):
     (bad / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ValueError, match="no weights"):
         load_hf(bad)
-    # A tensor whose shape disagrees with config.json: named, with both shapes.
     src = dirs["gpt2"]
-    tensors = load_file(os.path.join(src, "model.safetensors"))
-    tensors["transformer.h.1.mlp.c_fc.weight"] = np.zeros((64, 200), np.float32)
-    shaped = tmp_path / "shaped"
-    os.makedirs(shaped)
-    save_file(tensors, shaped / "model.safetensors", metadata={"format": "pt"})
-    (shaped / "config.json").write_text(open(os.path.join(src, "config.json")).read())
+
+    def edited(name, edit):
+        tensors = load_file(os.path.join(src, "model.safetensors"))
+        edit(tensors)
+        os.makedirs(tmp_path / name)
+        save_file(tensors, tmp_path / name / "model.safetensors", metadata={"format": "pt"})
+        shutil.copyfile(os.path.join(src, "config.json"), tmp_path / name / "config.json")
+        return tmp_path / name
+
+    # A tensor whose shape disagrees with config.json: named, with both shapes.
+    shaped = edited("shaped", lambda t: t.update(
+        {"transformer.h.1.mlp.c_fc.weight": np.zeros((64, 200), np.float32)}))
     with pytest.raises(ValueError, match=r"'transformer\.h\.1\.mlp\.c_fc\.weight' has shape "
                                          r"\(64, 200\) but \(64, 256\).*decoder/layer_1/ffn/wi"):
         load_hf(shaped)
+    with pytest.raises(ValueError, match=r"'transformer\.ln_f\.bias' .* is missing"):
+        load_hf(edited("missing", lambda t: t.pop("transformer.ln_f.bias")))
+    with pytest.raises(ValueError, match=r"no place .*\['transformer\.h\.0\.attn\.rotary'\]"):
+        load_hf(edited("extra", lambda t: t.update(
+            {"transformer.h.0.attn.rotary": np.zeros(3, np.float32)})))
     # Exports without a Hugging Face equivalent, and params that do not fit the config.
     cfg, params, _ = load_hf(src)
     with pytest.raises(ValueError, match="GPT-2 equivalent: position='rope'"):

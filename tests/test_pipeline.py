@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxformer.data.packing import unpack_row
-from jaxformer.data.pipeline import default_data_config, make_dataset
+from jaxformer.data.pipeline import default_data_config, make_dataset, source_texts
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at "
@@ -181,12 +181,28 @@ def test_long_documents_split_without_loss(tok, framing):
                                       np.concatenate([tok.encode(d) for d in docs]))
 
 
+def test_empty_texts_are_skipped(tok):
+    source = ListSource([{"text": t} for t in ("", TEXTS[0], "", TEXTS[1], "")])
+    ds = _make(tok, "lm", source=source, num_epochs=1, shuffle=False, packing=False, seq_len=64)
+    rows = [tok.decode(b["inputs"][r]) for b in ds for r in range(4)
+            if b["inputs_segment_ids"][r].any()]
+    assert rows == TEXTS[:2]
+
+
 def test_truncation_keeps_the_start(tok):
     docs = [" ".join(WORDS)] * 8
     batch = next(iter(_make(tok, "lm", source=ListSource({"text": d} for d in docs),
                             packing=True)))
     np.testing.assert_array_equal(batch["inputs"], np.tile(tok.encode(docs[0])[:32], (4, 1)))
     assert np.all(batch["inputs_segment_ids"] == 1)
+
+
+def test_every_epoch_is_a_new_permutation(tok):
+    ds = _make(tok, "lm", packing=False, seq_len=64, num_epochs=2)
+    rows = [tok.decode(b["inputs"][r]) for b in ds for r in range(4)]
+    assert len(rows) == 80
+    assert sorted(rows[:40]) == sorted(rows[40:]) == sorted(TEXTS)
+    assert rows[:40] != rows[40:] and rows[:40] != TEXTS
 
 
 def test_same_seed_same_batches_other_seed_other_batches(tok):
@@ -253,7 +269,8 @@ def test_process_shards_are_disjoint_and_cover_the_data(tok, packing):
 
 
 def test_finite_pass_pads_the_last_batch(tok):
-    batches = list(_make(tok, "classify", packing=False, num_epochs=1, source=_source("classify", 6)))
+    batches = list(_make(tok, "classify", packing=False, num_epochs=1,
+                         source=_source("classify", 6)))
     assert len(batches) == 2
     np.testing.assert_array_equal(batches[1]["inputs_segment_ids"][2:], 0)
     np.testing.assert_array_equal(batches[1]["inputs_segment_ids"][:2, 0], 1)
@@ -283,3 +300,38 @@ def test_bad_inputs_raise(tok):
         next(iter(make_dataset(_cfg("span_corruption"), "train", tok, seed=0, process_index=0,
                                process_count=1, source=_source("lm"),
                                transform=lambda ex, rng: ex)))
+
+
+def test_source_texts_and_the_configured_source(tok, tmp_path):
+    """End to end through `jaxformer.data.sources.get_source` with a user text file."""
+    assert list(source_texts(_source("seq2seq", 2))) == [
+        TEXTS[0], TEXTS[0].upper()[:30], TEXTS[1], TEXTS[1].upper()[:30]]
+    (tmp_path / "corpus.txt").write_text("\n".join(TEXTS) + "\n")
+    cfg = _cfg(source=f"files:{tmp_path}/corpus.txt", format="text", split_fractions=(1, 0, 0),
+               seq_len=64)
+    ds = make_dataset(cfg, "train", tok, seed=0, process_index=0, process_count=1, num_epochs=1)
+    got = [tok.decode(x) for b in ds for r in range(4)
+           for x in unpack_row({k: v[r] for k, v in b.items()}, "inputs")]
+    assert sorted(got) == sorted(TEXTS)
+
+
+def test_span_corruption_with_the_objectives_transform(tok):
+    """The real T5 transform through packing: every packed (inputs, targets) segment pair
+    reconstructs the first ``seq_len - 1`` tokens of its text."""
+    from jaxformer.objectives.span_corruption import reconstruct_span_corruption, span_corruption
+
+    def transform(ex, rng):
+        inputs, targets = span_corruption(ex["inputs"], rng, tok.special)
+        return {"inputs": inputs, "targets": targets}
+
+    ds = make_dataset(_cfg("span_corruption", target_len=32, shuffle=False), "train", tok,
+                      seed=0, transform=transform, process_index=0, process_count=1,
+                      num_epochs=1, source=_source("lm"))
+    got = []
+    for b in ds:
+        for r in range(4):
+            row = {k: v[r] for k, v in b.items()}
+            for x, y in zip(unpack_row(row, "inputs"), unpack_row(row, "targets"), strict=True):
+                assert x[-1] == y[-1] == tok.special.eos_id
+                got.append(tuple(reconstruct_span_corruption(x, y, tok.special)))
+    assert sorted(got) == sorted(tuple(tok.encode(t)[:31]) for t in TEXTS)

@@ -192,6 +192,8 @@ def test_views_concat_and_grain():
         get_source({"source": "wikipedia"}, "train")
     with pytest.raises(ValueError, match="views"):
         get_source({"source": "kjv_bible:both"}, "train")
+    with pytest.raises(ValueError, match="needs source/target records"):
+        get_source({"source": "kjv_bible", "pair_view": "both"}, "train")
 
 
 def test_tfds_catalog_lookup_without_tensorflow(tmp_path):

@@ -8,17 +8,22 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from jaxformer.data.tokenizer import (Tokenizer, default_tokenizer_config, load_or_train_tokenizer,
-                                      resolve_num_sentinels, train_sentencepiece)
+from jaxformer.data.tokenizer import (
+    Tokenizer,
+    default_tokenizer_config,
+    load_or_train_tokenizer,
+    resolve_num_sentinels,
+    train_sentencepiece,
+)
 from jaxformer.data.vocab import SpecialTokens
 
-ENGLISH = """It was the best of times, it was the worst of times, it was the age of wisdom, it was the
-age of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season
-of Light, it was the season of Darkness, it was the spring of hope, it was the winter of despair.
-Call me Ishmael. Some years ago, never mind how long precisely, having little or no money in my
-purse, and nothing particular to interest me on shore, I thought I would sail about a little and
-see the watery part of the world. The quick brown fox jumps over the lazy dog; 12 dogs, 3.5 cats!
-Attention is all you need: the Transformer relies entirely on self-attention to compute
+ENGLISH = """It was the best of times, it was the worst of times, it was the age of wisdom, it was
+the age of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the
+season of Light, it was the season of Darkness, it was the spring of hope, it was the winter of
+despair. Call me Ishmael. Some years ago, never mind how long precisely, having little or no money
+in my purse, and nothing particular to interest me on shore, I thought I would sail about a little
+and see the watery part of the world. The quick brown fox jumps over the lazy dog; 12 dogs, 3.5
+cats! Attention is all you need: the Transformer relies entirely on self-attention to compute
 representations of its input and output without using sequence-aligned recurrent networks."""
 SPANISH = """En un lugar de la Mancha, de cuyo nombre no quiero acordarme, no ha mucho tiempo que
 vivía un hidalgo de los de lanza en astillero, adarga antigua, rocín flaco y galgo corredor.

@@ -3,20 +3,24 @@
     python -m jaxformer.convert --from-hf HF_DIR --to CKPT_DIR [--scan-layers] [--head H]
     python -m jaxformer.convert --from CKPT_DIR --to-hf HF_DIR
 
-Tokenizer files found in HF_DIR are copied to CKPT_DIR/tokenizer/ and from there back to HF_DIR.
+Tokenizer files found in HF_DIR are copied to CKPT_DIR/tokenizer/, and HF_DIR/config.json to
+CKPT_DIR/hf_config.json; the export copies them back (token ids, label names survive the trip).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import sys
 
 from jaxformer.convert.checkpoint import load_params, save_params
 from jaxformer.convert.hf import load_hf, save_hf
-from jaxformer.convert.hf_io import copy_tokenizer_files
+from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files
 
 TOKENIZER_DIR = "tokenizer"
+HF_CONFIG = "hf_config.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,13 +35,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head", help="jaxformer head (default: the checkpoint's)")
     ap.add_argument("--num-classes", type=int, help="classes of a classification head")
     args = ap.parse_args(argv)
+    try:
+        _run(ap, args)
+    except ValueError as e:  # bad input: the message says what and why, no traceback needed
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
+
+def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.from_hf:
         if not args.to or args.to_hf:
             ap.error("--from-hf needs --to (a jaxformer checkpoint directory)")
         cfg, params, _ = load_hf(args.from_hf, scan_layers=args.scan_layers, head=args.head,
                                  num_classes=args.num_classes)
         save_params(args.to, cfg, params)
+        shutil.copyfile(os.path.join(args.from_hf, CONFIG_NAME), os.path.join(args.to, HF_CONFIG))
         copied = copy_tokenizer_files(args.from_hf, os.path.join(args.to, TOKENIZER_DIR))
         print(f"wrote {args.to} ({cfg['family']}, head={cfg['head']}); tokenizer files: {copied}")
     else:
@@ -45,9 +58,13 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--from needs --to-hf (a Hugging Face directory)")
         cfg, params = load_params(args.from_ckpt)
         tok = os.path.join(args.from_ckpt, TOKENIZER_DIR)
-        save_hf(cfg, params, args.to_hf, tokenizer_path=tok if os.path.isdir(tok) else None)
+        extra = None
+        if os.path.isfile(os.path.join(args.from_ckpt, HF_CONFIG)):
+            with open(os.path.join(args.from_ckpt, HF_CONFIG)) as f:
+                extra = json.load(f)
+        save_hf(cfg, params, args.to_hf, tokenizer_path=tok if os.path.isdir(tok) else None,
+                extra_config=extra)
         print(f"wrote {args.to_hf}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -87,9 +87,9 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
       directory: holds ``config.json`` and ``model.safetensors`` (or sharded safetensors, or
         ``pytorch_model.bin``, which needs torch).
       scan_layers: return the scanned layout (and ``scan_layers=True`` in the config).
-      head: jaxformer head to build; default from the checkpoint's architecture (GPT-2 "lm";
-        BERT "mlm" / "classify" / "token_classify" / "none"; T5 "lm"). A head the checkpoint lacks
-        (e.g. "classify" on a BertForMaskedLM checkpoint) is initialised as
+      head: jaxformer head to build; default from the checkpoint's architecture (GPT-2 "lm" or
+        "none"; BERT "mlm" / "classify" / "token_classify" / "none"; T5 "lm"). A head the
+        checkpoint lacks (e.g. "classify" on a BertForMaskedLM checkpoint) is initialised as
         ``build_model(cfg).init(jax.random.key(seed))`` would; unused checkpoint heads are dropped.
       num_classes: classes of a classification head (default: the checkpoint's ``num_labels``).
 
@@ -113,10 +113,9 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
              or any(p.split("/")[0] not in NEW_HEAD_MODULES for p in r.params)]
     flat, used = apply_import(rules, tensors)
 
-    dropped, unknown = [], []
-    for name in sorted(set(tensors) - used):
-        kind = conv.leftover(name, cfg)
-        (dropped if kind == "drop" else unknown if kind == "unknown" else []).append(name)
+    leftover = {name: conv.leftover(name, cfg) for name in sorted(set(tensors) - used)}
+    dropped = [name for name, kind in leftover.items() if kind == "drop"]
+    unknown = [name for name, kind in leftover.items() if kind == "unknown"]
     if unknown:
         raise ValueError(f"{len(unknown)} checkpoint tensors have no place in the jaxformer "
                          f"{model_type} model (unsupported variant?): {unknown[:8]}")
@@ -158,16 +157,18 @@ def _as_dict(tree):
 
 
 def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
-            directory: str | os.PathLike, *, tokenizer_path: str | os.PathLike | None = None
-            ) -> None:
+            directory: str | os.PathLike, *, tokenizer_path: str | os.PathLike | None = None,
+            extra_config: Mapping[str, Any] | None = None) -> None:
     """Write ``config.json`` + ``model.safetensors`` (float32) that ``from_pretrained`` loads:
     GPT2LMHeadModel / GPT2Model, BertForMaskedLM / BertForPreTraining /
     BertForSequenceClassification / BertForTokenClassification / BertModel, or
     T5ForConditionalGeneration, chosen by ``model_cfg.family`` and ``head``.
 
     ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``) or a directory whose
-    Hugging Face tokenizer files are copied. ValueError for configs with no HF equivalent or params
-    that do not match the config.
+    Hugging Face tokenizer files are copied. ``extra_config``: further ``config.json`` entries, e.g.
+    the source model's (token ids, label names); the architecture entries derived from
+    ``model_cfg`` take precedence. ValueError for configs with no HF equivalent or params that do
+    not match the config.
     """
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     conv = BY_FAMILY[cfg.family]
@@ -178,6 +179,9 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     if unused:
         raise ValueError(f"parameters with no place in the Hugging Face {hf_cfg['model_type']} "
                          f"model: {unused[:8]}")
-    write_model(directory, hf_cfg, tensors)
+    extra = {k: v for k, v in (extra_config or {}).items() if k not in ("torch_dtype", "dtype")}
+    if len(extra.get("id2label") or {}) == cfg.num_classes:  # keep the source's label names
+        hf_cfg.update({k: extra[k] for k in ("id2label", "label2id") if k in extra})
+    write_model(directory, {**extra, **hf_cfg}, tensors)
     if tokenizer_path is not None:
         copy_tokenizer_files(tokenizer_path, directory)

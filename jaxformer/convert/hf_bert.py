@@ -75,7 +75,9 @@ def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str 
             head = "none"
     if head not in HEADS:
         raise ValueError(f"head={head!r} is not available for BERT; choose one of {HEADS}")
-    nsp = head == "mlm" and "cls.seq_relationship.weight" in tensors
+    # bert-base-* say BertForMaskedLM but also store the NSP head: only BertForPreTraining keeps it.
+    nsp = (head == "mlm" and "cls.seq_relationship.weight" in tensors
+           and arch != "BertForMaskedLM")
     has_pooler = f"{prefix}pooler.dense.weight" in tensors
     pooler = head == "classify" or nsp or (head == "none" and has_pooler)
     cfg = dict(

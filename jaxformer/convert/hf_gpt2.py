@@ -45,7 +45,8 @@ def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str 
     for flag in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
         if hf.get(flag):
             raise ValueError(f"GPT-2 with {flag}=True is not supported (no jaxformer equivalent)")
-    head = head or "lm"
+    if head is None:  # the original OpenAI upload says GPT2LMHeadModel over GPT2Model names
+        head = "none" if hf.get("architectures") == ["GPT2Model"] else "lm"
     if head not in HEADS:
         raise ValueError(f"head={head!r} is not available for GPT-2; choose one of {HEADS}")
     prefix = _prefix(tensors)

@@ -161,13 +161,14 @@ def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list
     A single SentencePiece file as ``src`` is copied as ``dst/spiece.model``.
     """
     src, dst = os.fspath(src), os.fspath(dst)
-    os.makedirs(dst, exist_ok=True)
     if os.path.isfile(src):
+        os.makedirs(dst, exist_ok=True)
         shutil.copyfile(src, os.path.join(dst, "spiece.model"))
         return ["spiece.model"]
     if not os.path.isdir(src):
         raise ValueError(f"tokenizer path {src!r} is neither a file nor a directory")
     names = [n for n in TOKENIZER_FILES if os.path.isfile(os.path.join(src, n))]
     for n in names:
+        os.makedirs(dst, exist_ok=True)
         shutil.copyfile(os.path.join(src, n), os.path.join(dst, n))
     return names

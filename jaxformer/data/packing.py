@@ -27,7 +27,7 @@ from absl import logging
 
 
 class TruncationCounter:
-    """Counts examples cut to fit the row length; logs at 1, 2, 4, 8, … truncated examples.
+    """Counts examples cut to fit the row length (and empty ones skipped); logs at 1, 2, 4, 8, …
 
     One counter per pipeline (per process; each Grain worker process logs its own counts).
     """
@@ -37,6 +37,15 @@ class TruncationCounter:
         self.seen = 0
         self.truncated = 0
         self.tokens_cut = 0
+        self.empty = 0
+
+    def record_empty(self) -> None:
+        """Record one example skipped because it holds no tokens."""
+        self.seen += 1
+        self.empty += 1
+        if self.empty & (self.empty - 1) == 0:
+            logging.warning("data %s: skipped %d empty examples of %d so far", self.name,
+                            self.empty, self.seen)
 
     def record(self, tokens_cut: int) -> None:
         """Record one example; ``tokens_cut`` > 0 means it was truncated by that many tokens."""
@@ -55,8 +64,8 @@ def _check_lengths(example: Mapping, lengths: Mapping[str, int]) -> None:
         if k not in example:
             raise ValueError(f"example has no feature {k!r} to pack; it has {sorted(example)}")
         if len(example[k]) > n:
-            raise ValueError(f"feature {k!r} has {len(example[k])} tokens, more than the row length "
-                             f"{n}; truncate before packing/padding")
+            raise ValueError(f"feature {k!r} has {len(example[k])} tokens, more than the row "
+                             f"length {n}; truncate before packing/padding")
 
 
 def pad_example(example: Mapping, lengths: Mapping[str, int], *, pad_id: int = 0,
@@ -119,7 +128,7 @@ def pack(ds: grain.IterDataset, lengths: Mapping[str, int], *, num_bins: int, pa
 
 
 def unpack_row(row: Mapping[str, np.ndarray], feature: str) -> list[np.ndarray]:
-    """Inverse of packing for one row: the tokens of each segment of ``feature``, in segment order."""
+    """Inverse of packing for one row: the tokens of each segment of ``feature``, in order."""
     seg = np.asarray(row[f"{feature}_segment_ids"])
     x = np.asarray(row[feature])
     return [x[seg == s] for s in np.unique(seg[seg > 0])]

@@ -19,10 +19,10 @@ model checkpoint through Orbax as ``grain.checkpoint.CheckpointSave(iterator)`` 
 
 Framing per task (``data.framing``: "eos" GPT, "bos_eos", "cls_sep" BERT, "none"):
 
-* ``lm``: text → ``inputs``. "eos"/"bos_eos" mark *documents* (``<s>? text </s>``; a long document
-  keeps its EOS only on its last piece); "cls_sep" marks every *row segment*
-  (``[CLS] text [SEP]``). ``data.long_examples``: "truncate" (keep the first row's worth, counted)
-  or "split" (every piece of the document becomes an example).
+* ``lm``: text → ``inputs`` (empty texts are skipped, counted). "eos"/"bos_eos" mark *documents*
+  (``<s>? text </s>``; a long document keeps its EOS only on its last piece); "cls_sep" marks every
+  *row segment* (``[CLS] text [SEP]``). ``data.long_examples``: "truncate" (keep the first row's
+  worth, counted) or "split" (every piece of the document becomes an example).
 * ``classify``: ``[CLS] text [SEP]`` / ``text </s>`` (the pooled token survives truncation)
   → ``inputs``, ``label``. Never packed (one label per row).
 * ``seq2seq``: ``source </s>`` → ``inputs``, ``target </s>`` → ``targets`` (trimmed to keep EOS).
@@ -56,6 +56,8 @@ from jaxformer.data.vocab import SpecialTokens
 TASKS = ("lm", "seq2seq", "classify", "sft", "span_corruption")
 FRAMINGS = ("eos", "bos_eos", "cls_sep", "none")
 LONG_EXAMPLES = ("truncate", "split")
+# The usual ``data.framing`` of each model family (GPT, BERT, T5: T5 frames inputs/targets by task).
+FAMILY_FRAMING = {"decoder": "eos", "encoder": "cls_sep", "encoder_decoder": "eos"}
 Transform = Callable[[dict, np.random.Generator], dict]
 
 
@@ -126,8 +128,8 @@ def _framing_tokens(framing: str, special: SpecialTokens) -> tuple[list[int], li
     for group in names:
         ids = [getattr(special, n) for n in group]
         if any(i < 0 for i in ids):
-            raise ValueError(f"data.framing={framing!r} needs special tokens {list(group)} that the "
-                             f"tokenizer lacks ({special}); choose another framing")
+            raise ValueError(f"data.framing={framing!r} needs special tokens {list(group)} that "
+                             f"the tokenizer lacks ({special}); choose another framing")
         out.append(ids)
     return out[0], out[1]
 
@@ -162,6 +164,9 @@ class _Frame(grain.experimental.FlatMapTransform):
     def flat_map(self, ex):
         L, pre, suf, task = self.seq_len, self.prefix, self.suffix, self.task
         eos = self.special.eos_id
+        if task in ("lm", "span_corruption") and len(ex["inputs"]) == 0:
+            self.counter.record_empty()  # blank lines of a corpus: nothing to learn from
+            return []
         if task == "lm" and not self.per_segment:
             return [{"inputs": _i32(p)}
                     for p in self._pieces(np.concatenate([pre, ex["inputs"], suf]), L)]

@@ -174,16 +174,20 @@ class PairsAsText:
     def __init__(self, pairs: Sequence[dict[str, Any]], view: str) -> None:
         if view not in PAIR_VIEWS:
             raise ValueError(f"pair view {view!r} is not one of {PAIR_VIEWS}")
+        if len(pairs) and not {"source", "target"} <= set(pairs[0]):
+            raise ValueError(f"pair view {view!r} needs source/target records, got fields "
+                             f"{sorted(pairs[0])}; set data.source_key and data.target_key")
         self.pairs, self.view = pairs, view
 
     def __len__(self) -> int:
         return len(self.pairs) * (2 if self.view == "both" else 1)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        side = self.view
+        side, n = self.view, len(self.pairs)
         if self.view == "both":
-            side = "source" if index < len(self.pairs) else "target"
-            index = index % len(self.pairs) if 0 <= index < len(self) else len(self)
+            if not 0 <= index < 2 * n:
+                raise IndexError(f"index {index} out of range for a source of length {2 * n}")
+            side, index = ("source", index) if index < n else ("target", index - n)
         pair = self.pairs[index]
         out = ({"source": pair["target"], "target": pair["source"]} if side == "reverse"
                else {"text": pair[side]})
@@ -210,6 +214,8 @@ def tfds_source(name: str, split: str, *, data_dir: str | None = None,
             f"({fetch.OFFLINE_ENV} set or tfds_download=False). Prepare it where the internet is "
             f"reachable: `tfds build {name} --file_format=array_record --data_dir=<dir>` or "
             f"`tfds.data_source({name!r}, data_dir=<dir>)`, then set data.tfds_data_dir=<dir>.")
+    if download and not builder.is_prepared():
+        builders.require_build_dependencies()
     try:
         return tfds.data_source(name, split=split, data_dir=data_dir, download=download)
     except NotImplementedError as e:  # prepared as tfrecord, which has no random access

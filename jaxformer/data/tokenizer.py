@@ -1,16 +1,16 @@
-"""SentencePiece tokenizer (Kudo & Richardson 2018) with the special-token layout of `SpecialTokens`.
+"""SentencePiece tokenizer (Kudo & Richardson 2018) with the layout of `SpecialTokens`.
 
 Trained models reserve, in this order: ``<pad>`` 0, ``</s>`` (EOS) 1, ``<s>`` (BOS) 2, ``<unk>`` 3,
-``[MASK]`` 4, ``[CLS]`` 5, ``[SEP]`` 6, ``<extra_id_0>`` … ``<extra_id_{S-1}>`` from 7 (T5 sentinels,
-Raffel et al. 2020), then the 256 byte pieces ``<0x00>``…``<0xFF>`` (``byte_fallback``: characters
-never seen in training, e.g. emoji, become their UTF-8 bytes instead of ``<unk>``), then the learned
-pieces. The specials after ``<unk>`` are *control* symbols: encoding ordinary text never produces them
-(a literal "[MASK]" in text is spelled out), and `Tokenizer.decode` renders them as "".
+``[MASK]`` 4, ``[CLS]`` 5, ``[SEP]`` 6, ``<extra_id_0>`` … ``<extra_id_{S-1}>`` from 7 (T5
+sentinels, Raffel et al. 2020), then the 256 byte pieces ``<0x00>``…``<0xFF>`` (``byte_fallback``:
+characters never seen in training, e.g. emoji, become their UTF-8 bytes instead of ``<unk>``), then
+the learned pieces. The specials after ``<unk>`` are *control* symbols: encoding ordinary text never
+produces them (a literal "[MASK]" in text is spelled out); `Tokenizer.decode` renders them as "".
 
 Training is deterministic (single thread; same texts and settings give a byte-identical ``.model``)
 and, by default, lossless: ``normalization="identity"`` with whitespace kept, so
-``decode(encode(text)) == text`` for any text. ``normalization="nmt_nfkc"`` gives the usual T5/ALBERT
-NFKC normalisation and whitespace folding instead.
+``decode(encode(text)) == text`` for any text. ``normalization="nmt_nfkc"`` gives the usual
+T5/ALBERT NFKC normalisation and whitespace folding instead.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import itertools
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 import ml_collections
 import sentencepiece as spm
@@ -54,7 +54,7 @@ def default_tokenizer_config() -> ml_collections.ConfigDict:
 
 
 def resolve_num_sentinels(vocab_size: int, num_sentinels: int | None) -> int:
-    """``num_sentinels`` or, when None, ``min(100, vocab_size // 16)`` (32 for a 512-piece vocab)."""
+    """``num_sentinels``, or when None ``min(100, vocab_size // 16)`` (32 for 512 pieces)."""
     return min(100, vocab_size // 16) if num_sentinels is None else int(num_sentinels)
 
 
@@ -63,8 +63,8 @@ def _check_train_args(vocab_size, model_type, num_sentinels, character_coverage,
         raise ValueError(f"data.tokenizer.model_type={model_type!r} is invalid: choose one of "
                          f"{MODEL_TYPES}")
     if normalization not in NORMALIZATIONS:
-        raise ValueError(f"data.tokenizer.normalization={normalization!r} is invalid: choose one of "
-                         f"{NORMALIZATIONS}")
+        raise ValueError(f"data.tokenizer.normalization={normalization!r} is invalid: choose one "
+                         f"of {NORMALIZATIONS}")
     if num_sentinels < 0:
         raise ValueError(f"data.tokenizer.num_sentinels={num_sentinels} is invalid: must be >= 0")
     reserved = 4 + len(NAMED_CONTROL) + num_sentinels + NUM_BYTE_PIECES
@@ -92,7 +92,8 @@ def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, model_type: st
     sentences = (t[:MAX_TRAIN_CHARS] for t in texts if t and not t.isspace())
     first = next(sentences, None)
     if first is None:
-        raise ValueError("cannot train a tokenizer on no text: texts_fn() yielded no non-empty text")
+        raise ValueError("cannot train a tokenizer on no text: texts_fn() yielded no non-empty "
+                         "text")
     model = io.BytesIO()
     try:
         _train(model, itertools.chain([first], sentences), vocab_size, model_type, num_sentinels,
@@ -124,11 +125,11 @@ def _train(model, sentences, vocab_size, model_type, num_sentinels, character_co
 class Tokenizer:
     """A loaded SentencePiece model. Picklable (for Grain worker processes).
 
-    ``special`` reads the ids by piece name, so any ``.model`` works: ids of specials the model lacks
-    are -1 (e.g. a T5 model has no ``<s>``, ``[MASK]``, ``[CLS]``, ``[SEP]``) and ``sentinel_ids``
-    holds the consecutive ``<extra_id_0>``, ``<extra_id_1>``, … that exist (maybe none). Code needing
-    an absent special (the pipeline's ``[CLS]`` framing, span corruption's sentinels) raises a
-    ValueError naming it.
+    ``special`` reads the ids by piece name, so any ``.model`` works: ids of specials the model
+    lacks are -1 (e.g. a T5 model has no ``<s>``, ``[MASK]``, ``[CLS]``, ``[SEP]``) and
+    ``sentinel_ids`` holds the consecutive ``<extra_id_0>``, ``<extra_id_1>``, … that exist (maybe
+    none). Code needing an absent special (the pipeline's ``[CLS]`` framing, span corruption's
+    sentinels) raises a ValueError naming it.
     """
 
     def __init__(self, model_proto: bytes):
@@ -159,12 +160,8 @@ class Tokenizer:
         """Text → piece ids (no BOS/EOS added; the pipeline frames sequences)."""
         return self._sp.encode(text, out_type=int)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Several texts at once (one call into SentencePiece)."""
-        return self._sp.encode(list(texts), out_type=int)
-
     def decode(self, ids: Iterable[int]) -> str:
-        """Ids → text, stopping at the first EOS and skipping padding; other specials render as ""."""
+        """Ids → text, stopping at the first EOS, skipping padding; other specials render as ""."""
         out = []
         for i in ids:
             i = int(i)

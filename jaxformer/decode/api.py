@@ -93,7 +93,8 @@ class GenerationConfig:
                "eos_id": self.eos_id}
         for name, v in ids.items():
             if v is not None and v >= cfg.vocab_size:
-                raise ValueError(f"{name}={v} is outside the model vocabulary [0, {cfg.vocab_size})")
+                raise ValueError(
+                    f"{name}={v} is outside the model vocabulary [0, {cfg.vocab_size})")
 
 
 def _generate_impl(model: nn.Module, config: GenerationConfig, params: Any, inputs: jax.Array,
@@ -198,8 +199,9 @@ def generate(
 
 def generate_text(model: nn.Module, params: Any, tokenizer: Any, texts: Sequence[str], *,
                   add_bos: bool = False, append_eos: bool | None = None, **kwargs) -> list[str]:
-    """Text in, text out: ``tokenizer`` has ``encode(str) -> list[int]``, ``decode(list[int]) -> str``
-    and ``special`` (`jaxformer.data.vocab.SpecialTokens`), whose eos/pad ids are the defaults.
+    """Text in, text out. ``tokenizer`` has ``encode(str) -> list[int]``,
+    ``decode(list[int]) -> str`` and ``special`` (`jaxformer.data.vocab.SpecialTokens`, whose
+    eos/pad ids are the defaults).
 
     Args:
       add_bos: prepend the BOS id to each input.

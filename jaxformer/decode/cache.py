@@ -8,8 +8,8 @@ holds, for a batch ``B`` and maximum target length ``S``:
   ``scan_layers=True`` each of these gets a leading ``layers`` axis (`[L, B, ...]`);
 * model-level ``index`` (a scalar: the next slot) and ``positions`` `[B, S]`.
 
-Beam search must repeat and reorder every leaf along its *batch* axis, which is axis 0 or 1 depending
-on the stack, and must leave scalars alone. Rather than hard-coding that structure,
+Beam search must repeat and reorder every leaf along its *batch* axis, which is axis 0 or 1
+depending on the stack, and must leave scalars alone. Rather than hard-coding that structure,
 `cache_batch_axes` compares the abstract caches of batch 1 and batch 2 (`jax.eval_shape`, no
 computation): the one axis whose size changes is the batch axis, leaves that do not change have none
 (marked ``-1``). This stays correct if the cache layout changes, and when ``batch == num_layers``.
@@ -68,7 +68,8 @@ def cache_batch_axes(model: nn.Module, max_length: int, source_length: int | Non
     def axis(a, b):
         diff = [i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
         if len(diff) > 1:
-            raise ValueError(f"cache leaf {a.shape} vs {b.shape} changes on several axes with batch")
+            raise ValueError(f"cache leaf {a.shape} vs {b.shape} changes on several axes with "
+                             "the batch size; cannot tell its batch axis")
         return diff[0] if diff else NO_BATCH_AXIS
 
     return jax.tree.map(axis, one, two)

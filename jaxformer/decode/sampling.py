@@ -1,8 +1,8 @@
 """Pure functions on next-token logits `[..., vocab]`: temperature, top-k, top-p, sampling.
 
 Filters return logits with excluded tokens set to −∞, so they compose in any order and feed
-`jax.random.categorical` directly. `sample` applies them in the usual order: temperature, then top-k,
-then top-p (as in Hugging Face `generate`).
+`jax.random.categorical` directly. `sample` applies them in the usual order: temperature, then
+top-k, then top-p (as in Hugging Face `generate`).
 
 * temperature: softmax(z / T) (Ackley et al. 1985; T → 0 is argmax, T = 1 the model).
 * top-k: keep the k largest logits (Fan et al. 2018, "Hierarchical Neural Story Generation").
@@ -20,7 +20,7 @@ Array = jnp.ndarray
 
 
 def apply_temperature(logits: Array, temperature: float) -> Array:
-    """`[..., V]` logits divided by ``temperature`` (> 0). Use `sample(temperature=0)` for argmax."""
+    """`[..., V]` logits / ``temperature`` (> 0). `sample(temperature=0)` gives the argmax."""
     if isinstance(temperature, (int, float)) and temperature <= 0:
         raise ValueError(f"temperature={temperature} is invalid: must be > 0 here (temperature 0 "
                          "means greedy decoding: call sample(..., temperature=0) or use argmax)")
@@ -28,7 +28,7 @@ def apply_temperature(logits: Array, temperature: float) -> Array:
 
 
 def top_k_filter(logits: Array, k: int) -> Array:
-    """Keep exactly the ``k`` largest of `[..., V]` logits (ties broken by lower id), −∞ elsewhere."""
+    """Keep exactly the ``k`` largest of `[..., V]` logits (ties: lower id first), −∞ elsewhere."""
     vocab = logits.shape[-1]
     if not isinstance(k, int) or isinstance(k, bool) or not 0 < k:
         raise ValueError(f"top_k={k!r} is invalid: must be a positive integer (None disables it)")

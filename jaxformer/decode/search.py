@@ -27,7 +27,7 @@ class DecodeResult(NamedTuple):
       log_probs: `[B, N]` float32 log p(token | prefix) under the model (untempered, unfiltered);
         0 after EOS.
       lengths: `[B]` int32 number of generated tokens, EOS included.
-      scores: `[B]` float32 sequence score: the sum of ``log_probs`` (beam search: length-penalised).
+      scores: `[B]` float32 sequence score: the sum of ``log_probs`` (beam: length-penalised).
     """
 
     tokens: Array
@@ -36,7 +36,7 @@ class DecodeResult(NamedTuple):
     scores: Array
 
     def sequences(self, strip_eos_id: int | None = None) -> list[list[int]]:
-        """Host-side lists of the generated ids (``lengths`` long; without EOS if its id is given)."""
+        """Host lists of the generated ids, ``lengths`` long (EOS dropped if its id is given)."""
         tokens, lengths = jax.device_get((self.tokens, self.lengths))
         out = []
         for row, n in zip(tokens.tolist(), lengths.tolist()):

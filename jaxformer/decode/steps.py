@@ -87,7 +87,8 @@ def start(model: nn.Module, params: Any, inputs: Array, lengths: Array, *, max_n
 
 def step(model: nn.Module, params: Any, state: dict[str, Any], tokens: Array,
          positions: Array) -> tuple[Array, dict[str, Any]]:
-    """Append one token per row: tokens `[B]` at positions `[B]` → (`[B, V]` float32 logits, state)."""
+    """Append one token per row: tokens `[B]` at positions `[B]` → (`[B, V]` float32 logits,
+    state)."""
     variables = {"params": params, "cache": state["cache"]}
     tokens, positions = tokens[:, None].astype(jnp.int32), positions[:, None]
     if model.cfg.family == "decoder":

@@ -19,7 +19,8 @@ def prepare_classify(batch: Mapping[str, Array], rng: jax.Array, special: Specia
                      cfg: Any = None) -> dict:
     """Batch ``inputs`` `[B, L]`, ``label`` `[B]` int (optional segment ids / positions and
     ``inputs_token_types`` for sentence pairs) → ``model_inputs`` {tokens, positions, segment_ids
-    [, token_types]}, ``targets`` `[B]` = label, ``weights`` `[B]` float32 ones.
+    [, token_types]}, ``targets`` `[B]` = label, ``weights`` `[B]` float32: 1 for rows holding an
+    example, 0 for all-padding rows (the filler of a finite evaluation pass).
 
     Rows must be unpacked (one example per row): the head pools one token per row.
     """
@@ -34,4 +35,4 @@ def prepare_classify(batch: Mapping[str, Array], rng: jax.Array, special: Specia
     if "inputs_token_types" in batch:
         model_inputs["token_types"] = jnp.asarray(batch["inputs_token_types"], jnp.int32)
     return {"model_inputs": model_inputs, "targets": label,
-            "weights": jnp.ones(label.shape, jnp.float32)}
+            "weights": jnp.any(seg != 0, axis=1).astype(jnp.float32)}

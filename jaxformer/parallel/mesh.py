@@ -10,7 +10,8 @@ import math
 from collections.abc import Mapping, Sequence
 
 import jax
-from jax.sharding import Mesh
+import numpy as np
+from jax.sharding import AxisType, Mesh
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -48,8 +49,10 @@ def make_mesh(mesh_cfg: Mapping[str, int] | None = None,
     devices = list(jax.devices() if devices is None else devices)
     sizes = mesh_shape(dict(mesh_cfg or {}), len(devices))
     shape = tuple(sizes[a] for a in MESH_AXES)
+    # Auto axes: shardings are propagated by the compiler from the jit in/out shardings and the
+    # logical constraints (recent `jax.make_mesh` defaults to Explicit axes, which type-check
+    # every op instead).
+    auto = (AxisType.Auto,) * len(MESH_AXES)
     if len(devices) == len(jax.devices()):
-        return jax.make_mesh(shape, MESH_AXES, devices=devices)
-    import numpy as np
-
-    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+        return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=auto)
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=auto)

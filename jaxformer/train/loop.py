@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 import jax
+import ml_collections
 import numpy as np
 
 from jaxformer.config import ModelConfig
@@ -45,8 +46,10 @@ def _resolve_hf(config):
 
     if not is_hf_directory(config.init_from):
         return None
-    hf_model, params, tok_path = load_hf(config.init_from,
-                                         scan_layers=bool(config.model.get("scan_layers", False)))
+    hf_model, params, tok_path = load_hf(
+        config.init_from, scan_layers=bool(config.model.get("scan_layers", False)),
+        head=config.model.get("head"), num_classes=config.model.get("num_classes"),
+        seed=config.seed)
     with config.unlocked():
         merged = dict(hf_model)
         merged.update({k: v for k, v in config.model.to_dict().items() if k in _HF_OVERRIDABLE})
@@ -61,32 +64,30 @@ _HF_OVERRIDABLE = ("head", "num_classes", "dropout_rate", "attention_dropout_rat
                    "attention_impl", "pooling")
 
 
-def _texts(data_cfg):
-    from jaxformer.data.sources import get_source
+def _pipeline_transform(config, special):
+    """The objective's host-side per-example step (span corruption, denoising) for the pipeline."""
+    from jaxformer.objectives import host_transform
 
-    source = get_source(data_cfg, "train")
-    for i in range(len(source)):
-        ex = source[i]
-        for key in ("text", "source", "target", "prompt", "response"):
-            if key in ex:
-                yield ex[key]
+    fn = host_transform(config.objective.name, special, config.objective)
+    if fn is None:
+        return None
 
+    def transform(example, rng):
+        inputs, targets = fn(np.asarray(example["inputs"]), rng)
+        return {**example, "inputs": inputs, "targets": targets}
 
-def _host_transform(config, special):
-    """Per-example host-side objective transform (span corruption / denoising) or None."""
-    task = config.data.task
-    if task == "span_corruption":
-        from jaxformer.objectives.span_corruption import span_corruption
-
-        return functools.partial(_span_example, fn=span_corruption, special=special,
-                                 noise_density=config.objective.noise_density,
-                                 mean_span_length=config.objective.mean_span_length)
-    return None
+    return transform
 
 
-def _span_example(example, rng, *, fn, special, **kw):
-    inputs, targets = fn(np.asarray(example["inputs"]), rng, special, **kw)
-    return {"inputs": inputs, "targets": targets}
+def _tokenizer_config(config):
+    """Fine-tuning reuses the tokenizer saved with the ``init_from`` run unless one is given."""
+    tok_cfg = config.data.tokenizer
+    if config.init_from and not tok_cfg.get("path"):
+        saved = Path(config.init_from) / "tokenizer.model"
+        if saved.exists():
+            tok_cfg = ml_collections.ConfigDict(tok_cfg.to_dict())
+            tok_cfg.path = str(saved)
+    return tok_cfg
 
 
 def _to_global(batch: dict, mesh) -> dict:
@@ -102,7 +103,8 @@ def _check_batch(batch: dict, vocab_size: int) -> None:
 
 def train_and_evaluate(config, workdir: str | os.PathLike) -> dict:
     """Train per ``config`` in ``workdir``; returns the final train and eval metrics."""
-    from jaxformer.data.pipeline import make_dataset
+    from jaxformer.data.pipeline import make_dataset, source_texts
+    from jaxformer.data.sources import get_source
     from jaxformer.data.tokenizer import load_or_train_tokenizer
     from jaxformer.objectives import bind_objective
     from jaxformer.train.optim import make_optimizer
@@ -112,8 +114,9 @@ def train_and_evaluate(config, workdir: str | os.PathLike) -> dict:
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     mesh = make_mesh(config.mesh)
-    tokenizer = load_or_train_tokenizer(config.data.tokenizer, workdir,
-                                        functools.partial(_texts, config.data))
+    tokenizer = load_or_train_tokenizer(
+        _tokenizer_config(config), workdir,
+        lambda: source_texts(get_source(config.data, "train")))
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids but model.vocab_size="
                          f"{model_cfg.vocab_size}; set model.vocab_size >= {tokenizer.vocab_size}")
@@ -130,7 +133,7 @@ def train_and_evaluate(config, workdir: str | os.PathLike) -> dict:
                         best_mode=config.checkpoint.best_mode,
                         async_save=config.checkpoint.async_save)
     make_ds = functools.partial(make_dataset, config.data, tokenizer=tokenizer, seed=config.seed,
-                                transform=_host_transform(config, special),
+                                transform=_pipeline_transform(config, special),
                                 process_index=jax.process_index(),
                                 process_count=jax.process_count())
     train_iter = iter(make_ds("train"))

@@ -18,7 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from jaxformer.data.builders.base import SPLITS, LocalBuilder, hash_split, load, prepared_builder
+from jaxformer.data.builders.base import (
+    SPLITS,
+    LocalBuilder,
+    hash_split,
+    load,
+    prepared_builder,
+    require_build_dependencies,
+)
 from jaxformer.data.builders.bible_en_es import BibleEnEs
 from jaxformer.data.builders.kjv_bible import KjvBible
 from jaxformer.data.builders.movie_sentiment import MovieSentiment
@@ -40,4 +47,5 @@ def builtin_source(name: str, split: str) -> Sequence[dict[str, Any]]:
 
 
 __all__ = ["BUILDERS", "SPLITS", "BibleEnEs", "KjvBible", "LocalBuilder", "MovieSentiment",
-           "Shakespeare", "builtin_source", "hash_split", "load", "prepared_builder"]
+           "Shakespeare", "builtin_source", "hash_split", "load", "prepared_builder",
+           "require_build_dependencies"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import importlib
 import pathlib
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -93,6 +94,18 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         yield from items
 
 
+def require_build_dependencies() -> None:
+    """tensorflow-datasets 4.9.x imports ``importlib_resources`` when preparing a dataset but
+    declares it only for Python < 3.9 (tensorflow/datasets#11212); say so instead of failing
+    deep inside TFDS."""
+    try:
+        importlib.import_module("importlib_resources")
+    except ImportError as e:
+        raise ImportError("preparing TFDS datasets needs the package importlib_resources, which "
+                          "tensorflow-datasets uses without declaring it "
+                          "(tensorflow/datasets#11212): pip install importlib_resources") from e
+
+
 def prepared_builder(builder_cls: type[LocalBuilder]) -> LocalBuilder:
     """The builder with its array_record files in ``<cache>/tfds``, building them once.
 
@@ -106,6 +119,7 @@ def prepared_builder(builder_cls: type[LocalBuilder]) -> LocalBuilder:
     with fetch.file_lock(f"build-{builder.name}"):
         builder = builder_cls(data_dir=str(data_dir), file_format="array_record")
         if not builder.is_prepared():
+            require_build_dependencies()
             builder.download_and_prepare(download_dir=str(data_dir / "downloads"))
     return builder
 

@@ -1,0 +1,39 @@
+"""GPT fine-tuning for sentence sentiment (movie-review snippets) from a pretraining run.
+
+    python train.py --config configs/gpt_finetune_tiny.py --workdir runs/gpt_sentiment \
+        --config.init_from=runs/gpt_pretrain
+
+The classifier reads the last non-padding token (causal models see the whole sentence only there).
+"""
+
+from jaxformer.models.presets import preset
+from jaxformer.train.config import base_config
+from jaxformer.train.optim import default_optimizer_config
+
+VOCAB = 2048
+
+
+def get_config():
+    c = base_config()
+    c.name = "gpt_finetune_tiny"
+    c.num_train_steps = 400
+    c.init_from = ""
+    c.model = preset("gpt_tiny", vocab_size=VOCAB, d_model=128, num_heads=4, d_ff=512,
+                     num_layers=4, max_len=128, head="classify", num_classes=2, pooling="last",
+                     dropout_rate=0.1, attention_dropout_rate=0.0)
+    c.objective.name = "classify"
+    c.data.source = "movie_sentiment"
+    c.data.task = "classify"
+    c.data.framing = "eos"
+    c.data.packing = False
+    c.data.seq_len = 64
+    c.data.batch_size = 8
+    c.data.tokenizer.vocab_size = VOCAB
+    c.optimizer = default_optimizer_config("bert", peak_lr=3e-4, warmup_steps=40, weight_decay=0.01)
+    c.eval.every_steps = 200
+    c.eval.num_batches = 130
+    c.checkpoint.every_steps = 200
+    c.checkpoint.best_metric = "eval_accuracy"
+    c.checkpoint.best_mode = "max"
+    c.log_every_steps = 20
+    return c

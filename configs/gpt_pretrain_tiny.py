@@ -1,0 +1,34 @@
+"""GPT (decoder-only) causal-LM pretraining on Shakespeare's complete works, CPU-sized.
+
+    python train.py --config configs/gpt_pretrain_tiny.py --workdir runs/gpt_pretrain
+"""
+
+from jaxformer.models.presets import preset
+from jaxformer.train.config import base_config
+from jaxformer.train.optim import default_optimizer_config
+
+VOCAB = 2048
+
+
+def get_config():
+    c = base_config()
+    c.name = "gpt_pretrain_tiny"
+    c.num_train_steps = 600
+    c.model = preset("gpt_tiny", vocab_size=VOCAB, d_model=128, num_heads=4, d_ff=512,
+                     num_layers=4, max_len=128, dropout_rate=0.0, attention_dropout_rate=0.0)
+    c.objective.name = "clm"
+    c.data.source = "shakespeare"
+    c.data.task = "lm"
+    c.data.framing = "eos"
+    c.data.seq_len = 128
+    c.data.batch_size = 8
+    c.data.long_examples = "split"
+    c.data.tokenizer.vocab_size = VOCAB
+    c.data.tokenizer.max_train_texts = 20_000
+    c.optimizer = default_optimizer_config("gpt3", peak_lr=2e-3, end_lr=2e-4, warmup_steps=50,
+                                           weight_decay=0.01)
+    c.eval.every_steps = 200
+    c.eval.num_batches = 20
+    c.checkpoint.every_steps = 200
+    c.log_every_steps = 20
+    return c

@@ -1,0 +1,36 @@
+"""T5 translation fine-tuning, KJV English → Reina-Valera Spanish, from span-corruption pretraining.
+
+    python train.py --config configs/t5_finetune_tiny.py --workdir runs/t5_translate \
+        --config.init_from=runs/t5_pretrain
+"""
+
+from jaxformer.models.presets import preset
+from jaxformer.train.config import base_config
+from jaxformer.train.optim import default_optimizer_config
+
+VOCAB = 4096
+
+
+def get_config():
+    c = base_config()
+    c.name = "t5_finetune_tiny"
+    c.num_train_steps = 600
+    c.init_from = ""
+    c.model = preset("t5_tiny", vocab_size=VOCAB, d_model=128, num_heads=4, d_ff=512,
+                     num_layers=3, max_len=128, dropout_rate=0.1, attention_dropout_rate=0.0,
+                     ffn_dropout_rate=0.0)
+    c.objective.name = "seq2seq"
+    c.data.source = "bible_en_es"
+    c.data.task = "seq2seq"
+    c.data.seq_len = 96
+    c.data.target_len = 96
+    c.data.batch_size = 16
+    c.data.tokenizer.vocab_size = VOCAB
+    c.optimizer = default_optimizer_config("gpt3", peak_lr=1e-3, end_lr=1e-4, warmup_steps=50,
+                                           weight_decay=0.0)
+    c.eval.every_steps = 200
+    c.eval.num_batches = 20
+    c.checkpoint.every_steps = 200
+    c.checkpoint.best_metric = "eval_loss"
+    c.log_every_steps = 20
+    return c

@@ -1,0 +1,37 @@
+"""T5 (encoder-decoder) span-corruption pretraining on English and Spanish Bible text, CPU-sized.
+
+    python train.py --config configs/t5_pretrain_tiny.py --workdir runs/t5_pretrain
+"""
+
+from jaxformer.models.presets import preset
+from jaxformer.train.config import base_config
+from jaxformer.train.optim import default_optimizer_config
+
+VOCAB = 4096
+
+
+def get_config():
+    c = base_config()
+    c.name = "t5_pretrain_tiny"
+    c.num_train_steps = 600
+    c.model = preset("t5_tiny", vocab_size=VOCAB, d_model=128, num_heads=4, d_ff=512,
+                     num_layers=3, max_len=128, dropout_rate=0.0, attention_dropout_rate=0.0,
+                     ffn_dropout_rate=0.0)
+    c.objective.name = "span_corruption"
+    c.objective.noise_density = 0.15
+    c.objective.mean_span_length = 3.0
+    c.data.source = "bible_en_es:both"
+    c.data.task = "span_corruption"
+    c.data.seq_len = 128
+    c.data.target_len = 48
+    c.data.batch_size = 16
+    c.data.long_examples = "split"
+    c.data.tokenizer.vocab_size = VOCAB
+    c.data.tokenizer.max_train_texts = 40_000
+    c.optimizer = default_optimizer_config("gpt3", peak_lr=2e-3, end_lr=2e-4, warmup_steps=50,
+                                           weight_decay=0.0)
+    c.eval.every_steps = 200
+    c.eval.num_batches = 20
+    c.checkpoint.every_steps = 200
+    c.log_every_steps = 20
+    return c
