@@ -37,15 +37,31 @@ NO_DROPOUT = dict(dropout_rate=0.0, attention_dropout_rate=0.0, ffn_dropout_rate
 PROMPTS = [[11, 12, 13], [20], [30, 31, 32, 33, 34]]
 
 
+def random_params(model, std: float = 0.3, seed: int = 0):
+    """Parameters drawn in NumPy on the model's abstract shapes (`jax.eval_shape`: no compile):
+    norm scales 1, biases 0, every other weight N(0, std²). std 0.3 makes random models
+    non-degenerate (with the presets' small inits they just repeat the last input token)."""
+    toks = jax.ShapeDtypeStruct((1, 4), jnp.int32)
+    args = (toks,) if model.cfg.family == "decoder" else (toks, toks)
+    shapes = nn.unbox(jax.eval_shape(lambda *a: model.init(jax.random.key(0), *a), *args))["params"]
+    rng = np.random.default_rng(seed)
+
+    def draw(path, s):
+        name = str(path[-1].key)
+        if name == "scale":
+            return jnp.ones(s.shape, s.dtype)
+        if name == "bias":
+            return jnp.zeros(s.shape, s.dtype)
+        return jnp.asarray(rng.normal(0.0, std, s.shape), s.dtype)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
 def tiny(name: str, **overrides):
-    """(model, params) of a preset at vocab 64; init_std 0.3 makes random models non-degenerate
-    (with the presets' small inits they just repeat the last input token)."""
-    kw = dict(vocab_size=VOCAB, init_std=0.3, embed_init_std=0.3, **NO_DROPOUT)
-    cfg = ModelConfig.from_dict(preset(name, **{**kw, **overrides}))
+    """(model, random params) of a preset at vocab 64, dropout off."""
+    cfg = ModelConfig.from_dict(preset(name, **{"vocab_size": VOCAB, **NO_DROPOUT, **overrides}))
     model = build_model(cfg)
-    toks = jnp.ones((1, 4), jnp.int32)
-    args = (toks,) if cfg.family == "decoder" else (toks, toks)
-    return model, nn.unbox(model.init(jax.random.key(0), *args)["params"])
+    return model, random_params(model)
 
 
 def right_pad(rows):
@@ -72,21 +88,27 @@ def teacher_forced_logits(model, params, prompts, cont, start_id=0) -> np.ndarra
     earlier positions, so each row equals its unpadded forward (sources use the encoder's padding
     mask). ``cont`` `[B, m]`.
     """
-    cont = np.asarray(cont, np.int32)
-    b, m = cont.shape
-    bucket = lambda n: -(-n // 16) * 16  # few distinct shapes → few compiles of the forward
+    given = np.asarray(cont, np.int32)
+    b, m = given.shape
+    # Buffers are padded to 4 rows and 16 columns: few distinct shapes, few compiles.
+    rows = 4 * -(-b // 4)
+    prompts = list(prompts) + [[7]] * (rows - b)
+    cont = np.zeros((rows, m), np.int32)
+    cont[:b] = given
     if model.cfg.family == "decoder":
         lengths = [len(p) for p in prompts]
-        buf = np.zeros((b, bucket(max(lengths) + m)), np.int32)
+        buf = np.zeros((rows, -(-(max(lengths) + m) // 16) * 16), np.int32)
         for i, p in enumerate(prompts):
             buf[i, :len(p) + m] = list(p) + cont[i].tolist()
         logits = np.asarray(_forward(model)(params, jnp.asarray(buf)))
-        return np.stack([logits[i, n - 1:n + m] for i, n in enumerate(lengths)])
-    src, lengths = right_pad(prompts)
-    src = jnp.pad(src, ((0, 0), (0, bucket(src.shape[1]) - src.shape[1])))
-    seg = (jnp.arange(src.shape[1])[None] < lengths[:, None]).astype(jnp.int32)
-    tgt = np.concatenate([np.full((b, 1), start_id, np.int32), cont], axis=1)
-    return np.asarray(_forward(model)(params, src, seg, jnp.asarray(tgt)))
+        return np.stack([logits[i, n - 1:n + m] for i, n in enumerate(lengths[:b])])
+    lengths = np.array([len(p) for p in prompts])
+    src = np.zeros((rows, -(-lengths.max() // 16) * 16), np.int32)
+    for i, p in enumerate(prompts):
+        src[i, :len(p)] = p
+    seg = (np.arange(src.shape[1])[None] < lengths[:, None]).astype(np.int32)
+    tgt = np.concatenate([np.full((rows, 1), start_id, np.int32), cont], axis=1)
+    return np.asarray(_forward(model)(params, src, seg, tgt))[:b]
 
 
 def reference_greedy(model, params, prompts, n, start_id=0):
@@ -131,14 +153,20 @@ def test_cached_steps_match_full_forward(name, overrides):
     n = 6
     cont = np.random.default_rng(0).integers(7, VOCAB, (len(PROMPTS), n - 1)).astype(np.int32)
     inputs, lengths = right_pad(PROMPTS)
-    s = jax.jit(steps.start, static_argnums=0, static_argnames="max_new_tokens")(
-        model, params, inputs, lengths, max_new_tokens=n)
-    step = jax.jit(steps.step, static_argnums=0)
-    got, state = [s.logits], s.state
-    for t in range(n - 1):
-        logits, state = step(model, params, state, jnp.asarray(cont[:, t]), s.positions + t)
-        got.append(logits)
-    got = np.stack([np.asarray(g) for g in got], axis=1)  # [B, n, V]
+
+    @jax.jit
+    def cached(params, inputs, lengths, cont):
+        s = steps.start(model, params, inputs, lengths, max_new_tokens=n)
+
+        def one(state, xs):
+            tok, t = xs
+            logits, state = steps.step(model, params, state, tok, s.positions + t)
+            return state, logits
+
+        _, rest = jax.lax.scan(one, s.state, (cont.T, jnp.arange(n - 1)))
+        return jnp.concatenate([s.logits[:, None], rest.transpose(1, 0, 2)], axis=1)
+
+    got = np.asarray(cached(params, inputs, lengths, jnp.asarray(cont)))  # [B, n, V]
     want = teacher_forced_logits(model, params, PROMPTS, cont)
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
 
@@ -174,7 +202,8 @@ def test_greedy_matches_reference_loop_and_single_prompts(name):
 
 
 def test_generate_on_sharded_params_matches_unsharded():
-    """Params sharded by the logical rules on a (fsdp 2, tensor 4) mesh of 8 CPU devices."""
+    """Params sharded by the logical rules on a (fsdp 2, tensor 4) mesh of 8 CPU devices: same
+    tokens as the (unsharded) greedy reference."""
     from jax.sharding import AxisType
 
     from jaxformer.parallel.rules import param_shardings
@@ -182,11 +211,13 @@ def test_generate_on_sharded_params_matches_unsharded():
 
     model, params = tiny("gpt_tiny")
     mesh = jax.make_mesh((1, 2, 4), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
-    sharded = jax.device_put(params, param_shardings(abstract_params(model, model.cfg), mesh))
-    a = generate(model, params, PROMPTS, max_new_tokens=6, eos_id=None)
-    b = generate(model, sharded, PROMPTS, max_new_tokens=6, eos_id=None)
-    assert a.tokens.tolist() == b.tokens.tolist()
-    np.testing.assert_allclose(a.log_probs, b.log_probs, atol=1e-5)
+    shardings = param_shardings(abstract_params(model, model.cfg), mesh)
+    sharded = jax.device_put(params, shardings)
+    assert {len(x.sharding.device_set) for x in jax.tree.leaves(sharded)} == {8}
+    res = generate(model, sharded, PROMPTS, max_new_tokens=6, eos_id=None)
+    ref_toks, ref_lps = reference_greedy(model, params, PROMPTS, 6)
+    assert res.tokens.tolist() == ref_toks.tolist()
+    np.testing.assert_allclose(res.log_probs, ref_lps, atol=1e-4)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -246,16 +277,16 @@ def test_temperature_to_zero_is_argmax(rng):
 def test_sampled_generation_is_reproducible_and_tends_to_greedy():
     model, params = tiny("gpt_tiny")
     kw = dict(max_new_tokens=6, eos_id=None)
-    greedy = generate(model, params, PROMPTS, **kw)
+    greedy = reference_greedy(model, params, PROMPTS, 6)[0]
     s1 = generate(model, params, PROMPTS, strategy="sample", rng=jax.random.key(7), **kw)
     s2 = generate(model, params, PROMPTS, strategy="sample", rng=jax.random.key(7), **kw)
     s3 = generate(model, params, PROMPTS, strategy="sample", rng=jax.random.key(8), **kw)
     assert s1.tokens.tolist() == s2.tokens.tolist()
     assert s1.tokens.tolist() != s3.tokens.tolist()
-    assert s1.tokens.tolist() != greedy.tokens.tolist()  # T = 1 samples do differ from argmax
+    assert s1.tokens.tolist() != greedy.tolist()  # T = 1 samples do differ from argmax
     cold = generate(model, params, PROMPTS, strategy="sample", temperature=1e-4,
                     rng=jax.random.key(7), **kw)
-    assert cold.tokens.tolist() == greedy.tokens.tolist()
+    assert cold.tokens.tolist() == greedy.tolist()
 
 
 # -------------------------------------------------------------------------------------------------

@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from jaxformer.ops import cross_entropy_with_integer_labels, weighted_accuracy, weighted_cross_entropy
+from jaxformer.ops import (
+    cross_entropy_with_integer_labels,
+    weighted_accuracy,
+    weighted_cross_entropy,
+)
 
 
 def np_loss(logits, labels, eps=0.0, z=0.0):
@@ -32,7 +36,8 @@ def test_cross_entropy_matches_formula(rng, eps, z):
     lb = jnp.asarray(logits, jnp.bfloat16)
     got_b = cross_entropy_with_integer_labels(lb, labels, label_smoothing=eps, z_loss=z)
     assert got_b.dtype == jnp.float32
-    np.testing.assert_allclose(got_b, np_loss(np.asarray(lb, np.float32), labels, eps, z), rtol=1e-5)
+    want_b = np_loss(np.asarray(lb, np.float32), labels, eps, z)
+    np.testing.assert_allclose(got_b, want_b, rtol=1e-5)
 
 
 def test_smoothed_loss_is_minimal_at_the_smoothed_target():

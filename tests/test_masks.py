@@ -72,8 +72,8 @@ def test_combine_masks():
     rng = np.random.default_rng(0)
     a = rng.random((2, 1, 3, 4)) > 0.5
     c = rng.random((1, 1, 3, 4)) > 0.5
-    np.testing.assert_array_equal(combine_masks(a, None, c),
-                                  loop_mask(2, 3, 4, lambda b, i, j: a[b, 0, i, j] and c[0, 0, i, j]))
+    want = loop_mask(2, 3, 4, lambda b, i, j: a[b, 0, i, j] and c[0, 0, i, j])
+    np.testing.assert_array_equal(combine_masks(a, None, c), want)
     np.testing.assert_array_equal(combine_masks(None, a), a)
     assert combine_masks(None, None) is None
 

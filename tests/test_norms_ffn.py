@@ -14,7 +14,7 @@ _erf = np.vectorize(math.erf)
 NP_ACT = {
     "relu": lambda x: np.maximum(x, 0.0),
     "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
-    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
+    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
     "silu": lambda x: x / (1.0 + np.exp(-x)),
 }
 
@@ -40,7 +40,8 @@ def test_layer_norm_and_rms_norm_match_numpy(rng):
         np.testing.assert_allclose(layer_norm(x, scale, bias, eps=eps),
                                    np_layer_norm(x, scale, bias, eps), atol=1e-5)
         np.testing.assert_allclose(layer_norm(x, eps=eps), np_layer_norm(x, eps=eps), atol=1e-5)
-        np.testing.assert_allclose(rms_norm(x, scale, eps=eps), np_rms_norm(x, scale, eps), atol=1e-5)
+        np.testing.assert_allclose(rms_norm(x, scale, eps=eps), np_rms_norm(x, scale, eps),
+                                   atol=1e-5)
         np.testing.assert_allclose(rms_norm(x, eps=eps), np_rms_norm(x, eps=eps), atol=1e-5)
     np.testing.assert_allclose(normalize("layer", x, {"scale": scale, "bias": bias}, eps=1e-6),
                                np_layer_norm(x, scale, bias), atol=1e-5)
@@ -78,7 +79,8 @@ def test_dense_contracts_several_axes(rng):
     got = dense({"kernel": kernel[0]}, x[..., 0, :])  # [b, t, 5] x [5, 6]
     np.testing.assert_allclose(got, x[..., 0, :].astype(np.float64) @ kernel[0], atol=1e-4)
     # float32 parameters, bfloat16 compute
-    assert dense({"kernel": kernel[0]}, jnp.asarray(x[..., 0, :], jnp.bfloat16)).dtype == jnp.bfloat16
+    xb = jnp.asarray(x[..., 0, :], jnp.bfloat16)
+    assert dense({"kernel": kernel[0]}, xb).dtype == jnp.bfloat16
 
 
 def _ffn_params(rng, d, f, gated, bias):
@@ -119,7 +121,8 @@ def test_ffn_gradients_dropout_and_dtype(rng):
                     order=1, modes=("fwd", "rev"))
     key = jax.random.key(0, impl="rbg")  # same semantics as threefry, faster to compile on CPU
     a = ffn(p, x, activation="relu", dropout_rate=0.5, dropout_rng=key)
-    np.testing.assert_array_equal(a, ffn(p, x, activation="relu", dropout_rate=0.5, dropout_rng=key))
+    again = ffn(p, x, activation="relu", dropout_rate=0.5, dropout_rng=key)
+    np.testing.assert_array_equal(a, again)
     assert not np.allclose(a, ffn(p, x, activation="relu"))
     np.testing.assert_array_equal(ffn(p, x, activation="relu", dropout_rate=0.5),
                                   ffn(p, x, activation="relu"))  # no rng: deterministic

@@ -34,7 +34,7 @@ STRATEGIES = ("greedy", "sample", "beam")
 
 @dataclasses.dataclass(frozen=True)
 class GenerationConfig:
-    """How to generate (hashable: a static argument of the jitted `generate_padded`).
+    """How to generate. Changing ``temperature`` or ``top_p`` does not recompile.
 
     Attributes:
       strategy: "greedy" (argmax), "sample" (temperature / top-k / top-p) or "beam".
@@ -97,21 +97,43 @@ class GenerationConfig:
                     f"{name}={v} is outside the model vocabulary [0, {cfg.vocab_size})")
 
 
-def _generate_impl(model: nn.Module, config: GenerationConfig, params: Any, inputs: jax.Array,
-                   lengths: jax.Array, rng: jax.Array | None) -> DecodeResult | BeamResult:
-    s = steps.start(model, params, inputs, lengths, max_new_tokens=config.max_new_tokens,
-                    decoder_start_id=config.decoder_start_id)
-    step_fn = partial(steps.step, model, params)
+def _program(config: GenerationConfig) -> GenerationConfig:
+    """``config`` reduced to what changes the compiled program (the jit cache key).
+
+    Temperature and top-p are passed traced, so only whether they are active matters (then
+    marked 1.0 / 0.5); options of the other strategies are reset to their defaults.
+    """
+    default = GenerationConfig()
+    off = dict(temperature=default.temperature, top_k=None, top_p=None)
     if config.strategy == "beam":
+        return dataclasses.replace(config, **off)
+    beam_defaults = dict(beam_size=default.beam_size, length_penalty=default.length_penalty)
+    if config.strategy == "greedy" or config.temperature == 0:
+        return dataclasses.replace(config, strategy="greedy", **off, **beam_defaults)
+    top_p_on = config.top_p is not None and config.top_p < 1.0
+    return dataclasses.replace(config, temperature=1.0, top_k=config.top_k or None,
+                               top_p=0.5 if top_p_on else None, **beam_defaults)
+
+
+def _generate_impl(model: nn.Module, program: GenerationConfig, params: Any, inputs: jax.Array,
+                   lengths: jax.Array, rng: jax.Array | None, temperature: jax.Array,
+                   top_p: jax.Array) -> DecodeResult | BeamResult:
+    s = steps.start(model, params, inputs, lengths, max_new_tokens=program.max_new_tokens,
+                    decoder_start_id=program.decoder_start_id)
+    step_fn = partial(steps.step, model, params)
+    if program.strategy == "beam":
         return beam_search(step_fn, s.logits, s.state, s.positions, s.axes,
-                           beam_size=config.beam_size, max_new_tokens=config.max_new_tokens,
-                           alpha=config.length_penalty, eos_id=config.eos_id,
-                           pad_id=config.pad_id)
-    temperature = 0.0 if config.strategy == "greedy" else config.temperature
-    choose = partial(sample, temperature=temperature, top_k=config.top_k, top_p=config.top_p)
+                           beam_size=program.beam_size, max_new_tokens=program.max_new_tokens,
+                           alpha=program.length_penalty, eos_id=program.eos_id,
+                           pad_id=program.pad_id)
+    if program.strategy == "greedy":
+        choose = partial(sample, temperature=0.0)
+    else:
+        choose = partial(sample, temperature=temperature, top_k=program.top_k,
+                         top_p=None if program.top_p is None else top_p)
     return decode_loop(step_fn, s.logits, s.state, s.positions, choose,
-                       max_new_tokens=config.max_new_tokens, eos_id=config.eos_id,
-                       pad_id=config.pad_id, rng=rng)
+                       max_new_tokens=program.max_new_tokens, eos_id=program.eos_id,
+                       pad_id=program.pad_id, rng=rng)
 
 
 _generate_jit = jax.jit(_generate_impl, static_argnums=(0, 1))
@@ -133,9 +155,12 @@ def generate_padded(model: nn.Module, params: Any, inputs: jax.Array, lengths: j
       `DecodeResult` (greedy/sample) or `BeamResult` (beam), arrays of shape `[B, max_new_tokens]`.
     """
     config.check_model(model.cfg)
-    if config.strategy == "sample" and config.temperature > 0 and rng is None:
+    program = _program(config)
+    if program.strategy == "sample" and rng is None:
         raise ValueError("strategy='sample' needs rng (a jax.random.key) for reproducible samples")
-    return _generate_jit(model, config, params, inputs, lengths, rng)
+    knobs = jnp.float32(config.temperature), jnp.float32(config.top_p or 1.0)
+    return _generate_jit(model, program, params, inputs, lengths,
+                         rng if program.strategy == "sample" else None, *knobs)
 
 
 def _unwrap(params: Any) -> Any:

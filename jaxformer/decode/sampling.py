@@ -68,19 +68,23 @@ def sample(
 ) -> Array:
     """Draw one token id per row of `[..., V]` logits → `[...]` int32.
 
-    ``temperature == 0`` returns the argmax (greedy; ``top_k``/``top_p`` are then irrelevant).
-    ``top_k`` None/0 and ``top_p`` None/1.0 disable those filters. The same ``rng`` gives the same
-    tokens.
+    ``temperature == 0`` (a Python number) returns the argmax (greedy; ``top_k``/``top_p`` are then
+    irrelevant). ``top_k`` None/0 and ``top_p`` None/1.0 disable those filters. ``temperature``
+    and ``top_p`` may be traced scalars (then > 0 and in (0, 1] is the caller's promise). The same
+    ``rng`` gives the same tokens.
     """
-    if not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"temperature={temperature!r} is invalid: must be a number >= 0")
-    if temperature == 0:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if isinstance(temperature, (int, float)):
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature!r} is invalid: must be >= 0 (0 = greedy)")
+        if temperature == 0:
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logits = apply_temperature(logits.astype(jnp.float32), temperature)
     if top_k:
         logits = top_k_filter(logits, top_k)
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p={top_p!r} is invalid: must be in (0, 1] (None disables it)")
-    if top_p is not None and top_p < 1.0:
+    if isinstance(top_p, (int, float)):
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p={top_p!r} is invalid: must be in (0, 1] (None disables it)")
+        top_p = None if top_p == 1.0 else top_p
+    if top_p is not None:
         logits = top_p_filter(logits, top_p)
     return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)

@@ -13,6 +13,10 @@ from jaxformer.config import ModelConfig
 from jaxformer.layers.params import block_spec, declare
 from jaxformer.ops.blocks import transformer_block
 
+# Logical axes of the residual stream `[batch, length, d_model]` between blocks; mapped to mesh axes
+# by `jaxformer.parallel.rules` when a mesh and rules are active, a no-op otherwise.
+ACTIVATION_AXES = ("batch", "act_length", "act_embed")
+
 
 class Block(nn.Module):
     """One encoder or decoder layer.
@@ -39,12 +43,14 @@ class Block(nn.Module):
         params = declare(self, block_spec(cfg, cross_attention=self.cross_attention),
                          jnp.dtype(cfg.param_dtype))
         rng = None if self.deterministic or cfg_no_dropout(cfg) else self.make_rng("dropout")
-        x = x.astype(jnp.dtype(cfg.dtype))
+        x = nn.with_logical_constraint(x.astype(jnp.dtype(cfg.dtype)), ACTIVATION_AXES)
         kwargs = dict(cfg=cfg, causal=self.causal, positions=positions, segment_ids=segment_ids,
                       bias=bias, encoder_out=encoder_out, encoder_segment_ids=encoder_segment_ids,
-                      cross_bias=cross_bias, dropout_rng=rng)
+                      cross_bias=cross_bias, dropout_rng=rng,
+                      constrain=nn.with_logical_constraint)
         if not self.decode:
-            return transformer_block(params, x, **kwargs)[0], None
+            y = transformer_block(params, x, **kwargs)[0]
+            return nn.with_logical_constraint(y, ACTIVATION_AXES), None
 
         b, t = x.shape[:2]
         kv_shape = (b, t, cfg.num_kv_heads, cfg.head_dim)

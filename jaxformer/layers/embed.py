@@ -6,11 +6,22 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxformer.config import ModelConfig
+from jaxformer.layers.block import ACTIVATION_AXES
 from jaxformer.layers.params import ParamSpec, declare, norm_spec
 from jaxformer.ops.dropout import dropout
 from jaxformer.ops.embedding import attend, embed
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import lookup_positions, relative_position_bias, sinusoidal
+
+
+def _whole_rows(table, row_axis: str):
+    """A `[rows, d_model]` table constrained to whole rows (d_model gathered over the FSDP axis).
+
+    Gathering rows of an FSDP-sharded table would give d_model-sharded activations, which the
+    compiler cannot reshard to batch-sharded ones without replicating them first. No-op without a
+    mesh.
+    """
+    return nn.with_logical_constraint(table, (row_axis, None))
 
 
 class TokenEmbed(nn.Module):
@@ -26,7 +37,9 @@ class TokenEmbed(nn.Module):
 
     def __call__(self, ids):
         """`[B, T]` ids → `[B, T, D]` in the compute dtype (NaN rows for out-of-vocabulary ids)."""
-        return embed(self.params_["embedding"], ids, dtype=jnp.dtype(self.cfg.dtype))
+        out = embed(_whole_rows(self.params_["embedding"], "vocab"), ids,
+                    dtype=jnp.dtype(self.cfg.dtype))
+        return nn.with_logical_constraint(out, ACTIVATION_AXES)
 
     def attend(self, x):
         """`[B, T, D]` → `[B, T, vocab]` logits with the transposed table."""
@@ -61,16 +74,16 @@ class InputEmbedding(nn.Module):
         if cfg.scale_embeddings:
             x = x * jnp.sqrt(jnp.asarray(cfg.d_model, x.dtype))
         if cfg.position == "learned":
-            x = x + lookup_positions(p["pos_embedding"], positions).astype(x.dtype)
+            x = x + lookup_positions(_whole_rows(p["pos_embedding"], "length"), positions).astype(x.dtype)
         elif cfg.position == "sinusoidal":
             x = x + sinusoidal(positions, cfg.d_model, dtype=x.dtype)
         if cfg.type_vocab_size:
             types = jnp.zeros_like(positions) if token_types is None else token_types
-            x = x + embed(p["type_embedding"], types, dtype=x.dtype)
+            x = x + embed(_whole_rows(p["type_embedding"], "types"), types, dtype=x.dtype)
         if cfg.embedding_norm:
             x = normalize(cfg.norm, x, p["norm"], eps=cfg.norm_eps)
         rng = None if self.deterministic or cfg.dropout_rate == 0 else self.make_rng("dropout")
-        return dropout(x, cfg.dropout_rate, rng)
+        return nn.with_logical_constraint(dropout(x, cfg.dropout_rate, rng), ACTIVATION_AXES)
 
 
 class FinalNorm(nn.Module):

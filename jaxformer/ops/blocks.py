@@ -22,10 +22,18 @@ Decoding cache (self-attention): ``{"key": [B, S, K, Dh], "value": [B, S, K, Dh]
 with ``S`` the maximum length; new keys are written at ``cache_index`` and each query sees the valid
 slots up to its own. Cross-attention keys/values are computed once from the encoder output and
 passed back in as ``cross_kv``.
+
+Sharding hook: ``constrain(x, names)``, when given, is called on intermediate activations with their
+logical axis names — ``("batch", "act_length", "heads", "kv")`` for queries/keys/values and the
+attention output (``"kv_heads"`` for grouped keys/values), ``("batch", "act_length", "mlp")`` for the
+FFN hidden layer — so a caller can pin the Megatron tensor-parallel layout (Shoeybi et al. 2019:
+column-split Q/K/V and W_i, row-split output projections). The Flax layers pass
+`flax.linen.with_logical_constraint`; the functions here stay framework-free.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import jax
@@ -43,6 +51,12 @@ if TYPE_CHECKING:
     from jaxformer.config import ModelConfig
 
 Array = jnp.ndarray
+Constrain = Callable[[Array, tuple[str, ...]], Array]
+
+
+HEADS_AXES = ("batch", "act_length", "heads", "kv")
+KV_HEADS_AXES = ("batch", "act_length", "kv_heads", "kv")
+MLP_AXES = ("batch", "act_length", "mlp")
 
 
 def project_kv(params: dict, x: Array) -> tuple[Array, Array]:
@@ -74,6 +88,7 @@ def attention_sublayer(
     cache: dict | None = None,
     cache_index: Array | None = None,
     dropout_rng: jax.Array | None = None,
+    constrain: Constrain | None = None,
 ) -> tuple[Array, dict | None]:
     """Multi-head attention of `[B, T, D]` queries over ``kv_input`` (self-attention when None).
 
@@ -84,11 +99,13 @@ def attention_sublayer(
     Returns:
       (`[B, T, D]`, updated cache or None).
     """
-    q = dense(params["query"], x)
+    pin = constrain or (lambda a, _: a)
+    q = pin(dense(params["query"], x), HEADS_AXES)
     if kv is not None:
         k, v = kv
     else:
         k, v = project_kv(params, x if kv_input is None else kv_input)
+        k, v = pin(k, KV_HEADS_AXES), pin(v, KV_HEADS_AXES)
     if cfg.position == "rope" and kv_input is None and kv is None:
         if positions is None:
             raise ValueError("RoPE attention needs positions")
@@ -112,7 +129,7 @@ def attention_sublayer(
         implementation=cfg.attention_impl if cache is None else "xla",
         q_chunk_size=cfg.attention_chunk_size, kv_chunk_size=cfg.attention_chunk_size,
     )
-    return dense(params["out"], out, in_axes=2), new_cache
+    return dense(params["out"], pin(out, HEADS_AXES), in_axes=2), new_cache
 
 
 def _residual(cfg: ModelConfig, norm_params: dict, x: Array, sublayer, rng) -> Array:
@@ -141,6 +158,7 @@ def transformer_block(
     cache: dict | None = None,
     cache_index: Array | None = None,
     dropout_rng: jax.Array | None = None,
+    constrain: Constrain | None = None,
 ) -> tuple[Array, dict | None]:
     """One block on `[B, T, D]` inputs. Cross-attention runs when ``params`` has ``cross_attn``.
 
@@ -153,6 +171,7 @@ def transformer_block(
       encoder_segment_ids: `[B, S]` segment ids of the memory.
       cache, cache_index: self-attention decoding cache (see module docstring).
       dropout_rng: enables dropout when given.
+      constrain: sharding hook ``constrain(x, logical_names)`` (see the module docstring).
 
     Returns:
       (`[B, T, D]`, ``{"self": cache, "cross": (k, v)}`` when decoding, else None).
@@ -165,7 +184,7 @@ def transformer_block(
         out, new_cache = attention_sublayer(
             params["self_attn"], h, cfg=cfg, positions=positions, mask=mask, bias=bias,
             causal=causal, segment_ids=segment_ids, kv_segment_ids=segment_ids,
-            cache=cache, cache_index=cache_index, dropout_rng=rngs[0])
+            cache=cache, cache_index=cache_index, dropout_rng=rngs[0], constrain=constrain)
         return out
 
     x = _residual(cfg, params["self_attn_norm"], x, self_attn, rngs[1])
@@ -183,10 +202,11 @@ def transformer_block(
         cross = lambda h: attention_sublayer(
             params["cross_attn"], h, cfg=cfg, kv=cross_kv, mask=cross_mask, bias=cross_bias,
             segment_ids=q_seg, kv_segment_ids=encoder_segment_ids if q_seg is not None else None,
-            dropout_rng=rngs[2])[0]
+            dropout_rng=rngs[2], constrain=constrain)[0]
         x = _residual(cfg, params["cross_attn_norm"], x, cross, rngs[3])
     ff = lambda h: ffn(params["ffn"], h, activation=cfg.activation,
-                       dropout_rate=cfg.ffn_dropout_rate, dropout_rng=rngs[4])
+                       dropout_rate=cfg.ffn_dropout_rate, dropout_rng=rngs[4],
+                       constrain=None if constrain is None else lambda h: constrain(h, MLP_AXES))
     x = _residual(cfg, params["ffn_norm"], x, ff, rngs[5])
     if cache is not None:
         return x, {"self": new_cache, "cross": cross_out_kv}

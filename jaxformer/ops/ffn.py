@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -18,7 +20,8 @@ Array = jnp.ndarray
 
 
 def ffn(params: dict, x: Array, *, activation: str = "relu", dropout_rate: float = 0.0,
-        dropout_rng: jax.Array | None = None) -> Array:
+        dropout_rng: jax.Array | None = None,
+        constrain: Callable[[Array], Array] | None = None) -> Array:
     """Feed-forward sublayer; gated when ``params`` has ``wi_gate``.
 
     Args:
@@ -26,6 +29,7 @@ def ffn(params: dict, x: Array, *, activation: str = "relu", dropout_rate: float
         "bias"?: [d]}}``.
       x: `[..., d]`.
       dropout_rate: dropout on the hidden activation (T5 / flax convention).
+      constrain: optional hook applied to the hidden activation `[..., f]` (sharding constraint).
 
     Returns:
       `[..., d]` in ``x.dtype``.
@@ -33,5 +37,7 @@ def ffn(params: dict, x: Array, *, activation: str = "relu", dropout_rate: float
     h = get_activation(activation)(dense(params["wi"], x))
     if "wi_gate" in params:
         h = h * dense(params["wi_gate"], x)
+    if constrain is not None:
+        h = constrain(h)
     h = dropout(h, dropout_rate, dropout_rng)
     return dense(params["wo"], h)

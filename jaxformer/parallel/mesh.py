@@ -1,7 +1,18 @@
 """Device meshes from the config: ``mesh.data``, ``mesh.fsdp``, ``mesh.tensor`` (−1 = the rest).
 
 The mesh spans all devices of all processes. Axis order is (data, fsdp, tensor): the innermost
-axis, tensor parallelism, gets the closest devices (`jax.make_mesh` orders devices for the topology).
+axis, tensor parallelism, gets the closest devices (`jax.make_mesh` orders devices for the
+topology), and on several hosts the outermost axes span the hosts — keep ``tensor`` within a host
+(its all-reduces run twice per block) and put the hosts on ``data`` or ``fsdp``.
+
+=====================  =========================================================================
+mesh                   what is split
+=====================  =========================================================================
+data=N (default)       the batch; parameters and optimizer state replicated (DDP)
+fsdp=N                 the batch, and every parameter/moment with a d_model axis (ZeRO-3/FSDP)
+tensor=N               heads, FFN hidden units and the vocabulary (Megatron); batch replicated
+data=a,fsdp=b,tensor=c any combination; a·b·c = number of devices
+=====================  =========================================================================
 """
 
 from __future__ import annotations
@@ -12,6 +23,8 @@ from collections.abc import Mapping, Sequence
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
+
+from jaxformer.parallel.rules import batch_shards
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -56,3 +69,22 @@ def make_mesh(mesh_cfg: Mapping[str, int] | None = None,
     if len(devices) == len(jax.devices()):
         return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=auto)
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=auto)
+
+
+def describe(mesh: Mesh) -> str:
+    """E.g. ``"data=2 fsdp=2 tensor=2 (8 devices, 1 process)"``."""
+    axes = " ".join(f"{a}={n}" for a, n in mesh.shape.items())
+    procs = len({d.process_index for d in mesh.devices.flat})
+    return f"{axes} ({mesh.size} devices, {procs} process{'es' if procs > 1 else ''})"
+
+
+def check_batch_size(mesh: Mesh, batch_size: int, grad_accum_steps: int = 1) -> None:
+    """Raise ValueError unless each (micro-)batch splits evenly over the mesh's batch axes."""
+    shards = batch_shards(mesh)
+    micro = batch_size // max(grad_accum_steps, 1)
+    if micro % shards:
+        what = (f"data.batch_size={batch_size}" if grad_accum_steps <= 1 else
+                f"the micro-batch data.batch_size/optimizer.grad_accum_steps={micro}")
+        raise ValueError(
+            f"{what} is not divisible by the {shards} batch shards of mesh "
+            f"{dict(mesh.shape)} (data×fsdp); use a multiple of {shards} or change mesh.data/fsdp")

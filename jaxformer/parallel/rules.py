@@ -5,18 +5,24 @@ logical axis        mesh axes        why
 =================  ===============  ===========================================================
 batch               (data, fsdp)     data parallelism; FSDP shards the batch as well
 embed               fsdp             ZeRO-3 / FSDP: every weight with a d_model axis is split
+                                     and all-gathered where a layer uses it (Rajbhandari et al.
+                                     2020; Zhao et al. 2023)
 vocab               tensor           vocabulary-parallel embedding and logits
 heads, kv_heads     tensor           Megatron column split of Q/K/V, row split of the output
-mlp                 tensor           Megatron column split of W_in, row split of W_out
-kv, layers, length  (replicated)     head_dim, the scanned layer axis, positions
+                                     projection (Shoeybi et al. 2019)
+mlp                 tensor           Megatron column split of W_i, row split of W_o
+kv, layers, length  (replicated)     head_dim, the scanned layer axis, learned positions
 classes, relpos,    (replicated)     small tables
 types
-act_length,         (replicated)     activations' sequence and width axes
-act_embed
+act_length,         (replicated)     activations' sequence and d_model axes: activations are
+act_embed                            split over the batch (and heads/mlp inside a block) only
 =================  ===============  ===========================================================
 
 Parameters carry logical names (`jaxformer.layers.params`); `param_shardings` turns an abstract,
-logically-boxed parameter tree into `NamedSharding`s for a mesh.
+logically-boxed parameter tree into `NamedSharding`s for a mesh, and optimizer moments follow their
+parameters (`match_shardings_by_path`). Activations carry logical names through
+`flax.linen.with_logical_constraint` in the layers; `jaxformer.parallel.partition.sharded_jit`
+activates this table while tracing. A name missing from the table is replicated.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ import flax.linen as nn
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
+
+LOGICAL_AXIS_RULES: Rules = (
     ("batch", ("data", "fsdp")),
     ("embed", "fsdp"),
     ("vocab", "tensor"),
@@ -53,7 +61,8 @@ def _mesh_axis_size(mesh: Mesh, axes) -> int:
     return size
 
 
-def logical_to_shardings(logical_specs, abstract_values, mesh: Mesh, rules=LOGICAL_AXIS_RULES):
+def logical_to_shardings(logical_specs, abstract_values, mesh: Mesh,
+                         rules: Rules = LOGICAL_AXIS_RULES):
     """Map a tree of logical `PartitionSpec`s to `NamedSharding`s, checking divisibility.
 
     Raises ValueError naming the parameter, its shape and the mesh axes when a sharded dimension is
@@ -63,27 +72,35 @@ def logical_to_shardings(logical_specs, abstract_values, mesh: Mesh, rules=LOGIC
 
     def check(path, spec, value):
         spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
-        for dim, axes in zip(value.shape, spec):
+        for i, (dim, axes) in enumerate(zip(value.shape, spec)):
             n = _mesh_axis_size(mesh, axes)
             if dim % n:
+                names = "×".join((axes,) if isinstance(axes, str) else axes)
                 raise ValueError(
                     f"parameter {jax.tree_util.keystr(path)} of shape {value.shape} cannot be sharded "
-                    f"as {spec} on mesh {dict(mesh.shape)}: dimension {dim} is not divisible by {n}")
+                    f"as {spec} on mesh {dict(mesh.shape)}: dimension {i} (size {dim}) is not "
+                    f"divisible by mesh.{names}={n}; choose mesh sizes that divide it")
         return NamedSharding(mesh, spec)
 
     return jax.tree_util.tree_map_with_path(
         check, mesh_specs, abstract_values, is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
 
 
-def param_shardings(boxed_abstract_params, mesh: Mesh, rules=LOGICAL_AXIS_RULES):
+def param_shardings(boxed_abstract_params, mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES):
     """Shardings for an abstract parameter tree boxed with `nn.LogicallyPartitioned`."""
     specs = nn.get_partition_spec(boxed_abstract_params)
     return logical_to_shardings(specs, nn.unbox(boxed_abstract_params), mesh, rules)
 
 
-def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
-    """Batch arrays `[batch, ...]`: leading axis over (data, fsdp), the rest replicated."""
-    return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
+def batch_sharding(mesh: Mesh, ndim: int = 2, rules: Rules = LOGICAL_AXIS_RULES) -> NamedSharding:
+    """Batch arrays `[batch, ...]`: leading axis by the ``batch`` rule, the rest replicated."""
+    spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (ndim - 1), rules)
+    return NamedSharding(mesh, spec)
+
+
+def batch_shards(mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES) -> int:
+    """Number of ways the batch axis is split on ``mesh`` (data × fsdp with the default rules)."""
+    return _mesh_axis_size(mesh, nn.logical_to_mesh_axes(("batch",), rules)[0])
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -114,17 +114,20 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, int]:
 
 
 def load_params(path: str | os.PathLike) -> dict:
-    """Parameters (host numpy arrays) of the latest checkpoint under ``path``; no optimizer state."""
+    """Parameters (host numpy arrays) of the latest checkpoint under ``path``; no optimizer state.
+
+    Reads only the ``params`` subtree of the saved TrainState (Orbax partial restore), so the
+    optimizer moments are never loaded.
+    """
     ckpt_dir, step = resolve_checkpoint(path)
-    mngr = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(read_only=True))
-    meta = mngr.item_metadata(step)["state"]
-    params_meta = meta["params"] if isinstance(meta, dict) else meta.params
-    target = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), params_meta)
+    item = ckpt_dir / str(step) / "state"
+    checkpointer = ocp.PyTreeCheckpointer()
+    tree = checkpointer.metadata(item).item_metadata
+    target = {"params": jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), tree["params"])}
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
-    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item={"params": target}, restore_args={"params": restore_args}, partial_restore=True)))
-    mngr.close()
-    return restored["state"]["params"]
+    restored = checkpointer.restore(item, args=ocp.args.PyTreeRestore(
+        item=target, restore_args=restore_args, partial_restore=True))
+    return restored["params"]
 
 
 def _flat(tree) -> dict[tuple[str, ...], Any]:

@@ -23,7 +23,8 @@ import numpy as np
 from jaxformer.config import ModelConfig
 from jaxformer.models import build_model
 from jaxformer.ops.embedding import check_token_ids
-from jaxformer.parallel.mesh import make_mesh
+from jaxformer.parallel.mesh import check_batch_size, make_mesh
+from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.checkpoint import (
     Checkpointer,
@@ -101,114 +102,148 @@ def _check_batch(batch: dict, vocab_size: int) -> None:
             check_token_ids(batch[key], vocab_size, f"batch[{key!r}]")
 
 
-def train_and_evaluate(config, workdir: str | os.PathLike) -> dict:
-    """Train per ``config`` in ``workdir``; returns the final train and eval metrics."""
-    from jaxformer.data.pipeline import make_dataset, source_texts
-    from jaxformer.data.sources import get_source
-    from jaxformer.data.tokenizer import load_or_train_tokenizer
-    from jaxformer.objectives import bind_objective
-    from jaxformer.train.optim import make_optimizer
+class Trainer:
+    """Set-up (tokenizer, model, state, data) on construction; `run` trains to the last step.
 
-    hf_params = _resolve_hf(config)
-    model_cfg: ModelConfig = validate_config(config)
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    mesh = make_mesh(config.mesh)
-    tokenizer = load_or_train_tokenizer(
-        _tokenizer_config(config), workdir,
-        lambda: source_texts(get_source(config.data, "train")))
-    if tokenizer.vocab_size > model_cfg.vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids but model.vocab_size="
-                         f"{model_cfg.vocab_size}; set model.vocab_size >= {tokenizer.vocab_size}")
-    special = tokenizer.special
-    if jax.process_index() == 0:
-        save_run_config(workdir, config)
+    After construction ``trainer.state`` is the state training starts from (resumed, initialised
+    from ``init_from``, or fresh) and ``trainer.start_step`` its step; tests and notebooks can
+    inspect both before calling `run`.
+    """
 
-    model = build_model(model_cfg)
-    total = config.num_train_steps
-    prepare = bind_objective(config.objective, special)
-    tx, schedule = make_optimizer(config.optimizer, model_cfg.d_model, total)
-    ckpt = Checkpointer(workdir, keep=config.checkpoint.keep,
-                        best_metric=config.checkpoint.best_metric or None,
-                        best_mode=config.checkpoint.best_mode,
-                        async_save=config.checkpoint.async_save)
-    make_ds = functools.partial(make_dataset, config.data, tokenizer=tokenizer, seed=config.seed,
-                                transform=_pipeline_transform(config, special),
-                                process_index=jax.process_index(),
-                                process_count=jax.process_count())
-    train_iter = iter(make_ds("train"))
-    abstract, shardings = state_shardings(model, model_cfg, tx, mesh)
+    def __init__(self, config, workdir: str | os.PathLike):
+        from jaxformer.data.pipeline import make_dataset, source_texts
+        from jaxformer.data.sources import get_source
+        from jaxformer.data.tokenizer import load_or_train_tokenizer
+        from jaxformer.objectives import bind_objective
+        from jaxformer.train.optim import make_optimizer
 
-    if ckpt.latest_step() is not None:
-        state, start = ckpt.restore(with_shardings(abstract, shardings), train_iter)
-        print(f"Resumed from {ckpt.directory}/{start}")
-    else:
-        state, _ = create_train_state(model, model_cfg, tx, mesh, config.seed)
-        if config.init_from:
-            pretrained = hf_params if hf_params is not None else load_params(config.init_from)
-            params, fresh = merge_backbone(state.params, pretrained)
-            state, _ = create_train_state(model, model_cfg, tx, mesh, config.seed, params=params)
-            print(f"Initialised from {config.init_from}; fresh parameters: {fresh or 'none'}")
-        start = 0
+        hf_params = _resolve_hf(config)
+        self.config = config
+        self.model_cfg: ModelConfig = validate_config(config)
+        self.workdir = workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.mesh = make_mesh(config.mesh)
+        check_batch_size(self.mesh, config.data.batch_size,
+                         config.optimizer.get("grad_accum_steps", 1))
+        self.tokenizer = load_or_train_tokenizer(
+            _tokenizer_config(config), workdir,
+            lambda: source_texts(get_source(config.data, "train")))
+        if self.tokenizer.vocab_size > self.model_cfg.vocab_size:
+            raise ValueError(
+                f"the tokenizer has {self.tokenizer.vocab_size} ids but model.vocab_size="
+                f"{self.model_cfg.vocab_size}; set model.vocab_size >= {self.tokenizer.vocab_size}")
+        special = self.tokenizer.special
+        if jax.process_index() == 0:
+            save_run_config(workdir, config)
+            if not (workdir / "tokenizer.model").exists():
+                self.tokenizer.save(str(workdir / "tokenizer.model"))
 
-    step_fn = make_train_step(model, tx, prepare, schedule,
-                              label_smoothing=config.objective.label_smoothing,
-                              z_loss=config.objective.z_loss,
-                              grad_accum_steps=config.optimizer.get("grad_accum_steps", 1),
-                              axis_name="batch" if config.parallel == "pmap" else None)
-    if config.parallel == "pmap":
-        from jaxformer.parallel.pmap import PmapRunner
+        self.model = model = build_model(self.model_cfg)
+        self.prepare = bind_objective(config.objective, special)
+        self.tx, self.schedule = make_optimizer(config.optimizer, self.model_cfg.d_model,
+                                                config.num_train_steps)
+        self.ckpt = Checkpointer(workdir, keep=config.checkpoint.keep,
+                                 best_metric=config.checkpoint.best_metric or None,
+                                 best_mode=config.checkpoint.best_mode,
+                                 async_save=config.checkpoint.async_save)
+        self.make_ds = functools.partial(
+            make_dataset, config.data, tokenizer=self.tokenizer, seed=config.seed,
+            transform=_pipeline_transform(config, special), process_index=jax.process_index(),
+            process_count=jax.process_count())
+        self.train_iter = iter(self.make_ds("train"))
+        abstract, self.shardings = state_shardings(model, self.model_cfg, self.tx, self.mesh)
 
-        runner = PmapRunner(step_fn, state)
-    else:
-        runner = None
-        step_fn = jax.jit(step_fn, in_shardings=(shardings, None), out_shardings=(shardings, None),
-                          donate_argnums=(0,))
-    eval_fn = jax.jit(make_eval_step(model, prepare))
+        if self.ckpt.latest_step() is not None:
+            self.state, self.start_step = self.ckpt.restore(
+                with_shardings(abstract, self.shardings), self.train_iter)
+            print(f"Resumed from {self.ckpt.directory}/{self.start_step}")
+        else:
+            self.state, _ = create_train_state(model, self.model_cfg, self.tx, self.mesh,
+                                               config.seed)
+            if config.init_from:
+                pretrained = hf_params if hf_params is not None else load_params(config.init_from)
+                params, fresh = merge_backbone(self.state.params, pretrained)
+                self.state, _ = create_train_state(model, self.model_cfg, self.tx, self.mesh,
+                                                   config.seed, params=params)
+                print(f"Initialised from {config.init_from}; fresh parameters: {fresh or 'none'}")
+            self.start_step = 0
 
-    def evaluate(params) -> dict:
-        if config.eval.num_batches == 0:
+    def _step_fn(self):
+        c = self.config
+        step_fn = make_train_step(self.model, self.tx, self.prepare, self.schedule,
+                                  label_smoothing=c.objective.label_smoothing,
+                                  z_loss=c.objective.z_loss,
+                                  grad_accum_steps=c.optimizer.get("grad_accum_steps", 1),
+                                  axis_name="batch" if c.parallel == "pmap" else None)
+        if c.parallel == "pmap":
+            from jaxformer.parallel.pmap import PmapRunner
+
+            return PmapRunner(step_fn, self.state)
+        return sharded_jit(step_fn, self.mesh, in_shardings=(self.shardings, None),
+                           out_shardings=(self.shardings, None), donate_argnums=(0,))
+
+    def evaluate(self, params) -> dict:
+        """Loss, accuracy and perplexity over ``eval.num_batches`` batches of ``eval.split``."""
+        c = self.config
+        if c.eval.num_batches == 0:
             return {}
-        it = iter(make_ds(config.eval.split, num_epochs=1))
-        totals, key = None, jax.random.key(config.seed + 1)
-        for i, batch in zip(range(config.eval.num_batches), it):
-            _check_batch(batch, model_cfg.vocab_size)
-            sums = eval_fn(params, _to_global(batch, mesh), jax.random.fold_in(key, i))
+        if not hasattr(self, "_eval_fn"):
+            self._eval_fn = sharded_jit(make_eval_step(self.model, self.prepare), self.mesh,
+                                        in_shardings=(self.shardings.params, None, None))
+        it = iter(self.make_ds(c.eval.split, num_epochs=1))
+        totals, key = None, jax.random.key(c.seed + 1)
+        for i, batch in zip(range(c.eval.num_batches), it):
+            _check_batch(batch, self.model_cfg.vocab_size)
+            sums = self._eval_fn(params, _to_global(batch, self.mesh), jax.random.fold_in(key, i))
             totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
         return {} if totals is None else {f"eval_{k}": v for k, v in summarize_eval(totals).items()}
 
-    writer = MetricWriter(workdir)
-    progress = Progress(start, total, enabled=config.progress_bar)
-    last, train_metrics = {}, {}
-    try:
-        for step in range(start + 1, total + 1):
-            batch = next(train_iter)
-            _check_batch(batch, model_cfg.vocab_size)
-            if runner is not None:
-                state, metrics = runner.step(batch)
-            else:
-                state, metrics = step_fn(state, _to_global(batch, mesh))
-            if step % config.log_every_steps == 0 or step == total or step % config.eval.every_steps == 0:
-                train_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            progress.update(1, loss=train_metrics.get("loss", float("nan")),
-                            lr=train_metrics.get("learning_rate", 0.0),
-                            tokens=float(np.sum(batch.get("inputs_segment_ids", batch["inputs"]) != 0)))
-            row = {}
-            if step % config.log_every_steps == 0 or step == total:
-                row.update(train_metrics)
-            eval_metrics = None
-            if step % config.eval.every_steps == 0 or step == total:
-                params = runner.params() if runner is not None else state.params
-                eval_metrics = evaluate(params)
-                row.update(eval_metrics)
-            if row:
-                writer.write(step, row)
-                last = {**last, **row}
-            if step % config.checkpoint.every_steps == 0 or step == total:
-                save_state = runner.state() if runner is not None else state
-                ckpt.save(step, save_state, train_iter, metrics=eval_metrics or None)
-    finally:
-        progress.close()
-        ckpt.close()
-        writer.close()
-    return last
+    def run(self) -> dict:
+        """Train from ``start_step`` to ``num_train_steps``; returns the last logged metrics."""
+        c, total = self.config, self.config.num_train_steps
+        step_fn = self._step_fn()
+        pmap = not callable(step_fn) or hasattr(step_fn, "step")
+        writer = MetricWriter(self.workdir)
+        progress = Progress(self.start_step, total, enabled=c.progress_bar)
+        last, train_metrics, state = {}, {}, self.state
+        try:
+            for step in range(self.start_step + 1, total + 1):
+                batch = next(self.train_iter)
+                _check_batch(batch, self.model_cfg.vocab_size)
+                if pmap:
+                    state, metrics = step_fn.step(batch)
+                else:
+                    state, metrics = step_fn(state, _to_global(batch, self.mesh))
+                log_now = step % c.log_every_steps == 0 or step == total
+                eval_now = step % c.eval.every_steps == 0 or step == total
+                if log_now or eval_now:
+                    train_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                progress.update(1, loss=train_metrics.get("loss", float("nan")),
+                                lr=train_metrics.get("learning_rate", 0.0),
+                                tokens=float(np.sum(batch.get("inputs_segment_ids",
+                                                              batch["inputs"]) != 0)))
+                row = dict(train_metrics) if log_now else {}
+                eval_metrics = None
+                if eval_now:
+                    current = step_fn.state() if pmap else state
+                    eval_metrics = self.evaluate(current.params)
+                    row.update(eval_metrics)
+                if row:
+                    writer.write(step, row)
+                    last = {**last, **row}
+                if step % c.checkpoint.every_steps == 0 or step == total:
+                    current = step_fn.state() if pmap else state
+                    self.ckpt.save(step, current, self.train_iter, metrics=eval_metrics or None)
+            self.state = step_fn.state() if pmap else state
+        finally:
+            progress.close()
+            self.ckpt.close()
+            writer.close()
+            if hasattr(self.train_iter, "close"):
+                self.train_iter.close()
+        return last
+
+
+def train_and_evaluate(config, workdir: str | os.PathLike) -> dict:
+    """Train per ``config`` in ``workdir`` (resuming if it holds checkpoints); final metrics."""
+    return Trainer(config, workdir).run()

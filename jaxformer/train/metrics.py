@@ -63,15 +63,19 @@ class Progress:
 
         self.bar = tqdm(total=total, initial=start, desc=desc, unit="step", dynamic_ncols=True,
                         disable=not enabled or jax.process_index() != 0, mininterval=1.0)
-        self._t, self._tokens = time.perf_counter(), 0.0
+        self._t0, self._tokens, self._steps = None, 0.0, 0
 
     def update(self, n: int, *, loss: float, lr: float, tokens: float) -> None:
-        self._tokens += tokens
+        """Advance ``n`` steps. tokens/s averages over the run so far, from the end of the first
+        step (which includes compilation)."""
         now = time.perf_counter()
-        rate = self._tokens / max(now - self._t, 1e-9)
+        if self._t0 is None:
+            self._t0 = now
+        else:
+            self._tokens += tokens
+        rate = self._tokens / max(now - self._t0, 1e-9)
         self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{rate:,.0f}", lr=f"{lr:.2e}", refresh=False)
         self.bar.update(n)
-        self._t, self._tokens = now, 0.0
 
     def close(self) -> None:
         self.bar.close()

@@ -112,7 +112,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
             "loss": _objective_loss(sums),
             "accuracy": sums["correct"] / denom,
             "tokens": sums["weight"],
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state.step),
         }
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics

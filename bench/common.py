@@ -1,0 +1,123 @@
+"""Shared benchmark helpers: timing jitted steps, the backend's measured matmul peak, model FLOPs.
+
+Every benchmark reports ratios against a reference measured in the same run, because the machines
+are shared and noisy: MFU divides by the matmul rate measured here, not by a datasheet number.
+
+Model FLOPs of one training step (forward + backward), the accounting of Kaplan et al. (2020) §2.1
+and PaLM (Chowdhery et al. 2022, App. B), as MaxText logs it:
+
+* dense part: ``6 · N · tokens`` with N the parameters that enter a matmul — the kernels of the
+  blocks plus the unembedding ``vocab × d_model`` (which is a matmul even when tied). Embedding
+  lookups, position tables, norms and biases are not matmuls and are left out. Forward is
+  ``2·N`` per token (a multiply and an add per weight); backward is twice that (gradients with
+  respect to activations and to weights).
+* attention scores: per layer and sequence, ``QKᵀ`` and ``softmax·V`` each cost
+  ``2 · T_q · T_kv · (heads · head_dim)`` forward, so ``4·T²·H·Dh`` forward and ``12·T²·H·Dh``
+  forward + backward — ``12·L·T²·d`` when ``H·Dh = d``. A causal mask makes half of the score
+  matrix useless, so it is halved (the work a fused kernel would skip; the plain XLA path still
+  does it, which MFU then shows).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def block(x: Any) -> Any:
+    """Wait for every array in ``x`` (asynchronous dispatch) and return it."""
+    return jax.block_until_ready(x)
+
+
+def time_calls(fn: Callable[[], Any], *, steps: int, warmup: int = 1) -> dict[str, Any]:
+    """Time ``fn()`` (which must return its arrays): first call, ``warmup`` more, then ``steps``.
+
+    Returns seconds: ``first`` (compile + one run for a jitted function), ``median``, ``min``,
+    ``times`` (every timed call).
+    """
+    t0 = time.perf_counter()
+    block(fn())
+    first = time.perf_counter() - t0
+    for _ in range(warmup):
+        block(fn())
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        block(fn())
+        times.append(time.perf_counter() - t0)
+    return {"first": first, "median": statistics.median(times), "min": min(times), "times": times}
+
+
+def compile_seconds(jitted: Callable, *args, **kwargs) -> tuple[Any, float]:
+    """(compiled executable, seconds to trace + lower + compile) of a `jax.jit` function."""
+    t0 = time.perf_counter()
+    compiled = jitted.lower(*args, **kwargs).compile()
+    return compiled, time.perf_counter() - t0
+
+
+def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 10) -> dict[str, float]:
+    """FLOP/s of a jitted ``[n, n] @ [n, n]`` (``2·n³`` FLOPs) on the default backend.
+
+    The best of ``repeats`` calls is the peak (noise from other processes only slows calls down);
+    the median is reported too.
+    """
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.standard_normal((n, n)), dtype)
+    b = jnp.asarray(rng.standard_normal((n, n)), dtype)
+    f = jax.jit(jnp.dot)
+    t = time_calls(lambda: f(a, b), steps=repeats, warmup=1)
+    flops = 2.0 * n**3
+    return {"n": n, "dtype": jnp.dtype(dtype).name, "peak_flops": flops / t["min"],
+            "median_flops": flops / t["median"]}
+
+
+def matmul_params(cfg) -> int:
+    """Parameters of a `ModelConfig` that enter a matmul: block kernels + the unembedding.
+
+    Per layer: Q and O are ``d·H·Dh`` each, K and V ``d·K·Dh`` each (GQA), the FFN ``2·d·F``
+    (``3·d·F`` gated). Cross-attention adds one attention per decoder layer. The unembedding is
+    ``vocab·d`` (tied or not); classifier/pooler heads are not counted.
+    """
+    d, f = cfg.d_model, cfg.d_ff
+    attn = 2 * d * cfg.num_heads * cfg.head_dim + 2 * d * cfg.num_kv_heads * cfg.head_dim
+    ffn = (3 if cfg.gated_ffn else 2) * d * f
+    if cfg.family == "encoder_decoder":
+        n = cfg.num_encoder_layers * (attn + ffn) + cfg.num_decoder_layers * (2 * attn + ffn)
+    else:
+        n = cfg.num_layers * (attn + ffn)
+    return n + cfg.vocab_size * d
+
+
+def attention_flops(cfg, *, batch: int, q_len: int, kv_len: int | None = None,
+                    causal: bool, layers: int | None = None) -> float:
+    """Forward + backward FLOPs of the attention scores and weighted sum: ``12·L·T_q·T_kv·H·Dh``
+    per sequence, halved when ``causal``."""
+    kv_len = q_len if kv_len is None else kv_len
+    layers = cfg.num_layers if layers is None else layers
+    flops = 12.0 * layers * q_len * kv_len * cfg.num_heads * cfg.head_dim * batch
+    return flops / 2 if causal else flops
+
+
+def train_step_flops(cfg, *, batch: int, seq_len: int) -> dict[str, float]:
+    """Model FLOPs of one forward + backward step of a decoder-only (causal) or encoder model."""
+    tokens = batch * seq_len
+    dense = 6.0 * matmul_params(cfg) * tokens
+    attn = attention_flops(cfg, batch=batch, q_len=seq_len, causal=cfg.family == "decoder")
+    return {"dense": dense, "attention": attn, "total": dense + attn, "tokens": tokens}
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
+    """Plain-text table: ``columns`` are (key, header, format spec)."""
+    cells = [[h for _, h, _ in columns]]
+    for r in rows:
+        cells.append([("-" if r.get(k) is None else format(r[k], fmt)) for k, _, fmt in columns])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""Training-step throughput of a GPT (`DecoderOnly`): jitted forward + backward + AdamW.
+
+Default size (the README's): d_model 512, 6 layers, 8 heads, d_ff 2048, T 256, batch 8, vocab 8192,
+learned positions, float32, dropout off. Reported per variant: tokens/s, compile seconds, the median
+step time (after warm-up, `block_until_ready`) and MFU against the float32 matmul peak measured in
+the same run (see `bench/common.py` for the FLOP accounting). With ``--peer`` the same model is
+timed in PyTorch (Hugging Face `GPT2LMHeadModel`, eager, torch.optim.AdamW) in the same run, so
+the ratio survives a noisy machine.
+
+Variants: ``xla`` (baseline), ``scan`` (`nn.scan` over layers), ``remat`` (full rematerialisation),
+``chunked`` (memory-efficient attention), ``nodonate`` (baseline without buffer donation).
+
+    python bench/train_step.py --steps 5
+    python bench/train_step.py --steps 10 --variants xla,scan,remat,chunked --peer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import (  # noqa: E402
+    compile_seconds,
+    format_table,
+    measure_matmul_peak,
+    time_calls,
+    train_step_flops,
+)
+
+from jaxformer.config import ModelConfig  # noqa: E402
+from jaxformer.models import DecoderOnly  # noqa: E402
+from jaxformer.ops import weighted_cross_entropy  # noqa: E402
+
+VARIANTS = {
+    "xla": {},
+    "scan": {"scan_layers": True},
+    "remat": {"remat_policy": "full"},
+    "chunked": {"attention_impl": "chunked", "attention_chunk_size": 128},
+    "nodonate": {},
+}
+
+
+def model_config(args, **overrides) -> ModelConfig:
+    return ModelConfig(
+        family="decoder", vocab_size=args.vocab, d_model=args.d_model, num_heads=args.heads,
+        d_ff=args.d_ff, num_layers=args.layers, max_len=args.seq_len, position="learned",
+        norm="layer", norm_position="pre", norm_eps=1e-5, activation="gelu_tanh",
+        tie_embeddings=True, dropout_rate=0.0, attention_dropout_rate=0.0, dtype=args.dtype,
+        param_dtype="float32", **overrides)
+
+
+def make_step(cfg: ModelConfig, tx: optax.GradientTransformation, donate: bool):
+    model = DecoderOnly(cfg)
+
+    def loss_fn(params, tokens):
+        logits = model.apply(params, tokens[:, :-1])
+        total, count = weighted_cross_entropy(logits, tokens[:, 1:])
+        return total / count
+
+    def step(params, opt_state, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return model, jax.jit(step, donate_argnums=(0, 1) if donate else ())
+
+
+def bench_variant(name: str, args, peak: float) -> dict:
+    cfg = model_config(args, **VARIANTS[name])
+    tx = optax.adamw(1e-4, weight_decay=0.01)
+    model, step = make_step(cfg, tx, donate=name != "nodonate")
+    rng = np.random.default_rng(0)
+    # T + 1 tokens per row: inputs are the first T, labels the last T (T positions are trained)
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (args.batch, args.seq_len + 1)), jnp.int32)
+    params = jax.jit(model.init)(jax.random.key(0), tokens[:, :-1])
+    opt_state = jax.jit(tx.init)(params)
+    compiled, compile_s = compile_seconds(step, params, opt_state, tokens)
+    state = {"params": params, "opt": opt_state}
+
+    def one():
+        state["params"], state["opt"], loss = compiled(state["params"], state["opt"], tokens)
+        return loss
+
+    t = time_calls(one, steps=args.steps, warmup=args.warmup)
+    flops = train_step_flops(cfg, batch=args.batch, seq_len=args.seq_len)
+    mem = compiled.memory_analysis()
+    temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
+    return {
+        "variant": name, "compile_s": compile_s, "step_s": t["median"], "step_min_s": t["min"],
+        "tokens_per_s": flops["tokens"] / t["median"],
+        "model_tflops_per_step": flops["total"] / 1e12,
+        "attention_flops_fraction": flops["attention"] / flops["total"],
+        "mfu": flops["total"] / t["median"] / peak, "temp_bytes": temp,
+        "final_loss": float(one()),
+    }
+
+
+def bench_torch_peer(args) -> dict:
+    """The same GPT-2-style model in PyTorch eager (HF `GPT2LMHeadModel`), AdamW, float32."""
+    import time
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    conf = GPT2Config(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=args.d_model,
+                      n_layer=args.layers, n_head=args.heads, n_inner=args.d_ff,
+                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(conf)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq_len))
+
+    def one():
+        out = model(input_ids=tokens, labels=tokens)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return out.loss.item()
+
+    one()  # warm-up
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        one()
+        times.append(time.perf_counter() - t0)
+    step = float(np.median(times))
+    return {"variant": "torch-eager (peer)", "step_s": step, "step_min_s": min(times),
+            "tokens_per_s": args.batch * args.seq_len / step, "threads": torch.get_num_threads()}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps after the first call")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq_len", type=int, default=256)
+    p.add_argument("--d_model", type=int, default=512)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--d_ff", type=int, default=2048)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--variants", default="xla", help=f"comma-separated, of {sorted(VARIANTS)}")
+    p.add_argument("--peer", action="store_true", help="also time PyTorch eager (HF GPT-2)")
+    p.add_argument("--matmul_n", type=int, default=2048)
+    args = p.parse_args(argv)
+    names = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        p.error(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
+
+    peak = measure_matmul_peak(args.matmul_n, jnp.float32)
+    rows = [bench_variant(n, args, peak["peak_flops"]) for n in names]
+    if args.peer:
+        rows.append(bench_torch_peer(args))
+    base = rows[0]["tokens_per_s"]
+    for r in rows:
+        r["vs_first"] = r["tokens_per_s"] / base
+    report = {
+        "benchmark": "train_step", "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count(),
+        "config": {k: getattr(args, k) for k in ("batch", "seq_len", "d_model", "layers", "heads",
+                                                 "d_ff", "vocab", "dtype", "steps", "warmup")},
+        "matmul_peak": peak, "results": rows,
+    }
+    print(json.dumps(report))
+    print(f"\nbackend {report['backend']}  matmul peak {peak['peak_flops'] / 1e9:.1f} GFLOP/s "
+          f"({args.matmul_n}² float32)  model {rows[0].get('model_tflops_per_step', 0):.3f} "
+          "TFLOP/step")
+    print(format_table(rows, [("variant", "variant", ""), ("tokens_per_s", "tokens/s", ".0f"),
+                              ("step_s", "step s", ".3f"), ("compile_s", "compile s", ".1f"),
+                              ("mfu", "MFU", ".1%"), ("vs_first", "ratio", ".2f")]))
+    return report
+
+
+if __name__ == "__main__":
+    main()
