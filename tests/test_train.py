@@ -9,7 +9,6 @@ differ.
 from __future__ import annotations
 
 import importlib.util
-import os
 import signal
 import subprocess
 import sys
@@ -117,7 +116,8 @@ def test_finetune_starts_from_pretrained_backbone(pretrained, tmp_path, family):
 def test_init_from_shape_mismatch_names_parameter(pretrained, tmp_path):
     config = load_config("gpt_finetune_tiny", init_from=str(pretrained["gpt"]))
     config.model.d_ff = 96
-    with pytest.raises(ValueError, match=r"decoder/layer_0/ffn/wi/bias has shape \(64,\) in the checkpoint but \(96,\)"):
+    message = r"decoder/layer_0/ffn/wi/bias has shape \(64,\) in the checkpoint but \(96,\)"
+    with pytest.raises(ValueError, match=message):
         Trainer(config, tmp_path)
 
 

@@ -110,7 +110,8 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, int]:
                 return d, steps[-1]
     if p.name.isdigit() and p.parent.is_dir():
         return p.parent, int(p.name)
-    raise FileNotFoundError(f"no checkpoint found under {str(path)!r} (expected <workdir>/checkpoints/<step>)")
+    raise FileNotFoundError(
+        f"no checkpoint found under {str(path)!r} (expected <workdir>/checkpoints/<step>)")
 
 
 def load_params(path: str | os.PathLike) -> dict:

@@ -1,0 +1,322 @@
+"""Memory and compute planning from a config alone — nothing is allocated.
+
+    python -m jaxformer.plan --config configs/gpt_pretrain_tiny.py --config.mesh.fsdp=8
+    python -m jaxformer.plan --preset gpt2_small --batch 8 --seq_len 1024 --mesh fsdp=8
+    python -m jaxformer.plan ... --json plan.json --nocompile
+
+Prints a table and a JSON line (``--json PATH`` also writes it) with
+
+* the parameter count ``N`` (from `jax.eval_shape` of ``model.init``);
+* model FLOPs per step and per token (training = forward + backward, no rematerialisation)::
+
+      6 · Σ_p |p| · tokens(p)  +  Σ_attention 12 · B · T_q · T_k · H · Dh · (½ if causal)
+
+  i.e. 6N per token for every parameter used in a matmul (Kaplan et al. 2020 §2.1) — the
+  lookup-only tables (positions, token types, relative-position buckets, an untied or unused
+  token table) are left out — plus QKᵀ and AV of each attention layer (Chowdhery et al. 2022,
+  App. B; causal self-attention computes half the score matrix). Encoder parameters see the
+  ``seq_len`` input tokens, decoder parameters and the output projection the ``target_len``
+  target tokens. Per token = per step / (batch · tokens per row);
+* per-device bytes of parameters and optimizer state, exact, from the state's shardings on the
+  configured mesh (`jaxformer.train.state.state_shardings`);
+* activations and temporaries, from XLA: the train step is lowered with abstract inputs
+  (``jax.jit(step).lower(...).compile().memory_analysis()``) and its temp bytes, argument/output
+  bytes and the compiled FLOP count (`cost_analysis`, per device) are reported.
+
+Devices: the plan is for ``--devices`` devices (default: this machine's count if the mesh fits it,
+else the product of the mesh sizes). Parameter/optimizer bytes need no devices (an `AbstractMesh`).
+When the mesh's devices exist here the step is compiled for them (real GPU/TPU numbers); when they
+do not, it is compiled in a child process on that many simulated CPU devices
+(``JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=N``): the state bytes are
+exact, the activation bytes are the CPU compiler's, an estimate of what the accelerator compiler
+allocates (fusion and layout choices differ). ``--nocompile`` skips that step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from jaxformer.config import ModelConfig
+from jaxformer.parallel.mesh import MESH_AXES, describe, make_mesh, mesh_shape
+from jaxformer.parallel.rules import batch_sharding
+
+_CHILD_FLAG = "--plan_compile_child"
+_LOOKUP_TABLES = ("pos_embedding", "type_embedding", "relative_bias")
+_OBJECTIVE = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "seq2seq"}
+_TASK = {"clm": "lm", "mlm": "lm", "seq2seq": "seq2seq"}
+
+
+def preset_config(name: str, *, batch: int, seq_len: int, target_len: int | None = None,
+                  mesh: str = "") -> ml_collections.ConfigDict:
+    """A training config for model preset ``name`` with the family's usual objective."""
+    from jaxformer.models.presets import preset
+    from jaxformer.train.config import base_config
+
+    c = base_config()
+    c.name = name
+    c.model = preset(name)
+    c.objective.name = _OBJECTIVE[c.model["family"]]
+    c.data.task = _TASK[c.objective.name]
+    c.data.batch_size, c.data.seq_len = batch, seq_len
+    c.data.target_len = target_len or seq_len
+    for part in filter(None, (p.strip() for p in mesh.split(","))):
+        axis, _, size = part.partition("=")
+        if axis not in MESH_AXES or not size.lstrip("-").isdigit():
+            raise ValueError(f"--mesh {mesh!r}: expected 'axis=size,…' with axes {MESH_AXES}")
+        c.mesh[axis] = int(size)
+    return c
+
+
+def abstract_batch(data_cfg, model_cfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes of one global batch as the pipeline yields it (`jaxformer.data.pipeline`)."""
+    b, out = data_cfg.batch_size, {}
+    features = {"inputs": data_cfg.seq_len}
+    if model_cfg.family == "encoder_decoder":
+        features["targets"] = data_cfg.target_len
+    for name, length in features.items():
+        for suffix in ("", "_segment_ids", "_positions"):
+            out[name + suffix] = jax.ShapeDtypeStruct((b, length), jnp.int32)
+    if data_cfg.task == "classify":
+        out["label"] = jax.ShapeDtypeStruct((b,), jnp.int32)
+    if data_cfg.task == "sft":
+        out["inputs_loss_mask"] = jax.ShapeDtypeStruct((b, data_cfg.seq_len), jnp.int32)
+    return out
+
+
+def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
+                target_len: int) -> dict:
+    """Training FLOPs of one step by the formula in the module docstring."""
+    m = model_cfg
+    enc_dec = m.family == "encoder_decoder"
+    src, tgt = batch * seq_len, batch * (target_len if enc_dec else seq_len)
+    output_matmul = m.head in ("lm", "mlm")
+    dense = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        names = [str(getattr(k, "key", k)) for k in path]
+        if any(t in n for n in names for t in _LOOKUP_TABLES):
+            continue
+        if names[0] == "token_embed" and not (m.tie_embeddings and output_matmul):
+            continue
+        encoder_side = names[0].startswith("encoder") or (
+            enc_dec and "cross_attn" in names and names[-2] in ("key", "value"))
+        dense += 6 * math.prod(leaf.shape) * (src if encoder_side else tgt)
+    hd = m.num_heads * m.head_dim
+    if enc_dec:
+        attn = 12 * batch * hd * (m.num_encoder_layers * seq_len ** 2
+                                  + m.num_decoder_layers * (target_len ** 2 / 2
+                                                            + target_len * seq_len))
+    else:
+        attn = 12 * batch * hd * m.num_layers * seq_len ** 2 * (0.5 if m.causal else 1.0)
+    tokens = src + (tgt if enc_dec else 0)
+    total = dense + attn
+    return {"model_flops_per_step": total, "dense_flops_per_step": dense,
+            "attention_flops_per_step": attn, "tokens_per_step": tokens,
+            "flops_per_token": total / tokens}
+
+
+def state_bytes(abstract, shardings) -> dict:
+    """Total and per-device bytes of a tree of ShapeDtypeStructs under its shardings (the largest
+    shard on any device; shardings here are even, so every device holds the same)."""
+    leaves = jax.tree.leaves(abstract)
+    shards = jax.tree.leaves(shardings)
+    total = sum(math.prod(a.shape) * a.dtype.itemsize for a in leaves)
+    per_device = sum(math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
+                     for a, s in zip(leaves, shards))
+    return {"total": int(total), "per_device": int(per_device)}
+
+
+def _setup(config, mesh):
+    """(model_cfg, abstract state, state shardings, step function) for ``config`` on ``mesh``."""
+    from jaxformer.data.vocab import SpecialTokens
+    from jaxformer.models import build_model
+    from jaxformer.objectives import bind_objective
+    from jaxformer.train.config import validate_config
+    from jaxformer.train.optim import make_optimizer
+    from jaxformer.train.state import state_shardings
+    from jaxformer.train.step import make_train_step
+
+    model_cfg = validate_config(config)
+    model = build_model(model_cfg)
+    tx, schedule = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
+    abstract, shardings = state_shardings(model, model_cfg, tx, mesh)
+    prepare = bind_objective(config.objective, SpecialTokens(model_cfg.vocab_size))
+    step = make_train_step(model, tx, prepare, schedule,
+                           label_smoothing=config.objective.label_smoothing,
+                           z_loss=config.objective.z_loss,
+                           grad_accum_steps=config.optimizer.get("grad_accum_steps", 1))
+    return model_cfg, abstract, shardings, step
+
+
+def compile_step(config, mesh) -> dict:
+    """Compile the train step for ``mesh`` from abstract inputs; XLA's memory and FLOP figures."""
+    from jaxformer.parallel.partition import sharded_jit
+    from jaxformer.train.checkpoint import with_shardings
+
+    model_cfg, abstract, shardings, step = _setup(config, mesh)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(mesh, len(v.shape)))
+             for k, v in abstract_batch(config.data, model_cfg).items()}
+    fn = sharded_jit(step, mesh, in_shardings=(shardings, None), out_shardings=(shardings, None),
+                     donate_argnums=(0,))
+    compiled = fn.lower(with_shardings(abstract, shardings), batch).compile()
+    mem = compiled.memory_analysis()
+    out = {k: int(getattr(mem, k + "_in_bytes")) for k in
+           ("argument_size", "output_size", "alias_size", "temp_size", "peak_memory")}
+    if not out["peak_memory"]:
+        out["peak_memory"] = (out["argument_size"] + out["output_size"] - out["alias_size"]
+                              + out["temp_size"])
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    out["xla_flops_per_device"] = float(cost.get("flops", 0.0)) if cost else 0.0
+    out["platform"] = mesh.devices.flat[0].platform
+    return out
+
+
+def plan_devices(mesh_cfg, requested: int = 0) -> int:
+    """Devices to plan for: ``requested``, else this machine's count if the mesh fits, else the
+    product of the explicit mesh sizes."""
+    if requested:
+        return requested
+    have = jax.device_count()
+    explicit = math.prod(int(v) for v in dict(mesh_cfg).values() if int(v) != -1)
+    if have % explicit == 0 and (have == explicit or -1 in dict(mesh_cfg).values()):
+        return have
+    return explicit
+
+
+def plan(config, *, devices: int = 0, compile: bool = True, argv: list[str] | None = None) -> dict:
+    """The planning report (a JSON-able dict) for ``config``."""
+    from jax.sharding import AbstractMesh, AxisType
+
+    n = plan_devices(config.mesh, devices)
+    sizes = mesh_shape(dict(config.mesh), n)
+    abstract_mesh = AbstractMesh(tuple(sizes.values()), tuple(sizes),
+                                 axis_types=(AxisType.Auto,) * len(sizes))
+    model_cfg, abstract, shardings, _ = _setup(config, abstract_mesh)
+    params = abstract.params
+    report = {
+        "name": config.get("name", ""), "family": model_cfg.family, "mesh": sizes,
+        "devices": n, "batch": config.data.batch_size, "seq_len": config.data.seq_len,
+        "target_len": config.data.target_len if model_cfg.family == "encoder_decoder" else None,
+        "param_dtype": model_cfg.param_dtype, "dtype": model_cfg.dtype,
+        "parameters": int(sum(math.prod(p.shape) for p in jax.tree.leaves(params))),
+        **model_flops(model_cfg, params, config.data.batch_size, config.data.seq_len,
+                      config.data.target_len),
+        "params_bytes": state_bytes(params, shardings.params),
+        "opt_state_bytes": state_bytes(abstract.opt_state, shardings.opt_state),
+    }
+    if compile:
+        if n <= jax.device_count():
+            mesh = make_mesh(sizes, jax.devices()[:n])
+            report["compiled"] = {**compile_step(config, mesh), "simulated": False}
+        else:
+            report["compiled"] = {**_compile_in_child(n, argv), "simulated": True}
+    return report
+
+
+def _compile_in_child(n: int, argv: list[str] | None) -> dict:
+    if argv is None:
+        raise ValueError(f"the mesh needs {n} devices but {jax.device_count()} exist here; pass "
+                         "argv (the CLI does) to compile on simulated CPU devices")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}")
+    proc = subprocess.run([sys.executable, "-m", "jaxformer.plan", *argv, _CHILD_FLAG, f"--devices={n}"],
+                          env=env, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"compiling on {n} simulated CPU devices failed:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def _gb(x: float) -> str:
+    return f"{x / 2**30:,.3f} GiB" if x >= 2**27 else f"{x / 2**20:,.2f} MiB"
+
+
+def format_table(r: dict) -> str:
+    """The human-readable view of a `plan` report."""
+    mesh = " ".join(f"{a}={s}" for a, s in r["mesh"].items())
+    lens = f"{r['seq_len']}" + (f" → {r['target_len']}" if r["target_len"] else "")
+    rows = [f"plan: {r['name']} ({r['family']}), batch {r['batch']} × {lens}, mesh {mesh} "
+            f"({r['devices']} devices), params {r['param_dtype']}, compute {r['dtype']}",
+            f"  parameters            {r['parameters']:>18,}",
+            f"  model FLOPs / step    {r['model_flops_per_step']:>18.4e}   (dense "
+            f"{r['dense_flops_per_step']:.3e} + attention {r['attention_flops_per_step']:.3e})",
+            f"  model FLOPs / token   {r['flops_per_token']:>18.4e}   "
+            f"({r['tokens_per_step']:,} tokens / step)",
+            f"  {'':20}  {'total':>18}  {'per device':>14}"]
+    for label, key in (("parameters", "params_bytes"), ("optimizer state", "opt_state_bytes")):
+        rows.append(f"  {label:20}  {_gb(r[key]['total']):>18}  {_gb(r[key]['per_device']):>14}")
+    c = r.get("compiled")
+    if c:
+        where = f"{c['platform']}, {'simulated' if c['simulated'] else 'real'} devices"
+        rows += [f"  XLA ({where}), per device:",
+                 f"    arguments (state + batch)  {_gb(c['argument_size']):>14}",
+                 f"    activations + temporaries  {_gb(c['temp_size']):>14}",
+                 f"    outputs (aliased: {_gb(c['alias_size'])})  {_gb(c['output_size']):>9}",
+                 f"    peak estimate              {_gb(c['peak_memory']):>14}",
+                 f"    compiled FLOPs / step      {c['xla_flops_per_device']:>14.4e}"]
+    return "\n".join(rows)
+
+
+def main(argv) -> None:
+    from absl import flags
+
+    f = flags.FLAGS
+    if f.config is None and not f.preset:
+        raise app_usage_error("give --config configs/<name>.py or --preset <name>")
+    if f.preset:
+        config = preset_config(f.preset, batch=f.batch, seq_len=f.seq_len,
+                               target_len=f.target_len or None, mesh=f.mesh)
+    else:
+        config = f.config
+    if f[_CHILD_FLAG[2:]].value:
+        sizes = mesh_shape(dict(config.mesh), f.devices)
+        print(json.dumps(compile_step(config, make_mesh(sizes))))
+        return
+    report = plan(config, devices=f.devices, compile=f.compile, argv=sys.argv[1:])
+    print(format_table(report))
+    text = json.dumps(report)
+    print(text)
+    if f.json:
+        with open(f.json, "w") as fh:
+            fh.write(text + "\n")
+
+
+def app_usage_error(message: str) -> Exception:
+    from absl import app
+
+    return app.UsageError(message)
+
+
+def _define_flags() -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, "Path to a configs/<name>.py file.")
+    flags.DEFINE_string("preset", "", "Plan a model preset (jaxformer.models.presets) instead.")
+    flags.DEFINE_integer("batch", 8, "--preset: global batch size.")
+    flags.DEFINE_integer("seq_len", 1024, "--preset: tokens per row (encoder side).")
+    flags.DEFINE_integer("target_len", 0, "--preset: decoder tokens (encoder-decoder; 0 = seq_len).")
+    flags.DEFINE_string("mesh", "", "--preset: mesh sizes, e.g. 'fsdp=8' or 'data=2,tensor=4'.")
+    flags.DEFINE_integer("devices", 0, "Devices to plan for (0: see the module docstring).")
+    flags.DEFINE_bool("compile", True, "Compile the step for XLA's activation/temp bytes.")
+    flags.DEFINE_string("json", "", "Also write the JSON report to this path.")
+    flags.DEFINE_bool(_CHILD_FLAG[2:], False, "Internal: compile on simulated devices, print JSON.")
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # planning allocates nothing
+    _define_flags()
+    app.run(main)
+    del np
