@@ -44,10 +44,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from jaxformer.config import ModelConfig
-from jaxformer.parallel.mesh import MESH_AXES, describe, make_mesh, mesh_shape
+from jaxformer.parallel.mesh import MESH_AXES, make_mesh, mesh_shape
 from jaxformer.parallel.rules import batch_sharding
 
 _CHILD_FLAG = "--plan_compile_child"
@@ -170,10 +169,10 @@ def compile_step(config, mesh) -> dict:
     compiled = fn.lower(with_shardings(abstract, shardings), batch).compile()
     mem = compiled.memory_analysis()
     out = {k: int(getattr(mem, k + "_in_bytes")) for k in
-           ("argument_size", "output_size", "alias_size", "temp_size", "peak_memory")}
-    if not out["peak_memory"]:
-        out["peak_memory"] = (out["argument_size"] + out["output_size"] - out["alias_size"]
-                              + out["temp_size"])
+           ("argument_size", "output_size", "alias_size", "temp_size")}
+    # Live at once: inputs, temporaries, and outputs that do not reuse (alias) a donated input.
+    out["peak_estimate"] = (out["argument_size"] + out["temp_size"] + out["output_size"]
+                            - out["alias_size"])
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     out["xla_flops_per_device"] = float(cost.get("flops", 0.0)) if cost else 0.0
@@ -257,22 +256,24 @@ def format_table(r: dict) -> str:
         rows.append(f"  {label:20}  {_gb(r[key]['total']):>18}  {_gb(r[key]['per_device']):>14}")
     c = r.get("compiled")
     if c:
-        where = f"{c['platform']}, {'simulated' if c['simulated'] else 'real'} devices"
-        rows += [f"  XLA ({where}), per device:",
-                 f"    arguments (state + batch)  {_gb(c['argument_size']):>14}",
-                 f"    activations + temporaries  {_gb(c['temp_size']):>14}",
-                 f"    outputs (aliased: {_gb(c['alias_size'])})  {_gb(c['output_size']):>9}",
-                 f"    peak estimate              {_gb(c['peak_memory']):>14}",
-                 f"    compiled FLOPs / step      {c['xla_flops_per_device']:>14.4e}"]
+        kind = "simulated " if c["simulated"] else ""
+        rows += [f"  XLA, step compiled for {r['devices']} {kind}{c['platform']} devices, per device:",
+                 f"    state + batch (arguments)     {_gb(c['argument_size']):>14}",
+                 f"    activations + temporaries     {_gb(c['temp_size']):>14}",
+                 f"    outputs not aliased to inputs {_gb(c['output_size'] - c['alias_size']):>14}",
+                 f"    peak estimate (sum of above)  {_gb(c['peak_estimate']):>14}",
+                 f"    compiled FLOPs / step         {c['xla_flops_per_device']:>14.4e}   (model "
+                 f"FLOPs / devices: {r['model_flops_per_step'] / r['devices']:.4e})"]
     return "\n".join(rows)
 
 
 def main(argv) -> None:
-    from absl import flags
+    from absl import app, flags
 
+    del argv
     f = flags.FLAGS
-    if f.config is None and not f.preset:
-        raise app_usage_error("give --config configs/<name>.py or --preset <name>")
+    if (f.config is None) == (not f.preset):
+        raise app.UsageError("give either --config configs/<name>.py or --preset <name>")
     if f.preset:
         config = preset_config(f.preset, batch=f.batch, seq_len=f.seq_len,
                                target_len=f.target_len or None, mesh=f.mesh)
@@ -289,12 +290,6 @@ def main(argv) -> None:
     if f.json:
         with open(f.json, "w") as fh:
             fh.write(text + "\n")
-
-
-def app_usage_error(message: str) -> Exception:
-    from absl import app
-
-    return app.UsageError(message)
 
 
 def _define_flags() -> None:
@@ -319,4 +314,3 @@ if __name__ == "__main__":
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # planning allocates nothing
     _define_flags()
     app.run(main)
-    del np

@@ -165,3 +165,22 @@ def test_killed_run_resumes_exactly(tmp_path):
     resumed, reference = losses(killed), losses(straight)
     for step in range(1, total + 1):  # steps <= resume_at were written by the killed process
         assert resumed[step] == reference[step], step
+
+
+def test_init_from_hugging_face_directory(tmp_path):
+    """``init_from`` a local HF GPT-2 directory: its architecture and weights are used, the new
+    classification head is fresh, and fine-tuning lowers the loss."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=64, n_embd=32, n_layer=2, n_head=2))
+    hf.save_pretrained(tmp_path / "hf")
+    config = load_config("gpt_finetune_tiny", init_from=str(tmp_path / "hf"), num_train_steps=30)
+    trainer = Trainer(config, tmp_path / "run")
+    assert trainer.model_cfg.activation == "gelu_tanh" and trainer.model_cfg.norm_eps == 1e-5
+    wte = hf.transformer.wte.weight.detach().numpy()
+    np.testing.assert_array_equal(jax.device_get(trainer.state.params["token_embed"]["embedding"]), wte)
+    trainer.run()
+    first, last = first_last(tmp_path / "run")
+    assert last < first, (first, last)

@@ -1,61 +1,47 @@
-"""The jaxformer side of a conversion: a model config and its params on disk.
+"""The jaxformer side of a conversion: a directory in the trainer's own workdir layout.
 
-Layout of ``directory``::
+``directory`` looks like a training run that stopped at step 0::
 
-    model_config.json   ModelConfig fields (`ModelConfig.to_dict`)
-    params/             the params pytree, written by `orbax.checkpoint.StandardCheckpointer`
+    config.json                 {"model": ModelConfig fields, ...}
+    checkpoints/0/state/        Orbax: {"params": ...}
+    tokenizer.model             when the source model ships a sentencepiece model (T5)
 
-This is the only place the converter touches jaxformer checkpoints; point it at the trainer's own
-format (``jaxformer.train.checkpoint``) once that exists.
+so ``train.py --config.init_from=<directory>``, ``python -m jaxformer.generate --workdir
+<directory>`` and ``--from <any training workdir>`` all work without another format.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
-import jax
-
 from jaxformer.config import ModelConfig
-from jaxformer.convert.mapping import unflatten
-
-CONFIG_FILE = "model_config.json"
-PARAMS_DIR = "params"
 
 
 def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str, Any],
                 params: dict) -> None:
-    """Write ``model_config.json`` and ``params/`` under ``directory`` (without ``params/`` yet)."""
+    """Write ``config.json`` and ``checkpoints/0`` under ``directory`` (which must not hold a run)."""
     import orbax.checkpoint as ocp
 
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
-    d = os.path.abspath(os.fspath(directory))
-    if os.path.exists(os.path.join(d, PARAMS_DIR)):
-        raise ValueError(f"{os.path.join(d, PARAMS_DIR)} already exists; choose an empty directory")
-    os.makedirs(d, exist_ok=True)
-    with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(os.path.join(d, PARAMS_DIR), params)
-        ckptr.wait_until_finished()
-    with open(os.path.join(d, CONFIG_FILE), "w") as f:
-        json.dump(cfg.to_dict(), f, indent=2, sort_keys=True)
+    d = Path(directory).absolute()
+    if (d / "checkpoints").exists():
+        raise ValueError(f"{d / 'checkpoints'} already exists; choose an empty directory")
+    d.mkdir(parents=True, exist_ok=True)
+    with ocp.CheckpointManager(d / "checkpoints") as mngr:
+        mngr.save(0, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params})))
+        mngr.wait_until_finished()
+    (d / "config.json").write_text(json.dumps({"name": "converted", "model": cfg.to_dict()},
+                                              indent=2, sort_keys=True))
 
 
 def load_params(directory: str | os.PathLike) -> tuple[dict[str, Any], dict]:
-    """(ModelConfig fields, params as NumPy arrays) from a directory written by `save_params`."""
-    import orbax.checkpoint as ocp
+    """(ModelConfig fields, params as NumPy arrays) of the latest checkpoint of a jaxformer
+    directory: one written by `save_params` or any training workdir."""
+    from jaxformer.train.checkpoint import load_params as load_latest
+    from jaxformer.train.checkpoint import load_run_config
 
-    from jaxformer.convert.hf import param_shapes  # the expected tree restores NumPy leaves
-
-    d = os.path.abspath(os.fspath(directory))
-    cfg_path = os.path.join(d, CONFIG_FILE)
-    if not os.path.isfile(cfg_path) or not os.path.isdir(os.path.join(d, PARAMS_DIR)):
-        raise ValueError(f"{d} is not a converted jaxformer checkpoint: expected {CONFIG_FILE} "
-                         f"and {PARAMS_DIR}/")
-    with open(cfg_path) as f:
-        cfg = ModelConfig.from_dict(json.load(f))
-    target = unflatten({p: jax.ShapeDtypeStruct(s.shape, s.dtype)
-                        for p, s in param_shapes(cfg).items()})
-    with ocp.StandardCheckpointer() as ckptr:
-        params = ckptr.restore(os.path.join(d, PARAMS_DIR), target)
-    return cfg.to_dict(), params
+    cfg = ModelConfig.from_dict(load_run_config(directory)["model"])
+    return cfg.to_dict(), load_latest(directory)

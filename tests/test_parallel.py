@@ -1,0 +1,337 @@
+"""Sharded training on 8 simulated CPU devices: meshes, logical rules, FSDP, tensor parallelism,
+the pmap path, restoring onto another mesh, and the memory planner.
+
+The same tiny GPT is trained for a few steps (same seed, same batches, dropout off) on a one-device
+mesh, on ``data=8``, ``fsdp=8``, ``data=2,fsdp=2,tensor=2``, ``tensor=4,data=2`` and through the
+pmap path. Each train step is compiled once (module fixture) and reused by the tests below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib.util
+import math
+import os
+import tempfile
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from jaxformer.config import ModelConfig
+from jaxformer.data.vocab import SpecialTokens
+from jaxformer.models import build_model
+from jaxformer.models.presets import preset
+from jaxformer.objectives import bind_objective
+from jaxformer.parallel.distributed import distributed_requested
+from jaxformer.parallel.mesh import check_batch_size, make_mesh, mesh_shape
+from jaxformer.parallel.partition import sharded_jit
+from jaxformer.parallel.pmap import PmapRunner
+from jaxformer.parallel.rules import batch_sharding, param_shardings
+from jaxformer.train.checkpoint import Checkpointer, with_shardings
+from jaxformer.train.optim import default_optimizer_config, make_optimizer
+from jaxformer.train.state import abstract_params, create_train_state, state_shardings
+from jaxformer.train.step import make_eval_step, make_train_step
+
+TINY = dict(vocab_size=128, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=16,
+            dropout_rate=0.0, attention_dropout_rate=0.0)
+FAMILY = {"gpt": ("gpt_tiny", "clm"), "bert": ("bert_tiny", "mlm"), "t5": ("t5_tiny", "seq2seq")}
+MESHES = {"data8": {"data": 8}, "fsdp8": {"fsdp": 8},
+          "mixed": {"data": 2, "fsdp": 2, "tensor": 2}, "tensor4": {"tensor": 4, "data": 2}}
+BATCH, LEN, STEPS = 8, 16, 3
+REMAT_WARNING = "Involuntary full rematerialization"
+# Float32 runs that differ only in how sums are split across devices (the loss over batch shards,
+# matmul contractions split by tensor parallelism, then all-reduced) round differently: ~1e-7
+# relative per reduction, amplified a little by Adam's g/sqrt(v) over the steps. Adam's epsilon is
+# raised to 1e-3 so that near-zero gradients (whose sign is rounding noise) cannot flip an update.
+LOSS_RTOL, PARAM_ATOL = 2e-5, 2e-5
+
+
+def _setup(family: str, **model_overrides):
+    name, objective = FAMILY[family]
+    cfg = ModelConfig.from_dict(preset(name, **{**TINY, **model_overrides}))
+    model = build_model(cfg)
+    opt = default_optimizer_config("gpt3", peak_lr=1e-2, warmup_steps=1, eps=1e-3)
+    tx, schedule = make_optimizer(opt, cfg.d_model, 10)
+    prepare = bind_objective(ml_collections.ConfigDict(dict(name=objective, mask_rate=0.3)),
+                             SpecialTokens(cfg.vocab_size))
+    return cfg, model, tx, schedule, prepare
+
+
+def _batches(family: str, n: int) -> list[dict]:
+    r = np.random.default_rng(1)
+    out = []
+    for _ in range(n):
+        b = {"inputs": r.integers(7, TINY["vocab_size"], (BATCH, LEN)).astype(np.int32)}
+        if family == "t5":
+            b["targets"] = r.integers(7, TINY["vocab_size"], (BATCH, LEN // 2)).astype(np.int32)
+        out.append(b)
+    return out
+
+
+def _to_global(batch: dict, mesh) -> dict:
+    return {k: jax.make_array_from_process_local_data(batch_sharding(mesh, v.ndim), v)
+            for k, v in batch.items()}
+
+
+@contextlib.contextmanager
+def captured_stderr():
+    """Collect what native code (XLA's C++ logging) writes to file descriptor 2."""
+    with tempfile.TemporaryFile(mode="w+") as f:
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        result = {"text": ""}
+        try:
+            yield result
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.seek(0)
+            result["text"] = f.read()
+
+
+def _train_jit(mesh, setup, state, batches):
+    """Compile the real train step for ``mesh`` (capturing XLA's warnings) and run it."""
+    cfg, model, tx, schedule, prepare = setup
+    _, shardings = state_shardings(model, cfg, tx, mesh)
+    step = sharded_jit(make_train_step(model, tx, prepare, schedule), mesh,
+                       in_shardings=(shardings, None), out_shardings=(shardings, None))
+    with captured_stderr() as err:
+        compiled = step.lower(state, _to_global(batches[0], mesh)).compile()
+    losses = []
+    for b in batches:
+        state, metrics = compiled(state, _to_global(b, mesh))
+        losses.append(float(metrics["loss"]))
+    return {"losses": np.array(losses), "state": state, "shardings": shardings,
+            "memory": compiled.memory_analysis(), "stderr": err["text"]}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    setup = _setup("gpt")
+    cfg, model, tx, schedule, prepare = setup
+    batches = _batches("gpt", STEPS)
+    single = make_mesh({"data": 1}, jax.devices()[:1])
+    state0, _ = create_train_state(model, cfg, tx, single, seed=0)
+    host0 = jax.device_get(state0)
+    out = {"host0": host0, "setup": setup, "single": _train_jit(single, setup, state0, batches)}
+    for name, sizes in MESHES.items():
+        mesh = make_mesh(sizes)
+        if name == "fsdp8":  # initialised directly into its shards, as the trainer does
+            state, _ = create_train_state(model, cfg, tx, mesh, seed=0)
+            out["fsdp8_init"] = jax.device_get(state)
+        else:
+            state = jax.device_put(host0, state_shardings(model, cfg, tx, mesh)[1])
+        out[name] = {**_train_jit(mesh, setup, state, batches), "mesh": mesh}
+    runner = PmapRunner(make_train_step(model, tx, prepare, schedule, axis_name="batch"), host0)
+    losses = [float(runner.step(b)[1]["loss"]) for b in batches]
+    out["pmap"] = {"losses": np.array(losses), "params": runner.params()}
+    return out
+
+
+def test_sharded_init_equals_single_device_init(runs):
+    jax.tree.map(np.testing.assert_array_equal, runs["fsdp8_init"], runs["host0"])
+
+
+@pytest.mark.parametrize("name", [*MESHES, "pmap"])
+def test_same_losses_and_parameters_on_every_mesh(runs, name):
+    ref = runs["single"]
+    got = runs[name]
+    np.testing.assert_allclose(got["losses"], ref["losses"], rtol=LOSS_RTOL)
+    assert ref["losses"][-1] < ref["losses"][0]  # it trains
+    params = got["params"] if name == "pmap" else jax.device_get(got["state"].params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=PARAM_ATOL),
+                 params, jax.device_get(ref["state"].params))
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_no_involuntary_rematerialization(runs, name):
+    assert REMAT_WARNING not in runs[name]["stderr"], runs[name]["stderr"][-2000:]
+
+
+def test_fsdp_shards_parameters_and_optimizer_state(runs):
+    run = runs["fsdp8"]
+    state, shardings = run["state"], run["shardings"]
+    sharded = 0
+    for leaf, sh in zip(jax.tree.leaves((state.params, state.opt_state)),
+                        jax.tree.leaves((shardings.params, shardings.opt_state))):
+        assert leaf.sharding.is_equivalent_to(sh, leaf.ndim)
+        if "fsdp" not in jax.tree.leaves(tuple(sh.spec)):
+            continue
+        sharded += 1
+        axis = [i for i, a in enumerate(sh.spec) if a == "fsdp"][0]
+        shards = leaf.addressable_shards
+        assert len(shards) == 8
+        for s in shards:
+            want = list(leaf.shape)
+            want[axis] //= 8
+            assert list(s.data.shape) == want  # each device holds 1/8 of the leaf
+    # Every matrix has a d_model axis: params, Adam's mu and nu of them all are split.
+    n_matrices = sum(p.ndim >= 2 for p in jax.tree.leaves(state.params))
+    assert sharded >= 3 * n_matrices
+
+
+def test_fsdp_compiled_state_memory_is_an_eighth(runs):
+    """Per-device arguments of the compiled step (parameters + optimizer state + batch)."""
+    single = runs["single"]["memory"].argument_size_in_bytes
+    fsdp = runs["fsdp8"]["memory"].argument_size_in_bytes
+    assert fsdp <= single / 8 * 1.10, (fsdp, single)
+
+
+def test_restore_onto_a_different_mesh(runs, tmp_path):
+    cfg, model, tx, _, _ = runs["setup"]
+    state = runs["data8"]["state"]
+    ckpt = Checkpointer(tmp_path, async_save=False)
+    ckpt.save(STEPS, state)
+    ckpt.close()
+    target_mesh = make_mesh({"fsdp": 4, "tensor": 2})
+    abstract, shardings = state_shardings(model, cfg, tx, target_mesh)
+    ckpt = Checkpointer(tmp_path, async_save=False)
+    restored, step = ckpt.restore(with_shardings(abstract, shardings))
+    ckpt.close()
+    assert step == STEPS and int(restored.step) == STEPS
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), jax.device_get(state))
+    for leaf, sh in zip(jax.tree.leaves(restored), jax.tree.leaves(shardings)):
+        assert leaf.sharding.is_equivalent_to(sh, leaf.ndim)
+    kernel = restored.params["decoder"]["layer_0"]["ffn"]["wi"]["kernel"]  # [embed, mlp]
+    assert kernel.addressable_shards[0].data.shape == (TINY["d_model"] // 4, TINY["d_ff"] // 2)
+
+
+@pytest.mark.parametrize("family", ["bert", "t5"])
+def test_family_trains_on_mixed_mesh(family):
+    """First loss equals the unsharded loss of the same prepared batch; then it trains."""
+    setup = cfg, model, tx, schedule, prepare = _setup(family)
+    single = make_mesh({"data": 1}, jax.devices()[:1])
+    state0, _ = create_train_state(model, cfg, tx, single, seed=0)
+    host0 = jax.device_get(state0)
+    mesh = make_mesh(MESHES["mixed"])
+    state = jax.device_put(host0, state_shardings(model, cfg, tx, mesh)[1])
+    batch = _batches(family, 1)[0]
+    run = _train_jit(mesh, setup, state, [batch, batch])
+    assert REMAT_WARNING not in run["stderr"], run["stderr"][-2000:]
+    obj_key = jax.random.split(state0.step_key())[0]  # the key the train step prepares with
+    sums = jax.jit(make_eval_step(model, prepare))(state0.params, batch, obj_key)
+    np.testing.assert_allclose(run["losses"][0], sums["loss"] / sums["weight"], rtol=LOSS_RTOL)
+    assert run["losses"][1] < run["losses"][0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Mesh construction, rules and configs (no compilation).
+
+
+def test_mesh_shape_fills_and_validates():
+    assert mesh_shape({}, 8) == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert mesh_shape({"data": -1, "tensor": 2}, 8) == {"data": 4, "fsdp": 1, "tensor": 2}
+    assert mesh_shape({"data": 1, "fsdp": -1, "tensor": 4}, 8)["fsdp"] == 2
+    with pytest.raises(ValueError, match="has 4 devices but 8 are available"):
+        mesh_shape({"data": 2, "fsdp": 2, "tensor": 1}, 8)
+    with pytest.raises(ValueError, match="not divisible by 3"):
+        mesh_shape({"tensor": 3}, 8)
+    with pytest.raises(ValueError, match="at most one axis"):
+        mesh_shape({"data": -1, "fsdp": -1}, 8)
+    with pytest.raises(ValueError, match="unknown mesh axes"):
+        mesh_shape({"model": 2}, 8)
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    assert mesh.axis_names == ("data", "fsdp", "tensor") and mesh.size == jax.device_count()
+
+
+def test_indivisible_dimension_names_the_parameter():
+    cfg, model, tx, _, _ = _setup("gpt")
+    with pytest.raises(ValueError, match=r"self_attn.*query.*not divisible by mesh.tensor=8"):
+        param_shardings(abstract_params(model, cfg), make_mesh({"tensor": 8}))
+    with pytest.raises(ValueError, match="data.batch_size=12 is not divisible by the 8 batch"):
+        check_batch_size(make_mesh({"fsdp": 8}), 12)
+    with pytest.raises(ValueError, match="micro-batch"):
+        check_batch_size(make_mesh({"data": 4, "tensor": 2}), 8, grad_accum_steps=4)
+
+
+def test_constraints_are_no_ops_without_a_mesh():
+    """Plain `model.apply` (tests, generation) equals the same forward traced under a mesh."""
+    cfg, model, _, _, _ = _setup("gpt")
+    params = jax.device_get(model.init(jax.random.key(0), np.ones((1, LEN), np.int32))["params"])
+    params = nn.unbox(params)
+    tokens = _batches("gpt", 1)[0]["inputs"]
+    plain = model.apply({"params": params}, tokens)
+    mesh = make_mesh(MESHES["tensor4"])
+    fwd = sharded_jit(lambda p, t: model.apply({"params": p}, t), mesh)
+    sharded = fwd(params, _to_global({"t": tokens}, mesh)["t"])
+    assert sharded.sharding.spec[-1] == "tensor"  # logits split over the vocabulary
+    np.testing.assert_allclose(sharded, plain, rtol=1e-5, atol=1e-5)
+
+
+CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "configs", "*_tiny.py")))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_tiny_configs_fit_every_test_mesh(path):
+    """``--config.mesh.*`` overrides alone move each tiny config between the meshes above."""
+    spec = importlib.util.spec_from_file_location("cfg", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    cfg = ModelConfig.from_dict(config.model)
+    model = build_model(cfg)
+    boxed = abstract_params(model, cfg)
+    for sizes in MESHES.values():
+        mesh = make_mesh(sizes)
+        check_batch_size(mesh, config.data.batch_size, config.optimizer.grad_accum_steps)
+        param_shardings(boxed, mesh)  # raises on an indivisible dimension
+
+
+# ------------------------------------------------------------------------------------------------
+# Multi-host start-up decisions and the memory planner.
+
+
+def test_distributed_trigger_from_environment():
+    assert distributed_requested({}) is None
+    assert distributed_requested({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"}) == \
+        "JAX_COORDINATOR_ADDRESS"
+    assert distributed_requested({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "4"}) == "SLURM"
+    assert distributed_requested({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "1"}) is None
+    assert distributed_requested({"OMPI_COMM_WORLD_SIZE": "2"}) == "OpenMPI"
+    assert distributed_requested({"TPU_WORKER_HOSTNAMES": "a,b"}) == "TPU"
+    assert distributed_requested({"JAXFORMER_DISTRIBUTED": "0",
+                                  "JAX_COORDINATOR_ADDRESS": "x:1"}) is None
+
+
+def test_plan_matches_the_real_sharded_state(runs):
+    """The planner's abstract per-device bytes equal what the fsdp=8 run actually holds."""
+    from jaxformer import plan
+    from jaxformer.train.config import base_config
+
+    cfg, *_ = runs["setup"]
+    config = base_config()
+    config.model = preset(FAMILY["gpt"][0], **TINY)
+    config.data.batch_size, config.data.seq_len = BATCH, LEN
+    config.optimizer = default_optimizer_config("gpt3", peak_lr=1e-2, warmup_steps=1, eps=1e-3)
+    config.num_train_steps = 10
+    config.mesh = ml_collections.ConfigDict(MESHES["fsdp8"])
+    report = plan.plan(config, devices=8, compile=False)
+    state = runs["fsdp8"]["state"]
+    held = lambda tree: sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
+    assert report["params_bytes"]["per_device"] == held(state.params)
+    assert report["opt_state_bytes"]["per_device"] == held(state.opt_state)
+    assert report["parameters"] == sum(x.size for x in jax.tree.leaves(state.params))
+    # 6N + attention, N without the learned-position table (a lookup): count it by hand.
+    n_dense = report["parameters"] - TINY["max_len"] * TINY["d_model"]
+    attn = 12 * BATCH * TINY["d_model"] * TINY["num_layers"] * LEN ** 2 / 2
+    assert report["model_flops_per_step"] == 6 * n_dense * BATCH * LEN + attn
+
+
+def test_plan_gpt2_small_parameters_and_flops():
+    """GPT-2 small: 124,439,808 parameters; per token 6N' + 6·L·T·d (Kaplan et al. 2020)."""
+    from jaxformer import plan
+
+    config = plan.preset_config("gpt2_small", batch=8, seq_len=1024, mesh="fsdp=8")
+    report = plan.plan(config, devices=8, compile=False)
+    assert report["parameters"] == 124_439_808
+    n_dense = 124_439_808 - 1024 * 768  # the position table is a lookup
+    assert report["flops_per_token"] == pytest.approx(6 * n_dense + 6 * 12 * 1024 * 768)
+    assert report["params_bytes"]["per_device"] == pytest.approx(
+        report["params_bytes"]["total"] / 8, rel=0.01)
+    assert report["opt_state_bytes"]["total"] == pytest.approx(
+        2 * report["params_bytes"]["total"], rel=1e-6)
+    assert math.isclose(report["devices"], 8)
