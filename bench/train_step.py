@@ -4,8 +4,8 @@ Default size (the README's): d_model 512, 6 layers, 8 heads, d_ff 2048, T 256, b
 learned positions, float32, dropout off. Reported per variant: tokens/s, compile seconds, the median
 step time (after warm-up, `block_until_ready`) and MFU against the float32 matmul peak measured in
 the same run (see `bench/common.py` for the FLOP accounting). With ``--peer`` the same model is
-timed in PyTorch (Hugging Face `GPT2LMHeadModel`, eager, torch.optim.AdamW) in the same run, so
-the ratio survives a noisy machine.
+timed in PyTorch (Hugging Face `GPT2LMHeadModel`, eager, torch.optim.AdamW). Steps are timed
+round-robin (one step of each variant per round), so that ratios survive a noisy, shared machine.
 
 Variants: ``xla`` (baseline), ``scan`` (`nn.scan` over layers), ``remat`` (full rematerialisation),
 ``chunked`` (memory-efficient attention), ``nodonate`` (baseline without buffer donation).
@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -28,10 +30,10 @@ import optax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (  # noqa: E402
+    block,
     compile_seconds,
     format_table,
     measure_matmul_peak,
-    time_calls,
     train_step_flops,
 )
 
@@ -73,7 +75,8 @@ def make_step(cfg: ModelConfig, tx: optax.GradientTransformation, donate: bool):
     return model, jax.jit(step, donate_argnums=(0, 1) if donate else ())
 
 
-def bench_variant(name: str, args, peak: float) -> dict:
+def prepare_variant(name: str, args) -> dict:
+    """Compile the step of variant ``name``; returns its row (metadata) and a ``run`` callable."""
     cfg = model_config(args, **VARIANTS[name])
     tx = optax.adamw(1e-4, weight_decay=0.01)
     model, step = make_step(cfg, tx, donate=name != "nodonate")
@@ -85,28 +88,21 @@ def bench_variant(name: str, args, peak: float) -> dict:
     compiled, compile_s = compile_seconds(step, params, opt_state, tokens)
     state = {"params": params, "opt": opt_state}
 
-    def one():
+    def run():
         state["params"], state["opt"], loss = compiled(state["params"], state["opt"], tokens)
         return loss
 
-    t = time_calls(one, steps=args.steps, warmup=args.warmup)
     flops = train_step_flops(cfg, batch=args.batch, seq_len=args.seq_len)
     mem = compiled.memory_analysis()
-    temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
-    return {
-        "variant": name, "compile_s": compile_s, "step_s": t["median"], "step_min_s": t["min"],
-        "tokens_per_s": flops["tokens"] / t["median"],
-        "model_tflops_per_step": flops["total"] / 1e12,
-        "attention_flops_fraction": flops["attention"] / flops["total"],
-        "mfu": flops["total"] / t["median"] / peak, "temp_bytes": temp,
-        "final_loss": float(one()),
-    }
+    row = {"variant": name, "compile_s": compile_s, "flops": flops["total"],
+           "tokens": flops["tokens"], "model_tflops_per_step": flops["total"] / 1e12,
+           "attention_flops_fraction": flops["attention"] / flops["total"],
+           "temp_bytes": getattr(mem, "temp_size_in_bytes", None) if mem is not None else None}
+    return {"row": row, "run": run}
 
 
-def bench_torch_peer(args) -> dict:
+def prepare_torch_peer(args) -> dict:
     """The same GPT-2-style model in PyTorch eager (HF `GPT2LMHeadModel`), AdamW, float32."""
-    import time
-
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -119,22 +115,37 @@ def bench_torch_peer(args) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq_len))
 
-    def one():
+    def run():
         out = model(input_ids=tokens, labels=tokens)
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return out.loss.item()
 
-    one()  # warm-up
-    times = []
-    for _ in range(args.steps):
+    row = {"variant": "torch-eager (peer)", "tokens": args.batch * args.seq_len,
+           "threads": torch.get_num_threads()}
+    return {"row": row, "run": run}
+
+
+def time_round_robin(entries: list[dict], *, steps: int, warmup: int) -> None:
+    """One step of each entry per round, so that every entry sees the same machine load; fills
+    ``step_s`` (median), ``step_min_s``, ``first_s`` and ``final_loss`` of each row."""
+    for e in entries:
         t0 = time.perf_counter()
-        one()
-        times.append(time.perf_counter() - t0)
-    step = float(np.median(times))
-    return {"variant": "torch-eager (peer)", "step_s": step, "step_min_s": min(times),
-            "tokens_per_s": args.batch * args.seq_len / step, "threads": torch.get_num_threads()}
+        block(e["run"]())
+        e["row"]["first_s"] = time.perf_counter() - t0
+        for _ in range(warmup):
+            block(e["run"]())
+        e["times"] = []
+    for _ in range(steps):
+        for e in entries:
+            t0 = time.perf_counter()
+            loss = block(e["run"]())
+            e["times"].append(time.perf_counter() - t0)
+            e["row"]["final_loss"] = float(loss)
+    for e in entries:
+        e["row"]["step_s"] = statistics.median(e["times"])
+        e["row"]["step_min_s"] = min(e["times"])
 
 
 def main(argv=None) -> dict:
@@ -158,13 +169,19 @@ def main(argv=None) -> dict:
     if unknown:
         p.error(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
 
-    peak = measure_matmul_peak(args.matmul_n, jnp.float32)
-    rows = [bench_variant(n, args, peak["peak_flops"]) for n in names]
+    entries = [prepare_variant(n, args) for n in names]
     if args.peer:
-        rows.append(bench_torch_peer(args))
-    base = rows[0]["tokens_per_s"]
+        entries.append(prepare_torch_peer(args))
+    peak = measure_matmul_peak(args.matmul_n, jnp.float32)
+    time_round_robin(entries, steps=args.steps, warmup=args.warmup)
+    peak_after = measure_matmul_peak(args.matmul_n, jnp.float32)
+    peak["peak_flops"] = max(peak["peak_flops"], peak_after["peak_flops"])
+    rows = [e["row"] for e in entries]
     for r in rows:
-        r["vs_first"] = r["tokens_per_s"] / base
+        r["tokens_per_s"] = r["tokens"] / r["step_s"]
+        if "flops" in r:
+            r["mfu"] = r["flops"] / r["step_s"] / peak["peak_flops"]
+        r["vs_first"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
     report = {
         "benchmark": "train_step", "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count(),

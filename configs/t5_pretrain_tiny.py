@@ -27,7 +27,7 @@ def get_config():
     c.data.batch_size = 16
     c.data.long_examples = "split"
     c.data.tokenizer.vocab_size = VOCAB
-    c.data.tokenizer.max_train_texts = 40_000
+    c.data.tokenizer.max_train_texts = 56_000  # every training verse, both languages
     c.optimizer = default_optimizer_config("gpt3", peak_lr=2e-3, end_lr=2e-4, warmup_steps=50,
                                            weight_decay=0.0)
     c.eval.every_steps = 200

@@ -159,6 +159,9 @@ class ModelConfig:
                 "classification as text-to-text: the label is the target text)")
         if self.rescale_tied_logits and not self.tie_embeddings:
             bad("rescale_tied_logits", True, "only applies when tie_embeddings=True")
+        if self.family == "decoder" and self.head == "classify" and self.pooling == "first":
+            bad("pooling", self.pooling, "a causal decoder's first token sees no other token; "
+                "use 'last' (final non-padding token) or 'mean'")
         if self.nsp_head and not (self.family == "encoder" and self.head == "mlm"):
             bad("nsp_head", True, "next-sentence prediction needs family='encoder', head='mlm'")
 

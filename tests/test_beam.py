@@ -140,12 +140,12 @@ def test_beam_beats_greedy_on_a_trained_model():
         params, opt, loss = train_step(params, opt, data[(step % 4) * 16:(step % 4 + 1) * 16])
     assert float(loss) < 0.9  # entropy of the chain ≈ 0.64 nats/token
     prompts = [[A, B, D[0], A], [A, C, E, A, B, D[3], A]]
-    kw = dict(max_new_tokens=6, eos_id=None, length_penalty=0.0)
-    greedy = generate(model, params, prompts, **kw)
-    beam = generate(model, params, prompts, strategy="beam", beam_size=4, **kw)
-    gain = np.asarray(beam.scores) - np.asarray(greedy.scores)
-    assert np.all(gain >= -1e-5) and gain.max() > 0.5, gain
-    for res in (greedy, beam):
-        logits = teacher_forced_logits(model, params, prompts, np.asarray(res.tokens)[:, :-1])
-        want = np.take_along_axis(log_softmax64(logits), np.asarray(res.tokens)[..., None], -1)
-        np.testing.assert_allclose(res.log_probs, want[..., 0], atol=1e-4)
+    greedy_lps = reference_greedy(model, params, prompts, 6)[1]  # = greedy decoding (test_decode)
+    beam = generate(model, params, prompts, strategy="beam", beam_size=4, max_new_tokens=6,
+                    eos_id=None, length_penalty=0.0)
+    gain = np.asarray(beam.scores) - greedy_lps.sum(-1)
+    assert np.all(gain >= -1e-4) and gain.max() > 0.5, gain
+    tokens = np.asarray(beam.tokens)
+    logits = teacher_forced_logits(model, params, prompts, tokens[:, :-1])
+    want = np.take_along_axis(log_softmax64(logits), tokens[..., None], -1)[..., 0]
+    np.testing.assert_allclose(beam.log_probs, want, atol=1e-4)

@@ -113,7 +113,9 @@ def test_decoder_block_kv_cache_matches_full_pass(rng):
 
 def test_block_errors():
     cfg = ModelConfig(**TINY, position="rope")
-    params = init_params(KEY(0), block_spec(cfg, cross_attention=True))
+    spec = block_spec(cfg, cross_attention=True)
+    params = jax.tree.map(lambda s: jnp.zeros(s.shape), spec,
+                          is_leaf=lambda s: isinstance(s, ParamSpec))
     x = jnp.zeros((1, 4, cfg.d_model))
     with pytest.raises(ValueError, match="RoPE attention needs positions"):
         transformer_block(params, x, cfg=cfg)

@@ -55,6 +55,7 @@ def test_presets_build_and_round_trip(name):
     (dict(family="encoder_decoder", head="classify"), "head='classify'"),
     (dict(tie_embeddings=False, rescale_tied_logits=True), "rescale_tied_logits"),
     (dict(family="decoder", nsp_head=True), "nsp_head"),
+    (dict(family="decoder", head="classify", pooling="first"), "pooling='first'"),
 ])
 def test_bad_values_raise_value_error_naming_the_field(kw, field):
     with pytest.raises(ValueError, match=field.replace("(", r"\(").replace(".", r"\.")):

@@ -206,7 +206,11 @@ def generate(
     if decoder_only and lengths.min() == 0:
         raise ValueError(f"prompt {int(np.argmin(lengths))} is empty: a decoder-only model needs "
                          "at least one token to continue from (e.g. the BOS id)")
-    inputs = np.full((len(rows), max(1, lengths.max())), pad_id, np.int32)
+    width = max(1, int(lengths.max()))
+    chunk = cfg.attention_chunk_size
+    if cfg.attention_impl == "chunked" and width > chunk:  # the encoder's chunks must tile it
+        width = -(-width // chunk) * chunk
+    inputs = np.full((len(rows), width), pad_id, np.int32)
     for i, r in enumerate(rows):
         inputs[i, :len(r)] = r
     check_token_ids(inputs, cfg.vocab_size, "prompts" if decoder_only else "sources")

@@ -45,7 +45,8 @@ class LMHead(nn.Module):
                 x = x * (cfg.d_model ** -0.5)
             logits = token_embed.attend(x)
             if cfg.lm_head_bias:
-                p = declare(self, {"bias": ParamSpec((cfg.vocab_size,), ("vocab",), "zeros")})
+                p = declare(self, {"bias": ParamSpec((cfg.vocab_size,), ("vocab",), "zeros")},
+                            jnp.dtype(cfg.param_dtype))
                 logits = logits + p["bias"].astype(logits.dtype)
             return logits
         p = declare(self, _dense_spec(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"),

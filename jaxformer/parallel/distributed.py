@@ -1,21 +1,17 @@
 """Multi-host start-up: `jax.distributed.initialize()` when the environment asks for it.
 
 Call `maybe_initialize_distributed` first thing (``train.py`` does), before anything touches a
-device. It initialises when any of these holds, and does nothing on a single host otherwise:
+device. It initialises when the environment says the run has several processes, and does nothing
+on a single host:
 
-======================================  ===================================================
-environment                             how the processes find each other
-======================================  ===================================================
-``JAX_COORDINATOR_ADDRESS=host:port``   explicit (several GPU hosts): with ``JAX_NUM_PROCESSES``
-                                        and ``JAX_PROCESS_ID`` (optional
-                                        ``JAX_LOCAL_DEVICE_IDS=0,1,…``)
-SLURM (``srun``), more than one task     JAX reads ``SLURM_*`` (one process per host or per GPU)
-Open MPI (``mpirun``), more than one     JAX reads ``OMPI_*``
-Cloud TPU VM (``/dev/accel*`` or         JAX asks the TPU metadata server (a single-host TPU VM
-``/dev/vfio/<n>``), or                  initialises a one-process runtime, which is harmless)
-``TPU_WORKER_HOSTNAMES`` / Megascale
-``JAXFORMER_DISTRIBUTED=1`` / ``=0``     force auto-detected initialisation / never initialise
-======================================  ===================================================
+- ``JAX_COORDINATOR_ADDRESS=host:port`` with ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (optional
+  ``JAX_LOCAL_DEVICE_IDS=0,1,…``): explicit launch, e.g. on several GPU hosts;
+- SLURM (``srun``) with more than one task, or Open MPI (``mpirun``) with more than one rank: JAX
+  reads ``SLURM_*`` / ``OMPI_*`` itself;
+- a Cloud TPU VM (libtpu installed, chips at ``/dev/accel*`` or ``/dev/vfio/<n>``), or
+  ``TPU_WORKER_HOSTNAMES`` / ``MEGASCALE_COORDINATOR_ADDRESS`` set: JAX asks the TPU metadata
+  (a single-host TPU VM gets a one-process runtime, which is harmless);
+- ``JAXFORMER_DISTRIBUTED=1`` forces auto-detected initialisation, ``=0`` disables all of the above.
 
 After initialisation `jax.devices()` lists the devices of all processes (the mesh spans them),
 `jax.process_index()`/`jax.process_count()` tell the data pipeline which slice of the global batch
@@ -26,6 +22,7 @@ shards; the directory must be on storage all hosts share, e.g. GCS or NFS).
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 from collections.abc import Mapping
 
@@ -52,7 +49,7 @@ def distributed_requested(env: Mapping[str, str] | None = None) -> str | None:
         return "OpenMPI"
     if "," in env.get("TPU_WORKER_HOSTNAMES", "") or "MEGASCALE_COORDINATOR_ADDRESS" in env:
         return "TPU"
-    if probe and (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")):
+    if probe and _on_cloud_tpu_vm():
         return "TPU VM"
     return None
 
@@ -78,6 +75,12 @@ def maybe_initialize_distributed() -> bool:
     else:
         jax.distributed.initialize()  # auto-detects coordinator, process count and id
     return True
+
+
+def _on_cloud_tpu_vm() -> bool:
+    """libtpu installed and TPU chips visible (``/dev/accel*`` on v2–v4, ``/dev/vfio/<n>`` on v5+)."""
+    return importlib.util.find_spec("libtpu") is not None and bool(
+        glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 def _local_ids(value: str | None):

@@ -23,7 +23,7 @@ import numpy as np
 from jaxformer.config import ModelConfig
 from jaxformer.models import build_model
 from jaxformer.ops.embedding import check_token_ids
-from jaxformer.parallel.mesh import check_batch_size, make_mesh
+from jaxformer.parallel.mesh import check_batch_size, describe, make_mesh
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.checkpoint import (
@@ -125,6 +125,8 @@ class Trainer:
         self.mesh = make_mesh(config.mesh)
         check_batch_size(self.mesh, config.data.batch_size,
                          config.optimizer.get("grad_accum_steps", 1))
+        if jax.process_index() == 0:
+            print(f"Mesh {describe(self.mesh)}, parallel={config.parallel}")
         self.tokenizer = load_or_train_tokenizer(
             _tokenizer_config(config), workdir,
             lambda: source_texts(get_source(config.data, "train")))

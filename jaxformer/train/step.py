@@ -59,9 +59,9 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
     """``train_step(state, batch) -> (state, metrics)``, to be wrapped in `jax.jit`.
 
     ``prepare(batch, rng)`` is the objective bound to its special tokens and options. With
-    ``grad_accum_steps > 1`` the batch is split into that many micro-batches along axis 0 whose
-    gradients are summed in a `lax.scan` before one optimizer update (same result as one big batch,
-    less activation memory).
+    ``grad_accum_steps > 1`` (``A``) the batch is split into ``A`` strided micro-batches (rows
+    ``i, i+A, …``) whose gradients are summed in a `lax.scan` before one optimizer update (same
+    result as one big batch, less activation memory).
 
     ``axis_name`` (pmap path): each device holds a slice of the batch; gradient and loss *sums* are
     `lax.psum`-ed over the axis before normalising, which equals the jit path's global-batch
@@ -89,8 +89,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
         if grad_accum_steps == 1:
             grads, sums = micro_grads(state.params, batch, key)
         else:
+            # Micro-batch i takes rows i, i+A, i+2A, …: each device splits its own (contiguous)
+            # rows of a batch-sharded array, so no row moves between devices.
             micro = jax.tree.map(
-                lambda x: x.reshape(grad_accum_steps, x.shape[0] // grad_accum_steps, *x.shape[1:]),
+                lambda x: x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps,
+                                    *x.shape[1:]).swapaxes(0, 1),
                 batch)
 
             def body(acc, xs):

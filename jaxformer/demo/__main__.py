@@ -1,0 +1,32 @@
+"""``python -m jaxformer.demo``: see `jaxformer.demo`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from jaxformer.demo import FAMILIES, DemoSettings, run_demo
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m jaxformer.demo", description=__doc__)
+    p.add_argument("--workdir", default="runs/demo",
+                   help="runs go to <workdir>/{gpt,bert,t5} (replaced on each demo run)")
+    p.add_argument("--budget_scale", type=float, default=1.0,
+                   help="multiplies every run's steps (0.1 for a quick look)")
+    p.add_argument("--only", default=",".join(FAMILIES), help="comma-separated families")
+    p.add_argument("--out", default="demo_results", help="results.json / .md / curves.png here")
+    p.add_argument("--beam_size", type=int, default=DemoSettings.beam_size)
+    args = p.parse_args(argv)
+    if args.budget_scale <= 0:
+        p.error(f"--budget_scale={args.budget_scale} must be positive")
+    settings = dataclasses.replace(DemoSettings(), budget_scale=args.budget_scale,
+                                   beam_size=args.beam_size)
+    command = "python -m jaxformer.demo " + " ".join(sys.argv[1:] if argv is None else argv)
+    run_demo(args.workdir, settings, [f.strip() for f in args.only.split(",") if f.strip()],
+             out_dir=args.out, command=command.strip())
+
+
+if __name__ == "__main__":
+    main()

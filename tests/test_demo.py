@@ -1,0 +1,76 @@
+"""The demo's code path end to end (`jaxformer.demo.run_demo`) with tiny models and budgets, and
+its baselines against independent computations."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from jaxformer.demo import DemoSettings, run_demo
+from jaxformer.demo.bert import low_resource_records, sentiment_records
+
+TINY = {"model.d_model": 32, "model.num_heads": 2, "model.d_ff": 64, "model.num_layers": 1,
+        "model.max_len": 64, "model.vocab_size": 512, "data.tokenizer.vocab_size": 512,
+        "data.tokenizer.max_train_texts": 1500, "data.batch_size": 8, "num_train_steps": 12,
+        "optimizer.warmup_steps": 2, "eval.num_batches": 2, "progress_bar": False}
+SHORT = {"data.seq_len": 32, "data.target_len": 16}
+
+
+def test_low_resource_split_is_a_balanced_hash_ordered_subset():
+    train = sentiment_records("train")
+    subset = low_resource_records(1000)
+    assert len(subset) == 1000 and len({r["id"] for r in subset}) == 1000
+    assert {r["id"] for r in subset} <= {r["id"] for r in train}
+    # the corpus is stored sorted by label; the hash order is not
+    assert np.mean([r["label"] for r in train[:1000]]) > 0.9
+    assert 0.4 < np.mean([r["label"] for r in subset]) < 0.6
+    assert low_resource_records(10) == subset[:10]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("demo")
+    settings = DemoSettings(low_resource_examples=64, low_resource_steps=8, bert_curve_points=2,
+                            t5_test_verses=12, beam_size=2, decode_batch=8, show_verses=2)
+    overrides = {"*": TINY, "gpt_pretrain_tiny": SHORT, "bert_pretrain_tiny": SHORT,
+                 "t5_pretrain_tiny": SHORT,
+                 "t5_finetune_tiny": {"data.seq_len": 24, "data.target_len": 24}}
+    results = run_demo(tmp / "runs", settings, overrides=overrides, out_dir=tmp / "out")
+    return tmp, results
+
+
+def test_demo_writes_report_with_every_family(demo):
+    tmp, results = demo
+    out = tmp / "out"
+    assert json.loads((out / "results.json").read_text())["meta"]["families"] == [
+        "gpt", "bert", "t5"]
+    md = (out / "results.md").read_text()
+    for heading in ("Decoder-only", "Encoder-only", "Encoder-decoder", "Goals"):
+        assert heading in md
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert results["checks"]["flush_to_zero"] in (True, False)
+
+
+def test_demo_budgets_and_metrics_are_consistent(demo):
+    _, r = demo
+    gpt = r["gpt"]["pretrain"]
+    assert gpt["steps"] == 12 and gpt["tokens"] > 0
+    for split in ("validation", "test"):
+        m = gpt[split]
+        assert m["model_perplexity"] > 1 and m["unigram_perplexity"] > 1
+        assert math.isclose(m["ratio"], m["model_perplexity"] / m["unigram_perplexity"])
+    bert = r["bert"]
+    assert [g["pretrain_steps"] for g in bert["low_resource"]["gap_curve"]] == [6, 12]
+    low = bert["low_resource"]
+    for run in (bert["full"]["pretrained"], bert["full"]["scratch"], low["scratch"]):
+        assert 0.0 <= run["test_accuracy"] <= 1.0
+    assert bert["low_resource"]["scratch"]["steps"] == 8
+    t5 = r["t5"]
+    assert all(v["test_verses"] == 12 and v["bleu"] >= 0 for v in t5["translate"].values())
+    assert t5["length_limit"]["test"]["kept"] <= t5["length_limit"]["test"]["total"]
+    assert len(t5["samples"]) == 2
+    base = r["sentiment_baseline"]
+    assert base["full"]["train_examples"] == 8495 and base["low"]["train_examples"] == 64
