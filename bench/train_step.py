@@ -8,7 +8,8 @@ timed in PyTorch (Hugging Face `GPT2LMHeadModel`, eager, torch.optim.AdamW). Ste
 round-robin (one step of each variant per round), so that ratios survive a noisy, shared machine.
 
 Variants: ``xla`` (baseline), ``scan`` (`nn.scan` over layers), ``remat`` (full rematerialisation),
-``chunked`` (memory-efficient attention), ``nodonate`` (baseline without buffer donation).
+``chunked`` (memory-efficient attention), ``nodonate`` (baseline without buffer donation), ``bf16``
+(bfloat16 compute, float32 parameters; MFU still against the float32 peak).
 
     python bench/train_step.py --steps 5
     python bench/train_step.py --steps 10 --variants xla,scan,remat,chunked --peer
@@ -47,16 +48,18 @@ VARIANTS = {
     "remat": {"remat_policy": "full"},
     "chunked": {"attention_impl": "chunked", "attention_chunk_size": 128},
     "nodonate": {},
+    "bf16": {"dtype": "bfloat16"},
 }
 
 
 def model_config(args, **overrides) -> ModelConfig:
-    return ModelConfig(
+    kw = dict(
         family="decoder", vocab_size=args.vocab, d_model=args.d_model, num_heads=args.heads,
         d_ff=args.d_ff, num_layers=args.layers, max_len=args.seq_len, position="learned",
         norm="layer", norm_position="pre", norm_eps=1e-5, activation="gelu_tanh",
         tie_embeddings=True, dropout_rate=0.0, attention_dropout_rate=0.0, dtype=args.dtype,
-        param_dtype="float32", **overrides)
+        param_dtype="float32")
+    return ModelConfig(**dict(kw, **overrides))
 
 
 def make_step(cfg: ModelConfig, tx: optax.GradientTransformation, donate: bool):

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from jaxformer.data.sources import get_source
 from jaxformer.demo import DemoSettings, run_demo
 from jaxformer.demo.bert import low_resource_records, sentiment_records
 
@@ -32,12 +33,19 @@ def test_low_resource_split_is_a_balanced_hash_ordered_subset():
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
+    """The whole demo with 1-layer models, ~10 steps per run, pretraining on 600 Shakespeare
+    paragraphs (hash-split by line), 64 labels, 12 test verses."""
     tmp = tmp_path_factory.mktemp("demo")
+    src = get_source({"source": "shakespeare"}, "train")
+    lines = [src[i]["text"].replace("\n", " ") for i in range(600)]
+    (tmp / "corpus.txt").write_text("\n".join(t for t in lines if t.strip()) + "\n")
+    small = {**SHORT, "data.source": f"files:{tmp}/corpus.txt", "data.format": "text"}
     settings = DemoSettings(low_resource_examples=64, low_resource_steps=8, bert_curve_points=2,
-                            t5_test_verses=12, beam_size=2, decode_batch=8, show_verses=2)
-    overrides = {"*": TINY, "gpt_pretrain_tiny": SHORT, "bert_pretrain_tiny": SHORT,
-                 "t5_pretrain_tiny": SHORT,
-                 "t5_finetune_tiny": {"data.seq_len": 24, "data.target_len": 24}}
+                            t5_max_tokens=40, t5_test_verses=12, beam_size=2, decode_batch=8,
+                            show_verses=2)
+    overrides = {"*": TINY, "gpt_pretrain_tiny": small, "bert_pretrain_tiny": small,
+                 "t5_pretrain_tiny": small,
+                 "t5_finetune_tiny": {"data.seq_len": 48, "data.target_len": 48}}
     results = run_demo(tmp / "runs", settings, overrides=overrides, out_dir=tmp / "out")
     return tmp, results
 

@@ -131,7 +131,10 @@ def test_classify_targets_and_weights():
     batch["label"] = np.arange(6, dtype=np.int32) % 3
     out = prepare_classify(batch, jax.random.key(0), SPECIAL)
     np.testing.assert_array_equal(out["targets"], batch["label"])
-    np.testing.assert_array_equal(out["weights"], np.ones(6, np.float32))
+    # rows holding an example count once; an all-padding row (eval filler) counts zero
+    expected = (batch["inputs_segment_ids"] != 0).any(axis=1).astype(np.float32)
+    assert 0 < expected.sum() < 6
+    np.testing.assert_array_equal(out["weights"], expected)
     with pytest.raises(ValueError, match="shape"):
         prepare_classify({**batch, "label": np.zeros((6, 2), np.int32)}, jax.random.key(0), SPECIAL)
 

@@ -49,7 +49,8 @@ def default_tokenizer_config() -> ml_collections.ConfigDict:
     normalization: "identity" (lossless) or "nmt_nfkc" / "nfkc".
     """
     return ml_collections.ConfigDict(dict(
-        path="", vocab_size=8000, model_type="unigram", num_sentinels=None,
+        path="", vocab_size=8000, model_type="unigram",
+        num_sentinels=ml_collections.config_dict.placeholder(int),
         max_train_texts=200_000, character_coverage=0.9995, normalization="identity"))
 
 

@@ -3,9 +3,10 @@ translation fine-tuning from the pretrained checkpoint and from random init (sam
 hyper-parameters and budget); test BLEU and chrF (sacrebleu) of beam-search translations.
 
 Verse-length limit: translation pairs are kept when both sides fit in
-``DemoSettings.t5_max_tokens`` tokens (EOS included) — dropped, not truncated, so no target is cut mid-verse and every EOS the
-model learns ends a real verse; the kept pairs are packed into the config's rows. The same limit
-selects the test verses; the report states how many of the test split that is.
+``DemoSettings.t5_max_tokens`` tokens (EOS included) — dropped, not truncated, so no target is cut
+mid-verse and every EOS the model learns ends a real verse; the kept pairs are packed into the
+config's rows. The same limit selects the test verses; the report states how many of the test
+split that is.
 """
 
 from __future__ import annotations

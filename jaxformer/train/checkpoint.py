@@ -74,7 +74,7 @@ class Checkpointer:
         """Restore onto ``abstract_state``'s shardings (any mesh); returns (state, step)."""
         step = self.latest_step() if step is None else step
         items = {"state": ocp.args.StandardRestore(abstract_state)}
-        has_data = "data" in (self.manager.item_metadata(step) or {})
+        has_data = (self.directory / str(step) / "data").is_dir()
         if data_iter is not None and hasattr(data_iter, "set_state") and has_data:
             items["data"] = _grain_args()[1](data_iter)
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
