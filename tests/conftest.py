@@ -8,12 +8,12 @@ build their references in float64 NumPy.
 import os
 
 _DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
-# Tiny test programs compile 2-5x faster without LLVM's backend optimisations; results are the same.
-_FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
+# Not --xla_backend_optimization_level=0: it compiles ~1.8x faster but miscompiles (jax 0.10.2,
+# XLA:CPU) the chunked-attention gradient with an additive bias into NaNs that the default level
+# and op-by-op execution do not produce (tests/test_attention.py::test_chunked_equals_plain_...).
 os.environ.setdefault("XLA_FLAGS", _DEVICES_FLAG)
-for _flag in (_DEVICES_FLAG, _FAST_COMPILE_FLAG):
-    if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
-        os.environ["XLA_FLAGS"] += " " + _flag
+if _DEVICES_FLAG.split("=")[0] not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " " + _DEVICES_FLAG
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # noqa: E402
