@@ -182,8 +182,8 @@ def _chunked(q5, k, v, bias5, mask5, causal, q_seg, kv_seg, scale, dropout_rate,
             jnp.full((b, kvh, g, q_chunk), -jnp.inf, acc_t),
             jnp.zeros((b, kvh, g, q_chunk), acc_t),
         )
-        (acc, _, l), _ = lax.scan(body, init, jnp.arange(n_kv))
-        out = acc / jnp.where(l == 0, 1.0, l)[..., None]
+        (acc, _, norm), _ = lax.scan(body, init, jnp.arange(n_kv))
+        out = acc / jnp.where(norm == 0, 1.0, norm)[..., None]
         return jnp.transpose(out, (0, 3, 1, 2, 4))  # [b, q_chunk, kvh, g, dv]
 
     chunks = lax.map(one_q_chunk, jnp.arange(lq // q_chunk))  # [n_q, b, q_chunk, kvh, g, dv]
