@@ -14,10 +14,10 @@ VOCAB = 2048
 def get_config():
     c = base_config()
     c.name = "bert_finetune_tiny"
-    c.num_train_steps = 400
+    c.num_train_steps = 1600
     c.init_from = ""
     c.model = preset("bert_tiny", vocab_size=VOCAB, d_model=128, num_heads=4, d_ff=512,
-                     num_layers=4, max_len=128, head="classify", num_classes=2, pooling="first",
+                     num_layers=4, max_len=128, head="classify", num_classes=2, pooling="mean",
                      dropout_rate=0.1, attention_dropout_rate=0.0)
     c.objective.name = "classify"
     c.data.source = "movie_sentiment"
@@ -27,7 +27,7 @@ def get_config():
     c.data.seq_len = 64
     c.data.batch_size = 8
     c.data.tokenizer.vocab_size = VOCAB
-    c.optimizer = default_optimizer_config("bert", peak_lr=3e-4, warmup_steps=40)
+    c.optimizer = default_optimizer_config("bert", peak_lr=3e-4, warmup_steps=160)
     c.eval.every_steps = 200
     c.eval.num_batches = 130
     c.checkpoint.every_steps = 200

@@ -13,7 +13,7 @@ VOCAB = 2048
 def get_config():
     c = base_config()
     c.name = "gpt_pretrain_tiny"
-    c.num_train_steps = 600
+    c.num_train_steps = 1200
     c.model = preset("gpt_tiny", vocab_size=VOCAB, d_model=128, num_heads=4, d_ff=512,
                      num_layers=4, max_len=128, dropout_rate=0.0, attention_dropout_rate=0.0)
     c.objective.name = "clm"
@@ -25,7 +25,7 @@ def get_config():
     c.data.long_examples = "split"
     c.data.tokenizer.vocab_size = VOCAB
     c.data.tokenizer.max_train_texts = 20_000
-    c.optimizer = default_optimizer_config("gpt3", peak_lr=2e-3, end_lr=2e-4, warmup_steps=50,
+    c.optimizer = default_optimizer_config("gpt3", peak_lr=2e-3, end_lr=2e-4, warmup_steps=60,
                                            weight_decay=0.01)
     c.eval.every_steps = 200
     c.eval.num_batches = 20

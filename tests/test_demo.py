@@ -41,8 +41,8 @@ def demo(tmp_path_factory):
     (tmp / "corpus.txt").write_text("\n".join(t for t in lines if t.strip()) + "\n")
     small = {**SHORT, "data.source": f"files:{tmp}/corpus.txt", "data.format": "text"}
     settings = DemoSettings(low_resource_examples=64, low_resource_steps=8, bert_curve_points=2,
-                            t5_max_tokens=40, t5_test_verses=12, beam_size=2, decode_batch=8,
-                            show_verses=2)
+                            t5_max_tokens=40, t5_test_verses=12, t5_curve_verses=4, beam_size=2,
+                            decode_batch=8, show_verses=2)
     overrides = {"*": TINY, "gpt_pretrain_tiny": small, "bert_pretrain_tiny": small,
                  "t5_pretrain_tiny": small,
                  "t5_finetune_tiny": {"data.seq_len": 48, "data.target_len": 48}}
@@ -77,7 +77,9 @@ def test_demo_budgets_and_metrics_are_consistent(demo):
         assert 0.0 <= run["test_accuracy"] <= 1.0
     assert bert["low_resource"]["scratch"]["steps"] == 8
     t5 = r["t5"]
-    assert all(v["test_verses"] == 12 and v["bleu"] >= 0 for v in t5["translate"].values())
+    for v in t5["translate"].values():
+        assert v["test_verses"] == 12 and v["bleu"] >= 0
+        assert [c["step"] for c in v["bleu_curve"]][-1] == v["steps"]
     assert t5["length_limit"]["test"]["kept"] <= t5["length_limit"]["test"]["total"]
     assert len(t5["samples"]) == 2
     base = r["sentiment_baseline"]

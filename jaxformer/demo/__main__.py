@@ -15,13 +15,20 @@ def main(argv: list[str] | None = None) -> None:
                    help="runs go to <workdir>/{gpt,bert,t5} (replaced on each demo run)")
     p.add_argument("--budget_scale", type=float, default=1.0,
                    help="multiplies every run's steps (0.1 for a quick look)")
+    p.add_argument("--pretrain_scale", type=float, default=1.0,
+                   help="multiplies the pretraining runs' steps only (fine-tuning unchanged)")
+    p.add_argument("--bert_curve_points", type=int, default=DemoSettings.bert_curve_points,
+                   help="BERT pretraining checkpoints the low-resource fine-tuning starts from")
     p.add_argument("--only", default=",".join(FAMILIES), help="comma-separated families")
     p.add_argument("--out", default="demo_results", help="results.json / .md / curves.png here")
     p.add_argument("--beam_size", type=int, default=DemoSettings.beam_size)
     args = p.parse_args(argv)
-    if args.budget_scale <= 0:
-        p.error(f"--budget_scale={args.budget_scale} must be positive")
+    for name in ("budget_scale", "pretrain_scale", "bert_curve_points", "beam_size"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name}={getattr(args, name)} must be positive")
     settings = dataclasses.replace(DemoSettings(), budget_scale=args.budget_scale,
+                                   pretrain_scale=args.pretrain_scale,
+                                   bert_curve_points=args.bert_curve_points,
                                    beam_size=args.beam_size)
     command = "python -m jaxformer.demo " + " ".join(sys.argv[1:] if argv is None else argv)
     run_demo(args.workdir, settings, [f.strip() for f in args.only.split(",") if f.strip()],

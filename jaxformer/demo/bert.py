@@ -62,9 +62,10 @@ def run_bert(workdir: Path, settings: DemoSettings, overrides: Overrides | None 
     s = settings.budget_scale
     banner("BERT 1/3: masked-LM pretraining")
     config = load_config("bert_pretrain_tiny", overrides)
-    scale_budget(config, s, evals=10)
+    scale_budget(config, s * settings.pretrain_scale, evals=10)
     points = max(settings.bert_curve_points, 1)
-    config.checkpoint.every_steps = max(config.num_train_steps // points, 1)
+    config.checkpoint.every_steps = max(-(-config.num_train_steps // points), 1)  # ceil: the
+    # saved steps are every, 2·every, …, and the last step: `points` checkpoints in all
     config.checkpoint.keep = points + 1
     trainer, pre = train_run("bert_pretrain", config, workdir / "pretrain")
     ckpt_dir = workdir / "pretrain" / "checkpoints"

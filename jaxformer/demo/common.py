@@ -31,23 +31,29 @@ class DemoSettings:
 
     Attributes:
       budget_scale: multiplies every run's steps (and warmup, eval and checkpoint cadence).
+      pretrain_scale: further multiplies the pretraining runs' steps only (longer pretraining,
+        the same fine-tuning: how the fine-tuning results grow with pretraining).
       low_resource_examples: labelled sentences of the low-resource sentiment split.
       low_resource_steps: fine-tuning steps on the low-resource split (scaled by budget_scale).
       bert_curve_points: pretraining checkpoints (evenly spaced, the last = end of pretraining)
         from which the low-resource fine-tuning is repeated to trace gap vs pretraining time.
       t5_max_tokens: translation pairs are kept when both sides fit in this many tokens (with EOS).
-      t5_test_verses: held-out verses decoded for BLEU (0 = every test verse within the limit).
+      t5_test_verses: held-out verses decoded for BLEU, evenly spaced over the test verses within
+        the limit (0 = all of them).
+      t5_curve_verses: test verses decoded greedily at every checkpoint (BLEU against steps).
       beam_size: beam width for translation (1 = greedy).
       decode_batch: sources decoded per call.
       show_verses: translated verses printed and stored.
     """
 
     budget_scale: float = 1.0
+    pretrain_scale: float = 1.0
     low_resource_examples: int = 1000
-    low_resource_steps: int = 250
+    low_resource_steps: int = 750
     bert_curve_points: int = 3
     t5_max_tokens: int = 64
-    t5_test_verses: int = 0
+    t5_test_verses: int = 500
+    t5_curve_verses: int = 200
     beam_size: int = 4
     decode_batch: int = 64
     show_verses: int = 4

@@ -23,7 +23,7 @@ def run_gpt(workdir: Path, settings: DemoSettings, overrides: Overrides | None =
     workdir = Path(workdir) / "gpt"
     banner("GPT 1/2: causal-LM pretraining on Shakespeare")
     config = load_config("gpt_pretrain_tiny", overrides)
-    scale_budget(config, settings.budget_scale, evals=10)
+    scale_budget(config, settings.budget_scale * settings.pretrain_scale, evals=10)
     trainer, pre = train_run("gpt_pretrain", config, workdir / "pretrain")
 
     banner("GPT: perplexity vs a unigram model on the same tokens")

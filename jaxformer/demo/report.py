@@ -137,6 +137,16 @@ def _t5_section(t: dict) -> list[str]:
         lines.append(f"| {kind} | {r['bleu']:.2f} | {r['chrf']:.1f} | {r['test_verses']:,} | "
                      f"{_budget(r)} | beam {r['beam_size']}, "
                      f"{r['decode_seconds']:.0f} s |")
+    curves = {k: r.get("bleu_curve", []) for k, r in t["translate"].items()}
+    if any(curves.values()):
+        first = next(c for c in curves.values() if c)
+        lines += ["", f"Greedy test BLEU ({first[0]['verses']} verses) against fine-tuning "
+                  "steps:", "", "| step | tokens | minutes | " + " | ".join(curves) + " |",
+                  "|---:|---:|---:|" + "---:|" * len(curves)]
+        for i, row in enumerate(first):
+            vals = [f"{c[i]['bleu_greedy']:.2f}" if i < len(c) else "–" for c in curves.values()]
+            lines.append(f"| {row['step']:,} | {row['tokens']:,} | {row['minutes']:.1f} | "
+                         + " | ".join(vals) + " |")
     lines += ["", f"BLEU: sacrebleu `{next(iter(t['translate'].values()))['bleu_signature']}`.",
               "", "Translated test verses:", ""]
     for s in t["samples"]:
@@ -168,6 +178,12 @@ def plot(results: dict, path: Path) -> None:
         runs = [(k.replace("_", " "), curve(v, "eval_accuracy")) for k, v in c.items()
                 if k != "pretrain"]
         panels.append(("BERT sentiment: validation accuracy", runs, "accuracy", [], False))
+        gap = results["bert"]["low_resource"]["gap_curve"]
+        n = results["bert"]["low_resource"]["examples"]
+        panels.append((f"BERT {n} labels: test acc. vs pretraining steps",
+                       [("pretrained", [(g["pretrain_steps"], g["pretrained_test_accuracy"])
+                                        for g in gap])], "accuracy",
+                       [("scratch", gap[0]["scratch_test_accuracy"])], False))
     if "t5" in results:
         c = results["t5"]["curves"]
         panels.append(("T5 span corruption: validation loss",
@@ -175,6 +191,9 @@ def plot(results: dict, path: Path) -> None:
         panels.append(("T5 translation: validation loss",
                        [(k, curve(v, "eval_loss")) for k, v in c.items() if k != "pretrain"],
                        "loss", [], False))
+        bleu = [(k, [(r["step"], r["bleu_greedy"]) for r in v.get("bleu_curve", [])])
+                for k, v in results["t5"]["translate"].items()]
+        panels.append(("T5 translation: greedy test BLEU", bleu, "BLEU", [("goal", 5.0)], False))
     if not panels:
         return
     cols = min(3, len(panels))

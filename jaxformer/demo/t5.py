@@ -50,6 +50,12 @@ def write_translation_split(directory: Path, tokenizer, max_source: int, max_tar
     return keys, counts
 
 
+def spread(records, n: int) -> list:
+    """``n`` records evenly spaced over ``records`` (all of them when ``n`` <= 0 or >= len)."""
+    n = len(records) if n <= 0 else min(n, len(records))
+    return [records[i * len(records) // n] for i in range(n)]
+
+
 def translate(model, params, tokenizer, sources: list[str], *, max_source: int,
               max_new_tokens: int, beam_size: int, batch: int, decoder_start_id: int = 0
               ) -> list[str]:
@@ -90,6 +96,30 @@ def bleu(hypotheses: list[str], references: list[str]) -> dict:
             "bleu_signature": str(metric.get_signature()), "bleu_detail": str(b)}
 
 
+def bleu_curve(trainer, run, tokenizer, pairs: list[dict], max_len: int, config,
+               batch: int) -> list[dict]:
+    """Greedy test BLEU of every kept checkpoint of a fine-tuning run: BLEU against training
+    steps, tokens and minutes (minutes pro rata of the run's wall time), with the validation loss
+    logged at that step."""
+    from jaxformer.demo.common import checkpoint_params, saved_steps
+
+    evals = {r["step"]: r["eval_loss"] for r in run.rows if "eval_loss" in r}
+    out = []
+    for step in saved_steps(run.workdir):
+        hyps = translate(trainer.model, checkpoint_params(run.workdir, step), tokenizer,
+                         [p["source"] for p in pairs], max_source=max_len, max_new_tokens=max_len,
+                         beam_size=1, batch=batch,
+                         decoder_start_id=int(config.objective.decoder_start_id))
+        frac = step / max(run.steps, 1)
+        out.append({"step": step, "tokens": int(run.tokens * frac),
+                    "minutes": round(run.seconds * frac / 60, 2), "verses": len(pairs),
+                    "validation_loss": evals.get(step),
+                    "bleu_greedy": bleu(hyps, [p["target"] for p in pairs])["bleu"]})
+    shown = ", ".join(f"{r['step']}: {r['bleu_greedy']:.2f}" for r in out)
+    print(f"  greedy BLEU by step: {shown}", flush=True)
+    return out
+
+
 def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = None) -> dict:
     from jaxformer.data.sources import get_source
 
@@ -97,7 +127,7 @@ def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = 
     s = settings.budget_scale
     banner("T5 1/3: span-corruption pretraining on English + Spanish verses")
     config = load_config("t5_pretrain_tiny", overrides)
-    scale_budget(config, s, evals=10)
+    scale_budget(config, s * settings.pretrain_scale, evals=10)
     trainer, pre = train_run("t5_pretrain", config, workdir / "pretrain")
     tokenizer = trainer.tokenizer
 
@@ -107,9 +137,7 @@ def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = 
           + ", ".join(f"{k} {v['kept']:,}/{v['total']:,}" for k, v in counts.items()), flush=True)
     test = get_source({"source": f"files:{workdir / 'pairs'}/{{split}}.jsonl",
                        "format": "jsonl", "source_key": "source", "target_key": "target"}, "test")
-    n_test = len(test) if settings.t5_test_verses <= 0 else min(settings.t5_test_verses, len(test))
-    test = [test[i] for i in range(n_test)]
-
+    test = spread(test, settings.t5_test_verses)  # spread over the whole Bible
     results, shown, curves = {}, {}, {"pretrain": pre.rows}
     tok = {"data.tokenizer.path": str(workdir / "pretrain" / "tokenizer.model")}
     for step, (kind, init) in enumerate((("pretrained", str(workdir / "pretrain")),
@@ -117,7 +145,10 @@ def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = 
         banner(f"T5 {2 + step}/3: translation fine-tuning, {kind}")
         c = load_config("t5_finetune_tiny", overrides, init_from=init, **tok, **data)
         scale_budget(c, s, evals=5)
+        c.checkpoint.keep = 6  # every evaluated step, for the BLEU curve
         ft, run = train_run(f"t5_translate_{kind}", c, workdir / f"translate_{kind}")
+        curve = bleu_curve(ft, run, tokenizer, spread(test, settings.t5_curve_verses),
+                                 max_source, c, settings.decode_batch)
         t0 = time.perf_counter()
         hyps = translate(ft.model, ft.state.params, tokenizer, [r["source"] for r in test],
                          max_source=max_source, max_new_tokens=max_target,
@@ -126,7 +157,8 @@ def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = 
         decode_s = time.perf_counter() - t0
         scores = bleu(hyps, [r["target"] for r in test])
         run.extra.update(scores, test_verses=len(test), decode_seconds=round(decode_s, 1),
-                         beam_size=settings.beam_size, model_params=count_params(ft.state.params))
+                         beam_size=settings.beam_size, model_params=count_params(ft.state.params),
+                         bleu_curve=curve)
         print(f"  {kind}: test BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.1f} on "
               f"{len(test)} verses (decoding {decode_s:.0f} s)", flush=True)
         results[kind] = run.summary()

@@ -123,10 +123,11 @@ class FileSource:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fds": {}}
 
-    def __del__(self) -> None:
-        if getattr(self, "_pid", None) == os.getpid():
+    def __del__(self, _getpid=os.getpid, _close=os.close) -> None:
+        # os functions bound as defaults: at interpreter exit the module globals may be gone
+        if getattr(self, "_pid", None) == _getpid():
             for fd in getattr(self, "_fds", {}).values():
-                os.close(fd)
+                _close(fd)
 
     def __repr__(self) -> str:
         return f"FileSource({len(self.paths)} files, format={self.fmt!r}, len={len(self)})"
