@@ -84,3 +84,30 @@ def test_demo_budgets_and_metrics_are_consistent(demo):
     assert len(t5["samples"]) == 2
     base = r["sentiment_baseline"]
     assert base["full"]["train_examples"] == 8495 and base["low"]["train_examples"] == 64
+
+
+def test_t5_budget_run_reports_bleu_at_every_checkpoint(tmp_path):
+    """`python -m jaxformer.demo.t5_budget`'s path: tokenizer, pairs within the limit, one
+    scratch run with a greedy-BLEU row per checkpoint, beam BLEU at the end, the report."""
+    from jaxformer.demo import t5_budget
+
+    overrides = {"*": TINY, "t5_finetune_tiny": {"data.seq_len": 48, "data.target_len": 48}}
+    r = t5_budget.run_budget(tmp_path / "run", steps=6, every=3, max_tokens=40, test_verses=6,
+                             curve_verses=3, beam_size=2, decode_batch=4, overrides=overrides)
+    assert [row["step"] for row in r["curve"]] == [3, 6]
+    assert r["curve"][0]["tokens"] * 2 == pytest.approx(r["curve"][1]["tokens"], abs=1)
+    assert all(row["validation_loss"] > 0 and row["bleu_greedy"] >= 0 for row in r["curve"])
+    assert r["test_verses"] == 6 and r["curve_verses"] == 3 and 0 <= r["final"]["bleu"] <= 100
+    assert r["length_limit"]["test"]["kept"] <= r["length_limit"]["test"]["total"]
+    md = t5_budget.markdown(r, "cmd")
+    assert "| 3 |" in md and "| 6 |" in md and "beam 2" in md
+
+
+@pytest.mark.parametrize("flag", ["--budget_scale", "--pretrain_scale", "--bert_curve_points",
+                                  "--beam_size"])
+def test_demo_cli_rejects_non_positive_budgets(flag, capsys):
+    from jaxformer.demo.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main([flag, "0"])
+    assert f"{flag}=0" in capsys.readouterr().err
