@@ -148,7 +148,7 @@ def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = 
         c.checkpoint.keep = 6  # every evaluated step, for the BLEU curve
         ft, run = train_run(f"t5_translate_{kind}", c, workdir / f"translate_{kind}")
         curve = bleu_curve(ft, run, tokenizer, spread(test, settings.t5_curve_verses),
-                                 max_source, c, settings.decode_batch)
+                           max_source, c, settings.decode_batch)
         t0 = time.perf_counter()
         hyps = translate(ft.model, ft.state.params, tokenizer, [r["source"] for r in test],
                          max_source=max_source, max_new_tokens=max_target,
