@@ -104,7 +104,7 @@ def test_t5_budget_run_reports_bleu_at_every_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("flag", ["--budget_scale", "--pretrain_scale", "--bert_curve_points",
-                                  "--beam_size"])
+                                  "--t5_max_tokens", "--beam_size"])
 def test_demo_cli_rejects_non_positive_budgets(flag, capsys):
     from jaxformer.demo.__main__ import main
 

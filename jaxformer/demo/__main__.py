@@ -19,16 +19,20 @@ def main(argv: list[str] | None = None) -> None:
                    help="multiplies the pretraining runs' steps only (fine-tuning unchanged)")
     p.add_argument("--bert_curve_points", type=int, default=DemoSettings.bert_curve_points,
                    help="BERT pretraining checkpoints the low-resource fine-tuning starts from")
+    p.add_argument("--t5_max_tokens", type=int, default=DemoSettings.t5_max_tokens,
+                   help="translation pairs kept when both sides fit in this many tokens (with EOS)")
     p.add_argument("--only", default=",".join(FAMILIES), help="comma-separated families")
     p.add_argument("--out", default="demo_results", help="results.json / .md / curves.png here")
     p.add_argument("--beam_size", type=int, default=DemoSettings.beam_size)
     args = p.parse_args(argv)
-    for name in ("budget_scale", "pretrain_scale", "bert_curve_points", "beam_size"):
+    for name in ("budget_scale", "pretrain_scale", "bert_curve_points", "beam_size",
+                 "t5_max_tokens"):
         if getattr(args, name) <= 0:
             p.error(f"--{name}={getattr(args, name)} must be positive")
     settings = dataclasses.replace(DemoSettings(), budget_scale=args.budget_scale,
                                    pretrain_scale=args.pretrain_scale,
                                    bert_curve_points=args.bert_curve_points,
+                                   t5_max_tokens=args.t5_max_tokens,
                                    beam_size=args.beam_size)
     command = "python -m jaxformer.demo " + " ".join(sys.argv[1:] if argv is None else argv)
     run_demo(args.workdir, settings, [f.strip() for f in args.only.split(",") if f.strip()],
