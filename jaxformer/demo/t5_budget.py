@@ -57,8 +57,8 @@ def run_budget(workdir: Path, steps: int, every: int, *, tokenizer_path: str = "
                  else demo_tokenizer(workdir / "tokenizer", overrides))
     tok_path = tokenizer_path or str(workdir / "tokenizer" / "tokenizer.model")
     data, counts = write_translation_split(workdir / "pairs", tokenizer, max_tokens, max_tokens)
-    test_all = get_source({**{k.removeprefix("data."): v for k, v in data.items()}}, "test")
-    test = spread(test_all, test_verses)
+    test = spread(get_source({k.removeprefix("data."): v for k, v in data.items()}, "test"),
+                  test_verses)
     curve_set = spread(test, curve_verses)
 
     banner(f"T5 budget: {steps} fine-tuning steps from random init")
