@@ -39,6 +39,9 @@ class ModelConfig:
         LayerNorm(x + Sublayer(x))).
       embedding_norm: LayerNorm right after the embeddings (BERT).
       gated_ffn: GLU-style FFN (SwiGLU with activation="silu", GEGLU with "gelu"/"gelu_tanh").
+      target_token_dropout_rate: encoder-decoder only: during training, zero the embedding of
+        each decoder input token with this probability ("word dropout", Gal & Ghahramani 2016;
+        Sennrich & Zhang 2019), so the decoder must lean on the source instead of its own prefix.
       attention_scale: logits multiplier; None = 1/sqrt(head_dim), T5 uses 1.0.
       scale_embeddings: multiply token embeddings by sqrt(d_model) (Vaswani §3.4).
       tie_embeddings: output projection = token embedding transposed.
@@ -82,6 +85,7 @@ class ModelConfig:
     dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.1
     ffn_dropout_rate: float = 0.0
+    target_token_dropout_rate: float = 0.0
     tie_embeddings: bool = True
     scale_embeddings: bool = False
     rescale_tied_logits: bool = False
@@ -142,7 +146,8 @@ class ModelConfig:
                 bad(f, v, "must be a positive integer")
         if self.num_heads % self.num_kv_heads:
             bad("num_kv_heads", self.num_kv_heads, f"must divide num_heads={self.num_heads}")
-        for f in ["dropout_rate", "attention_dropout_rate", "ffn_dropout_rate"]:
+        for f in ["dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
+                  "target_token_dropout_rate"]:
             v = getattr(self, f)
             if not 0.0 <= v < 1.0:
                 bad(f, v, "must be in [0, 1)")

@@ -80,6 +80,10 @@ def test_demo_budgets_and_metrics_are_consistent(demo):
     for v in t5["translate"].values():
         assert v["test_verses"] == 12 and v["bleu"] >= 0
         assert [c["step"] for c in v["bleu_curve"]][-1] == v["steps"]
+        tried = v["decoding"]["tried"]  # greedy, then beam 2 with each length penalty
+        assert [(t["beam_size"], t["length_penalty"]) for t in tried] == [(1, 0.0), (2, 0.6),
+                                                                          (2, 1.0)]
+        assert v["decoding"]["validation_bleu"] == max(t["validation_bleu"] for t in tried)
     assert t5["length_limit"]["test"]["kept"] <= t5["length_limit"]["test"]["total"]
     assert len(t5["samples"]) == 2
     base = r["sentiment_baseline"]
@@ -90,6 +94,7 @@ def test_t5_budget_run_reports_bleu_at_every_checkpoint(tmp_path):
     """`python -m jaxformer.demo.t5_budget`'s path: tokenizer, pairs within the limit, one
     scratch run with a greedy-BLEU row per checkpoint, beam BLEU at the end, the report."""
     from jaxformer.demo import t5_budget
+    from jaxformer.demo.t5 import describe_decoding
 
     overrides = {"*": TINY, "t5_finetune_tiny": {"data.seq_len": 48, "data.target_len": 48}}
     r = t5_budget.run_budget(tmp_path / "run", steps=6, every=3, max_tokens=40, test_verses=6,
@@ -100,7 +105,8 @@ def test_t5_budget_run_reports_bleu_at_every_checkpoint(tmp_path):
     assert r["test_verses"] == 6 and r["curve_verses"] == 3 and 0 <= r["final"]["bleu"] <= 100
     assert r["length_limit"]["test"]["kept"] <= r["length_limit"]["test"]["total"]
     md = t5_budget.markdown(r, "cmd")
-    assert "| 3 |" in md and "| 6 |" in md and "beam 2" in md
+    assert len(r["decoding"]["tried"]) == 3 and r["decoding"]["validation_verses"] > 0
+    assert "| 3 |" in md and "| 6 |" in md and describe_decoding(r["decoding"]) in md
 
 
 @pytest.mark.parametrize("flag", ["--budget_scale", "--pretrain_scale", "--bert_curve_points",

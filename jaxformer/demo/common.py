@@ -41,7 +41,10 @@ class DemoSettings:
       t5_test_verses: held-out verses decoded for BLEU, evenly spaced over the test verses within
         the limit (0 = all of them).
       t5_curve_verses: test verses decoded greedily at every checkpoint (BLEU against steps).
-      beam_size: beam width for translation (1 = greedy).
+      t5_select_verses: validation verses on which the translation decoding is chosen (greedy,
+        or beam search with one of ``t5_length_penalties``; `jaxformer.demo.t5.choose_decoding`).
+      beam_size: beam width tried for translation (1 = greedy only).
+      t5_length_penalties: GNMT length-penalty exponents tried with beam search.
       decode_batch: sources decoded per call.
       show_verses: translated verses printed and stored.
     """
@@ -54,7 +57,9 @@ class DemoSettings:
     t5_max_tokens: int = 64
     t5_test_verses: int = 500
     t5_curve_verses: int = 200
+    t5_select_verses: int = 200
     beam_size: int = 4
+    t5_length_penalties: tuple[float, ...] = (0.6, 1.0)
     decode_batch: int = 64
     show_verses: int = 4
 

@@ -122,6 +122,17 @@ def _bert_section(results: dict) -> list[str]:
     return lines + [""]
 
 
+def _decoding(r: dict) -> str:
+    """The chosen decoding and its validation BLEU (older results: the fixed beam width)."""
+    from jaxformer.demo.t5 import describe_decoding
+
+    d = r.get("decoding")
+    if d is None:
+        return f"beam {r['beam_size']}"
+    return (f"{describe_decoding(d)} (validation BLEU {d['validation_bleu']:.2f} on "
+            f"{d['validation_verses']} verses)")
+
+
 def _t5_section(t: dict) -> list[str]:
     p, lim = t["pretrain"], t["length_limit"]
     lines = ["## Encoder-decoder (T5): span corruption, then KJV → Reina-Valera", "",
@@ -135,8 +146,7 @@ def _t5_section(t: dict) -> list[str]:
              "|---|---:|---:|---:|---|---|"]
     for kind, r in t["translate"].items():
         lines.append(f"| {kind} | {r['bleu']:.2f} | {r['chrf']:.1f} | {r['test_verses']:,} | "
-                     f"{_budget(r)} | beam {r['beam_size']}, "
-                     f"{r['decode_seconds']:.0f} s |")
+                     f"{_budget(r)} | {_decoding(r)}, {r['decode_seconds']:.0f} s |")
     curves = {k: r.get("bleu_curve", []) for k, r in t["translate"].items()}
     if any(curves.values()):
         first = next(c for c in curves.values() if c)

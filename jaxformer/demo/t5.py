@@ -57,10 +57,11 @@ def spread(records, n: int) -> list:
 
 
 def translate(model, params, tokenizer, sources: list[str], *, max_source: int,
-              max_new_tokens: int, beam_size: int, batch: int, decoder_start_id: int = 0
-              ) -> list[str]:
+              max_new_tokens: int, beam_size: int, batch: int, decoder_start_id: int = 0,
+              length_penalty: float = 0.6) -> list[str]:
     """Translate ``sources`` in fixed-shape batches (one compilation): `[batch, max_source]`
-    right-padded inputs ending with EOS, beam search (greedy when ``beam_size`` is 1)."""
+    right-padded inputs ending with EOS, beam search with GNMT length penalty ``length_penalty``
+    (greedy when ``beam_size`` is 1)."""
     from tqdm.auto import tqdm
 
     from jaxformer.decode import GenerationConfig, generate_padded
@@ -69,7 +70,7 @@ def translate(model, params, tokenizer, sources: list[str], *, max_source: int,
     cfg = GenerationConfig(strategy="beam" if beam_size > 1 else "greedy",
                            max_new_tokens=max_new_tokens, beam_size=beam_size,
                            eos_id=special.eos_id, pad_id=special.pad_id,
-                           decoder_start_id=decoder_start_id)
+                           decoder_start_id=decoder_start_id, length_penalty=length_penalty)
     out = []
     for start in tqdm(range(0, len(sources), batch), desc=f"translate (beam {beam_size})",
                       unit="batch"):
@@ -93,7 +94,39 @@ def bleu(hypotheses: list[str], references: list[str]) -> dict:
     b = metric.corpus_score(hypotheses, [references])
     c = sacrebleu.CHRF().corpus_score(hypotheses, [references])
     return {"bleu": round(b.score, 2), "chrf": round(c.score, 2),
+            "length_ratio": round(b.sys_len / max(b.ref_len, 1), 3),
             "bleu_signature": str(metric.get_signature()), "bleu_detail": str(b)}
+
+
+def choose_decoding(model, params, tokenizer, pairs: list[dict], *, max_len: int, batch: int,
+                    decoder_start_id: int, beam_size: int, length_penalties: tuple[float, ...]
+                    ) -> dict:
+    """Pick the decoding by validation BLEU: greedy, and beam search of width ``beam_size`` with
+    each GNMT length penalty (Wu et al. 2016). A weak model's beam search tends to end verses early
+    (brevity penalty) or, with a strong length reward, to loop; greedy often wins early in
+    training. Returns the best ``{"beam_size", "length_penalty", "validation_bleu"}`` and, under
+    ``"tried"``, every candidate's validation BLEU and length ratio."""
+    candidates = [(1, 0.0)] + ([(beam_size, a) for a in length_penalties] if beam_size > 1 else [])
+    tried = []
+    for width, alpha in candidates:
+        hyps = translate(model, params, tokenizer, [p["source"] for p in pairs],
+                         max_source=max_len, max_new_tokens=max_len, beam_size=width, batch=batch,
+                         decoder_start_id=decoder_start_id, length_penalty=alpha)
+        score = bleu(hyps, [p["target"] for p in pairs])
+        tried.append({"beam_size": width, "length_penalty": alpha,
+                      "validation_bleu": score["bleu"], "length_ratio": score["length_ratio"]})
+    best = max(tried, key=lambda t: t["validation_bleu"])  # first (greedy) on ties
+    shown = ", ".join(f"{describe_decoding(t)}: {t['validation_bleu']:.2f}" for t in tried)
+    print(f"  decoding on {len(pairs)} validation verses: {shown}", flush=True)
+    return {**{k: best[k] for k in ("beam_size", "length_penalty", "validation_bleu")},
+            "validation_verses": len(pairs), "tried": tried}
+
+
+def describe_decoding(d: dict) -> str:
+    """"greedy" or "beam 4, length penalty 0.6"."""
+    if d["beam_size"] == 1:
+        return "greedy"
+    return f"beam {d['beam_size']}, length penalty {d['length_penalty']}"
 
 
 def bleu_curve(trainer, run, tokenizer, pairs: list[dict], max_len: int, config,
@@ -135,9 +168,10 @@ def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = 
     data, counts = write_translation_split(workdir / "pairs", tokenizer, max_source, max_target)
     print(f"  verse-length limit {max_source}/{max_target} tokens keeps "
           + ", ".join(f"{k} {v['kept']:,}/{v['total']:,}" for k, v in counts.items()), flush=True)
-    test = get_source({"source": f"files:{workdir / 'pairs'}/{{split}}.jsonl",
-                       "format": "jsonl", "source_key": "source", "target_key": "target"}, "test")
-    test = spread(test, settings.t5_test_verses)  # spread over the whole Bible
+    pairs = {"source": f"files:{workdir / 'pairs'}/{{split}}.jsonl", "format": "jsonl",
+             "source_key": "source", "target_key": "target"}
+    test = spread(get_source(pairs, "test"), settings.t5_test_verses)  # over the whole Bible
+    select = spread(get_source(pairs, "validation"), settings.t5_select_verses)
     results, shown, curves = {}, {}, {"pretrain": pre.rows}
     tok = {"data.tokenizer.path": str(workdir / "pretrain" / "tokenizer.model")}
     for step, (kind, init) in enumerate((("pretrained", str(workdir / "pretrain")),
@@ -149,18 +183,23 @@ def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = 
         ft, run = train_run(f"t5_translate_{kind}", c, workdir / f"translate_{kind}")
         curve = bleu_curve(ft, run, tokenizer, spread(test, settings.t5_curve_verses),
                            max_source, c, settings.decode_batch)
+        start_id = int(c.objective.decoder_start_id)
+        decoding = choose_decoding(ft.model, ft.state.params, tokenizer, select,
+                                   max_len=max_source, batch=settings.decode_batch,
+                                   decoder_start_id=start_id, beam_size=settings.beam_size,
+                                   length_penalties=settings.t5_length_penalties)
         t0 = time.perf_counter()
         hyps = translate(ft.model, ft.state.params, tokenizer, [r["source"] for r in test],
                          max_source=max_source, max_new_tokens=max_target,
-                         beam_size=settings.beam_size, batch=settings.decode_batch,
-                         decoder_start_id=int(c.objective.decoder_start_id))
+                         beam_size=decoding["beam_size"], batch=settings.decode_batch,
+                         decoder_start_id=start_id, length_penalty=decoding["length_penalty"])
         decode_s = time.perf_counter() - t0
         scores = bleu(hyps, [r["target"] for r in test])
         run.extra.update(scores, test_verses=len(test), decode_seconds=round(decode_s, 1),
-                         beam_size=settings.beam_size, model_params=count_params(ft.state.params),
+                         decoding=decoding, model_params=count_params(ft.state.params),
                          bleu_curve=curve)
         print(f"  {kind}: test BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.1f} on "
-              f"{len(test)} verses (decoding {decode_s:.0f} s)", flush=True)
+              f"{len(test)} verses ({describe_decoding(decoding)}, {decode_s:.0f} s)", flush=True)
         results[kind] = run.summary()
         shown[kind] = hyps[:settings.show_verses]
         curves[kind] = run.rows

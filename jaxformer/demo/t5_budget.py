@@ -28,7 +28,15 @@ from jaxformer.demo.common import (
     start_clock,
     train_run,
 )
-from jaxformer.demo.t5 import bleu, bleu_curve, spread, translate, write_translation_split
+from jaxformer.demo.t5 import (
+    bleu,
+    bleu_curve,
+    choose_decoding,
+    describe_decoding,
+    spread,
+    translate,
+    write_translation_split,
+)
 
 
 def demo_tokenizer(workdir: Path, overrides: Overrides | None = None):
@@ -45,7 +53,8 @@ def demo_tokenizer(workdir: Path, overrides: Overrides | None = None):
 
 def run_budget(workdir: Path, steps: int, every: int, *, tokenizer_path: str = "",
                max_tokens: int = 64, test_verses: int = 500, curve_verses: int = 200,
-               beam_size: int = 4, decode_batch: int = 64,
+               select_verses: int = 200, beam_size: int = 4,
+               length_penalties: tuple[float, ...] = (0.6, 1.0), decode_batch: int = 64,
                overrides: Overrides | None = None) -> dict:
     from jaxformer.data.sources import get_source
     from jaxformer.data.tokenizer import Tokenizer
@@ -57,8 +66,9 @@ def run_budget(workdir: Path, steps: int, every: int, *, tokenizer_path: str = "
                  else demo_tokenizer(workdir / "tokenizer", overrides))
     tok_path = tokenizer_path or str(workdir / "tokenizer" / "tokenizer.model")
     data, counts = write_translation_split(workdir / "pairs", tokenizer, max_tokens, max_tokens)
-    test = spread(get_source({k.removeprefix("data."): v for k, v in data.items()}, "test"),
-                  test_verses)
+    pairs = {k.removeprefix("data."): v for k, v in data.items()}
+    test = spread(get_source(pairs, "test"), test_verses)
+    select = spread(get_source(pairs, "validation"), select_verses)
     curve_set = spread(test, curve_verses)
 
     banner(f"T5 budget: {steps} fine-tuning steps from random init")
@@ -70,16 +80,20 @@ def run_budget(workdir: Path, steps: int, every: int, *, tokenizer_path: str = "
     ft, run = train_run("t5_budget_scratch", c, workdir / "scratch")
     start_id = int(c.objective.decoder_start_id)
     curve = bleu_curve(ft, run, tokenizer, curve_set, max_tokens, c, decode_batch)
+    decoding = choose_decoding(ft.model, ft.state.params, tokenizer, select, max_len=max_tokens,
+                               batch=decode_batch, decoder_start_id=start_id,
+                               beam_size=beam_size, length_penalties=length_penalties)
     t0 = time.perf_counter()
     hyps = translate(ft.model, ft.state.params, tokenizer, [p["source"] for p in test],
-                     max_source=max_tokens, max_new_tokens=max_tokens, beam_size=beam_size,
-                     batch=decode_batch, decoder_start_id=start_id)
+                     max_source=max_tokens, max_new_tokens=max_tokens,
+                     beam_size=decoding["beam_size"], batch=decode_batch,
+                     decoder_start_id=start_id, length_penalty=decoding["length_penalty"])
     final = bleu(hyps, [p["target"] for p in test])
-    print(f"  final: beam-{beam_size} test BLEU {final['bleu']:.2f} on {len(test)} verses",
-          flush=True)
+    print(f"  final: test BLEU {final['bleu']:.2f} on {len(test)} verses "
+          f"({describe_decoding(decoding)})", flush=True)
     return {"run": run.summary(), "length_limit": {"tokens": max_tokens, **counts},
             "curve": curve, "curve_verses": len(curve_set), "test_verses": len(test),
-            "beam_size": beam_size, "final": final, "decode_seconds": time.perf_counter() - t0,
+            "decoding": decoding, "final": final, "decode_seconds": time.perf_counter() - t0,
             "samples": [{"source": p["source"], "reference": p["target"], "hypothesis": h}
                         for p, h in list(zip(test, hyps))[:4]]}
 
@@ -97,13 +111,25 @@ def markdown(r: dict, command: str) -> str:
         loss = row["validation_loss"]
         lines.append(f"| {row['step']:,} | {row['tokens']:,} | {row['minutes']:.1f} | "
                      f"{'–' if loss is None else f'{loss:.3f}'} | {row['bleu_greedy']:.2f} |")
-    lines += ["", f"Final: beam {r['beam_size']} test BLEU **{r['final']['bleu']:.2f}** "
+    lines += ["", f"Final: test BLEU **{r['final']['bleu']:.2f}** with "
+              f"{describe_decoding(r['decoding'])} (chosen on {r['decoding']['validation_verses']} "
+              "validation verses) "
               f"(chrF {r['final']['chrf']:.1f}) on {r['test_verses']} verses; "
               f"`{r['final']['bleu_detail']}`.", ""]
     for s in r["samples"]:
         lines += [f"- EN: {s['source']}", f"  - reference: {s['reference']}",
                   f"  - model: {s['hypothesis']}"]
     return "\n".join(lines) + "\n"
+
+
+def _literal(text: str):
+    """A --set value: a Python literal (number, bool, string in quotes) or else the bare string."""
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,13 +140,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workdir", default="runs/t5_budget")
     p.add_argument("--steps", type=int, default=6000)
     p.add_argument("--every", type=int, default=500)
+    p.add_argument("--max_tokens", type=int, default=64,
+                   help="verse-length limit: pairs kept when both sides fit (EOS included)")
     p.add_argument("--tokenizer", default="", help="an existing tokenizer.model (else trained)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key of configs/t5_finetune_tiny.py (repeatable), e.g. "
+                        "--set optimizer.peak_lr=3e-3")
     p.add_argument("--out", default="demo_results")
     args = p.parse_args(argv)
-    if args.steps <= 0 or not 0 < args.every <= args.steps:
-        p.error("--steps must be positive and --every in [1, steps]")
-    results = run_budget(Path(args.workdir), args.steps, args.every,
-                         tokenizer_path=args.tokenizer)
+    if args.steps <= 0 or not 0 < args.every <= args.steps or args.max_tokens <= 1:
+        p.error("--steps must be positive, --every in [1, steps] and --max_tokens > 1")
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--set {item!r}: expected KEY=VALUE")
+        overrides[key] = _literal(value)
+    results = run_budget(Path(args.workdir), args.steps, args.every, tokenizer_path=args.tokenizer,
+                         max_tokens=args.max_tokens, overrides={"t5_finetune_tiny": overrides})
     command = "python -m jaxformer.demo.t5_budget " + " ".join(sys.argv[1:] if argv is None
                                                                else argv)
     out = Path(args.out)

@@ -22,6 +22,7 @@ from jaxformer.config import ModelConfig
 from jaxformer.layers.embed import FinalNorm, InputEmbedding, RelativeBias, TokenEmbed
 from jaxformer.layers.heads import ClassifierHead, LMHead, MLMHead, Pooler
 from jaxformer.layers.stack import Stack
+from jaxformer.ops.dropout import token_dropout
 from jaxformer.ops.embedding import check_token_ids
 
 
@@ -165,7 +166,10 @@ class EncoderDecoder(nn.Module):
             cache_index, targets_positions, kv_positions = _decode_state(
                 self, targets_in, targets_positions)
         pos = _positions(targets_in, targets_positions)
-        y = InputEmbedding(cfg, deterministic, name="decoder_embed")(token_embed(targets_in), pos)
+        y = token_embed(targets_in)
+        if cfg.target_token_dropout_rate and not (deterministic or decode):
+            y = token_dropout(y, cfg.target_token_dropout_rate, self.make_rng("dropout"))
+        y = InputEmbedding(cfg, deterministic, name="decoder_embed")(y, pos)
         if encoder_out is None and not decode:
             raise ValueError("EncoderDecoder needs inputs or encoder_out (only decode steps after "
                              "the first may omit it: they reuse cached cross-attention keys/values)")

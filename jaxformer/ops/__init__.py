@@ -9,7 +9,7 @@ from jaxformer.ops.blocks import (
     transformer_block,
 )
 from jaxformer.ops.dense import dense
-from jaxformer.ops.dropout import dropout
+from jaxformer.ops.dropout import dropout, token_dropout
 from jaxformer.ops.embedding import attend, check_token_ids, embed
 from jaxformer.ops.ffn import ffn
 from jaxformer.ops.losses import (
@@ -37,8 +37,9 @@ from jaxformer.ops.positions import (
 
 __all__ = [
     "ACTIVATIONS", "get_activation", "dot_product_attention", "attention_sublayer", "decoder_block",
-    "encoder_block", "transformer_block", "dense", "dropout", "attend", "check_token_ids", "embed",
-    "ffn", "cross_entropy_with_integer_labels", "weighted_accuracy", "weighted_cross_entropy",
+    "encoder_block", "transformer_block", "dense", "dropout", "token_dropout", "attend",
+    "check_token_ids", "embed", "ffn", "cross_entropy_with_integer_labels", "weighted_accuracy",
+    "weighted_cross_entropy",
     "causal_mask", "combine_masks", "key_padding_mask", "make_attention_mask", "padding_mask",
     "segment_mask", "layer_norm", "normalize", "rms_norm", "apply_rope", "lookup_positions",
     "relative_position_bias", "relative_position_bucket", "sinusoidal", "sinusoidal_table",
