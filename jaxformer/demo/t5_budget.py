@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from jaxformer.demo.common import (
+    DemoSettings,
     Overrides,
     banner,
     load_config,
@@ -52,9 +53,10 @@ def demo_tokenizer(workdir: Path, overrides: Overrides | None = None):
 
 
 def run_budget(workdir: Path, steps: int, every: int, *, tokenizer_path: str = "",
-               max_tokens: int = 64, test_verses: int = 500, curve_verses: int = 200,
+               max_tokens: int = DemoSettings.t5_max_tokens, test_verses: int = 500, curve_verses: int = 200,
                select_verses: int = 200, beam_size: int = 4,
-               length_penalties: tuple[float, ...] = (0.6, 1.0), decode_batch: int = 64,
+               length_penalties: tuple[float, ...] = DemoSettings.t5_length_penalties,
+               decode_batch: int = 64,
                overrides: Overrides | None = None) -> dict:
     from jaxformer.data.sources import get_source
     from jaxformer.data.tokenizer import Tokenizer
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workdir", default="runs/t5_budget")
     p.add_argument("--steps", type=int, default=6000)
     p.add_argument("--every", type=int, default=500)
-    p.add_argument("--max_tokens", type=int, default=64,
+    p.add_argument("--max_tokens", type=int, default=DemoSettings.t5_max_tokens,
                    help="verse-length limit: pairs kept when both sides fit (EOS included)")
     p.add_argument("--tokenizer", default="", help="an existing tokenizer.model (else trained)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
