@@ -14,6 +14,7 @@ from test_decode import (
     log_softmax64,
     random_params,
     reference_greedy,
+    repeating_tokens,
     teacher_forced_logits,
     tiny,
 )
@@ -35,7 +36,7 @@ def test_length_penalty_is_gnmt():
             np.testing.assert_allclose(length_penalty(n, alpha), gnmt(n, alpha), rtol=1e-6)
 
 
-def reference_beam(model, params, prompt, k, n, alpha, eos):
+def reference_beam(model, params, prompt, k, n, alpha, eos, no_repeat=0):
     """Beam search written out over Python lists, scoring with the uncached full forward in float64.
 
     Same rules as the jitted version: keep the best 2k expansions; those ending in EOS (all of them
@@ -52,7 +53,7 @@ def reference_beam(model, params, prompt, k, n, alpha, eos):
         logits = teacher_forced_logits(model, params, [prompt] * k, cont)[:len(alive), i]
         logp = log_softmax64(logits)
         cands = [(lp + logp[j, v], toks + [v]) for j, (toks, lp) in enumerate(alive)
-                 for v in range(logp.shape[1])]
+                 for v in range(logp.shape[1]) if v not in repeating_tokens(toks, no_repeat)]
         cands.sort(key=lambda c: -c[0])
         top = cands[:2 * k]
         finished += [(s / gnmt(i + 1, alpha), t, s) for s, t in top if t[-1] == eos or i == n - 1]
@@ -83,6 +84,26 @@ def test_beam_matches_python_reference(name, scan, batch, k):
             np.testing.assert_allclose(res.beam_log_probs[b, j].sum(), logp, atol=1e-4)
         assert res.tokens[b].tolist() == res.beam_tokens[b, 0].tolist()
     assert any(eos in t for t in res.beam_tokens.tolist()[0])  # EOS handling was exercised
+
+
+@pytest.mark.parametrize("name,k", [("gpt_tiny", 2), ("t5_tiny", 3)])
+def test_beam_without_repeated_ngrams_matches_python_reference(name, k):
+    """no_repeat_ngram_size=2 over 8 steps: the pools equal the Python beam search that skips
+    expansions repeating a bigram of their own beam, and the unconstrained search did repeat one
+    (so the constraint changed the result)."""
+    model, params = tiny(name)
+    n, alpha, prompt = 8, 0.6, PROMPTS[0]
+    res = generate(model, params, [prompt], strategy="beam", beam_size=k, max_new_tokens=n,
+                   length_penalty=alpha, eos_id=None, no_repeat_ngram_size=2)
+    ref = reference_beam(model, params, prompt, k, n, alpha, None, no_repeat=2)
+    for j, (score, toks, logp) in enumerate(ref):
+        assert res.beam_tokens[0, j].tolist() == toks
+        assert all(repeating_tokens(toks[:i], 2).isdisjoint({toks[i]}) for i in range(n))
+        np.testing.assert_allclose(res.beam_scores[0, j], score, atol=1e-4)
+        np.testing.assert_allclose(res.beam_log_probs[0, j].sum(), logp, atol=1e-4)
+    free = generate(model, params, [prompt], strategy="beam", beam_size=k, max_new_tokens=n,
+                    length_penalty=alpha, eos_id=None).beam_tokens[0].tolist()
+    assert any(t[i] in repeating_tokens(t[:i], 2) for t in free for i in range(n))
 
 
 @pytest.mark.parametrize("name", ["gpt_tiny", "t5_tiny"])

@@ -45,6 +45,8 @@ class GenerationConfig:
       eos_id: id that ends a sequence (None: always generate ``max_new_tokens``).
       pad_id: id written after EOS.
       decoder_start_id: first decoder input of encoder-decoder models (T5: pad = 0).
+      no_repeat_ngram_size: never generate an n-gram twice in one sequence (its generated tokens;
+        `jaxformer.decode.ngram`), every strategy; 0 = off.
     """
 
     strategy: str = "greedy"
@@ -57,6 +59,7 @@ class GenerationConfig:
     eos_id: int | None = 1
     pad_id: int = 0
     decoder_start_id: int = 0
+    no_repeat_ngram_size: int = 0
 
     def __post_init__(self):
         def bad(field, want):
@@ -79,6 +82,8 @@ class GenerationConfig:
             bad("beam_size", "must be a positive integer")
         if not isinstance(self.length_penalty, (int, float)):
             bad("length_penalty", "must be a number (the GNMT alpha, e.g. 0.6; 0 = none)")
+        if not isinstance(self.no_repeat_ngram_size, int) or self.no_repeat_ngram_size < 0:
+            bad("no_repeat_ngram_size", "must be an integer >= 0 (0 = off)")
         for f in ("pad_id", "decoder_start_id") + (() if self.eos_id is None else ("eos_id",)):
             if not isinstance(getattr(self, f), int) or getattr(self, f) < 0:
                 bad(f, "must be a non-negative token id")
@@ -125,7 +130,8 @@ def _generate_impl(model: nn.Module, program: GenerationConfig, params: Any, inp
         return beam_search(step_fn, s.logits, s.state, s.positions, s.axes,
                            beam_size=program.beam_size, max_new_tokens=program.max_new_tokens,
                            alpha=program.length_penalty, eos_id=program.eos_id,
-                           pad_id=program.pad_id)
+                           pad_id=program.pad_id,
+                           no_repeat_ngram_size=program.no_repeat_ngram_size)
     if program.strategy == "greedy":
         choose = partial(sample, temperature=0.0)
     else:
@@ -133,7 +139,8 @@ def _generate_impl(model: nn.Module, program: GenerationConfig, params: Any, inp
                          top_p=None if program.top_p is None else top_p)
     return decode_loop(step_fn, s.logits, s.state, s.positions, choose,
                        max_new_tokens=program.max_new_tokens, eos_id=program.eos_id,
-                       pad_id=program.pad_id, rng=rng)
+                       pad_id=program.pad_id, rng=rng,
+                       no_repeat_ngram_size=program.no_repeat_ngram_size)
 
 
 _generate_jit = jax.jit(_generate_impl, static_argnums=(0, 1))
@@ -184,6 +191,7 @@ def generate(
     eos_id: int | None = 1,
     pad_id: int = 0,
     decoder_start_id: int = 0,
+    no_repeat_ngram_size: int = 0,
     rng: jax.Array | None = None,
 ) -> DecodeResult | BeamResult:
     """Generate continuations of ``prompts`` (decoder-only) or targets for sources (enc-dec).
@@ -195,7 +203,8 @@ def generate(
     config = GenerationConfig(
         strategy=strategy, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
         top_p=top_p, beam_size=beam_size, length_penalty=length_penalty, eos_id=eos_id,
-        pad_id=pad_id, decoder_start_id=decoder_start_id)
+        pad_id=pad_id, decoder_start_id=decoder_start_id,
+        no_repeat_ngram_size=no_repeat_ngram_size)
     cfg = model.cfg
     config.check_model(cfg)
     if isinstance(prompts, (str, bytes)) or not len(prompts):

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxformer.decode.cache import expand_beams, gather_rows
+from jaxformer.decode.ngram import block_repeated_ngrams
 from jaxformer.decode.search import DecodeResult, StepFn
 
 Array = jnp.ndarray
@@ -78,6 +79,7 @@ def beam_search(
     alpha: float = 0.6,
     eos_id: int | None = 1,
     pad_id: int = 0,
+    no_repeat_ngram_size: int = 0,
 ) -> BeamResult:
     """Beam search from the first-token logits `[B, V]` and the decode state of ``B`` rows.
 
@@ -87,6 +89,8 @@ def beam_search(
       axes: batch axis of each leaf of ``state`` (``-1``: none), see `cache_batch_axes`.
       alpha: length-penalty exponent (0 = plain log-probability).
       eos_id: id that finishes a hypothesis (None: all hypotheses run to ``max_new_tokens``).
+      no_repeat_ngram_size: no expansion repeats an n-gram of its own beam's generated tokens
+        (`jaxformer.decode.ngram`; 0 = off). Log-probs stay the model's.
     """
     b, vocab = logits.shape
     k, n = beam_size, max_new_tokens
@@ -112,8 +116,11 @@ def beam_search(
 
     def body(c):
         i = c["i"]
-        logp = jax.nn.log_softmax(c["logits"], axis=-1).reshape(b, k * vocab)
-        cand = (c["alive_score"][:, :, None] + logp.reshape(b, k, vocab)).reshape(b, k * vocab)
+        logp = jax.nn.log_softmax(c["logits"], axis=-1)  # [B·k, V]
+        allowed = block_repeated_ngrams(logp, c["alive_tokens"].reshape(b * k, n), i,
+                                        no_repeat_ngram_size)
+        cand = (c["alive_score"][:, :, None] + allowed.reshape(b, k, vocab)).reshape(b, k * vocab)
+        logp = logp.reshape(b, k * vocab)
         top_score, top_idx = lax.top_k(cand, 2 * k)  # [B, 2k]
         parent, tok = top_idx // vocab, (top_idx % vocab).astype(jnp.int32)
         tok_lp = jnp.take_along_axis(logp, top_idx, axis=1)

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxformer.decode.ngram import block_repeated_ngrams
+
 Array = jnp.ndarray
 StepFn = Callable[[Any, Array, Array], tuple[Array, Any]]
 
@@ -64,6 +66,7 @@ def decode_loop(
     eos_id: int | None,
     pad_id: int,
     rng: jax.Array | None = None,
+    no_repeat_ngram_size: int = 0,
 ) -> DecodeResult:
     """Generate up to ``max_new_tokens`` tokens per row.
 
@@ -75,6 +78,8 @@ def decode_loop(
       choose: ``(rng, logits [B, V]) → tokens [B]`` (argmax, or `sampling.sample`).
       eos_id: id that ends a row (None: rows run to ``max_new_tokens``).
       rng: key for ``choose``; step ``i`` uses ``fold_in(rng, i)``.
+      no_repeat_ngram_size: ``choose`` never picks a token that repeats an n-gram of the row's
+        generated tokens (`jaxformer.decode.ngram`; 0 = off). Log-probs stay the model's.
     """
     b = logits.shape[0]
     rng = jax.random.key(0) if rng is None else rng
@@ -89,7 +94,8 @@ def decode_loop(
 
     def body(c):
         i, done = c["i"], c["done"]
-        tok = choose(jax.random.fold_in(rng, i), c["logits"]).astype(jnp.int32)
+        allowed = block_repeated_ngrams(c["logits"], c["tokens"], i, no_repeat_ngram_size)
+        tok = choose(jax.random.fold_in(rng, i), allowed).astype(jnp.int32)
         lp = token_log_probs(c["logits"], tok)
         tok = jnp.where(done, pad_id, tok)
         lp = jnp.where(done, 0.0, lp)
