@@ -35,6 +35,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top_p", type=float, default=1.0, help="sampling; 1 = off")
     p.add_argument("--beam_size", type=int, default=4)
     p.add_argument("--length_penalty", type=float, default=0.6, help="beam: GNMT alpha")
+    p.add_argument("--no_repeat_ngram_size", type=int, default=0,
+                   help="never generate the same n-gram twice (0 = off)")
     p.add_argument("--seed", type=int, default=0, help="sampling RNG seed")
     p.add_argument("--add_bos", action="store_true", help="prepend BOS to each prompt")
     p.add_argument("--eos_id", type=int, default=1, help="with --prompt_ids (else the tokenizer's)")
@@ -54,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     kwargs = dict(strategy=args.strategy, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, top_k=args.top_k or None,
                   top_p=args.top_p if args.top_p < 1.0 else None, beam_size=args.beam_size,
-                  length_penalty=args.length_penalty)
+                  length_penalty=args.length_penalty,
+                  no_repeat_ngram_size=args.no_repeat_ngram_size)
     if args.strategy == "sample":
         kwargs["rng"] = jax.random.key(args.seed)
     if args.prompt:

@@ -81,8 +81,10 @@ def test_demo_budgets_and_metrics_are_consistent(demo):
         assert v["test_verses"] == 12 and v["bleu"] >= 0
         assert [c["step"] for c in v["bleu_curve"]][-1] == v["steps"]
         tried = v["decoding"]["tried"]  # greedy, then beam 2 with each length penalty
-        assert [(t["beam_size"], t["length_penalty"]) for t in tried] == [
-            (1, 0.0), (2, 0.6), (2, 1.0), (2, 1.3)]
+        searches = [(1, 0.0)] + [(2, a) for a in DemoSettings.t5_length_penalties]
+        assert [(t["beam_size"], t["length_penalty"], t["no_repeat_ngram_size"])
+                for t in tried] == [(*s, g) for s in searches
+                                    for g in DemoSettings.t5_no_repeat_ngrams]
         assert v["decoding"]["validation_bleu"] == max(t["validation_bleu"] for t in tried)
     assert t5["length_limit"]["test"]["kept"] <= t5["length_limit"]["test"]["total"]
     assert len(t5["samples"]) == 2
@@ -105,7 +107,7 @@ def test_t5_budget_run_reports_bleu_at_every_checkpoint(tmp_path):
     assert r["test_verses"] == 6 and r["curve_verses"] == 3 and 0 <= r["final"]["bleu"] <= 100
     assert r["length_limit"]["test"]["kept"] <= r["length_limit"]["test"]["total"]
     md = t5_budget.markdown(r, "cmd")
-    assert len(r["decoding"]["tried"]) == 4 and r["decoding"]["validation_verses"] > 0
+    assert len(r["decoding"]["tried"]) == 8 and r["decoding"]["validation_verses"] > 0
     assert "| 3 |" in md and "| 6 |" in md and describe_decoding(r["decoding"]) in md
 
 

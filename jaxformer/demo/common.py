@@ -45,6 +45,7 @@ class DemoSettings:
         or beam search with one of ``t5_length_penalties``; `jaxformer.demo.t5.choose_decoding`).
       beam_size: beam width tried for translation (1 = greedy only).
       t5_length_penalties: GNMT length-penalty exponents tried with beam search.
+      t5_no_repeat_ngrams: no-repeat n-gram sizes tried with every search (0 = off).
       decode_batch: sources decoded per call.
       show_verses: translated verses printed and stored.
     """
@@ -59,7 +60,8 @@ class DemoSettings:
     t5_curve_verses: int = 200
     t5_select_verses: int = 200
     beam_size: int = 4
-    t5_length_penalties: tuple[float, ...] = (0.6, 1.0, 1.3)
+    t5_length_penalties: tuple[float, ...] = (1.0, 1.3, 1.6)
+    t5_no_repeat_ngrams: tuple[int, ...] = (0, 3)
     decode_batch: int = 64
     show_verses: int = 4
 

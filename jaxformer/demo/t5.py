@@ -58,10 +58,10 @@ def spread(records, n: int) -> list:
 
 def translate(model, params, tokenizer, sources: list[str], *, max_source: int,
               max_new_tokens: int, beam_size: int, batch: int, decoder_start_id: int = 0,
-              length_penalty: float = 0.6) -> list[str]:
+              length_penalty: float = 0.6, no_repeat_ngram_size: int = 0) -> list[str]:
     """Translate ``sources`` in fixed-shape batches (one compilation): `[batch, max_source]`
     right-padded inputs ending with EOS, beam search with GNMT length penalty ``length_penalty``
-    (greedy when ``beam_size`` is 1)."""
+    (greedy when ``beam_size`` is 1), optionally never repeating an n-gram."""
     from tqdm.auto import tqdm
 
     from jaxformer.decode import GenerationConfig, generate_padded
@@ -70,7 +70,8 @@ def translate(model, params, tokenizer, sources: list[str], *, max_source: int,
     cfg = GenerationConfig(strategy="beam" if beam_size > 1 else "greedy",
                            max_new_tokens=max_new_tokens, beam_size=beam_size,
                            eos_id=special.eos_id, pad_id=special.pad_id,
-                           decoder_start_id=decoder_start_id, length_penalty=length_penalty)
+                           decoder_start_id=decoder_start_id, length_penalty=length_penalty,
+                           no_repeat_ngram_size=no_repeat_ngram_size)
     out = []
     for start in tqdm(range(0, len(sources), batch), desc=f"translate (beam {beam_size})",
                       unit="batch"):
@@ -99,34 +100,37 @@ def bleu(hypotheses: list[str], references: list[str]) -> dict:
 
 
 def choose_decoding(model, params, tokenizer, pairs: list[dict], *, max_len: int, batch: int,
-                    decoder_start_id: int, beam_size: int, length_penalties: tuple[float, ...]
-                    ) -> dict:
+                    decoder_start_id: int, beam_size: int, length_penalties: tuple[float, ...],
+                    no_repeat_ngrams: tuple[int, ...] = (0,)) -> dict:
     """Pick the decoding by validation BLEU: greedy, and beam search of width ``beam_size`` with
-    each GNMT length penalty (Wu et al. 2016). A weak model's beam search tends to end verses early
-    (brevity penalty) or, with a strong length reward, to loop; greedy often wins early in
-    training. Returns the best ``{"beam_size", "length_penalty", "validation_bleu"}`` and, under
+    each GNMT length penalty (Wu et al. 2016), each with every no-repeat n-gram size (0 = off). A
+    weak model's beam search tends to end verses early (brevity penalty) or, with a strong length
+    reward, to loop ("y á Moisés y á Moisés …"), which n-gram blocking stops. Returns the best
+    ``{"beam_size", "length_penalty", "no_repeat_ngram_size", "validation_bleu"}`` and, under
     ``"tried"``, every candidate's validation BLEU and length ratio."""
-    candidates = [(1, 0.0)] + ([(beam_size, a) for a in length_penalties] if beam_size > 1 else [])
+    searches = [(1, 0.0)] + ([(beam_size, a) for a in length_penalties] if beam_size > 1 else [])
     tried = []
-    for width, alpha in candidates:
+    for (width, alpha), ngram in ((s, g) for s in searches for g in no_repeat_ngrams):
         hyps = translate(model, params, tokenizer, [p["source"] for p in pairs],
                          max_source=max_len, max_new_tokens=max_len, beam_size=width, batch=batch,
-                         decoder_start_id=decoder_start_id, length_penalty=alpha)
+                         decoder_start_id=decoder_start_id, length_penalty=alpha,
+                         no_repeat_ngram_size=ngram)
         score = bleu(hyps, [p["target"] for p in pairs])
-        tried.append({"beam_size": width, "length_penalty": alpha,
+        tried.append({"beam_size": width, "length_penalty": alpha, "no_repeat_ngram_size": ngram,
                       "validation_bleu": score["bleu"], "length_ratio": score["length_ratio"]})
-    best = max(tried, key=lambda t: t["validation_bleu"])  # first (greedy) on ties
+    best = max(tried, key=lambda t: t["validation_bleu"])  # the first (simplest) on ties
     shown = ", ".join(f"{describe_decoding(t)}: {t['validation_bleu']:.2f}" for t in tried)
     print(f"  decoding on {len(pairs)} validation verses: {shown}", flush=True)
-    return {**{k: best[k] for k in ("beam_size", "length_penalty", "validation_bleu")},
-            "validation_verses": len(pairs), "tried": tried}
+    keys = ("beam_size", "length_penalty", "no_repeat_ngram_size", "validation_bleu")
+    return {**{k: best[k] for k in keys}, "validation_verses": len(pairs), "tried": tried}
 
 
 def describe_decoding(d: dict) -> str:
-    """"greedy" or "beam 4, length penalty 0.6"."""
-    if d["beam_size"] == 1:
-        return "greedy"
-    return f"beam {d['beam_size']}, length penalty {d['length_penalty']}"
+    """"greedy", "beam 4, length penalty 0.6", "…, no repeated 3-grams"."""
+    text = ("greedy" if d["beam_size"] == 1
+            else f"beam {d['beam_size']}, length penalty {d['length_penalty']}")
+    ngram = d.get("no_repeat_ngram_size", 0)
+    return text + (f", no repeated {ngram}-grams" if ngram else "")
 
 
 def bleu_curve(trainer, run, tokenizer, pairs: list[dict], max_len: int, config,
@@ -187,12 +191,14 @@ def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = 
         decoding = choose_decoding(ft.model, ft.state.params, tokenizer, select,
                                    max_len=max_source, batch=settings.decode_batch,
                                    decoder_start_id=start_id, beam_size=settings.beam_size,
-                                   length_penalties=settings.t5_length_penalties)
+                                   length_penalties=settings.t5_length_penalties,
+                                   no_repeat_ngrams=settings.t5_no_repeat_ngrams)
         t0 = time.perf_counter()
         hyps = translate(ft.model, ft.state.params, tokenizer, [r["source"] for r in test],
                          max_source=max_source, max_new_tokens=max_target,
                          beam_size=decoding["beam_size"], batch=settings.decode_batch,
-                         decoder_start_id=start_id, length_penalty=decoding["length_penalty"])
+                         decoder_start_id=start_id, length_penalty=decoding["length_penalty"],
+                         no_repeat_ngram_size=decoding["no_repeat_ngram_size"])
         decode_s = time.perf_counter() - t0
         scores = bleu(hyps, [r["target"] for r in test])
         run.extra.update(scores, test_verses=len(test), decode_seconds=round(decode_s, 1),

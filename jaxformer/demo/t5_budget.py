@@ -56,6 +56,7 @@ def run_budget(workdir: Path, steps: int, every: int, *, tokenizer_path: str = "
                max_tokens: int = DemoSettings.t5_max_tokens, test_verses: int = 500, curve_verses: int = 200,
                select_verses: int = 200, beam_size: int = 4,
                length_penalties: tuple[float, ...] = DemoSettings.t5_length_penalties,
+               no_repeat_ngrams: tuple[int, ...] = DemoSettings.t5_no_repeat_ngrams,
                decode_batch: int = 64,
                overrides: Overrides | None = None) -> dict:
     from jaxformer.data.sources import get_source
@@ -84,12 +85,14 @@ def run_budget(workdir: Path, steps: int, every: int, *, tokenizer_path: str = "
     curve = bleu_curve(ft, run, tokenizer, curve_set, max_tokens, c, decode_batch)
     decoding = choose_decoding(ft.model, ft.state.params, tokenizer, select, max_len=max_tokens,
                                batch=decode_batch, decoder_start_id=start_id,
-                               beam_size=beam_size, length_penalties=length_penalties)
+                               beam_size=beam_size, length_penalties=length_penalties,
+                               no_repeat_ngrams=no_repeat_ngrams)
     t0 = time.perf_counter()
     hyps = translate(ft.model, ft.state.params, tokenizer, [p["source"] for p in test],
                      max_source=max_tokens, max_new_tokens=max_tokens,
                      beam_size=decoding["beam_size"], batch=decode_batch,
-                     decoder_start_id=start_id, length_penalty=decoding["length_penalty"])
+                     decoder_start_id=start_id, length_penalty=decoding["length_penalty"],
+                     no_repeat_ngram_size=decoding["no_repeat_ngram_size"])
     final = bleu(hyps, [p["target"] for p in test])
     print(f"  final: test BLEU {final['bleu']:.2f} on {len(test)} verses "
           f"({describe_decoding(decoding)})", flush=True)
