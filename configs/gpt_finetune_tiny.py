@@ -17,7 +17,7 @@ VOCAB = 2048
 def get_config():
     c = base_config()
     c.name = "gpt_finetune_tiny"
-    c.num_train_steps = 600
+    c.num_train_steps = 400
     c.init_from = ""
     c.model = preset("gpt_tiny", vocab_size=VOCAB, d_model=128, num_heads=4, d_ff=512,
                      num_layers=4, max_len=128, head="classify", num_classes=2, pooling="mean",

@@ -107,7 +107,7 @@ def test_t5_budget_run_reports_bleu_at_every_checkpoint(tmp_path):
     assert r["test_verses"] == 6 and r["curve_verses"] == 3 and 0 <= r["final"]["bleu"] <= 100
     assert r["length_limit"]["test"]["kept"] <= r["length_limit"]["test"]["total"]
     md = t5_budget.markdown(r, "cmd")
-    assert len(r["decoding"]["tried"]) == 8 and r["decoding"]["validation_verses"] > 0
+    assert len(r["decoding"]["tried"]) == 6 and r["decoding"]["validation_verses"] > 0
     assert "| 3 |" in md and "| 6 |" in md and describe_decoding(r["decoding"]) in md
 
 

@@ -54,13 +54,13 @@ class DemoSettings:
     pretrain_scale: float = 1.0
     low_resource_examples: int = 1000
     low_resource_steps: int = 750
-    bert_curve_points: int = 3
+    bert_curve_points: int = 2
     t5_max_tokens: int = 32
     t5_test_verses: int = 500
-    t5_curve_verses: int = 200
+    t5_curve_verses: int = 120
     t5_select_verses: int = 200
     beam_size: int = 4
-    t5_length_penalties: tuple[float, ...] = (1.0, 1.3, 1.6)
+    t5_length_penalties: tuple[float, ...] = (1.3, 1.6)
     t5_no_repeat_ngrams: tuple[int, ...] = (0, 3)
     decode_batch: int = 64
     show_verses: int = 4
