@@ -123,12 +123,10 @@ def _bert_section(results: dict) -> list[str]:
 
 
 def _decoding(r: dict) -> str:
-    """The chosen decoding and its validation BLEU (older results: the fixed beam width)."""
+    """The chosen decoding and its validation BLEU."""
     from jaxformer.demo.t5 import describe_decoding
 
-    d = r.get("decoding")
-    if d is None:
-        return f"beam {r['beam_size']}"
+    d = r["decoding"]
     return (f"{describe_decoding(d)} (validation BLEU {d['validation_bleu']:.2f} on "
             f"{d['validation_verses']} verses)")
 

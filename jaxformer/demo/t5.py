@@ -125,6 +125,25 @@ def choose_decoding(model, params, tokenizer, pairs: list[dict], *, max_len: int
     return {**{k: best[k] for k in keys}, "validation_verses": len(pairs), "tried": tried}
 
 
+def decode_test(model, params, tokenizer, select: list[dict], test: list[dict], *, max_len: int,
+                batch: int, decoder_start_id: int, beam_size: int,
+                length_penalties: tuple[float, ...], no_repeat_ngrams: tuple[int, ...]
+                ) -> tuple[dict, list[str], dict, float]:
+    """`choose_decoding` on ``select`` (validation pairs), then translate ``test`` with the winner.
+    Returns (decoding, hypotheses, `bleu` scores on ``test``, decoding seconds)."""
+    decoding = choose_decoding(model, params, tokenizer, select, max_len=max_len, batch=batch,
+                               decoder_start_id=decoder_start_id, beam_size=beam_size,
+                               length_penalties=length_penalties,
+                               no_repeat_ngrams=no_repeat_ngrams)
+    t0 = time.perf_counter()
+    hyps = translate(model, params, tokenizer, [p["source"] for p in test], max_source=max_len,
+                     max_new_tokens=max_len, beam_size=decoding["beam_size"], batch=batch,
+                     decoder_start_id=decoder_start_id, length_penalty=decoding["length_penalty"],
+                     no_repeat_ngram_size=decoding["no_repeat_ngram_size"])
+    seconds = time.perf_counter() - t0
+    return decoding, hyps, bleu(hyps, [p["target"] for p in test]), seconds
+
+
 def describe_decoding(d: dict) -> str:
     """"greedy", "beam 4, length penalty 0.6", "…, no repeated 3-grams"."""
     text = ("greedy" if d["beam_size"] == 1
@@ -187,20 +206,11 @@ def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = 
         ft, run = train_run(f"t5_translate_{kind}", c, workdir / f"translate_{kind}")
         curve = bleu_curve(ft, run, tokenizer, spread(test, settings.t5_curve_verses),
                            max_source, c, settings.decode_batch)
-        start_id = int(c.objective.decoder_start_id)
-        decoding = choose_decoding(ft.model, ft.state.params, tokenizer, select,
-                                   max_len=max_source, batch=settings.decode_batch,
-                                   decoder_start_id=start_id, beam_size=settings.beam_size,
-                                   length_penalties=settings.t5_length_penalties,
-                                   no_repeat_ngrams=settings.t5_no_repeat_ngrams)
-        t0 = time.perf_counter()
-        hyps = translate(ft.model, ft.state.params, tokenizer, [r["source"] for r in test],
-                         max_source=max_source, max_new_tokens=max_target,
-                         beam_size=decoding["beam_size"], batch=settings.decode_batch,
-                         decoder_start_id=start_id, length_penalty=decoding["length_penalty"],
-                         no_repeat_ngram_size=decoding["no_repeat_ngram_size"])
-        decode_s = time.perf_counter() - t0
-        scores = bleu(hyps, [r["target"] for r in test])
+        decoding, hyps, scores, decode_s = decode_test(
+            ft.model, ft.state.params, tokenizer, select, test, max_len=max_source,
+            batch=settings.decode_batch, decoder_start_id=int(c.objective.decoder_start_id),
+            beam_size=settings.beam_size, length_penalties=settings.t5_length_penalties,
+            no_repeat_ngrams=settings.t5_no_repeat_ngrams)
         run.extra.update(scores, test_verses=len(test), decode_seconds=round(decode_s, 1),
                          decoding=decoding, model_params=count_params(ft.state.params),
                          bleu_curve=curve)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from jaxformer.demo.common import (
@@ -30,12 +29,10 @@ from jaxformer.demo.common import (
     train_run,
 )
 from jaxformer.demo.t5 import (
-    bleu,
     bleu_curve,
-    choose_decoding,
+    decode_test,
     describe_decoding,
     spread,
-    translate,
     write_translation_split,
 )
 
@@ -53,7 +50,8 @@ def demo_tokenizer(workdir: Path, overrides: Overrides | None = None):
 
 
 def run_budget(workdir: Path, steps: int, every: int, *, tokenizer_path: str = "",
-               max_tokens: int = DemoSettings.t5_max_tokens, test_verses: int = 500, curve_verses: int = 200,
+               max_tokens: int = DemoSettings.t5_max_tokens, test_verses: int = 500,
+               curve_verses: int = 200,
                select_verses: int = 200, beam_size: int = 4,
                length_penalties: tuple[float, ...] = DemoSettings.t5_length_penalties,
                no_repeat_ngrams: tuple[int, ...] = DemoSettings.t5_no_repeat_ngrams,
@@ -83,22 +81,15 @@ def run_budget(workdir: Path, steps: int, every: int, *, tokenizer_path: str = "
     ft, run = train_run("t5_budget_scratch", c, workdir / "scratch")
     start_id = int(c.objective.decoder_start_id)
     curve = bleu_curve(ft, run, tokenizer, curve_set, max_tokens, c, decode_batch)
-    decoding = choose_decoding(ft.model, ft.state.params, tokenizer, select, max_len=max_tokens,
-                               batch=decode_batch, decoder_start_id=start_id,
-                               beam_size=beam_size, length_penalties=length_penalties,
-                               no_repeat_ngrams=no_repeat_ngrams)
-    t0 = time.perf_counter()
-    hyps = translate(ft.model, ft.state.params, tokenizer, [p["source"] for p in test],
-                     max_source=max_tokens, max_new_tokens=max_tokens,
-                     beam_size=decoding["beam_size"], batch=decode_batch,
-                     decoder_start_id=start_id, length_penalty=decoding["length_penalty"],
-                     no_repeat_ngram_size=decoding["no_repeat_ngram_size"])
-    final = bleu(hyps, [p["target"] for p in test])
+    decoding, hyps, final, decode_s = decode_test(
+        ft.model, ft.state.params, tokenizer, select, test, max_len=max_tokens,
+        batch=decode_batch, decoder_start_id=start_id, beam_size=beam_size,
+        length_penalties=length_penalties, no_repeat_ngrams=no_repeat_ngrams)
     print(f"  final: test BLEU {final['bleu']:.2f} on {len(test)} verses "
           f"({describe_decoding(decoding)})", flush=True)
     return {"run": run.summary(), "length_limit": {"tokens": max_tokens, **counts},
             "curve": curve, "curve_verses": len(curve_set), "test_verses": len(test),
-            "decoding": decoding, "final": final, "decode_seconds": time.perf_counter() - t0,
+            "decoding": decoding, "final": final, "decode_seconds": decode_s,
             "samples": [{"source": p["source"], "reference": p["target"], "hypothesis": h}
                         for p, h in list(zip(test, hyps))[:4]]}
 
