@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -119,3 +120,43 @@ def test_demo_cli_rejects_non_positive_budgets(flag, capsys):
     with pytest.raises(SystemExit):
         main([flag, "0"])
     assert f"{flag}=0" in capsys.readouterr().err
+
+
+def test_set_overrides_are_typed_targeted_and_applied():
+    from jaxformer.demo.common import load_config, parse_overrides
+
+    o = parse_overrides(["model.d_model=256", "bert_finetune_tiny:data.seq_len=96",
+                         "bert_pretrain_tiny:optimizer.peak_lr=5e-4",
+                         "bert_pretrain_tiny:data.source=shakespeare",
+                         "bert_finetune_tiny:data.packing=true"])
+    assert o == {"*": {"model.d_model": 256},
+                 "bert_finetune_tiny": {"data.seq_len": 96, "data.packing": True},
+                 "bert_pretrain_tiny": {"optimizer.peak_lr": 5e-4, "data.source": "shakespeare"}}
+    pre, ft = load_config("bert_pretrain_tiny", o), load_config("bert_finetune_tiny", o)
+    assert pre.model.d_model == ft.model.d_model == 256
+    assert (pre.data.seq_len, ft.data.seq_len) == (128, 96)  # only the named config changes
+    assert pre.optimizer.peak_lr == 5e-4 and pre.data.source == "shakespeare"
+    assert load_config("gpt_pretrain_tiny").model.d_model == 128
+
+
+@pytest.mark.parametrize("item, message", [
+    ("model.d_modle=3", "has no key 'model.d_modle'"),
+    ("bert_tiny:model.d_model=3", "unknown config 'bert_tiny'"),
+    ("model.d_model", "expected [CONFIG:]KEY=VALUE"),
+    ("model.relative_num_buckets=8", "'gpt_pretrain_tiny' has no key"),  # T5-only, for every config
+])
+def test_set_rejects_bad_items(item, message):
+    from jaxformer.demo.common import parse_overrides
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_overrides([item])
+    assert parse_overrides(["t5_pretrain_tiny:model.relative_num_buckets=8"])
+
+
+def test_demo_cli_reports_bad_set_items(tmp_path, capsys):
+    from jaxformer.demo.__main__ import main
+
+    with pytest.raises(SystemExit):  # (if it ever ran, the budget keeps it short)
+        main(["--set", "model.d_modle=3", "--only", "gpt", "--budget_scale", "0.001",
+              "--workdir", str(tmp_path), "--out", str(tmp_path)])
+    assert "has no key 'model.d_modle'" in capsys.readouterr().err

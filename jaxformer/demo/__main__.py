@@ -7,6 +7,7 @@ import dataclasses
 import sys
 
 from jaxformer.demo import FAMILIES, DemoSettings, run_demo
+from jaxformer.demo.common import DEMO_CONFIGS, parse_overrides
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,11 +25,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", default=",".join(FAMILIES), help="comma-separated families")
     p.add_argument("--out", default="demo_results", help="results.json / .md / curves.png here")
     p.add_argument("--beam_size", type=int, default=DemoSettings.beam_size)
+    p.add_argument("--set", action="append", default=[], metavar="[CONFIG:]KEY=VALUE",
+                   help="override a key of the demo's configs (repeatable): of every config, e.g. "
+                        "--set model.d_model=256, or of one of " + ", ".join(DEMO_CONFIGS) +
+                        ", e.g. --set bert_finetune_tiny:data.seq_len=96")
     args = p.parse_args(argv)
     for name in ("budget_scale", "pretrain_scale", "bert_curve_points", "beam_size",
                  "t5_max_tokens"):
         if getattr(args, name) <= 0:
             p.error(f"--{name}={getattr(args, name)} must be positive")
+    try:
+        overrides = parse_overrides(args.set)
+    except ValueError as e:
+        p.error(str(e))
     settings = dataclasses.replace(DemoSettings(), budget_scale=args.budget_scale,
                                    pretrain_scale=args.pretrain_scale,
                                    bert_curve_points=args.bert_curve_points,
@@ -36,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
                                    beam_size=args.beam_size)
     command = "python -m jaxformer.demo " + " ".join(sys.argv[1:] if argv is None else argv)
     run_demo(args.workdir, settings, [f.strip() for f in args.only.split(",") if f.strip()],
-             out_dir=args.out, command=command.strip())
+             overrides=overrides, out_dir=args.out, command=command.strip())
 
 
 if __name__ == "__main__":

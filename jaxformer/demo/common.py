@@ -8,6 +8,7 @@ and seconds and its metric rows (the learning curve).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.util
 import json
@@ -115,6 +116,55 @@ def load_config(name: str, overrides: Overrides | None = None, **settings: Any
         for key, value in source.items():
             set_key(config, key, value)
     return config
+
+
+DEMO_CONFIGS = tuple(f"{family}_{stage}_tiny" for family in ("gpt", "bert", "t5")
+                     for stage in ("pretrain", "finetune"))
+
+
+def _literal(text: str, current: Any) -> Any:
+    """A command-line value for a key whose config value is ``current``: the raw text for string
+    keys, else a Python literal (``256``, ``5e-4``, ``True``/``true``, ``(1, 2)``) or the text."""
+    if isinstance(current, str):
+        return text
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_overrides(items: Collection[str], default: str = "*",
+                    allowed: Collection[str] = DEMO_CONFIGS) -> dict[str, dict[str, Any]]:
+    """``--set [CONFIG:]KEY=VALUE`` items → `Overrides`, e.g. ``bert_pretrain_tiny:model.d_model=256``
+    (one config) or ``model.d_model=256`` (the ``default`` target; ``"*"``: every config).
+
+    Raises:
+      ValueError: naming the item, for a missing ``=``, a config outside ``allowed``, or a key that
+        a targeted config does not have (overrides change keys, never add them).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: expected [CONFIG:]KEY=VALUE")
+        target, _, key = key.rpartition(":")
+        target = target or default
+        names = tuple(allowed) if target == "*" else (target,)
+        if target != "*" and target not in allowed:
+            raise ValueError(f"--set {item!r}: unknown config {target!r}; choose among "
+                             f"{sorted(allowed)} (or none for all)")
+        currents = []
+        for name in names:
+            node: Any = load_config(name)
+            for part in key.split("."):
+                if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+                    raise ValueError(f"--set {item!r}: config {name!r} has no key {key!r}")
+                node = node[part]
+            currents.append(node)
+        out.setdefault(target, {})[key] = _literal(value, currents[0])
+    return out
 
 
 def scale_budget(config: ml_collections.ConfigDict, scale: float, *, evals: int = 0) -> None:

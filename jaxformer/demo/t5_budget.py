@@ -25,6 +25,7 @@ from jaxformer.demo.common import (
     Overrides,
     banner,
     load_config,
+    parse_overrides,
     start_clock,
     train_run,
 )
@@ -118,16 +119,6 @@ def markdown(r: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _literal(text: str):
-    """A --set value: a Python literal (number, bool, string in quotes) or else the bare string."""
-    import ast
-
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
 def main(argv: list[str] | None = None) -> None:
     import sys
 
@@ -139,21 +130,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max_tokens", type=int, default=DemoSettings.t5_max_tokens,
                    help="verse-length limit: pairs kept when both sides fit (EOS included)")
     p.add_argument("--tokenizer", default="", help="an existing tokenizer.model (else trained)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a key of configs/t5_finetune_tiny.py (repeatable), e.g. "
-                        "--set optimizer.peak_lr=3e-3")
+    p.add_argument("--set", action="append", default=[], metavar="[CONFIG:]KEY=VALUE",
+                   help="override a config key (repeatable); CONFIG defaults to t5_finetune_tiny, "
+                        "e.g. --set optimizer.peak_lr=3e-3")
     p.add_argument("--out", default="demo_results")
     args = p.parse_args(argv)
     if args.steps <= 0 or not 0 < args.every <= args.steps or args.max_tokens <= 1:
         p.error("--steps must be positive, --every in [1, steps] and --max_tokens > 1")
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--set {item!r}: expected KEY=VALUE")
-        overrides[key] = _literal(value)
+    try:
+        overrides = parse_overrides(args.set, default="t5_finetune_tiny")
+    except ValueError as e:
+        p.error(str(e))
     results = run_budget(Path(args.workdir), args.steps, args.every, tokenizer_path=args.tokenizer,
-                         max_tokens=args.max_tokens, overrides={"t5_finetune_tiny": overrides})
+                         max_tokens=args.max_tokens, overrides=overrides)
     command = "python -m jaxformer.demo.t5_budget " + " ".join(sys.argv[1:] if argv is None
                                                                else argv)
     out = Path(args.out)
