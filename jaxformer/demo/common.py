@@ -155,15 +155,13 @@ def parse_overrides(items: Collection[str], default: str = "*",
         if target != "*" and target not in allowed:
             raise ValueError(f"--set {item!r}: unknown config {target!r}; choose among "
                              f"{sorted(allowed)} (or none for all)")
-        currents = []
-        for name in names:
+        for name in names:  # every targeted config must have the key
             node: Any = load_config(name)
             for part in key.split("."):
                 if not isinstance(node, ml_collections.ConfigDict) or part not in node:
                     raise ValueError(f"--set {item!r}: config {name!r} has no key {key!r}")
                 node = node[part]
-            currents.append(node)
-        out.setdefault(target, {})[key] = _literal(value, currents[0])
+        out.setdefault(target, {})[key] = _literal(value, node)
     return out
 
 
