@@ -153,6 +153,16 @@ def test_set_rejects_bad_items(item, message):
     assert parse_overrides(["t5_pretrain_tiny:model.relative_num_buckets=8"])
 
 
+def test_demo_settings_change_keys_and_never_add_them():
+    from jaxformer.demo.common import load_config
+
+    assert load_config("bert_finetune_tiny", **{"data.format": "jsonl"}).data.format == "jsonl"
+    with pytest.raises(KeyError, match="data has no key 'fromat'"):
+        load_config("bert_finetune_tiny", **{"data.fromat": "jsonl"})
+    with pytest.raises(KeyError, match="the config has no key 'daat'"):
+        load_config("bert_finetune_tiny", {"*": {"daat.format": "jsonl"}})
+
+
 def test_demo_cli_reports_bad_set_items(tmp_path, capsys):
     from jaxformer.demo.__main__ import main
 

@@ -71,10 +71,14 @@ def default_data_config() -> ml_collections.ConfigDict:
     prefetch: batches prefetched by a thread (when ``worker_count`` is 0).
     worker_count / worker_buffer_size: Grain worker processes and batches buffered per worker.
     """
-    return ml_collections.ConfigDict(dict(
+    from jaxformer.data.sources import default_source_config
+
+    cfg = default_source_config()  # update() keeps its typed placeholders
+    cfg.update(dict(
         task="lm", seq_len=128, target_len=128, batch_size=8, packing=True, packing_bins=0,
         shuffle=True, framing="eos", long_examples="truncate", read_threads=0, read_buffer=256,
         prefetch=2, worker_count=0, worker_buffer_size=2, tokenizer=default_tokenizer_config()))
+    return cfg
 
 
 def _i32(x) -> np.ndarray:

@@ -40,6 +40,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -57,6 +58,17 @@ _BUILTIN_FIELDS = {"shakespeare": ("text", None, None, None),
 # only registers lazily; without TensorFlow `tfds.builder("glue")` fails until they are imported.
 _LEGACY_TFDS_MODULES = ("text", "translate", "summarization", "question_answering",
                         "text_simplification")
+
+
+def default_source_config() -> ml_collections.ConfigDict:
+    """The source keys of ``config.data`` (module docstring), declared so that command-line
+    overrides such as ``--config.data.format=jsonl`` can set them. None = the source's default."""
+    ph = ml_collections.config_dict.placeholder
+    return ml_collections.ConfigDict(dict(
+        source="", pair_view=ph(str), format=ph(str), columns=ph(tuple),
+        split_fractions=(0.9, 0.05, 0.05), text_key="text", label_key=ph(str),
+        source_key=ph(str), target_key=ph(str), label_names=ph(tuple), tfds_data_dir=ph(str),
+        tfds_download=ph(bool)))
 
 
 def _opt(cfg: Any, key: str, default: Any = None) -> Any:

@@ -89,15 +89,24 @@ class RunResult:
         return {**out, **self.extra}
 
 
+def config_node(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, str]:
+    """(parent, leaf name) of the existing key ``dotted = "a.b.c"``; KeyError naming the first
+    missing part (overrides change keys, never add them)."""
+    parts = dotted.split(".")
+    node: Any = config
+    for i, part in enumerate(parts):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            where = ".".join(parts[:i]) or "the config"
+            raise KeyError(f"{dotted!r}: {where} has no key {part!r}")
+        if i < len(parts) - 1:
+            node = node[part]
+    return node, parts[-1]
+
+
 def set_key(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
-    """``config[a][b][c] = value`` for ``dotted = "a.b.c"``; KeyError naming unknown keys."""
-    *parents, leaf = dotted.split(".")
-    target = config
-    for p in parents:
-        if p not in target:
-            raise KeyError(f"override {dotted!r}: config has no section {p!r}")
-        target = target[p]
-    target[leaf] = value
+    """``config[a][b][c] = value`` for the existing key ``dotted = "a.b.c"`` (KeyError if absent)."""
+    parent, leaf = config_node(config, dotted)
+    parent[leaf] = value
 
 
 def load_config(name: str, overrides: Overrides | None = None, **settings: Any
@@ -156,12 +165,11 @@ def parse_overrides(items: Collection[str], default: str = "*",
             raise ValueError(f"--set {item!r}: unknown config {target!r}; choose among "
                              f"{sorted(allowed)} (or none for all)")
         for name in names:  # every targeted config must have the key
-            node: Any = load_config(name)
-            for part in key.split("."):
-                if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-                    raise ValueError(f"--set {item!r}: config {name!r} has no key {key!r}")
-                node = node[part]
-        out.setdefault(target, {})[key] = _literal(value, node)
+            try:
+                parent, leaf = config_node(load_config(name), key)
+            except KeyError:
+                raise ValueError(f"--set {item!r}: config {name!r} has no key {key!r}") from None
+        out.setdefault(target, {})[key] = _literal(value, parent[leaf])
     return out
 
 
