@@ -334,3 +334,77 @@ def test_model_inputs_fit_the_models(name, model_preset, overrides):
         logits, nsp_logits = logits
         assert nsp_logits.shape[:-1] == out["nsp_targets"].shape
     assert logits.shape[:-1] == out["targets"].shape == out["weights"].shape
+
+
+def _whole_word_rows(rate_rows: int = 16, length: int = 48):
+    """Rows of ``[CLS] sentence [SEP]`` pairs (two segments) from a real sentencepiece tokenizer,
+    with each row's word spans taken from the *text* (encode(sentence) = the pieces of its
+    whitespace-separated words, one after another)."""
+    from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
+
+    rng = np.random.default_rng(0)
+    syllables = "the un watch able ex tra or di nar ly per form ance heart felt dull a is".split()
+    vocab = ["".join(rng.choice(syllables, int(rng.integers(1, 4)))) for _ in range(300)]
+    texts = [" ".join(rng.choice(vocab, int(rng.integers(3, 8)))) for _ in range(400)]
+    tok = Tokenizer(train_sentencepiece(texts, vocab_size=400, num_sentinels=0))
+    sp = tok.special
+    tokens = np.zeros((rate_rows, length), np.int32)
+    seg = np.zeros_like(tokens)
+    spans: list[list[tuple[int, int]]] = []
+    for b in range(rate_rows):
+        t, row_spans = 0, []
+        for s in (1, 2):
+            words = texts[2 * b + s].split()
+            pieces = [tok.encode(w) for w in words]
+            assert sum(pieces, []) == tok.encode(texts[2 * b + s])
+            ids = [sp.cls_id, *sum(pieces, []), sp.sep_id]
+            if t + len(ids) > length:
+                break
+            tokens[b, t:t + len(ids)], seg[b, t:t + len(ids)] = ids, s
+            start = t + 1
+            for p in pieces:
+                row_spans.append((start, start + len(p)))
+                start += len(p)
+            t += len(ids)
+        spans.append(row_spans)
+    return tok, {"inputs": tokens, "inputs_segment_ids": seg}, spans
+
+
+def test_whole_word_mask_chooses_whole_words_uniformly():
+    tok, batch, spans = _whole_word_rows()
+    assert any(e - s > 1 for row in spans for s, e in row), "no multi-piece word to test"
+    cfg = {"mask_rate": 0.3, "whole_word_mask": True}
+    mlm = jax.jit(lambda b, k: prepare_mlm(b, k, tok.special, cfg, tok.word_initial()))
+    hits = [np.zeros(len(row)) for row in spans]
+    trials = 300
+    for i in range(trials):
+        w = np.asarray(mlm(batch, jax.random.key(i))["weights"]).astype(bool)
+        for b, row in enumerate(spans):
+            chosen = [bool(w[b, s:e].all()) for s, e in row]
+            for s, e in row:
+                assert w[b, s:e].all() or not w[b, s:e].any(), "a word was split"
+            covered = np.zeros(w.shape[1], bool)
+            for (s, e), c in zip(row, chosen):
+                covered[s:e] |= c
+            np.testing.assert_array_equal(w[b], covered)  # nothing outside the words
+            assert sum(chosen) == max(round(0.3 * len(row)), 1)
+            hits[b] += chosen
+    freq = np.concatenate(hits) / trials
+    multi = np.array([e - s > 1 for row in spans for s, e in row])
+    for group in (multi, ~multi):  # long words are chosen as often as one-piece words
+        sigma = np.sqrt(0.3 * 0.7 / (trials * group.sum()))
+        assert abs(freq[group].mean() - 0.3) < 4 * sigma + 0.01
+
+
+def test_whole_word_mask_needs_the_table_and_an_mlm_objective():
+    from jaxformer.objectives import bind_objective
+
+    tok, batch, _ = _whole_word_rows(rate_rows=2)
+    with pytest.raises(ValueError, match="word_initial"):
+        prepare_mlm(batch, jax.random.key(0), tok.special, {"whole_word_mask": True})
+    with pytest.raises(ValueError, match="whole_word_mask applies to objective 'mlm'"):
+        bind_objective({"name": "clm", "whole_word_mask": True}, tok.special)
+    initial = tok.word_initial()
+    for word in ("unwatchable", "the", "heartfelt", "extraordinarily"):
+        first, *rest = tok.encode(word)  # a word's first piece begins it, the others continue it
+        assert initial[first] and not initial[rest].any()

@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable, Iterable
 
 import ml_collections
+import numpy as np
 import sentencepiece as spm
 from absl import logging
 
@@ -178,6 +179,12 @@ class Tokenizer:
 
     def id_to_piece(self, i: int) -> str:
         return self._sp.id_to_piece(int(i))
+
+    def word_initial(self) -> np.ndarray:
+        """Bool `[vocab_size]`: the pieces that begin a word (sentencepiece's "▁" prefix), for
+        whole-word masking; byte-fallback and other continuation pieces are False."""
+        return np.array([self._sp.id_to_piece(i).startswith("\u2581")
+                         for i in range(self.vocab_size)], bool)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the ``.model`` (atomically: concurrent writers of the same model are safe)."""

@@ -56,11 +56,24 @@ def get_objective(name: str) -> PrepareFn:
     return OBJECTIVES[name]
 
 
-def bind_objective(cfg: Any, special: SpecialTokens) -> Callable[[dict, Any], dict]:
+def bind_objective(cfg: Any, special: SpecialTokens, word_initial: Any = None
+                   ) -> Callable[[dict, Any], dict]:
     """``prepare(batch, rng)`` for the objective named ``cfg.name``, bound to ``special`` and the
-    objective options ``cfg`` (the ``objective`` config section)."""
-    fn = get_objective(option(cfg, "name", ""))
+    objective options ``cfg`` (the ``objective`` config section); MLM's ``whole_word_mask`` also
+    takes the tokenizer's ``word_initial`` table (`Tokenizer.word_initial`)."""
+    fn = get_objective(check_objective(cfg))
+    if option(cfg, "whole_word_mask", False):
+        return functools.partial(fn, special=special, cfg=cfg, word_initial=word_initial)
     return functools.partial(fn, special=special, cfg=cfg)
+
+
+def check_objective(cfg: Any) -> str:
+    """The objective's name, after checking that its options fit it (ValueError naming them)."""
+    name = option(cfg, "name", "")
+    get_objective(name)
+    if option(cfg, "whole_word_mask", False) and name != "mlm":
+        raise ValueError(f"objective.whole_word_mask applies to objective 'mlm', not {name!r}")
+    return name
 
 
 def host_transform(name: str, special: SpecialTokens, cfg: Any = None) -> HostFn | None:
@@ -85,7 +98,7 @@ def host_transform(name: str, special: SpecialTokens, cfg: Any = None) -> HostFn
 
 
 __all__ = [
-    "OBJECTIVES", "get_objective", "bind_objective", "host_transform", "prepare_clm", "prepare_mlm",
-    "prepare_seq2seq", "prepare_classify", "prepare_sft", "span_corruption",
+    "OBJECTIVES", "get_objective", "bind_objective", "check_objective", "host_transform",
+    "prepare_clm", "prepare_mlm", "prepare_seq2seq", "prepare_classify", "prepare_sft", "span_corruption",
     "reconstruct_span_corruption", "random_spans_noise_mask", "denoise", "poisson_span_lengths",
 ]

@@ -6,6 +6,11 @@ token), at least one when ``n > 0``, are chosen uniformly without replacement, a
 non-special token and 10% stay unchanged; the model predicts the original id at every chosen
 position and nowhere else.
 
+Whole-word masking (``whole_word_mask``; Google's BERT release of 2019-05-31, Cui et al. 2019):
+the unit chosen is the word, not the piece — ``round(mask_rate · w)`` of a row's ``w`` words, each
+with all its pieces (a word starts at a piece the tokenizer marks as word-initial, sentencepiece's
+"▁", or after a special token / segment boundary); the 80/10/10 split stays per piece.
+
 Next-sentence prediction (§3.1 "Task #2") is emitted when the batch carries ``nsp_label`` `[B]`
 with BERT's convention: 0 = sentence B follows A ("IsNext"), 1 = B is random ("NotNext"). It
 needs one sentence pair per row (no packing); building such pairs is the pipeline's job and
@@ -46,12 +51,26 @@ def choose_positions(rng: jax.Array, candidates: Array, rate: float) -> Array:
     return candidates & (ranks < k[:, None])
 
 
+def whole_words(candidates: Array, word_initial: Array, segment_ids: Array) -> tuple[Array, Array]:
+    """Word structure of `[B, L]` rows: ``(starts, head)`` where ``starts`` marks the candidate
+    pieces that begin a word (``word_initial``, or the previous piece is not a candidate of the
+    same segment) and ``head[b, t]`` is the index of the start of the word holding piece ``t``."""
+    prev_cand = jnp.pad(candidates[:, :-1], ((0, 0), (1, 0)))
+    prev_seg = jnp.pad(segment_ids[:, :-1], ((0, 0), (1, 0)))
+    starts = candidates & (word_initial | ~prev_cand | (prev_seg != segment_ids))
+    idx = jnp.broadcast_to(jnp.arange(candidates.shape[1]), candidates.shape)
+    head = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+    return starts, head
+
+
 def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
-                cfg: Any = None) -> dict:
+                cfg: Any = None, word_initial: np.ndarray | None = None) -> dict:
     """BERT masking of ``inputs`` `[B, L]`.
 
     Options (``cfg``): ``mask_rate`` (0.15), ``mask_token_fraction`` (0.8) and
     ``random_token_fraction`` (0.1) of the chosen positions; the rest stay unchanged.
+    ``whole_word_mask`` (False) chooses whole words; it needs ``word_initial``, a bool `[vocab]`
+    table of the pieces that begin a word (`Tokenizer.word_initial`; the Trainer passes it).
 
     Returns ``model_inputs`` {tokens (corrupted), positions, segment_ids[, token_types]} for
     `EncoderOnly`, ``targets`` `[B, L]` (the original ids) and ``weights`` `[B, L]` float32 (1 on
@@ -69,7 +88,17 @@ def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialToke
     tokens, seg, pos = segments_and_positions(batch, "inputs", special.pad_id)
     k_choose, k_how, k_tok = jax.random.split(rng, 3)
     is_special = jnp.isin(tokens, jnp.asarray(special.all_special, jnp.int32))
-    chosen = choose_positions(k_choose, (seg != 0) & ~is_special, rate)
+    candidates = (seg != 0) & ~is_special
+    if option(cfg, "whole_word_mask", False):
+        if word_initial is None:
+            raise ValueError("objective.whole_word_mask needs the tokenizer's word_initial table "
+                             "(bind_objective(..., word_initial=tokenizer.word_initial()))")
+        initial = jnp.asarray(word_initial, bool)[jnp.clip(tokens, 0, len(word_initial) - 1)]
+        starts, head = whole_words(candidates, initial, seg)
+        chosen_starts = choose_positions(k_choose, starts, rate)
+        chosen = candidates & jnp.take_along_axis(chosen_starts, head, axis=1)
+    else:
+        chosen = choose_positions(k_choose, candidates, rate)
 
     how = jax.random.uniform(k_how, tokens.shape)
     pool = jnp.asarray(_non_special_ids(special))

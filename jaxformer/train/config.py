@@ -25,6 +25,7 @@ from __future__ import annotations
 import ml_collections
 
 from jaxformer.config import ModelConfig
+from jaxformer.objectives import check_objective
 
 TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "model", "objective", "data", "optimizer",
                   "checkpoint", "eval", "mesh", "parallel", "log_every_steps", "progress_bar",
@@ -43,8 +44,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.init_from = ""
     c.model = ml_collections.ConfigDict()
     c.objective = ml_collections.ConfigDict(dict(
-        name="clm", label_smoothing=0.0, z_loss=0.0, mask_rate=0.15, noise_density=0.15,
-        mean_span_length=3.0, decoder_start_id=0))
+        name="clm", label_smoothing=0.0, z_loss=0.0, mask_rate=0.15, whole_word_mask=False,
+        noise_density=0.15, mean_span_length=3.0, decoder_start_id=0))
     c.data = default_data_config()
     c.optimizer = default_optimizer_config()
     c.checkpoint = ml_collections.ConfigDict(dict(every_steps=500, keep=3, best_metric="",
@@ -75,6 +76,7 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
             raise ValueError(f"checkpoint.{key}={config.checkpoint[key]} must be positive")
     if config.eval.every_steps <= 0 or config.eval.num_batches < 0:
         raise ValueError("eval.every_steps must be positive and eval.num_batches >= 0")
+    check_objective(config.objective)
     accum = config.optimizer.get("grad_accum_steps", 1)
     if config.data.batch_size % accum:
         raise ValueError(f"data.batch_size={config.data.batch_size} must be divisible by "
