@@ -12,7 +12,7 @@ def get_config():
     c = base_config()
     c.name = "bert_base_mlm"
     c.num_train_steps = 1_000_000
-    c.model = preset("bert_base", scan_layers=True)
+    c.model.update(preset("bert_base", scan_layers=True))
     c.objective.name = "mlm"
     c.objective.mask_rate = 0.15
     c.data.source = "tfds:wikipedia/20230601.en"

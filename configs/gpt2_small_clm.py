@@ -12,7 +12,7 @@ def get_config():
     c = base_config()
     c.name = "gpt2_small_clm"
     c.num_train_steps = 100_000
-    c.model = preset("gpt2_small", vocab_size=32_000, scan_layers=True, remat_policy="dots")
+    c.model.update(preset("gpt2_small", vocab_size=32_000, scan_layers=True, remat_policy="dots"))
     c.objective.name = "clm"
     c.data.source = "tfds:lm1b"
     c.data.task = "lm"

@@ -12,7 +12,7 @@ def get_config():
     c = base_config()
     c.name = "t5_small_span"
     c.num_train_steps = 524_288
-    c.model = preset("t5_small", scan_layers=True)
+    c.model.update(preset("t5_small", scan_layers=True))
     c.objective.name = "span_corruption"
     c.objective.noise_density = 0.15
     c.objective.mean_span_length = 3.0

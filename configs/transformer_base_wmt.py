@@ -14,7 +14,7 @@ def get_config():
     c = base_config()
     c.name = "transformer_base_wmt"
     c.num_train_steps = 100_000
-    c.model = preset("transformer_base")
+    c.model.update(preset("transformer_base"))
     c.objective.name = "seq2seq"
     c.objective.label_smoothing = 0.1
     c.data.source = "tfds:wmt14_translate/de-en"

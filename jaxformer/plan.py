@@ -63,7 +63,7 @@ def preset_config(name: str, *, batch: int, seq_len: int, target_len: int | None
 
     c = base_config()
     c.name = name
-    c.model = preset(name)
+    c.model.update(preset(name))
     c.objective.name = _OBJECTIVE[c.model["family"]]
     c.data.task = _TASK[c.objective.name]
     c.data.batch_size, c.data.seq_len = batch, seq_len

@@ -31,3 +31,39 @@ def test_unknown_top_level_key_is_rejected():
         config.num_train_step = 3
     with pytest.raises(ValueError, match="num_train_step"):
         validate_config(config)
+
+
+def test_every_model_field_and_objective_option_is_settable_from_the_command_line():
+    """Configs declare every ModelConfig field and every objective option (ml_collections refuses
+    to override an undeclared key, or a None one), so ``train.py --config.model.dtype=bfloat16``
+    works; fields left to be derived still follow their inputs."""
+    import dataclasses
+    import re
+
+    from absl import flags
+    from ml_collections import config_flags
+
+    from jaxformer.config import ModelConfig
+    from jaxformer.train.config import base_config
+
+    root = Path(__file__).resolve().parents[1]
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    for name in CONFIGS:
+        spec = importlib.util.spec_from_file_location(name, root / "configs" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert set(module.get_config().model) == fields, name
+    read = {key for f in (root / "jaxformer" / "objectives").glob("*.py")
+            for key in re.findall(r'option\(cfg, "(\w+)"', f.read_text())}
+    assert {"mask_rate", "whole_word_mask", "infill_rate"} <= read <= set(base_config().objective)
+    argv = ["train.py", "--config", str(root / "configs" / "gpt_pretrain_tiny.py"),
+            "--config.model.dtype=bfloat16", "--config.model.d_model=64",
+            "--config.model.num_kv_heads=2", "--config.model.dropout_rate=0",
+            "--config.objective.random_token_fraction=0.2"]
+    fv = flags.FlagValues()  # what train.py's absl app does with its command line
+    config_flags.DEFINE_config_file("config", flag_values=fv, sys_argv=argv)
+    fv(argv)
+    cfg = validate_config(fv.config)
+    assert (cfg.dtype, cfg.d_model, cfg.num_kv_heads, cfg.dropout_rate) == ("bfloat16", 64, 2, 0.0)
+    assert cfg.head_dim == 64 // cfg.num_heads  # still derived, from the new d_model
+    assert fv.config.objective.random_token_fraction == 0.2

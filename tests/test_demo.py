@@ -143,7 +143,7 @@ def test_set_overrides_are_typed_targeted_and_applied():
     ("model.d_modle=3", "has no key 'model.d_modle'"),
     ("bert_tiny:model.d_model=3", "unknown config 'bert_tiny'"),
     ("model.d_model", "expected [CONFIG:]KEY=VALUE"),
-    ("model.relative_num_buckets=8", "'gpt_pretrain_tiny' has no key"),  # T5-only, for every config
+    ("model.d_model.size=8", "'gpt_pretrain_tiny' has no key"),  # a value is not a section
 ])
 def test_set_rejects_bad_items(item, message):
     from jaxformer.demo.common import parse_overrides

@@ -335,7 +335,7 @@ def test_plan_matches_the_real_sharded_state(runs):
 
     cfg, *_ = runs["setup"]
     config = base_config()
-    config.model = preset(FAMILY["gpt"][0], **TINY)
+    config.model.update(preset(FAMILY["gpt"][0], **TINY))
     config.data.batch_size, config.data.seq_len = BATCH, LEN
     config.optimizer = default_optimizer_config("gpt3", peak_lr=1e-2, warmup_steps=1, eps=1e-3)
     config.num_train_steps = 10

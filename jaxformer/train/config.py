@@ -22,6 +22,11 @@ progress_bar       show a tqdm bar
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from collections.abc import Mapping
+from typing import Any
+
 import ml_collections
 
 from jaxformer.config import ModelConfig
@@ -30,6 +35,21 @@ from jaxformer.objectives import check_objective
 TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "model", "objective", "data", "optimizer",
                   "checkpoint", "eval", "mesh", "parallel", "log_every_steps", "progress_bar",
                   "name")
+
+
+def model_defaults(fields: Mapping[str, Any] | None = None) -> ml_collections.ConfigDict:
+    """``config.model`` declaring every `ModelConfig` field (so ``--config.model.<field>=…`` can set
+    any of them): ``fields`` over the dataclass defaults. Fields derived when None (``head_dim``,
+    ``num_kv_heads``, …) are typed placeholders. Configs fill it with
+    ``c.model.update(preset(...))``, which keeps the declarations and their types."""
+    hints = typing.get_type_hints(ModelConfig)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(ModelConfig):
+        value = dict(fields or {}).get(f.name, f.default)
+        kind = next(t for t in (typing.get_args(hints[f.name]) or (hints[f.name],))
+                    if t is not type(None))
+        out[f.name] = ml_collections.config_dict.placeholder(kind) if value is None else value
+    return ml_collections.ConfigDict(out)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -42,10 +62,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.num_train_steps = 1000
     c.init_from = ""
-    c.model = ml_collections.ConfigDict()
+    c.model = model_defaults()
     c.objective = ml_collections.ConfigDict(dict(
         name="clm", label_smoothing=0.0, z_loss=0.0, mask_rate=0.15, whole_word_mask=False,
-        noise_density=0.15, mean_span_length=3.0, decoder_start_id=0))
+        mask_token_fraction=0.8, random_token_fraction=0.1, noise_density=0.15,
+        mean_span_length=3.0, infill_rate=0.3, poisson_lambda=3.0, delete_rate=0.0,
+        decoder_start_id=0))
     c.data = default_data_config()
     c.optimizer = default_optimizer_config()
     c.checkpoint = ml_collections.ConfigDict(dict(every_steps=500, keep=3, best_metric="",

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from pathlib import Path
@@ -53,13 +54,16 @@ def _resolve_hf(config):
         seed=config.seed)
     with config.unlocked():
         merged = dict(hf_model)
-        merged.update({k: v for k, v in config.model.to_dict().items() if k in _HF_OVERRIDABLE})
+        merged.update({k: v for k, v in config.model.to_dict().items()
+                       if k in _HF_OVERRIDABLE and v != _MODEL_DEFAULTS[k]})
         config.model = merged
         if tok_path and not config.data.tokenizer.get("path"):
             config.data.tokenizer.path = tok_path
     return params
 
 
+# config.model values that differ from ModelConfig's defaults override the checkpoint's.
+_MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 _HF_OVERRIDABLE = ("head", "num_classes", "dropout_rate", "attention_dropout_rate",
                    "ffn_dropout_rate", "dtype", "param_dtype", "scan_layers", "remat_policy",
                    "attention_impl", "pooling")
