@@ -299,7 +299,7 @@ def test_denoise_text_infilling_statistics():
 def test_denoise_masking_and_deletion_rates():
     rng = np.random.default_rng(3)
     tokens = rng.integers(LOW, SPECIAL.vocab_size, 20000)
-    inputs, _ = denoise(tokens, rng, SPECIAL, infill_rate=0.0, mask_rate=0.2)
+    inputs, _ = denoise(tokens, rng, SPECIAL, infill_rate=0.0, token_mask_rate=0.2)
     assert len(inputs) == len(tokens) + 1
     frac = (inputs[:-1] == SPECIAL.mask_id).mean()
     assert abs(frac - 0.2) < 4 * np.sqrt(0.2 * 0.8 / 20000)
@@ -308,8 +308,8 @@ def test_denoise_masking_and_deletion_rates():
     inputs, _ = denoise(tokens, rng, SPECIAL, infill_rate=0.0, delete_rate=0.1)
     assert is_subsequence(inputs[:-1], tokens)
     assert abs(1 - (len(inputs) - 1) / 20000 - 0.1) < 4 * np.sqrt(0.1 * 0.9 / 20000)
-    a = denoise(tokens[:100], np.random.default_rng(5), SPECIAL, delete_rate=0.1, mask_rate=0.1)
-    b = denoise(tokens[:100], np.random.default_rng(5), SPECIAL, delete_rate=0.1, mask_rate=0.1)
+    a = denoise(tokens[:100], np.random.default_rng(5), SPECIAL, delete_rate=0.1, token_mask_rate=0.1)
+    b = denoise(tokens[:100], np.random.default_rng(5), SPECIAL, delete_rate=0.1, token_mask_rate=0.1)
     np.testing.assert_array_equal(a[0], b[0])
     with pytest.raises(ValueError, match="delete_rate"):
         denoise(tokens, rng, SPECIAL, delete_rate=1.0)
@@ -408,3 +408,17 @@ def test_whole_word_mask_needs_the_table_and_an_mlm_objective():
     for word in ("unwatchable", "the", "heartfelt", "extraordinarily"):
         first, *rest = tok.encode(word)  # a word's first piece begins it, the others continue it
         assert initial[first] and not initial[rest].any()
+
+
+def test_denoise_from_the_base_config_masks_no_single_tokens():
+    """MLM's ``mask_rate`` (0.15 in the base config) is not BART's token masking."""
+    from jaxformer.train.config import base_config
+
+    cfg = base_config().objective
+    cfg.name, cfg.infill_rate = "denoise", 0.0
+    tokens = np.arange(LOW, LOW + 60, dtype=np.int32)
+    inputs, targets = host_transform("denoise", SPECIAL, cfg)(tokens, np.random.default_rng(0))
+    np.testing.assert_array_equal(inputs, targets)
+    cfg.token_mask_rate = 0.5
+    inputs, _ = host_transform("denoise", SPECIAL, cfg)(tokens, np.random.default_rng(0))
+    assert 15 < np.sum(inputs == SPECIAL.mask_id) < 45

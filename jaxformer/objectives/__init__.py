@@ -81,7 +81,7 @@ def host_transform(name: str, special: SpecialTokens, cfg: Any = None) -> HostFn
 
     ``span_corruption`` reads ``cfg.noise_density`` (0.15) and ``cfg.mean_span_length`` (3.0);
     ``denoise`` reads ``infill_rate`` (0.3), ``poisson_lambda`` (3.0), ``delete_rate`` (0),
-    ``mask_rate`` (0).
+    ``token_mask_rate`` (0).
     """
     get_objective(name)
     if name == "span_corruption":
@@ -93,7 +93,7 @@ def host_transform(name: str, special: SpecialTokens, cfg: Any = None) -> HostFn
                                  infill_rate=float(option(cfg, "infill_rate", 0.3)),
                                  poisson_lambda=float(option(cfg, "poisson_lambda", 3.0)),
                                  delete_rate=float(option(cfg, "delete_rate", 0.0)),
-                                 mask_rate=float(option(cfg, "mask_rate", 0.0)))
+                                 token_mask_rate=float(option(cfg, "token_mask_rate", 0.0)))
     return None
 
 

@@ -8,7 +8,7 @@ Three of BART's corruptions, applied in this order to one example ``x`` (without
   overlap and their places are uniformly random.
 * **token deletion**: each remaining original token is dropped with probability ``delete_rate``.
 * **token masking**: each remaining original token becomes ``[MASK]`` with probability
-  ``mask_rate``.
+  ``token_mask_rate`` (its own name: MLM's ``mask_rate``, 0.15 by default, must not leak in).
 
 The target is the original sequence. Inputs and targets end with EOS, as for `span_corruption`.
 The defaults are BART's final choice of noise for these three (30% text infilling, λ = 3);
@@ -37,14 +37,14 @@ def poisson_span_lengths(num_tokens: int, rng: np.random.Generator, poisson_lamb
 
 def denoise(tokens: np.ndarray, rng: np.random.Generator, special: SpecialTokens, *,
             infill_rate: float = 0.3, poisson_lambda: float = 3.0, delete_rate: float = 0.0,
-            mask_rate: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+            token_mask_rate: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Corrupt one example `[n]` (no EOS) → ``(inputs, targets)`` int32, both ending with EOS;
     ``targets`` is the original. See the module docstring for the three corruptions."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 1:
         raise ValueError(f"denoise takes one example [n], got shape {tokens.shape}")
     for name, rate in (("infill_rate", infill_rate), ("delete_rate", delete_rate),
-                       ("mask_rate", mask_rate)):
+                       ("token_mask_rate", token_mask_rate)):
         if not 0.0 <= rate < 1.0:
             raise ValueError(f"{name}={rate} must be in [0, 1)")
     if poisson_lambda <= 0:
@@ -74,7 +74,7 @@ def denoise(tokens: np.ndarray, rng: np.random.Generator, special: SpecialTokens
     keep = ~original | (rng.random(source.size) >= delete_rate)
     source = source[keep]
     original = source >= 0
-    masked = original & (rng.random(source.size) < mask_rate)
+    masked = original & (rng.random(source.size) < token_mask_rate)
     inputs = np.where(original & ~masked, tokens[np.maximum(source, 0)],
                       special.mask_id)
     return (np.concatenate([inputs, eos]).astype(np.int32),

@@ -67,7 +67,7 @@ def base_config() -> ml_collections.ConfigDict:
         name="clm", label_smoothing=0.0, z_loss=0.0, mask_rate=0.15, whole_word_mask=False,
         mask_token_fraction=0.8, random_token_fraction=0.1, noise_density=0.15,
         mean_span_length=3.0, infill_rate=0.3, poisson_lambda=3.0, delete_rate=0.0,
-        decoder_start_id=0))
+        token_mask_rate=0.0, decoder_start_id=0))
     c.data = default_data_config()
     c.optimizer = default_optimizer_config()
     c.checkpoint = ml_collections.ConfigDict(dict(every_steps=500, keep=3, best_metric="",
