@@ -33,6 +33,7 @@ def test_unknown_top_level_key_is_rejected():
         validate_config(config)
 
 
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # in ml_collections
 def test_every_model_field_and_objective_option_is_settable_from_the_command_line():
     """Configs declare every ModelConfig field and every objective option (ml_collections refuses
     to override an undeclared key, or a None one), so ``train.py --config.model.dtype=bfloat16``

@@ -262,6 +262,7 @@ def test_user_jsonl_and_tsv_round_trip(tmp_path):
         get_source({"source": f"files:{tmp_path}/nothing*.txt"}, "train")
 
 
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # in ml_collections
 def test_every_source_option_is_settable_from_the_command_line(tmp_path):
     """Each ``data`` key the sources read is declared in the base config, so ``train.py
     --config.data.<key>=…`` sets it (ml_collections refuses unknown keys); a user's TSV file with
