@@ -68,3 +68,17 @@ def test_every_model_field_and_objective_option_is_settable_from_the_command_lin
     assert (cfg.dtype, cfg.d_model, cfg.num_kv_heads, cfg.dropout_rate) == ("bfloat16", 64, 2, 0.0)
     assert cfg.head_dim == 64 // cfg.num_heads  # still derived, from the new d_model
     assert fv.config.objective.random_token_fraction == 0.2
+
+
+def test_schedule_errors_come_from_validate_config():
+    """A warmup longer than the run fails with the config check, before any tokenizer or data."""
+    spec = importlib.util.spec_from_file_location(
+        "bert", Path(__file__).resolve().parents[1] / "configs" / "bert_finetune_tiny.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    config.num_train_steps = 20
+    with pytest.raises(ValueError, match="warmup_steps=160"):
+        validate_config(config)
+    config.optimizer.warmup_steps = 2
+    validate_config(config)

@@ -31,6 +31,7 @@ import ml_collections
 
 from jaxformer.config import ModelConfig
 from jaxformer.objectives import check_objective
+from jaxformer.train.schedules import make_schedule
 
 TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "model", "objective", "data", "optimizer",
                   "checkpoint", "eval", "mesh", "parallel", "log_every_steps", "progress_bar",
@@ -99,6 +100,8 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
     if config.eval.every_steps <= 0 or config.eval.num_batches < 0:
         raise ValueError("eval.every_steps must be positive and eval.num_batches >= 0")
     check_objective(config.objective)
+    make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)  # its errors name
+    # the optimizer field; checked here, before the tokenizer is trained or any data is read
     accum = config.optimizer.get("grad_accum_steps", 1)
     if config.data.batch_size % accum:
         raise ValueError(f"data.batch_size={config.data.batch_size} must be divisible by "
