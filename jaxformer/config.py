@@ -18,7 +18,7 @@ POSITIONS = ("sinusoidal", "learned", "rope", "relative", "none")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
 HEADS = ("lm", "mlm", "classify", "token_classify", "none")
-POOLINGS = ("first", "last", "mean")
+POOLINGS = ("first", "last", "mean", "max")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 ATTENTION_IMPLS = ("xla", "chunked")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -50,7 +50,7 @@ class ModelConfig:
       head: output head: "lm" (next token / decoder), "mlm", "classify" (sequence),
         "token_classify", "none" (backbone output: hidden states, plus the pooled vector when pooler=True).
       pooling: which token the sequence classifier reads ("first" = [CLS], "last" = final
-        non-padding token for causal models, "mean").
+        non-padding token for causal models, "mean", "max" = per-feature max over the tokens).
       pooler: BERT's dense+tanh over the pooled token.
       mlm_transform: BERT's dense+activation+LayerNorm before the MLM decoder.
       dtype / param_dtype: compute and storage dtypes.

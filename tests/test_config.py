@@ -37,7 +37,7 @@ def test_presets_build_and_round_trip(name):
     (dict(family="encoder-decoder"), "family"),
     (dict(norm_position="sandwich"), "norm_position"),
     (dict(head="seq2seq"), "head"),
-    (dict(pooling="max"), "pooling"),
+    (dict(pooling="median"), "pooling"),
     (dict(remat_policy="everything"), "remat_policy"),
     (dict(attention_impl="flash"), "attention_impl"),
     (dict(dtype="float8"), "model.dtype"),

@@ -271,6 +271,7 @@ V, D, C = TINY["vocab_size"], TINY["d_model"], TINY["num_classes"]
     ("encoder", "mlm", {}, (3, T, V)),
     ("encoder", "mlm", dict(nsp_head=True), ((3, T, V), (3, 2))),
     ("encoder", "classify", dict(pooler=True), (3, C)),
+    ("encoder", "classify", dict(pooling="max"), (3, C)),
     ("encoder", "token_classify", {}, (3, T, C)),
     ("encoder", "none", dict(pooler=False), (3, T, D)),
     ("encoder", "none", dict(pooler=True), ((3, T, D), (3, D))),
@@ -347,3 +348,19 @@ def test_out_of_vocabulary_ids():
     for args, what in [((bad, ok), "inputs"), ((ok, bad), "targets_in")]:
         with pytest.raises(ValueError, match=f"{what} contain ids outside"):
             EncoderDecoder(tcfg).apply(params_of("t5_tiny"), *args)
+
+
+@pytest.mark.parametrize("how", ["first", "last", "mean", "max"])
+def test_pooling_matches_numpy(how):
+    """Each pooling against NumPy on rows of 7, 3, 1 and 0 non-padding tokens."""
+    from jaxformer.layers.heads import pool
+
+    x = np.random.default_rng(0).normal(size=(4, 7, 5)).astype(np.float32)
+    lengths = (7, 3, 1, 0)
+    seg = np.array([[1] * n + [0] * (7 - n) for n in lengths], np.int32)
+    got = np.asarray(pool(jnp.asarray(x), jnp.asarray(seg), how))
+    for b, n in enumerate(lengths):
+        v, zeros = x[b, :n].astype(np.float64), np.zeros(5)
+        want = {"first": x[b, 0], "last": x[b, max(n - 1, 0)],
+                "mean": v.mean(0) if n else zeros, "max": v.max(0) if n else zeros}[how]
+        np.testing.assert_allclose(got[b], want, rtol=1e-6, atol=1e-6)

@@ -21,13 +21,19 @@ def _dense_spec(cfg: ModelConfig, d_in: int, d_out: int, axes, bias: bool) -> di
 
 
 def pool(x, segment_ids, how: str):
-    """`[B, T, D]` → `[B, D]`: the first token, the last non-padding token, or the masked mean."""
+    """`[B, T, D]` → `[B, D]`: the first token, the last non-padding token, or the masked mean or
+    per-feature max over the non-padding tokens (max-over-time, Collobert et al. 2011; Kim 2014;
+    an all-padding row gives zeros)."""
     if how == "first":
         return x[:, 0]
     valid = jnp.ones(x.shape[:2], bool) if segment_ids is None else segment_ids != 0
     if how == "last":
         last = jnp.maximum(jnp.sum(valid, axis=1) - 1, 0)
         return jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+    if how == "max":
+        low = jnp.finfo(x.dtype).min
+        m = jnp.max(jnp.where(valid[..., None], x, low), axis=1)
+        return jnp.where(jnp.any(valid, axis=1)[:, None], m, 0).astype(x.dtype)
     w = valid.astype(x.dtype)[..., None]
     return jnp.sum(x * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)
 
