@@ -7,26 +7,27 @@ import pytest
 
 from jaxformer.train.config import validate_config
 
-CONFIGS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs").glob("*.py"))
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.py"))
+
+
+def get_config(name: str):
+    """``configs/<name>.py:get_config()``."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_validates(name):
-    path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    config = get_config(name)
     model_cfg = validate_config(config)
     assert config.num_train_steps > 0 and model_cfg.vocab_size >= config.data.tokenizer.vocab_size
 
 
 def test_unknown_top_level_key_is_rejected():
-    spec = importlib.util.spec_from_file_location(
-        "gpt", Path(__file__).resolve().parents[1] / "configs" / "gpt_pretrain_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    config = get_config("gpt_pretrain_tiny")
     with config.unlocked():
         config.num_train_step = 3
     with pytest.raises(ValueError, match="num_train_step"):
@@ -47,17 +48,13 @@ def test_every_model_field_and_objective_option_is_settable_from_the_command_lin
     from jaxformer.config import ModelConfig
     from jaxformer.train.config import base_config
 
-    root = Path(__file__).resolve().parents[1]
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     for name in CONFIGS:
-        spec = importlib.util.spec_from_file_location(name, root / "configs" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        assert set(module.get_config().model) == fields, name
-    read = {key for f in (root / "jaxformer" / "objectives").glob("*.py")
+        assert set(get_config(name).model) == fields, name
+    read = {key for f in (ROOT / "jaxformer" / "objectives").glob("*.py")
             for key in re.findall(r'option\(cfg, "(\w+)"', f.read_text())}
     assert {"mask_rate", "whole_word_mask", "infill_rate"} <= read <= set(base_config().objective)
-    argv = ["train.py", "--config", str(root / "configs" / "gpt_pretrain_tiny.py"),
+    argv = ["train.py", "--config", str(ROOT / "configs" / "gpt_pretrain_tiny.py"),
             "--config.model.dtype=bfloat16", "--config.model.d_model=64",
             "--config.model.num_kv_heads=2", "--config.model.dropout_rate=0",
             "--config.objective.random_token_fraction=0.2"]
@@ -72,11 +69,7 @@ def test_every_model_field_and_objective_option_is_settable_from_the_command_lin
 
 def test_schedule_errors_come_from_validate_config():
     """A warmup longer than the run fails with the config check, before any tokenizer or data."""
-    spec = importlib.util.spec_from_file_location(
-        "bert", Path(__file__).resolve().parents[1] / "configs" / "bert_finetune_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    config = get_config("bert_finetune_tiny")
     config.num_train_steps = 20
     with pytest.raises(ValueError, match="warmup_steps=160"):
         validate_config(config)

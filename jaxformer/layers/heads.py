@@ -33,7 +33,7 @@ def pool(x, segment_ids, how: str):
     if how == "max":
         low = jnp.finfo(x.dtype).min
         m = jnp.max(jnp.where(valid[..., None], x, low), axis=1)
-        return jnp.where(jnp.any(valid, axis=1)[:, None], m, 0).astype(x.dtype)
+        return jnp.where(jnp.any(valid, axis=1)[:, None], m, 0)
     w = valid.astype(x.dtype)[..., None]
     return jnp.sum(x * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)
 

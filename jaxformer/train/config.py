@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
@@ -38,18 +37,17 @@ TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "model", "objective", 
                   "name")
 
 
-def model_defaults(fields: Mapping[str, Any] | None = None) -> ml_collections.ConfigDict:
-    """``config.model`` declaring every `ModelConfig` field (so ``--config.model.<field>=…`` can set
-    any of them): ``fields`` over the dataclass defaults. Fields derived when None (``head_dim``,
+def model_defaults() -> ml_collections.ConfigDict:
+    """``config.model`` declaring every `ModelConfig` field at its default, so that
+    ``--config.model.<field>=…`` can set any of them; fields derived when None (``head_dim``,
     ``num_kv_heads``, …) are typed placeholders. Configs fill it with
     ``c.model.update(preset(...))``, which keeps the declarations and their types."""
     hints = typing.get_type_hints(ModelConfig)
     out: dict[str, Any] = {}
     for f in dataclasses.fields(ModelConfig):
-        value = dict(fields or {}).get(f.name, f.default)
         kind = next(t for t in (typing.get_args(hints[f.name]) or (hints[f.name],))
                     if t is not type(None))
-        out[f.name] = ml_collections.config_dict.placeholder(kind) if value is None else value
+        out[f.name] = ml_collections.config_dict.placeholder(kind) if f.default is None else f.default
     return ml_collections.ConfigDict(out)
 
 

@@ -145,8 +145,10 @@ class Trainer:
                 self.tokenizer.save(str(workdir / "tokenizer.model"))
 
         self.model = model = build_model(self.model_cfg)
-        self.prepare = bind_objective(config.objective, special,
-                                      word_initial=self.tokenizer.word_initial())
+        whole_words = config.objective.get("whole_word_mask", False)
+        self.prepare = bind_objective(
+            config.objective, special,
+            word_initial=self.tokenizer.word_initial() if whole_words else None)
         self.tx, self.schedule = make_optimizer(config.optimizer, self.model_cfg.d_model,
                                                 config.num_train_steps)
         self.ckpt = Checkpointer(workdir, keep=config.checkpoint.keep,
