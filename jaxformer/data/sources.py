@@ -60,19 +60,25 @@ _LEGACY_TFDS_MODULES = ("text", "translate", "summarization", "question_answerin
                         "text_simplification")
 
 
+# Defaults of the source options that have one (the others default to None = unset); a plain dict
+# data config without them gets the same values (`_opt`).
+_SOURCE_DEFAULTS = {"source": "", "text_key": "text", "split_fractions": (0.9, 0.05, 0.05)}
+
+
 def default_source_config() -> ml_collections.ConfigDict:
     """The source keys of ``config.data`` (module docstring), declared so that command-line
     overrides such as ``--config.data.format=jsonl`` can set them. None = the source's default."""
     ph = ml_collections.config_dict.placeholder
     return ml_collections.ConfigDict(dict(
-        source="", pair_view=ph(str), format=ph(str), columns=ph(tuple),
-        split_fractions=(0.9, 0.05, 0.05), text_key="text", label_key=ph(str),
+        _SOURCE_DEFAULTS, pair_view=ph(str), format=ph(str), columns=ph(tuple), label_key=ph(str),
         source_key=ph(str), target_key=ph(str), label_names=ph(tuple), tfds_data_dir=ph(str),
         tfds_download=ph(bool)))
 
 
-def _opt(cfg: Any, key: str, default: Any = None) -> Any:
-    """``cfg[key]`` for a dict, ``ml_collections.ConfigDict`` or attribute object, else default."""
+def _opt(cfg: Any, key: str) -> Any:
+    """``cfg[key]`` for a dict, ``ml_collections.ConfigDict`` or attribute object, else the
+    option's default (`_SOURCE_DEFAULTS`, or None)."""
+    default = _SOURCE_DEFAULTS.get(key)
     getter = getattr(cfg, "get", None)
     value = getter(key, default) if callable(getter) else getattr(cfg, key, default)
     return default if value is None else value
@@ -261,7 +267,7 @@ def _tfds_name(spec: str) -> str:
 
 def _fields(data_cfg: Any, where: str) -> Fields:
     names = _opt(data_cfg, "label_names")
-    return Fields(text_key=_opt(data_cfg, "text_key", "text"),
+    return Fields(text_key=_opt(data_cfg, "text_key"),
                   label_key=_opt(data_cfg, "label_key"), source_key=_opt(data_cfg, "source_key"),
                   target_key=_opt(data_cfg, "target_key"),
                   label_names=tuple(names) if names else None, where=where)
@@ -310,7 +316,7 @@ def _from_spec(spec: str, data_cfg: Any, split: str) -> Sequence[dict[str, Any]]
         fmt = _opt(data_cfg, "format")
         base = user_files.FileSource(
             rest, split, fmt=fmt, columns=_opt(data_cfg, "columns"),
-            split_fractions=tuple(_opt(data_cfg, "split_fractions", (0.9, 0.05, 0.05))))
+            split_fractions=tuple(_opt(data_cfg, "split_fractions")))
         if base.fmt == "text" and fields.schema != "text":
             raise ValueError(f"files {rest!r}: format 'text' holds only text; use 'jsonl' or "
                              f"'tsv' for {fields.schema} data (label_key/source_key set)")
