@@ -6,9 +6,10 @@ the latest checkpoint in the workdir.
 """
 
 from absl import app, flags
-from ml_collections import config_flags
 
-config_flags.DEFINE_config_file("config", None, "Path to a configs/<name>.py file.", lock_config=True)
+from jaxformer.train.config import define_config_flag
+
+define_config_flag("config")
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer.")
 flags.mark_flags_as_required(["config", "workdir"])
 

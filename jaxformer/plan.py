@@ -294,9 +294,10 @@ def main(argv) -> None:
 
 def _define_flags() -> None:
     from absl import flags
-    from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", None, "Path to a configs/<name>.py file.")
+    from jaxformer.train.config import define_config_flag
+
+    define_config_flag("config")
     flags.DEFINE_string("preset", "", "Plan a model preset (jaxformer.models.presets) instead.")
     flags.DEFINE_integer("batch", 8, "--preset: global batch size.")
     flags.DEFINE_integer("seq_len", 1024, "--preset: tokens per row (encoder side).")

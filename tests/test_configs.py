@@ -43,10 +43,9 @@ def test_every_model_field_and_objective_option_is_settable_from_the_command_lin
     import re
 
     from absl import flags
-    from ml_collections import config_flags
 
     from jaxformer.config import ModelConfig
-    from jaxformer.train.config import base_config
+    from jaxformer.train.config import base_config, define_config_flag
 
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     for name in CONFIGS:
@@ -59,12 +58,49 @@ def test_every_model_field_and_objective_option_is_settable_from_the_command_lin
             "--config.model.num_kv_heads=2", "--config.model.dropout_rate=0",
             "--config.objective.random_token_fraction=0.2"]
     fv = flags.FlagValues()  # what train.py's absl app does with its command line
-    config_flags.DEFINE_config_file("config", flag_values=fv, sys_argv=argv)
+    define_config_flag("config", flag_values=fv, sys_argv=argv)
     fv(argv)
     cfg = validate_config(fv.config)
     assert (cfg.dtype, cfg.d_model, cfg.num_kv_heads, cfg.dropout_rate) == ("bfloat16", 64, 2, 0.0)
     assert cfg.head_dim == 64 // cfg.num_heads  # still derived, from the new d_model
     assert fv.config.objective.random_token_fraction == 0.2
+
+
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # in ml_collections
+def test_a_config_that_replaces_a_declared_node_still_takes_every_override(tmp_path):
+    """A user config written ``c.model = preset(...)`` / ``c.data = {...}`` drops the declarations
+    (ml_collections would refuse ``--config.model.pooling=max`` with a bare AttributeError);
+    ``define_config_flag`` completes it from `base_config()` first, keeping the config's own values."""
+    from absl import flags
+
+    from jaxformer.train.config import base_config, complete_config, define_config_flag
+
+    path = tmp_path / "my_config.py"
+    path.write_text("from jaxformer.models.presets import preset\n"
+                    "from jaxformer.train.config import base_config\n\n"
+                    "def get_config():\n"
+                    "    c = base_config()\n"
+                    "    c.model = preset('bert_tiny')\n"
+                    "    c.data = dict(source='files:reviews.tsv', batch_size=4)\n"
+                    "    c.objective = dict(name='mlm')\n"
+                    "    return c\n")
+    argv = ["train.py", "--config", str(path), "--config.model.pooling=max",
+            "--config.model.head_dim=16", "--config.data.format=tsv",
+            "--config.objective.whole_word_mask=True", "--config.data.tokenizer.vocab_size=99"]
+    fv = flags.FlagValues()
+    define_config_flag("config", flag_values=fv, sys_argv=argv)
+    fv(argv)
+    c = fv.config
+    assert (c.model.pooling, c.model.head_dim, c.data.format, c.objective.whole_word_mask) == (
+        "max", 16, "tsv", True)
+    assert (c.data.source, c.data.batch_size, c.objective.name, c.data.tokenizer.vocab_size) == (
+        "files:reviews.tsv", 4, "mlm", 99)
+    assert c.objective.mask_rate == base_config().objective.mask_rate  # filled from the defaults
+    assert c.model.d_model == 64 and c.model.family == "encoder"        # kept from the preset
+    with pytest.raises(AttributeError):  # locked, as the plain ml_collections flag leaves it
+        c.model.not_a_field = 1
+    for name in CONFIGS:  # the repository's configs already declare everything: completion is a no-op
+        assert complete_config(get_config(name)).to_dict() == get_config(name).to_dict(), name
 
 
 def test_schedule_errors_come_from_validate_config():

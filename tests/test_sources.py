@@ -271,10 +271,9 @@ def test_every_source_option_is_settable_from_the_command_line(tmp_path):
     from pathlib import Path
 
     from absl import flags
-    from ml_collections import config_flags
 
     from jaxformer.data import sources
-    from jaxformer.train.config import base_config
+    from jaxformer.train.config import base_config, define_config_flag
 
     read = set(re.findall(r'_opt\(data_cfg, "(\w+)"', Path(sources.__file__).read_text()))
     assert {"format", "text_key", "label_key", "label_names", "tfds_data_dir"} <= read
@@ -288,7 +287,7 @@ def test_every_source_option_is_settable_from_the_command_line(tmp_path):
             "--config.data.label_names=('neg', 'pos')",
             "--config.data.split_fractions=(1.0, 0.0, 0.0)"]
     fv = flags.FlagValues()  # what train.py's absl app does with its command line
-    config_flags.DEFINE_config_file("config", flag_values=fv, sys_argv=argv)
+    define_config_flag("config", flag_values=fv, sys_argv=argv)
     fv(argv)
     got = _records(get_source(fv.config.data, "train"))
     assert [(r["text"], r["label"]) for r in got] == [("great film", 1), ("dull", 0), ("a joy", 1)]

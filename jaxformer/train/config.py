@@ -79,6 +79,55 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+def complete_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Add to ``config`` (in place, and return it) every key `base_config()` declares that it lacks.
+
+    A config written as ``c.model = preset(...)`` replaces the declared ``model`` node with one holding
+    only the preset's fields, so ``--config.model.pooling=max`` would fail with a bare
+    ``AttributeError``; completed, it has every field again, typed placeholders included. Values the
+    config sets, its own field references and keys it added (refused later by `validate_config` if
+    unknown) are kept.
+    """
+    def fill(node: ml_collections.ConfigDict, declared: ml_collections.ConfigDict) -> None:
+        for key in declared.keys():
+            if key not in node:
+                node[key] = declared[key] if declared[key] is not None else declared.get_ref(key)
+            elif isinstance(node[key], ml_collections.ConfigDict) and isinstance(
+                    declared[key], ml_collections.ConfigDict):
+                fill(node[key], declared[key])
+
+    with config.unlocked():
+        fill(config, base_config())
+    return config
+
+
+def define_config_flag(name: str = "config", flag_values: Any = None,
+                       sys_argv: list[str] | None = None) -> Any:
+    """``config_flags.DEFINE_config_file`` whose loaded config is `complete_config`-ed before the
+    command-line overrides (``--config.model.num_layers=2``) are applied, then locked."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    class _CompletingParser(flags.ArgumentParser):
+        def __init__(self, inner: flags.ArgumentParser):
+            self.inner = inner  # ml_collections' own parser: loads the file, calls get_config()
+
+        def parse(self, path):
+            config = self.inner.parse(path)
+            if isinstance(config, ml_collections.ConfigDict):
+                complete_config(config)
+            return config
+
+        def flag_type(self):
+            return self.inner.flag_type()
+
+    flag_values = flags.FLAGS if flag_values is None else flag_values
+    holder = config_flags.DEFINE_config_file(
+        name, None, "Path to a configs/<name>.py file.", flag_values=flag_values, sys_argv=sys_argv)
+    flag_values[name].parser = _CompletingParser(flag_values[name].parser)
+    return holder
+
+
 def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
     """Check the whole config up front; returns the validated ModelConfig.
 
