@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from jaxformer.train.checkpoint import load_params
+from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate
 from jaxformer.train.metrics import read_metrics
 
@@ -47,11 +48,7 @@ def load_config(name: str, **overrides):
     c.optimizer.warmup_steps = 5
     c.optimizer.peak_lr = 3e-3
     for key, value in overrides.items():
-        target = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            target = target[p]
-        target[leaf] = value
+        set_key(c, key, value)
     return c
 
 

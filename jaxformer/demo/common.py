@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import importlib.util
 import json
+import os
 import time
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
@@ -20,6 +21,8 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+
+from jaxformer.train.config import config_node, set_key
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "configs"
@@ -87,26 +90,6 @@ class RunResult:
         out = {"workdir": self.workdir, **self.budget(), "seconds": round(self.seconds, 1),
                "setup_seconds": round(self.setup_seconds, 1)}
         return {**out, **self.extra}
-
-
-def config_node(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, str]:
-    """(parent, leaf name) of the existing key ``dotted = "a.b.c"``; KeyError naming the first
-    missing part (overrides change keys, never add them)."""
-    parts = dotted.split(".")
-    node: Any = config
-    for i, part in enumerate(parts):
-        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-            where = ".".join(parts[:i]) or "the config"
-            raise KeyError(f"{dotted!r}: {where} has no key {part!r}")
-        if i < len(parts) - 1:
-            node = node[part]
-    return node, parts[-1]
-
-
-def set_key(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
-    """``config[a][b][c] = value`` for the existing key ``dotted = "a.b.c"`` (KeyError if absent)."""
-    parent, leaf = config_node(config, dotted)
-    parent[leaf] = value
 
 
 def load_config(name: str, overrides: Overrides | None = None, **settings: Any
@@ -294,13 +277,16 @@ def curve(rows: list[dict], key: str) -> list[tuple[int, float]]:
 
 
 def write_jsonl(path: Path, records) -> int:
-    """Write dict records one per line; returns how many."""
+    """Write dict records one per line, atomically (a reader never sees half a file); returns how
+    many."""
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
-    with path.open("w") as f:
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    with tmp.open("w") as f:
         for r in records:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
             n += 1
+    os.replace(tmp, path)
     return n
 
 

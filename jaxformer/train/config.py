@@ -79,6 +79,26 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+def config_node(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, str]:
+    """(parent, leaf name) of the existing key ``dotted = "a.b.c"``; KeyError naming the first
+    missing part (overrides change keys, never add them)."""
+    parts = dotted.split(".")
+    node: Any = config
+    for i, part in enumerate(parts):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            where = ".".join(parts[:i]) or "the config"
+            raise KeyError(f"{dotted!r}: {where} has no key {part!r}")
+        if i < len(parts) - 1:
+            node = node[part]
+    return node, parts[-1]
+
+
+def set_key(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
+    """``config[a][b][c] = value`` for the existing key ``dotted = "a.b.c"`` (KeyError if absent)."""
+    parent, leaf = config_node(config, dotted)
+    parent[leaf] = value
+
+
 def complete_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Add to ``config`` (in place, and return it) every key `base_config()` declares that it lacks.
 
