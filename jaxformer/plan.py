@@ -268,9 +268,10 @@ def format_table(r: dict) -> str:
 
 
 def main(argv) -> None:
-    from absl import app, flags
+    from absl import app, flags, logging
 
     del argv
+    logging.set_verbosity(logging.WARNING)  # not JAX's "Unable to initialize backend 'tpu'"
     f = flags.FLAGS
     if (f.config is None) == (not f.preset):
         raise app.UsageError("give either --config configs/<name>.py or --preset <name>")

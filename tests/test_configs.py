@@ -56,14 +56,14 @@ def test_every_model_field_and_objective_option_is_settable_from_the_command_lin
     argv = ["train.py", "--config", str(ROOT / "configs" / "gpt_pretrain_tiny.py"),
             "--config.model.dtype=bfloat16", "--config.model.d_model=64",
             "--config.model.num_kv_heads=2", "--config.model.dropout_rate=0",
-            "--config.objective.random_token_fraction=0.2"]
+            "--config.objective.label_smoothing=0.2"]
     fv = flags.FlagValues()  # what train.py's absl app does with its command line
     define_config_flag("config", flag_values=fv, sys_argv=argv)
     fv(argv)
     cfg = validate_config(fv.config)
     assert (cfg.dtype, cfg.d_model, cfg.num_kv_heads, cfg.dropout_rate) == ("bfloat16", 64, 2, 0.0)
     assert cfg.head_dim == 64 // cfg.num_heads  # still derived, from the new d_model
-    assert fv.config.objective.random_token_fraction == 0.2
+    assert fv.config.objective.label_smoothing == 0.2
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # in ml_collections
@@ -111,3 +111,43 @@ def test_schedule_errors_come_from_validate_config():
         validate_config(config)
     config.optimizer.warmup_steps = 2
     validate_config(config)
+
+
+@pytest.mark.parametrize("name, overrides, message", [
+    ("gpt_pretrain_tiny", {"data.seq_len": 512}, r"data.seq_len=512 exceeds model.max_len=128"),
+    ("bert_finetune_tiny", {"data.label_names": ("neg", "pos", "meh")},
+     r"data.label_names has 3 labels .* model.num_classes=2"),
+    ("gpt_pretrain_tiny", {"model.vocab_size": 100},
+     r"data.tokenizer.vocab_size=2048 exceeds model.vocab_size=100"),
+    ("gpt_pretrain_tiny", {"data.batch_size": 0}, r"data.batch_size=0 is invalid"),
+    ("gpt_pretrain_tiny", {"objective.mask_rate": 0.3}, r"objective.mask_rate=0.3 applies to "
+                                                          r"objective 'mlm', not 'clm'"),
+])
+def test_data_that_cannot_fit_the_model_fails_in_validate_config(name, overrides, message):
+    """Caught from the config alone, before a tokenizer is trained (a learned position table
+    indexed past its end gives NaN, a label past the classes NaN, a too-large id a clamped gather)."""
+    from jaxformer.train.config import set_key
+
+    config = get_config(name)
+    for key, value in overrides.items():
+        set_key(config, key, value)
+    with pytest.raises(ValueError, match=message):
+        validate_config(config)
+
+
+def test_check_resume_refuses_architecture_changes_and_notes_the_rest():
+    import json
+
+    from jaxformer.train.config import check_resume
+
+    saved = json.loads(json.dumps(get_config("gpt_pretrain_tiny").to_dict(), default=str))
+    config = get_config("gpt_pretrain_tiny")
+    assert check_resume(saved, config) == []
+    config.num_train_steps = 3200
+    config.model.dropout_rate = 0.3  # training noise only: may change on resume
+    notes = check_resume(saved, config)
+    assert any(n.startswith("num_train_steps: 1200 -> 3200") for n in notes), notes
+    assert any(n.startswith("model.dropout_rate: 0.0 -> 0.3") for n in notes), notes
+    config.model.num_kv_heads = 2  # shapes the parameters: refused
+    with pytest.raises(ValueError, match=r"model.num_kv_heads: 4 -> 2"):
+        check_resume(saved, config)

@@ -396,13 +396,30 @@ def test_whole_word_mask_chooses_whole_words_uniformly():
         assert abs(freq[group].mean() - 0.3) < 4 * sigma + 0.01
 
 
+@pytest.mark.parametrize("name", ["clm", "mlm", "seq2seq", "span_corruption", "denoise", "classify",
+                                  "sft"])
+def test_an_option_of_another_objective_is_refused(name):
+    """Each objective accepts a non-default value of exactly its own options (the MLM rates for
+    mlm, T5's noise for span_corruption, BART's for denoise); any other is refused, naming it."""
+    from jaxformer.objectives import OBJECTIVE_OPTIONS, OPTION_DEFAULTS, check_objective
+
+    assert check_objective({"name": name}) == name  # every default is accepted
+    for key, default in OPTION_DEFAULTS.items():
+        changed = {"name": name, key: (not default) if isinstance(default, bool) else default + 0.05}
+        if key in OBJECTIVE_OPTIONS.get(name, ()):
+            assert check_objective(changed) == name
+        else:
+            with pytest.raises(ValueError, match=f"objective.{key}=.* not '{name}'"):
+                check_objective(changed)
+
+
 def test_whole_word_mask_needs_the_table_and_an_mlm_objective():
     from jaxformer.objectives import bind_objective
 
     tok, batch, _ = _whole_word_rows(rate_rows=2)
     with pytest.raises(ValueError, match="word_initial"):
         prepare_mlm(batch, jax.random.key(0), tok.special, {"whole_word_mask": True})
-    with pytest.raises(ValueError, match="whole_word_mask applies to objective 'mlm'"):
+    with pytest.raises(ValueError, match="whole_word_mask=True applies to objective 'mlm'"):
         bind_objective({"name": "clm", "whole_word_mask": True}, tok.special)
     initial = tok.word_initial()
     for word in ("unwatchable", "the", "heartfelt", "extraordinarily"):

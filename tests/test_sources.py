@@ -291,3 +291,13 @@ def test_every_source_option_is_settable_from_the_command_line(tmp_path):
     fv(argv)
     got = _records(get_source(fv.config.data, "train"))
     assert [(r["text"], r["label"]) for r in got] == [("great film", 1), ("dull", 0), ("a joy", 1)]
+
+
+def test_label_names_given_unquoted_on_the_command_line_are_split():
+    """``--config.data.label_names=neg,pos`` parses to the one string ``'neg,pos'``: split it."""
+    from jaxformer.data.sources import label_names
+
+    assert label_names({"label_names": ("neg,pos",)}) == ("neg", "pos")
+    assert label_names({"label_names": "neg, pos"}) == ("neg", "pos")
+    assert label_names({"label_names": ("neg", "pos")}) == ("neg", "pos")
+    assert label_names({}) is None and label_names({"label_names": None}) is None

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.train.checkpoint import load_params
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate
@@ -190,3 +191,76 @@ def test_whole_word_masking_runs_through_the_trainer(tmp_path):
     train_and_evaluate(config, tmp_path)
     ls = losses(tmp_path)
     assert max(ls) == 10 and all(np.isfinite(v) for v in ls.values())
+
+
+def test_init_from_a_step_dir_reuses_the_pretraining_tokenizer(pretrained, tmp_path):
+    """``init_from=<run>/checkpoints/<step>`` reads the run's tokenizer, not a new one (a new one
+    would read the pretrained embeddings with other ids)."""
+    step_dir = pretrained["gpt"] / "checkpoints" / "15"
+    trainer = Trainer(load_config("gpt_finetune_tiny", init_from=str(step_dir)), tmp_path)
+    saved = (pretrained["gpt"] / "tokenizer.model").read_bytes()
+    assert (tmp_path / "tokenizer.model").read_bytes() == saved
+    np.testing.assert_array_equal(jax.device_get(trainer.state.params["token_embed"]["embedding"]),
+                                  load_params(step_dir)["token_embed"]["embedding"])
+
+
+def test_resuming_with_another_architecture_fails_and_leaves_the_run_intact(pretrained, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(pretrained["gpt"], run)
+    before = (run / "config.json").read_text()
+    with pytest.raises(ValueError, match=r"model.d_ff: 64 -> 96"):
+        Trainer(load_config("gpt_pretrain_tiny", **{"model.d_ff": 96}), run)
+    with pytest.raises(ValueError, match=r"data.tokenizer.vocab_size: 512 -> 400"):
+        Trainer(load_config("gpt_pretrain_tiny", **{"data.tokenizer.vocab_size": 400}), run)
+    assert (run / "config.json").read_text() == before
+    trainer = Trainer(load_config("gpt_pretrain_tiny", num_train_steps=40), run)  # may extend
+    assert trainer.start_step == 30
+
+
+def test_a_tokenizer_left_by_a_run_without_checkpoints_is_replaced(pretrained, tmp_path):
+    """A run that failed before its first checkpoint leaves ``tokenizer.model`` behind; the next
+    run trains the tokenizer its own config asks for instead of silently reusing it."""
+    (tmp_path / "tokenizer.model").write_bytes((pretrained["gpt"] / "tokenizer.model").read_bytes())
+    trainer = Trainer(load_config("gpt_pretrain_tiny", **{"data.tokenizer.vocab_size": 400}), tmp_path)
+    assert trainer.tokenizer.vocab_size == 400
+    assert Tokenizer.load(tmp_path / "tokenizer.model").vocab_size == 400
+
+
+def test_exported_workdir_fine_tunes_with_its_own_tokenizer(pretrained, tmp_path):
+    """``convert --from <workdir> --to-hf D`` writes the run's sentencepiece model and special ids,
+    so ``init_from=D`` fine-tunes with the same tokenizer."""
+    import json
+
+    from jaxformer.convert.__main__ import main as convert
+
+    hf = tmp_path / "hf"
+    assert convert(["--from", str(pretrained["gpt"]), "--to-hf", str(hf)]) == 0
+    saved = (pretrained["gpt"] / "tokenizer.model").read_bytes()
+    assert (hf / "spiece.model").read_bytes() == saved
+    special = Tokenizer.load(pretrained["gpt"] / "tokenizer.model").special
+    config = json.loads((hf / "config.json").read_text())
+    assert (config["pad_token_id"], config["eos_token_id"], config["bos_token_id"]) == (
+        special.pad_id, special.eos_id, special.bos_id)
+    Trainer(load_config("gpt_finetune_tiny", init_from=str(hf)), tmp_path / "run")
+    assert (tmp_path / "run" / "tokenizer.model").read_bytes() == saved
+
+
+def test_a_workdir_that_is_a_file_or_a_missing_init_from_fails_before_any_work(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match="workdir .*afile.* is not a directory"):
+        Trainer(load_config("gpt_pretrain_tiny"), tmp_path / "afile")
+    with pytest.raises(FileNotFoundError, match="init_from='nowhere' does not exist"):
+        Trainer(load_config("gpt_finetune_tiny", init_from="nowhere"), tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # nothing trained, nothing written
+
+
+def test_labels_outside_the_classes_are_refused():
+    from jaxformer.config import ModelConfig
+    from jaxformer.train.loop import _check_batch
+
+    cfg = ModelConfig(family="encoder", head="classify", num_classes=2, vocab_size=16)
+    _check_batch({"inputs": np.ones((2, 4), np.int32), "label": np.array([0, 1])}, cfg)
+    with pytest.raises(ValueError, match=r"label 2 is outside \[0, model.num_classes=2\)"):
+        _check_batch({"inputs": np.ones((2, 4), np.int32), "label": np.array([0, 2])}, cfg)

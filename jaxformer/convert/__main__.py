@@ -5,6 +5,8 @@
 
 Tokenizer files found in HF_DIR are copied to CKPT_DIR/tokenizer/, and HF_DIR/config.json to
 CKPT_DIR/hf_config.json; the export copies them back (token ids, label names survive the trip).
+Exporting a training workdir writes its ``tokenizer.model`` as HF_DIR/spiece.model and its special
+token ids into config.json, so ``--config.init_from=HF_DIR`` fine-tunes with the same tokenizer.
 """
 
 from __future__ import annotations
@@ -60,13 +62,21 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             ap.error("--from needs --to-hf (a Hugging Face directory)")
         cfg, params = load_params(args.from_ckpt)
         tok = os.path.join(args.from_ckpt, TOKENIZER_DIR)
-        extra = None
-        if os.path.isfile(os.path.join(args.from_ckpt, HF_CONFIG)):
+        spm = os.path.join(args.from_ckpt, "tokenizer.model")
+        extra, tokenizer = None, None
+        if os.path.isfile(os.path.join(args.from_ckpt, HF_CONFIG)):  # an imported model
             with open(os.path.join(args.from_ckpt, HF_CONFIG)) as f:
                 extra = json.load(f)
-        save_hf(cfg, params, args.to_hf, tokenizer_path=tok if os.path.isdir(tok) else None,
-                extra_config=extra)
-        print(f"wrote {args.to_hf}")
+        if os.path.isdir(tok):
+            tokenizer = tok
+        elif os.path.isfile(spm):  # a training workdir: its sentencepiece model and special ids
+            from jaxformer.data.tokenizer import Tokenizer
+
+            tokenizer, special = spm, Tokenizer.load(spm).special
+            extra = {"pad_token_id": special.pad_id, "eos_token_id": special.eos_id,
+                     "bos_token_id": special.bos_id, **(extra or {})}
+        save_hf(cfg, params, args.to_hf, tokenizer_path=tokenizer, extra_config=extra)
+        print(f"wrote {args.to_hf}" + (f" with the tokenizer of {args.from_ckpt}" if tokenizer else ""))
 
 
 if __name__ == "__main__":

@@ -222,7 +222,8 @@ class _Finalize(grain.transforms.Map):
         return out
 
 
-def _check(cfg: ml_collections.ConfigDict, process_count: int) -> None:
+def check_data_config(cfg: ml_collections.ConfigDict, process_count: int = 1) -> None:
+    """ValueError naming the ``data.*`` key that is invalid (run by `validate_config` too)."""
     def bad(key, want):
         raise ValueError(f"data.{key}={cfg.get(key)!r} is invalid: {want}")
 
@@ -270,7 +271,7 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     if process_index is None or process_count is None:
         import jax
         process_index, process_count = jax.process_index(), jax.process_count()
-    _check(cfg, process_count)
+    check_data_config(cfg, process_count)
     if cfg.task == "span_corruption" and transform is None:
         raise ValueError("data.task='span_corruption' needs transform=(example, rng) -> example, "
                          "e.g. built from jaxformer.objectives' span_corruption")

@@ -142,7 +142,10 @@ class Fields:
         return out
 
     def _label(self, value: Any) -> int:
-        if isinstance(value, str) and self.label_names and value in self.label_names:
+        if isinstance(value, str) and self.label_names:
+            if value not in self.label_names:
+                raise ValueError(f"{self.where}: label {value!r} is not one of data.label_names="
+                                 f"{self.label_names}")
             return self.label_names.index(value)
         try:
             return int(value)
@@ -265,12 +268,25 @@ def _tfds_name(spec: str) -> str:
     return spec
 
 
-def _fields(data_cfg: Any, where: str) -> Fields:
+def label_names(data_cfg: Any) -> tuple[str, ...] | None:
+    """``data.label_names`` as a tuple (None if unset); ``neg,pos`` — what an unquoted
+    ``--config.data.label_names=neg,pos`` parses to, one string — is split at the commas."""
     names = _opt(data_cfg, "label_names")
+    if not names:
+        return None
+    if isinstance(names, str):
+        names = (names,)
+    if len(names) == 1 and "," in names[0]:
+        names = names[0].split(",")
+    return tuple(n.strip() for n in names)
+
+
+def _fields(data_cfg: Any, where: str) -> Fields:
+    names = label_names(data_cfg)
     return Fields(text_key=_opt(data_cfg, "text_key"),
                   label_key=_opt(data_cfg, "label_key"), source_key=_opt(data_cfg, "source_key"),
                   target_key=_opt(data_cfg, "target_key"),
-                  label_names=tuple(names) if names else None, where=where)
+                  label_names=names, where=where)
 
 
 def get_source(data_cfg: Any, split: str) -> Sequence[dict[str, Any]]:

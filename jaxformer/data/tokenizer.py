@@ -213,16 +213,19 @@ class Tokenizer:
 
 
 def load_or_train_tokenizer(tok_cfg: ml_collections.ConfigDict, workdir: str | os.PathLike,
-                            texts_fn: Callable[[], Iterable[str]]) -> Tokenizer:
-    """``tok_cfg.path`` if set; else ``<workdir>/tokenizer.model`` if present (resume, fine-tune);
-    else train on the first ``tok_cfg.max_train_texts`` texts of ``texts_fn()`` and save it there.
+                            texts_fn: Callable[[], Iterable[str]], *, reuse_saved: bool = True
+                            ) -> Tokenizer:
+    """``tok_cfg.path`` if set; else ``<workdir>/tokenizer.model`` if present and ``reuse_saved``;
+    else train on the first ``tok_cfg.max_train_texts`` texts of ``texts_fn()`` and save it there
+    (the trainer reuses a saved one only when resuming: a run that failed before its first
+    checkpoint must not leave a tokenizer that overrides the next run's config).
 
     Training is deterministic, so several processes may each train and save the same model.
     """
     if tok_cfg.get("path"):
         return Tokenizer.load(tok_cfg.path)
     path = os.path.join(os.fspath(workdir), "tokenizer.model")
-    if os.path.exists(path):
+    if reuse_saved and os.path.exists(path):
         logging.info("tokenizer: loading %s", path)
         return Tokenizer.load(path)
     if tok_cfg.max_train_texts <= 0:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from jaxformer.data.vocab import SpecialTokens
-from jaxformer.objectives._common import option
+from jaxformer.objectives._common import OBJECTIVE_OPTIONS, OPTION_DEFAULTS, option
 from jaxformer.objectives.causal import prepare_clm, prepare_sft
 from jaxformer.objectives.classify import prepare_classify
 from jaxformer.objectives.denoise import denoise, poisson_span_lengths
@@ -62,7 +62,7 @@ def bind_objective(cfg: Any, special: SpecialTokens, word_initial: Any = None
     objective options ``cfg`` (the ``objective`` config section); MLM's ``whole_word_mask`` also
     takes the tokenizer's ``word_initial`` table (`Tokenizer.word_initial`)."""
     fn = get_objective(check_objective(cfg))
-    if option(cfg, "whole_word_mask", False):
+    if option(cfg, "whole_word_mask"):
         return functools.partial(fn, special=special, cfg=cfg, word_initial=word_initial)
     return functools.partial(fn, special=special, cfg=cfg)
 
@@ -71,8 +71,12 @@ def check_objective(cfg: Any) -> str:
     """The objective's name, after checking that its options fit it (ValueError naming them)."""
     name = option(cfg, "name", "")
     get_objective(name)
-    if option(cfg, "whole_word_mask", False) and name != "mlm":
-        raise ValueError(f"objective.whole_word_mask applies to objective 'mlm', not {name!r}")
+    for key, default in OPTION_DEFAULTS.items():
+        value = option(cfg, key)
+        if value != default and key not in OBJECTIVE_OPTIONS.get(name, ()):
+            users = [n for n, keys in OBJECTIVE_OPTIONS.items() if key in keys]
+            raise ValueError(f"objective.{key}={value!r} applies to objective {users[0]!r}, not "
+                             f"{name!r}; leave it at its default {default!r}")
     return name
 
 
@@ -86,19 +90,20 @@ def host_transform(name: str, special: SpecialTokens, cfg: Any = None) -> HostFn
     get_objective(name)
     if name == "span_corruption":
         return functools.partial(span_corruption, special=special,
-                                 noise_density=float(option(cfg, "noise_density", 0.15)),
-                                 mean_span_length=float(option(cfg, "mean_span_length", 3.0)))
+                                 noise_density=float(option(cfg, "noise_density")),
+                                 mean_span_length=float(option(cfg, "mean_span_length")))
     if name == "denoise":
         return functools.partial(denoise, special=special,
-                                 infill_rate=float(option(cfg, "infill_rate", 0.3)),
-                                 poisson_lambda=float(option(cfg, "poisson_lambda", 3.0)),
-                                 delete_rate=float(option(cfg, "delete_rate", 0.0)),
-                                 token_mask_rate=float(option(cfg, "token_mask_rate", 0.0)))
+                                 infill_rate=float(option(cfg, "infill_rate")),
+                                 poisson_lambda=float(option(cfg, "poisson_lambda")),
+                                 delete_rate=float(option(cfg, "delete_rate")),
+                                 token_mask_rate=float(option(cfg, "token_mask_rate")))
     return None
 
 
 __all__ = [
-    "OBJECTIVES", "get_objective", "bind_objective", "check_objective", "host_transform",
+    "OBJECTIVES", "OBJECTIVE_OPTIONS", "OPTION_DEFAULTS", "get_objective", "bind_objective",
+    "check_objective", "host_transform",
     "prepare_clm", "prepare_mlm", "prepare_seq2seq", "prepare_classify", "prepare_sft", "span_corruption",
     "reconstruct_span_corruption", "random_spans_noise_mask", "denoise", "poisson_span_lengths",
 ]

@@ -77,9 +77,9 @@ def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialToke
     chosen positions); with ``nsp_label`` also ``nsp_targets`` `[B]` and ``nsp_weights`` `[B]`.
     """
     require(batch, "mlm", "inputs")
-    rate = float(option(cfg, "mask_rate", 0.15))
-    p_mask = float(option(cfg, "mask_token_fraction", 0.8))
-    p_random = float(option(cfg, "random_token_fraction", 0.1))
+    rate = float(option(cfg, "mask_rate"))
+    p_mask = float(option(cfg, "mask_token_fraction"))
+    p_random = float(option(cfg, "random_token_fraction"))
     if not 0.0 < rate < 1.0:
         raise ValueError(f"objective.mask_rate={rate} must be in (0, 1) (BERT uses 0.15)")
     if p_mask < 0 or p_random < 0 or p_mask + p_random > 1.0:
@@ -89,7 +89,7 @@ def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialToke
     k_choose, k_how, k_tok = jax.random.split(rng, 3)
     is_special = jnp.isin(tokens, jnp.asarray(special.all_special, jnp.int32))
     candidates = (seg != 0) & ~is_special
-    if option(cfg, "whole_word_mask", False):
+    if option(cfg, "whole_word_mask"):
         if word_initial is None:
             raise ValueError("objective.whole_word_mask needs the tokenizer's word_initial table "
                              "(bind_objective(..., word_initial=tokenizer.word_initial()))")

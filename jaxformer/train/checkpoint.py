@@ -122,12 +122,15 @@ def load_params(path: str | os.PathLike) -> dict:
     """
     ckpt_dir, step = resolve_checkpoint(path)
     item = ckpt_dir / str(step) / "state"
-    checkpointer = ocp.PyTreeCheckpointer()
-    tree = checkpointer.metadata(item).item_metadata
-    target = {"params": jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), tree["params"])}
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
-    restored = checkpointer.restore(item, args=ocp.args.PyTreeRestore(
-        item=target, restore_args=restore_args, partial_restore=True))
+    handler = ocp.PyTreeCheckpointHandler()  # the item's own handler: the step-level metadata
+    try:                                     # file lives one level up, so no Checkpointer here
+        tree = handler.metadata(item)
+        target = {"params": jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), tree["params"])}
+        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+        restored = handler.restore(item, args=ocp.args.PyTreeRestore(
+            item=target, restore_args=restore_args, partial_restore=True))
+    finally:
+        handler.close()
     return restored["params"]
 
 

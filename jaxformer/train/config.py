@@ -29,7 +29,7 @@ from typing import Any
 import ml_collections
 
 from jaxformer.config import ModelConfig
-from jaxformer.objectives import check_objective
+from jaxformer.objectives import OPTION_DEFAULTS, check_objective
 from jaxformer.train.schedules import make_schedule
 
 TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "model", "objective", "data", "optimizer",
@@ -63,10 +63,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.init_from = ""
     c.model = model_defaults()
     c.objective = ml_collections.ConfigDict(dict(
-        name="clm", label_smoothing=0.0, z_loss=0.0, mask_rate=0.15, whole_word_mask=False,
-        mask_token_fraction=0.8, random_token_fraction=0.1, noise_density=0.15,
-        mean_span_length=3.0, infill_rate=0.3, poisson_lambda=3.0, delete_rate=0.0,
-        token_mask_rate=0.0, decoder_start_id=0))
+        name="clm", label_smoothing=0.0, z_loss=0.0, decoder_start_id=0, **OPTION_DEFAULTS))
     c.data = default_data_config()
     c.optimizer = default_optimizer_config()
     c.checkpoint = ml_collections.ConfigDict(dict(every_steps=500, keep=3, best_metric="",
@@ -169,8 +166,82 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
     check_objective(config.objective)
     make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)  # its errors name
     # the optimizer field; checked here, before the tokenizer is trained or any data is read
+    _check_data(config, model_cfg)
     accum = config.optimizer.get("grad_accum_steps", 1)
     if config.data.batch_size % accum:
         raise ValueError(f"data.batch_size={config.data.batch_size} must be divisible by "
                          f"optimizer.grad_accum_steps={accum}")
     return model_cfg
+
+
+def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> None:
+    """The data section, and how it fits the model: row lengths within a learned position table,
+    string labels within the classifier's classes."""
+    from jaxformer.data.pipeline import check_data_config
+    from jaxformer.data.sources import label_names
+
+    data = config.data
+    check_data_config(data)
+    if model_cfg.position == "learned":
+        lengths = {"seq_len": data.seq_len}
+        if model_cfg.family == "encoder_decoder":
+            lengths["target_len"] = data.target_len
+        for key, n in lengths.items():
+            if n > model_cfg.max_len:
+                raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
+                                 f"learned position table; lower data.{key} or raise model.max_len")
+    tok = data.tokenizer
+    if not tok.get("path") and not config.init_from and tok.vocab_size > model_cfg.vocab_size:
+        raise ValueError(f"data.tokenizer.vocab_size={tok.vocab_size} exceeds model.vocab_size="
+                         f"{model_cfg.vocab_size}: the tokenizer to be trained would emit ids the "
+                         "model has no embedding for")
+    names = label_names(data)
+    if names and model_cfg.head == "classify" and len(names) > model_cfg.num_classes:
+        raise ValueError(f"data.label_names has {len(names)} labels {names} but model.num_classes="
+                         f"{model_cfg.num_classes}; set model.num_classes={len(names)}")
+
+
+# ModelConfig fields a resumed run may change: they neither shape the parameters nor change the
+# function the parameters compute (only how it is computed, or the training noise).
+RESUMABLE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
+                          "target_token_dropout_rate", "dtype", "remat_policy", "attention_impl",
+                          "attention_chunk_size", "init_std", "embed_init_std")
+
+
+def check_resume(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
+    """Compare the ``config.json`` a workdir's checkpoints were written with to the current config.
+
+    Raises ValueError naming the fields when the model architecture or the tokenizer settings
+    differ (the checkpoint could not be restored, or would be read with other token ids); returns a
+    note for every other changed key (e.g. ``num_train_steps``: the schedule is stretched).
+    """
+    def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+        if not isinstance(tree, dict):
+            return {prefix[:-1]: tree}
+        return {k: v for key, sub in tree.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
+
+    import json
+
+    current = json.loads(json.dumps(config.to_dict(), default=str))  # as config.json stores it
+    now, before = flat(current), flat(saved)
+    old_model, new_model = (dataclasses.asdict(ModelConfig.from_dict(c["model"]))
+                            for c in (saved, current))
+    changed = [k for k in sorted(set(now) | set(before))
+               if not k.startswith("model.") and before.get(k) != now.get(k)]
+    fixed = [f"model.{k}: {old_model[k]!r} -> {new_model[k]!r}" for k in old_model
+             if k not in RESUMABLE_MODEL_FIELDS and old_model[k] != new_model[k]]
+    fixed += [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed
+              if k.startswith("data.tokenizer.")]
+    if fixed:
+        raise ValueError("this workdir holds checkpoints of a different model or tokenizer; "
+                         f"changed: {'; '.join(fixed)}. Use a new --workdir (or "
+                         "--config.init_from=<this workdir> to fine-tune from it)")
+    notes = [f"model.{k}: {old_model[k]!r} -> {new_model[k]!r}" for k in RESUMABLE_MODEL_FIELDS
+             if old_model[k] != new_model[k]]
+    for k in changed:
+        note = f"{k}: {before.get(k)!r} -> {now.get(k)!r}"
+        if k == "num_train_steps":
+            note += (" (the learning-rate schedule is recomputed for the new length, so it differs "
+                     "from the one trained so far)")
+        notes.append(note)
+    return notes

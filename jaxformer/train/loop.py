@@ -20,6 +20,7 @@ from pathlib import Path
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 
 from jaxformer.config import ModelConfig
 from jaxformer.models import build_model
@@ -30,11 +31,13 @@ from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.checkpoint import (
     Checkpointer,
     load_params,
+    load_run_config,
     merge_backbone,
+    resolve_checkpoint,
     save_run_config,
     with_shardings,
 )
-from jaxformer.train.config import validate_config
+from jaxformer.train.config import check_resume, validate_config
 from jaxformer.train.metrics import MetricWriter, Progress
 from jaxformer.train.state import create_train_state, state_shardings
 from jaxformer.train.step import make_eval_step, make_train_step, summarize_eval
@@ -84,14 +87,25 @@ def _pipeline_transform(config, special):
     return transform
 
 
-def _tokenizer_config(config):
-    """Fine-tuning reuses the tokenizer saved with the ``init_from`` run unless one is given."""
+def _tokenizer_config(config, hf: bool):
+    """Fine-tuning reuses the tokenizer saved with the ``init_from`` run (a workdir, its
+    ``checkpoints`` dir or one step dir; a Hugging Face directory's sentencepiece model is set by
+    `_resolve_hf`) unless one is given."""
     tok_cfg = config.data.tokenizer
     if config.init_from and not tok_cfg.get("path"):
-        saved = Path(config.init_from) / "tokenizer.model"
-        if saved.exists():
-            tok_cfg = ml_collections.ConfigDict(tok_cfg.to_dict())
-            tok_cfg.path = str(saved)
+        saved = None
+        if not hf:
+            ckpt_dir, _ = resolve_checkpoint(config.init_from)
+            run_dirs = (Path(config.init_from), ckpt_dir.parent)  # ckpt_dir = <run>/checkpoints
+            saved = next((d / "tokenizer.model" for d in run_dirs
+                          if (d / "tokenizer.model").exists()), None)
+        if saved is None:
+            logging.warning("init_from=%s has no tokenizer.model: training a new tokenizer, so the "
+                            "pretrained embeddings are read with other token ids; set "
+                            "data.tokenizer.path to the pretraining tokenizer", config.init_from)
+            return tok_cfg
+        tok_cfg = ml_collections.ConfigDict(tok_cfg.to_dict())
+        tok_cfg.path = str(saved)
     return tok_cfg
 
 
@@ -100,10 +114,17 @@ def _to_global(batch: dict, mesh) -> dict:
             for k, v in batch.items()}
 
 
-def _check_batch(batch: dict, vocab_size: int) -> None:
+def _check_batch(batch: dict, cfg: ModelConfig) -> None:
+    """Token ids within the vocabulary and labels within the classes (JAX would clamp or NaN)."""
     for key in ("inputs", "targets"):
         if key in batch:
-            check_token_ids(batch[key], vocab_size, f"batch[{key!r}]")
+            check_token_ids(batch[key], cfg.vocab_size, f"batch[{key!r}]")
+    if "label" in batch and cfg.head == "classify":
+        labels = np.asarray(batch["label"])
+        if labels.size and (labels.min() < 0 or labels.max() >= cfg.num_classes):
+            bad = labels[(labels < 0) | (labels >= cfg.num_classes)]
+            raise ValueError(f"label {int(bad[0])} is outside [0, model.num_classes="
+                             f"{cfg.num_classes}); set model.num_classes (and data.label_names)")
 
 
 class Trainer:
@@ -117,7 +138,7 @@ class Trainer:
     def __init__(self, config, workdir: str | os.PathLike):
         from jaxformer.data.pipeline import make_dataset, source_texts
         from jaxformer.data.sources import get_source
-        from jaxformer.data.tokenizer import load_or_train_tokenizer
+        from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
         from jaxformer.objectives import bind_objective
         from jaxformer.train.optim import make_optimizer
 
@@ -125,15 +146,30 @@ class Trainer:
         self.config = config
         self.model_cfg: ModelConfig = validate_config(config)
         self.workdir = workdir = Path(workdir)
+        if workdir.exists() and not workdir.is_dir():
+            raise ValueError(f"workdir {str(workdir)!r} exists and is not a directory")
+        tok_cfg = _tokenizer_config(config, hf=hf_params is not None)  # init_from exists?
         workdir.mkdir(parents=True, exist_ok=True)
+        self.ckpt = Checkpointer(workdir, keep=config.checkpoint.keep,
+                                 best_metric=config.checkpoint.best_metric or None,
+                                 best_mode=config.checkpoint.best_mode,
+                                 async_save=config.checkpoint.async_save)
+        resuming = self.ckpt.latest_step() is not None
+        if resuming:  # the run's model, tokenizer and config.json stay those of its checkpoints
+            for note in check_resume(load_run_config(workdir), config):
+                logging.warning("resuming %s with a changed config: %s", workdir, note)
         self.mesh = make_mesh(config.mesh)
         check_batch_size(self.mesh, config.data.batch_size,
                          config.optimizer.get("grad_accum_steps", 1))
         if jax.process_index() == 0:
             print(f"Mesh {describe(self.mesh)}, parallel={config.parallel}")
-        self.tokenizer = load_or_train_tokenizer(
-            _tokenizer_config(config), workdir,
-            lambda: source_texts(get_source(config.data, "train")))
+        saved_tokenizer = workdir / "tokenizer.model"
+        if resuming and saved_tokenizer.exists():
+            self.tokenizer = Tokenizer.load(saved_tokenizer)
+        else:
+            self.tokenizer = load_or_train_tokenizer(
+                tok_cfg, workdir, lambda: source_texts(get_source(config.data, "train")),
+                reuse_saved=False)
         if self.tokenizer.vocab_size > self.model_cfg.vocab_size:
             raise ValueError(
                 f"the tokenizer has {self.tokenizer.vocab_size} ids but model.vocab_size="
@@ -141,8 +177,8 @@ class Trainer:
         special = self.tokenizer.special
         if jax.process_index() == 0:
             save_run_config(workdir, config)
-            if not (workdir / "tokenizer.model").exists():
-                self.tokenizer.save(str(workdir / "tokenizer.model"))
+            if not resuming:
+                self.tokenizer.save(str(saved_tokenizer))
 
         self.model = model = build_model(self.model_cfg)
         whole_words = config.objective.get("whole_word_mask", False)
@@ -151,10 +187,6 @@ class Trainer:
             word_initial=self.tokenizer.word_initial() if whole_words else None)
         self.tx, self.schedule = make_optimizer(config.optimizer, self.model_cfg.d_model,
                                                 config.num_train_steps)
-        self.ckpt = Checkpointer(workdir, keep=config.checkpoint.keep,
-                                 best_metric=config.checkpoint.best_metric or None,
-                                 best_mode=config.checkpoint.best_mode,
-                                 async_save=config.checkpoint.async_save)
         self.make_ds = functools.partial(
             make_dataset, config.data, tokenizer=self.tokenizer, seed=config.seed,
             transform=_pipeline_transform(config, special), process_index=jax.process_index(),
@@ -162,7 +194,7 @@ class Trainer:
         self.train_iter = iter(self.make_ds("train"))
         abstract, self.shardings = state_shardings(model, self.model_cfg, self.tx, self.mesh)
 
-        if self.ckpt.latest_step() is not None:
+        if resuming:
             self.state, self.start_step = self.ckpt.restore(
                 with_shardings(abstract, self.shardings), self.train_iter)
             print(f"Resumed from {self.ckpt.directory}/{self.start_step}")
@@ -174,7 +206,11 @@ class Trainer:
                 params, fresh = merge_backbone(self.state.params, pretrained)
                 self.state, _ = create_train_state(model, self.model_cfg, self.tx, self.mesh,
                                                    config.seed, params=params)
-                print(f"Initialised from {config.init_from}; fresh parameters: {fresh or 'none'}")
+                if hf_params is not None:  # the importer initialised any new head (logged)
+                    print(f"Initialised from the Hugging Face model {config.init_from}")
+                else:
+                    print(f"Initialised from {config.init_from}; fresh parameters: "
+                          f"{fresh or 'none'}")
             self.start_step = 0
 
     def _step_fn(self):
@@ -202,7 +238,7 @@ class Trainer:
         it = iter(self.make_ds(c.eval.split, num_epochs=1))
         totals, key = None, jax.random.key(c.seed + 1)
         for i, batch in zip(range(c.eval.num_batches), it):
-            _check_batch(batch, self.model_cfg.vocab_size)
+            _check_batch(batch, self.model_cfg)
             sums = self._eval_fn(params, _to_global(batch, self.mesh), jax.random.fold_in(key, i))
             totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
         return {} if totals is None else {f"eval_{k}": v for k, v in summarize_eval(totals).items()}
@@ -210,6 +246,9 @@ class Trainer:
     def run(self) -> dict:
         """Train from ``start_step`` to ``num_train_steps``; returns the last logged metrics."""
         c, total = self.config, self.config.num_train_steps
+        if self.start_step >= total:
+            print(f"{self.workdir} is already at step {self.start_step} of num_train_steps={total}: "
+                  "nothing to train (raise --config.num_train_steps to continue)")
         step_fn = self._step_fn()
         pmap = not callable(step_fn) or hasattr(step_fn, "step")
         writer = MetricWriter(self.workdir)
@@ -218,7 +257,7 @@ class Trainer:
         try:
             for step in range(self.start_step + 1, total + 1):
                 batch = next(self.train_iter)
-                _check_batch(batch, self.model_cfg.vocab_size)
+                _check_batch(batch, self.model_cfg)
                 if pmap:
                     state, metrics = step_fn.step(batch)
                 else:
