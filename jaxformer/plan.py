@@ -68,6 +68,7 @@ def preset_config(name: str, *, batch: int, seq_len: int, target_len: int | None
     c.data.task = _TASK[c.objective.name]
     c.data.batch_size, c.data.seq_len = batch, seq_len
     c.data.target_len = target_len or seq_len
+    c.data.tokenizer.vocab_size = min(c.data.tokenizer.vocab_size, c.model.vocab_size)  # fits
     for part in filter(None, (p.strip() for p in mesh.split(","))):
         axis, _, size = part.partition("=")
         if axis not in MESH_AXES or not size.lstrip("-").isdigit():

@@ -151,3 +151,19 @@ def test_check_resume_refuses_architecture_changes_and_notes_the_rest():
     config.model.num_kv_heads = 2  # shapes the parameters: refused
     with pytest.raises(ValueError, match=r"model.num_kv_heads: 4 -> 2"):
         check_resume(saved, config)
+
+
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # in ml_collections
+def test_a_misspelt_override_key_is_named_with_a_suggestion():
+    from absl import flags
+
+    from jaxformer.train.config import define_config_flag
+
+    argv = ["train.py", "--config", str(ROOT / "configs" / "gpt_pretrain_tiny.py"),
+            "--config.model.num_layer=2"]
+    fv = flags.FlagValues()
+    define_config_flag("config", flag_values=fv, sys_argv=argv)
+    with pytest.raises(flags.IllegalFlagValueError,
+                       match=r"'model.num_layer': model has no key 'num_layer'; did you mean "
+                             r"'model.num_layers'\?"):
+        fv(argv)

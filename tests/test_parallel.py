@@ -64,7 +64,8 @@ def _setup(family: str, **model_overrides):
     model = build_model(cfg)
     opt = default_optimizer_config("gpt3", peak_lr=1e-2, warmup_steps=1, eps=1e-3)
     tx, schedule = make_optimizer(opt, cfg.d_model, 10)
-    prepare = bind_objective(ml_collections.ConfigDict(dict(name=objective, mask_rate=0.3)),
+    options = dict(mask_rate=0.3) if objective == "mlm" else {}
+    prepare = bind_objective(ml_collections.ConfigDict(dict(name=objective, **options)),
                              SpecialTokens(cfg.vocab_size))
     return cfg, model, tx, schedule, prepare
 
@@ -337,6 +338,7 @@ def test_plan_matches_the_real_sharded_state(runs):
     config = base_config()
     config.model.update(preset(FAMILY["gpt"][0], **TINY))
     config.data.batch_size, config.data.seq_len = BATCH, LEN
+    config.data.tokenizer.vocab_size = cfg.vocab_size
     config.optimizer = default_optimizer_config("gpt3", peak_lr=1e-2, warmup_steps=1, eps=1e-3)
     config.num_train_steps = 10
     config.mesh = ml_collections.ConfigDict(MESHES["fsdp8"])

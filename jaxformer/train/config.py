@@ -23,6 +23,8 @@ progress_bar       show a tqdm bar
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import sys
 import typing
 from typing import Any
 
@@ -84,7 +86,10 @@ def config_node(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, st
     for i, part in enumerate(parts):
         if not isinstance(node, ml_collections.ConfigDict) or part not in node:
             where = ".".join(parts[:i]) or "the config"
-            raise KeyError(f"{dotted!r}: {where} has no key {part!r}")
+            close = difflib.get_close_matches(part, list(node.keys()) if isinstance(
+                node, ml_collections.ConfigDict) else [], n=1)
+            hint = f"; did you mean {'.'.join([*parts[:i], close[0]])!r}?" if close else ""
+            raise KeyError(f"{dotted!r}: {where} has no key {part!r}{hint}")
         if i < len(parts) - 1:
             node = node[part]
     return node, parts[-1]
@@ -133,6 +138,12 @@ def define_config_flag(name: str = "config", flag_values: Any = None,
             config = self.inner.parse(path)
             if isinstance(config, ml_collections.ConfigDict):
                 complete_config(config)
+                for arg in sys.argv if sys_argv is None else sys_argv:  # name a misspelt key
+                    if arg.startswith(f"--{name}."):                    # in one line
+                        try:
+                            config_node(config, arg[len(name) + 3:].split("=", 1)[0])
+                        except KeyError as e:
+                            raise ValueError(f"{arg}: {e.args[0]}") from None
             return config
 
         def flag_type(self):
