@@ -301,3 +301,20 @@ def test_label_names_given_unquoted_on_the_command_line_are_split():
     assert label_names({"label_names": "neg, pos"}) == ("neg", "pos")
     assert label_names({"label_names": ("neg", "pos")}) == ("neg", "pos")
     assert label_names({}) is None and label_names({"label_names": None}) is None
+
+
+def test_an_option_the_source_does_not_read_is_refused(tmp_path):
+    """``data.format=tsv`` with a built-in corpus, or a TFDS option with files, would be ignored
+    silently; it is refused naming the option and the sources that read it."""
+    with pytest.raises(ValueError, match=r"data.format='tsv' applies to 'files:' sources, not "
+                                         r"data.source='shakespeare'"):
+        get_source({"source": "shakespeare", "format": "tsv"}, "train")
+    with pytest.raises(ValueError, match=r"data.tfds_data_dir='/d' applies to 'tfds:' sources"):
+        get_source({"source": "files:x.txt", "tfds_data_dir": "/d"}, "train")
+    with pytest.raises(ValueError, match=r"data.label_key='y' applies to 'files:' and 'tfds:'"):
+        get_source({"source": "movie_sentiment", "label_key": "y"}, "train")
+    path = tmp_path / "more.jsonl"
+    path.write_text('{"body": "extra text"}\n')
+    mixed = get_source({"source": f"concat:kjv_bible,files:{path}", "text_key": "body",
+                        "split_fractions": [1.0, 0.0, 0.0]}, "train")  # read by the files part
+    assert mixed[len(mixed) - 1]["text"] == "extra text"

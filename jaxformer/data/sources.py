@@ -306,9 +306,30 @@ def get_source(data_cfg: Any, split: str) -> Sequence[dict[str, Any]]:
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"data.source must be a non-empty string, one of {SOURCE_KINDS}; "
                          f"got {spec!r}")
+    _check_options(data_cfg, spec)
     source = _from_spec(spec, data_cfg, split)
     view = _opt(data_cfg, "pair_view")
     return PairsAsText(source, view) if view else source
+
+
+# The source options only some kinds of source read; a value set for a source that ignores it is
+# refused (e.g. data.format=tsv with data.source=shakespeare).
+_FIELD_OPTIONS = ("text_key", "label_key", "source_key", "target_key", "label_names")
+_KIND_OPTIONS = {"files": ("format", "columns", "split_fractions", *_FIELD_OPTIONS),
+                 "tfds": ("tfds_data_dir", "tfds_download", *_FIELD_OPTIONS)}
+
+
+def _check_options(data_cfg: Any, spec: str) -> None:
+    kinds = [p.strip().partition(":")[0] for p in
+             (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec])]
+    used = {key for kind in kinds for key in _KIND_OPTIONS.get(kind, ())}
+    for key in sorted({k for keys in _KIND_OPTIONS.values() for k in keys} - used):
+        value = _opt(data_cfg, key)
+        value = tuple(value) if isinstance(value, list) else value  # as read back from JSON
+        if value is not None and value != _SOURCE_DEFAULTS.get(key):
+            users = [f"'{kind}:'" for kind, keys in _KIND_OPTIONS.items() if key in keys]
+            raise ValueError(f"data.{key}={value!r} applies to {' and '.join(users)} sources, not "
+                             f"data.source={spec!r}; leave it unset")
 
 
 def _from_spec(spec: str, data_cfg: Any, split: str) -> Sequence[dict[str, Any]]:
