@@ -167,3 +167,9 @@ def test_a_misspelt_override_key_is_named_with_a_suggestion():
                        match=r"'model.num_layer': model has no key 'num_layer'; did you mean "
                              r"'model.num_layers'\?"):
         fv(argv)
+    argv = ["train.py", "--config", "configs/no_such_config.py"]
+    fv = flags.FlagValues()
+    define_config_flag("config", flag_values=fv, sys_argv=argv)
+    with pytest.raises(flags.IllegalFlagValueError,
+                       match=r"config file 'configs/no_such_config.py' does not exist"):
+        fv(argv)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import sys
 import typing
 from typing import Any
@@ -135,6 +136,8 @@ def define_config_flag(name: str = "config", flag_values: Any = None,
             self.inner = inner  # ml_collections' own parser: loads the file, calls get_config()
 
         def parse(self, path):
+            if not os.path.isfile(path.split(":", 1)[0]):
+                raise ValueError(f"config file {path.split(':', 1)[0]!r} does not exist")
             config = self.inner.parse(path)
             if isinstance(config, ml_collections.ConfigDict):
                 complete_config(config)
