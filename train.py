@@ -31,6 +31,8 @@ def main(argv):
         sys.exit(f"train.py: error: {e}")         # the message names the field, no traceback
     metrics = trainer.run()
     print({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
+    if "preempted_at_step" in metrics:
+        sys.exit(128 + 15)  # "terminated by SIGTERM", after the checkpoint: not a finished run
 
 
 if __name__ == "__main__":

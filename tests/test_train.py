@@ -165,6 +165,42 @@ def test_killed_run_resumes_exactly(tmp_path):
         assert resumed[step] == reference[step], step
 
 
+def test_sigterm_checkpoints_the_current_step_and_the_rerun_continues_exactly(tmp_path):
+    """A preempted job (SIGTERM) saves the step it is at — not only the last periodic checkpoint —
+    exits with 143, and rerunning the command continues bit for bit like an uninterrupted run."""
+    settings = {"log_every_steps": 1, "eval.num_batches": 0, "optimizer.schedule": "constant",
+                "optimizer.peak_lr": 3e-3, "progress_bar": False, "checkpoint.every_steps": 1000,
+                "data.tokenizer.vocab_size": 512, "data.tokenizer.max_train_texts": 1500,
+                "data.seq_len": 32, "data.batch_size": 8,
+                **{f"model.{k}": v for k, v in TINY_MODEL.items()}}
+    run = tmp_path / "preempted"
+    cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/gpt_pretrain_tiny.py"),
+           "--workdir", str(run), "--config.num_train_steps=5000",
+           *[f"--config.{k}={v}" for k, v in settings.items()]]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    deadline = time.time() + 240
+    while not ((run / "metrics.jsonl").exists() and len(losses(run)) >= 7):
+        assert proc.poll() is None, "training process exited early"
+        assert time.time() < deadline, "no training steps within 240 s"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-2000:]
+    saved = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+    assert len(saved) == 1 and saved[0] >= 7 and f"Preempted (SIGTERM) at step {saved[0]}" in out
+    total = saved[0] + 4
+    config = lambda: load_config("gpt_pretrain_tiny", num_train_steps=total, **settings)
+    trainer = Trainer(config(), run)
+    assert trainer.start_step == saved[0]
+    trainer.run()
+    straight = tmp_path / "straight"
+    train_and_evaluate(config(), straight)
+    resumed, reference = losses(run), losses(straight)
+    for step in range(1, total + 1):
+        assert resumed[step] == reference[step], step
+
+
 def test_init_from_hugging_face_directory(tmp_path):
     """``init_from`` a local HF GPT-2 directory: its architecture and weights are used, the new
     classification head is fresh, and fine-tuning lowers the loss."""

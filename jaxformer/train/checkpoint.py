@@ -80,12 +80,47 @@ class Checkpointer:
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         return restored["state"], step
 
+    def preempted(self, step: int, signalled: bool) -> bool:
+        """Whether to checkpoint ``step`` and stop because the job is being preempted: with several
+        processes JAX's preemption sync point (every process answers True at the same step, so all
+        save it together); with one, ``signalled`` (a SIGTERM seen by `PreemptionWatch`)."""
+        if jax.process_count() > 1:
+            return self.manager.reached_preemption(step)
+        return signalled
+
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+class PreemptionWatch:
+    """Records SIGTERM (what TPU/GPU schedulers send before preempting a job) while training, so
+    the loop can checkpoint the current step and stop instead of losing the steps since the last
+    periodic checkpoint. Installed only in the main thread of a single-process run (with several
+    processes JAX's coordination service watches for the signal: `Checkpointer.preempted`);
+    `restore` puts the previous handler back."""
+
+    def __init__(self) -> None:
+        import signal
+        import threading
+
+        self.signalled, self._installed, self._previous = False, False, None
+        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._installed = True
+
+    def _handle(self, signum, frame) -> None:
+        self.signalled = True
+
+    def restore(self) -> None:
+        import signal
+
+        if self._installed:  # None: the previous handler was not set from Python → the default
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
+            self._installed = False
 
 
 def with_shardings(abstract, shardings):

@@ -30,6 +30,7 @@ from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.checkpoint import (
     Checkpointer,
+    PreemptionWatch,
     load_params,
     load_run_config,
     merge_backbone,
@@ -254,6 +255,7 @@ class Trainer:
         writer = MetricWriter(self.workdir)
         progress = Progress(self.start_step, total, enabled=c.progress_bar)
         last, train_metrics, state = {}, {}, self.state
+        watch = PreemptionWatch()
         try:
             for step in range(self.start_step + 1, total + 1):
                 batch = next(self.train_iter)
@@ -279,11 +281,18 @@ class Trainer:
                 if row:
                     writer.write(step, row)
                     last = {**last, **row}
-                if step % c.checkpoint.every_steps == 0 or step == total:
+                preempted = self.ckpt.preempted(step, watch.signalled)
+                if step % c.checkpoint.every_steps == 0 or step == total or preempted:
                     current = step_fn.state() if pmap else state
                     self.ckpt.save(step, current, self.train_iter, metrics=eval_metrics or None)
+                if preempted:
+                    print(f"Preempted (SIGTERM) at step {step}: checkpoint saved; rerun the same "
+                          "command to resume")
+                    last = {**last, "preempted_at_step": step}
+                    break
             self.state = step_fn.state() if pmap else state
         finally:
+            watch.restore()
             progress.close()
             self.ckpt.close()
             writer.close()
