@@ -109,6 +109,8 @@ def test_finetune_starts_from_pretrained_backbone(pretrained, tmp_path, family):
     trainer.run()
     first, last = first_last(tmp_path)
     assert last < first, (family, first, last)
+    evals = [r for r in read_metrics(tmp_path) if "eval_loss" in r]
+    assert evals and all(("eval_perplexity" in r) == (family == "t5") for r in evals)
 
 
 def test_init_from_shape_mismatch_names_parameter(pretrained, tmp_path):

@@ -242,7 +242,12 @@ class Trainer:
             _check_batch(batch, self.model_cfg)
             sums = self._eval_fn(params, _to_global(batch, self.mesh), jax.random.fold_in(key, i))
             totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
-        return {} if totals is None else {f"eval_{k}": v for k, v in summarize_eval(totals).items()}
+        if totals is None:
+            return {}
+        out = summarize_eval(totals)
+        if self.model_cfg.head == "classify":  # exp(cross-entropy) of a label is no perplexity
+            out.pop("perplexity")
+        return {f"eval_{k}": v for k, v in out.items()}
 
     def run(self) -> dict:
         """Train from ``start_step`` to ``num_train_steps``; returns the last logged metrics."""
