@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import re
 
 import grain
 import numpy as np
@@ -275,7 +276,8 @@ def test_every_source_option_is_settable_from_the_command_line(tmp_path):
     from jaxformer.data import sources
     from jaxformer.train.config import base_config, define_config_flag
 
-    read = set(re.findall(r'_opt\(data_cfg, "(\w+)"', Path(sources.__file__).read_text()))
+    read = set(re.findall(r'(?:_opt|label_names)\(data_cfg, "(\w+)"',
+                          Path(sources.__file__).read_text()))
     assert {"format", "text_key", "label_key", "label_names", "tfds_data_dir"} <= read
     assert read <= set(base_config().data)
     _write(tmp_path / "reviews.tsv", ["verdict\treview", "pos\tgreat film", "neg\tdull",
@@ -318,3 +320,40 @@ def test_an_option_the_source_does_not_read_is_refused(tmp_path):
     mixed = get_source({"source": f"concat:kjv_bible,files:{path}", "text_key": "body",
                         "split_fractions": [1.0, 0.0, 0.0]}, "train")  # read by the files part
     assert mixed[len(mixed) - 1]["text"] == "extra text"
+
+
+def test_bad_records_are_named_by_file_and_line(tmp_path):
+    """Undecodable bytes, broken JSON, a non-text field and a label that is no class index are
+    errors naming the record (file:line), never silently coerced (int(0.7) would be class 0)."""
+    one = {"split_fractions": (1.0, 0.0, 0.0)}
+
+    def first_error(lines: list[bytes], name: str, **cfg) -> str:
+        (tmp_path / name).write_bytes(b"\n".join(lines) + b"\n")
+        source = get_source({"source": f"files:{tmp_path}/{name}", **one, **cfg}, "train")
+        with pytest.raises(ValueError) as e:
+            _records(source)
+        return str(e.value)
+
+    assert "latin.txt:2 " in first_error([b"fine", b"caf\xe9"], "latin.txt")
+    assert "not UTF-8" in first_error([b"fine", b"caf\xe9"], "latin.txt")
+    assert "bad.jsonl:2 " in first_error([b'{"text": "a"}', b'{"text": "b",,}'], "bad.jsonl")
+    assert re.search(r"record none.jsonl:2: field 'text' is None", first_error(
+        [b'{"text": "a"}', b'{"text": null}'], "none.jsonl"))
+    for label in (b"0.7", b"true", b'"x"'):
+        message = first_error([b'{"text": "a", "label": 1}', b'{"text": "b", "label": ' + label + b"}"],
+                              "labels.jsonl", label_key="label")
+        assert "labels.jsonl:2: label" in message and "not a class index" in message, message
+    (tmp_path / "ok.jsonl").write_text('{"text": "a", "label": "1"}\n')
+    got = get_source({"source": f"files:{tmp_path}/ok.jsonl", "label_key": "label", **one}, "train")
+    assert _records(got)[0]["label"] == 1  # a digit string is an index
+
+
+def test_split_files_refuse_split_fractions_and_columns_split_at_commas(tmp_path):
+    for split in SPLITS:
+        _write(tmp_path / f"{split}.tsv", ["great film\tpos"])
+    with pytest.raises(ValueError, match=r"data.split_fractions applies to globs without"):
+        get_source({"source": f"files:{tmp_path}/{{split}}.tsv",
+                    "split_fractions": (0.5, 0.5, 0.0)}, "train")
+    got = get_source({"source": f"files:{tmp_path}/{{split}}.tsv", "columns": "text,verdict",
+                      "label_key": "verdict", "label_names": "neg,pos"}, "train")
+    assert [(r["text"], r["label"]) for r in _records(got)] == [("great film", 1)]

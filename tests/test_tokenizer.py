@@ -157,3 +157,17 @@ def test_no_text_raises(tmp_path):
     cfg = ml_collections.ConfigDict(default_tokenizer_config().to_dict())
     with pytest.raises(ValueError, match="no non-empty text"):
         load_or_train_tokenizer(cfg, tmp_path, lambda: iter(["", "  "]))
+
+
+@pytest.mark.parametrize("bad_at", [0, 20])
+def test_an_error_of_the_text_source_is_raised_as_is(bad_at):
+    """A bad record met while the tokenizer trains is the source's own error (naming the record),
+    not a "SentencePiece training failed" wrapper around it."""
+    def texts():
+        for i, line in enumerate(CORPUS):
+            if i == bad_at:
+                raise ValueError("reviews.tsv:21: label 'meh' is not one of data.label_names")
+            yield line
+
+    with pytest.raises(ValueError, match=r"^reviews.tsv:21: label 'meh'"):
+        train_sentencepiece(texts(), vocab_size=600)

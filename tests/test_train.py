@@ -302,3 +302,14 @@ def test_labels_outside_the_classes_are_refused():
     _check_batch({"inputs": np.ones((2, 4), np.int32), "label": np.array([0, 1])}, cfg)
     with pytest.raises(ValueError, match=r"label 2 is outside \[0, model.num_classes=2\)"):
         _check_batch({"inputs": np.ones((2, 4), np.int32), "label": np.array([0, 2])}, cfg)
+
+
+def test_an_empty_eval_split_fails_at_set_up_not_after_training(tmp_path):
+    (tmp_path / "few.txt").write_text("one line\nanother line\n")  # both land in one split
+    config = load_config("gpt_pretrain_tiny", **{"data.source": f"files:{tmp_path}/few.txt",
+                                                 "data.split_fractions": (1.0, 0.0, 0.0)})
+    with pytest.raises(ValueError, match=r"split 'validation' of data.source=.* holds 0; .*"
+                                         r"eval.num_batches=0"):
+        Trainer(config, tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any(
+        (tmp_path / "run" / "checkpoints").iterdir())

@@ -235,9 +235,9 @@ def check_data_config(cfg: ml_collections.ConfigDict, process_count: int = 1) ->
         bad("long_examples", f"choose one of {LONG_EXAMPLES}")
     if cfg.long_examples == "split" and cfg.task not in ("lm", "span_corruption"):
         bad("long_examples", "'split' applies to tasks 'lm' and 'span_corruption' only")
-    for key in ("seq_len", "target_len", "batch_size"):
-        if not isinstance(cfg.get(key), int) or cfg.get(key) < 4:
-            bad(key, "must be an integer >= 4")
+    for key, least in (("seq_len", 4), ("target_len", 4), ("batch_size", 1)):
+        if not isinstance(cfg.get(key), int) or cfg.get(key) < least:
+            bad(key, f"must be an integer >= {least}")
     if cfg.batch_size % process_count:
         bad("batch_size", f"the global batch must divide evenly among {process_count} processes")
     if cfg.packing and cfg.task == "classify":
@@ -283,8 +283,11 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
 
     ds = grain.MapDataset.source(source)[process_index::process_count]
     if len(ds) == 0:
-        raise ValueError(f"process {process_index} of {process_count} has no examples: the "
-                         f"{split!r} source holds {len(source)}")
+        fix = ("; give that split more data (data.split_fractions for a files: glob without "
+               "'{split}'), or set eval.num_batches=0 to train without evaluation"
+               if len(source) == 0 else "")
+        raise ValueError(f"process {process_index} of {process_count} has no examples: split "
+                         f"{split!r} of data.source={cfg.get('source')!r} holds {len(source)}{fix}")
     ds = ds.seed(seed)
     if cfg.shuffle:
         ds = ds.shuffle()

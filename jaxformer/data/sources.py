@@ -130,29 +130,38 @@ class Fields:
     def __call__(self, record: Mapping[str, Any]) -> dict[str, Any]:
         if any(k not in record for k in self.keys):
             self.check(list(record))
+        where = f"{self.where}, record {_python(record['id'])}" if "id" in record else self.where
         if self.schema == "pairs":
-            out = {"source": _python(record[self.source_key]),
-                   "target": _python(record[self.target_key])}
+            out = {"source": self._text(record, self.source_key, where),
+                   "target": self._text(record, self.target_key, where)}
         else:
-            out = {"text": _python(record[self.text_key])}
+            out = {"text": self._text(record, self.text_key, where)}
             if self.label_key:
-                out["label"] = self._label(_python(record[self.label_key]))
+                out["label"] = self._label(_python(record[self.label_key]), where)
         if "id" in record:
             out["id"] = str(_python(record["id"]))
         return out
 
-    def _label(self, value: Any) -> int:
+    @staticmethod
+    def _text(record: Mapping[str, Any], key: str, where: str) -> str:
+        value = _python(record[key])
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: field {key!r} is {value!r} ({type(value).__name__}), "
+                             "not text")
+        return value
+
+    def _label(self, value: Any, where: str) -> int:
         if isinstance(value, str) and self.label_names:
             if value not in self.label_names:
-                raise ValueError(f"{self.where}: label {value!r} is not one of data.label_names="
+                raise ValueError(f"{where}: label {value!r} is not one of data.label_names="
                                  f"{self.label_names}")
             return self.label_names.index(value)
-        try:
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
             return int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{self.where}: label {value!r} is not an integer; set "
-                             f"data.label_names to the list of label strings (index = label)"
-                             ) from None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"{where}: label {value!r} is not a class index (an integer); for "
+                         "string labels set data.label_names to the list of them (index = label)")
 
 
 class MappedSource:
@@ -268,10 +277,11 @@ def _tfds_name(spec: str) -> str:
     return spec
 
 
-def label_names(data_cfg: Any) -> tuple[str, ...] | None:
-    """``data.label_names`` as a tuple (None if unset); ``neg,pos`` — what an unquoted
-    ``--config.data.label_names=neg,pos`` parses to, one string — is split at the commas."""
-    names = _opt(data_cfg, "label_names")
+def label_names(data_cfg: Any, key: str = "label_names") -> tuple[str, ...] | None:
+    """``data.label_names`` (or another list option, ``key``) as a tuple (None if unset);
+    ``neg,pos`` — what an unquoted ``--config.data.label_names=neg,pos`` parses to, one string — is
+    split at the commas."""
+    names = _opt(data_cfg, key)
     if not names:
         return None
     if isinstance(names, str):
@@ -282,7 +292,7 @@ def label_names(data_cfg: Any) -> tuple[str, ...] | None:
 
 
 def _fields(data_cfg: Any, where: str) -> Fields:
-    names = label_names(data_cfg)
+    names = label_names(data_cfg, "label_names")
     return Fields(text_key=_opt(data_cfg, "text_key"),
                   label_key=_opt(data_cfg, "label_key"), source_key=_opt(data_cfg, "source_key"),
                   target_key=_opt(data_cfg, "target_key"),
@@ -352,7 +362,7 @@ def _from_spec(spec: str, data_cfg: Any, split: str) -> Sequence[dict[str, Any]]
         fields = _fields(data_cfg, f"files {rest!r}")
         fmt = _opt(data_cfg, "format")
         base = user_files.FileSource(
-            rest, split, fmt=fmt, columns=_opt(data_cfg, "columns"),
+            rest, split, fmt=fmt, columns=label_names(data_cfg, "columns"),
             split_fractions=tuple(_opt(data_cfg, "split_fractions")))
         if base.fmt == "text" and fields.schema != "text":
             raise ValueError(f"files {rest!r}: format 'text' holds only text; use 'jsonl' or "

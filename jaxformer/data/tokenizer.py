@@ -91,8 +91,18 @@ def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, model_type: st
     """
     num_sentinels = resolve_num_sentinels(vocab_size, num_sentinels)
     _check_train_args(vocab_size, model_type, num_sentinels, character_coverage, normalization)
-    sentences = (t[:MAX_TRAIN_CHARS] for t in texts if t and not t.isspace())
+    source_errors: list[Exception] = []
+
+    def sentences_of(texts):  # an error of the source (a bad record) ends the stream; it is
+        try:                  # re-raised below as is, not as a SentencePiece failure
+            yield from (t[:MAX_TRAIN_CHARS] for t in texts if t and not t.isspace())
+        except Exception as e:  # noqa: BLE001 - re-raised after SentencePiece returns
+            source_errors.append(e)
+
+    sentences = sentences_of(texts)
     first = next(sentences, None)
+    if source_errors:
+        raise source_errors[0]
     if first is None:
         raise ValueError("cannot train a tokenizer on no text: texts_fn() yielded no non-empty "
                          "text")
@@ -101,8 +111,12 @@ def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, model_type: st
         _train(model, itertools.chain([first], sentences), vocab_size, model_type, num_sentinels,
                character_coverage, normalization)
     except RuntimeError as e:  # SentencePiece reports bad settings as RuntimeError
+        if source_errors:
+            raise source_errors[0] from None
         raise ValueError(f"SentencePiece training failed for vocab_size={vocab_size}, "
                          f"model_type={model_type!r}: {e}") from e
+    if source_errors:
+        raise source_errors[0]
     tok = Tokenizer(model.getvalue())
     if tok.vocab_size < vocab_size:
         logging.warning("tokenizer: corpus supports only %d pieces (asked for %d)",

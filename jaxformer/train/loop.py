@@ -193,6 +193,11 @@ class Trainer:
             transform=_pipeline_transform(config, special), process_index=jax.process_index(),
             process_count=jax.process_count())
         self.train_iter = iter(self.make_ds("train"))
+        if config.eval.num_batches > 0:  # a missing, empty or unreadable eval split fails now,
+            probe = iter(self.make_ds(config.eval.split, num_epochs=1))  # not after training
+            next(probe, None)
+            if hasattr(probe, "close"):
+                probe.close()
         abstract, self.shardings = state_shardings(model, self.model_cfg, self.tx, self.mesh)
 
         if resuming:
@@ -281,7 +286,12 @@ class Trainer:
                 eval_metrics = None
                 if eval_now:
                     current = step_fn.state() if pmap else state
-                    eval_metrics = self.evaluate(current.params)
+                    try:
+                        eval_metrics = self.evaluate(current.params)
+                    except Exception:  # e.g. a bad record further into the eval split: keep the
+                        self.ckpt.save(step, current, self.train_iter)  # training done so far
+                        logging.error("evaluation failed at step %d; the step is checkpointed", step)
+                        raise
                     row.update(eval_metrics)
                 if row:
                     writer.write(step, row)

@@ -50,6 +50,9 @@ class FileSource:
                  columns: Sequence[str] | None = None,
                  split_fractions: tuple[float, float, float] = (0.9, 0.05, 0.05)) -> None:
         hashed = "{split}" not in pattern
+        if not hashed and tuple(split_fractions) != (0.9, 0.05, 0.05):
+            raise ValueError(f"files {pattern!r}: data.split_fractions applies to globs without "
+                             "'{split}' (lines split by hash); this glob names each split's files")
         if hashed and split not in SPLITS:
             raise ValueError(f"files {pattern!r}: split {split!r} must be one of {SPLITS} when "
                              f"the glob has no '{{split}}' (lines are split by hash of their id)")
@@ -95,12 +98,20 @@ class FileSource:
             raise IndexError(f"index {index} out of range for {len(self)} examples")
         k = int(self.file_ids[index])
         raw = os.pread(self._fd(k), int(self.lengths[index]), int(self.offsets[index]))
-        line = raw.decode("utf-8").rstrip("\r\n").lstrip("\ufeff")
         where = f"{os.path.basename(self.paths[k])}:{int(self.line_numbers[index])}"  # the id
+        try:
+            line = raw.decode("utf-8").rstrip("\r\n").lstrip("\ufeff")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{where} ({self.paths[k]}): not UTF-8 ({e.reason} at byte "
+                             f"{e.start}); files: sources read UTF-8 text") from None
         if self.fmt == "text":
             record: dict[str, Any] = {"text": line}
         elif self.fmt == "jsonl":
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where} ({self.paths[k]}): invalid JSON ({e.msg} at column "
+                                 f"{e.colno})") from None
             if not isinstance(record, dict):
                 raise ValueError(f"{where} ({self.paths[k]}): expected a JSON object, got "
                                  f"{type(record).__name__}")
