@@ -357,3 +357,16 @@ def test_split_files_refuse_split_fractions_and_columns_split_at_commas(tmp_path
     got = get_source({"source": f"files:{tmp_path}/{{split}}.tsv", "columns": "text,verdict",
                       "label_key": "verdict", "label_names": "neg,pos"}, "train")
     assert [(r["text"], r["label"]) for r in _records(got)] == [("great film", 1)]
+
+
+def test_same_named_files_in_a_recursive_glob_keep_distinct_ids(tmp_path):
+    for folder in ("x", "y"):
+        (tmp_path / "data" / folder).mkdir(parents=True)
+        _write(tmp_path / "data" / folder / "a.txt", [f"{folder} line {i}" for i in range(40)])
+    cfg = {"source": f"files:{tmp_path}/data/**/*.txt", "split_fractions": (0.5, 0.25, 0.25)}
+    records = [r for split in SPLITS for r in _records(get_source(cfg, split))]
+    ids = [r["id"] for r in records]
+    assert len(ids) == len(set(ids)) == 80 and "x/a.txt:1" in ids and "y/a.txt:1" in ids
+    flat = _records(get_source({"source": f"files:{tmp_path}/data/x/*.txt",
+                                "split_fractions": (1.0, 0.0, 0.0)}, "train"))
+    assert flat[0]["id"] == "a.txt:1"  # a flat glob keeps the base name (splits unchanged)

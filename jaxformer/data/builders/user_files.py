@@ -12,8 +12,11 @@ Raw records (field names are mapped by `jaxformer.data.sources.Fields`):
 - ``tsv``:   ``{column: cell}`` plus ``"id"``; columns from the file's first row, or ``columns``
   for files without a header row. Cells are split on tabs, without quoting.
 
-``id`` is ``<file name>:<line number>`` (from 1). Without ``{split}`` in the glob, a line belongs
-to the split `hash_split(id, split_fractions)` picks, so the splits are disjoint and stable.
+``id`` is ``<file path>:<line number>`` (from 1), the path relative to the glob's directory (the
+part before its first wildcard): ``a.txt:3`` for ``data/*.txt``, ``x/a.txt:3`` for
+``data/**/*.txt``, so files of the same name in different folders keep distinct ids. Without
+``{split}`` in the glob, a line belongs to the split `hash_split(id, split_fractions)` picks, so
+the splits are disjoint and stable.
 """
 
 from __future__ import annotations
@@ -43,6 +46,14 @@ def _infer_format(paths: Sequence[str], pattern: str) -> str:
     return found.pop()
 
 
+def _glob_root(pattern: str) -> str:
+    """The directory of ``pattern`` before its first wildcard ("" = use base names)."""
+    cut = min((i for i, ch in enumerate(pattern) if ch in "*?["), default=None)
+    if cut is None:
+        return ""  # one file: its base name
+    return os.path.dirname(pattern[:cut])
+
+
 class FileSource:
     """The example lines of the files matching ``pattern`` that belong to ``split``."""
 
@@ -59,6 +70,9 @@ class FileSource:
         self.paths = sorted(globlib.glob(os.path.expanduser(pattern.replace("{split}", split)),
                                          recursive=True))
         self.paths = [p for p in self.paths if os.path.isfile(p)]
+        root = _glob_root(os.path.expanduser(pattern.replace("{split}", split)))
+        self.names = [os.path.relpath(p, root) if root else os.path.basename(p)
+                      for p in self.paths]
         if not self.paths:
             raise ValueError(f"files {pattern!r}: no file matches "
                              f"{pattern.replace('{split}', split)!r} (split {split!r})")
@@ -76,7 +90,7 @@ class FileSource:
             else:
                 self.columns.append(None)
             if hashed:
-                name = os.path.basename(path)
+                name = self.names[k]
                 keep = np.array([hash_split(f"{name}:{n}", split_fractions) == split
                                  for n in numbers.tolist()], dtype=bool)
                 starts, sizes, numbers = starts[keep], sizes[keep], numbers[keep]
@@ -98,7 +112,7 @@ class FileSource:
             raise IndexError(f"index {index} out of range for {len(self)} examples")
         k = int(self.file_ids[index])
         raw = os.pread(self._fd(k), int(self.lengths[index]), int(self.offsets[index]))
-        where = f"{os.path.basename(self.paths[k])}:{int(self.line_numbers[index])}"  # the id
+        where = f"{self.names[k]}:{int(self.line_numbers[index])}"  # the id
         try:
             line = raw.decode("utf-8").rstrip("\r\n").lstrip("\ufeff")
         except UnicodeDecodeError as e:
