@@ -276,7 +276,7 @@ def test_every_source_option_is_settable_from_the_command_line(tmp_path):
     from jaxformer.data import sources
     from jaxformer.train.config import base_config, define_config_flag
 
-    read = set(re.findall(r'(?:_opt|label_names)\(data_cfg, "(\w+)"',
+    read = set(re.findall(r'(?:_opt|list_option)\(data_cfg, "(\w+)"',
                           Path(sources.__file__).read_text()))
     assert {"format", "text_key", "label_key", "label_names", "tfds_data_dir"} <= read
     assert read <= set(base_config().data)
@@ -297,12 +297,13 @@ def test_every_source_option_is_settable_from_the_command_line(tmp_path):
 
 def test_label_names_given_unquoted_on_the_command_line_are_split():
     """``--config.data.label_names=neg,pos`` parses to the one string ``'neg,pos'``: split it."""
-    from jaxformer.data.sources import label_names
+    from jaxformer.data.sources import list_option
 
-    assert label_names({"label_names": ("neg,pos",)}) == ("neg", "pos")
-    assert label_names({"label_names": "neg, pos"}) == ("neg", "pos")
-    assert label_names({"label_names": ("neg", "pos")}) == ("neg", "pos")
-    assert label_names({}) is None and label_names({"label_names": None}) is None
+    assert list_option({"label_names": ("neg,pos",)}, "label_names") == ("neg", "pos")
+    assert list_option({"label_names": "neg, pos"}, "label_names") == ("neg", "pos")
+    assert list_option({"label_names": ("neg", "pos")}, "label_names") == ("neg", "pos")
+    assert list_option({}, "label_names") is None
+    assert list_option({"label_names": None}, "label_names") is None
 
 
 def test_an_option_the_source_does_not_read_is_refused(tmp_path):

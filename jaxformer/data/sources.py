@@ -277,8 +277,8 @@ def _tfds_name(spec: str) -> str:
     return spec
 
 
-def label_names(data_cfg: Any, key: str = "label_names") -> tuple[str, ...] | None:
-    """``data.label_names`` (or another list option, ``key``) as a tuple (None if unset);
+def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
+    """The list option ``data.<key>`` (``label_names``, ``columns``) as a tuple (None if unset);
     ``neg,pos`` — what an unquoted ``--config.data.label_names=neg,pos`` parses to, one string — is
     split at the commas."""
     names = _opt(data_cfg, key)
@@ -292,7 +292,7 @@ def label_names(data_cfg: Any, key: str = "label_names") -> tuple[str, ...] | No
 
 
 def _fields(data_cfg: Any, where: str) -> Fields:
-    names = label_names(data_cfg, "label_names")
+    names = list_option(data_cfg, "label_names")
     return Fields(text_key=_opt(data_cfg, "text_key"),
                   label_key=_opt(data_cfg, "label_key"), source_key=_opt(data_cfg, "source_key"),
                   target_key=_opt(data_cfg, "target_key"),
@@ -362,7 +362,7 @@ def _from_spec(spec: str, data_cfg: Any, split: str) -> Sequence[dict[str, Any]]
         fields = _fields(data_cfg, f"files {rest!r}")
         fmt = _opt(data_cfg, "format")
         base = user_files.FileSource(
-            rest, split, fmt=fmt, columns=label_names(data_cfg, "columns"),
+            rest, split, fmt=fmt, columns=list_option(data_cfg, "columns"),
             split_fractions=tuple(_opt(data_cfg, "split_fractions")))
         if base.fmt == "text" and fields.schema != "text":
             raise ValueError(f"files {rest!r}: format 'text' holds only text; use 'jsonl' or "

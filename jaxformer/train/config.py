@@ -192,7 +192,7 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> No
     """The data section, and how it fits the model: row lengths within a learned position table,
     string labels within the classifier's classes."""
     from jaxformer.data.pipeline import check_data_config
-    from jaxformer.data.sources import label_names
+    from jaxformer.data.sources import list_option
 
     data = config.data
     check_data_config(data)
@@ -209,7 +209,7 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> No
         raise ValueError(f"data.tokenizer.vocab_size={tok.vocab_size} exceeds model.vocab_size="
                          f"{model_cfg.vocab_size}: the tokenizer to be trained would emit ids the "
                          "model has no embedding for")
-    names = label_names(data)
+    names = list_option(data, "label_names")
     if names and model_cfg.head == "classify" and len(names) > model_cfg.num_classes:
         raise ValueError(f"data.label_names has {len(names)} labels {names} but model.num_classes="
                          f"{model_cfg.num_classes}; set model.num_classes={len(names)}")
