@@ -371,3 +371,36 @@ def test_same_named_files_in_a_recursive_glob_keep_distinct_ids(tmp_path):
     flat = _records(get_source({"source": f"files:{tmp_path}/data/x/*.txt",
                                 "split_fractions": (1.0, 0.0, 0.0)}, "train"))
     assert flat[0]["id"] == "a.txt:1"  # a flat glob keeps the base name (splits unchanged)
+
+
+@pytest.mark.parametrize("suffix, opener", [(".gz", "gzip"), (".bz2", "bz2"), (".xz", "lzma")])
+def test_compressed_files_read_like_plain_ones(tmp_path, monkeypatch, suffix, opener):
+    """``reviews.jsonl.gz`` reads as JSONL (format from the inner extension) with the same records,
+    ids and so splits as the plain file; it is decompressed once into the cache
+    (atomically: no temporary left); a corrupt archive is an error naming it."""
+    import importlib
+    import os
+
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    rows = [{"text": f"review {i} ünï", "label": i % 2} for i in range(30)] + [{"text": "x"}]
+    plain = tmp_path / "plain" / "reviews.jsonl"
+    plain.parent.mkdir()
+    _write(plain, [json.dumps(r) for r in rows])
+    packed = tmp_path / "packed" / f"reviews.jsonl{suffix}"
+    packed.parent.mkdir()
+    packed.write_bytes(importlib.import_module(opener).compress(plain.read_bytes()))
+    cfg = {"split_fractions": (0.5, 0.25, 0.25)}
+    for split in SPLITS:
+        want = _records(get_source({"source": f"files:{plain.parent}/*", **cfg}, split))
+        got = _records(get_source({"source": f"files:{packed.parent}/*", **cfg}, split))
+        assert got == want and got
+    copies = list((tmp_path / "cache" / "decompressed").iterdir())
+    assert len(copies) == 1 and copies[0].read_bytes() == plain.read_bytes()
+    stamp = os.stat(copies[0]).st_mtime_ns
+    get_source({"source": f"files:{packed}", **cfg}, "train")
+    assert os.stat(copies[0]).st_mtime_ns == stamp  # reused, not rewritten
+    broken = tmp_path / f"broken.txt{suffix}"
+    broken.write_bytes(b"this is not compressed\n")
+    with pytest.raises(ValueError, match=f"broken.txt{re.escape(suffix)}: cannot decompress"):
+        get_source({"source": f"files:{broken}", **cfg}, "train")
+    assert len(list((tmp_path / "cache" / "decompressed").iterdir())) == 1  # no partial copy

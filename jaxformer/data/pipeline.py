@@ -40,7 +40,9 @@ Output batches follow the conventions of the objectives: ``inputs [B, L] int32``
 
 from __future__ import annotations
 
+import atexit
 import functools
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -329,4 +331,48 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
             num_workers=cfg.worker_count, per_worker_buffer_size=cfg.worker_buffer_size))
     elif cfg.prefetch > 0:
         it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=cfg.prefetch)
-    return it
+    return _ClosedAtExit(it)
+
+
+_OPEN_ITERATORS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_iterators() -> None:
+    """Stop the prefetch threads/processes of iterators still alive at exit. Left to their
+    ``__del__`` during interpreter teardown, Grain's iterators raise ("'NoneType' object has no
+    attribute 'Empty'", or an abort: "terminate called without an active exception")."""
+    for iterator in list(_OPEN_ITERATORS):
+        iterator.close()
+        # Their __del__ closes them again during teardown, which Grain's prefetch iterators do
+        # not survive (not idempotent once module globals are gone): make that a no-op for the
+        # whole chain, which they hold as attributes (``_parents``, ``_prefetch_ds_iter`` …).
+        chain, seen = [iterator], set()
+        while chain:
+            it = chain.pop()
+            if id(it) in seen:
+                continue
+            seen.add(id(it))
+            it.close = _already_closed
+            for value in vars(it).values():
+                values = value if isinstance(value, (tuple, list)) else (value,)
+                chain.extend(v for v in values if isinstance(v, grain.DatasetIterator))
+
+
+def _already_closed() -> None:
+    """The ``close`` of an iterator closed at exit."""
+
+
+class _ClosedAtExit(grain.IterDataset):
+    """``parent`` unchanged, except that its iterators are closed when the interpreter exits."""
+
+    def __init__(self, parent: grain.IterDataset) -> None:
+        super().__init__(parent)
+
+    def __iter__(self) -> grain.DatasetIterator:
+        iterator = self._parent.__iter__()
+        _OPEN_ITERATORS.add(iterator)
+        return iterator
+
+    def __str__(self) -> str:
+        return "ClosedAtExit"

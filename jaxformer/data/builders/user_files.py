@@ -17,33 +17,84 @@ part before its first wildcard): ``a.txt:3`` for ``data/*.txt``, ``x/a.txt:3`` f
 ``data/**/*.txt``, so files of the same name in different folders keep distinct ids. Without
 ``{split}`` in the glob, a line belongs to the split `hash_split(id, split_fractions)` picks, so
 the splits are disjoint and stable.
+
+Compressed files (``.gz``, ``.bz2``, ``.xz``; the format comes from the extension before it, e.g.
+``train.jsonl.gz``) are decompressed once into ``<cache>/decompressed/`` (keyed by the file's
+absolute path, size and modification time; written atomically) and read from there, so random
+access stays cheap. Ids drop the compression suffix (``a.jsonl:3`` for ``a.jsonl.gz``), so
+compressing a file keeps every line in its split.
 """
 
 from __future__ import annotations
 
+import bz2
 import glob as globlib
+import gzip
+import hashlib
 import json
+import lzma
 import os
 import pathlib
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from jaxformer.data import fetch
 from jaxformer.data.builders.base import SPLITS, hash_split
 
 FORMATS = ("text", "jsonl", "tsv")
 EXTENSIONS = {".txt": "text", ".text": "text", ".jsonl": "jsonl", ".json": "jsonl",
               ".tsv": "tsv"}
+COMPRESSIONS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+
+
+def _without_compression(path: str) -> str:
+    """``a.jsonl`` for ``a.jsonl.gz`` (and for ``a.jsonl``)."""
+    suffix = pathlib.Path(path).suffix
+    return path[:-len(suffix)] if suffix.lower() in COMPRESSIONS else path
+
+
+def _data_suffix(path: str) -> str:
+    """The extension naming the format: ``.jsonl`` for both ``a.jsonl`` and ``a.jsonl.gz``."""
+    return pathlib.Path(_without_compression(path)).suffix
 
 
 def _infer_format(paths: Sequence[str], pattern: str) -> str:
-    found = {EXTENSIONS.get(pathlib.Path(p).suffix.lower()) for p in paths}
+    found = {EXTENSIONS.get(_data_suffix(p).lower()) for p in paths}
     if len(found) != 1 or None in found:
         raise ValueError(f"files {pattern!r}: cannot tell the format from the file extensions "
-                         f"({sorted({pathlib.Path(p).suffix for p in paths})}); set data.format "
+                         f"({sorted({_data_suffix(p) for p in paths})}); set data.format "
                          f"to one of {FORMATS}")
     return found.pop()
+
+
+def decompressed(path: str) -> str:
+    """``path`` itself, or for a ``.gz`` / ``.bz2`` / ``.xz`` file its decompressed copy under
+    ``<cache>/decompressed/``, made once per version of the file (under an inter-process lock,
+    written to a temporary name and renamed, so a killed run never leaves half a copy)."""
+    suffix = pathlib.Path(path).suffix.lower()
+    if suffix not in COMPRESSIONS:
+        return path
+    stat = os.stat(path)
+    key = hashlib.sha256(f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}"
+                         .encode()).hexdigest()[:16]
+    out = fetch.cache_dir() / "decompressed" / f"{key}-{pathlib.Path(path).stem}"
+    if out.exists():
+        return str(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with fetch.file_lock(f"decompress-{key}"):
+        if not out.exists():
+            tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+            try:
+                with COMPRESSIONS[suffix](path, "rb") as src, open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            except (OSError, EOFError, lzma.LZMAError) as e:
+                tmp.unlink(missing_ok=True)
+                raise ValueError(f"{path}: cannot decompress as {suffix} ({e})") from None
+            os.replace(tmp, out)
+    return str(out)
 
 
 def _glob_root(pattern: str) -> str:
@@ -71,8 +122,8 @@ class FileSource:
                                          recursive=True))
         self.paths = [p for p in self.paths if os.path.isfile(p)]
         root = _glob_root(os.path.expanduser(pattern.replace("{split}", split)))
-        self.names = [os.path.relpath(p, root) if root else os.path.basename(p)
-                      for p in self.paths]
+        self.names = [_without_compression(os.path.relpath(p, root) if root else
+                                           os.path.basename(p)) for p in self.paths]
         if not self.paths:
             raise ValueError(f"files {pattern!r}: no file matches "
                              f"{pattern.replace('{split}', split)!r} (split {split!r})")
@@ -80,10 +131,12 @@ class FileSource:
         if self.fmt not in FORMATS:
             raise ValueError(f"data.format {self.fmt!r} is not one of {FORMATS}")
         self.columns: list[tuple[str, ...] | None] = []
+        self.read_paths = [decompressed(p) for p in self.paths]
         file_ids, offsets, lengths, lines = [], [], [], []
-        for k, path in enumerate(self.paths):
+        for k, path in enumerate(self.read_paths):
             header = self.fmt == "tsv" and not columns
-            starts, sizes, numbers, first = _index_lines(path, skip_first=header)
+            starts, sizes, numbers, first = _index_lines(path, skip_first=header,
+                                                         name=self.paths[k])
             if self.fmt == "tsv":
                 self.columns.append(tuple(columns) if columns else
                                     tuple(first.rstrip("\r\n").split("\t")))
@@ -117,7 +170,8 @@ class FileSource:
             line = raw.decode("utf-8").rstrip("\r\n").lstrip("\ufeff")
         except UnicodeDecodeError as e:
             raise ValueError(f"{where} ({self.paths[k]}): not UTF-8 ({e.reason} at byte "
-                             f"{e.start}); files: sources read UTF-8 text") from None
+                             f"{e.start}); files: sources read UTF-8 text (or .gz/.bz2/.xz "
+                             "of it)") from None
         if self.fmt == "text":
             record: dict[str, Any] = {"text": line}
         elif self.fmt == "jsonl":
@@ -142,7 +196,7 @@ class FileSource:
         if self._pid != os.getpid():  # forked: descriptors are not ours to share
             self._fds, self._pid = {}, os.getpid()
         if k not in self._fds:
-            self._fds[k] = os.open(self.paths[k], os.O_RDONLY)
+            self._fds[k] = os.open(self.read_paths[k], os.O_RDONLY)
         return self._fds[k]
 
     def __getstate__(self) -> dict[str, Any]:
@@ -158,14 +212,21 @@ class FileSource:
         return f"FileSource({len(self.paths)} files, format={self.fmt!r}, len={len(self)})"
 
 
-def _index_lines(path: str, skip_first: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
-    """Byte offsets, byte lengths and 1-based numbers of the non-blank lines, and the first
-    line (decoded; a TSV header when ``skip_first``)."""
+def _index_lines(path: str, skip_first: bool, name: str
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """Byte offsets, byte lengths and 1-based numbers of the non-blank lines of ``path``, and
+    its first line (decoded; a TSV header when ``skip_first``). ``name`` is the path errors
+    show (the compressed file for a decompressed copy)."""
     starts, sizes, numbers, first, pos = [], [], [], "", 0
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
-            if number == 1:
-                first = line.decode("utf-8").lstrip("\ufeff")
+            if number == 1 and skip_first:
+                try:
+                    first = line.decode("utf-8").lstrip("\ufeff")
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"{name}:1 (the TSV header): not UTF-8 ({e.reason} at "
+                                     f"byte {e.start}); files: sources read UTF-8 text (or "
+                                     ".gz/.bz2/.xz of it)") from None
             if line.strip() and not (skip_first and number == 1):
                 starts.append(pos)
                 sizes.append(len(line))
