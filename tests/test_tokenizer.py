@@ -2,6 +2,7 @@
 
 import io
 import pickle
+import re
 
 import ml_collections
 import numpy as np
@@ -143,7 +144,6 @@ def test_pickle_round_trip(tok):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(vocab_size=280), "too small"),
-    (dict(vocab_size=300), "required_chars"),  # SentencePiece's own check, as a ValueError
     (dict(vocab_size=600, model_type="wordpiece"), "model_type"),
     (dict(vocab_size=600, normalization="nfd"), "normalization"),
     (dict(vocab_size=600, num_sentinels=-1), "num_sentinels"),
@@ -151,6 +151,19 @@ def test_pickle_round_trip(tok):
 def test_bad_settings_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         train_sentencepiece(CORPUS, **kwargs)
+
+
+def test_a_vocabulary_too_small_for_the_corpus_names_the_size_that_fits():
+    """Our up-front check counts only the reserved pieces; SentencePiece also needs every kept
+    character. Its refusal is re-worded with the minimum, and that minimum is exact."""
+    with pytest.raises(ValueError, match=r"vocab_size=300 is too small for this corpus: .* need "
+                                         r"at least (\d+); raise vocab_size") as e:
+        train_sentencepiece(CORPUS, vocab_size=300)
+    need = int(re.search(r"at least (\d+)", str(e.value)).group(1))
+    assert need > 300
+    assert Tokenizer(train_sentencepiece(CORPUS, vocab_size=need)).vocab_size <= need
+    with pytest.raises(ValueError, match=f"at least {need}"):
+        train_sentencepiece(CORPUS, vocab_size=need - 1)
 
 
 def test_no_text_raises(tmp_path):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import itertools
 import os
+import re
 from collections.abc import Callable, Iterable
 
 import ml_collections
@@ -89,7 +90,8 @@ def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, model_type: st
     yields a smaller vocabulary, with a warning. Empty texts are skipped; texts longer than
     `MAX_TRAIN_CHARS` characters are cut for training only.
     """
-    num_sentinels = resolve_num_sentinels(vocab_size, num_sentinels)
+    num_sentinels_arg, num_sentinels = num_sentinels, resolve_num_sentinels(vocab_size,
+                                                                            num_sentinels)
     _check_train_args(vocab_size, model_type, num_sentinels, character_coverage, normalization)
     source_errors: list[Exception] = []
 
@@ -113,6 +115,14 @@ def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, model_type: st
     except RuntimeError as e:  # SentencePiece reports bad settings as RuntimeError
         if source_errors:
             raise source_errors[0] from None
+        short = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(e))
+        if short:  # the reserved pieces plus every character the coverage keeps must fit
+            need = _smallest_vocab(int(short.group(2)) - num_sentinels, num_sentinels_arg)
+            raise ValueError(
+                f"data.tokenizer.vocab_size={vocab_size} is too small for this corpus: its "
+                f"reserved pieces (specials, sentinels, 256 byte pieces) and the characters "
+                f"data.tokenizer.character_coverage={character_coverage} keeps need at least "
+                f"{need}; raise vocab_size or lower character_coverage") from None
         raise ValueError(f"SentencePiece training failed for vocab_size={vocab_size}, "
                          f"model_type={model_type!r}: {e}") from e
     if source_errors:
@@ -122,6 +132,15 @@ def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, model_type: st
         logging.warning("tokenizer: corpus supports only %d pieces (asked for %d)",
                         tok.vocab_size, vocab_size)
     return model.getvalue()
+
+
+def _smallest_vocab(fixed: int, num_sentinels: int | None) -> int:
+    """The smallest vocabulary holding ``fixed`` pieces plus its sentinels (whose default count
+    grows with the vocabulary, `resolve_num_sentinels`)."""
+    size = fixed
+    while size < fixed + resolve_num_sentinels(size, num_sentinels):
+        size += 1
+    return size
 
 
 def _train(model, sentences, vocab_size, model_type, num_sentinels, character_coverage,
