@@ -313,3 +313,20 @@ def test_an_empty_eval_split_fails_at_set_up_not_after_training(tmp_path):
         Trainer(config, tmp_path / "run")
     assert not (tmp_path / "run" / "checkpoints").exists() or not any(
         (tmp_path / "run" / "checkpoints").iterdir())
+
+
+def test_progress_bar_shows_no_loss_until_one_is_logged(capsys):
+    """Steps before the first logged loss showed "loss=nan" (a placeholder that reads like a
+    diverged run); they show only the token rate."""
+    from jaxformer.train.metrics import Progress
+
+    progress = Progress(0, 4)
+    progress.update(1, loss=None, lr=None, tokens=64)
+    progress.bar.refresh()
+    first = capsys.readouterr().err
+    progress.update(1, loss=2.5, lr=1e-3, tokens=64)
+    progress.bar.refresh()
+    progress.close()
+    later = capsys.readouterr().err
+    assert "tok_s=0" in first and "loss" not in first and "nan" not in first
+    assert "loss=2.5000" in later and "lr=1.00e-03" in later

@@ -278,8 +278,8 @@ class Trainer:
                 eval_now = step % c.eval.every_steps == 0 or step == total
                 if log_now or eval_now:
                     train_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                progress.update(1, loss=train_metrics.get("loss", float("nan")),
-                                lr=train_metrics.get("learning_rate", 0.0),
+                progress.update(1, loss=train_metrics.get("loss"),  # None before the first log
+                                lr=train_metrics.get("learning_rate"),
                                 tokens=float(np.sum(batch.get("inputs_segment_ids",
                                                               batch["inputs"]) != 0)))
                 row = dict(train_metrics) if log_now else {}

@@ -65,16 +65,19 @@ class Progress:
                         disable=not enabled or jax.process_index() != 0, mininterval=1.0)
         self._t0, self._tokens, self._steps = None, 0.0, 0
 
-    def update(self, n: int, *, loss: float, lr: float, tokens: float) -> None:
-        """Advance ``n`` steps. tokens/s averages over the run so far, from the end of the first
-        step (which includes compilation)."""
+    def update(self, n: int, *, loss: float | None, lr: float | None, tokens: float) -> None:
+        """Advance ``n`` steps. ``loss`` / ``lr`` are the last logged values (None: not logged
+        yet, not shown). tokens/s averages over the run so far, from the end of the first step
+        (which includes compilation)."""
         now = time.perf_counter()
         if self._t0 is None:
             self._t0 = now
         else:
             self._tokens += tokens
         rate = self._tokens / max(now - self._t0, 1e-9)
-        self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{rate:,.0f}", lr=f"{lr:.2e}", refresh=False)
+        shown = {"loss": None if loss is None else f"{loss:.4f}", "tok_s": f"{rate:,.0f}",
+                 "lr": None if lr is None else f"{lr:.2e}"}
+        self.bar.set_postfix({k: v for k, v in shown.items() if v is not None}, refresh=False)
         self.bar.update(n)
 
     def close(self) -> None:
