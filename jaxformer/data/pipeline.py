@@ -15,7 +15,8 @@ Stages (Grain 0.2 dataset API)::
 Everything is a function of ``seed`` (and ``worker_count``: each count gives another, equally
 deterministic stream). ``iter(ds).get_state()`` is a small JSON-serialisable dict; save it with the
 model checkpoint through Orbax as ``grain.checkpoint.CheckpointSave(iterator)`` and restore with
-``grain.checkpoint.CheckpointRestore(iterator)`` (one JSON file per process).
+``grain.checkpoint.CheckpointRestore(iterator)`` (one JSON file per process). Close iterators you
+are done with (``iterator.close()``); those still open when the interpreter exits are closed then.
 
 Framing per task (``data.framing``: "eos" GPT, "bos_eos", "cls_sep" BERT, "none"):
 
