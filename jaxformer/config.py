@@ -157,6 +157,8 @@ class ModelConfig:
             bad("d_model", self.d_model, "must be even for sinusoidal positions")
         if self.position == "rope" and self.head_dim % 2:
             bad("head_dim", self.head_dim, "must be even for RoPE")
+        if self.position == "rope" and not self.rope_theta > 1.0:
+            bad("rope_theta", self.rope_theta, "must be > 1 (the RoPE base wavelength)")
         if self.family == "encoder" and self.head == "lm":
             bad("head", self.head, "an encoder-only model has no causal LM head; use 'mlm'")
         if self.family == "encoder_decoder" and self.head != "lm":

@@ -47,12 +47,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# options read by some strategies only: (option, its default, the strategies that read it)
+_STRATEGY_OPTIONS = (("temperature", 1.0, ("sample",)), ("top_k", 0, ("sample",)),
+                     ("top_p", 1.0, ("sample",)), ("seed", 0, ("sample",)),
+                     ("beam_size", 4, ("beam",)), ("length_penalty", 0.6, ("beam",)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    for option, default, strategies in _STRATEGY_OPTIONS:
+        if getattr(args, option) != default and args.strategy not in strategies:
+            print(f"note: --{option} applies to --strategy {'/'.join(strategies)}; ignored with "
+                  f"--strategy {args.strategy}", file=sys.stderr)
+    try:
+        _generate(args)
+    except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why
+        print(f"python -m jaxformer.generate: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> None:
+    import time
+
     from jaxformer.train.checkpoint import load_for_inference
 
+    start = time.perf_counter()
     model_cfg, params, tokenizer = load_for_inference(args.workdir)
     model = build_model(model_cfg)
+    print(f"loaded {args.workdir} ({model_cfg.family}, "
+          f"{sum(x.size for x in jax.tree.leaves(params)):,} parameters) in "
+          f"{time.perf_counter() - start:.1f}s; compiling and generating …", file=sys.stderr)
     kwargs = dict(strategy=args.strategy, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, top_k=args.top_k or None,
                   top_p=args.top_p if args.top_p < 1.0 else None, beam_size=args.beam_size,
@@ -64,6 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if tokenizer is None:
             raise ValueError(f"{args.workdir} has no tokenizer.model, so text prompts cannot be "
                              "encoded; pass token ids with --prompt_ids 5,17,9")
+        if not args.add_bos and model_cfg.family == "decoder" and not all(args.prompt):
+            raise ValueError("an empty --prompt gives a decoder-only model nothing to continue "
+                             "from: add --add_bos to start it from the BOS token")
         outputs = generate_text(model, params, tokenizer, args.prompt, add_bos=args.add_bos,
                                 **kwargs)
         for prompt, text in zip(args.prompt, outputs):
@@ -77,7 +105,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = generate(model, params, ids, eos_id=args.eos_id, pad_id=args.pad_id, **kwargs)
         for prompt, seq in zip(ids, result.sequences()):
             print(f"PROMPT_IDS: {prompt}\nOUTPUT_IDS: {seq}\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -270,9 +270,49 @@ def test_bad_arguments_raise_value_error(rng):
     q, k, v = random_qkv(rng, 1, 8, 8, 4, 2, 8)
     with pytest.raises(ValueError, match="implementation"):
         dot_product_attention(q, k, v, implementation="flash")
-    with pytest.raises(ValueError, match="divisible"):
-        dot_product_attention(q, k, v, implementation="chunked", q_chunk_size=3)
     with pytest.raises(ValueError, match=r"\[batch, length, heads, head_dim\]"):
         dot_product_attention(q[0], k, v)
-    with pytest.raises(ValueError, match="head dimension"):
+    with pytest.raises(ValueError, match=r"mask of shape \(1, 3, 8, 8\) does not broadcast to "
+                                         r"\[batch, heads, q_len, kv_len\] = \[1, 4, 8, 8\]"):
         dot_product_attention(q, k, v, mask=jnp.ones((1, 3, 8, 8), bool))
+    for impl in IMPLS:  # a kv_len-5 mask, and a [batch, kv_len] key-padding mask given as is
+        with pytest.raises(ValueError, match="mask of shape"):
+            dot_product_attention(q, k, v, mask=jnp.ones((1, 1, 8, 5), bool),
+                                  implementation=impl)
+    with pytest.raises(ValueError, match=r"mask\[:, None, None, :\]"):
+        dot_product_attention(*random_qkv(rng, 2, 8, 8, 4, 2, 8), mask=jnp.ones((2, 8), bool))
+    with pytest.raises(ValueError, match="bias of shape"):
+        dot_product_attention(q, k, v, bias=jnp.zeros((1, 4, 8, 9)))
+    with pytest.raises(ValueError, match="mask must be boolean"):  # 0 = attend would mask all
+        dot_product_attention(q, k, v, mask=jnp.zeros((1, 1, 8, 8), jnp.float32))
+    with pytest.raises(ValueError, match="same batch size"):
+        dot_product_attention(np.concatenate([q, q]), k, v)
+    with pytest.raises(ValueError, match=r"q_segment_ids must be \[batch, length\] = \[1, 8\]"):
+        dot_product_attention(q, k, v, q_segment_ids=jnp.ones((1, 5), jnp.int32))
+
+
+def test_chunked_pads_lengths_that_are_no_multiple_of_the_chunk(rng):
+    """q_len 8 / kv_len 12 with chunks of 3 / 5: padded queries are dropped and padded keys
+    masked, so the result is the float64 reference's (causal, key padding, segments, bias)."""
+    b, lq, lk, h, kvh, d = 2, 8, 12, 4, 2, 8
+    q, k, v = random_qkv(rng, b, lq, lk, h, kvh, d)
+    valid = rng.random((b, lk)) > 0.3
+    valid[:, 0] = True
+    qs, ks = random_segments(rng, b, lq), random_segments(rng, b, lk)
+    bias = rng.normal(size=(b, h, lq, lk)).astype(np.float32)
+    kw = dict(mask=jnp.asarray(valid[:, None, None, :]), bias=jnp.asarray(bias), causal=True,
+              q_segment_ids=jnp.asarray(qs), kv_segment_ids=jnp.asarray(ks))
+    want = np_attention(q, k, v, mask=valid[:, None, None, :] & loop_causal(lq, lk)
+                        & loop_segment(qs, ks), bias=bias)
+    for chunks in ((3, 5), (5, 7), (8, 12)):
+        got = dot_product_attention(q, k, v, implementation="chunked", q_chunk_size=chunks[0],
+                                    kv_chunk_size=chunks[1], **kw)
+        np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=2e-5, err_msg=chunks)
+
+    def loss(impl):
+        return jax.grad(lambda q, k, v: jnp.sum(dot_product_attention(
+            q, k, v, implementation=impl, q_chunk_size=3, kv_chunk_size=5, **kw) ** 2),
+            argnums=(0, 1, 2))(q, k, v)
+
+    for gx, gc in zip(loss("xla"), loss("chunked")):
+        np.testing.assert_allclose(gc, gx, atol=1e-5, rtol=1e-4)

@@ -50,6 +50,7 @@ def test_presets_build_and_round_trip(name):
     (dict(type_vocab_size=-1), "type_vocab_size"),
     (dict(position="sinusoidal", d_model=63, num_heads=7), "d_model=63"),
     (dict(position="rope", d_model=60, num_heads=4), "head_dim=15"),
+    (dict(position="rope", rope_theta=-1.0), "rope_theta=-1.0"),
     (dict(family="encoder", head="lm"), "head='lm'"),
     (dict(family="encoder_decoder", head="token_classify"), "head"),
     (dict(family="encoder_decoder", head="classify"), "head='classify'"),

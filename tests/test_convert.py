@@ -284,6 +284,8 @@ def test_cli_round_trip(dirs, tmp_path):
     with pytest.raises(ValueError, match="already exists"):
         save_params(ckpt, cfg, params)
     assert convert_main(["--from-hf", str(src), "--to", str(ckpt)]) == 2  # the same, via the CLI
+    assert convert_main(["--from", str(ckpt), "--to-hf", str(back)]) == 2  # never overwrites
+    assert convert_main(["--from", str(tmp_path / "nope"), "--to-hf", str(tmp_path / "x")]) == 2
 
 
 VARIANTS = {  # architectures whose shared parts the logit tests cover: tensors and loading only

@@ -349,6 +349,10 @@ def test_bad_inputs_raise_clear_errors():
         generate(model, params, [[5]], strategy="nucleus")
     with pytest.raises(ValueError, match="empty"):
         generate(model, params, [[5], []])
+    with pytest.raises(ValueError, match=r"one prompt is \[\[5, 6\]\], not \[5, 6\]"):
+        generate(model, params, [5, 6])
+    with pytest.raises(ValueError, match=r"integer token ids, got e.g. \[5.7\]"):
+        generate(model, params, [[5.7, 6]])
     with pytest.raises(ValueError, match="outside the vocabulary"):
         generate(model, params, [[5, VOCAB]])
     with pytest.raises(ValueError, match="max_len"):
@@ -413,3 +417,17 @@ def test_cli_prints_generations_of_a_saved_workdir(tmp_path, capsys):
                          strategy="beam", beam_size=2)
     for prompt, text in zip(["the cat", "a dog ran"], want):
         assert f"PROMPT: {prompt}\nOUTPUT: {text}\n" in printed
+    # bad input is one line on stderr and exit status 2, not a traceback
+    for args, message in [
+        (["--workdir", str(tmp_path / "nope"), "--prompt", "x"], "config.json not found"),
+        (["--workdir", str(tmp_path), "--prompt", ""], "add --add_bos"),
+        (["--workdir", str(tmp_path), "--prompt", "the", "--max_new_tokens", "5000"], "max_len"),
+        (["--workdir", str(tmp_path), "--prompt_ids", "5,x"], "comma-separated integers"),
+    ]:
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("python -m jaxformer.generate: error: ") and message in err, err
+    assert main(["--workdir", str(tmp_path), "--prompt", "the", "--max_new_tokens", "2",
+                 "--top_k", "5"]) == 0  # greedy ignores top_k, and says so
+    assert "note: --top_k applies to --strategy sample; ignored with --strategy greedy" in \
+        capsys.readouterr().err

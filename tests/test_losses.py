@@ -90,3 +90,30 @@ def test_bad_label_smoothing_raises():
     with pytest.raises(ValueError, match="label_smoothing"):
         cross_entropy_with_integer_labels(jnp.zeros((2, 3)), jnp.zeros(2, jnp.int32),
                                           label_smoothing=1.0)
+
+
+def test_out_of_vocabulary_labels_are_nan_unless_weighted_zero(rng):
+    """−1 used to wrap to the last class (a finite, wrong loss) and −100 / V gave NaN even at
+    weight 0, poisoning the sum: now every label outside [0, V) is NaN, and weight-0 positions
+    contribute exactly 0 whatever their label (an ignore index works); the gradient stays finite."""
+    logits = rng.normal(size=(2, 3, 7)).astype(np.float32)
+    labels = np.array([[1, 2, -100], [3, 7, -1]])
+    per = cross_entropy_with_integer_labels(logits, labels)
+    assert np.isnan(per[0, 2]) and np.isnan(per[1, 1]) and np.isnan(per[1, 2])
+    w = np.array([[1.0, 1, 0], [1, 0, 0]], np.float32)
+    total, wsum = weighted_cross_entropy(logits, labels, w, label_smoothing=0.1)
+    want = np_loss(logits[w > 0], labels[w > 0], 0.1).sum()
+    np.testing.assert_allclose(total, want, rtol=1e-5)
+    assert float(wsum) == 3.0
+    grad = jax.grad(lambda x: weighted_cross_entropy(x, labels, w)[0])(logits)
+    assert np.all(np.isfinite(grad)) and np.all(np.asarray(grad)[w == 0] == 0)
+    assert np.isnan(weighted_cross_entropy(logits, labels, np.ones_like(w))[0])
+
+
+def test_weights_must_have_the_labels_shape():
+    """A [length] weight broadcast over [batch, length] labels summed to length, not batch·length,
+    against batch·length losses: a silently wrong normaliser."""
+    logits, labels = jnp.zeros((3, 4, 5)), jnp.zeros((3, 4), jnp.int32)
+    for fn in (weighted_cross_entropy, weighted_accuracy):
+        with pytest.raises(ValueError, match=r"weights \(4,\) must have the labels' shape"):
+            fn(logits, labels, jnp.ones(4))

@@ -350,6 +350,34 @@ def test_out_of_vocabulary_ids():
             EncoderDecoder(tcfg).apply(params_of("t5_tiny"), *args)
 
 
+def test_positions_types_shapes_and_cache_outside_their_tables_are_errors():
+    """Each used to give NaN logits (or, past the KV cache, silently wrong ones) with no error."""
+    cfg = cfg_of("gpt_tiny")
+    params, model = params_of("gpt_tiny"), DecoderOnly(cfg)
+    with pytest.raises(ValueError, match=r"tokens of length 34 exceed model.max_len=32"):
+        model.apply(params, np.ones((1, 34), np.int32))
+    with pytest.raises(ValueError, match=r"tokens of length 34 exceed"):  # static: also under jit
+        jax.jit(model.apply)(params, np.ones((1, 34), np.int32))
+    with pytest.raises(ValueError, match=r"positions contain ids outside the learned table "
+                                         r"\[0, model.max_len=32\): e.g. \[40\]"):
+        model.apply(params, np.ones((1, 4), np.int32), positions=np.array([[0, 1, 40, 3]]))
+    with pytest.raises(ValueError, match=r"tokens must be \[batch, length\] token ids, got "
+                                         r"shape \(4,\)"):
+        model.apply(params, np.ones((4,), np.int32))
+    ecfg = cfg_of("bert_tiny")
+    with pytest.raises(ValueError, match=r"token_types contain ids outside \[0, "
+                                         r"model.type_vocab_size=2\)"):
+        EncoderOnly(ecfg).apply(params_of("bert_tiny"), np.ones((1, 4), np.int32),
+                                token_types=np.array([[0, 1, 2, 1]]))
+    cache = model.init(KEY(0), np.ones((1, 4), np.int32), decode=True)["cache"]
+    _, state = model.apply({**params, "cache": cache}, np.ones((1, 4), np.int32), decode=True,
+                           mutable=["cache"])
+    with pytest.raises(ValueError, match=r"decoding 1 more token\(s\) at cache index 4 "
+                                         r"overflows the cache of 4 slots"):
+        model.apply({**params, **state}, np.ones((1, 1), np.int32), decode=True,
+                    mutable=["cache"])
+
+
 @pytest.mark.parametrize("how", ["first", "last", "mean", "max"])
 def test_pooling_matches_numpy(how):
     """Each pooling against NumPy on rows of 7, 3, 1 and 0 non-padding tokens."""

@@ -125,6 +125,11 @@ def test_rope_dtype_gradient_and_errors(rng):
                     modes=("fwd", "rev"), atol=1e-7, rtol=1e-7)
     with pytest.raises(ValueError, match="even"):
         apply_rope(x[..., :7], pos)
+    with pytest.raises(ValueError, match=r"in \(0, head_dim=8\], got 10"):
+        apply_rope(x, pos, rotary_dim=10)
+    with pytest.raises(ValueError, match=r"positions \[batch, length\]; got x \(1, 4, 2, 8\), "
+                                         r"positions \(1, 3\)"):
+        apply_rope(x, pos[:, :3])
 
 
 # ------------------------------------------------------------------------------------------------

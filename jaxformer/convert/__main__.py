@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         _run(ap, args)
-    except ValueError as e:  # bad input: the message says what and why, no traceback needed
+    except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
@@ -75,8 +75,16 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             tokenizer, special = spm, Tokenizer.load(spm).special
             extra = {"pad_token_id": special.pad_id, "eos_token_id": special.eos_id,
                      "bos_token_id": special.bos_id, **(extra or {})}
+        if os.path.isdir(args.to_hf) and os.listdir(args.to_hf):
+            raise ValueError(f"--to-hf {args.to_hf} exists and is not empty; choose a new "
+                             "directory (nothing is overwritten)")
         save_hf(cfg, params, args.to_hf, tokenizer_path=tokenizer, extra_config=extra)
         print(f"wrote {args.to_hf}" + (f" with the tokenizer of {args.from_ckpt}" if tokenizer else ""))
+        if tokenizer == spm and cfg["family"] != "encoder_decoder":
+            print(f"note: {args.to_hf}/spiece.model is this run's sentencepiece tokenizer; "
+                  "transformers' GPT-2/BERT tokenizer classes cannot read it (AutoTokenizer "
+                  "would load a default, wrong one): encode with jaxformer.data.tokenizer."
+                  f"Tokenizer.load('{args.to_hf}/spiece.model') and pass input_ids")
 
 
 if __name__ == "__main__":

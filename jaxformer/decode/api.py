@@ -196,9 +196,11 @@ def generate(
 ) -> DecodeResult | BeamResult:
     """Generate continuations of ``prompts`` (decoder-only) or targets for sources (enc-dec).
 
-    ``prompts`` is a list of token-id lists of any lengths (padded here; each row's result equals
-    generating it alone). See `GenerationConfig` for the options. ``params`` is the parameter tree
-    (``{"params": tree}`` is accepted too). Use ``result.sequences(eos_id)`` for Python lists.
+    ``prompts`` is a list of token-id lists of any lengths (padded here; with greedy and beam
+    search each row's result equals generating it alone; sampling draws every row from one key,
+    so a row's sample depends on the batch it is in). See `GenerationConfig` for the options.
+    ``params`` is the parameter tree (``{"params": tree}`` is accepted too). Use
+    ``result.sequences(eos_id)`` for Python lists.
     """
     config = GenerationConfig(
         strategy=strategy, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
@@ -209,7 +211,14 @@ def generate(
     config.check_model(cfg)
     if isinstance(prompts, (str, bytes)) or not len(prompts):
         raise ValueError("prompts must be a non-empty list of token-id lists, e.g. [[5, 6], [7]]")
-    rows = [list(p) for p in prompts]
+    if not all(hasattr(p, "tolist") or isinstance(p, Sequence) and not isinstance(p, (str, bytes))
+               for p in prompts) or any(getattr(p, "ndim", 1) != 1 for p in prompts):
+        raise ValueError("prompts must be a list of token-id lists, e.g. [[5, 6], [7]] (one "
+                         "prompt is [[5, 6]], not [5, 6])")
+    rows = [p.tolist() if hasattr(p, "tolist") else list(p) for p in prompts]
+    floats = [x for r in rows for x in r if not isinstance(x, int) or isinstance(x, bool)]
+    if floats:
+        raise ValueError(f"prompts must hold integer token ids, got e.g. {floats[:3]}")
     lengths = np.array([len(r) for r in rows], np.int32)
     decoder_only = cfg.family == "decoder"
     if decoder_only and lengths.min() == 0:

@@ -9,7 +9,7 @@ from jaxformer.config import ModelConfig
 from jaxformer.layers.block import ACTIVATION_AXES
 from jaxformer.layers.params import ParamSpec, declare, norm_spec
 from jaxformer.ops.dropout import dropout
-from jaxformer.ops.embedding import attend, embed
+from jaxformer.ops.embedding import attend, check_ids, embed
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import lookup_positions, relative_position_bias, sinusoidal
 
@@ -74,11 +74,16 @@ class InputEmbedding(nn.Module):
         if cfg.scale_embeddings:
             x = x * jnp.sqrt(jnp.asarray(cfg.d_model, x.dtype))
         if cfg.position == "learned":
+            check_ids(positions, cfg.max_len, "positions", f"the learned table [0, model.max_len="
+                      f"{cfg.max_len})", "use shorter rows or a larger model.max_len")
             x = x + lookup_positions(_whole_rows(p["pos_embedding"], "length"), positions).astype(x.dtype)
         elif cfg.position == "sinusoidal":
             x = x + sinusoidal(positions, cfg.d_model, dtype=x.dtype)
         if cfg.type_vocab_size:
             types = jnp.zeros_like(positions) if token_types is None else token_types
+            check_ids(types, cfg.type_vocab_size, "token_types",
+                      f"[0, model.type_vocab_size={cfg.type_vocab_size})",
+                      "segment A is 0, segment B 1")
             x = x + embed(_whole_rows(p["type_embedding"], "types"), types, dtype=x.dtype)
         if cfg.embedding_norm:
             x = normalize(cfg.norm, x, p["norm"], eps=cfg.norm_eps)

@@ -15,6 +15,7 @@ modules: ``params = model.init(rng, ...)`` then ``model.apply(params, ...)``; dr
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -24,6 +25,18 @@ from jaxformer.layers.heads import ClassifierHead, LMHead, MLMHead, Pooler
 from jaxformer.layers.stack import Stack
 from jaxformer.ops.dropout import token_dropout
 from jaxformer.ops.embedding import check_token_ids
+
+
+def _check_tokens(cfg: ModelConfig, tokens, name: str = "tokens", *, default_positions=False):
+    """``tokens`` are `[batch, length]` ids in the vocabulary; with learned positions and the
+    default ``0..length-1`` the length fits the table (a static check, so also under jit)."""
+    if getattr(tokens, "ndim", None) != 2:
+        raise ValueError(f"{name} must be [batch, length] token ids, got shape "
+                         f"{getattr(tokens, 'shape', type(tokens).__name__)}")
+    check_token_ids(tokens, cfg.vocab_size, name)
+    if default_positions and cfg.position == "learned" and tokens.shape[1] > cfg.max_len:
+        raise ValueError(f"{name} of length {tokens.shape[1]} exceed model.max_len="
+                         f"{cfg.max_len}, the learned position table's size")
 
 
 def _positions(tokens, positions, offset=0):
@@ -43,6 +56,11 @@ def _decode_state(module: nn.Module, tokens, positions):
     if initializing:
         return None, _positions(tokens, positions), None
     i = index.value
+    size = slot_pos.value.shape[1]
+    if not isinstance(i, jax.core.Tracer) and int(i) + tokens.shape[1] > size:
+        raise ValueError(f"decoding {tokens.shape[1]} more token(s) at cache index {int(i)} "
+                         f"overflows the cache of {size} slots (its length at init); initialise "
+                         "the cache with a longer dummy input")
     positions = _positions(tokens, positions, offset=i)
     slot_pos.value = lax.dynamic_update_slice_in_dim(slot_pos.value, positions, i, axis=1)
     index.value = i + tokens.shape[1]
@@ -96,7 +114,7 @@ class EncoderOnly(nn.Module):
         """tokens `[B, T]` → MLM logits `[B, T, V]` (plus NSP `[B, 2]`), class logits `[B, C]`,
         token logits `[B, T, C]` or hidden states `[B, T, D]`, by ``cfg.head``."""
         cfg = self.cfg
-        check_token_ids(tokens, cfg.vocab_size)
+        _check_tokens(cfg, tokens, default_positions=positions is None)
         positions = _positions(tokens, positions)
         token_embed = TokenEmbed(cfg, name="token_embed")
         x = InputEmbedding(cfg, deterministic, name="embed")(token_embed(tokens), positions, token_types)
@@ -119,7 +137,7 @@ class DecoderOnly(nn.Module):
         whole left-padded prompt with ``segment_ids`` 0 on the padding, then 1 per step).
         """
         cfg = self.cfg
-        check_token_ids(tokens, cfg.vocab_size)
+        _check_tokens(cfg, tokens, default_positions=positions is None and not decode)
         cache_index, kv_positions = None, None
         if decode:
             cache_index, positions, kv_positions = _decode_state(self, tokens, positions)
@@ -150,7 +168,7 @@ class EncoderDecoder(nn.Module):
         cfg = self.cfg
         token_embed = TokenEmbed(cfg, name="token_embed")
         if inputs is not None and encoder_out is None:
-            check_token_ids(inputs, cfg.vocab_size, "inputs")
+            _check_tokens(cfg, inputs, "inputs", default_positions=inputs_positions is None)
             pos = _positions(inputs, inputs_positions)
             x = InputEmbedding(cfg, deterministic, name="encoder_embed")(token_embed(inputs), pos)
             encoder_out = _stack_pass(self, cfg, "encoder", x, pos, inputs_segment_ids, causal=False,
@@ -160,7 +178,8 @@ class EncoderDecoder(nn.Module):
                 return encoder_out
         if targets_in is None:
             raise ValueError("EncoderDecoder needs targets_in to decode")
-        check_token_ids(targets_in, cfg.vocab_size, "targets_in")
+        _check_tokens(cfg, targets_in, "targets_in",
+                      default_positions=targets_positions is None and not decode)
         cache_index, kv_positions = None, None
         if decode:
             cache_index, targets_positions, kv_positions = _decode_state(

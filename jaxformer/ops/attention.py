@@ -55,11 +55,34 @@ def _check_shapes(q: Array, k: Array, v: Array) -> tuple[int, int]:
     heads, kv_heads = q.shape[2], k.shape[2]
     if v.shape[2] != kv_heads or k.shape[1] != v.shape[1]:
         raise ValueError(f"k {k.shape} and v {v.shape} must agree on length and heads")
+    if not q.shape[0] == k.shape[0] == v.shape[0]:
+        raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} must have the same batch size")
     if heads % kv_heads:
         raise ValueError(f"query heads ({heads}) must be a multiple of kv heads ({kv_heads})")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q head_dim {q.shape[-1]} != k head_dim {k.shape[-1]}")
     return kv_heads, heads // kv_heads
+
+
+def _check_operand(name: str, x: Array | None, full: tuple[int, int, int, int]) -> None:
+    """``mask`` / ``bias`` must broadcast to `[batch, heads, q_len, kv_len]` (= ``full``)."""
+    if x is None:
+        return
+    if name == "mask" and x.dtype != jnp.bool_:
+        raise ValueError(f"mask must be boolean (True = may attend), got {x.dtype}; pass an "
+                         "additive float mask as bias= instead")
+    shape = (1,) * (4 - x.ndim) + tuple(x.shape)
+    if x.ndim > 4 or any(n not in (1, m) for n, m in zip(shape, full)):
+        raise ValueError(f"{name} of shape {tuple(x.shape)} does not broadcast to [batch, heads, "
+                         f"q_len, kv_len] = {list(full)} (give all four axes, 1 to broadcast: a "
+                         "key-padding mask [batch, kv_len] is mask[:, None, None, :])")
+
+
+def _check_segments(q_seg: Array | None, kv_seg: Array | None, lq: int, lk: int, b: int) -> None:
+    for name, seg, length in (("q_segment_ids", q_seg, lq), ("kv_segment_ids", kv_seg, lk)):
+        if seg is not None and tuple(seg.shape) != (b, length):
+            raise ValueError(f"{name} must be [batch, length] = {[b, length]}, got "
+                             f"{list(seg.shape)}")
 
 
 def _block_mask(
@@ -133,12 +156,14 @@ def _chunked(q5, k, v, bias5, mask5, causal, q_seg, kv_seg, scale, dropout_rate,
     b, lq, kvh, g, d = q5.shape
     lk, dv = k.shape[1], v.shape[-1]
     q_chunk, kv_chunk = min(q_chunk, lq), min(kv_chunk, lk)
-    if lq % q_chunk or lk % kv_chunk:
-        raise ValueError(
-            f"chunked attention needs q_len ({lq}) divisible by q_chunk ({q_chunk}) and kv_len ({lk}) "
-            f"divisible by kv_chunk ({kv_chunk})"
-        )
-    n_kv = lk // kv_chunk
+    # lengths that are no multiple of the chunk are padded: extra query rows are dropped at the
+    # end, extra keys are masked (``kv_idx < lk`` below)
+    pad_q, pad_k = -lq % q_chunk, -lk % kv_chunk
+    q5, q_seg = _pad_axis(q5, 1, pad_q), _pad_axis(q_seg, 1, pad_q)
+    k, v, kv_seg = _pad_axis(k, 1, pad_k), _pad_axis(v, 1, pad_k), _pad_axis(kv_seg, 1, pad_k)
+    bias5, mask5 = _pad_axis(_pad_axis(bias5, 3, pad_q), 4, pad_k), \
+        _pad_axis(_pad_axis(mask5, 3, pad_q), 4, pad_k)
+    n_kv = (lk + pad_k) // kv_chunk
     acc_t = _acc_dtype(q5)
 
     def one_q_chunk(qi):
@@ -162,6 +187,9 @@ def _chunked(q5, k, v, bias5, mask5, causal, q_seg, kv_seg, scale, dropout_rate,
             kv_idx = k_start + jnp.arange(kv_chunk)
             msk = _block_mask(q_idx, kv_idx, causal=causal, mask5=_slice_last(mask_q, k_start, kv_chunk),
                               q_seg=qs, kv_seg=_slice_axis(kv_seg, k_start, kv_chunk, axis=1))
+            if pad_k:
+                real = (kv_idx < lk)[None, None, None, None]
+                msk = real if msk is None else jnp.logical_and(msk, real)
             if msk is not None:
                 s = jnp.where(msk, s, -jnp.inf)
             m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1))
@@ -186,9 +214,19 @@ def _chunked(q5, k, v, bias5, mask5, causal, q_seg, kv_seg, scale, dropout_rate,
         out = acc / jnp.where(norm == 0, 1.0, norm)[..., None]
         return jnp.transpose(out, (0, 3, 1, 2, 4))  # [b, q_chunk, kvh, g, dv]
 
-    chunks = lax.map(one_q_chunk, jnp.arange(lq // q_chunk))  # [n_q, b, q_chunk, kvh, g, dv]
-    out = jnp.moveaxis(chunks, 0, 1).reshape(b, lq, kvh, g, dv)
+    n_q = (lq + pad_q) // q_chunk
+    chunks = lax.map(one_q_chunk, jnp.arange(n_q))  # [n_q, b, q_chunk, kvh, g, dv]
+    out = jnp.moveaxis(chunks, 0, 1).reshape(b, n_q * q_chunk, kvh, g, dv)[:, :lq]
     return out.astype(v.dtype)
+
+
+def _pad_axis(x: Array | None, axis: int, pad: int) -> Array | None:
+    """``x`` with ``pad`` zeros / False appended on ``axis`` (unless it broadcasts there)."""
+    if x is None or pad == 0 or x.shape[axis] == 1:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths)
 
 
 def dot_product_attention(
@@ -217,14 +255,18 @@ def dot_product_attention(
       v: `[batch, kv_len, kv_heads, v_head_dim]`.
       bias: additive logits bias broadcastable to `[batch, heads, q_len, kv_len]`.
       mask: boolean, broadcastable to `[batch, heads, q_len, kv_len]`; True = may attend.
-      causal: also apply ``key index <= query index``.
+      causal: also apply ``key index <= query index``, indices counted from 0 in both ``q``
+        and ``k`` (top-left aligned, as in `jax.nn.dot_product_attention`): when queries are the
+        last ``q_len`` of ``kv_len`` positions (decoding with a cache) pass
+        ``mask=ops.causal_mask(q_len, kv_len, offset=...)`` instead.
       q_segment_ids, kv_segment_ids: `[batch, q_len]` / `[batch, kv_len]` ints for packed sequences;
         tokens attend only within equal ids and id 0 (padding) is never attended. In the chunked
         path this mask is built per chunk and never materialised.
       scale: logits multiplier; default ``1/sqrt(head_dim)``.
       dropout_rate, dropout_rng: dropout on the attention weights (training only).
       implementation: ``"xla"`` (plain) or ``"chunked"`` (memory-efficient online softmax).
-      q_chunk_size, kv_chunk_size: chunk sizes of the chunked path (lengths must divide evenly).
+      q_chunk_size, kv_chunk_size: chunk sizes of the chunked path (other lengths are padded to
+        a multiple and the padding masked).
       precision: matmul precision passed to `jnp.einsum`.
 
     Returns:
@@ -239,6 +281,9 @@ def dot_product_attention(
         else:
             raise ValueError("pass both q_segment_ids and kv_segment_ids (or neither)")
     b, lq, h, d = q.shape
+    _check_operand("mask", mask, (b, h, lq, k.shape[1]))
+    _check_operand("bias", bias, (b, h, lq, k.shape[1]))
+    _check_segments(q_segment_ids, kv_segment_ids, lq, k.shape[1], b)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     q5 = q.reshape(b, lq, kv_heads, groups, d)
     bias5 = _to_5d(bias, kv_heads, groups)

@@ -36,15 +36,20 @@ def attend(table: Array, x: Array) -> Array:
 
 def check_token_ids(ids, vocab_size: int, name: str = "tokens") -> None:
     """Raise ValueError if concrete ``ids`` fall outside ``[0, vocab_size)`` (no-op on tracers)."""
+    check_ids(ids, vocab_size, name, f"the vocabulary [0, {vocab_size})",
+              "check the tokenizer's vocab size against model.vocab_size")
+
+
+def check_ids(ids, size: int, name: str, table: str, fix: str) -> None:
+    """Raise ValueError if concrete ``ids`` fall outside ``[0, size)``, naming ``table`` and the
+    ``fix`` (no-op on tracers: under jit an out-of-range lookup gives NaN, see `take_rows`)."""
     import jax
     import numpy as np
 
     if isinstance(ids, jax.core.Tracer):
         return
     a = np.asarray(ids)
-    if a.size and (a.min() < 0 or a.max() >= vocab_size):
-        bad = a[(a < 0) | (a >= vocab_size)]
-        raise ValueError(
-            f"{name} contain ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()} "
-            f"(min {a.min()}, max {a.max()}); check the tokenizer's vocab size against model.vocab_size"
-        )
+    if a.size and (a.min() < 0 or a.max() >= size):
+        bad = a[(a < 0) | (a >= size)]
+        raise ValueError(f"{name} contain ids outside {table}: e.g. {bad[:5].tolist()} "
+                         f"(min {a.min()}, max {a.max()}); {fix}")

@@ -1,8 +1,10 @@
 """Cross-entropy over integer labels with label smoothing and z-loss; weighted sums for any objective.
 
-Label smoothing follows the seeds (Vaswani et al. 2017, §5.4; Szegedy et al. 2016): the target
-distribution puts 1−ε on the true class and ε/(|V|−1) on every other class, and the loss is the cross
-entropy H(q, p) = −Σ_j q_j log p_j against it. The z-loss (Chowdhery et al. 2022, PaLM §5) adds
+Label smoothing (Vaswani et al. 2017, §5.4, citing Szegedy et al. 2016): the target distribution
+puts 1−ε on the true class and ε/(|V|−1) on every other class — the convention of Mesh TensorFlow /
+T5X and fairseq — and the loss is the cross entropy H(q, p) = −Σ_j q_j log p_j against it.
+(Szegedy et al. and `optax.smooth_labels` spread ε/|V| over *all* classes, the true one included:
+their ε equals ours times |V|/(|V|−1).) The z-loss (Chowdhery et al. 2022, PaLM §5) adds
 ``z_loss · log²Z`` with Z the softmax normaliser, keeping logits from drifting.
 """
 
@@ -25,7 +27,8 @@ def cross_entropy_with_integer_labels(logits: Array, labels: Array, *, label_smo
       z_loss: coefficient of log²Z (0 disables).
 
     Returns:
-      `[...]` float32 (float64 for float64 logits) losses.
+      `[...]` float32 (float64 for float64 logits) losses; NaN where a label is outside
+      ``[0, vocab)`` (−1 included, which an index would wrap to the last class).
     """
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
@@ -35,7 +38,7 @@ def cross_entropy_with_integer_labels(logits: Array, labels: Array, *, label_smo
     # log p_j = logits_j − log Z is never materialised as a `[..., vocab]` array: the gradient then
     # stays one fused softmax − one-hot (≈1.7x faster LM head + loss on XLA:CPU)
     logit_true = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    logp_true = logit_true - log_z
+    logp_true = jnp.where((labels >= 0) & (labels < vocab), logit_true - log_z, jnp.nan)
     if label_smoothing > 0.0:
         off = label_smoothing / (vocab - 1)
         sum_logp = jnp.sum(logits, axis=-1) - vocab * log_z
@@ -52,17 +55,30 @@ def weighted_cross_entropy(logits: Array, labels: Array, weights: Array | None =
     """Sum of per-position losses times ``weights`` and the sum of weights.
 
     Returning the two sums (not their ratio) lets callers normalise over a global batch, across
-    gradient-accumulation micro-batches or hosts, exactly. ``weights`` `[...]` (e.g. 1 on masked
-    positions for MLM, 0 on padding) defaults to all ones.
+    gradient-accumulation micro-batches or hosts, exactly. ``weights`` `[...]`, the shape of
+    ``labels`` (e.g. 1 on masked positions for MLM, 0 on padding), defaults to all ones. Positions
+    of weight 0 contribute exactly 0, whatever their label (an ignore index such as −100 included);
+    a weighted label outside the vocabulary makes the sum NaN.
     """
     loss = cross_entropy_with_integer_labels(logits, labels, label_smoothing=label_smoothing,
                                              z_loss=z_loss)
-    w = jnp.ones_like(loss) if weights is None else weights.astype(loss.dtype)
-    return jnp.sum(loss * w), jnp.sum(w)
+    w = _weights(weights, labels, loss.dtype)
+    return jnp.sum(jnp.where(w != 0, loss * w, 0.0)), jnp.sum(w)
 
 
 def weighted_accuracy(logits: Array, labels: Array, weights: Array | None = None) -> tuple[Array, Array]:
     """Sum of correct argmax predictions times ``weights`` and the sum of weights."""
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-    w = jnp.ones_like(correct) if weights is None else weights.astype(jnp.float32)
+    w = _weights(weights, labels, jnp.float32)
     return jnp.sum(correct * w), jnp.sum(w)
+
+
+def _weights(weights: Array | None, labels: Array, dtype) -> Array:
+    """``weights`` as ``dtype`` (all ones when None); their shape must be the labels'."""
+    if weights is None:
+        return jnp.ones(labels.shape, dtype)
+    if tuple(weights.shape) != tuple(labels.shape):
+        raise ValueError(f"weights {tuple(weights.shape)} must have the labels' shape "
+                         f"{tuple(labels.shape)} (a broadcast weight would be summed fewer times "
+                         "than the losses)")
+    return weights.astype(dtype)

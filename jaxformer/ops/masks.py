@@ -39,8 +39,9 @@ def causal_mask_from_positions(q_positions: Array, kv_positions: Array) -> Array
 def padding_mask(q_valid: Array, kv_valid: Array | None = None) -> Array:
     """Mask from per-token validity: `[batch, q_len]`, `[batch, kv_len]` bool → `[batch, 1, q, kv]`.
 
-    A query that is itself padding may attend to valid keys (its output is ignored downstream); only
-    keys are masked when ``q_valid`` is all True. Pass both to mask rows and columns.
+    ``mask[b, 0, i, j] = q_valid[b, i] and kv_valid[b, j]``: a padding query attends nowhere (its
+    row is all False: zero output) and a padding key is never attended. To mask only keys, use
+    `key_padding_mask`.
     """
     kv_valid = q_valid if kv_valid is None else kv_valid
     return jnp.logical_and(q_valid[:, None, :, None], kv_valid[:, None, None, :])

@@ -60,7 +60,7 @@ def apply_rope(x: Array, positions: Array, *, theta: float = 10_000.0,
 
     Args:
       x: `[batch, length, heads, head_dim]`.
-      positions: `[batch, length]` ints.
+      positions: `[batch, length]` ints (either axis may be 1 to broadcast).
       theta: base wavelength.
       rotary_dim: number of leading features rotated (even); default ``head_dim``.
 
@@ -68,8 +68,14 @@ def apply_rope(x: Array, positions: Array, *, theta: float = 10_000.0,
       same shape and dtype as ``x``.
     """
     d = x.shape[-1] if rotary_dim is None else rotary_dim
-    if d % 2:
-        raise ValueError(f"RoPE needs an even rotary dimension, got {d}")
+    if d % 2 or not 0 < d <= x.shape[-1]:
+        raise ValueError(f"RoPE needs an even rotary dimension in (0, head_dim={x.shape[-1]}], "
+                         f"got {d}")
+    if x.ndim != 4 or jnp.ndim(positions) != 2 or any(
+            p not in (1, n) for p, n in zip(jnp.shape(positions), x.shape[:2])):
+        raise ValueError(f"apply_rope takes x [batch, length, heads, head_dim] and positions "
+                         f"[batch, length]; got x {tuple(x.shape)}, positions "
+                         f"{tuple(positions.shape)}")
     half = d // 2
     ct = jnp.promote_types(x.dtype, jnp.float32)  # rotate in float32 (float64 for float64 x)
     inv = theta ** (-jnp.arange(half, dtype=ct) * 2.0 / d)
@@ -85,9 +91,11 @@ def relative_position_bucket(relative_position: Array, *, bidirectional: bool = 
                              num_buckets: int = 32, max_distance: int = 128) -> Array:
     """T5 relative position buckets (Raffel et al. 2020, §2.1; the Mesh-TF implementation).
 
-    ``relative_position = key_pos - query_pos``. Half the buckets (all of them when
-    ``bidirectional`` is False, where future positions map to bucket 0) cover exact small distances;
-    the rest grow logarithmically up to ``max_distance``, beyond which distances share the last bucket.
+    ``relative_position = key_pos - query_pos``. Bidirectional: half the buckets are for keys
+    before the query, half for keys after. Within a direction's ``n`` buckets (all ``num_buckets``
+    when ``bidirectional`` is False, where future positions map to bucket 0), the first ``n/2``
+    are exact distances ``0 .. n/2-1`` and the rest grow logarithmically up to ``max_distance``,
+    beyond which distances share the last bucket.
 
     Returns:
       int32 buckets in ``[0, num_buckets)``, same shape as the input.
