@@ -225,9 +225,6 @@ def generate(
         raise ValueError(f"prompt {int(np.argmin(lengths))} is empty: a decoder-only model needs "
                          "at least one token to continue from (e.g. the BOS id)")
     width = max(1, int(lengths.max()))
-    chunk = cfg.attention_chunk_size
-    if cfg.attention_impl == "chunked" and width > chunk:  # the encoder's chunks must tile it
-        width = -(-width // chunk) * chunk
     inputs = np.full((len(rows), width), pad_id, np.int32)
     for i, r in enumerate(rows):
         inputs[i, :len(r)] = r
