@@ -122,6 +122,9 @@ def test_schedule_errors_come_from_validate_config():
     ("gpt_pretrain_tiny", {"data.batch_size": 0}, r"data.batch_size=0 is invalid"),
     ("gpt_pretrain_tiny", {"objective.mask_rate": 0.3}, r"objective.mask_rate=0.3 applies to "
                                                           r"objective 'mlm', not 'clm'"),
+    ("gpt_pretrain_tiny", {"parallel": "pmap", "mesh.fsdp": 8},
+     r"parallel='pmap' is data parallel only \(replicated state\), so mesh.fsdp=8 would be "
+     r"ignored"),
 ])
 def test_data_that_cannot_fit_the_model_fails_in_validate_config(name, overrides, message):
     """Caught from the config alone, before a tokenizer is trained (a learned position table

@@ -42,7 +42,11 @@ def _corpus(path: Path, lines: int = 400) -> None:
                               for _ in range(lines)) + "\n")
 
 
-def _launch(workdir: Path, corpus: Path, num_processes: int = 2) -> list[subprocess.CompletedProcess]:
+MESH = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
+
+
+def _launch(workdir: Path, corpus: Path, num_processes: int = 2,
+            parallel: list[str] = MESH) -> list[subprocess.CompletedProcess]:
     port = _free_port()
     args = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/gpt_pretrain_tiny.py"),
             "--workdir", str(workdir), f"--config.data.source=files:{corpus}",
@@ -50,8 +54,7 @@ def _launch(workdir: Path, corpus: Path, num_processes: int = 2) -> list[subproc
             "--config.data.seq_len=32", "--config.data.batch_size=8",
             "--config.model.vocab_size=320", "--config.model.d_model=32", "--config.model.d_ff=64",
             "--config.model.num_layers=1", "--config.model.max_len=32",
-            "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
-            f"--config.num_train_steps={STEPS}", "--config.checkpoint.every_steps=2",
+            *parallel, f"--config.num_train_steps={STEPS}", "--config.checkpoint.every_steps=2",
             f"--config.eval.every_steps={STEPS}", "--config.eval.num_batches=1",
             "--config.log_every_steps=1", "--config.progress_bar=False",
             "--config.optimizer.warmup_steps=1"]
@@ -101,6 +104,26 @@ def test_two_processes_train_and_checkpoint(tmp_path):
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
     assert json.loads((workdir / "config.json").read_text())["mesh"] == {"data": 2, "fsdp": 2,
                                                                           "tensor": 2}
+
+
+def test_two_process_pmap_trains_one_model(tmp_path):
+    """pmap over the devices of both processes: gradients are summed globally, so both processes
+    report the same metrics, which equal the sharded jit run's (the same update). pmap over each
+    process's local devices only trained a different model per process."""
+    corpus = tmp_path / "corpus.txt"
+    _corpus(corpus)
+    runs = {}
+    for name, parallel in (("jit", MESH), ("pmap", ["--config.parallel=pmap"])):
+        results = _launch(tmp_path / name, corpus, parallel=parallel)
+        for r in results:
+            assert r.returncode == 0, r.stderr[-4000:]
+        finals = [r.stdout.strip().splitlines()[-1] for r in results]
+        assert finals[0] == finals[1], (name, finals)
+        runs[name] = read_metrics(tmp_path / name)
+    for a, b in zip(runs["jit"], runs["pmap"]):
+        assert a["step"] == b["step"] and a["tokens"] == b["tokens"]
+        np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-5)
+        np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-4)
 
 
 def test_plan_cli_compiles_on_simulated_devices(tmp_path):

@@ -260,8 +260,13 @@ def test_mesh_shape_fills_and_validates():
         mesh_shape({"data": 2, "fsdp": 2, "tensor": 1}, 8)
     with pytest.raises(ValueError, match="not divisible by 3"):
         mesh_shape({"tensor": 3}, 8)
+    # data's default -1 gives way to another -1 (the README's `--config.mesh.fsdp=-1` commands
+    # used to fail with "at most one axis may be -1", data's default being the other)
+    assert mesh_shape({"data": -1, "fsdp": -1, "tensor": 1}, 8) == {"data": 1, "fsdp": 8,
+                                                                     "tensor": 1}
+    assert mesh_shape({"fsdp": -1, "tensor": 4}, 8) == {"data": 1, "fsdp": 2, "tensor": 4}
     with pytest.raises(ValueError, match="at most one axis"):
-        mesh_shape({"data": -1, "fsdp": -1}, 8)
+        mesh_shape({"fsdp": -1, "tensor": -1}, 8)
     with pytest.raises(ValueError, match="unknown mesh axes"):
         mesh_shape({"model": 2}, 8)
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})

@@ -32,12 +32,15 @@ MESH_AXES = ("data", "fsdp", "tensor")
 def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> dict[str, int]:
     """Resolve sizes (at most one −1) so that their product is ``num_devices``.
 
-    Default (empty config): everything on ``data``.
+    Default (empty config): everything on ``data``. ``data``'s −1 (its default) gives way to
+    another axis set to −1: ``{"data": -1, "fsdp": -1}`` is all devices on ``fsdp``.
     """
     sizes = {a: int(mesh_cfg.get(a, 1 if a != "data" else -1)) for a in MESH_AXES}
     unknown = set(mesh_cfg) - set(MESH_AXES)
     if unknown:
         raise ValueError(f"unknown mesh axes {sorted(unknown)}; valid axes are {MESH_AXES}")
+    if sizes["data"] == -1 and any(sizes[a] == -1 for a in MESH_AXES if a != "data"):
+        sizes["data"] = 1
     fill = [a for a, s in sizes.items() if s == -1]
     if len(fill) > 1:
         raise ValueError(f"mesh: at most one axis may be -1, got {fill}")

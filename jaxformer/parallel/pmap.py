@@ -37,9 +37,12 @@ class PmapRunner:
     """
 
     def __init__(self, step_fn: Callable, state, devices: Sequence[jax.Device] | None = None):
-        self.devices = list(devices or jax.local_devices())
+        # pmap maps over the devices of *every* process (each feeds its local ones): restricting
+        # it to this process's devices would psum gradients within each process only
+        self.devices = jax.local_devices() if devices is None else list(devices)
         self._state = replicate(state, self.devices)
-        self._step = jax.pmap(step_fn, axis_name=AXIS, devices=self.devices, donate_argnums=(0,))
+        self._step = jax.pmap(step_fn, axis_name=AXIS, donate_argnums=(0,),
+                              devices=None if devices is None else self.devices)
 
     def split(self, batch: dict) -> dict:
         """`[rows, ...]` → `[devices, rows / devices, ...]`; ValueError if rows don't divide."""

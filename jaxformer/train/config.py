@@ -172,6 +172,11 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
         raise ValueError(f"num_train_steps={config.num_train_steps!r} must be a positive integer")
     if config.parallel not in ("jit", "pmap"):
         raise ValueError(f"parallel={config.parallel!r} must be 'jit' or 'pmap'")
+    sharded = {a: config.mesh.get(a, 1) for a in ("fsdp", "tensor") if config.mesh.get(a, 1) != 1}
+    if config.parallel == "pmap" and sharded:
+        raise ValueError(f"parallel='pmap' is data parallel only (replicated state), so "
+                         f"{', '.join(f'mesh.{a}={v}' for a, v in sharded.items())} would be "
+                         "ignored; use parallel='jit' for FSDP / tensor parallelism")
     for key in ("every_steps", "keep"):
         if config.checkpoint[key] <= 0:
             raise ValueError(f"checkpoint.{key}={config.checkpoint[key]} must be positive")
