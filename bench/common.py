@@ -3,8 +3,9 @@
 Every benchmark reports ratios against a reference measured in the same run, because the machines
 are shared and noisy: MFU divides by the matmul rate measured here, not by a datasheet number.
 
-Model FLOPs of one training step (forward + backward), the accounting of Kaplan et al. (2020) §2.1
-and PaLM (Chowdhery et al. 2022, App. B), as MaxText logs it:
+Model FLOPs of one training step (forward + backward) come from `jaxformer.plan.model_flops` (the
+same numbers `python -m jaxformer.plan` prints), the accounting of Kaplan et al. (2020) §2.1 and
+PaLM (Chowdhery et al. 2022, App. B), as MaxText logs it:
 
 * dense part: ``6 · N · tokens`` with N the parameters that enter a matmul — the kernels of the
   blocks plus the unembedding ``vocab × d_model`` (which is a matmul even when tied). Embedding
@@ -77,39 +78,14 @@ def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 10) -> 
             "median_flops": flops / t["median"]}
 
 
-def matmul_params(cfg) -> int:
-    """Parameters of a `ModelConfig` that enter a matmul: block kernels + the unembedding.
+def train_step_flops(cfg, params, *, batch: int, seq_len: int) -> dict[str, float]:
+    """Model FLOPs of one forward + backward step (`jaxformer.plan.model_flops`, the accounting
+    above) of a decoder-only or encoder model with ``params`` (its ``"params"`` tree)."""
+    from jaxformer.plan import model_flops
 
-    Per layer: Q and O are ``d·H·Dh`` each, K and V ``d·K·Dh`` each (GQA), the FFN ``2·d·F``
-    (``3·d·F`` gated). Cross-attention adds one attention per decoder layer. The unembedding is
-    ``vocab·d`` (tied or not); classifier/pooler heads are not counted.
-    """
-    d, f = cfg.d_model, cfg.d_ff
-    attn = 2 * d * cfg.num_heads * cfg.head_dim + 2 * d * cfg.num_kv_heads * cfg.head_dim
-    ffn = (3 if cfg.gated_ffn else 2) * d * f
-    if cfg.family == "encoder_decoder":
-        n = cfg.num_encoder_layers * (attn + ffn) + cfg.num_decoder_layers * (2 * attn + ffn)
-    else:
-        n = cfg.num_layers * (attn + ffn)
-    return n + cfg.vocab_size * d
-
-
-def attention_flops(cfg, *, batch: int, q_len: int, kv_len: int | None = None,
-                    causal: bool, layers: int | None = None) -> float:
-    """Forward + backward FLOPs of the attention scores and weighted sum: ``12·L·T_q·T_kv·H·Dh``
-    per sequence, halved when ``causal``."""
-    kv_len = q_len if kv_len is None else kv_len
-    layers = cfg.num_layers if layers is None else layers
-    flops = 12.0 * layers * q_len * kv_len * cfg.num_heads * cfg.head_dim * batch
-    return flops / 2 if causal else flops
-
-
-def train_step_flops(cfg, *, batch: int, seq_len: int) -> dict[str, float]:
-    """Model FLOPs of one forward + backward step of a decoder-only (causal) or encoder model."""
-    tokens = batch * seq_len
-    dense = 6.0 * matmul_params(cfg) * tokens
-    attn = attention_flops(cfg, batch=batch, q_len=seq_len, causal=cfg.family == "decoder")
-    return {"dense": dense, "attention": attn, "total": dense + attn, "tokens": tokens}
+    f = model_flops(cfg, params, batch, seq_len, seq_len)
+    return {"dense": f["dense_flops_per_step"], "attention": f["attention_flops_per_step"],
+            "total": f["model_flops_per_step"], "tokens": f["tokens_per_step"]}
 
 
 def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:

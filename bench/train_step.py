@@ -95,7 +95,7 @@ def prepare_variant(name: str, args) -> dict:
         state["params"], state["opt"], loss = compiled(state["params"], state["opt"], tokens)
         return loss
 
-    flops = train_step_flops(cfg, batch=args.batch, seq_len=args.seq_len)
+    flops = train_step_flops(cfg, params["params"], batch=args.batch, seq_len=args.seq_len)
     mem = compiled.memory_analysis()
     row = {"variant": name, "compile_s": compile_s, "flops": flops["total"],
            "tokens": flops["tokens"], "model_tflops_per_step": flops["total"] / 1e12,
@@ -194,7 +194,7 @@ def main(argv=None) -> dict:
     }
     print(json.dumps(report))
     print(f"\nbackend {report['backend']}  matmul peak {peak['peak_flops'] / 1e9:.1f} GFLOP/s "
-          f"({args.matmul_n}² float32)  model {rows[0].get('model_tflops_per_step', 0):.3f} "
+          f"({args.matmul_n}² float32)  model {rows[0].get('model_tflops_per_step', 0):.4g} "
           "TFLOP/step")
     print(format_table(rows, [("variant", "variant", ""), ("tokens_per_s", "tokens/s", ".0f"),
                               ("step_s", "step s", ".3f"), ("compile_s", "compile s", ".1f"),

@@ -11,12 +11,14 @@ Prints a table and a JSON line (``--json PATH`` also writes it) with
 
       6 · Σ_p |p| · tokens(p)  +  Σ_attention 12 · B · T_q · T_k · H · Dh · (½ if causal)
 
-  i.e. 6N per token for every parameter used in a matmul (Kaplan et al. 2020 §2.1) — the
-  lookup-only tables (positions, token types, relative-position buckets, an untied or unused
-  token table) are left out — plus QKᵀ and AV of each attention layer (Chowdhery et al. 2022,
-  App. B; causal self-attention computes half the score matrix). Encoder parameters see the
-  ``seq_len`` input tokens, decoder parameters and the output projection the ``target_len``
-  target tokens. Per token = per step / (batch · tokens per row);
+  i.e. 6N per token for every matmul weight (Kaplan et al. 2020 §2.1): the ``kernel`` of each
+  projection, and the token table where it is also the output projection (tied LM / MLM head).
+  Lookup tables (positions, token types, relative-position buckets, a token table used only for
+  lookup), biases and norm scales are left out. Plus QKᵀ and AV of each attention layer
+  (Chowdhery et al. 2022, App. B; causal self-attention computes half the score matrix).
+  Encoder parameters see the ``seq_len`` input tokens, decoder parameters and the output
+  projection the ``target_len`` target tokens, the pooler and sequence-classifier heads one
+  row each. Per token = per step / (batch · tokens per row);
 * per-device bytes of parameters and optimizer state, exact, from the state's shardings on the
   configured mesh (`jaxformer.train.state.state_shardings`);
 * activations and temporaries, from XLA: the train step is lowered with abstract inputs
@@ -46,11 +48,11 @@ import jax.numpy as jnp
 import ml_collections
 
 from jaxformer.config import ModelConfig
-from jaxformer.parallel.mesh import MESH_AXES, make_mesh, mesh_shape
+from jaxformer.parallel.mesh import MESH_AXES, check_batch_size, make_mesh, mesh_shape
 from jaxformer.parallel.rules import batch_sharding
 
 _CHILD_FLAG = "--plan_compile_child"
-_LOOKUP_TABLES = ("pos_embedding", "type_embedding", "relative_bias")
+_PER_ROW_HEADS = ("pooler", "classifier", "nsp_head")  # applied to one pooled vector per row
 _OBJECTIVE = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "seq2seq"}
 _TASK = {"clm": "lm", "mlm": "lm", "seq2seq": "seq2seq"}
 
@@ -103,13 +105,14 @@ def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
     dense = 0
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         names = [str(getattr(k, "key", k)) for k in path]
-        if any(t in n for n in names for t in _LOOKUP_TABLES):
-            continue
-        if names[0] == "token_embed" and not (m.tie_embeddings and output_matmul):
+        names = [n for n in names if n != ".value"]  # the attribute of a boxed (partitioned) leaf
+        tied_output = names[0] == "token_embed" and m.tie_embeddings and output_matmul
+        if names[-1] != "kernel" and not tied_output:
             continue
         encoder_side = names[0].startswith("encoder") or (
             enc_dec and "cross_attn" in names and names[-2] in ("key", "value"))
-        dense += 6 * math.prod(leaf.shape) * (src if encoder_side else tgt)
+        uses = batch if names[0] in _PER_ROW_HEADS else src if encoder_side else tgt
+        dense += 6 * math.prod(leaf.shape) * uses
     hd = m.num_heads * m.head_dim
     if enc_dec:
         attn = 12 * batch * hd * (m.num_encoder_layers * seq_len ** 2
@@ -201,6 +204,8 @@ def plan(config, *, devices: int = 0, compile: bool = True, argv: list[str] | No
     sizes = mesh_shape(dict(config.mesh), n)
     abstract_mesh = AbstractMesh(tuple(sizes.values()), tuple(sizes),
                                  axis_types=(AxisType.Auto,) * len(sizes))
+    check_batch_size(abstract_mesh, config.data.batch_size,
+                     config.optimizer.get("grad_accum_steps", 1))
     model_cfg, abstract, shardings, _ = _setup(config, abstract_mesh)
     params = abstract.params
     report = {
@@ -246,7 +251,8 @@ def format_table(r: dict) -> str:
     mesh = " ".join(f"{a}={s}" for a, s in r["mesh"].items())
     lens = f"{r['seq_len']}" + (f" → {r['target_len']}" if r["target_len"] else "")
     rows = [f"plan: {r['name']} ({r['family']}), batch {r['batch']} × {lens}, mesh {mesh} "
-            f"({r['devices']} devices), params {r['param_dtype']}, compute {r['dtype']}",
+            f"({r['devices']} device{'s' if r['devices'] != 1 else ''}), params "
+            f"{r['param_dtype']}, compute {r['dtype']}",
             f"  parameters            {r['parameters']:>18,}",
             f"  model FLOPs / step    {r['model_flops_per_step']:>18.4e}   (dense "
             f"{r['dense_flops_per_step']:.3e} + attention {r['attention_flops_per_step']:.3e})",
@@ -276,22 +282,29 @@ def main(argv) -> None:
     f = flags.FLAGS
     if (f.config is None) == (not f.preset):
         raise app.UsageError("give either --config configs/<name>.py or --preset <name>")
-    if f.preset:
-        config = preset_config(f.preset, batch=f.batch, seq_len=f.seq_len,
-                               target_len=f.target_len or None, mesh=f.mesh)
-    else:
-        config = f.config
     if f[_CHILD_FLAG[2:]].value:
+        config = _config(f)
         sizes = mesh_shape(dict(config.mesh), f.devices)
         print(json.dumps(compile_step(config, make_mesh(sizes))))
         return
-    report = plan(config, devices=f.devices, compile=f.compile, argv=sys.argv[1:])
+    try:
+        config = _config(f)
+        report = plan(config, devices=f.devices, compile=f.compile, argv=sys.argv[1:])
+    except (ValueError, KeyError) as e:  # a bad preset, mesh, size: the message says which
+        sys.exit(f"python -m jaxformer.plan: error: {e.args[0] if e.args else e}")
     print(format_table(report))
     text = json.dumps(report)
     print(text)
     if f.json:
         with open(f.json, "w") as fh:
             fh.write(text + "\n")
+
+
+def _config(f) -> ml_collections.ConfigDict:
+    if f.preset:
+        return preset_config(f.preset, batch=f.batch, seq_len=f.seq_len,
+                             target_len=f.target_len or None, mesh=f.mesh)
+    return f.config
 
 
 def _define_flags() -> None:

@@ -353,23 +353,33 @@ def test_plan_matches_the_real_sharded_state(runs):
     assert report["params_bytes"]["per_device"] == held(state.params)
     assert report["opt_state_bytes"]["per_device"] == held(state.opt_state)
     assert report["parameters"] == sum(x.size for x in jax.tree.leaves(state.params))
-    # 6N + attention, N without the learned-position table (a lookup): count it by hand.
-    n_dense = report["parameters"] - TINY["max_len"] * TINY["d_model"]
+    # 6N + attention, N the matmul weights (projection kernels + the tied unembedding): by hand.
+    d = TINY["d_model"]
+    n_dense = TINY["num_layers"] * (4 * d * d + 2 * d * TINY["d_ff"]) + TINY["vocab_size"] * d
     attn = 12 * BATCH * TINY["d_model"] * TINY["num_layers"] * LEN ** 2 / 2
     assert report["model_flops_per_step"] == 6 * n_dense * BATCH * LEN + attn
 
 
 def test_plan_gpt2_small_parameters_and_flops():
-    """GPT-2 small: 124,439,808 parameters; per token 6N' + 6·L·T·d (Kaplan et al. 2020)."""
+    """GPT-2 small: 124,439,808 parameters; per token 6N' + 6·L·T·d (Kaplan et al. 2020), N' the
+    matmul weights: per layer QKVO 4·d² and the FFN 2·d·4d, plus the tied unembedding V·d."""
     from jaxformer import plan
 
     config = plan.preset_config("gpt2_small", batch=8, seq_len=1024, mesh="fsdp=8")
     report = plan.plan(config, devices=8, compile=False)
     assert report["parameters"] == 124_439_808
-    n_dense = 124_439_808 - 1024 * 768  # the position table is a lookup
+    d, layers, vocab = 768, 12, 50257
+    n_dense = layers * (4 * d * d + 2 * d * 4 * d) + vocab * d
+    assert n_dense == 123_532_032  # without positions (a lookup), biases and norm scales
     assert report["flops_per_token"] == pytest.approx(6 * n_dense + 6 * 12 * 1024 * 768)
     assert report["params_bytes"]["per_device"] == pytest.approx(
         report["params_bytes"]["total"] / 8, rel=0.01)
     assert report["opt_state_bytes"]["total"] == pytest.approx(
         2 * report["params_bytes"]["total"], rel=1e-6)
     assert math.isclose(report["devices"], 8)
+    # checked like train.py does, before compiling (was an IndivisibleError from the child)
+    with pytest.raises(ValueError, match="data.batch_size=4 is not divisible by the 8 batch"):
+        plan.plan(plan.preset_config("gpt2_small", batch=4, seq_len=64, mesh="fsdp=8"),
+                  devices=8, compile=False)
+    assert plan.plan(plan.preset_config("gpt2_small", batch=8, seq_len=64, mesh="fsdp=-1"),
+                     devices=8, compile=False)["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
