@@ -119,6 +119,10 @@ def test_init_from_shape_mismatch_names_parameter(pretrained, tmp_path):
     message = r"decoder/layer_0/ffn/wi/bias has shape \(64,\) in the checkpoint but \(96,\)"
     with pytest.raises(ValueError, match=message):
         Trainer(config, tmp_path)
+    config.model.d_ff, config.model.scan_layers = 64, True
+    with pytest.raises(ValueError, match=r"the checkpoint's layers are unrolled: set "
+                                         r"model.scan_layers=False"):
+        Trainer(config, tmp_path)
 
 
 def test_same_seed_is_bitwise_identical_and_seeds_differ(pretrained, tmp_path):

@@ -189,15 +189,25 @@ def merge_backbone(new_params, pretrained, *, head_modules: Iterable[str] = HEAD
             if tuple(old.shape) != tuple(value.shape):
                 raise ValueError(f"init_from: parameter {name} has shape {tuple(old.shape)} in the "
                                  f"checkpoint but {tuple(value.shape)} in the model")
-            merged[path] = jnp.asarray(old, dtype=value.dtype)
+            merged[path] = np.asarray(old, dtype=value.dtype)  # on the host until sharded
         elif path[0] in head_modules:
             merged[path] = value
             fresh.append(name)
         else:
             raise ValueError(f"init_from: backbone parameter {name} (shape {tuple(value.shape)}) is "
-                             "missing from the checkpoint; is the architecture the same?")
+                             f"missing from the checkpoint; {_layout_hint(path, old_flat)}")
     leaves = [merged[p] for p in new_flat]
     return jax.tree_util.tree_unflatten(jax.tree.structure(new_params), leaves), fresh
+
+
+def _layout_hint(missing: tuple[str, ...], old_flat: dict) -> str:
+    """Why a parameter may be missing: a scanned (``layers``) vs unrolled (``layer_i``) stack."""
+    scanned_old = any("layers" in p for p in old_flat)
+    scanned_new = "layers" in missing
+    if scanned_old != scanned_new:
+        return (f"the checkpoint's layers are {'stacked' if scanned_old else 'unrolled'}: set "
+                f"model.scan_layers={scanned_old} to read it")
+    return "is the architecture the same?"
 
 
 def save_run_config(workdir: str | os.PathLike, config) -> None:

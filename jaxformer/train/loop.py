@@ -40,7 +40,7 @@ from jaxformer.train.checkpoint import (
 )
 from jaxformer.train.config import check_resume, validate_config
 from jaxformer.train.metrics import MetricWriter, Progress
-from jaxformer.train.state import create_train_state, state_shardings
+from jaxformer.train.state import create_params, create_train_state, state_shardings
 from jaxformer.train.step import make_eval_step, make_train_step, summarize_eval
 
 
@@ -205,13 +205,16 @@ class Trainer:
                 with_shardings(abstract, self.shardings), self.train_iter)
             print(f"Resumed from {self.ckpt.directory}/{self.start_step}")
         else:
-            self.state, _ = create_train_state(model, self.model_cfg, self.tx, self.mesh,
-                                               config.seed)
-            if config.init_from:
+            params = None
+            if config.init_from:  # fresh (sharded) parameters for new heads; the rest is read on
+                # the host and placed shard by shard, never whole on one device
                 pretrained = hf_params if hf_params is not None else load_params(config.init_from)
-                params, fresh = merge_backbone(self.state.params, pretrained)
-                self.state, _ = create_train_state(model, self.model_cfg, self.tx, self.mesh,
-                                                   config.seed, params=params)
+                params, fresh = merge_backbone(
+                    create_params(model, self.model_cfg, self.shardings.params, config.seed),
+                    pretrained)
+            self.state, _ = create_train_state(model, self.model_cfg, self.tx, self.mesh,
+                                               config.seed, params=params)
+            if config.init_from:
                 if hf_params is not None:  # the importer initialised any new head (logged)
                     print(f"Initialised from the Hugging Face model {config.init_from}")
                 else:

@@ -82,13 +82,11 @@ def create_train_state(model: nn.Module, model_cfg, tx: optax.GradientTransforma
     derive from ``fold_in(key(seed), 1)``.
     """
     _, shardings = state_shardings(model, model_cfg, tx, mesh)
-    base = jax.random.key(seed)
-    init_key = jax.random.fold_in(base, 0)
-    rng_data = jax.random.key_data(jax.random.fold_in(base, 1))
+    rng_data = jax.random.key_data(jax.random.fold_in(jax.random.key(seed), 1))
 
     def build(p):
         if p is None:
-            p = init_params(model, model_cfg, init_key)
+            p = init_params(model, model_cfg, _init_key(seed))
         return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p), rng=rng_data)
 
     if params is None:
@@ -97,3 +95,14 @@ def create_train_state(model: nn.Module, model_cfg, tx: optax.GradientTransforma
         params = jax.device_put(params, shardings.params)
         state = jax.jit(build, in_shardings=(shardings.params,), out_shardings=shardings)(params)
     return state, shardings
+
+
+def _init_key(seed: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.key(seed), 0)
+
+
+def create_params(model: nn.Module, model_cfg, shardings: Any, seed: int) -> Any:
+    """The fresh parameters `create_train_state` would start from, initialised directly into
+    ``shardings`` (the ``params`` part of `state_shardings`), without optimizer state."""
+    return jax.jit(lambda: init_params(model, model_cfg, _init_key(seed)),
+                   out_shardings=shardings)()
