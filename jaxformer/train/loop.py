@@ -150,6 +150,14 @@ class Trainer:
         if workdir.exists() and not workdir.is_dir():
             raise ValueError(f"workdir {str(workdir)!r} exists and is not a directory")
         tok_cfg = _tokenizer_config(config, hf=hf_params is not None)  # init_from exists?
+        self.mesh = make_mesh(config.mesh)
+        check_batch_size(self.mesh, config.data.batch_size,
+                         config.optimizer.get("grad_accum_steps", 1))
+        self.model = model = build_model(self.model_cfg)
+        self.tx, self.schedule = make_optimizer(config.optimizer, self.model_cfg.d_model,
+                                                config.num_train_steps)
+        # a parameter the mesh cannot split fails here, before any tokenizer or file is written
+        abstract, self.shardings = state_shardings(model, self.model_cfg, self.tx, self.mesh)
         workdir.mkdir(parents=True, exist_ok=True)
         self.ckpt = Checkpointer(workdir, keep=config.checkpoint.keep,
                                  best_metric=config.checkpoint.best_metric or None,
@@ -159,9 +167,6 @@ class Trainer:
         if resuming:  # the run's model, tokenizer and config.json stay those of its checkpoints
             for note in check_resume(load_run_config(workdir), config):
                 logging.warning("resuming %s with a changed config: %s", workdir, note)
-        self.mesh = make_mesh(config.mesh)
-        check_batch_size(self.mesh, config.data.batch_size,
-                         config.optimizer.get("grad_accum_steps", 1))
         if jax.process_index() == 0:
             print(f"Mesh {describe(self.mesh)}, parallel={config.parallel}")
         saved_tokenizer = workdir / "tokenizer.model"
@@ -181,13 +186,10 @@ class Trainer:
             if not resuming:
                 self.tokenizer.save(str(saved_tokenizer))
 
-        self.model = model = build_model(self.model_cfg)
         whole_words = config.objective.get("whole_word_mask", False)
         self.prepare = bind_objective(
             config.objective, special,
             word_initial=self.tokenizer.word_initial() if whole_words else None)
-        self.tx, self.schedule = make_optimizer(config.optimizer, self.model_cfg.d_model,
-                                                config.num_train_steps)
         self.make_ds = functools.partial(
             make_dataset, config.data, tokenizer=self.tokenizer, seed=config.seed,
             transform=_pipeline_transform(config, special), process_index=jax.process_index(),
@@ -198,8 +200,6 @@ class Trainer:
             next(probe, None)
             if hasattr(probe, "close"):
                 probe.close()
-        abstract, self.shardings = state_shardings(model, self.model_cfg, self.tx, self.mesh)
-
         if resuming:
             self.state, self.start_step = self.ckpt.restore(
                 with_shardings(abstract, self.shardings), self.train_iter)
