@@ -14,7 +14,7 @@ VOCAB = 4096
 def get_config():
     c = base_config()
     c.name = "t5_finetune_tiny"
-    c.num_train_steps = 1500
+    c.num_train_steps = 1000  # the demo: two fine-tuning runs within its 30-minute budget
     c.init_from = ""
     c.model.update(preset("t5_tiny", vocab_size=VOCAB, d_model=128, num_heads=4, d_ff=512,
                           num_layers=3, max_len=128, dropout_rate=0.1, attention_dropout_rate=0.0,

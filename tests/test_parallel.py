@@ -27,7 +27,7 @@ from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective
 from jaxformer.parallel.distributed import distributed_requested
-from jaxformer.parallel.mesh import check_batch_size, make_mesh, mesh_shape
+from jaxformer.parallel.mesh import check_batch_size, describe, make_mesh, mesh_shape
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.pmap import PmapRunner
 from jaxformer.parallel.rules import batch_sharding, param_shardings
@@ -271,6 +271,8 @@ def test_mesh_shape_fills_and_validates():
         mesh_shape({"model": 2}, 8)
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     assert mesh.axis_names == ("data", "fsdp", "tensor") and mesh.size == jax.device_count()
+    assert describe(mesh) == "data=2 fsdp=2 tensor=2 (8 devices, 1 process)"
+    assert describe(make_mesh({"data": 1}, jax.devices()[:1])).endswith("(1 device, 1 process)")
 
 
 def test_indivisible_dimension_names_the_parameter():

@@ -78,7 +78,8 @@ def describe(mesh: Mesh) -> str:
     """E.g. ``"data=2 fsdp=2 tensor=2 (8 devices, 1 process)"``."""
     axes = " ".join(f"{a}={n}" for a, n in mesh.shape.items())
     procs = len({d.process_index for d in mesh.devices.flat})
-    return f"{axes} ({mesh.size} devices, {procs} process{'es' if procs > 1 else ''})"
+    return (f"{axes} ({mesh.size} device{'s' if mesh.size > 1 else ''}, "
+            f"{procs} process{'es' if procs > 1 else ''})")
 
 
 def check_batch_size(mesh: Mesh, batch_size: int, grad_accum_steps: int = 1) -> None:
