@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from jaxformer.ops import dense, ffn, get_activation, layer_norm, normalize, rms_norm
+from jaxformer.ops import (
+    dense,
+    dropout,
+    ffn,
+    get_activation,
+    layer_norm,
+    normalize,
+    rms_norm,
+    token_dropout,
+)
 
 _erf = np.vectorize(math.erf)
 NP_ACT = {
@@ -129,3 +138,20 @@ def test_ffn_gradients_dropout_and_dtype(rng):
     assert ffn(p, jnp.asarray(x, jnp.bfloat16), activation="gelu").dtype == jnp.bfloat16
     with pytest.raises(ValueError, match="unknown activation 'swish'"):
         get_activation("swish")
+
+
+def test_dropout_rate_may_be_traced():
+    """A rate passed through `jit` (traced) drops the same elements as the same Python float, with
+    the same scaling; traced 0 is the identity and traced 1 gives zeros with finite gradients."""
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 32)), jnp.float32)
+    key = jax.random.key(3)
+    traced = jax.jit(dropout)
+    np.testing.assert_allclose(traced(x, 0.3, key), dropout(x, 0.3, key), rtol=1e-6)
+    dropped = np.asarray(traced(x, 0.3, key)) == 0
+    assert abs(dropped.mean() - 0.3) < 4 * np.sqrt(0.3 * 0.7 / dropped.size)
+    np.testing.assert_array_equal(traced(x, 0.0, key), x)
+    np.testing.assert_array_equal(traced(x, 1.0, key), np.zeros_like(x))
+    grad = jax.grad(lambda r: jnp.sum(traced(x, r, key) ** 2))(1.0)
+    assert np.isfinite(grad)
+    tokens = jax.jit(token_dropout)(x[None], 0.5, key)
+    np.testing.assert_array_equal(tokens, token_dropout(x[None], 0.5, key))

@@ -39,6 +39,10 @@ def test_sinusoidal_matches_formula(length, d):
     with jax.enable_x64(True):  # in float64 the formula holds to rounding
         got64 = sinusoidal(jnp.arange(length, dtype=jnp.float64), d, dtype=jnp.float64)
         np.testing.assert_allclose(np.asarray(got64), want, atol=1e-10)
+        # integer positions with a float64 table compute in float64 too (not float32, then cast)
+        table64 = sinusoidal_table(length, d, dtype=jnp.float64)
+        assert table64.dtype == jnp.float64
+        np.testing.assert_allclose(np.asarray(table64), want, atol=1e-10)
     # batched positions index the same table
     pos = np.array([[3, 0, 7], [1, 1, 2]])
     np.testing.assert_allclose(sinusoidal(pos, d), got[pos], atol=1e-6)

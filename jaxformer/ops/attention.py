@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxformer.ops.dropout import dropout
+from jaxformer.ops.dropout import dropout, is_active
 
 Array = jnp.ndarray
 IMPLEMENTATIONS = ("xla", "chunked")
@@ -197,7 +197,7 @@ def _chunked(q5, k, v, bias5, mask5, causal, q_seg, kv_seg, scale, dropout_rate,
             p = jnp.exp(s - m_safe[..., None])
             corr = jnp.exp(jnp.where(jnp.isfinite(m_prev), m_prev, m_safe) - m_safe)
             l_new = l_prev * corr + jnp.sum(p, axis=-1)
-            if dropout_rate > 0.0 and dropout_rng is not None:
+            if is_active(dropout_rate, dropout_rng):
                 rng = jax.random.fold_in(jax.random.fold_in(dropout_rng, qi), ki)
                 p = dropout(p, dropout_rate, rng)
             pv = jnp.einsum("bhgqk,bkhd->bhgqd", p.astype(v.dtype), vc, precision=precision,

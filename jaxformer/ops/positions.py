@@ -30,7 +30,8 @@ def sinusoidal(positions: Array, d_model: int, *, max_timescale: float = 10_000.
     """
     if d_model % 2:
         raise ValueError(f"sinusoidal encodings need an even d_model, got {d_model}")
-    ct = jnp.promote_types(positions.dtype, jnp.float32)  # float64 positions stay float64
+    # at least float32, float64 when the positions or the requested dtype are (under x64)
+    ct = jnp.promote_types(jnp.promote_types(positions.dtype, jnp.float32), dtype)
     i2 = jnp.arange(0, d_model, 2, dtype=ct)  # the 2i of the formula
     inv = jnp.exp(-math.log(max_timescale) * i2 / d_model)
     angles = positions.astype(ct)[..., None] * inv  # S + [d/2]
