@@ -191,6 +191,29 @@ def test_t5_tied_without_rescale_round_trip(tmp_path):
     assert rel_err(_theirs("t5_tied", tmp_path / "out"), ref) <= RTOL
 
 
+@pytest.mark.parametrize("name,settings", [
+    ("t5_tiny", dict(dropout_rate=0.1, attention_dropout_rate=0.0, ffn_dropout_rate=0.0,
+                     init_std=0.05)),
+    ("gpt_tiny", dict(dropout_rate=0.0, attention_dropout_rate=0.05, attention_impl="chunked"))])
+def test_export_import_keeps_settings_hf_configs_lack(name, settings, tmp_path):
+    """HF T5 has one dropout rate and neither config has our init scale or attention path: they
+    travel under config.json's "jaxformer_config", so export → import gives back the config
+    (before, a T5 export came back with every dropout 0.1 and init_std 0.02)."""
+    from jaxformer.models.presets import preset
+
+    cfg = ModelConfig.from_dict(preset(name, vocab_size=V, d_model=16, num_heads=2, d_ff=32,
+                                       num_layers=1, max_len=16, **settings))
+    t = jnp.ones((1, 4), jnp.int32)
+    args = (t, t) if cfg.family == "encoder_decoder" else (t,)
+    params = flax.core.meta.unbox(build_model(cfg).init(jax.random.key(0), *args)["params"])
+    save_hf(cfg, params, tmp_path / "out")
+    back, _, _ = load_hf(tmp_path / "out")
+    for key in (*settings, "dropout_rate", "ffn_dropout_rate", "init_std", "embed_init_std"):
+        assert back[key] == getattr(cfg, key), key
+    hf_cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert hf_cfg["jaxformer_config"]["init_std"] == cfg.init_std
+
+
 def test_pytorch_bin_and_legacy_names_match_safetensors(dirs, tmp_path):
     model = _hf(transformers.BertForMaskedLM, dirs["bert_mlm"])
     state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias",

@@ -50,6 +50,13 @@ log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "t5": hf_t5}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
+# ModelConfig fields a Hugging Face config cannot express (HF T5 has one dropout rate, no init
+# scale of ours, no attention implementation): exports store them under this config.json key and
+# imports restore them, so export → import gives back the same config. Parameters are unaffected.
+JAXFORMER_KEY = "jaxformer_config"
+NON_ARCHITECTURE_FIELDS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
+                           "target_token_dropout_rate", "init_std", "embed_init_std",
+                           "remat_policy", "attention_impl", "attention_chunk_size")
 # Top-level modules a checkpoint may lack: a head (or pooler) new to the requested `head`.
 NEW_HEAD_MODULES = ("classifier", "token_classifier", "pooler", "nsp_head", "mlm_head", "lm_head")
 
@@ -106,6 +113,9 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
     if hasattr(conv, "canonical_name"):
         tensors = Renamed(tensors, conv.canonical_name)
     cfg_kw, prefix = conv.config_from_hf(hf_cfg, tensors, head=head, num_classes=num_classes)
+    stored = hf_cfg.get(JAXFORMER_KEY)
+    if isinstance(stored, Mapping):  # our own export: its dropout / init / attention settings
+        cfg_kw.update({k: stored[k] for k in NON_ARCHITECTURE_FIELDS if k in stored})
     cfg = ModelConfig.from_dict(dict(cfg_kw, scan_layers=False))
     # Head parameters the checkpoint lacks entirely are initialised below, not read.
     rules = [r for r in conv.rules(cfg, prefix)
@@ -167,8 +177,10 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``) or a directory whose
     Hugging Face tokenizer files are copied. ``extra_config``: further ``config.json`` entries, e.g.
     the source model's (token ids, label names); the architecture entries derived from
-    ``model_cfg`` take precedence. ValueError for configs with no HF equivalent or params that do
-    not match the config.
+    ``model_cfg`` take precedence. The settings HF configs cannot express (dropout rates per
+    sub-layer, init scales, attention implementation) go under ``config.json``'s
+    ``"jaxformer_config"``, which `load_hf` reads back. ValueError for configs with no HF
+    equivalent or params that do not match the config.
     """
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     conv = BY_FAMILY[cfg.family]
@@ -182,6 +194,7 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     extra = {k: v for k, v in (extra_config or {}).items() if k not in ("torch_dtype", "dtype")}
     if len(extra.get("id2label") or {}) == cfg.num_classes:  # keep the source's label names
         hf_cfg.update({k: extra[k] for k in ("id2label", "label2id") if k in extra})
+    hf_cfg[JAXFORMER_KEY] = {k: getattr(cfg, k) for k in NON_ARCHITECTURE_FIELDS}
     write_model(directory, {**extra, **hf_cfg}, tensors)
     if tokenizer_path is not None:
         copy_tokenizer_files(tokenizer_path, directory)
