@@ -112,7 +112,9 @@ def prepare_torch_peer(args) -> dict:
     torch.manual_seed(0)
     conf = GPT2Config(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=args.d_model,
                       n_layer=args.layers, n_head=args.heads, n_inner=args.d_ff,
-                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                      # GPT-2's default 50256 lies outside a small --vocab (transformers warns)
+                      bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)
     model = GPT2LMHeadModel(conf)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
