@@ -207,6 +207,22 @@ def test_tfds_catalog_lookup_without_tensorflow(tmp_path):
         get_source({"source": "tfds:no_such_dataset_xyz"}, "train")
 
 
+def test_tfds_builders_leave_no_temporary_directories(tmp_path, monkeypatch):
+    """TFDS makes an empty ``<tmp>/tmp*tfds`` per builder of an unprepared dataset
+    (``initialize_from_bucket``) and never removes it; ours are removed, others' kept."""
+    import tempfile
+
+    from jaxformer.data.sources import _tfds_builder
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    (scratch / "tmpothertfds").mkdir()  # someone else's: untouched
+    _tfds_builder("glue/sst2", str(tmp_path / "data"))
+    _tfds_builder("wmt14_translate/de-en", str(tmp_path / "data"))
+    assert sorted(p.name for p in scratch.iterdir()) == ["tmpothertfds"]
+
+
 def _write(path, lines):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 

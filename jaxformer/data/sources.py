@@ -247,7 +247,8 @@ def tfds_source(name: str, split: str, *, data_dir: str | None = None,
     if download and not builder.is_prepared():
         builders.require_build_dependencies()
     try:
-        return tfds.data_source(name, split=split, data_dir=data_dir, download=download)
+        with builders.no_tempdir_leak():
+            return tfds.data_source(name, split=split, data_dir=data_dir, download=download)
     except NotImplementedError as e:  # prepared as tfrecord, which has no random access
         raise ValueError(f"TFDS dataset {name!r} in {builder.data_dir} is not in array_record "
                          f"format; re-prepare it with file_format='array_record'. ({e})") from e
@@ -255,12 +256,14 @@ def tfds_source(name: str, split: str, *, data_dir: str | None = None,
 
 def _tfds_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
     try:
-        return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+        with builders.no_tempdir_leak():
+            return tfds.builder(name, data_dir=data_dir, file_format="array_record")
     except tfds.core.registered.DatasetNotFoundError:
         for module in _LEGACY_TFDS_MODULES:
             importlib.import_module(f"tensorflow_datasets.{module}")
     try:
-        return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+        with builders.no_tempdir_leak():
+            return tfds.builder(name, data_dir=data_dir, file_format="array_record")
     except tfds.core.registered.DatasetNotFoundError:
         raise ValueError(f"{name!r} is not a TFDS catalog dataset; see "
                          f"https://www.tensorflow.org/datasets/catalog/overview for names "

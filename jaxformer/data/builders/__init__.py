@@ -23,6 +23,7 @@ from jaxformer.data.builders.base import (
     LocalBuilder,
     hash_split,
     load,
+    no_tempdir_leak,
     prepared_builder,
     require_build_dependencies,
 )
@@ -47,5 +48,5 @@ def builtin_source(name: str, split: str) -> Sequence[dict[str, Any]]:
 
 
 __all__ = ["BUILDERS", "SPLITS", "BibleEnEs", "KjvBible", "LocalBuilder", "MovieSentiment",
-           "Shakespeare", "builtin_source", "hash_split", "load", "prepared_builder",
+           "Shakespeare", "builtin_source", "hash_split", "load", "no_tempdir_leak", "prepared_builder",
            "require_build_dependencies"]

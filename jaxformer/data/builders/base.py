@@ -17,9 +17,11 @@ verse in the same split.
 from __future__ import annotations
 
 import abc
+import contextlib
 import hashlib
 import importlib
 import pathlib
+import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -106,6 +108,21 @@ def require_build_dependencies() -> None:
                           "(tensorflow/datasets#11212): pip install importlib_resources") from e
 
 
+@contextlib.contextmanager
+def no_tempdir_leak() -> Iterator[None]:
+    """Remove the empty ``<tmp>/tmp*tfds`` directory TFDS leaves per builder constructed before its
+    data is prepared (``DatasetInfo.initialize_from_bucket`` makes it even when there is nothing
+    to fetch). Only directories that appeared during the block and are still empty go."""
+    tmp = pathlib.Path(tempfile.gettempdir())
+    before = set(tmp.glob("tmp*tfds"))
+    try:
+        yield
+    finally:
+        for d in set(tmp.glob("tmp*tfds")) - before:
+            with contextlib.suppress(OSError):  # not empty (in use) or already gone
+                d.rmdir()
+
+
 def prepared_builder(builder_cls: type[LocalBuilder]) -> LocalBuilder:
     """The builder with its array_record files in ``<cache>/tfds``, building them once.
 
@@ -113,10 +130,11 @@ def prepared_builder(builder_cls: type[LocalBuilder]) -> LocalBuilder:
     so parallel test workers or hosts sharing a cache build it once.
     """
     data_dir = fetch.cache_dir() / "tfds"
-    builder = builder_cls(data_dir=str(data_dir), file_format="array_record")
+    with no_tempdir_leak():
+        builder = builder_cls(data_dir=str(data_dir), file_format="array_record")
     if builder.is_prepared():
         return builder
-    with fetch.file_lock(f"build-{builder.name}"):
+    with fetch.file_lock(f"build-{builder.name}"), no_tempdir_leak():
         builder = builder_cls(data_dir=str(data_dir), file_format="array_record")
         if not builder.is_prepared():
             require_build_dependencies()
