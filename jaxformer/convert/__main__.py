@@ -6,7 +6,8 @@
 Tokenizer files found in HF_DIR are copied to CKPT_DIR/tokenizer/, and HF_DIR/config.json to
 CKPT_DIR/hf_config.json; the export copies them back (token ids, label names survive the trip).
 Exporting a training workdir writes its ``tokenizer.model`` as HF_DIR/spiece.model and its special
-token ids into config.json, so ``--config.init_from=HF_DIR`` fine-tunes with the same tokenizer.
+token ids into config.json, so ``--config.init_from=HF_DIR`` fine-tunes with the same tokenizer;
+GPT-2 / BERT exports also get an equivalent ``tokenizer.json`` for ``AutoTokenizer``.
 """
 
 from __future__ import annotations
@@ -81,10 +82,14 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         save_hf(cfg, params, args.to_hf, tokenizer_path=tokenizer, extra_config=extra)
         print(f"wrote {args.to_hf}" + (f" with the tokenizer of {args.from_ckpt}" if tokenizer else ""))
         if tokenizer == spm and cfg["family"] != "encoder_decoder":
-            print(f"note: {args.to_hf}/spiece.model is this run's sentencepiece tokenizer; "
-                  "transformers' GPT-2/BERT tokenizer classes cannot read it (AutoTokenizer "
-                  "would load a default, wrong one): encode with jaxformer.data.tokenizer."
-                  f"Tokenizer.load('{args.to_hf}/spiece.model') and pass input_ids")
+            if os.path.isfile(os.path.join(args.to_hf, "tokenizer.json")):
+                print(f"tokenizer: AutoTokenizer.from_pretrained('{args.to_hf}') loads "
+                      "tokenizer.json, which gives this run's token ids")
+            else:
+                print(f"note: {args.to_hf}/spiece.model is this run's sentencepiece tokenizer; "
+                      "transformers' GPT-2/BERT tokenizer classes cannot read it: encode with "
+                      f"jaxformer.data.tokenizer.Tokenizer.load('{args.to_hf}/spiece.model') "
+                      "and pass input_ids")
 
 
 if __name__ == "__main__":

@@ -174,8 +174,9 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     BertForSequenceClassification / BertForTokenClassification / BertModel, or
     T5ForConditionalGeneration, chosen by ``model_cfg.family`` and ``head``.
 
-    ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``) or a directory whose
-    Hugging Face tokenizer files are copied. ``extra_config``: further ``config.json`` entries, e.g.
+    ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``; for GPT-2 / BERT also
+    written as an equivalent ``tokenizer.json``, `jaxformer.convert.hf_tokenizer`) or a directory
+    whose Hugging Face tokenizer files are copied. ``extra_config``: further ``config.json`` entries, e.g.
     the source model's (token ids, label names); the architecture entries derived from
     ``model_cfg`` take precedence. The settings HF configs cannot express (dropout rates per
     sub-layer, init scales, attention implementation) go under ``config.json``'s
@@ -198,3 +199,23 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     write_model(directory, {**extra, **hf_cfg}, tensors)
     if tokenizer_path is not None:
         copy_tokenizer_files(tokenizer_path, directory)
+        if cfg.family != "encoder_decoder" and os.path.isfile(tokenizer_path):
+            _write_fast_tokenizer(tokenizer_path, directory)
+
+
+def _write_fast_tokenizer(spm_path: str | os.PathLike, directory: str | os.PathLike) -> None:
+    """GPT-2 / BERT exports: also ``tokenizer.json`` for ``AutoTokenizer`` (their own tokenizer
+    classes cannot read SentencePiece); T5's ``spiece.model`` is read by ``T5Tokenizer``."""
+    from jaxformer.convert.hf_tokenizer import fast_tokenizer_reason, write_fast_tokenizer
+    from jaxformer.data.tokenizer import Tokenizer
+
+    try:
+        import tokenizers  # noqa: F401  (a transformers dependency, not one of ours)
+    except ImportError:
+        log.warning("no tokenizer.json written: the `tokenizers` package is not installed")
+        return
+    reason = fast_tokenizer_reason(spm_path)
+    if reason:
+        log.warning("no tokenizer.json written: %s", reason)
+        return
+    write_fast_tokenizer(spm_path, directory, Tokenizer.load(spm_path).special)
