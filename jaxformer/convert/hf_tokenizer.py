@@ -33,7 +33,10 @@ def _model_proto(spm_path: str | os.PathLike):
 
 def fast_tokenizer_reason(spm_path: str | os.PathLike) -> str | None:
     """Why ``spm_path`` cannot be written as an exact fast tokenizer, or None if it can."""
-    proto = _model_proto(spm_path)
+    return _reason(_model_proto(spm_path))
+
+
+def _reason(proto) -> str | None:
     if proto.trainer_spec.model_type != 1:  # BPE stores no merges to rebuild
         return "only unigram SentencePiece models are converted (this one is not)"
     if any(p.type == _USER_DEFINED for p in proto.pieces):
@@ -48,10 +51,10 @@ def build_fast_tokenizer(spm_path: str | os.PathLike):
     """The `tokenizers.Tokenizer` equivalent of a unigram SentencePiece model (see module doc)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 
-    reason = fast_tokenizer_reason(spm_path)
+    proto = _model_proto(spm_path)
+    reason = _reason(proto)
     if reason:
         raise ValueError(f"{spm_path}: {reason}")
-    proto = _model_proto(spm_path)
     # Only normal pieces segment text; byte pieces are reached by byte fallback alone (by name)
     vocab = [(p.piece, p.score if p.type == _NORMAL else _NEVER) for p in proto.pieces]
     unk = next(i for i, p in enumerate(proto.pieces) if p.type == _UNKNOWN)
