@@ -1,17 +1,23 @@
 # Two commands: `make demo` and `make test`. Both create .venv if missing and install the project.
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# Python 3.12+ (jax >= 0.11 needs it): python3.12 / python3.13 on PATH, else pyenv's, else say so.
+PYTHON ?= $(shell r=$$(pyenv root 2>/dev/null); \
+            for p in python3.12 python3.13 $$(ls -d $$r/versions/3.1[23].*/bin/python3 2>/dev/null | sort -V); do \
+              $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v $$p; exit; }; \
+            done)
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.install-stamp
 PYTEST_ARGS ?= -n 2 -q
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-fast lint bench clean
 
 $(PY):
+	@test -n "$(PYTHON)" || { echo "jaxformer needs Python 3.12 or 3.13: install one (e.g. 'pyenv install 3.12') or run make PYTHON=/path/to/python3.12"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 
 $(STAMP): pyproject.toml | $(PY)
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' || { echo "$(VENV) is Python $$($(PY) -V): jaxformer needs 3.12+; run 'make clean' and retry"; exit 1; }
 	$(PY) -m pip install -e '.[test]'
 	touch $(STAMP)
 
