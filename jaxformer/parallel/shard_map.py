@@ -10,7 +10,11 @@ feeds its rows with `jax.make_array_from_process_local_data`, as on the jit path
 
 `check_vma` is on: JAX verifies that what ``out_specs`` declares replicated (the new state, the
 metrics) is the same on every device, so a forgotten psum fails at trace time instead of silently
-returning device 0's values. Data parallel only: ``mesh.fsdp`` and ``mesh.tensor`` must be 1
+returning device 0's values. It also makes autodiff psum the gradient of a replicated input by
+itself (the transpose of its implicit broadcast), so the step casts the parameters to
+device-varying (`lax.pcast`) before differentiating: the gradient stays per device and the one
+psum is the step's own (summed twice, it would be N times too large — Adam hides that, the
+gradient norm does not; tested). Data parallel only: ``mesh.fsdp`` and ``mesh.tensor`` must be 1
 (`jaxformer.train.config.validate_config` refuses the rest, as for pmap).
 """
 

@@ -63,10 +63,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
     ``i, i+A, …``) whose gradients are summed in a `lax.scan` before one optimizer update (same
     result as one big batch, less activation memory).
 
-    ``axis_name`` (pmap path): each device holds a slice of the batch; gradient and loss *sums* are
-    `lax.psum`-ed over the axis before normalising, which equals the jit path's global-batch
-    normalisation (a `pmean` of per-device means would weight devices equally instead). Devices
-    fold their index into the step key so their dropout masks differ.
+    ``axis_name`` (shard_map and pmap paths): each device holds a slice of the batch; gradient and
+    loss *sums* are `lax.psum`-ed over the axis before normalising, which equals the jit path's
+    global-batch normalisation (a `pmean` of per-device means would weight devices equally
+    instead). Devices fold their index into the step key so their dropout masks differ.
     """
 
     def micro_grads(params, batch, key):
