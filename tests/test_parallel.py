@@ -351,6 +351,11 @@ def test_mesh_shape_fills_and_validates():
     assert describe(make_mesh({"data": 1}, jax.devices()[:1])).endswith("(1 device, 1 process)")
 
 
+def test_shard_map_step_refuses_a_sharded_state_mesh():
+    with pytest.raises(ValueError, match=r"data-only mesh, got \{'data': 4, 'fsdp': 2"):
+        data_parallel_step(lambda state, batch: (state, {}), make_mesh({"data": 4, "fsdp": 2}))
+
+
 def test_indivisible_dimension_names_the_parameter():
     cfg, model, tx, _, _ = _setup("gpt")
     with pytest.raises(ValueError, match=r"self_attn.*\(4, 16\).*not divisible by mesh.tensor=8"):
