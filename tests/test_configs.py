@@ -125,6 +125,11 @@ def test_schedule_errors_come_from_validate_config():
     ("gpt_pretrain_tiny", {"parallel": "pmap", "mesh.fsdp": 8},
      r"parallel='pmap' is data parallel only \(replicated state\), so mesh.fsdp=8 would be "
      r"ignored"),
+    ("gpt_pretrain_tiny", {"parallel": "shard_map", "mesh.tensor": 2},
+     r"parallel='shard_map' is data parallel only \(replicated state\), so mesh.tensor=2 would "
+     r"be ignored; use parallel='jit'"),
+    ("gpt_pretrain_tiny", {"parallel": "pjit"},
+     r"parallel='pjit' must be one of \('jit', 'shard_map', 'pmap'\)"),
 ])
 def test_data_that_cannot_fit_the_model_fails_in_validate_config(name, overrides, message):
     """Caught from the config alone, before a tokenizer is trained (a learned position table

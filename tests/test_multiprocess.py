@@ -106,24 +106,28 @@ def test_two_processes_train_and_checkpoint(tmp_path):
                                                                           "tensor": 2}
 
 
-def test_two_process_pmap_trains_one_model(tmp_path):
-    """pmap over the devices of both processes: gradients are summed globally, so both processes
-    report the same metrics, which equal the sharded jit run's (the same update). pmap over each
-    process's local devices only trained a different model per process."""
+def test_two_process_data_parallel_trains_one_model(tmp_path):
+    """pmap and shard_map over the devices of both processes: gradients are summed globally, so
+    both processes report the same metrics, which equal the sharded jit run's (the same update).
+    pmap over each process's local devices only trained a different model per process; shard_map
+    runs over the global ``data=8`` mesh, fed by both processes as on the jit path."""
     corpus = tmp_path / "corpus.txt"
     _corpus(corpus)
     runs = {}
-    for name, parallel in (("jit", MESH), ("pmap", ["--config.parallel=pmap"])):
+    for name in ("jit", "pmap", "shard_map"):
+        parallel = MESH if name == "jit" else [f"--config.parallel={name}"]
         results = _launch(tmp_path / name, corpus, parallel=parallel)
         for r in results:
             assert r.returncode == 0, r.stderr[-4000:]
         finals = [r.stdout.strip().splitlines()[-1] for r in results]
         assert finals[0] == finals[1], (name, finals)
         runs[name] = read_metrics(tmp_path / name)
-    for a, b in zip(runs["jit"], runs["pmap"]):
-        assert a["step"] == b["step"] and a["tokens"] == b["tokens"]
-        np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-5)
-        np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-4)
+    for name in ("pmap", "shard_map"):
+        assert len(runs[name]) == len(runs["jit"]) == STEPS
+        for a, b in zip(runs["jit"], runs[name]):
+            assert a["step"] == b["step"] and a["tokens"] == b["tokens"], name
+            np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-5, err_msg=name)
+            np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-4, err_msg=name)
 
 
 def test_plan_cli_compiles_on_simulated_devices(tmp_path):

@@ -1,10 +1,12 @@
 """Sharded training on 8 simulated CPU devices: meshes, logical rules, FSDP, tensor parallelism,
-the pmap path, restoring onto another mesh, and the memory planner.
+the shard_map and pmap paths, restoring onto another mesh, and the memory planner.
 
 The same tiny GPT is trained for a few steps (same seed, same batches, dropout off) on a one-device
 mesh, on ``data=8``, ``fsdp=8``, ``data=2,fsdp=2,tensor=2``, ``tensor=4,data=2`` (with two
-accumulated micro-batches per step) and through the pmap path. Each train step is compiled once
-(module fixture) and reused by the tests below.
+accumulated micro-batches per step) and through the explicit shard_map and the pmap data-parallel
+paths (on 8 devices, and on 4 with two micro-batches). The batches' rows hold different numbers of
+tokens, so only a global token-weighted loss (psum of sums, not a mean of per-device means)
+matches. Each train step is compiled once (module fixture) and reused by the tests below.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from jaxformer.data.vocab import SpecialTokens
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective
+from jaxformer.parallel import pmap, shard_map
 from jaxformer.parallel.distributed import distributed_requested
 from jaxformer.parallel.mesh import check_batch_size, describe, make_mesh, mesh_shape
 from jaxformer.parallel.partition import sharded_jit
-from jaxformer.parallel.pmap import PmapRunner
 from jaxformer.parallel.rules import batch_sharding, param_shardings
+from jaxformer.parallel.shard_map import data_parallel_step
 from jaxformer.train.checkpoint import Checkpointer, with_shardings
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 from jaxformer.train.state import (
@@ -70,11 +73,15 @@ def _setup(family: str, **model_overrides):
     return cfg, model, tx, schedule, prepare
 
 
-def _batches(family: str, n: int) -> list[dict]:
+def _batches(family: str, n: int, ragged: bool = False) -> list[dict]:
+    """``ragged``: row i ends in 2·i pad tokens, so every device of ``data=8`` holds a different
+    number of tokens."""
     r = np.random.default_rng(1)
     out = []
     for _ in range(n):
         b = {"inputs": r.integers(7, TINY["vocab_size"], (BATCH, LEN)).astype(np.int32)}
+        if ragged:
+            b["inputs"][np.arange(LEN) >= LEN - 2 * np.arange(BATCH)[:, None]] = 0
         if family == "t5":
             b["targets"] = r.integers(7, TINY["vocab_size"], (BATCH, LEN // 2)).astype(np.int32)
         out.append(b)
@@ -102,21 +109,40 @@ def captured_stderr():
             result["text"] = f.read()
 
 
-def _train_jit(mesh, setup, state, batches, grad_accum_steps: int = 1):
-    """Compile the real train step for ``mesh`` (capturing XLA's warnings) and run it."""
+def _train_jit(mesh, setup, state, batches, grad_accum_steps: int = 1, explicit: bool = False):
+    """Compile the real train step for ``mesh`` (capturing XLA's warnings) and run it; with
+    ``explicit``, the shard_map data-parallel step instead of the jit over the mesh."""
     cfg, model, tx, schedule, prepare = setup
     _, shardings = state_shardings(model, cfg, tx, mesh)
-    step_fn = make_train_step(model, tx, prepare, schedule, grad_accum_steps=grad_accum_steps)
-    step = sharded_jit(step_fn, mesh,
-                       in_shardings=(shardings, None), out_shardings=(shardings, None))
+    step_fn = make_train_step(model, tx, prepare, schedule, grad_accum_steps=grad_accum_steps,
+                              axis_name=shard_map.AXIS if explicit else None)
+    if explicit:
+        step = data_parallel_step(step_fn, mesh, shardings)
+    else:
+        step = sharded_jit(step_fn, mesh,
+                           in_shardings=(shardings, None), out_shardings=(shardings, None))
     with captured_stderr() as err:
         compiled = step.lower(state, _to_global(batches[0], mesh)).compile(FAST_COMPILE)
-    losses = []
+    metrics = []
     for b in batches:
-        state, metrics = compiled(state, _to_global(b, mesh))
-        losses.append(float(metrics["loss"]))
-    return {"losses": np.array(losses), "state": state, "shardings": shardings,
+        state, m = compiled(state, _to_global(b, mesh))
+        metrics.append(m)
+    return {**_columns(metrics), "state": state, "shardings": shardings,
             "memory": compiled.memory_analysis(), "stderr": err["text"], "hlo": compiled.as_text()}
+
+
+def _columns(metrics: list[dict]) -> dict:
+    """Per-step losses, token sums and gradient norms of a run."""
+    get = lambda k: np.array([float(m[k]) for m in metrics])
+    return {"losses": get("loss"), "tokens": list(get("tokens")), "grad_norms": get("grad_norm")}
+
+
+def _train_pmap(setup, host_state, batches, grad_accum_steps: int = 1, devices=None):
+    cfg, model, tx, schedule, prepare = setup
+    runner = pmap.PmapRunner(make_train_step(model, tx, prepare, schedule, axis_name=pmap.AXIS,
+                                             grad_accum_steps=grad_accum_steps),
+                             host_state, devices=devices)
+    return {**_columns([runner.step(b)[1] for b in batches]), "params": runner.params()}
 
 
 def _host_state(setup, seed: int = 0):
@@ -133,7 +159,7 @@ def _host_state(setup, seed: int = 0):
 def runs():
     setup = _setup("gpt")
     cfg, model, tx, schedule, prepare = setup
-    batches = _batches("gpt", STEPS)
+    batches = _batches("gpt", STEPS, ragged=True)
     host0 = _host_state(setup)
     single = make_mesh({"data": 1}, jax.devices()[:1])
     out = {"host0": host0, "setup": setup,
@@ -147,10 +173,17 @@ def runs():
             state = jax.device_put(host0, state_shardings(model, cfg, tx, mesh)[1])
         accum = 2 if name == "tensor4" else 1  # also: micro-batches sum to the full batch
         out[name] = {**_train_jit(mesh, setup, state, batches, accum), "mesh": mesh}
-    runner = PmapRunner(make_train_step(model, tx, prepare, schedule, axis_name="batch"), host0)
-    losses = [float(runner.step(b)[1]["loss"]) for b in batches]
-    out["pmap"] = {"losses": np.array(losses), "params": runner.params()}
+    data4 = make_mesh({"data": 4}, jax.devices()[:4])  # 2 rows per device: 2 micro-batches
+    for name, mesh, accum in (("shard_map", out["data8"]["mesh"], 1),
+                              ("shard_map_accum2", data4, 2)):
+        state = jax.device_put(host0, state_shardings(model, cfg, tx, mesh)[1])
+        out[name] = {**_train_jit(mesh, setup, state, batches, accum, explicit=True), "mesh": mesh}
+    out["pmap"] = _train_pmap(setup, host0, batches)
+    out["pmap_accum2"] = _train_pmap(setup, host0, batches, 2, devices=jax.devices()[:4])
     return out
+
+
+DATA_PARALLEL = ("shard_map", "shard_map_accum2", "pmap", "pmap_accum2")
 
 
 def test_sharded_init_equals_single_device_init(runs):
@@ -161,15 +194,58 @@ def test_sharded_init_equals_single_device_init(runs):
                  runs["fsdp8_init"], runs["host0"])
 
 
-@pytest.mark.parametrize("name", [*MESHES, "pmap"])
+@pytest.mark.parametrize("name", [*MESHES, *DATA_PARALLEL])
 def test_same_losses_and_parameters_on_every_mesh(runs, name):
     ref = runs["single"]
     got = runs[name]
     np.testing.assert_allclose(got["losses"], ref["losses"], rtol=LOSS_RTOL)
     assert ref["losses"][-1] < ref["losses"][0]  # it trains
-    params = got["params"] if name == "pmap" else jax.device_get(got["state"].params)
+    assert got["tokens"] == ref["tokens"]  # token sums of all devices
+    # Adam's update barely depends on the gradient's scale: the norm catches a gradient summed
+    # twice (e.g. by shard_map's autodiff and by the step's psum)
+    np.testing.assert_allclose(got["grad_norms"], ref["grad_norms"], rtol=LOSS_RTOL)
+    params = got["params"] if "params" in got else jax.device_get(got["state"].params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=PARAM_ATOL),
                  params, jax.device_get(ref["state"].params))
+
+
+def test_shard_map_step_needs_its_psum(runs):
+    """The equalities above are not vacuous. Without the psum (a step built without
+    ``axis_name``) each device normalises its own rows: `jax.shard_map`'s replication check
+    refuses to return such a loss as one value, and unchecked, device 0's result is another run."""
+    cfg, model, tx, schedule, prepare = runs["setup"]
+    mesh, ref = runs["data8"]["mesh"], runs["single"]
+    host = _batches("gpt", STEPS, ragged=True)
+    rows = [np.sum(b["inputs"] != 0, axis=1) - 1 for b in host]  # predicted tokens per row
+    assert len(set(rows[0])) == BATCH  # a different count on each device of data=8
+    assert ref["tokens"] == [r.sum() for r in rows]
+    batches = [_to_global(b, mesh) for b in host]
+    shardings = runs["shard_map"]["shardings"]
+    state = jax.device_put(runs["host0"], shardings)
+    local = make_train_step(model, tx, prepare, schedule)
+    with pytest.raises(ValueError, match="out_specs"):
+        data_parallel_step(local, mesh, shardings).lower(state, batches[0])
+    P = jax.sharding.PartitionSpec
+    unchecked = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(shard_map.AXIS)),
+                                      out_specs=(P(), P()), check_vma=False))
+    unchecked = unchecked.lower(state, batches[0]).compile(FAST_COMPILE)
+    losses = []
+    for b in batches:
+        state, metrics = unchecked(state, b)
+        losses.append(float(metrics["loss"]))
+    assert not np.allclose(losses, ref["losses"], rtol=100 * LOSS_RTOL), (losses, ref["losses"])
+    gap = max(np.max(np.abs(a - b)) for a, b in zip(jax.tree.leaves(jax.device_get(state.params)),
+                                                  jax.tree.leaves(ref["state"].params)))
+    assert gap > 100 * PARAM_ATOL, gap
+
+
+def test_shard_map_keeps_the_state_shardings(runs):
+    """The shard_map step returns the state in the jit path's shardings (replicated on a data-only
+    mesh), where evaluation and Orbax checkpoints expect it, and psums in compiled all-reduces."""
+    run = runs["shard_map"]
+    for leaf, sh in zip(jax.tree.leaves(run["state"]), jax.tree.leaves(run["shardings"])):
+        assert leaf.sharding.is_equivalent_to(sh, leaf.ndim) and leaf.sharding.is_fully_replicated
+    assert "all-reduce" in run["hlo"]
 
 
 @pytest.mark.parametrize("name", list(MESHES))
@@ -273,6 +349,11 @@ def test_mesh_shape_fills_and_validates():
     assert mesh.axis_names == ("data", "fsdp", "tensor") and mesh.size == jax.device_count()
     assert describe(mesh) == "data=2 fsdp=2 tensor=2 (8 devices, 1 process)"
     assert describe(make_mesh({"data": 1}, jax.devices()[:1])).endswith("(1 device, 1 process)")
+
+
+def test_shard_map_step_refuses_a_sharded_state_mesh():
+    with pytest.raises(ValueError, match=r"data-only mesh, got \{'data': 4, 'fsdp': 2"):
+        data_parallel_step(lambda state, batch: (state, {}), make_mesh({"data": 4, "fsdp": 2}))
 
 
 def test_indivisible_dimension_names_the_parameter():

@@ -1,10 +1,14 @@
 """The pmap path (``config.parallel="pmap"``): data parallelism with a replicated train state.
 
-`jax.pmap` is in maintenance mode (since JAX 0.8 it is implemented with `jax.jit` and
-`jax.shard_map`); the jit path over a mesh is the default and also covers FSDP and tensor
-parallelism. This runner wraps the same train step (`make_train_step(..., axis_name="batch")`),
-so both paths compute the same update: each local device gets ``batch_size / local_device_count``
-rows, gradient and loss *sums* are `lax.psum`-ed across all devices (of all processes), and every
+Kept for code written against pmap. `jax.pmap` is in maintenance mode (since JAX 0.8 it is
+implemented with `jax.jit` and `jax.shard_map`): new data-parallel code should use
+``parallel="shard_map"`` (`jaxformer.parallel.shard_map`: the same per-device step on global
+arrays, without stacking the state per device or reshaping batches on the host), and the jit path
+over a mesh is the default, also covering FSDP and tensor parallelism.
+
+This runner wraps the same train step (`make_train_step(..., axis_name="batch")`), so every path
+computes the same update: each local device gets ``batch_size / local_device_count`` rows,
+gradient and loss *sums* are `lax.psum`-ed across all devices (of all processes), and every
 replica applies the identical optimizer update. With dropout off it matches the jit path with a
 data-only mesh to float rounding (tested).
 """

@@ -14,7 +14,8 @@ optimizer          AdamW + schedule (see train.optim)
 checkpoint         every_steps, keep, best_metric, async_save
 eval               every_steps, num_batches, split
 mesh               data / fsdp / tensor sizes (-1 fills)
-parallel           "jit" (sharded over the mesh) or "pmap" (data-parallel, replicated state)
+parallel           "jit" (sharded over the mesh), "shard_map" or "pmap" (data parallel, replicated
+                   state; see `jaxformer.parallel`)
 log_every_steps    metrics.jsonl / TensorBoard cadence
 progress_bar       show a tqdm bar
 =================  ==============================================================================
@@ -38,6 +39,7 @@ from jaxformer.train.schedules import make_schedule
 TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "model", "objective", "data", "optimizer",
                   "checkpoint", "eval", "mesh", "parallel", "log_every_steps", "progress_bar",
                   "name")
+PARALLEL_MODES = ("jit", "shard_map", "pmap")  # see jaxformer.parallel: which to use and why
 
 
 def model_defaults() -> ml_collections.ConfigDict:
@@ -170,12 +172,12 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
     model_cfg = ModelConfig.from_dict(config.model)
     if not isinstance(config.num_train_steps, int) or config.num_train_steps <= 0:
         raise ValueError(f"num_train_steps={config.num_train_steps!r} must be a positive integer")
-    if config.parallel not in ("jit", "pmap"):
-        raise ValueError(f"parallel={config.parallel!r} must be 'jit' or 'pmap'")
+    if config.parallel not in PARALLEL_MODES:
+        raise ValueError(f"parallel={config.parallel!r} must be one of {PARALLEL_MODES}")
     sharded = {a: config.mesh.get(a, 1) for a in ("fsdp", "tensor") if config.mesh.get(a, 1) != 1}
-    if config.parallel == "pmap" and sharded:
-        raise ValueError(f"parallel='pmap' is data parallel only (replicated state), so "
-                         f"{', '.join(f'mesh.{a}={v}' for a, v in sharded.items())} would be "
+    if config.parallel != "jit" and sharded:
+        raise ValueError(f"parallel={config.parallel!r} is data parallel only (replicated state), "
+                         f"so {', '.join(f'mesh.{a}={v}' for a, v in sharded.items())} would be "
                          "ignored; use parallel='jit' for FSDP / tensor parallelism")
     for key in ("every_steps", "keep"):
         if config.checkpoint[key] <= 0:

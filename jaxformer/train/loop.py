@@ -6,7 +6,7 @@
 2. load or train the tokenizer (saved in the workdir); build the Grain train iterator;
 3. resume from ``<workdir>/checkpoints`` if present (state *and* data iterator), else initialise —
    from ``init_from`` (backbone of a pretraining run or a Hugging Face model) when given;
-4. run jit-compiled steps sharded over the mesh (or the pmap path), evaluating, logging and
+4. run jit-compiled steps sharded over the mesh (or shard_map / pmap), evaluating, logging and
    checkpointing periodically and at the end.
 """
 
@@ -223,16 +223,20 @@ class Trainer:
             self.start_step = 0
 
     def _step_fn(self):
+        """jit over the mesh (default), jit of an explicit shard_map, or a `PmapRunner`."""
+        from jaxformer.parallel import pmap, shard_map
+
         c = self.config
         step_fn = make_train_step(self.model, self.tx, self.prepare, self.schedule,
                                   label_smoothing=c.objective.label_smoothing,
                                   z_loss=c.objective.z_loss,
                                   grad_accum_steps=c.optimizer.get("grad_accum_steps", 1),
-                                  axis_name="batch" if c.parallel == "pmap" else None)
+                                  axis_name={"pmap": pmap.AXIS,
+                                             "shard_map": shard_map.AXIS}.get(c.parallel))
         if c.parallel == "pmap":
-            from jaxformer.parallel.pmap import PmapRunner
-
-            return PmapRunner(step_fn, self.state)
+            return pmap.PmapRunner(step_fn, self.state)
+        if c.parallel == "shard_map":
+            return shard_map.data_parallel_step(step_fn, self.mesh, self.shardings)
         return sharded_jit(step_fn, self.mesh, in_shardings=(self.shardings, None),
                            out_shardings=(self.shardings, None), donate_argnums=(0,))
 

@@ -63,10 +63,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
     ``i, i+A, …``) whose gradients are summed in a `lax.scan` before one optimizer update (same
     result as one big batch, less activation memory).
 
-    ``axis_name`` (pmap path): each device holds a slice of the batch; gradient and loss *sums* are
-    `lax.psum`-ed over the axis before normalising, which equals the jit path's global-batch
-    normalisation (a `pmean` of per-device means would weight devices equally instead). Devices
-    fold their index into the step key so their dropout masks differ.
+    ``axis_name`` (shard_map and pmap paths): each device holds a slice of the batch; gradient and
+    loss *sums* are `lax.psum`-ed over the axis before normalising, which equals the jit path's
+    global-batch normalisation (a `pmean` of per-device means would weight devices equally
+    instead). Devices fold their index into the step key so their dropout masks differ.
     """
 
     def micro_grads(params, batch, key):
@@ -83,11 +83,15 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
         return jax.grad(f, has_aux=True)(params)
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-        key = state.step_key()
+        key, params = state.step_key(), state.params
         if axis_name is not None:
             key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
+            # Per-device gradients, summed by the psum below: differentiating the replicated
+            # (device-invariant) parameters of a `jax.shard_map` would psum them in the transpose
+            # already. A no-op under pmap, whose state is stacked per device.
+            params = jax.lax.pcast(params, axis_name, to="varying")
         if grad_accum_steps == 1:
-            grads, sums = micro_grads(state.params, batch, key)
+            grads, sums = micro_grads(params, batch, key)
         else:
             # Micro-batch i takes rows i, i+A, i+2A, …: each device splits its own (contiguous)
             # rows of a batch-sharded array, so no row moves between devices.
@@ -98,12 +102,14 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
 
             def body(acc, xs):
                 i, mb = xs
-                g, s = micro_grads(state.params, mb, jax.random.fold_in(key, i))
+                g, s = micro_grads(params, mb, jax.random.fold_in(key, i))
                 return jax.tree.map(jnp.add, acc, (g, s)), None
 
-            zeros = jax.eval_shape(micro_grads, state.params,
+            zeros = jax.eval_shape(micro_grads, params,
                                    jax.tree.map(lambda x: x[0], micro), key)
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
+            if axis_name is not None:  # the carry holds per-device sums
+                zeros = jax.lax.pcast(zeros, axis_name, to="varying")
             (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(grad_accum_steps), micro))
         if axis_name is not None:
             grads, sums = jax.lax.psum((grads, sums), axis_name)
