@@ -7,9 +7,10 @@ PYTHON ?= $(shell r=$$(pyenv root 2>/dev/null); \
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.install-stamp
-PYTEST_ARGS ?= -n 2 -q
+PYTEST_ARGS ?= -n 2 -q --durations=15
+FLOORS  = .venv-floors
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo test test-floors lint bench clean
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "jaxformer needs Python 3.12 or 3.13: install one (e.g. 'pyenv install 3.12') or run make PYTHON=/path/to/python3.12"; exit 1; }
@@ -29,6 +30,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 
+# The suite at every dependency's lowest allowed version (pyproject's floors), resolved by uv.
+test-floors:
+	@test -n "$(PYTHON)" || { echo "jaxformer needs Python 3.12 or 3.13"; exit 1; }
+	test -x $(FLOORS)/bin/python || $(PYTHON) -m venv $(FLOORS)
+	$(FLOORS)/bin/python -m pip install -q uv
+	$(FLOORS)/bin/uv pip install --python $(FLOORS)/bin/python --resolution lowest-direct -e '.[test]'
+	$(FLOORS)/bin/python -m pytest $(PYTEST_ARGS) tests
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxformer tests bench configs train.py
 
@@ -36,4 +45,4 @@ bench: $(STAMP)
 	$(PY) bench/train_step.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(FLOORS) .pytest_cache
