@@ -178,11 +178,15 @@ def test_configs_and_layouts(dirs):
 
 def test_t5_tied_without_rescale_round_trip(tmp_path):
     """transformers 5's default v1.1 (tied lm_head, no d_model^-0.5): exported with an explicit
-    ``lm_head.weight`` so every transformers version reads it the same."""
+    ``lm_head.weight`` so every transformers version reads it the same. The head is set equal to
+    the shared table by hand, as transformers 4 does not tie it when ``tie_word_embeddings=False``."""
     torch.manual_seed(1)
-    path = _save(transformers.T5ForConditionalGeneration(transformers.T5Config(
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
         vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
-        feed_forward_proj="gated-gelu", tie_word_embeddings=False)), tmp_path / "t5")
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False))
+    with torch.no_grad():
+        model.lm_head.weight.copy_(model.shared.weight)
+    path = _save(model, tmp_path / "t5")
     cfg, params, _ = load_hf(path)
     assert (cfg["tie_embeddings"], cfg["rescale_tied_logits"]) == (True, False)
     ref = _theirs("t5_tied", path)
