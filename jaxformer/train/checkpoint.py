@@ -8,6 +8,18 @@ Layout of a workdir::
 
 Orbax writes each step to a temporary directory and renames it when complete, so a killed run never
 leaves a half-written checkpoint; `Checkpointer.save` additionally refuses non-finite parameters.
+
+Orbax API. orbax-checkpoint 0.12.8 ships its v1 API only as ``orbax.checkpoint.experimental.v1``
+(there is no ``orbax.checkpoint.v1``), and its ``experimental/README.md`` says those APIs are
+"subject to change without notice"; its ``training.Checkpointer`` is itself a wrapper that builds
+the v0 ``CheckpointManager`` (same on-disk layout). v1 covers retention/best-N, async saves, Grain
+iterators (``StatefulCheckpointable``) and sharded loads, but its Checkpointer has no equivalent of
+``CheckpointManager.reached_preemption(step)``, which the loop uses so that every process saves the
+same step and stops after a multi-host preemption. So this module uses the v0
+``CheckpointManager`` with ``args=`` items and a ``preservation_policy``, the non-deprecated form
+in 0.12.8 (no DeprecationWarning and no ``/jax/orbax/deprecation/*`` event: see
+``tests/test_legacy_checkpoint.py``). Checkpoints written by jaxformer 8116153 (jax 0.10.2, orbax
+0.12.4) restore unchanged (``tests/data/legacy_gpt_jax010``).
 """
 
 from __future__ import annotations
