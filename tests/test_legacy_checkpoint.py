@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import jax
@@ -36,12 +37,23 @@ def tree_digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+ORBAX_DEPRECATIONS: list[str] = []  # Orbax reports use of its deprecated paths as these events
+jax.monitoring.register_event_listener(
+    lambda name, **kw: ORBAX_DEPRECATIONS.append(name) if "deprecation" in name else None)
+
+
 @pytest.fixture
 def untouched():
-    """The fixture's files are byte-identical after the test."""
+    """The fixture's files are byte-identical after the test, which used no deprecated API."""
     before = tree_digest(FIXTURE)
-    yield FIXTURE / "workdir"
+    ORBAX_DEPRECATIONS.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        yield FIXTURE / "workdir"
     assert tree_digest(FIXTURE) == before
+    ours = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught
+            if issubclass(w.category, DeprecationWarning) and "orbax" in w.filename + str(w.message)]
+    assert not ours and not ORBAX_DEPRECATIONS, (ours, ORBAX_DEPRECATIONS)
 
 
 def test_inference_gives_the_recorded_parameters_and_logits(untouched, capsys):
