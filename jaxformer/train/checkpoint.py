@@ -39,7 +39,10 @@ from jaxformer.train.verify import (
     MANIFEST,
     MARKER,
     CheckpointDamaged,
+    StateMismatch,
     read_manifest,
+    structure_mismatch,
+    verify_for_reading,
     verify_step,
     verify_tokenizer,
     write_manifest,
@@ -219,41 +222,6 @@ class Checkpointer:
             self._manager.close()
 
 
-class StateMismatch(ValueError):
-    """The train state a config builds does not have the structure of the checkpoint's."""
-
-    def __init__(self, step_dir: Path, differences: list[str]):
-        self.step_dir, self.differences = step_dir, differences
-        super().__init__(f"checkpoint {step_dir} holds another train-state structure: "
-                         f"{'; '.join(differences)}")
-
-
-def _path_names(path) -> tuple[str, ...]:
-    return tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
-
-
-def structure_mismatch(abstract_state, step_dir: Path, limit: int = 3) -> list[str]:
-    """Up to ``limit`` differences between ``abstract_state`` and the state saved in ``step_dir``
-    (leaf paths present in one only, or other shapes), read from Orbax's metadata alone."""
-    from etils import epath
-
-    handler = ocp.PyTreeCheckpointHandler()
-    try:
-        saved_tree = handler.metadata(epath.Path(step_dir) / "state").tree
-    finally:
-        handler.close()
-    saved = {_path_names(p): tuple(m.shape) for p, m in
-             jax.tree_util.tree_flatten_with_path(saved_tree)[0]}
-    now = {_path_names(p): tuple(a.shape) for p, a in
-           jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
-    name = "/".join
-    out = [f"{name(p)} only in the checkpoint" for p in sorted(saved.keys() - now.keys())]
-    out += [f"{name(p)} only in the new state" for p in sorted(now.keys() - saved.keys())]
-    out += [f"{name(p)}: shape {saved[p]} in the checkpoint, {now[p]} now"
-            for p in sorted(saved.keys() & now.keys()) if saved[p] != now[p]]
-    return out[:limit]
-
-
 class PreemptionWatch:
     """Records SIGTERM (what TPU/GPU schedulers send before preempting a job) while training, so
     the loop can checkpoint the current step and stop instead of losing the steps since the last
@@ -371,19 +339,6 @@ def _layout_hint(missing: tuple[str, ...], old_flat: dict) -> str:
     return "is the architecture the same?"
 
 
-def verify_for_reading(ckpt_dir: Path, step: int) -> dict | None:
-    """`verify_step` of a step read for fine-tuning or inference (no fallback: the error names an
-    older step to read instead); returns its manifest."""
-    try:
-        return verify_step(ckpt_dir / str(step), ("state",))
-    except CheckpointDamaged as e:
-        older = [s for s in sorted(int(d.name) for d in ckpt_dir.iterdir() if d.name.isdigit())
-                 if s < step]
-        hint = (f"read an intact older step instead ({ckpt_dir / str(older[-1])})" if older else
-                "restore it from a copy")
-        raise CheckpointDamaged(e.step_dir, f"{e.problem}; {hint}") from None
-
-
 def save_run_config(workdir: str | os.PathLike, config) -> None:
     """``<workdir>/config.json``, replaced atomically (a crash leaves the old or the new one)."""
     path = Path(workdir) / "config.json"
@@ -411,20 +366,27 @@ def load_run_config(workdir: str | os.PathLike, manifest: dict | None = None) ->
     return cfg
 
 
+def load_run(path: str | os.PathLike) -> tuple[dict, dict, dict | None, Path]:
+    """(run config, params as host arrays, manifest, run directory) of the latest checkpoint under
+    ``path``, verified first (`CheckpointDamaged` names the damaged file)."""
+    if not Path(path).is_dir():
+        load_run_config(path)  # raises: "<path>/config.json not found: is it a workdir?"
+    ckpt_dir, step = resolve_checkpoint(path)
+    manifest = verify_for_reading(ckpt_dir, step)
+    cfg = load_run_config(ckpt_dir.parent, manifest)
+    return cfg, load_params(ckpt_dir / str(step), verified=True), manifest, ckpt_dir.parent
+
+
 def load_for_inference(workdir: str | os.PathLike):
     """(ModelConfig, params, tokenizer or None) of the latest checkpoint of a training workdir,
     verified (`CheckpointDamaged` names the damaged file)."""
     from jaxformer.config import ModelConfig
 
-    ckpt_dir, step = resolve_checkpoint(workdir)
-    manifest = verify_for_reading(ckpt_dir, step)
-    cfg = load_run_config(workdir, manifest)
-    model_cfg = ModelConfig.from_dict(cfg["model"])
-    params = jax.tree.map(jnp.asarray, load_params(ckpt_dir / str(step), verified=True))
-    tok_path = verify_tokenizer(ckpt_dir.parent, manifest, required=False)
+    cfg, params, manifest, run_dir = load_run(workdir)
+    tok_path = verify_tokenizer(run_dir, manifest, required=False)
     tokenizer = None
     if tok_path is not None:
         from jaxformer.data.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.load(str(tok_path))
-    return model_cfg, params, tokenizer
+    return ModelConfig.from_dict(cfg["model"]), jax.tree.map(jnp.asarray, params), tokenizer

@@ -29,6 +29,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import jax
+import orbax.checkpoint as ocp
 from absl import logging
 
 MANIFEST = "jaxformer_manifest.json"
@@ -166,3 +168,51 @@ def verify_tokenizer(workdir: Path, manifest: dict | None, *, required: bool) ->
         raise ValueError(f"{path} is not the tokenizer the checkpoints were written with (sha256 "
                          f"differs from {digest[:12]}…): put the run's tokenizer.model back")
     return path
+
+
+def verify_for_reading(ckpt_dir: Path, step: int) -> dict | None:
+    """`verify_step` of a step read for fine-tuning or inference (no fallback: the error names an
+    older step to read instead); returns its manifest."""
+    try:
+        return verify_step(ckpt_dir / str(step), ("state",))
+    except CheckpointDamaged as e:
+        older = [s for s in sorted(int(d.name) for d in ckpt_dir.iterdir() if d.name.isdigit())
+                 if s < step]
+        hint = (f"read an intact older step instead ({ckpt_dir / str(older[-1])})" if older else
+                "restore it from a copy")
+        raise CheckpointDamaged(e.step_dir, f"{e.problem}; {hint}") from None
+
+
+class StateMismatch(ValueError):
+    """The train state a config builds does not have the structure of the checkpoint's."""
+
+    def __init__(self, step_dir: Path, differences: list[str]):
+        self.step_dir, self.differences = step_dir, differences
+        super().__init__(f"checkpoint {step_dir} holds another train-state structure: "
+                         f"{'; '.join(differences)}")
+
+
+def _path_names(path) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+def structure_mismatch(abstract_state, step_dir: Path, limit: int = 3) -> list[str]:
+    """Up to ``limit`` differences between ``abstract_state`` and the state saved in ``step_dir``
+    (leaf paths present in one only, or other shapes), read from Orbax's metadata alone."""
+    from etils import epath
+
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+        saved_tree = handler.metadata(epath.Path(step_dir) / "state").tree
+    finally:
+        handler.close()
+    saved = {_path_names(p): tuple(m.shape) for p, m in
+             jax.tree_util.tree_flatten_with_path(saved_tree)[0]}
+    now = {_path_names(p): tuple(a.shape) for p, a in
+           jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
+    name = "/".join
+    out = [f"{name(p)} only in the checkpoint" for p in sorted(saved.keys() - now.keys())]
+    out += [f"{name(p)} only in the new state" for p in sorted(now.keys() - saved.keys())]
+    out += [f"{name(p)}: shape {saved[p]} in the checkpoint, {now[p]} now"
+            for p in sorted(saved.keys() & now.keys()) if saved[p] != now[p]]
+    return out[:limit]
