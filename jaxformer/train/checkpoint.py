@@ -4,10 +4,15 @@ Layout of a workdir::
 
     <workdir>/config.json              the full training config of the run
     <workdir>/tokenizer.model          sentencepiece model used by the run
-    <workdir>/checkpoints/<step>/      Orbax: "state" (TrainState) and "data" (Grain iterator state)
+    <workdir>/.lock                    `jaxformer.train.lock`: one writer per workdir
+    <workdir>/checkpoints/<step>/      Orbax: "state" (TrainState) and "data" (Grain iterator state),
+                                       plus jaxformer_manifest.json (`jaxformer.train.verify`)
+    <workdir>/checkpoints/<step>.damaged   a damaged step set aside by a resume (never read)
 
 Orbax writes each step to a temporary directory and renames it when complete, so a killed run never
-leaves a half-written checkpoint; `Checkpointer.save` additionally refuses non-finite parameters.
+leaves a half-written checkpoint; the manifest of checksums is written just before that rename, and
+every read verifies it first (a resume falls back to the newest intact step). `Checkpointer.save`
+refuses non-finite parameters.
 
 Orbax API. orbax-checkpoint 0.12.8 ships its v1 API only as ``orbax.checkpoint.experimental.v1``
 (there is no ``orbax.checkpoint.v1``), and its ``experimental/README.md`` says those APIs are

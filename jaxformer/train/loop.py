@@ -4,10 +4,13 @@
 
 1. validate the config (before anything compiles); build the mesh;
 2. load or train the tokenizer (saved in the workdir); build the Grain train iterator;
-3. resume from ``<workdir>/checkpoints`` if present (state *and* data iterator), else initialise —
-   from ``init_from`` (backbone of a pretraining run or a Hugging Face model) when given;
+3. lock the workdir; resume from the newest intact (checksum-verified) step of
+   ``<workdir>/checkpoints`` if present (state *and* data iterator; every refusal before any write),
+   else initialise — from ``init_from`` (backbone of a pretraining run or a Hugging Face model) when
+   given;
 4. run jit-compiled steps sharded over the mesh (or the pmap path), evaluating, logging and
-   checkpointing periodically and at the end.
+   checkpointing periodically and at the end; a non-finite loss or gradient norm stops the run or
+   skips the update (``nonfinite``).
 """
 
 from __future__ import annotations
@@ -364,13 +367,13 @@ class Trainer:
             guard.flush()
             self.state = step_fn.state() if pmap else state
         finally:
-            self.lock.release()
             watch.restore()
             progress.close()
             self.ckpt.close()
             writer.close()
             if hasattr(self.train_iter, "close"):
                 self.train_iter.close()
+            self.lock.release()  # the last save is committed: another run may take the workdir
         return last
 
 

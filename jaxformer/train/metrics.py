@@ -69,11 +69,15 @@ def truncate_metrics(workdir: str | os.PathLike, step: int) -> None:
 
 
 def read_metrics(workdir: str | os.PathLike) -> list[dict]:
-    """All rows of ``<workdir>/metrics.jsonl``."""
+    """All rows of ``<workdir>/metrics.jsonl`` (but a last line torn by a kill mid-write)."""
     path = Path(workdir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 class Progress:
