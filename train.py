@@ -22,14 +22,18 @@ def main(argv):
 
     logging.set_verbosity(logging.WARNING)  # Orbax/Grain log every file operation at INFO
     from jaxformer.parallel.distributed import maybe_initialize_distributed
+    from jaxformer.train.lock import WorkdirBusy
     from jaxformer.train.loop import Trainer
 
     maybe_initialize_distributed()
+    try:  # a bad config, input, or checkpoint, or a busy workdir, found during set-up: the
+        trainer = Trainer(flags.FLAGS.config, flags.FLAGS.workdir)  # message names it, no traceback
+    except (ValueError, FileNotFoundError, WorkdirBusy) as e:
+        sys.exit(f"train.py: error: {e}")
     try:
-        trainer = Trainer(flags.FLAGS.config, flags.FLAGS.workdir)
-    except (ValueError, FileNotFoundError) as e:  # a bad config or input, found during set-up:
-        sys.exit(f"train.py: error: {e}")         # the message names the field, no traceback
-    metrics = trainer.run()
+        metrics = trainer.run()
+    except FloatingPointError as e:  # the nonfinite policy stopped the run (or a NaN checkpoint)
+        sys.exit(f"train.py: error: {e}")
     print({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
     if "preempted_at_step" in metrics:
         sys.exit(128 + 15)  # "terminated by SIGTERM", after the checkpoint: not a finished run

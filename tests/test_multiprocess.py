@@ -46,7 +46,7 @@ MESH = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"
 
 
 def _launch(workdir: Path, corpus: Path, num_processes: int = 2,
-            parallel: list[str] = MESH) -> list[subprocess.CompletedProcess]:
+            parallel: list[str] = MESH, steps: int = STEPS) -> list[subprocess.CompletedProcess]:
     port = _free_port()
     args = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/gpt_pretrain_tiny.py"),
             "--workdir", str(workdir), f"--config.data.source=files:{corpus}",
@@ -54,7 +54,7 @@ def _launch(workdir: Path, corpus: Path, num_processes: int = 2,
             "--config.data.seq_len=32", "--config.data.batch_size=8",
             "--config.model.vocab_size=320", "--config.model.d_model=32", "--config.model.d_ff=64",
             "--config.model.num_layers=1", "--config.model.max_len=32",
-            *parallel, f"--config.num_train_steps={STEPS}", "--config.checkpoint.every_steps=2",
+            *parallel, f"--config.num_train_steps={steps}", "--config.checkpoint.every_steps=2",
             f"--config.eval.every_steps={STEPS}", "--config.eval.num_batches=1",
             "--config.log_every_steps=1", "--config.progress_bar=False",
             "--config.optimizer.warmup_steps=1"]
@@ -104,6 +104,13 @@ def test_two_processes_train_and_checkpoint(tmp_path):
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
     assert json.loads((workdir / "config.json").read_text())["mesh"] == {"data": 2, "fsdp": 2,
                                                                           "tensor": 2}
+    # The manifest (process 0) covers both processes' files; both resume from the verified step.
+    files = json.loads((ckpt_dir / str(STEPS) / "jaxformer_manifest.json").read_text())["files"]
+    assert {"data/process_0-of-2.json", "data/process_1-of-2.json"} <= set(files)
+    results = _launch(workdir, corpus, steps=STEPS + 2)
+    for r in results:
+        assert r.returncode == 0 and f"checkpoints/{STEPS}" in r.stdout, r.stderr[-4000:]
+    assert [row["step"] for row in read_metrics(workdir)] == list(range(1, STEPS + 3))
 
 
 def test_two_process_data_parallel_trains_one_model(tmp_path):

@@ -52,9 +52,8 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             ap.error("--from-hf needs --to (a jaxformer checkpoint directory)")
         cfg, params, spm = load_hf(args.from_hf, scan_layers=args.scan_layers, head=args.head,
                                    num_classes=args.num_classes)
-        save_params(args.to, cfg, params)
-        if spm:  # the trainer and `jaxformer.generate` read <workdir>/tokenizer.model
-            shutil.copyfile(spm, os.path.join(args.to, "tokenizer.model"))
+        save_params(args.to, cfg, params, tokenizer=spm)  # as <workdir>/tokenizer.model, which
+        # the trainer and `jaxformer.generate` read
         shutil.copyfile(os.path.join(args.from_hf, CONFIG_NAME), os.path.join(args.to, HF_CONFIG))
         copied = copy_tokenizer_files(args.from_hf, os.path.join(args.to, TOKENIZER_DIR))
         print(f"wrote {args.to} ({cfg['family']}, head={cfg['head']}); tokenizer files: {copied}")

@@ -12,7 +12,6 @@ so ``train.py --config.init_from=<directory>``, ``python -m jaxformer.generate -
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -21,27 +20,32 @@ from jaxformer.config import ModelConfig
 
 
 def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str, Any],
-                params: dict) -> None:
-    """Write ``config.json`` and ``checkpoints/0`` under ``directory`` (which must not hold a run)."""
-    import orbax.checkpoint as ocp
+                params: dict, tokenizer: str | os.PathLike | None = None) -> None:
+    """Write ``config.json``, ``tokenizer.model`` (a copy of ``tokenizer``, when given) and a
+    verified ``checkpoints/0`` under ``directory`` (which must not hold a run)."""
+    import shutil
+
+    from jaxformer.train.checkpoint import Checkpointer, save_run_config
 
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     d = Path(directory).absolute()
     if (d / "checkpoints").exists():
         raise ValueError(f"{d / 'checkpoints'} already exists; choose an empty directory")
     d.mkdir(parents=True, exist_ok=True)
-    with ocp.CheckpointManager(d / "checkpoints") as mngr:
-        mngr.save(0, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params})))
-        mngr.wait_until_finished()
-    (d / "config.json").write_text(json.dumps({"name": "converted", "model": cfg.to_dict()},
-                                              indent=2, sort_keys=True))
+    save_run_config(d, {"name": "converted", "model": cfg.to_dict()})
+    if tokenizer:  # before the checkpoint, whose manifest records its checksum
+        shutil.copyfile(tokenizer, d / "tokenizer.model")
+    ckpt = Checkpointer(d, async_save=False)
+    try:
+        ckpt.save(0, {"params": params})
+    finally:
+        ckpt.close()
 
 
 def load_params(directory: str | os.PathLike) -> tuple[dict[str, Any], dict]:
     """(ModelConfig fields, params as NumPy arrays) of the latest checkpoint of a jaxformer
-    directory: one written by `save_params` or any training workdir."""
-    from jaxformer.train.checkpoint import load_params as load_latest
-    from jaxformer.train.checkpoint import load_run_config
+    directory: one written by `save_params` or any training workdir (verified first)."""
+    from jaxformer.train.checkpoint import load_run
 
-    cfg = ModelConfig.from_dict(load_run_config(directory)["model"])
-    return cfg.to_dict(), load_latest(directory)
+    cfg, params, _, _ = load_run(directory)
+    return ModelConfig.from_dict(cfg["model"]).to_dict(), params

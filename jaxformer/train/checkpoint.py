@@ -4,10 +4,27 @@ Layout of a workdir::
 
     <workdir>/config.json              the full training config of the run
     <workdir>/tokenizer.model          sentencepiece model used by the run
-    <workdir>/checkpoints/<step>/      Orbax: "state" (TrainState) and "data" (Grain iterator state)
+    <workdir>/.lock                    `jaxformer.train.lock`: one writer per workdir
+    <workdir>/checkpoints/<step>/      Orbax: "state" (TrainState) and "data" (Grain iterator state),
+                                       plus jaxformer_manifest.json (`jaxformer.train.verify`)
+    <workdir>/checkpoints/<step>.damaged   a damaged step set aside by a resume (never read)
 
 Orbax writes each step to a temporary directory and renames it when complete, so a killed run never
-leaves a half-written checkpoint; `Checkpointer.save` additionally refuses non-finite parameters.
+leaves a half-written checkpoint; the manifest of checksums is written just before that rename, and
+every read verifies it first (a resume falls back to the newest intact step). `Checkpointer.save`
+refuses non-finite parameters.
+
+Orbax API. orbax-checkpoint 0.12.8 ships its v1 API only as ``orbax.checkpoint.experimental.v1``
+(there is no ``orbax.checkpoint.v1``), and its ``experimental/README.md`` says those APIs are
+"subject to change without notice"; its ``training.Checkpointer`` is itself a wrapper that builds
+the v0 ``CheckpointManager`` (same on-disk layout). v1 covers retention/best-N, async saves, Grain
+iterators (``StatefulCheckpointable``) and sharded loads, but its Checkpointer has no equivalent of
+``CheckpointManager.reached_preemption(step)``, which the loop uses so that every process saves the
+same step and stops after a multi-host preemption. So this module uses the v0
+``CheckpointManager`` with ``args=`` items and a ``preservation_policy``, the non-deprecated form
+in 0.12.8 (no DeprecationWarning and no ``/jax/orbax/deprecation/*`` event: see
+``tests/test_legacy_checkpoint.py``). Checkpoints written by jaxformer 8116153 (jax 0.10.2, orbax
+0.12.4) restore unchanged (``tests/data/legacy_gpt_jax010``).
 """
 
 from __future__ import annotations
@@ -22,6 +39,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from jaxformer.train.verify import (
+    MANIFEST,
+    MARKER,
+    CheckpointDamaged,
+    StateMismatch,
+    read_manifest,
+    structure_mismatch,
+    verify_for_reading,
+    verify_step,
+    verify_tokenizer,
+    write_manifest,
+)
 
 HEAD_MODULES = ("lm_head", "mlm_head", "classifier", "token_classifier", "pooler", "nsp_head")
 
@@ -40,7 +70,12 @@ def _all_finite(tree) -> jax.Array:
 
 
 class Checkpointer:
-    """Keeps the last ``keep`` checkpoints (plus the best by ``best_metric`` when given)."""
+    """Keeps the last ``keep`` checkpoints (plus the best by ``best_metric`` when given); each
+    carries a manifest of checksums (`jaxformer.train.verify`), checked before it is read.
+
+    Reading (`latest_step`, `steps`, `restore`) never writes; Orbax's manager (which creates the
+    directory and removes the temporary directories of killed saves) starts at the first save.
+    """
 
     def __init__(self, workdir: str | os.PathLike, *, keep: int = 3, best_metric: str | None = None,
                  best_mode: str = "min", async_save: bool = True):
@@ -50,17 +85,35 @@ class Checkpointer:
         if best_metric:
             policies.append(cm.BestN(get_metric_fn=lambda m: m[best_metric], n=1,
                                      reverse=best_mode == "min"))
-        options = ocp.CheckpointManagerOptions(
-            preservation_policy=cm.AnyPreservationPolicy(policies),
-            enable_async_checkpointing=async_save, create=True)
-        self.directory = Path(workdir).absolute() / "checkpoints"
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        # Always Orbax's async path, whose post-finalization callback writes the manifest inside
+        # the commit; async_save=False waits for each save.
+        self._options = ocp.CheckpointManagerOptions(
+            preservation_policy=cm.AnyPreservationPolicy(policies), enable_async_checkpointing=True,
+            create=True, cleanup_tmp_directories=True,
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._seal))
+        self.async_save = async_save
+        self.workdir = Path(workdir).absolute()
+        self.directory = self.workdir / "checkpoints"
+        self._manager, self._sealing = None, None
+
+    @property
+    def manager(self) -> ocp.CheckpointManager:
+        if self._manager is None:
+            self._manager = ocp.CheckpointManager(self.directory, options=self._options)
+        return self._manager
+
+    def steps(self) -> list[int]:
+        """Committed steps, ascending (Orbax renames a step's directory to ``<step>`` when done)."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(d.name) for d in self.directory.iterdir() if d.name.isdigit() and d.is_dir())
 
     def latest_step(self) -> int | None:
-        return self.manager.latest_step()
+        return (self.steps() or [None])[-1]
 
     def save(self, step: int, state, data_iter=None, metrics: dict | None = None) -> None:
-        if not bool(_all_finite(state.params)):
+        params = state["params"] if isinstance(state, dict) else state.params
+        if not bool(_all_finite(params)):
             raise FloatingPointError(
                 f"refusing to checkpoint step {step}: parameters contain NaN/Inf (training diverged; "
                 f"the last good checkpoint is step {self.latest_step()}). Lower the learning rate or "
@@ -68,16 +121,92 @@ class Checkpointer:
         items = {"state": ocp.args.StandardSave(state)}
         if data_iter is not None and hasattr(data_iter, "get_state"):
             items["data"] = _grain_args()[0](data_iter)
-        self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics)
+        self.manager.wait_until_finished()  # the previous step's manifest is written
+        self._sealing = step
+        self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
+                          custom_metadata={MARKER: MANIFEST})
+        if not self.async_save:
+            self.manager.wait_until_finished()
 
-    def restore(self, abstract_state, data_iter=None, step: int | None = None):
-        """Restore onto ``abstract_state``'s shardings (any mesh); returns (state, step)."""
+    def _seal(self) -> None:
+        """Orbax's post-finalization callback: every file of the step is written, the temporary
+        directory not yet renamed. Process 0 writes the manifest into it."""
+        if jax.process_index() != 0 or self._sealing is None:
+            return
+        step = self._sealing
+        pending = sorted(self.directory.glob(f"{step}.orbax-checkpoint-tmp*"))
+        target = pending[-1] if pending else self.directory / str(step)
+        if not target.is_dir():
+            raise FileNotFoundError(f"no directory for step {step} under {self.directory} to write "
+                                    f"{MANIFEST} into (has Orbax's temporary naming changed?)")
+        write_manifest(target, self.workdir)
+
+    def newest_intact(self, need=("state", "data")) -> tuple[int | None, dict | None, list]:
+        """Verify from the newest step down: (the newest intact step or None, its manifest, the
+        `CheckpointDamaged` of each newer step). Process 0 reads the files; the others get its
+        answer (and read the chosen step's manifest)."""
+        found, manifest, damaged = None, None, []
+        if jax.process_index() == 0:
+            for step in reversed(self.steps()):
+                try:
+                    manifest = verify_step(self.directory / str(step), need)
+                except CheckpointDamaged as e:
+                    damaged.append(e)
+                    continue
+                found = step
+                break
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            found = int(multihost_utils.broadcast_one_to_all(np.int64(-1 if found is None else found)))
+            found = None if found < 0 else found
+            if jax.process_index() != 0 and found is not None:
+                manifest = read_manifest(self.directory / str(found))
+        return found, manifest, damaged
+
+    def set_aside(self, steps: Iterable[int]) -> list[Path]:
+        """Rename damaged steps to ``<step>.damaged`` (kept for inspection, never read, not counted
+        by ``keep``) so that training can write those steps again; before the first save."""
+        moved = []
+        for step in steps:
+            src, n = self.directory / str(step), 0
+            dst = src.with_name(f"{step}.damaged")
+            while dst.exists():
+                n += 1
+                dst = src.with_name(f"{step}.damaged-{n}")
+            if jax.process_index() == 0:
+                src.rename(dst)
+            moved.append(dst)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("jaxformer_set_aside")
+        return moved
+
+    def restore(self, abstract_state, data_iter=None, step: int | None = None, *,
+                verified: bool = False):
+        """Verify ``step`` (default: the latest), check that ``abstract_state`` has its structure,
+        and restore onto ``abstract_state``'s shardings (any mesh); returns (state, step).
+
+        With ``data_iter`` the iterator state is required: a step without it is damaged
+        (`CheckpointDamaged`), never a silent partial restore. ``verified``: the caller has just
+        verified the step (`newest_intact`).
+        """
         step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint under {self.directory}")
+        step_dir = self.directory / str(step)
+        with_data = data_iter is not None and hasattr(data_iter, "set_state")
+        if not verified:
+            verify_step(step_dir, ("state", "data") if with_data else ("state",))
+        mismatch = structure_mismatch(abstract_state, step_dir)
+        if mismatch:
+            raise StateMismatch(step_dir, mismatch)
         items = {"state": ocp.args.StandardRestore(abstract_state)}
-        has_data = (self.directory / str(step) / "data").is_dir()
-        if data_iter is not None and hasattr(data_iter, "set_state") and has_data:
+        if with_data:
             items["data"] = _grain_args()[1](data_iter)
-        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as reader:
+            restored = reader.restore(step_dir, args=ocp.args.Composite(**items))
         return restored["state"], step
 
     def preempted(self, step: int, signalled: bool) -> bool:
@@ -89,11 +218,13 @@ class Checkpointer:
         return signalled
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        if self._manager is not None:
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        if self._manager is not None:
+            self._manager.wait_until_finished()
+            self._manager.close()
 
 
 class PreemptionWatch:
@@ -149,13 +280,16 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, int]:
         f"no checkpoint found under {str(path)!r} (expected <workdir>/checkpoints/<step>)")
 
 
-def load_params(path: str | os.PathLike) -> dict:
+def load_params(path: str | os.PathLike, *, verified: bool = False) -> dict:
     """Parameters (host numpy arrays) of the latest checkpoint under ``path``; no optimizer state.
 
-    Reads only the ``params`` subtree of the saved TrainState (Orbax partial restore), so the
-    optimizer moments are never loaded.
+    Verifies the step first (unless the caller just did: ``verified``). Reads only the ``params``
+    subtree of the saved TrainState (Orbax partial restore), so the optimizer moments are never
+    loaded.
     """
     ckpt_dir, step = resolve_checkpoint(path)
+    if not verified:
+        verify_for_reading(ckpt_dir, step)
     item = ckpt_dir / str(step) / "state"
     handler = ocp.PyTreeCheckpointHandler()  # the item's own handler: the step-level metadata
     try:                                     # file lives one level up, so no Checkpointer here
@@ -211,29 +345,53 @@ def _layout_hint(missing: tuple[str, ...], old_flat: dict) -> str:
 
 
 def save_run_config(workdir: str | os.PathLike, config) -> None:
+    """``<workdir>/config.json``, replaced atomically (a crash leaves the old or the new one)."""
     path = Path(workdir) / "config.json"
-    path.write_text(json.dumps(config.to_dict() if hasattr(config, "to_dict") else dict(config),
-                               indent=2, sort_keys=True, default=str))
+    tmp = path.with_name("config.json.tmp")
+    tmp.write_text(json.dumps(config.to_dict() if hasattr(config, "to_dict") else dict(config),
+                              indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)
 
 
-def load_run_config(workdir: str | os.PathLike) -> dict:
+def load_run_config(workdir: str | os.PathLike, manifest: dict | None = None) -> dict:
+    """The run's config: the one ``manifest`` (a checkpoint's) recorded, else ``config.json``."""
+    if manifest and isinstance(manifest.get("config"), dict):
+        return manifest["config"]
     path = Path(workdir) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {workdir!r} a jaxformer training workdir?")
-    return json.loads(path.read_text())
+    try:
+        cfg = json.loads(path.read_text())
+        if not isinstance(cfg, dict) or "model" not in cfg:
+            raise ValueError("no 'model' section")
+    except ValueError as e:  # JSONDecodeError included
+        raise ValueError(f"{path} is not a run config ({'empty' if not path.stat().st_size else e}); "
+                         "put the run's config.json back (checkpoints written by this version "
+                         f"carry a copy in checkpoints/<step>/{MANIFEST})") from None
+    return cfg
+
+
+def load_run(path: str | os.PathLike) -> tuple[dict, dict, dict | None, Path]:
+    """(run config, params as host arrays, manifest, run directory) of the latest checkpoint under
+    ``path``, verified first (`CheckpointDamaged` names the damaged file)."""
+    if not Path(path).is_dir():
+        load_run_config(path)  # raises: "<path>/config.json not found: is it a workdir?"
+    ckpt_dir, step = resolve_checkpoint(path)
+    manifest = verify_for_reading(ckpt_dir, step)
+    cfg = load_run_config(ckpt_dir.parent, manifest)
+    return cfg, load_params(ckpt_dir / str(step), verified=True), manifest, ckpt_dir.parent
 
 
 def load_for_inference(workdir: str | os.PathLike):
-    """(ModelConfig, params, tokenizer or None) of the latest checkpoint of a training workdir."""
+    """(ModelConfig, params, tokenizer or None) of the latest checkpoint of a training workdir,
+    verified (`CheckpointDamaged` names the damaged file)."""
     from jaxformer.config import ModelConfig
 
-    cfg = load_run_config(workdir)
-    model_cfg = ModelConfig.from_dict(cfg["model"])
-    params = jax.tree.map(jnp.asarray, load_params(workdir))
-    tok_path = Path(workdir) / "tokenizer.model"
+    cfg, params, manifest, run_dir = load_run(workdir)
+    tok_path = verify_tokenizer(run_dir, manifest, required=False)
     tokenizer = None
-    if tok_path.exists():
+    if tok_path is not None:
         from jaxformer.data.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.load(str(tok_path))
-    return model_cfg, params, tokenizer
+    return ModelConfig.from_dict(cfg["model"]), jax.tree.map(jnp.asarray, params), tokenizer

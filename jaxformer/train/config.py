@@ -17,6 +17,8 @@ mesh               data / fsdp / tensor sizes (-1 fills)
 parallel           "jit" (sharded over the mesh), "shard_map" or "pmap" (data parallel, replicated
                    state; see `jaxformer.parallel`)
 log_every_steps    metrics.jsonl / TensorBoard cadence
+nonfinite          "stop" at the first non-finite loss or grad norm, or "skip" (leave the update out)
+nonfinite_limit    with "skip": stop after this many non-finite steps in a row
 progress_bar       show a tqdm bar
 =================  ==============================================================================
 """
@@ -34,11 +36,12 @@ import ml_collections
 
 from jaxformer.config import ModelConfig
 from jaxformer.objectives import OPTION_DEFAULTS, check_objective
+from jaxformer.train.nonfinite import POLICIES
 from jaxformer.train.schedules import make_schedule
 
 TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "model", "objective", "data", "optimizer",
                   "checkpoint", "eval", "mesh", "parallel", "log_every_steps", "progress_bar",
-                  "name")
+                  "name", "nonfinite", "nonfinite_limit")
 PARALLEL_MODES = ("jit", "shard_map", "pmap")  # see jaxformer.parallel: which to use and why
 
 
@@ -77,6 +80,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     c.parallel = "jit"
     c.log_every_steps = 50
+    c.nonfinite = "stop"
+    c.nonfinite_limit = 10
     c.progress_bar = True
     return c
 
@@ -179,6 +184,9 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
         raise ValueError(f"parallel={config.parallel!r} is data parallel only (replicated state), "
                          f"so {', '.join(f'mesh.{a}={v}' for a, v in sharded.items())} would be "
                          "ignored; use parallel='jit' for FSDP / tensor parallelism")
+    if config.nonfinite not in POLICIES or config.nonfinite_limit < 1:
+        raise ValueError(f"nonfinite={config.nonfinite!r} must be one of {POLICIES} and "
+                         f"nonfinite_limit={config.nonfinite_limit} at least 1")
     for key in ("every_steps", "keep"):
         if config.checkpoint[key] <= 0:
             raise ValueError(f"checkpoint.{key}={config.checkpoint[key]} must be positive")

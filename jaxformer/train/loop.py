@@ -4,10 +4,13 @@
 
 1. validate the config (before anything compiles); build the mesh;
 2. load or train the tokenizer (saved in the workdir); build the Grain train iterator;
-3. resume from ``<workdir>/checkpoints`` if present (state *and* data iterator), else initialise —
-   from ``init_from`` (backbone of a pretraining run or a Hugging Face model) when given;
+3. lock the workdir; resume from the newest intact (checksum-verified) step of
+   ``<workdir>/checkpoints`` if present (state *and* data iterator; every refusal before any write),
+   else initialise — from ``init_from`` (backbone of a pretraining run or a Hugging Face model) when
+   given;
 4. run jit-compiled steps sharded over the mesh (or shard_map / pmap), evaluating, logging and
-   checkpointing periodically and at the end.
+   checkpointing periodically and at the end; a non-finite loss or gradient norm stops the run or
+   skips the update (``nonfinite``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.checkpoint import (
     Checkpointer,
     PreemptionWatch,
+    StateMismatch,
     load_params,
     load_run_config,
     merge_backbone,
@@ -39,9 +43,12 @@ from jaxformer.train.checkpoint import (
     with_shardings,
 )
 from jaxformer.train.config import check_resume, validate_config
-from jaxformer.train.metrics import MetricWriter, Progress
+from jaxformer.train.lock import WorkdirLock
+from jaxformer.train.metrics import MetricWriter, Progress, truncate_metrics
+from jaxformer.train.nonfinite import NonfiniteGuard
 from jaxformer.train.state import create_params, create_train_state, state_shardings
 from jaxformer.train.step import make_eval_step, make_train_step, summarize_eval
+from jaxformer.train.verify import read_manifest, verify_tokenizer
 
 
 def _resolve_hf(config):
@@ -96,10 +103,9 @@ def _tokenizer_config(config, hf: bool):
     if config.init_from and not tok_cfg.get("path"):
         saved = None
         if not hf:
-            ckpt_dir, _ = resolve_checkpoint(config.init_from)
-            run_dirs = (Path(config.init_from), ckpt_dir.parent)  # ckpt_dir = <run>/checkpoints
-            saved = next((d / "tokenizer.model" for d in run_dirs
-                          if (d / "tokenizer.model").exists()), None)
+            ckpt_dir, step = resolve_checkpoint(config.init_from)  # <run>/checkpoints
+            saved = verify_tokenizer(ckpt_dir.parent, read_manifest(ckpt_dir / str(step)),
+                                     required=False)
         if saved is None:
             logging.warning("init_from=%s has no tokenizer.model: training a new tokenizer, so the "
                             "pretrained embeddings are read with other token ids; set "
@@ -137,10 +143,6 @@ class Trainer:
     """
 
     def __init__(self, config, workdir: str | os.PathLike):
-        from jaxformer.data.pipeline import make_dataset, source_texts
-        from jaxformer.data.sources import get_source
-        from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
-        from jaxformer.objectives import bind_objective
         from jaxformer.train.optim import make_optimizer
 
         hf_params = _resolve_hf(config)
@@ -158,19 +160,30 @@ class Trainer:
                                                 config.num_train_steps)
         # a parameter the mesh cannot split fails here, before any tokenizer or file is written
         abstract, self.shardings = state_shardings(model, self.model_cfg, self.tx, self.mesh)
-        workdir.mkdir(parents=True, exist_ok=True)
+        self.lock = WorkdirLock(workdir).acquire()  # creates the workdir; a second run stops here
+        try:
+            self._set_up(config, tok_cfg, hf_params, abstract)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _set_up(self, config, tok_cfg, hf_params, abstract) -> None:
+        """Resume (verified, refusals before any write) or initialise; then the data."""
+        from jaxformer.data.pipeline import make_dataset, source_texts
+        from jaxformer.data.sources import get_source
+        from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
+        from jaxformer.objectives import bind_objective
+
+        workdir, model = self.workdir, self.model
         self.ckpt = Checkpointer(workdir, keep=config.checkpoint.keep,
                                  best_metric=config.checkpoint.best_metric or None,
                                  best_mode=config.checkpoint.best_mode,
                                  async_save=config.checkpoint.async_save)
-        resuming = self.ckpt.latest_step() is not None
-        if resuming:  # the run's model, tokenizer and config.json stay those of its checkpoints
-            for note in check_resume(load_run_config(workdir), config):
-                logging.warning("resuming %s with a changed config: %s", workdir, note)
+        resume = self._plan_resume(config) if self.ckpt.steps() else None  # reads, never writes
         if jax.process_index() == 0:
             print(f"Mesh {describe(self.mesh)}, parallel={config.parallel}")
         saved_tokenizer = workdir / "tokenizer.model"
-        if resuming and saved_tokenizer.exists():
+        if resume:  # the run's model, tokenizer and config.json stay those of its checkpoints
             self.tokenizer = Tokenizer.load(saved_tokenizer)
         else:
             self.tokenizer = load_or_train_tokenizer(
@@ -181,10 +194,9 @@ class Trainer:
                 f"the tokenizer has {self.tokenizer.vocab_size} ids but model.vocab_size="
                 f"{self.model_cfg.vocab_size}; set model.vocab_size >= {self.tokenizer.vocab_size}")
         special = self.tokenizer.special
-        if jax.process_index() == 0:
+        if jax.process_index() == 0 and not resume:
             save_run_config(workdir, config)
-            if not resuming:
-                self.tokenizer.save(str(saved_tokenizer))
+            self.tokenizer.save(str(saved_tokenizer))
 
         whole_words = config.objective.get("whole_word_mask", False)
         self.prepare = bind_objective(
@@ -200,10 +212,8 @@ class Trainer:
             next(probe, None)
             if hasattr(probe, "close"):
                 probe.close()
-        if resuming:
-            self.state, self.start_step = self.ckpt.restore(
-                with_shardings(abstract, self.shardings), self.train_iter)
-            print(f"Resumed from {self.ckpt.directory}/{self.start_step}")
+        if resume:
+            self._resume(config, abstract, *resume)
         else:
             params = None
             if config.init_from:  # fresh (sharded) parameters for new heads; the rest is read on
@@ -221,6 +231,45 @@ class Trainer:
                     print(f"Initialised from {config.init_from}; fresh parameters: "
                           f"{fresh or 'none'}")
             self.start_step = 0
+        if jax.process_index() == 0:
+            truncate_metrics(workdir, self.start_step)  # one row per step across crashes
+
+    def _plan_resume(self, config) -> tuple[int, dict | None, list, list[str]]:
+        """The newest intact checkpoint and the checks a resume must pass, before any write:
+        (step, its manifest, the damaged newer steps, notes on changed config keys)."""
+        step, manifest, damaged = self.ckpt.newest_intact()
+        if step is None:
+            raise ValueError(
+                f"no intact checkpoint in {self.ckpt.directory}: "
+                + "; ".join(f"{e.step_dir.name}: {e.problem}" for e in damaged)
+                + ". Restore the files from a copy, or move the checkpoints folder away to "
+                  "train from scratch")
+        notes = check_resume(load_run_config(self.workdir, manifest), config)
+        verify_tokenizer(self.workdir, manifest, required=True)
+        return step, manifest, damaged, notes
+
+    def _resume(self, config, abstract, step: int, manifest, damaged: list, notes: list) -> None:
+        try:
+            self.state, self.start_step = self.ckpt.restore(
+                with_shardings(abstract, self.shardings), self.train_iter, step, verified=True)
+        except StateMismatch as e:
+            changed = [n for n in notes if n.startswith("optimizer.")]
+            raise ValueError(
+                f"cannot resume: {e}; changed: {'; '.join(changed) or 'no optimizer.* key'}. "
+                "Resume with the previous optimizer settings, or fine-tune its parameters with a "
+                f"fresh optimizer state in a new --workdir with --config.init_from={self.workdir}"
+            ) from None
+        for note in notes:  # from here on the resume succeeds: the workdir may change
+            logging.warning("resuming %s with a changed config: %s", self.workdir, note)
+        for e, moved in zip(damaged, self.ckpt.set_aside(int(e.step_dir.name) for e in damaged)):
+            print(f"Skipped damaged checkpoint {e.step_dir.name} ({e.problem}); kept as "
+                  f"{moved} (never read: inspect or delete it)")
+        if jax.process_index() == 0:
+            save_run_config(self.workdir, config)
+        checked = (manifest or {}).get("verified")
+        how = (f"verified {checked['bytes'] / 1e6:.1f} MB in {checked['seconds']:.2f} s" if checked
+               else "written before checkpoints carried checksums: not verified")
+        print(f"Resumed from {self.ckpt.directory}/{self.start_step} ({how})")
 
     def _step_fn(self):
         """jit over the mesh (default), jit of an explicit shard_map, or a `PmapRunner`."""
@@ -232,7 +281,8 @@ class Trainer:
                                   z_loss=c.objective.z_loss,
                                   grad_accum_steps=c.optimizer.get("grad_accum_steps", 1),
                                   axis_name={"pmap": pmap.AXIS,
-                                             "shard_map": shard_map.AXIS}.get(c.parallel))
+                                             "shard_map": shard_map.AXIS}.get(c.parallel),
+                                  skip_nonfinite=c.nonfinite == "skip")
         if c.parallel == "pmap":
             return pmap.PmapRunner(step_fn, self.state)
         if c.parallel == "shard_map":
@@ -273,6 +323,8 @@ class Trainer:
         progress = Progress(self.start_step, total, enabled=c.progress_bar)
         last, train_metrics, state = {}, {}, self.state
         watch = PreemptionWatch()
+        guard = NonfiniteGuard(c.nonfinite, c.nonfinite_limit,
+                               lambda: (self.ckpt.wait(), self.ckpt.latest_step())[1])
         try:
             for step in range(self.start_step + 1, total + 1):
                 batch = next(self.train_iter)
@@ -281,6 +333,7 @@ class Trainer:
                     state, metrics = step_fn.step(batch)
                 else:
                     state, metrics = step_fn(state, _to_global(batch, self.mesh))
+                guard.push(step, metrics)  # checks the step before: the nonfinite policy
                 log_now = step % c.log_every_steps == 0 or step == total
                 eval_now = step % c.eval.every_steps == 0 or step == total
                 if log_now or eval_now:
@@ -301,10 +354,13 @@ class Trainer:
                         raise
                     row.update(eval_metrics)
                 if row:
+                    if guard.skipped:
+                        row["skipped_updates"] = guard.skipped
                     writer.write(step, row)
                     last = {**last, **row}
                 preempted = self.ckpt.preempted(step, watch.signalled)
                 if step % c.checkpoint.every_steps == 0 or step == total or preempted:
+                    guard.flush()
                     current = step_fn.state() if pmap else state
                     self.ckpt.save(step, current, self.train_iter, metrics=eval_metrics or None)
                 if preempted:
@@ -312,6 +368,7 @@ class Trainer:
                           "command to resume")
                     last = {**last, "preempted_at_step": step}
                     break
+            guard.flush()
             self.state = step_fn.state() if pmap else state
         finally:
             watch.restore()
@@ -320,6 +377,7 @@ class Trainer:
             writer.close()
             if hasattr(self.train_iter, "close"):
                 self.train_iter.close()
+            self.lock.release()  # the last save is committed: another run may take the workdir
         return last
 
 

@@ -47,12 +47,37 @@ def _py(v):
         return v
 
 
+def truncate_metrics(workdir: str | os.PathLike, step: int) -> None:
+    """Drop the rows of steps after ``step`` (written by a run killed after its last checkpoint,
+    which the resumed run writes again) and any torn last line; replaces the file atomically."""
+    path = Path(workdir) / "metrics.jsonl"
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if line.endswith("\n") and isinstance(row, dict) and row.get("step", step + 1) <= step:
+            kept.append(line)
+    if kept != lines:
+        tmp = path.with_name("metrics.jsonl.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+
+
 def read_metrics(workdir: str | os.PathLike) -> list[dict]:
-    """All rows of ``<workdir>/metrics.jsonl``."""
+    """All rows of ``<workdir>/metrics.jsonl`` (but a last line torn by a kill mid-write)."""
     path = Path(workdir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 class Progress:

@@ -54,7 +54,8 @@ def _objective_loss(sums: dict) -> jax.Array:
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare: Callable,
                     schedule: Callable, *, label_smoothing: float = 0.0, z_loss: float = 0.0,
-                    grad_accum_steps: int = 1, axis_name: str | None = None
+                    grad_accum_steps: int = 1, axis_name: str | None = None,
+                    skip_nonfinite: bool = False
                     ) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
     """``train_step(state, batch) -> (state, metrics)``, to be wrapped in `jax.jit`.
 
@@ -67,6 +68,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
     loss *sums* are `lax.psum`-ed over the axis before normalising, which equals the jit path's
     global-batch normalisation (a `pmean` of per-device means would weight devices equally
     instead). Devices fold their index into the step key so their dropout masks differ.
+
+    ``skip_nonfinite`` (``nonfinite="skip"``): when the loss or the gradient norm is not finite the
+    step keeps the old params and optimizer state (`jnp.where`; the step counter still advances) and
+    reports ``skipped`` = 1.
     """
 
     def micro_grads(params, batch, key):
@@ -124,6 +129,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state.step),
         }
+        if skip_nonfinite:
+            finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+            keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+            params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+            metrics["skipped"] = 1.0 - finite.astype(jnp.float32)
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return train_step

@@ -1,0 +1,364 @@
+"""Fault injection on a tiny GPT run (issue 25): damaged checkpoints fall back to the newest intact
+one, two writers on one workdir, refusals that leave the workdir byte-identical, the nonfinite
+policy, metrics.jsonl across crashes, the checkpoint limit, and one-line errors.
+
+The base run trains 4 steps and checkpoints steps 2 and 4; each test damages a copy of it.
+``JAXFORMER_LONG_TESTS=1`` also runs a SIGKILL loop over random moments (minutes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer.train.checkpoint import load_params
+from jaxformer.train.config import complete_config, set_key
+from jaxformer.train.lock import WorkdirBusy
+from jaxformer.train.loop import Trainer
+from jaxformer.train.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"model.vocab_size": 384, "model.d_model": 16, "model.num_heads": 2, "model.d_ff": 32,
+        "model.num_layers": 1, "model.max_len": 32, "data.tokenizer.vocab_size": 384,
+        "data.tokenizer.max_train_texts": 500, "data.seq_len": 16, "data.batch_size": 8,
+        "checkpoint.every_steps": 2, "checkpoint.async_save": False, "eval.num_batches": 0,
+        "log_every_steps": 1, "progress_bar": False, "optimizer.warmup_steps": 2}
+
+
+def config(num_train_steps: int = 4, **overrides):
+    """configs/gpt_pretrain_tiny.py at the sizes of the legacy fixture (a 8,912-parameter GPT)."""
+    spec = importlib.util.spec_from_file_location("cfg", ROOT / "configs" / "gpt_pretrain_tiny.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = complete_config(module.get_config())
+    for key, value in {**TINY, "num_train_steps": num_train_steps, **overrides}.items():
+        set_key(c, key, value)
+    return c
+
+
+def flags(num_train_steps: int, **overrides) -> list[str]:
+    return [f"--config.{k}={v}" for k, v in
+            {**TINY, "num_train_steps": num_train_steps, **overrides}.items()]
+
+
+def release(trainer: Trainer) -> None:
+    """What `Trainer.run` does at its end, for a trainer the test does not run."""
+    trainer.lock.release()
+
+
+def digest(workdir: Path) -> dict[str, str]:
+    """Every file of a workdir but the lock, by content."""
+    return {str(p.relative_to(workdir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(workdir.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def steps(workdir: Path) -> list[int]:
+    return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    wd = tmp_path_factory.mktemp("base") / "run"
+    Trainer(config(), wd).run()
+    assert steps(wd) == [2, 4]
+    return wd
+
+
+@pytest.fixture
+def run(base, tmp_path) -> Path:
+    shutil.copytree(base, tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
+    return tmp_path / "run"
+
+
+def largest_state_file(step_dir: Path) -> Path:
+    return max((p for p in (step_dir / "state").rglob("*") if p.is_file() and "d" in p.parts),
+               key=lambda p: p.stat().st_size)
+
+
+def flip(path: Path, n: int = 3) -> None:
+    b = bytearray(path.read_bytes())
+    for i in range(n):
+        b[len(b) // 2 + 97 * i] ^= 0xFF
+    path.write_bytes(bytes(b))
+
+
+DAMAGE = {  # what to do to checkpoints/4 → the file the one-line report names
+    "truncated": (lambda s: largest_state_file(s).write_bytes(
+        largest_state_file(s).read_bytes()[:100]), "the save wrote"),
+    "random_bytes": (lambda s: largest_state_file(s).write_bytes(
+        os.urandom(largest_state_file(s).stat().st_size)), "does not match its sha256"),
+    "flipped_bytes": (lambda s: flip(largest_state_file(s)), "does not match its sha256"),
+    "state_deleted": (lambda s: shutil.rmtree(s / "state"), "state/ (the train state) is missing"),
+    "metadata_deleted": (lambda s: (s / "state" / "_METADATA").unlink(),
+                         "state/_METADATA is missing"),
+    "data_deleted": (lambda s: shutil.rmtree(s / "data"),
+                     "data/ (the data iterator state) is missing"),
+    "garbage_iterator_json": (lambda s: (s / "data" / "process_0-of-1.json").write_text("{garbage"),
+                              "data/process_0-of-1.json"),
+    "manifest_deleted": (lambda s: (s / "jaxformer_manifest.json").unlink(),
+                         "jaxformer_manifest.json is missing"),
+}
+
+
+# 1. Verified checkpoints with fallback ------------------------------------------------------------
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_latest_checkpoint_is_reported_and_the_run_falls_back(run, damage, capsys):
+    make, named = DAMAGE[damage]
+    make(run / "checkpoints" / "4")
+    before = digest(run / "checkpoints" / "4")
+    trainer = Trainer(config(6), run)
+    assert trainer.start_step == 2
+    lines = [x for x in capsys.readouterr().out.splitlines() if "damaged checkpoint" in x]
+    assert len(lines) == 1 and "checkpoint 4" in lines[0] and named in lines[0], lines
+    assert digest(run / "checkpoints" / "4.damaged") == before  # kept as it was, never read
+    if damage == "data_deleted":  # the run continues from step 2 and writes step 4 anew
+        trainer.run()
+        assert steps(run) == [2, 4, 6] and (run / "checkpoints" / "4" / "data").is_dir()
+        assert digest(run / "checkpoints" / "4.damaged") == before  # Orbax's clean-up spares it
+    else:
+        release(trainer)
+
+
+def test_an_intact_checkpoint_resumes_as_saved(base, run):
+    trainer = Trainer(config(6), run)
+    assert trainer.start_step == 4
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(trainer.state.params),
+                 load_params(base))
+    release(trainer)
+
+
+def test_no_intact_checkpoint_is_one_error_and_leaves_the_workdir_intact(run):
+    flip(largest_state_file(run / "checkpoints" / "4"))
+    (run / "checkpoints" / "2" / "jaxformer_manifest.json").write_text("")
+    before = digest(run)
+    with pytest.raises(ValueError, match=r"no intact checkpoint in .*checkpoints: 4: state/.* does "
+                                         r"not match its sha256.*; 2: jaxformer_manifest.json is "
+                                         r"unreadable") as e:
+        Trainer(config(6), run)
+    assert "\n" not in str(e.value) and digest(run) == before
+
+
+def test_init_from_generate_and_convert_refuse_a_damaged_checkpoint_in_one_line(run, tmp_path,
+                                                                               capsys):
+    from jaxformer.convert.__main__ import main as convert
+    from jaxformer.generate import main as generate
+    from jaxformer.train.verify import CheckpointDamaged
+
+    flip(largest_state_file(run / "checkpoints" / "4"))
+    with pytest.raises(CheckpointDamaged, match=r"checkpoints/4 is damaged: state/.*sha256.*read an "
+                                                r"intact older step instead \(.*checkpoints/2\)"):
+        Trainer(config(4, init_from=str(run)), tmp_path / "ft")
+    assert generate(["--workdir", str(run), "--prompt", "to be"]) == 2
+    assert convert(["--from", str(run), "--to-hf", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("checkpoints/4 is damaged: state/" in x for x in err), err
+    assert not (tmp_path / "hf").exists()
+    load_params(run / "checkpoints" / "2")  # an intact older step is still readable
+
+
+def test_a_missing_tokenizer_is_a_failed_resume_not_a_new_tokenizer(run):
+    (run / "tokenizer.model").unlink()
+    before = digest(run)
+    with pytest.raises(ValueError, match=r"tokenizer.model is missing, but the run's checkpoints "
+                                         r"were written with it"):
+        Trainer(config(6), run)
+    assert digest(run) == before and not (run / "tokenizer.model").exists()
+
+
+def test_an_empty_config_json_resumes_from_the_checkpoint_copy(run):
+    (run / "config.json").write_text("")
+    trainer = Trainer(config(6), run)
+    assert trainer.start_step == 4 and (run / "config.json").stat().st_size > 0
+    release(trainer)
+
+
+# 2. One writer per workdir ------------------------------------------------------------------------
+
+def test_a_second_writer_exits_at_once_naming_the_holder(run):
+    holder = Trainer(config(6), run)
+    with pytest.raises(WorkdirBusy, match=rf"in use by another run \(PID {os.getpid()},"):
+        Trainer(config(6), run)
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config",
+                           str(ROOT / "configs/gpt_pretrain_tiny.py"), "--workdir", str(run),
+                           *flags(6)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert last.startswith("train.py: error: workdir") and f"PID {os.getpid()}" in last, last
+    holder.run()  # releases the lock when done
+    release(Trainer(config(6), run))
+
+
+def test_the_lock_of_a_killed_run_is_not_stale(tmp_path):
+    code = ("import sys, time; from jaxformer.train.lock import WorkdirLock; "
+            f"lock = WorkdirLock({str(tmp_path)!r}).acquire(); print('locked', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.stdout.readline().strip() == "locked"
+    from jaxformer.train.lock import WorkdirLock
+
+    with pytest.raises(WorkdirBusy, match=f"PID {proc.pid}"):
+        WorkdirLock(tmp_path).acquire()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    WorkdirLock(tmp_path).acquire().release()
+
+
+# 3. Refusals before any write ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("change, message", [
+    ({"optimizer.clip_norm": 0.0}, r"cannot resume: checkpoint .*/4 holds another train-state "
+                                   r"structure: opt_state/1/0/count only in the checkpoint.*"
+                                   r"changed: optimizer.clip_norm: 1.0 -> 0.0\. .*init_from="),
+    ({"model.d_ff": 64}, r"model.d_ff: 32 -> 64"),
+    ({"data.tokenizer.vocab_size": 360}, r"data.tokenizer.vocab_size: 384 -> 360"),
+])
+def test_refused_resumes_leave_the_workdir_byte_identical(run, change, message):
+    before = digest(run)
+    with pytest.raises(ValueError, match=message) as e:
+        Trainer(config(6, **change), run)
+    assert "\n" not in str(e.value)
+    assert digest(run) == before
+
+
+# 4. The nonfinite policy --------------------------------------------------------------------------
+
+def poisoned(trainer: Trainer, bad_steps: set[int], monkeypatch) -> Trainer:
+    """Make the loss (so every gradient) NaN at ``bad_steps``: the host marks those batches, the
+    objective multiplies their weights by NaN."""
+    import jaxformer.train.loop as loop
+
+    count = iter(range(trainer.start_step + 1, 10**6))
+    check = loop._check_batch
+
+    def mark(batch, cfg):
+        check(batch, cfg)
+        batch["poison"] = np.full(len(batch["inputs"]), next(count) in bad_steps, np.float32)
+
+    prepare = trainer.prepare
+
+    def prepare_poisoned(batch, rng):
+        out = prepare({k: v for k, v in batch.items() if k != "poison"}, rng)
+        return {**out, "weights": out["weights"] * jnp.where(batch["poison"][0] > 0, jnp.nan, 1.0)}
+
+    monkeypatch.setattr(loop, "_check_batch", mark)
+    trainer.prepare = prepare_poisoned
+    return trainer
+
+
+def test_nonfinite_stop_names_the_step_and_the_last_good_checkpoint(tmp_path, monkeypatch):
+    trainer = poisoned(Trainer(config(6), tmp_path), {3}, monkeypatch)
+    with pytest.raises(FloatingPointError, match=r"training stopped at step 3: non-finite "
+                                                 r"loss=nan.*last good checkpoint is step 2") as e:
+        trainer.run()
+    assert "\n" not in str(e.value)
+    assert steps(tmp_path) == [2]
+    jax.tree.map(lambda x: np.testing.assert_(np.isfinite(x).all()), load_params(tmp_path))
+
+
+def test_nonfinite_skip_leaves_the_update_out_and_counts_it(tmp_path, monkeypatch):
+    c = config(4, nonfinite="skip", **{"checkpoint.every_steps": 1, "checkpoint.keep": 5})
+    poisoned(Trainer(c, tmp_path), {3}, monkeypatch).run()
+    assert steps(tmp_path) == [1, 2, 3, 4]
+    ckpt = tmp_path / "checkpoints"
+    jax.tree.map(np.testing.assert_array_equal, load_params(ckpt / "3"), load_params(ckpt / "2"))
+    rows = {r["step"]: r for r in read_metrics(tmp_path)}
+    assert rows[3]["skipped"] == 1.0 and rows[4]["skipped"] == 0.0
+    assert rows[2].get("skipped_updates") is None and rows[4]["skipped_updates"] == 1
+    assert np.isfinite(rows[4]["loss"]) and rows[4]["loss"] != rows[2]["loss"]
+
+
+def test_nonfinite_skip_stops_after_the_limit_in_a_row(tmp_path, monkeypatch):
+    trainer = poisoned(Trainer(config(8, nonfinite="skip", nonfinite_limit=2), tmp_path),
+                       {3, 4, 5}, monkeypatch)
+    with pytest.raises(FloatingPointError, match=r"step 4: non-finite .*2 non-finite steps in a "
+                                                 r"row \(nonfinite_limit=2\).*checkpoint is step 2"):
+        trainer.run()
+
+
+# 5. metrics.jsonl and the checkpoint limit across crashes -----------------------------------------
+
+def test_metrics_keep_one_row_per_step_across_a_crash(run):
+    with (run / "metrics.jsonl").open("a") as f:  # rows a killed run wrote after its checkpoint
+        f.write('{"step": 5, "loss": 1.0}\n{"step": 6, "loss": 1.0}\n{"step": 7, "lo')
+    Trainer(config(6), run).run()
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4, 5, 6]
+    assert all(r["loss"] != 1.0 for r in read_metrics(run))
+
+
+def test_the_checkpoint_limit_holds_after_kills(run):
+    """A kill between a commit and Orbax's clean-up leaves keep + 1 steps, a kill during a save a
+    temporary directory (of step 5: a SIGTERM save, say, that the rerun does not repeat); the next
+    run removes both."""
+    shutil.copytree(run / "checkpoints" / "4", run / "checkpoints" / "5.orbax-checkpoint-tmp")
+    trainer = Trainer(config(6, **{"checkpoint.keep": 1}), run)
+    assert trainer.start_step == 4
+    trainer.run()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["6"]
+
+
+# 6. One-line errors from the command line --------------------------------------------------------
+
+def test_train_py_reports_a_workdir_without_intact_checkpoints_in_one_line(run):
+    for step in (2, 4):
+        shutil.rmtree(run / "checkpoints" / str(step) / "data")
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config",
+                           str(ROOT / "configs/gpt_pretrain_tiny.py"), "--workdir", str(run),
+                           *flags(6)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"train.py: error: no intact checkpoint in {run}/checkpoints: 4: data/ (the data iterator "
+        "state) is missing; 2: data/ (the data iterator state) is missing. Restore the files from "
+        "a copy, or move the checkpoints folder away to train from scratch")
+
+
+# Opt-in: SIGKILL at random moments ---------------------------------------------------------------
+
+@pytest.mark.skipif(not os.environ.get("JAXFORMER_LONG_TESTS"), reason="JAXFORMER_LONG_TESTS=1")
+def test_kill9_loop_resumes_bitwise(tmp_path):
+    """Kill ``train.py`` (async saves every 3 steps, keep 2) 15 times, rerunning the command each
+    time — a third of the kills at random moments of start-up, the others at random moments of
+    training — then finish. Losses equal an uninterrupted run's bit for bit, every step
+    has one metrics row, at most ``keep`` checkpoints remain and no temporary directory."""
+    total, kills = 399, int(os.environ.get("JAXFORMER_KILLS", "15"))
+    extra = {"checkpoint.every_steps": 3, "checkpoint.keep": 2, "checkpoint.async_save": True}
+    cmd = [sys.executable, str(ROOT / "train.py"), "--config",
+           str(ROOT / "configs/gpt_pretrain_tiny.py"), "--workdir", str(tmp_path / "killed"),
+           *flags(total, **extra)]
+    rng, killed_at, last = random.Random(0), [], lambda: ([0] + [
+        r["step"] for r in read_metrics(tmp_path / "killed")])[-1]
+    for i in range(kills):
+        before = last()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if i % 3 == 0:  # during start-up: tokenizer, verification, restore, compilation
+            time.sleep(rng.uniform(0.5, 6.0))
+        else:  # during training (steps, async saves and their manifests, Orbax's clean-up)
+            deadline = time.time() + 180
+            while last() <= before and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 2.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        killed_at.append(last())
+    print(f"last metrics row at each kill: {killed_at}")
+    assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=600).returncode == 0
+    Trainer(config(total, **extra), tmp_path / "straight").run()
+    killed = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "killed")}
+    straight = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "straight")}
+    assert [r["step"] for r in read_metrics(tmp_path / "killed")] == list(range(1, total + 1))
+    assert killed == straight
+    left = sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir())
+    assert left == [str(total - 3), str(total)], left
