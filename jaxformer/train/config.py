@@ -15,6 +15,8 @@ checkpoint         every_steps, keep, best_metric, async_save
 eval               every_steps, num_batches, split
 mesh               data / fsdp / tensor sizes (-1 fills)
 parallel           "jit" (sharded over the mesh) or "pmap" (data-parallel, replicated state)
+module_api         "linen" (`jaxformer.models`) or "nnx" (`jaxformer.nnx`): same parameters, same
+                   computation; checkpoints of either load into the other
 log_every_steps    metrics.jsonl / TensorBoard cadence
 progress_bar       show a tqdm bar
 =================  ==============================================================================
@@ -36,8 +38,9 @@ from jaxformer.objectives import OPTION_DEFAULTS, check_objective
 from jaxformer.train.schedules import make_schedule
 
 TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "model", "objective", "data", "optimizer",
-                  "checkpoint", "eval", "mesh", "parallel", "log_every_steps", "progress_bar",
-                  "name")
+                  "checkpoint", "eval", "mesh", "parallel", "module_api", "log_every_steps",
+                  "progress_bar", "name")
+MODULE_APIS = ("linen", "nnx")
 
 
 def model_defaults() -> ml_collections.ConfigDict:
@@ -74,6 +77,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict(dict(every_steps=500, num_batches=20, split="validation"))
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     c.parallel = "jit"
+    c.module_api = "linen"
     c.log_every_steps = 50
     c.progress_bar = True
     return c
@@ -172,6 +176,8 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
         raise ValueError(f"num_train_steps={config.num_train_steps!r} must be a positive integer")
     if config.parallel not in ("jit", "pmap"):
         raise ValueError(f"parallel={config.parallel!r} must be 'jit' or 'pmap'")
+    if config.get("module_api", "linen") not in MODULE_APIS:
+        raise ValueError(f"module_api={config.module_api!r} is invalid: choose one of {MODULE_APIS}")
     sharded = {a: config.mesh.get(a, 1) for a in ("fsdp", "tensor") if config.mesh.get(a, 1) != 1}
     if config.parallel == "pmap" and sharded:
         raise ValueError(f"parallel='pmap' is data parallel only (replicated state), so "
