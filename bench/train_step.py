@@ -13,7 +13,8 @@ Variants: ``xla`` (baseline), ``scan`` (`nn.scan` over layers), ``remat`` (full 
 ``nnx_scan``: the NNX model (`jaxformer.nnx`) in the same pure jitted step, as the trainer runs it
 (``nnx.split`` once, ``nnx.merge(graphdef, params)`` inside the traced loss); ``nnx_jit``: the
 stateful NNX idiom, `nnx.jit` over the model and an `nnx.Optimizer` updated in place (graph
-traversal in Python on every call, flax issues 4045 / 4459).
+traversal in Python on every call, flax issues 4045 / 4459). "same program as" names the first
+variant whose compiled HLO (modulo value names) is identical: ``nnx`` compiles to ``xla``'s program.
 
     python bench/train_step.py --steps 5
     python bench/train_step.py --steps 10 --variants xla,scan,remat,chunked --peer
@@ -41,6 +42,7 @@ from common import (  # noqa: E402
     compile_seconds,
     format_table,
     measure_matmul_peak,
+    program_fingerprint,
     train_step_flops,
 )
 
@@ -138,12 +140,13 @@ def prepare_variant(name: str, args) -> dict:
 
         mem = compiled.memory_analysis()
         out = {"run": run, "params": tree, "compile_s": compile_s,
-               "temp_bytes": getattr(mem, "temp_size_in_bytes", None) if mem is not None else None}
+               "temp_bytes": getattr(mem, "temp_size_in_bytes", None) if mem is not None else None,
+               "program": program_fingerprint(compiled)}
     flops = train_step_flops(cfg, out["params"], batch=args.batch, seq_len=args.seq_len)
     row = {"variant": name, "compile_s": out["compile_s"], "flops": flops["total"],
            "tokens": flops["tokens"], "model_tflops_per_step": flops["total"] / 1e12,
            "attention_flops_fraction": flops["attention"] / flops["total"],
-           "temp_bytes": out["temp_bytes"]}
+           "temp_bytes": out["temp_bytes"], "program": out.get("program")}
     return {"row": row, "run": out["run"]}
 
 
@@ -218,6 +221,10 @@ def main(argv=None) -> dict:
         p.error(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
 
     entries = [prepare_variant(n, args) for n in names]
+    programs = {e["row"]["program"]: e["row"]["variant"] for e in reversed(entries)
+                if e["row"]["program"]}
+    for e in entries:  # e.g. nnx: "xla" when both compile to the same program
+        e["row"]["same_program_as"] = programs.get(e["row"]["program"])
     if args.peer:
         entries.append(prepare_torch_peer(args))
     peak = measure_matmul_peak(args.matmul_n, jnp.float32)
@@ -243,7 +250,8 @@ def main(argv=None) -> dict:
           "TFLOP/step")
     print(format_table(rows, [("variant", "variant", ""), ("tokens_per_s", "tokens/s", ".0f"),
                               ("step_s", "step s", ".3f"), ("compile_s", "compile s", ".1f"),
-                              ("mfu", "MFU", ".1%"), ("vs_first", "ratio", ".2f")]))
+                              ("mfu", "MFU", ".1%"), ("vs_first", "ratio", ".2f"),
+                              ("same_program_as", "same program as", "")]))
     return report
 
 

@@ -51,7 +51,8 @@ def _dropout_key(rngs: RngsArg) -> jax.Array:
 
 
 class _NNXParts:
-    """`jaxformer.models.forward.Parts` of an NNX model; the dropout key is drawn on first use."""
+    """`jaxformer.models.forward.Parts` of an NNX model (no ``decode_state``: NNX calls never
+    decode); the dropout key is drawn on first use."""
 
     def __init__(self, model: _Model, deterministic: bool, rngs: RngsArg):
         self.model, self.cfg, self.deterministic = model, model.cfg, deterministic
@@ -70,9 +71,8 @@ class _NNXParts:
 
     def stack(self, name, x, *, num_layers, causal, cross_attention, decode, cache_index,
               **inputs):
-        if decode:
-            raise ValueError("NNX models decode with jaxformer.decode.generate(model, prompts), "
-                             "which runs the shared KV-cache program on their parameters")
+        # NNX calls never decode (``decode`` is False): generation runs the shared KV-cache
+        # program on the parameters (`jaxformer.decode.generate`).
         rng = None if self.deterministic or not has_dropout(self.cfg) else self.rng(name)
         return run_stack(self.params(name), x, cfg=self.cfg, num_layers=num_layers,
                          dropout_rng=rng, constrain=forward.constrain, causal=causal, **inputs)

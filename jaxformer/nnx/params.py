@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -78,7 +79,5 @@ def param_shardings(model: nnx.Module, mesh: Mesh, rules: Rules = LOGICAL_AXIS_R
 def boxed_params(model: nnx.Module) -> dict[str, Any]:
     """`param_dict` with each array boxed as `flax.linen.LogicallyPartitioned` (its logical axes),
     the form of Linen's ``init`` output that the trainer's sharding code reads."""
-    import flax.linen as nn
-
     return nnx.to_pure_dict(nnx.state(model, nnx.Param),
                             extract_fn=lambda v: nn.LogicallyPartitioned(v[...], _axes(v)))
