@@ -45,29 +45,34 @@ def stack_block(params: dict, x: Array, *, cfg: ModelConfig, constrain: Constrai
     return (y if cache is not None else pin(y, ACTIVATION_AXES)), cache
 
 
-def run_stack(params: dict, x: Array, *, cfg: ModelConfig, num_layers: int,
+def run_stack(params: dict, x: Array, *, cfg: ModelConfig, num_layers: int, causal: bool = False,
               dropout_rng: jax.Array | None = None, constrain: Constrain | None = None,
-              **kwargs) -> Array:
+              **inputs) -> Array:
     """``num_layers`` blocks in order, `[B, T, D]` → `[B, T, D]` (no decoding cache).
 
     Args:
       params: ``{"layers": stacked}`` (scanned) or ``{"layer_0": …, "layer_{N-1}": …}``.
+      causal: causal self-attention (decoders).
       dropout_rng: enables dropout; layer ``i`` uses ``split(dropout_rng, num_layers)[i]`` in both
         layouts, so a scanned stack equals its unrolled twin with dropout on too.
-      kwargs: `transformer_block` arguments shared by the layers (``causal``, ``positions``,
-        ``segment_ids``, ``bias``, ``encoder_out``, ``encoder_segment_ids``).
+      inputs: `transformer_block` arrays shared by the layers (``positions``, ``segment_ids``,
+        ``bias``, ``encoder_out``, ``encoder_segment_ids``; None when absent). They are explicit
+        arguments of the rematerialised block, as in the Linen ``nn.remat(Block)``, so both
+        compile to the same program.
     """
     scanned = "layers" in params
 
-    def block(p, h, rng):
-        return stack_block(p, h, cfg=cfg, dropout_rng=rng, constrain=constrain, **kwargs)[0]
+    def block(p, h, rng, shared):
+        return stack_block(p, h, cfg=cfg, causal=causal, dropout_rng=rng, constrain=constrain,
+                           **shared)[0]
 
     if cfg.remat_policy != "none":
         block = jax.checkpoint(block, policy=REMAT_POLICIES[cfg.remat_policy],
                                prevent_cse=not scanned)
     rngs = None if dropout_rng is None else jax.random.split(dropout_rng, num_layers)
     if scanned:
-        return lax.scan(lambda h, pr: (block(pr[0], h, pr[1]), None), x, (params["layers"], rngs))[0]
+        body = lambda h, pr: (block(pr[0], h, pr[1], inputs), None)
+        return lax.scan(body, x, (params["layers"], rngs))[0]
     for i in range(num_layers):
-        x = block(params[f"layer_{i}"], x, None if rngs is None else rngs[i])
+        x = block(params[f"layer_{i}"], x, None if rngs is None else rngs[i], inputs)
     return x
