@@ -21,6 +21,8 @@ PaLM (Chowdhery et al. 2022, App. B), as MaxText logs it:
 
 from __future__ import annotations
 
+import hashlib
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -97,3 +99,16 @@ def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def program_fingerprint(compiled: Any) -> str:
+    """Hash of a compiled executable's optimized, scheduled HLO without the names of its values
+    and parameters and without source metadata: equal for two front ends that compile to the same
+    program (then their speed differs by noise only)."""
+    text = compiled.as_text()
+    text = re.sub(r"\n(FileNames|FunctionNames|FileLocations|StackFrames)\n.*?(?=\n\n|\nENTRY|\n%|\Z)",
+                  "\n", text, flags=re.S)
+    text = re.sub(r", (metadata=\{[^}]*\}|stack_frame_id=\d+)", "", text)
+    text = re.sub(r"%[\w.\-]+|[\w.]+: (?=[fsu]\d+\[)|HloModule \S+", "", text)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+

@@ -9,10 +9,16 @@ round-robin (one step of each variant per round), so that ratios survive a noisy
 
 Variants: ``xla`` (baseline), ``scan`` (`nn.scan` over layers), ``remat`` (full rematerialisation),
 ``chunked`` (memory-efficient attention), ``nodonate`` (baseline without buffer donation), ``bf16``
-(bfloat16 compute, float32 parameters; MFU still against the float32 peak).
+(bfloat16 compute, float32 parameters; MFU still against the float32 peak); ``nnx`` and
+``nnx_scan``: the NNX model (`jaxformer.nnx`) in the same pure jitted step, as the trainer runs it
+(``nnx.split`` once, ``nnx.merge(graphdef, params)`` inside the traced loss); ``nnx_jit``: the
+stateful NNX idiom, `nnx.jit` over the model and an `nnx.Optimizer` updated in place (graph
+traversal in Python on every call, flax issues 4045 / 4459). "same program as" names the first
+variant whose compiled HLO (modulo value names) is identical: ``nnx`` compiles to ``xla``'s program.
 
     python bench/train_step.py --steps 5
     python bench/train_step.py --steps 10 --variants xla,scan,remat,chunked --peer
+    python bench/train_step.py --steps 10 --variants xla,nnx,nnx_jit
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (  # noqa: E402
@@ -35,9 +42,11 @@ from common import (  # noqa: E402
     compile_seconds,
     format_table,
     measure_matmul_peak,
+    program_fingerprint,
     train_step_flops,
 )
 
+from jaxformer import nnx as jnnx  # noqa: E402
 from jaxformer.config import ModelConfig  # noqa: E402
 from jaxformer.models import DecoderOnly  # noqa: E402
 from jaxformer.ops import weighted_cross_entropy  # noqa: E402
@@ -49,6 +58,9 @@ VARIANTS = {
     "chunked": {"attention_impl": "chunked", "attention_chunk_size": 128},
     "nodonate": {},
     "bf16": {"dtype": "bfloat16"},
+    "nnx": {},
+    "nnx_scan": {"scan_layers": True},
+    "nnx_jit": {},
 }
 
 
@@ -62,46 +74,80 @@ def model_config(args, **overrides) -> ModelConfig:
     return ModelConfig(**dict(kw, **overrides))
 
 
-def make_step(cfg: ModelConfig, tx: optax.GradientTransformation, donate: bool):
-    model = DecoderOnly(cfg)
+def next_token_loss(logits, tokens):
+    total, count = weighted_cross_entropy(logits, tokens[:, 1:])
+    return total / count
 
-    def loss_fn(params, tokens):
-        logits = model.apply(params, tokens[:, :-1])
-        total, count = weighted_cross_entropy(logits, tokens[:, 1:])
-        return total / count
+
+def make_step(apply, tx: optax.GradientTransformation, donate: bool):
+    """The jitted step of a pure ``apply(params, tokens) -> logits`` (Linen, or NNX via merge)."""
 
     def step(params, opt_state, tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        loss_fn = lambda p: next_token_loss(apply(p, tokens[:, :-1]), tokens)
+        loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    return model, jax.jit(step, donate_argnums=(0, 1) if donate else ())
+    return jax.jit(step, donate_argnums=(0, 1) if donate else ())
+
+
+def init_variant(name: str, cfg: ModelConfig, tokens):
+    """(pure apply, params, the params tree) of the Linen or NNX model."""
+    if name.startswith("nnx"):
+        graphdef, state = nnx.split(jnnx.build_model(cfg, nnx.Rngs(params=0)))
+        params = nnx.to_pure_dict(state)
+        return (lambda p, t: nnx.merge(graphdef, p)(t)), params, params
+    model = DecoderOnly(cfg)
+    params = jax.jit(model.init)(jax.random.key(0), tokens[:, :-1])
+    return model.apply, params, params["params"]
+
+
+def prepare_nnx_jit(cfg: ModelConfig, tx: optax.GradientTransformation, tokens) -> dict:
+    """`nnx.jit` over the model and an `nnx.Optimizer` that update in place (no AOT compile: the
+    first call, compile included, is ``first_s``)."""
+    model = jnnx.build_model(cfg, nnx.Rngs(params=0))
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, optimizer, tokens):
+        loss, grads = nnx.value_and_grad(lambda m: next_token_loss(m(tokens[:, :-1]), tokens))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    return {"run": lambda: step(model, optimizer, tokens), "params": jnnx.param_dict(model),
+            "compile_s": None, "temp_bytes": None}
 
 
 def prepare_variant(name: str, args) -> dict:
     """Compile the step of variant ``name``; returns its row (metadata) and a ``run`` callable."""
     cfg = model_config(args, **VARIANTS[name])
     tx = optax.adamw(1e-4, weight_decay=0.01)
-    model, step = make_step(cfg, tx, donate=name != "nodonate")
     rng = np.random.default_rng(0)
     # T + 1 tokens per row: inputs are the first T, labels the last T (T positions are trained)
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (args.batch, args.seq_len + 1)), jnp.int32)
-    params = jax.jit(model.init)(jax.random.key(0), tokens[:, :-1])
-    opt_state = jax.jit(tx.init)(params)
-    compiled, compile_s = compile_seconds(step, params, opt_state, tokens)
-    state = {"params": params, "opt": opt_state}
+    if name == "nnx_jit":
+        out = prepare_nnx_jit(cfg, tx, tokens)
+    else:
+        apply, params, tree = init_variant(name, cfg, tokens)
+        opt_state = jax.jit(tx.init)(params)
+        compiled, compile_s = compile_seconds(make_step(apply, tx, donate=name != "nodonate"),
+                                              params, opt_state, tokens)
+        state = {"params": params, "opt": opt_state}
 
-    def run():
-        state["params"], state["opt"], loss = compiled(state["params"], state["opt"], tokens)
-        return loss
+        def run():
+            state["params"], state["opt"], loss = compiled(state["params"], state["opt"], tokens)
+            return loss
 
-    flops = train_step_flops(cfg, params["params"], batch=args.batch, seq_len=args.seq_len)
-    mem = compiled.memory_analysis()
-    row = {"variant": name, "compile_s": compile_s, "flops": flops["total"],
+        mem = compiled.memory_analysis()
+        out = {"run": run, "params": tree, "compile_s": compile_s,
+               "temp_bytes": getattr(mem, "temp_size_in_bytes", None) if mem is not None else None,
+               "program": program_fingerprint(compiled)}
+    flops = train_step_flops(cfg, out["params"], batch=args.batch, seq_len=args.seq_len)
+    row = {"variant": name, "compile_s": out["compile_s"], "flops": flops["total"],
            "tokens": flops["tokens"], "model_tflops_per_step": flops["total"] / 1e12,
            "attention_flops_fraction": flops["attention"] / flops["total"],
-           "temp_bytes": getattr(mem, "temp_size_in_bytes", None) if mem is not None else None}
-    return {"row": row, "run": run}
+           "temp_bytes": out["temp_bytes"], "program": out.get("program")}
+    return {"row": row, "run": out["run"]}
 
 
 def prepare_torch_peer(args) -> dict:
@@ -175,6 +221,10 @@ def main(argv=None) -> dict:
         p.error(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
 
     entries = [prepare_variant(n, args) for n in names]
+    programs = {e["row"]["program"]: e["row"]["variant"] for e in reversed(entries)
+                if e["row"]["program"]}
+    for e in entries:  # e.g. nnx: "xla" when both compile to the same program
+        e["row"]["same_program_as"] = programs.get(e["row"]["program"])
     if args.peer:
         entries.append(prepare_torch_peer(args))
     peak = measure_matmul_peak(args.matmul_n, jnp.float32)
@@ -200,7 +250,8 @@ def main(argv=None) -> dict:
           "TFLOP/step")
     print(format_table(rows, [("variant", "variant", ""), ("tokens_per_s", "tokens/s", ".0f"),
                               ("step_s", "step s", ".3f"), ("compile_s", "compile s", ".1f"),
-                              ("mfu", "MFU", ".1%"), ("vs_first", "ratio", ".2f")]))
+                              ("mfu", "MFU", ".1%"), ("vs_first", "ratio", ".2f"),
+                              ("same_program_as", "same program as", "")]))
     return report
 
 

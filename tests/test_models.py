@@ -381,7 +381,7 @@ def test_positions_types_shapes_and_cache_outside_their_tables_are_errors():
 @pytest.mark.parametrize("how", ["first", "last", "mean", "max"])
 def test_pooling_matches_numpy(how):
     """Each pooling against NumPy on rows of 7, 3, 1 and 0 non-padding tokens."""
-    from jaxformer.layers.heads import pool
+    from jaxformer.ops.heads import pool
 
     x = np.random.default_rng(0).normal(size=(4, 7, 5)).astype(np.float32)
     lengths = (7, 3, 1, 0)

@@ -49,7 +49,7 @@ def canonical_name(name: str) -> str:
 
 
 def _pooled_head(cfg: ModelConfig) -> bool:
-    """Whether the model has a pooler (`jaxformer.models.transformer._apply_head`)."""
+    """Whether the model has a pooler (`jaxformer.layers.params.model_spec`)."""
     return cfg.pooler and (cfg.head in ("classify", "none") or cfg.nsp_head)
 
 

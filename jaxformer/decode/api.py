@@ -5,6 +5,11 @@
     texts = generate_text(model, params, tokenizer, ["Once upon a time"], strategy="sample",
                           temperature=0.8, top_p=0.9, rng=jax.random.key(0))
 
+An NNX model (`jaxformer.nnx`) carries its parameters, so its calls omit them:
+``generate(nnx_model, prompts, ...)``, ``generate_text(nnx_model, tokenizer, texts, ...)``. It decodes
+through the same program as its Linen twin (`jaxformer.nnx.to_linen`: the Linen module of the same
+config on the NNX model's parameters; one forward implementation, so the generations are equal).
+
 For decoder-only models the inputs are prompts (continued); for encoder-decoder models they are
 sources (the decoder starts from ``decoder_start_id``, 0 = pad as in T5). Everything from the prompt
 to the last token runs in one `jax.jit` (``generate_padded``, compiled once per model, config and
@@ -22,6 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jaxformer.decode import steps
 from jaxformer.decode.beam import BeamResult, beam_search
@@ -170,6 +176,15 @@ def generate_padded(model: nn.Module, params: Any, inputs: jax.Array, lengths: j
                          rng if program.strategy == "sample" else None, *knobs)
 
 
+def _as_linen(model: Any, params: Any) -> tuple[nn.Module, Any]:
+    """(Linen module, params) of a Linen model and its params, or of an NNX model (its twin)."""
+    if isinstance(model, nnx.Module):
+        from jaxformer.nnx import to_linen
+
+        return to_linen(model)
+    return model, params
+
+
 def _unwrap(params: Any) -> Any:
     if isinstance(params, Mapping) and set(params) == {"params"}:
         return params["params"]
@@ -177,9 +192,9 @@ def _unwrap(params: Any) -> Any:
 
 
 def generate(
-    model: nn.Module,
-    params: Any,
-    prompts: Sequence[Sequence[int]],
+    model: nn.Module | nnx.Module,
+    params: Any = None,
+    prompts: Sequence[Sequence[int]] | None = None,
     *,
     strategy: str = "greedy",
     max_new_tokens: int = 32,
@@ -199,9 +214,15 @@ def generate(
     ``prompts`` is a list of token-id lists of any lengths (padded here; with greedy and beam
     search each row's result equals generating it alone; sampling draws every row from one key,
     so a row's sample depends on the batch it is in). See `GenerationConfig` for the options.
-    ``params`` is the parameter tree (``{"params": tree}`` is accepted too). Use
-    ``result.sequences(eos_id)`` for Python lists.
+    ``params`` is the parameter tree (``{"params": tree}`` is accepted too); an NNX model holds
+    its own, so ``generate(nnx_model, prompts, ...)``. Use ``result.sequences(eos_id)`` for
+    Python lists.
     """
+    if isinstance(model, nnx.Module) and prompts is None:
+        params, prompts = None, params
+    model, params = _as_linen(model, params)
+    if prompts is None:
+        raise ValueError("generate needs prompts, e.g. generate(model, params, [[5, 6], [7]])")
     config = GenerationConfig(
         strategy=strategy, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
         top_p=top_p, beam_size=beam_size, length_penalty=length_penalty, eos_id=eos_id,
@@ -241,11 +262,13 @@ def generate(
                            config, rng)
 
 
-def generate_text(model: nn.Module, params: Any, tokenizer: Any, texts: Sequence[str], *,
+def generate_text(model: nn.Module | nnx.Module, params: Any = None, tokenizer: Any = None,
+                  texts: Sequence[str] | None = None, *,
                   add_bos: bool = False, append_eos: bool | None = None, **kwargs) -> list[str]:
     """Text in, text out. ``tokenizer`` has ``encode(str) -> list[int]``,
     ``decode(list[int]) -> str`` and ``special`` (`jaxformer.data.vocab.SpecialTokens`, whose
-    eos/pad ids are the defaults).
+    eos/pad ids are the defaults). An NNX model holds its parameters:
+    ``generate_text(nnx_model, tokenizer, texts, ...)``.
 
     Args:
       add_bos: prepend the BOS id to each input.
@@ -256,6 +279,9 @@ def generate_text(model: nn.Module, params: Any, tokenizer: Any, texts: Sequence
     Returns:
       the generated texts (EOS removed), one per input.
     """
+    if isinstance(model, nnx.Module) and texts is None:
+        params, tokenizer, texts = None, params, tokenizer
+    model, params = _as_linen(model, params)
     if isinstance(texts, str):
         raise ValueError("texts must be a list of strings, e.g. ['Hello'], not one string")
     special = tokenizer.special

@@ -11,11 +11,8 @@ import jax.numpy as jnp
 
 from jaxformer.config import ModelConfig
 from jaxformer.layers.params import block_spec, declare
-from jaxformer.ops.blocks import transformer_block
-
-# Logical axes of the residual stream `[batch, length, d_model]` between blocks; mapped to mesh axes
-# by `jaxformer.parallel.rules` when a mesh and rules are active, a no-op otherwise.
-ACTIVATION_AXES = ("batch", "act_length", "act_embed")
+from jaxformer.ops.blocks import ACTIVATION_AXES, transformer_block
+from jaxformer.ops.stack import has_dropout, stack_block
 
 
 class Block(nn.Module):
@@ -42,16 +39,14 @@ class Block(nn.Module):
         cfg = self.cfg
         params = declare(self, block_spec(cfg, cross_attention=self.cross_attention),
                          jnp.dtype(cfg.param_dtype))
-        rng = None if self.deterministic or cfg_no_dropout(cfg) else self.make_rng("dropout")
-        x = nn.with_logical_constraint(x.astype(jnp.dtype(cfg.dtype)), ACTIVATION_AXES)
+        rng = None if self.deterministic or not has_dropout(cfg) else self.make_rng("dropout")
         kwargs = dict(cfg=cfg, causal=self.causal, positions=positions, segment_ids=segment_ids,
                       bias=bias, encoder_out=encoder_out, encoder_segment_ids=encoder_segment_ids,
                       cross_bias=cross_bias, dropout_rng=rng,
                       constrain=nn.with_logical_constraint)
         if not self.decode:
-            y = transformer_block(params, x, **kwargs)[0]
-            return nn.with_logical_constraint(y, ACTIVATION_AXES), None
-
+            return stack_block(params, x, **kwargs)[0], None
+        x = nn.with_logical_constraint(x.astype(jnp.dtype(cfg.dtype)), ACTIVATION_AXES)
         b, t = x.shape[:2]
         kv_shape = (b, t, cfg.num_kv_heads, cfg.head_dim)
         dtype = jnp.dtype(cfg.dtype)
@@ -76,7 +71,3 @@ class Block(nn.Module):
         if self.cross_attention:
             cross.value = new["cross"]
         return y, None
-
-
-def cfg_no_dropout(cfg: ModelConfig) -> bool:
-    return cfg.dropout_rate == 0.0 and cfg.attention_dropout_rate == 0.0 and cfg.ffn_dropout_rate == 0.0

@@ -4,8 +4,12 @@ A spec is a nested dict whose leaves are `ParamSpec`. The same spec
 
 * initialises a plain pytree without any module system (`init_params`), for users of the pure
   functions in `jaxformer.ops.blocks`, and
-* declares the parameters of a Flax module (`declare`), each wrapped with
-  `nn.with_logical_partitioning` so a mesh can shard it by rules (`jaxformer.parallel`).
+* declares the parameters of a Flax Linen module (`declare`), each wrapped with
+  `nn.with_logical_partitioning` so a mesh can shard it by rules (`jaxformer.parallel`), and
+* builds the `nnx.Param`s of the NNX models (`jaxformer.nnx.params`), the logical names carried as
+  their ``out_sharding`` metadata.
+
+`model_spec` lists a whole model by part, so the Linen and NNX models have one parameter tree.
 
 Logical axis names used across the library: ``vocab``, ``embed`` (d_model), ``heads``, ``kv_heads``,
 ``kv`` (head_dim), ``mlp`` (d_ff), ``classes``, ``relpos`` (relative buckets), ``length``
@@ -85,6 +89,110 @@ def block_spec(cfg: ModelConfig, *, cross_attention: bool = False) -> dict:
     return spec
 
 
+def _table(cfg: ModelConfig, rows: int, axes: tuple[str, str], cols: int | None = None) -> ParamSpec:
+    """A `[rows, cols]` lookup table (cols default d_model), initialised with ``embed_init_std``."""
+    return ParamSpec((rows, cols or cfg.d_model), axes, "normal", cfg.embed_init_std)
+
+
+def token_embed_spec(cfg: ModelConfig) -> dict:
+    """The `[vocab, d_model]` token table (also the tied output projection)."""
+    return {"embedding": _table(cfg, cfg.vocab_size, ("vocab", "embed"))}
+
+
+def input_embedding_spec(cfg: ModelConfig) -> dict:
+    """Learned positions, token types and BERT's embedding norm (`jaxformer.ops.inputs`)."""
+    spec = {}
+    if cfg.position == "learned":
+        spec["pos_embedding"] = _table(cfg, cfg.max_len, ("length", "embed"))
+    if cfg.type_vocab_size:
+        spec["type_embedding"] = _table(cfg, cfg.type_vocab_size, ("types", "embed"))
+    if cfg.embedding_norm:
+        spec["norm"] = norm_spec(cfg)
+    return spec
+
+
+def relative_bias_spec(cfg: ModelConfig) -> dict:
+    """T5's `[buckets, heads]` relative position table, one per stack."""
+    return {"embedding": _table(cfg, cfg.relative_num_buckets, ("relpos", "heads"), cfg.num_heads)}
+
+
+def head_dense_spec(cfg: ModelConfig, d_out: int, axes: tuple[str, str], bias: bool) -> dict:
+    """A `[d_model, d_out]` kernel (+ `[d_out]` bias) of an output head."""
+    out = {"kernel": ParamSpec((cfg.d_model, d_out), axes, "normal", cfg.init_std)}
+    if bias:
+        out["bias"] = ParamSpec((d_out,), axes[1:], "zeros")
+    return out
+
+
+def lm_head_spec(cfg: ModelConfig) -> dict:
+    """Tied: at most a `[vocab]` bias; untied: a `[d_model, vocab]` kernel (`jaxformer.ops.heads`)."""
+    if cfg.tie_embeddings:
+        return {"bias": ParamSpec((cfg.vocab_size,), ("vocab",), "zeros")} if cfg.lm_head_bias else {}
+    return head_dense_spec(cfg, cfg.vocab_size, ("embed", "vocab"), cfg.lm_head_bias)
+
+
+def mlm_head_spec(cfg: ModelConfig) -> dict:
+    """BERT's transform (dense + norm, with ``mlm_transform``) and the LM head as ``decoder``."""
+    spec = {}
+    if cfg.mlm_transform:
+        spec = {"dense": head_dense_spec(cfg, cfg.d_model, ("embed", "mlp"), True),
+                "norm": norm_spec(cfg)}
+    decoder = lm_head_spec(cfg)
+    return {**spec, "decoder": decoder} if decoder else spec
+
+
+def stacked(spec: Mapping, n: int) -> dict:
+    """``spec`` with every leaf stacked ``n`` times on a leading ``layers`` axis (scanned stacks)."""
+    return jax.tree.map(lambda s: dataclasses.replace(s, shape=(n, *s.shape), axes=("layers", *s.axes)),
+                        dict(spec), is_leaf=lambda s: isinstance(s, ParamSpec))
+
+
+def stack_spec(cfg: ModelConfig, num_layers: int, *, cross_attention: bool = False) -> dict:
+    """``num_layers`` blocks: ``{"layers": stacked}`` with ``cfg.scan_layers``, else ``layer_i``."""
+    block = block_spec(cfg, cross_attention=cross_attention)
+    if cfg.scan_layers:
+        return {"layers": stacked(block, num_layers)}
+    return {f"layer_{i}": block for i in range(num_layers)}
+
+
+def model_spec(cfg: ModelConfig) -> dict:
+    """Every parameter of ``cfg``'s model, by top-level part: exactly the tree of the Linen
+    ``build_model(cfg).init(...)["params"]`` and of the NNX model's `nnx.Param` state.
+
+    Parts: ``token_embed``; per stack ``S`` (``encoder``/``decoder``) its input embedding
+    (``embed``, or ``S_embed`` in encoder-decoder models), the blocks ``S``, ``S_relative_bias``
+    (relative positions) and ``S_norm`` (pre-LN); then the head's parts (``lm_head``,
+    ``mlm_head``, ``pooler``, ``nsp_head``, ``classifier``, ``token_classifier``). Parts without
+    parameters are left out.
+    """
+    stacks = {"encoder": [("encoder", "embed", cfg.num_layers, False)],
+              "decoder": [("decoder", "embed", cfg.num_layers, False)],
+              "encoder_decoder": [("encoder", "encoder_embed", cfg.num_encoder_layers, False),
+                                  ("decoder", "decoder_embed", cfg.num_decoder_layers, True)]}
+    spec = {"token_embed": token_embed_spec(cfg)}
+    for name, embed_name, n, cross in stacks[cfg.family]:
+        spec[embed_name] = input_embedding_spec(cfg)
+        if cfg.position == "relative":
+            spec[f"{name}_relative_bias"] = relative_bias_spec(cfg)
+        spec[name] = stack_spec(cfg, n, cross_attention=cross)
+        if cfg.norm_position == "pre":
+            spec[f"{name}_norm"] = norm_spec(cfg)
+    classes = ("embed", "classes")
+    if cfg.head == "lm":
+        spec["lm_head"] = lm_head_spec(cfg)
+    elif cfg.head == "mlm":
+        spec["mlm_head"] = mlm_head_spec(cfg)
+    elif cfg.head == "token_classify":
+        spec["token_classifier"] = head_dense_spec(cfg, cfg.num_classes, classes, True)
+    if cfg.pooler and (cfg.head in ("classify", "none") or cfg.nsp_head):
+        spec["pooler"] = head_dense_spec(cfg, cfg.d_model, ("embed", "mlp"), True)
+    if cfg.nsp_head:
+        spec["nsp_head"] = head_dense_spec(cfg, 2, classes, True)
+    if cfg.head == "classify":
+        spec["classifier"] = head_dense_spec(cfg, cfg.num_classes, classes, True)
+    return {k: v for k, v in spec.items() if v}
+
+
 def init_params(rng: jax.Array, spec: Mapping, dtype=jnp.float32) -> dict:
     """Initialise a plain pytree from a spec (no Flax), e.g. ``init_params(key, block_spec(cfg))``."""
     leaves, treedef = jax.tree_util.tree_flatten(spec, is_leaf=lambda x: isinstance(x, ParamSpec))
@@ -114,3 +222,17 @@ def declare(module: nn.Module, spec: Mapping, param_dtype=jnp.float32) -> dict:
         else:
             out[name] = ParamTree(s, param_dtype, name=name)()
     return out
+
+
+class Part(nn.Module):
+    """One named part of a model (a `model_spec` entry): declares its parameters and, when asked,
+    makes its dropout key in its own scope. Returns (params dict, key or None)."""
+
+    spec: Mapping
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, dropout: bool = False):
+        params = declare(self, self.spec, self.param_dtype)
+        return params, (self.make_rng("dropout") if dropout else None)
+

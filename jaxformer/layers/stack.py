@@ -9,16 +9,10 @@ Both compute the same function (tested). ``remat_policy`` trades compute for act
 from __future__ import annotations
 
 import flax.linen as nn
-import jax
 
 from jaxformer.config import ModelConfig
 from jaxformer.layers.block import Block
-
-REMAT_POLICIES = {
-    "full": None,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_with_no_batch_dims": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-}
+from jaxformer.ops.stack import REMAT_POLICIES
 
 
 class Stack(nn.Module):

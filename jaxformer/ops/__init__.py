@@ -12,6 +12,8 @@ from jaxformer.ops.dense import dense
 from jaxformer.ops.dropout import dropout, token_dropout
 from jaxformer.ops.embedding import attend, check_token_ids, embed
 from jaxformer.ops.ffn import ffn
+from jaxformer.ops.heads import classify, lm_logits, mlm_logits, pool, pooled
+from jaxformer.ops.inputs import embed_inputs, embed_tokens
 from jaxformer.ops.losses import (
     cross_entropy_with_integer_labels,
     weighted_accuracy,
@@ -34,6 +36,7 @@ from jaxformer.ops.positions import (
     sinusoidal,
     sinusoidal_table,
 )
+from jaxformer.ops.stack import run_stack
 
 __all__ = [
     "ACTIVATIONS", "get_activation", "dot_product_attention", "attention_sublayer", "decoder_block",
@@ -43,4 +46,6 @@ __all__ = [
     "causal_mask", "combine_masks", "key_padding_mask", "make_attention_mask", "padding_mask",
     "segment_mask", "layer_norm", "normalize", "rms_norm", "apply_rope", "lookup_positions",
     "relative_position_bias", "relative_position_bucket", "sinusoidal", "sinusoidal_table",
+    "classify", "lm_logits", "mlm_logits", "pool", "pooled", "embed_inputs", "embed_tokens",
+    "run_stack",
 ]

@@ -54,6 +54,8 @@ Array = jnp.ndarray
 Constrain = Callable[[Array, tuple[str, ...]], Array]
 
 
+# The residual stream `[batch, length, d_model]` between blocks (and the embeddings' output).
+ACTIVATION_AXES = ("batch", "act_length", "act_embed")
 HEADS_AXES = ("batch", "act_length", "heads", "kv")
 KV_HEADS_AXES = ("batch", "act_length", "kv_heads", "kv")
 MLP_AXES = ("batch", "act_length", "mlp")

@@ -16,6 +16,8 @@ eval               every_steps, num_batches, split
 mesh               data / fsdp / tensor sizes (-1 fills)
 parallel           "jit" (sharded over the mesh), "shard_map" or "pmap" (data parallel, replicated
                    state; see `jaxformer.parallel`)
+module_api         "linen" (`jaxformer.models`) or "nnx" (`jaxformer.nnx`): same parameters, same
+                   computation; checkpoints of either load into the other
 log_every_steps    metrics.jsonl / TensorBoard cadence
 nonfinite          "stop" at the first non-finite loss or grad norm, or "skip" (leave the update out)
 nonfinite_limit    with "skip": stop after this many non-finite steps in a row
@@ -40,9 +42,10 @@ from jaxformer.train.nonfinite import POLICIES
 from jaxformer.train.schedules import make_schedule
 
 TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "model", "objective", "data", "optimizer",
-                  "checkpoint", "eval", "mesh", "parallel", "log_every_steps", "progress_bar",
-                  "name", "nonfinite", "nonfinite_limit")
+                  "checkpoint", "eval", "mesh", "parallel", "module_api", "log_every_steps",
+                  "progress_bar", "name", "nonfinite", "nonfinite_limit")
 PARALLEL_MODES = ("jit", "shard_map", "pmap")  # see jaxformer.parallel: which to use and why
+MODULE_APIS = ("linen", "nnx")
 
 
 def model_defaults() -> ml_collections.ConfigDict:
@@ -79,6 +82,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict(dict(every_steps=500, num_batches=20, split="validation"))
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     c.parallel = "jit"
+    c.module_api = "linen"
     c.log_every_steps = 50
     c.nonfinite = "stop"
     c.nonfinite_limit = 10
@@ -179,6 +183,8 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
         raise ValueError(f"num_train_steps={config.num_train_steps!r} must be a positive integer")
     if config.parallel not in PARALLEL_MODES:
         raise ValueError(f"parallel={config.parallel!r} must be one of {PARALLEL_MODES}")
+    if config.get("module_api", "linen") not in MODULE_APIS:
+        raise ValueError(f"module_api={config.module_api!r} is invalid: choose one of {MODULE_APIS}")
     sharded = {a: config.mesh.get(a, 1) for a in ("fsdp", "tensor") if config.mesh.get(a, 1) != 1}
     if config.parallel != "jit" and sharded:
         raise ValueError(f"parallel={config.parallel!r} is data parallel only (replicated state), "

@@ -80,6 +80,15 @@ _HF_OVERRIDABLE = ("head", "num_classes", "dropout_rate", "attention_dropout_rat
                    "attention_impl", "pooling")
 
 
+def _build_model(cfg: ModelConfig, module_api: str):
+    """The Linen module, or the NNX model as the same pure init/apply pair (`jaxformer.nnx`)."""
+    if module_api == "nnx":
+        from jaxformer.nnx import FunctionalModel
+
+        return FunctionalModel(cfg)
+    return build_model(cfg)
+
+
 def _pipeline_transform(config, special):
     """The objective's host-side per-example step (span corruption, denoising) for the pipeline."""
     from jaxformer.objectives import host_transform
@@ -155,7 +164,7 @@ class Trainer:
         self.mesh = make_mesh(config.mesh)
         check_batch_size(self.mesh, config.data.batch_size,
                          config.optimizer.get("grad_accum_steps", 1))
-        self.model = model = build_model(self.model_cfg)
+        self.model = model = _build_model(self.model_cfg, config.get("module_api", "linen"))
         self.tx, self.schedule = make_optimizer(config.optimizer, self.model_cfg.d_model,
                                                 config.num_train_steps)
         # a parameter the mesh cannot split fails here, before any tokenizer or file is written

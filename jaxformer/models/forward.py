@@ -1,0 +1,223 @@
+"""The three families' forward passes, written once over a `Parts` front end (Linen or NNX).
+
+A front end supplies three things per named part of the model (`jaxformer.layers.params.model_spec`):
+its parameter dict, its dropout key, and — for the layer stacks — how to run them (Linen: ``nn.scan``
+over `jaxformer.layers.Block`; NNX: `jaxformer.ops.stack.run_stack`). Everything else — input checks,
+default positions, embeddings, T5's relative bias, the final norm, the heads, word dropout and the
+decode-state bookkeeping — is here and in `jaxformer.ops`, so `jaxformer.models` (Linen) and
+`jaxformer.nnx` compute one function.
+
+Inputs follow one convention: ``tokens`` `[batch, length]` int32; ``positions`` `[batch, length]`
+(default ``0..length-1``; packed rows restart them per segment); ``segment_ids`` `[batch, length]`
+(0 = padding, equal ids attend to each other; default: all one segment).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxformer.config import ModelConfig
+from jaxformer.ops.dropout import token_dropout
+from jaxformer.ops.embedding import check_token_ids
+from jaxformer.ops.heads import classify, lm_logits, mlm_logits, pooled
+from jaxformer.ops.inputs import embed_inputs, embed_tokens
+from jaxformer.ops.norms import normalize
+from jaxformer.ops.positions import relative_position_bias
+
+Array = jnp.ndarray
+# The sharding hook handed to `jaxformer.ops`: binds logical names to the mesh while
+# `jaxformer.parallel.partition.mesh_rules` is active (a no-op otherwise), for both front ends.
+constrain = nn.with_logical_constraint
+
+
+class Parts(Protocol):
+    """What a front end provides to the forward functions below."""
+
+    cfg: ModelConfig
+    deterministic: bool
+
+    def params(self, name: str) -> dict:
+        """Parameters of part ``name`` (``{}`` for a part without any)."""
+
+    def rng(self, name: str | None) -> jax.Array:
+        """Dropout key of part ``name`` (None: the model's own); asked only when not deterministic."""
+
+    def stack(self, name: str, x: Array, *, num_layers: int, causal: bool, cross_attention: bool,
+              decode: bool, cache_index: Array | None, **inputs: Any) -> Array:
+        """Run the blocks of stack ``name`` on `[B, T, D]`; ``inputs`` are `transformer_block`'s
+        ``positions``, ``segment_ids``, ``bias``, ``encoder_out``, ``encoder_segment_ids``."""
+
+    def decode_state(self, tokens: Array, positions: Array | None) -> tuple:
+        """(cache_index, positions, slot positions) of a decoding call (see `advance_decode_state`)."""
+
+
+def check_tokens(cfg: ModelConfig, tokens, name: str = "tokens", *, default_positions=False):
+    """``tokens`` are `[batch, length]` ids in the vocabulary; with learned positions and the
+    default ``0..length-1`` the length fits the table (a static check, so also under jit)."""
+    if getattr(tokens, "ndim", None) != 2:
+        raise ValueError(f"{name} must be [batch, length] token ids, got shape "
+                         f"{getattr(tokens, 'shape', type(tokens).__name__)}")
+    check_token_ids(tokens, cfg.vocab_size, name)
+    if default_positions and cfg.position == "learned" and tokens.shape[1] > cfg.max_len:
+        raise ValueError(f"{name} of length {tokens.shape[1]} exceed model.max_len="
+                         f"{cfg.max_len}, the learned position table's size")
+
+
+def default_positions(tokens, positions, offset=0):
+    """``positions`` if given, else ``offset + 0..length-1`` per row, `[B, T]` int32."""
+    if positions is not None:
+        return positions
+    return jnp.broadcast_to(offset + jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+def advance_decode_state(index, slot_positions, tokens, positions):
+    """One decoding call's bookkeeping: ``tokens`` `[B, T]` take cache slots ``index … index+T-1``.
+
+    Args:
+      index: int32 scalar, the next free slot; slot_positions: `[B, S]` position held by each slot.
+      positions: `[B, T]` or None (``index + 0..T-1``).
+
+    Returns:
+      (index, positions `[B, T]`, updated slot positions, next index). ValueError when a concrete
+      index would overflow the ``S`` slots.
+    """
+    size = slot_positions.shape[1]
+    if not isinstance(index, jax.core.Tracer) and int(index) + tokens.shape[1] > size:
+        raise ValueError(f"decoding {tokens.shape[1]} more token(s) at cache index {int(index)} "
+                         f"overflows the cache of {size} slots (its length at init); initialise "
+                         "the cache with a longer dummy input")
+    positions = default_positions(tokens, positions, offset=index)
+    slots = lax.dynamic_update_slice_in_dim(slot_positions, positions, index, axis=1)
+    return index, positions, slots, index + tokens.shape[1]
+
+
+def _rng(parts: Parts, name: str | None, rate: float) -> jax.Array | None:
+    return None if parts.deterministic or not rate else parts.rng(name)
+
+
+def embed(parts: Parts, name: str, ids, positions, token_types=None, *, word_dropout=False):
+    """Token lookup, word dropout (``cfg.target_token_dropout_rate``, when asked), then part
+    ``name``'s input embedding: `[B, T]` → `[B, T, D]`."""
+    cfg = parts.cfg
+    x = embed_tokens(parts.params("token_embed")["embedding"], ids, dtype=cfg.dtype,
+                     constrain=constrain)
+    if word_dropout:
+        x = token_dropout(x, cfg.target_token_dropout_rate,
+                          _rng(parts, None, cfg.target_token_dropout_rate))
+    return embed_inputs(parts.params(name), x, positions, token_types, cfg=cfg,
+                        dropout_rng=_rng(parts, name, cfg.dropout_rate), constrain=constrain)
+
+
+def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bool,
+               num_layers: int | None = None, decode: bool = False, cache_index=None,
+               kv_positions=None, cross_attention: bool = False, encoder_out=None,
+               encoder_segment_ids=None):
+    """Relative bias (if any) → the stack ``name`` → final norm (pre-LN). `[B, T, D]` → `[B, T, D]`."""
+    cfg = parts.cfg
+    bias = None
+    if cfg.position == "relative":
+        kv_pos = positions if kv_positions is None else kv_positions
+        bias = relative_position_bias(
+            parts.params(f"{name}_relative_bias")["embedding"], positions, kv_pos,
+            bidirectional=not causal, max_distance=cfg.relative_max_distance).astype(cfg.dtype)
+    x = parts.stack(name, x, num_layers=num_layers or cfg.num_layers, causal=causal,
+                    cross_attention=cross_attention, decode=decode, cache_index=cache_index,
+                    positions=positions, segment_ids=segment_ids, bias=bias,
+                    encoder_out=encoder_out, encoder_segment_ids=encoder_segment_ids)
+    if cfg.norm_position == "pre":
+        x = normalize(cfg.norm, x, parts.params(f"{name}_norm"), eps=cfg.norm_eps)
+    return x
+
+
+def head(parts: Parts, x, segment_ids):
+    """The configured head on final hidden states `[B, T, D]` (see `EncoderOnly` for outputs)."""
+    cfg = parts.cfg
+
+    def classifier(name, h):
+        return classify(parts.params(name), h, cfg=cfg, dropout_rng=_rng(parts, name, cfg.dropout_rate))
+
+    table = parts.params("token_embed")["embedding"]
+    if cfg.head == "lm":
+        return lm_logits(parts.params("lm_head"), x, table, cfg=cfg)
+    if cfg.head == "mlm":
+        logits = mlm_logits(parts.params("mlm_head"), x, table, cfg=cfg)
+        if cfg.nsp_head:
+            return logits, classifier("nsp_head", pooled(parts.params("pooler"), x, segment_ids, cfg=cfg))
+        return logits
+    if cfg.head == "classify":
+        return classifier("classifier", pooled(parts.params("pooler"), x, segment_ids, cfg=cfg))
+    if cfg.head == "token_classify":
+        return classifier("token_classifier", x)
+    if cfg.pooler:  # head == "none"
+        return x, pooled(parts.params("pooler"), x, segment_ids, cfg=cfg)
+    return x
+
+
+def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, token_types=None):
+    """BERT (Devlin et al. 2019): tokens `[B, T]` → MLM logits `[B, T, V]` (plus NSP `[B, 2]`), class
+    logits `[B, C]`, token logits `[B, T, C]` or hidden states `[B, T, D]`, by ``cfg.head``."""
+    cfg = parts.cfg
+    check_tokens(cfg, tokens, default_positions=positions is None)
+    positions = default_positions(tokens, positions)
+    x = embed(parts, "embed", tokens, positions, token_types)
+    x = stack_pass(parts, "encoder", x, positions, segment_ids, causal=False)
+    return head(parts, x, segment_ids)
+
+
+def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, decode: bool = False):
+    """GPT (Radford et al. 2019): tokens `[B, T]` → logits `[B, T, V]` (or the head's output).
+    With ``decode`` the call appends ``T`` tokens at the cache's current index."""
+    cfg = parts.cfg
+    check_tokens(cfg, tokens, default_positions=positions is None and not decode)
+    cache_index, kv_positions = None, None
+    if decode:
+        cache_index, positions, kv_positions = parts.decode_state(tokens, positions)
+    positions = default_positions(tokens, positions)
+    x = embed(parts, "embed", tokens, positions)
+    x = stack_pass(parts, "decoder", x, positions, segment_ids, causal=True, decode=decode,
+                   cache_index=cache_index, kv_positions=kv_positions)
+    return head(parts, x, segment_ids)
+
+
+def encoder_decoder(parts: Parts, inputs=None, targets_in=None, *, encoder_out=None,
+                    inputs_positions=None, inputs_segment_ids=None, targets_positions=None,
+                    targets_segment_ids=None, decode: bool = False):
+    """Vaswani et al. 2017 / T5 (Raffel et al. 2020): inputs `[B, S]`, targets_in `[B, T]` (targets
+    shifted right) → logits `[B, T, V]`; ``targets_in=None`` returns the encoder output `[B, S, D]`;
+    a given ``encoder_out`` skips the encoder."""
+    cfg = parts.cfg
+    if inputs is not None and encoder_out is None:
+        check_tokens(cfg, inputs, "inputs", default_positions=inputs_positions is None)
+        pos = default_positions(inputs, inputs_positions)
+        x = embed(parts, "encoder_embed", inputs, pos)
+        encoder_out = stack_pass(parts, "encoder", x, pos, inputs_segment_ids, causal=False,
+                                 num_layers=cfg.num_encoder_layers)
+        if targets_in is None:
+            return encoder_out
+    if targets_in is None:
+        raise ValueError("EncoderDecoder needs targets_in to decode")
+    check_tokens(cfg, targets_in, "targets_in",
+                 default_positions=targets_positions is None and not decode)
+    cache_index, kv_positions = None, None
+    if decode:
+        cache_index, targets_positions, kv_positions = parts.decode_state(targets_in,
+                                                                          targets_positions)
+    pos = default_positions(targets_in, targets_positions)
+    y = embed(parts, "decoder_embed", targets_in, pos,
+              word_dropout=bool(cfg.target_token_dropout_rate) and not decode)
+    if encoder_out is None and not decode:
+        raise ValueError("EncoderDecoder needs inputs or encoder_out (only decode steps after "
+                         "the first may omit it: they reuse cached cross-attention keys/values)")
+    y = stack_pass(parts, "decoder", y, pos, targets_segment_ids, causal=True, decode=decode,
+                   cache_index=cache_index, kv_positions=kv_positions,
+                   num_layers=cfg.num_decoder_layers, cross_attention=True,
+                   encoder_out=encoder_out, encoder_segment_ids=inputs_segment_ids)
+    return lm_logits(parts.params("lm_head"), y, parts.params("token_embed")["embedding"], cfg=cfg)
+
+
+FORWARD = {"encoder": encoder_only, "decoder": decoder_only, "encoder_decoder": encoder_decoder}

@@ -1,0 +1,91 @@
+"""NNX models ↔ the one pure parameter dict (checkpoints, the HF converter, the Linen models).
+
+    model = from_params(cfg, params)          # a Linen / checkpoint / load_hf params tree → NNX
+    params = param_dict(model)                # and back (`jaxformer.nnx.params`)
+    model = from_hf("path/to/hf_model")       # Hugging Face GPT-2 / BERT / T5 → NNX
+    linen_model, params = to_linen(model)     # the Linen twin on the same parameters
+    model = build_sharded(cfg, mesh, key)     # initialised straight into the mesh's shardings
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import flax.core
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxformer.config import ModelConfig
+from jaxformer.nnx.models import build_model
+from jaxformer.nnx.params import param_dict, param_shardings
+from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, Rules
+
+
+def abstract_model(cfg: ModelConfig) -> nnx.Module:
+    """The NNX model of ``cfg`` with `jax.ShapeDtypeStruct` parameters (nothing computed)."""
+    return nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(params=0)))
+
+
+def _flat(tree) -> dict[str, Any]:
+    return {"/".join(str(k.key) for k in path): v
+            for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def check_params(cfg: ModelConfig, params: Mapping) -> None:
+    """ValueError naming the paths when ``params`` is not ``cfg``'s parameter tree."""
+    want = _flat(param_dict(abstract_model(cfg)))
+    got = _flat(params)
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    shapes = [f"{p} {tuple(got[p].shape)} (expected {tuple(want[p].shape)})" for p in want
+              if p in got and tuple(got[p].shape) != tuple(want[p].shape)]
+    if missing or extra or shapes:
+        layout = ""
+        if any("/layers/" in p for p in missing) != any("/layers/" in p for p in extra):
+            layout = (f"; the stacks are {'unrolled' if cfg.scan_layers else 'scanned'} in these "
+                      f"parameters: set model.scan_layers={not cfg.scan_layers}")
+        raise ValueError(f"parameters do not fit the model: missing {missing[:6]}, unexpected "
+                         f"{extra[:6]}, shapes {shapes[:6]}{layout}")
+
+
+def from_params(cfg: ModelConfig, params: Mapping, **kwargs) -> nnx.Module:
+    """The NNX model of ``cfg`` holding ``params`` (the Linen ``params`` collection, boxed or not,
+    ``{"params": tree}`` too; a checkpoint's or `jaxformer.convert.load_hf`'s tree).
+    ``kwargs`` go to the model (e.g. ``deterministic``)."""
+    params = flax.core.meta.unbox(params)
+    if set(params) == {"params"}:
+        params = params["params"]
+    check_params(cfg, params)
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(params=0), **kwargs)))
+    return nnx.merge(graphdef, jax.tree.map(jnp.asarray, dict(params)))
+
+
+def from_hf(directory: str | os.PathLike, **kwargs) -> nnx.Module:
+    """An NNX model from a local Hugging Face GPT-2 / BERT / T5 directory; ``kwargs`` as
+    `jaxformer.convert.load_hf` (``scan_layers``, ``head``, ``num_classes``, ``seed``)."""
+    from jaxformer.convert import load_hf
+
+    cfg, params, _ = load_hf(directory, **kwargs)
+    return from_params(ModelConfig.from_dict(cfg), params)
+
+
+def to_linen(model: nnx.Module) -> tuple[nn.Module, dict]:
+    """(the Linen model of the same config, the NNX model's parameters): equal outputs."""
+    from jaxformer.models import build_model as build_linen
+
+    return build_linen(model.cfg), param_dict(model)
+
+
+def build_sharded(cfg: ModelConfig, mesh: Mesh, key: jax.Array,
+                  rules: Rules = LOGICAL_AXIS_RULES) -> nnx.Module:
+    """The NNX model initialised by a jit whose outputs are the parameters' mesh shardings (each
+    device materialises only its shards), as the trainer initialises Linen parameters."""
+    abstract = abstract_model(cfg)
+    graphdef, _ = nnx.split(abstract)
+    init = jax.jit(lambda k: param_dict(build_model(cfg, nnx.Rngs(params=k))),
+                   out_shardings=param_shardings(abstract, mesh, rules))
+    return nnx.merge(graphdef, init(key))

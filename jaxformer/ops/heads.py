@@ -1,0 +1,80 @@
+"""Output heads as pure functions of their parameter dicts (laid out by `jaxformer.layers.params`).
+
+* `lm_logits`: tied (logits = h·Eᵀ, Press & Wolf 2017; T5 first scales h by d_model^-0.5) or an
+  untied `[d_model, vocab]` kernel, plus an optional vocabulary bias.
+* `mlm_logits`: BERT's masked-LM head (Devlin et al. 2019): dense → activation → norm, then
+  `lm_logits` with the parameters under ``"decoder"``.
+* `pool` / `pooled`: one `[B, D]` vector per sequence, BERT's dense+tanh pooler optional.
+* `classify`: dropout → dense, for sequence, token and next-sentence classification.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.ops.activations import get_activation
+from jaxformer.ops.dense import dense
+from jaxformer.ops.dropout import dropout
+from jaxformer.ops.embedding import attend
+from jaxformer.ops.norms import normalize
+
+if TYPE_CHECKING:
+    from jaxformer.config import ModelConfig
+
+Array = jnp.ndarray
+
+
+def lm_logits(params: dict, x: Array, table: Array, *, cfg: ModelConfig) -> Array:
+    """`[B, T, D]` → `[B, T, vocab]`. Tied: the token table ``table`` `[vocab, D]` (``params`` holds
+    at most a ``bias`` `[vocab]`); untied: ``params`` is a dense ``kernel`` `[D, vocab]` (+ bias)."""
+    if not cfg.tie_embeddings:
+        return dense(params, x)
+    if cfg.rescale_tied_logits:
+        x = x * (cfg.d_model ** -0.5)
+    logits = attend(table, x)
+    if cfg.lm_head_bias:
+        logits = logits + params["bias"].astype(logits.dtype)
+    return logits
+
+
+def mlm_logits(params: dict, x: Array, table: Array, *, cfg: ModelConfig) -> Array:
+    """BERT's MLM head: ``dense`` → activation → ``norm`` (when ``cfg.mlm_transform``), then
+    `lm_logits` with ``params.get("decoder", {})``. `[B, T, D]` → `[B, T, vocab]`."""
+    if cfg.mlm_transform:
+        x = get_activation(cfg.activation)(dense(params["dense"], x))
+        x = normalize(cfg.norm, x, params["norm"], eps=cfg.norm_eps)
+    return lm_logits(params.get("decoder", {}), x, table, cfg=cfg)
+
+
+def pool(x: Array, segment_ids: Array | None, how: str) -> Array:
+    """`[B, T, D]` → `[B, D]`: the first token, the last non-padding token, or the masked mean or
+    per-feature max over the non-padding tokens (max-over-time, Collobert et al. 2011; Kim 2014;
+    an all-padding row gives zeros)."""
+    if how == "first":
+        return x[:, 0]
+    valid = jnp.ones(x.shape[:2], bool) if segment_ids is None else segment_ids != 0
+    if how == "last":
+        last = jnp.maximum(jnp.sum(valid, axis=1) - 1, 0)
+        return jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+    if how == "max":
+        low = jnp.finfo(x.dtype).min
+        m = jnp.max(jnp.where(valid[..., None], x, low), axis=1)
+        return jnp.where(jnp.any(valid, axis=1)[:, None], m, 0)
+    w = valid.astype(x.dtype)[..., None]
+    return jnp.sum(x * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)
+
+
+def pooled(params: dict, x: Array, segment_ids: Array | None, *, cfg: ModelConfig) -> Array:
+    """`[B, T, D]` → `[B, D]`: `pool` by ``cfg.pooling``, then BERT's tanh(dense) if ``cfg.pooler``."""
+    h = pool(x, segment_ids, cfg.pooling)
+    return jnp.tanh(dense(params, h)) if cfg.pooler else h
+
+
+def classify(params: dict, h: Array, *, cfg: ModelConfig,
+             dropout_rng: jax.Array | None = None) -> Array:
+    """dropout (``cfg.dropout_rate``, when ``dropout_rng`` is given) → dense:
+    `[..., D]` → `[..., classes]`."""
+    return dense(params, dropout(h, cfg.dropout_rate, dropout_rng))

@@ -1,0 +1,81 @@
+"""Model inputs as pure functions: token lookup, and the sum of token, position and type embeddings.
+
+Parameters are plain dicts laid out by `jaxformer.layers.params` (``token_embed_spec``,
+``input_embedding_spec``); the Linen and NNX models both call these functions. ``constrain(x,
+names)`` is the optional sharding hook of `jaxformer.ops.blocks` (logical axis names).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.ops.blocks import ACTIVATION_AXES, Constrain
+from jaxformer.ops.dropout import dropout
+from jaxformer.ops.embedding import check_ids, embed
+from jaxformer.ops.norms import normalize
+from jaxformer.ops.positions import lookup_positions, sinusoidal
+
+if TYPE_CHECKING:
+    from jaxformer.config import ModelConfig
+
+Array = jnp.ndarray
+
+
+def _no_constraint(x: Array, _names) -> Array:
+    return x
+
+
+def _whole_rows(table: Array, row_axis: str, constrain: Constrain) -> Array:
+    """A `[rows, d_model]` table constrained to whole rows (d_model gathered over the FSDP axis).
+
+    Gathering rows of an FSDP-sharded table would give d_model-sharded activations, which the
+    compiler cannot reshard to batch-sharded ones without replicating them first.
+    """
+    return constrain(table, (row_axis, None))
+
+
+def embed_tokens(table: Array, ids: Array, *, dtype, constrain: Constrain | None = None) -> Array:
+    """Rows of the `[vocab, d_model]` token table at `[B, T]` ids → `[B, T, D]` in ``dtype`` (NaN rows
+    for out-of-vocabulary ids, see `jaxformer.ops.embedding.embed`)."""
+    pin = constrain or _no_constraint
+    return pin(embed(_whole_rows(table, "vocab", pin), ids, dtype=jnp.dtype(dtype)), ACTIVATION_AXES)
+
+
+def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
+                 token_types: Array | None = None, *, cfg: ModelConfig,
+                 dropout_rng: jax.Array | None = None, constrain: Constrain | None = None) -> Array:
+    """x = dropout(norm?(scale · E[tokens] + P[positions] + T[token_types])), `[B, T, D]`.
+
+    ``scale`` is sqrt(d_model) when ``cfg.scale_embeddings`` (Vaswani et al. 2017 §3.4), else 1.
+    Positions are sinusoidal (§3.5; no parameters) or a learned `[max_len, d_model]` table
+    (``params["pos_embedding"]``, BERT/GPT-2); RoPE and relative positions act inside attention
+    instead. Token types `[B, T]` (BERT segments A/B, default 0) read ``params["type_embedding"]``;
+    ``params["norm"]`` is BERT's embedding LayerNorm.
+
+    Args:
+      token_embeddings: `[B, T, D]` (see `embed_tokens`).
+      positions: `[B, T]` int32.
+      dropout_rng: enables dropout at ``cfg.dropout_rate`` when given.
+    """
+    pin = constrain or _no_constraint
+    x = token_embeddings
+    if cfg.scale_embeddings:
+        x = x * jnp.sqrt(jnp.asarray(cfg.d_model, x.dtype))
+    if cfg.position == "learned":
+        check_ids(positions, cfg.max_len, "positions", f"the learned table [0, model.max_len="
+                  f"{cfg.max_len})", "use shorter rows or a larger model.max_len")
+        table = _whole_rows(params["pos_embedding"], "length", pin)
+        x = x + lookup_positions(table, positions).astype(x.dtype)
+    elif cfg.position == "sinusoidal":
+        x = x + sinusoidal(positions, cfg.d_model, dtype=x.dtype)
+    if cfg.type_vocab_size:
+        types = jnp.zeros_like(positions) if token_types is None else token_types
+        check_ids(types, cfg.type_vocab_size, "token_types",
+                  f"[0, model.type_vocab_size={cfg.type_vocab_size})", "segment A is 0, segment B 1")
+        x = x + embed(_whole_rows(params["type_embedding"], "types", pin), types, dtype=x.dtype)
+    if cfg.embedding_norm:
+        x = normalize(cfg.norm, x, params["norm"], eps=cfg.norm_eps)
+    return pin(dropout(x, cfg.dropout_rate, dropout_rng), ACTIVATION_AXES)

@@ -1,0 +1,78 @@
+"""A stack of `transformer_block`s over a parameter pytree: unrolled or scanned, optionally remat.
+
+Layouts (as `jaxformer.layers.params.stack_spec` builds them): unrolled ``{"layer_0": block, …}``,
+or scanned ``{"layers": block}`` with every leaf stacked on a leading ``layers`` axis. Scanning
+(`jax.lax.scan`) compiles one layer instead of ``num_layers``; both compute the same function.
+``cfg.remat_policy`` wraps each block in `jax.checkpoint` (Chen et al. 2016): "full" saves nothing,
+"dots" saves matmul outputs. The Linen `Stack` runs the same blocks through ``nn.scan``/``nn.remat``
+with these policies; the NNX models call `run_stack`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxformer.ops.blocks import ACTIVATION_AXES, Constrain, transformer_block
+
+if TYPE_CHECKING:
+    from jaxformer.config import ModelConfig
+
+Array = jnp.ndarray
+
+REMAT_POLICIES = {
+    "full": None,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_with_no_batch_dims": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+def has_dropout(cfg: ModelConfig) -> bool:
+    """Whether a block drops anything (residual, attention or FFN dropout)."""
+    return bool(cfg.dropout_rate or cfg.attention_dropout_rate or cfg.ffn_dropout_rate)
+
+
+def stack_block(params: dict, x: Array, *, cfg: ModelConfig, constrain: Constrain | None = None,
+                **kwargs) -> tuple[Array, dict | None]:
+    """`transformer_block` on the residual stream `[B, T, D]` cast to ``cfg.dtype`` and pinned to
+    ``ACTIVATION_AXES`` on the way in and out (the output only when not decoding)."""
+    pin = constrain or (lambda a, _: a)
+    x = pin(x.astype(jnp.dtype(cfg.dtype)), ACTIVATION_AXES)
+    y, cache = transformer_block(params, x, cfg=cfg, constrain=constrain, **kwargs)
+    return (y if cache is not None else pin(y, ACTIVATION_AXES)), cache
+
+
+def run_stack(params: dict, x: Array, *, cfg: ModelConfig, num_layers: int, causal: bool = False,
+              dropout_rng: jax.Array | None = None, constrain: Constrain | None = None,
+              **inputs) -> Array:
+    """``num_layers`` blocks in order, `[B, T, D]` → `[B, T, D]` (no decoding cache).
+
+    Args:
+      params: ``{"layers": stacked}`` (scanned) or ``{"layer_0": …, "layer_{N-1}": …}``.
+      causal: causal self-attention (decoders).
+      dropout_rng: enables dropout; layer ``i`` uses ``split(dropout_rng, num_layers)[i]`` in both
+        layouts, so a scanned stack equals its unrolled twin with dropout on too.
+      inputs: `transformer_block` arrays shared by the layers (``positions``, ``segment_ids``,
+        ``bias``, ``encoder_out``, ``encoder_segment_ids``; None when absent). They are explicit
+        arguments of the rematerialised block, as in the Linen ``nn.remat(Block)``, so both
+        compile to the same program.
+    """
+    scanned = "layers" in params
+
+    def block(p, h, rng, shared):
+        return stack_block(p, h, cfg=cfg, causal=causal, dropout_rng=rng, constrain=constrain,
+                           **shared)[0]
+
+    if cfg.remat_policy != "none":
+        block = jax.checkpoint(block, policy=REMAT_POLICIES[cfg.remat_policy],
+                               prevent_cse=not scanned)
+    rngs = None if dropout_rng is None else jax.random.split(dropout_rng, num_layers)
+    if scanned:
+        body = lambda h, pr: (block(pr[0], h, pr[1], inputs), None)
+        return lax.scan(body, x, (params["layers"], rngs))[0]
+    for i in range(num_layers):
+        x = block(params[f"layer_{i}"], x, None if rngs is None else rngs[i], inputs)
+    return x

@@ -1,0 +1,356 @@
+"""The NNX models against the Linen models, Hugging Face PyTorch and their own invariants.
+
+Parameter trees and logical axes are compared for every option that changes the tree (shapes only,
+`jax.eval_shape`: no compile); outputs on random weights, eagerly (op by op, so Linen and NNX run
+the very same operations and must agree bit for bit) and under jit.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxformer import nnx as jnnx
+from jaxformer.config import ModelConfig
+from jaxformer.decode import generate, generate_text
+from jaxformer.models import build_model as build_linen
+from jaxformer.models.presets import preset
+
+TINY = dict(vocab_size=64, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=32,
+            num_classes=3)
+GPT, BERT, T5 = (functools.partial(preset, n, **TINY) for n in ("gpt_tiny", "bert_tiny", "t5_tiny"))
+# Every option that changes the parameter tree.
+TREES = {
+    "gpt": GPT(),
+    "gpt_untied_bias": GPT(tie_embeddings=False, lm_head_bias=True),
+    "gpt_tied_bias": GPT(lm_head_bias=True),
+    "gpt_rope_gqa_gated_rms_nobias": GPT(position="rope", num_kv_heads=2, gated_ffn=True,
+                                         activation="silu", norm="rms", use_bias=False),
+    "gpt_relative_scan": GPT(position="relative", scan_layers=True),
+    "gpt_classify_pooler": GPT(head="classify", pooling="last", pooler=True),
+    "gpt_token_classify": GPT(head="token_classify"),
+    "gpt_none": GPT(head="none"),
+    "gpt_bf16_params": GPT(param_dtype="bfloat16"),
+    "bert_mlm": BERT(),
+    "bert_nsp_scan": BERT(nsp_head=True, scan_layers=True),
+    "bert_untied_no_transform": BERT(tie_embeddings=False, mlm_transform=False),
+    "bert_tied_no_bias_no_transform": BERT(lm_head_bias=False, mlm_transform=False),
+    "bert_classify": BERT(head="classify"),
+    "bert_classify_no_pooler": BERT(head="classify", pooler=False, pooling="mean"),
+    "bert_token_classify": BERT(head="token_classify"),
+    "bert_none_pooler": BERT(head="none"),
+    "bert_none_no_pooler": BERT(head="none", pooler=False),
+    "t5": T5(),
+    "t5_scan_untied_gated_3_1": T5(scan_layers=True, tie_embeddings=False,
+                                   rescale_tied_logits=False, gated_ffn=True, activation="gelu",
+                                   num_encoder_layers=3, num_decoder_layers=1),
+    "transformer_post_ln_sinusoidal": preset("transformer_tiny", **TINY),
+}
+
+
+def cfg_of(name: str, **kw) -> ModelConfig:
+    return ModelConfig.from_dict(dict(TREES[name], **kw))
+
+
+def batch(cfg: ModelConfig, seed: int = 0) -> tuple[tuple, dict]:
+    """(args, kwargs) of a packed batch: row 0 holds two segments, row 1 one plus padding."""
+    r = np.random.default_rng(seed)
+    toks = r.integers(7, cfg.vocab_size, (2, 8)).astype(np.int32)
+    seg = np.array([[1] * 5 + [2] * 3, [1] * 6 + [0] * 2], np.int32)
+    pos = np.array([[0, 1, 2, 3, 4, 0, 1, 2], list(range(8))], np.int32)
+    if cfg.family == "encoder_decoder":
+        tgt = r.integers(7, cfg.vocab_size, (2, 8)).astype(np.int32)
+        return (toks, tgt), dict(inputs_segment_ids=seg, inputs_positions=pos,
+                                 targets_segment_ids=seg, targets_positions=pos)
+    kw = dict(segment_ids=seg, positions=pos)
+    if cfg.family == "encoder":
+        kw["token_types"] = (pos >= 2).astype(np.int32) * (seg > 0)
+    return (toks,), kw
+
+
+def linen_boxed(cfg: ModelConfig):
+    """Abstract boxed Linen params (shapes, dtypes, logical names), nothing computed."""
+    args, kw = batch(cfg)
+    return jax.eval_shape(lambda: build_linen(cfg).init(jax.random.key(0), *args, **kw))["params"]
+
+
+def random_params(cfg: ModelConfig, seed: int = 0) -> dict:
+    """Random weights in the Linen tree (non-trivial scales and biases, so an ignored one shows)."""
+    r = np.random.default_rng(seed)
+
+    def draw(path, s):
+        base = 1.0 if "scale" in jax.tree_util.keystr(path) else 0.0
+        return jnp.asarray(base + 0.1 * r.normal(size=s.shape), s.dtype)
+
+    return jax.tree_util.tree_map_with_path(draw, nn.unbox(linen_boxed(cfg)))
+
+
+def flat(tree) -> dict:
+    return {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def assert_trees_equal(got, want, **tol):
+    got, want = flat(got), flat(want)
+    assert got.keys() == want.keys()
+    for k in want:
+        if tol:
+            np.testing.assert_allclose(np.asarray(got[k], np.float32),
+                                       np.asarray(want[k], np.float32), err_msg=k, **tol)
+        else:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(TREES))
+def test_parameter_tree_and_logical_axes_equal_linen(name):
+    cfg = cfg_of(name)
+    boxed = linen_boxed(cfg)
+    model = jnnx.abstract_model(cfg)
+    shape_dtype = lambda t: {k: (v.shape, v.dtype) for k, v in flat(t).items()}
+    assert shape_dtype(jnnx.param_dict(model)) == shape_dtype(nn.unbox(boxed))
+    want_axes = jax.tree.map(tuple, nn.get_partition_spec(boxed),
+                             is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    got_axes = jnnx.logical_axes(model)
+    is_axes = lambda x: isinstance(x, tuple)
+    assert jax.tree.structure(got_axes, is_leaf=is_axes) == jax.tree.structure(want_axes,
+                                                                                is_leaf=is_axes)
+    assert jax.tree.leaves(got_axes, is_leaf=is_axes) == jax.tree.leaves(want_axes, is_leaf=is_axes)
+    # the NNX state holds nothing but these parameters
+    assert flat(jnnx.param_dict(model)).keys() == flat(nnx.to_pure_dict(nnx.state(model))).keys()
+
+
+EQUAL_OUTPUTS = ["gpt_untied_bias", "gpt_rope_gqa_gated_rms_nobias", "gpt_relative_scan",
+                 "gpt_classify_pooler", "gpt_token_classify", "bert_nsp_scan", "bert_classify",
+                 "bert_none_pooler", "t5", "transformer_post_ln_sinusoidal"]
+
+
+@pytest.mark.parametrize("name", EQUAL_OUTPUTS)
+def test_nnx_equals_linen_on_the_same_weights(name):
+    """Eagerly the two front ends run the same operations: outputs equal bit for bit."""
+    cfg = cfg_of(name)
+    params, (args, kw) = random_params(cfg), batch(cfg)
+    got = jnnx.from_params(cfg, params)(*args, **kw)
+    want = build_linen(cfg).apply({"params": params}, *args, **kw)
+    assert_trees_equal(got, want)
+    assert np.all(np.isfinite(jax.tree.leaves(got)[0]))
+
+
+def _loss(out):
+    return sum(jnp.sum(jnp.sin(o.astype(jnp.float32))) for o in jax.tree.leaves(out))
+
+
+@pytest.mark.parametrize("name,overrides", [("gpt", dict(scan_layers=True, remat_policy="dots")),
+                                            ("t5", dict(remat_policy="full"))])
+def test_jitted_values_and_gradients_equal_linen_with_scan_and_remat(name, overrides):
+    """Under jit (split/merge: a pure function of the parameter dict) with scanned / remat stacks,
+    outputs and gradients equal the plain Linen model's."""
+    cfg = cfg_of(name)
+    params, (args, kw) = random_params(cfg.replace(**overrides)), batch(cfg)
+    model = jnnx.from_params(cfg.replace(**overrides), params)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def nnx_loss(state):
+        out = nnx.merge(graphdef, state)(*args, **kw)
+        return _loss(out), out
+
+    linen_params = params
+    if cfg.replace(**overrides).scan_layers:  # the plain reference is unrolled
+        linen_params = dict(params, decoder={f"layer_{i}": jax.tree.map(
+            lambda x, i=i: x[i], params["decoder"]["layers"]) for i in range(cfg.num_layers)})
+    linen = build_linen(cfg)
+    (v, out), g = jax.value_and_grad(nnx_loss, has_aux=True)(state)
+    (v_ref, out_ref), g_ref = jax.jit(jax.value_and_grad(
+        lambda p: (_loss(o := linen.apply({"params": p}, *args, **kw)), o), has_aux=True))(
+        linen_params)
+    np.testing.assert_allclose(v, v_ref, rtol=1e-5)
+    assert_trees_equal(out, out_ref, atol=1e-5, rtol=1e-5)
+    if "layers" in g["decoder"]:
+        g_ref = dict(g_ref, decoder={"layers": jax.tree.map(
+            lambda *xs: jnp.stack(xs), *[g_ref["decoder"][f"layer_{i}"] for i in range(2)])})
+    assert_trees_equal(nnx.to_pure_dict(g), g_ref, atol=1e-5, rtol=1e-4)
+
+
+def _program(compiled) -> list[str]:
+    """Optimized, scheduled HLO lines without value / parameter names and source metadata."""
+    text = compiled.as_text().split("\nENTRY", 1)
+    text = re.sub(r"\n(FileNames|FunctionNames|FileLocations|StackFrames)\n.*?(?=\n\n|\n%|\Z)",
+                  "\n", "\nENTRY".join(text), flags=re.S)
+    text = re.sub(r"%[\w.\-]+|[\w.]+: (?=[fsu]\d+\[)|, (metadata=\{[^}]*\}|stack_frame_id=\d+)",
+                  "", text)
+    return text.splitlines()[1:]  # not the module's name
+
+
+def test_jitted_nnx_step_is_the_linen_program():
+    """The NNX forward + backward, jitted as the trainer does (a pure function of the parameter
+    dict, ``nnx.merge`` while tracing), compiles to the Linen one's program, instruction for
+    instruction: no runtime overhead by construction (bench/train_step.py times it too)."""
+    cfg = cfg_of("gpt_relative_scan", remat_policy="dots")
+    params, (args, kw) = random_params(cfg), batch(cfg)
+    graphdef, state = nnx.split(jnnx.from_params(cfg, params))
+    linen = build_linen(cfg)
+    compile_grad = lambda f, p: jax.jit(jax.grad(lambda p: _loss(f(p)))).lower(p).compile()
+    want = compile_grad(lambda p: linen.apply({"params": p}, *args, **kw), params)
+    got = compile_grad(lambda p: nnx.merge(graphdef, p)(*args, **kw), nnx.to_pure_dict(state))
+    assert len(_program(got)) > 100 and _program(got) == _program(want)
+
+
+def test_scanned_equals_unrolled_with_dropout_too():
+    """Layer i draws split(stack key, L)[i] in both layouts: equal with dropout on or off."""
+    cfg = cfg_of("gpt", ffn_dropout_rate=0.1)
+    params, (args, kw) = random_params(cfg), batch(cfg)
+    stacked = dict(params, decoder={"layers": jax.tree.map(
+        lambda *xs: jnp.stack(xs), *[params["decoder"][f"layer_{i}"] for i in range(2)])})
+    unrolled = jnnx.from_params(cfg, params)
+    scanned = jnnx.from_params(cfg.replace(scan_layers=True), stacked)
+    key = jax.random.key(7)
+    for det in (True, False):
+        a = unrolled(*args, **kw, deterministic=det, rngs=key)
+        b = scanned(*args, **kw, deterministic=det, rngs=key)
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    linen = build_linen(cfg.replace(scan_layers=True)).apply({"params": stacked}, *args, **kw)
+    np.testing.assert_allclose(scanned(*args, **kw), linen, atol=1e-5, rtol=1e-5)
+
+
+def test_dropout_keys_train_eval_and_errors():
+    cfg = cfg_of("bert_classify")
+    params, (args, kw) = random_params(cfg), batch(cfg)
+    model = jnnx.from_params(cfg, params)  # no dropout stream
+    clean = model(*args, **kw)
+    k1, k2 = jax.random.key(1), jax.random.key(2)
+    drop = lambda key, **o: model(*args, **kw, deterministic=False, rngs=key, **o)
+    np.testing.assert_array_equal(drop(k1), drop(k1))
+    assert not np.allclose(drop(k1), drop(k2)) and not np.allclose(drop(k1), clean)
+    with pytest.raises(ValueError, match="dropout is on .* but no key: pass rngs="):
+        model(*args, **kw, deterministic=False)
+    model.train()
+    np.testing.assert_array_equal(model(*args, **kw, rngs=k1), drop(k1))
+    np.testing.assert_array_equal(model(*args, **kw, deterministic=True), clean)
+    model.eval()
+    np.testing.assert_array_equal(model(*args, **kw), clean)
+    # a model built with a dropout stream draws fresh keys from it call after call
+    own = jnnx.build_model(cfg, nnx.Rngs(params=0, dropout=5), deterministic=False)
+    nnx.update(own, nnx.state(model))
+    first, second = own(*args, **kw), own(*args, **kw)
+    assert not np.allclose(first, second) and not np.allclose(first, clean)
+    np.testing.assert_array_equal(own(*args, **kw, rngs=nnx.Rngs(dropout=3)),
+                                  drop(nnx.Rngs(dropout=3)))
+
+
+def test_parameters_convert_both_ways():
+    cfg = cfg_of("t5")
+    params, (args, kw) = random_params(cfg), batch(cfg)
+    model = jnnx.from_params(cfg, {"params": params})
+    assert_trees_equal(jnnx.param_dict(model), params)
+    linen, back = jnnx.to_linen(model)
+    assert_trees_equal(back, params)
+    np.testing.assert_array_equal(linen.apply({"params": back}, *args, **kw), model(*args, **kw))
+    graphdef, state = nnx.split(model)  # split / merge round trip
+    np.testing.assert_array_equal(nnx.merge(graphdef, state)(*args, **kw), model(*args, **kw))
+    # the NNX init gives the same tree as the Linen init (values differ: other key paths)
+    fresh = jnnx.param_dict(jnnx.build_model(cfg, nnx.Rngs(0)))
+    assert {k: v.shape for k, v in flat(fresh).items()} == {k: v.shape for k, v in flat(params).items()}
+    with pytest.raises(ValueError, match=r"stacks are unrolled .* set model.scan_layers=False"):
+        jnnx.from_params(cfg.replace(scan_layers=True), params)
+
+
+@pytest.mark.parametrize("name", ["gpt_relative_scan", "t5"])
+def test_sharded_init_gives_the_linen_shardings(name):
+    """On a 2×2×2 (data, fsdp, tensor) mesh of 8 simulated devices."""
+    from jaxformer.parallel.mesh import make_mesh
+    from jaxformer.parallel.rules import param_shardings
+    from jaxformer.train.state import create_params
+
+    cfg = cfg_of(name)
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    want = param_shardings(linen_boxed(cfg), mesh)
+    got = jnnx.param_shardings(jnnx.abstract_model(cfg), mesh)
+    assert flat(got) == flat(want)
+    assert any(s.spec != jax.sharding.PartitionSpec() for s in flat(want).values())
+    linen = jax.tree.map(lambda x: x.sharding, create_params(build_linen(cfg), cfg, want, 0))
+    model = jnnx.build_sharded(cfg, mesh, jax.random.key(0))
+    got = jax.tree.map(lambda x: x.sharding, jnnx.param_dict(model))
+    assert {k: (s.mesh, s.spec) for k, s in flat(got).items()} == {
+        k: (s.mesh, s.spec) for k, s in flat(linen).items()}
+
+
+# ------------------------------------------------------------------------------------------------
+PROMPTS = [[5, 6, 7], [9], [11, 12, 13, 14, 15]]
+
+
+@pytest.mark.parametrize("name", ["gpt", "t5"])
+def test_generation_equals_linen(name):
+    cfg = cfg_of(name)
+    params = random_params(cfg)
+    model, linen = jnnx.from_params(cfg, params), build_linen(cfg)
+    options = [dict(), dict(strategy="beam", beam_size=3),
+               dict(strategy="sample", top_k=5, rng=jax.random.key(0))]
+    for o in options:
+        got = generate(model, PROMPTS, max_new_tokens=5, eos_id=None, **o)
+        want = generate(linen, params, PROMPTS, max_new_tokens=5, eos_id=None, **o)
+        np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=str(o))
+        np.testing.assert_allclose(got.scores, want.scores, rtol=1e-6)
+
+
+def test_greedy_generation_equals_argmax_of_the_nnx_forward():
+    """The cached decode program on the NNX model's weights vs re-running the NNX model on the
+    whole prefix for every token (no cache)."""
+    cfg = cfg_of("gpt_rope_gqa_gated_rms_nobias")
+    model = jnnx.from_params(cfg, random_params(cfg))
+    got = generate(model, PROMPTS[:1], max_new_tokens=6, eos_id=None).sequences()[0]
+    seq = np.zeros((1, 9), np.int32)  # one shape for every step: causal, so the tail is unread
+    n = len(PROMPTS[0])
+    seq[0, :n] = PROMPTS[0]
+    for i in range(n, 9):
+        seq[0, i] = int(jnp.argmax(model(seq)[0, i - 1]))
+    assert got == seq[0, n:].tolist()
+
+
+def test_generate_text_with_an_nnx_model():
+    from types import SimpleNamespace
+
+    cfg = cfg_of("gpt")
+    params = random_params(cfg)
+    tok = SimpleNamespace(encode=lambda s: [7 + ord(c) % 50 for c in s],
+                          decode=lambda ids: ",".join(map(str, ids)),
+                          special=SimpleNamespace(eos_id=1, pad_id=0, bos_id=2))
+    got = generate_text(jnnx.from_params(cfg, params), tok, ["ab", "xyz"], max_new_tokens=4)
+    want = generate_text(build_linen(cfg), params, tok, ["ab", "xyz"], max_new_tokens=4)
+    assert got == want and all(got)
+
+
+# ------------------------------------------------------------------------------------------------
+def test_from_hf_logits_equal_pytorch(tmp_path):
+    """Random tiny Hugging Face GPT-2 and T5 models (PyTorch, eager attention, no download)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    x = np.random.default_rng(0).integers(0, 96, (2, 10)).astype(np.int32)
+    y = np.random.default_rng(1).integers(0, 96, (2, 6)).astype(np.int32)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=4, vocab_size=96, n_positions=32, bos_token_id=1,
+        eos_token_id=1))
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16,
+        feed_forward_proj="relu"))
+    for name, hf, ours_args, theirs_kw in [
+            ("gpt2", gpt2, (x,), dict(input_ids=torch.tensor(x))),
+            ("t5", t5, (x, y), dict(input_ids=torch.tensor(x), decoder_input_ids=torch.tensor(y)))]:
+        hf.eval().save_pretrained(tmp_path / name, safe_serialization=True)
+        ref = type(hf).from_pretrained(tmp_path / name, attn_implementation="eager").eval()
+        with torch.no_grad():
+            want = ref(**theirs_kw).logits.numpy()
+        model = jnnx.from_hf(tmp_path / name)
+        assert isinstance(model, nnx.Module)
+        got = np.asarray(model(*ours_args), np.float64)
+        err = np.max(np.abs(got - want)) / np.max(np.abs(want))
+        assert err < 1e-4, (name, err)
