@@ -18,7 +18,7 @@ $(PY):
 	$(PY) -m pip install --upgrade pip
 
 $(STAMP): pyproject.toml | $(PY)
-	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' || { echo "$(VENV) is Python $$($(PY) -V): jaxformer needs 3.12+; run 'make clean' and retry"; exit 1; }
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' || { echo "$(VENV) is $$($(PY) -V): jaxformer needs Python 3.12+; run 'make clean' and retry"; exit 1; }
 	$(PY) -m pip install -e '.[test]'
 	touch $(STAMP)
 
