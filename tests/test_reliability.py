@@ -327,7 +327,8 @@ def test_train_py_reports_a_workdir_without_intact_checkpoints_in_one_line(run):
 
 # Opt-in: SIGKILL at random moments ---------------------------------------------------------------
 
-@pytest.mark.skipif(not os.environ.get("JAXFORMER_LONG_TESTS"), reason="JAXFORMER_LONG_TESTS=1")
+@pytest.mark.skipif(not os.environ.get("JAXFORMER_LONG_TESTS"),
+                    reason="opt-in long test (15 SIGKILLs, ~3 min): set JAXFORMER_LONG_TESTS=1")
 def test_kill9_loop_resumes_bitwise(tmp_path):
     """Kill ``train.py`` (async saves every 3 steps, keep 2) 15 times, rerunning the command each
     time — a third of the kills at random moments of start-up, the others at random moments of
