@@ -82,12 +82,9 @@ class Artifact:
 
 
 def sha256_file(path: pathlib.Path) -> str:
-    """Hex sha256 digest of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
+    """Hex sha256 digest of a file (downloaded archives, checkpoint manifests)."""
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @contextlib.contextmanager

@@ -23,7 +23,6 @@ with the saved one from Orbax's metadata alone, so a changed optimizer is refuse
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -34,6 +33,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+
+from jaxformer.data.fetch import sha256_file
 
 MANIFEST = "jaxformer_manifest.json"
 MARKER = "jaxformer_manifest"  # key in the step's Orbax custom metadata
@@ -51,11 +52,6 @@ class CheckpointDamaged(ValueError):
         super().__init__(f"checkpoint {self.step_dir} is damaged: {problem}")
 
 
-def file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def write_manifest(step_dir: Path, workdir: Path) -> None:
     """Hash every file under ``step_dir`` (plus the workdir's tokenizer and config) into
     ``step_dir/jaxformer_manifest.json``, written atomically (temporary file + rename)."""
@@ -63,10 +59,10 @@ def write_manifest(step_dir: Path, workdir: Path) -> None:
     for p in sorted(step_dir.rglob("*")):
         rel = p.relative_to(step_dir).as_posix()
         if p.is_file() and rel not in _UNHASHED:
-            files[rel] = [p.stat().st_size, file_sha256(p)]
+            files[rel] = [p.stat().st_size, sha256_file(p)]
     doc: dict[str, Any] = {"format": 1, "files": files}
     if (workdir / "tokenizer.model").is_file():
-        doc["tokenizer_sha256"] = file_sha256(workdir / "tokenizer.model")
+        doc["tokenizer_sha256"] = sha256_file(workdir / "tokenizer.model")
     try:
         doc["config"] = json.loads((workdir / "config.json").read_text())
     except (OSError, ValueError):
@@ -135,7 +131,7 @@ def verify_step(step_dir: Path, need: Iterable[str] = ("state",)) -> dict | None
         if path.stat().st_size != size:
             raise CheckpointDamaged(step_dir, f"{rel} has {path.stat().st_size} bytes, the save "
                                               f"wrote {size} (truncated or overwritten)")
-        if file_sha256(path) != digest:
+        if sha256_file(path) != digest:
             raise CheckpointDamaged(step_dir, f"{rel} does not match its sha256 (its bytes changed "
                                               "after the save)")
         nbytes += size
@@ -165,7 +161,7 @@ def verify_tokenizer(workdir: Path, manifest: dict | None, *, required: bool) ->
                              f"(sha256 {digest or 'not recorded'}): put the run's tokenizer.model "
                              "back (another tokenizer would read the embeddings with other ids)")
         return None
-    if digest and file_sha256(path) != digest:
+    if digest and sha256_file(path) != digest:
         raise ValueError(f"{path} is not the tokenizer the checkpoints were written with (sha256 "
                          f"differs from {digest[:12]}…): put the run's tokenizer.model back")
     return path
