@@ -216,7 +216,7 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> No
     from jaxformer.data.sources import list_option
 
     data = config.data
-    check_data_config(data)
+    check_data_config(data, objective=config.objective)
     if model_cfg.position == "learned":
         lengths = {"seq_len": data.seq_len}
         if model_cfg.family == "encoder_decoder":
