@@ -2,10 +2,10 @@
 pipeline and the train step need to know about it.
 
 An objective is a device-side ``prepare`` (pure jnp, inside the jitted step), the data task the
-pipeline builds its examples for (``data.task`` is derived from it, never set), the framing those
-examples get unless ``data.framing`` says otherwise, an optional host-side per-example corruption
-(NumPy, before packing) and the ``objective.*`` options it reads, with their defaults. Adding an
-objective is one `register_objective` call::
+pipeline builds its examples for (``data.task`` is derived from it: configs leave it out), the
+framing those examples get unless ``data.framing`` says otherwise, an optional host-side
+per-example corruption (NumPy, before packing) and the ``objective.*`` options it reads, with
+their defaults. Adding an objective is one `register_objective` call::
 
     register_objective(Objective("my_lm", prepare_my_lm, data_task="lm", framing="eos",
                                  options={"my_rate": 0.1}))
