@@ -79,7 +79,8 @@ def preset_config(name: str, *, batch: int, seq_len: int, target_len: int | None
 
 
 def abstract_batch(data_cfg, model_cfg: ModelConfig, task: str) -> dict[str, jax.ShapeDtypeStruct]:
-    """Shapes of one global batch as the pipeline yields it (`jaxformer.data.pipeline`)."""
+    """Shapes of one global batch as the pipeline yields it for data ``task``
+    (`Objective.data_task`; `jaxformer.data.pipeline`)."""
     b, out = data_cfg.batch_size, {}
     features = {"inputs": data_cfg.seq_len}
     if model_cfg.family == "encoder_decoder":

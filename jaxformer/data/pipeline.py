@@ -275,9 +275,9 @@ def example_framing(cfg: Any, objective: Any = "clm") -> str:
 
 def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tokenizer, *,
                  seed: int, objective: Any = "clm", transform: Transform | None = None,
-                 process_index: int | None = None,
-                 process_count: int | None = None, num_epochs: int | None = None,
-                 source: Sequence[Mapping[str, Any]] | None = None) -> grain.IterDataset:
+                 process_index: int | None = None, process_count: int | None = None,
+                 num_epochs: int | None = None, source: Sequence[Mapping[str, Any]] | None = None
+                 ) -> grain.IterDataset:
     """This process's batches of ``split`` (see the module docstring).
 
     Args:
