@@ -61,22 +61,8 @@ def stdlib_docstrings(limit: int) -> list[str]:
     return out
 
 
-def _span_transform(tok):
-    """The objectives' T5 span corruption, when that module exists."""
-    try:
-        from jaxformer.objectives.span_corruption import span_corruption
-    except ImportError:
-        return None
-
-    def transform(ex, rng):
-        inputs, targets = span_corruption(ex["inputs"], rng, tok.special, 0.15, 3.0)
-        return {"inputs": inputs, "targets": targets}
-
-    return transform
-
-
-def measure(cfg, tok, source, seconds, transform=None) -> dict:
-    ds = make_dataset(cfg, "train", tok, seed=0, transform=transform, process_index=0,
+def measure(cfg, tok, source, seconds, objective="clm") -> dict:
+    ds = make_dataset(cfg, "train", tok, seed=0, objective=objective, process_index=0,
                       process_count=1, source=source)
     it = iter(ds)
     t0 = time.perf_counter()
@@ -127,21 +113,19 @@ def main(argv=None):
     base = dict(seq_len=args.seq_len, target_len=args.seq_len // 4, batch_size=args.batch_size,
                 worker_count=args.worker_count, read_threads=args.read_threads)
     settings = {
-        "lm packed (GPT)": dict(task="lm", packing=True, framing="eos"),
-        "lm padded (GPT)": dict(task="lm", packing=False, framing="eos"),
-        "lm packed split (BERT)": dict(task="lm", packing=True, framing="cls_sep",
-                                       long_examples="split"),
+        "lm packed (GPT)": dict(packing=True, framing="eos"),
+        "lm padded (GPT)": dict(packing=False, framing="eos"),
+        "lm packed split (BERT)": dict(packing=True, framing="cls_sep", long_examples="split"),
     }
     results = {}
     for name, kw in settings.items():
         cfg = default_data_config()
         cfg.update(dict(base, **kw))
         results[name] = measure(cfg, tok, source, args.seconds)
-    span = _span_transform(tok)
-    if span is not None:
-        cfg = default_data_config()
-        cfg.update(dict(base, task="span_corruption", packing=True))
-        results["span corruption packed (T5)"] = measure(cfg, tok, source, args.seconds, span)
+    cfg = default_data_config()
+    cfg.update(dict(base, packing=True))
+    results["span corruption packed (T5)"] = measure(cfg, tok, source, args.seconds,
+                                                     "span_corruption")
 
     report = dict(
         bench="pipeline", texts=len(texts), corpus_tokens=n_tok, vocab_size=tok.vocab_size,

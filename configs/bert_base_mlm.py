@@ -16,8 +16,6 @@ def get_config():
     c.objective.name = "mlm"
     c.objective.mask_rate = 0.15
     c.data.source = "tfds:wikipedia/20230601.en"
-    c.data.task = "lm"
-    c.data.framing = "cls_sep"
     c.data.seq_len = 512
     c.data.batch_size = 256
     c.data.long_examples = "split"

@@ -16,12 +16,10 @@ def get_config():
     c.name = "bert_finetune_tiny"
     c.num_train_steps = 1600
     c.init_from = ""
-    c.model.update(preset("bert_tiny", vocab_size=VOCAB, d_model=128, num_heads=4, d_ff=512,
-                          num_layers=4, max_len=128, head="classify", num_classes=2, pooling="mean",
-                          dropout_rate=0.1, attention_dropout_rate=0.0))
+    c.model.update(preset("bert_mini", vocab_size=VOCAB, head="classify", num_classes=2,
+                          pooling="mean", dropout_rate=0.1))
     c.objective.name = "classify"
     c.data.source = "movie_sentiment"
-    c.data.task = "classify"
     c.data.framing = "cls_sep"
     c.data.packing = False
     c.data.seq_len = 64

@@ -15,8 +15,6 @@ def get_config():
     c.model.update(preset("gpt2_small", vocab_size=32_000, scan_layers=True, remat_policy="dots"))
     c.objective.name = "clm"
     c.data.source = "tfds:lm1b"
-    c.data.task = "lm"
-    c.data.framing = "eos"
     c.data.seq_len = 1024
     c.data.batch_size = 256
     c.data.tokenizer.vocab_size = 32_000

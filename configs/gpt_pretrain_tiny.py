@@ -14,12 +14,9 @@ def get_config():
     c = base_config()
     c.name = "gpt_pretrain_tiny"
     c.num_train_steps = 1200
-    c.model.update(preset("gpt_tiny", vocab_size=VOCAB, d_model=128, num_heads=4, d_ff=512,
-                          num_layers=4, max_len=128, dropout_rate=0.0, attention_dropout_rate=0.0))
+    c.model.update(preset("gpt_mini", vocab_size=VOCAB))
     c.objective.name = "clm"
     c.data.source = "shakespeare"
-    c.data.task = "lm"
-    c.data.framing = "eos"
     c.data.seq_len = 128
     c.data.batch_size = 8
     c.data.long_examples = "split"

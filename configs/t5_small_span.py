@@ -17,7 +17,6 @@ def get_config():
     c.objective.noise_density = 0.15
     c.objective.mean_span_length = 3.0
     c.data.source = "tfds:c4/en"
-    c.data.task = "span_corruption"
     c.data.seq_len = 512
     c.data.target_len = 114
     c.data.batch_size = 128

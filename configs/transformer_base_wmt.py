@@ -20,7 +20,6 @@ def get_config():
     c.data.source = "tfds:wmt14_translate/de-en"
     c.data.source_key = "en"
     c.data.target_key = "de"
-    c.data.task = "seq2seq"
     c.data.seq_len = 256
     c.data.target_len = 256
     c.data.batch_size = 256

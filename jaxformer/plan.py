@@ -48,13 +48,13 @@ import jax.numpy as jnp
 import ml_collections
 
 from jaxformer.config import ModelConfig
+from jaxformer.objectives import get_objective
 from jaxformer.parallel.mesh import MESH_AXES, check_batch_size, make_mesh, mesh_shape
 from jaxformer.parallel.rules import batch_sharding
 
 _CHILD_FLAG = "--plan_compile_child"
 _PER_ROW_HEADS = ("pooler", "classifier", "nsp_head")  # applied to one pooled vector per row
 _OBJECTIVE = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "seq2seq"}
-_TASK = {"clm": "lm", "mlm": "lm", "seq2seq": "seq2seq"}
 
 
 def preset_config(name: str, *, batch: int, seq_len: int, target_len: int | None = None,
@@ -67,7 +67,6 @@ def preset_config(name: str, *, batch: int, seq_len: int, target_len: int | None
     c.name = name
     c.model.update(preset(name))
     c.objective.name = _OBJECTIVE[c.model["family"]]
-    c.data.task = _TASK[c.objective.name]
     c.data.batch_size, c.data.seq_len = batch, seq_len
     c.data.target_len = target_len or seq_len
     c.data.tokenizer.vocab_size = min(c.data.tokenizer.vocab_size, c.model.vocab_size)  # fits
@@ -79,8 +78,9 @@ def preset_config(name: str, *, batch: int, seq_len: int, target_len: int | None
     return c
 
 
-def abstract_batch(data_cfg, model_cfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
-    """Shapes of one global batch as the pipeline yields it (`jaxformer.data.pipeline`)."""
+def abstract_batch(data_cfg, model_cfg: ModelConfig, task: str) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes of one global batch as the pipeline yields it for data ``task``
+    (`Objective.data_task`; `jaxformer.data.pipeline`)."""
     b, out = data_cfg.batch_size, {}
     features = {"inputs": data_cfg.seq_len}
     if model_cfg.family == "encoder_decoder":
@@ -88,9 +88,9 @@ def abstract_batch(data_cfg, model_cfg: ModelConfig) -> dict[str, jax.ShapeDtype
     for name, length in features.items():
         for suffix in ("", "_segment_ids", "_positions"):
             out[name + suffix] = jax.ShapeDtypeStruct((b, length), jnp.int32)
-    if data_cfg.task == "classify":
+    if task == "classify":
         out["label"] = jax.ShapeDtypeStruct((b,), jnp.int32)
-    if data_cfg.task == "sft":
+    if task == "sft":
         out["inputs_loss_mask"] = jax.ShapeDtypeStruct((b, data_cfg.seq_len), jnp.int32)
     return out
 
@@ -166,8 +166,9 @@ def compile_step(config, mesh) -> dict:
     from jaxformer.train.checkpoint import with_shardings
 
     model_cfg, abstract, shardings, step = _setup(config, mesh)
+    task = get_objective(config.objective.name).data_task
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(mesh, len(v.shape)))
-             for k, v in abstract_batch(config.data, model_cfg).items()}
+             for k, v in abstract_batch(config.data, model_cfg, task).items()}
     fn = sharded_jit(step, mesh, in_shardings=(shardings, None), out_shardings=(shardings, None),
                      donate_argnums=(0,))
     compiled = fn.lower(with_shardings(abstract, shardings), batch).compile()

@@ -26,6 +26,20 @@ def test_config_validates(name):
     assert config.num_train_steps > 0 and model_cfg.vocab_size >= config.data.tokenizer.vocab_size
 
 
+def test_data_task_is_derived_from_the_objective():
+    """No config sets ``data.task``; one that still does (written before, or an old run's
+    config.json) is accepted when it is the objective's data task, else refused naming both."""
+    config = get_config("t5_pretrain_tiny")
+    assert "task" not in config.data
+    config.data.task = "span_corruption"
+    validate_config(config)
+    config.objective.name = "denoise"  # BART denoising: the same text pieces, another corruption
+    validate_config(config)
+    config.data.task = "seq2seq"
+    with pytest.raises(ValueError, match="data.task='seq2seq' does not fit objective.name='denoise'"):
+        validate_config(config)
+
+
 def test_unknown_top_level_key_is_rejected():
     config = get_config("gpt_pretrain_tiny")
     with config.unlocked():
@@ -50,8 +64,11 @@ def test_every_model_field_and_objective_option_is_settable_from_the_command_lin
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     for name in CONFIGS:
         assert set(get_config(name).model) == fields, name
+    from jaxformer.objectives import OPTION_DEFAULTS
+
     read = {key for f in (ROOT / "jaxformer" / "objectives").glob("*.py")
             for key in re.findall(r'option\(cfg, "(\w+)"', f.read_text())}
+    read |= set(OPTION_DEFAULTS)  # the declared options, which the host-side corruptions take
     assert {"mask_rate", "whole_word_mask", "infill_rate"} <= read <= set(base_config().objective)
     argv = ["train.py", "--config", str(ROOT / "configs" / "gpt_pretrain_tiny.py"),
             "--config.model.dtype=bfloat16", "--config.model.d_model=64",

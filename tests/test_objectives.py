@@ -197,7 +197,7 @@ def test_mlm_nsp_token_types_jit_and_determinism():
 def test_jit_equals_eager(name):
     batch = {**packed_batch(4), **packed_batch(5, prefix="targets"),
              "label": np.arange(6, dtype=np.int32) % 2}
-    fn = get_objective(name)
+    fn = get_objective(name).prepare
     eager = fn(batch, jax.random.key(0), SPECIAL, None)
     jitted = jax.jit(lambda b, k: fn(b, k, SPECIAL, None))(batch, jax.random.key(0))
     jax.tree.map(np.testing.assert_array_equal, eager, jitted)
@@ -214,6 +214,49 @@ def test_registry_and_host_transform():
     inputs, targets = host_transform("denoise", SPECIAL)(np.arange(LOW, LOW + 50),
                                                          np.random.default_rng(0))
     np.testing.assert_array_equal(targets, [*range(LOW, LOW + 50), SPECIAL.eos_id])
+
+
+def test_each_objective_declares_its_data():
+    """Data task, framing and host-side step come from the objective (data.task is derived)."""
+    declared = {n: (o.data_task, o.framing, o.corrupt) for n, o in OBJECTIVES.items()}
+    assert declared == {"clm": ("lm", "eos", None), "mlm": ("lm", "cls_sep", None),
+                        "seq2seq": ("seq2seq", "eos", None),
+                        "span_corruption": ("span_corruption", "eos", span_corruption),
+                        "denoise": ("span_corruption", "eos", denoise),
+                        "classify": ("classify", None, None), "sft": ("sft", "eos", None)}
+    transform = get_objective("denoise").example_transform(SPECIAL, {"infill_rate": 0.0})
+    example = transform({"inputs": np.arange(LOW, LOW + 9), "extra": 1}, np.random.default_rng(0))
+    np.testing.assert_array_equal(example["inputs"], [*range(LOW, LOW + 9), SPECIAL.eos_id])
+    np.testing.assert_array_equal(example["targets"], example["inputs"])
+    assert example["extra"] == 1 and get_objective("clm").example_transform(SPECIAL) is None
+
+
+def test_a_new_objective_is_one_registration(monkeypatch):
+    from jaxformer.objectives import Objective, check_objective, register_objective, registry
+
+    monkeypatch.setattr(registry, "OBJECTIVES", dict(registry.OBJECTIVES))
+    monkeypatch.setattr(registry, "OPTION_DEFAULTS", dict(registry.OPTION_DEFAULTS))
+
+    def reverse(tokens, rng, special, reverse_rate=0.5):
+        out = tokens[::-1] if rng.random() < reverse_rate else tokens
+        return np.append(out, special.eos_id), np.append(tokens, special.eos_id)
+
+    register_objective(Objective("reverse", prepare_seq2seq, data_task="span_corruption",
+                                 corrupt=reverse, options={"reverse_rate": 0.5}))
+    assert check_objective({"name": "reverse", "reverse_rate": 1.0}) == "reverse"
+    with pytest.raises(ValueError, match="objective.reverse_rate=1.0 applies to objective "
+                                         "'reverse', not 'clm'"):
+        check_objective({"name": "clm", "reverse_rate": 1.0})
+    inputs, targets = host_transform("reverse", SPECIAL, {"reverse_rate": 1.0})(
+        np.arange(LOW, LOW + 4), np.random.default_rng(0))
+    np.testing.assert_array_equal(inputs, [LOW + 3, LOW + 2, LOW + 1, LOW, SPECIAL.eos_id])
+    with pytest.raises(ValueError, match="already registered"):
+        register_objective(Objective("reverse", prepare_clm, data_task="lm"))
+    with pytest.raises(ValueError, match="option 'mask_rate' defaults to 0.5"):
+        register_objective(Objective("mlm2", prepare_mlm, data_task="lm",
+                                     options={"mask_rate": 0.5}))
+    with pytest.raises(ValueError, match="data_task='text'"):
+        Objective("bad", prepare_clm, data_task="text")
 
 
 def runs(mask: np.ndarray) -> list[int]:
@@ -326,7 +369,7 @@ def test_model_inputs_fit_the_models(name, model_preset, overrides):
     batch = {**packed_batch(0, batch=2, length=12), **packed_batch(1, batch=2, length=8,
                                                                    prefix="targets"),
              "label": np.array([0, 2], np.int32), "nsp_label": np.array([1, 0], np.int32)}
-    out = get_objective(name)(batch, jax.random.key(0), SPECIAL, None)
+    out = get_objective(name).prepare(batch, jax.random.key(0), SPECIAL, None)
     model = build_model(cfg)
     mi = out["model_inputs"]  # shapes only: trace init + apply without running them
     logits = jax.eval_shape(lambda: model.apply(model.init(jax.random.key(0), **mi), **mi))
@@ -401,12 +444,12 @@ def test_whole_word_mask_chooses_whole_words_uniformly():
 def test_an_option_of_another_objective_is_refused(name):
     """Each objective accepts a non-default value of exactly its own options (the MLM rates for
     mlm, T5's noise for span_corruption, BART's for denoise); any other is refused, naming it."""
-    from jaxformer.objectives import OBJECTIVE_OPTIONS, OPTION_DEFAULTS, check_objective
+    from jaxformer.objectives import OPTION_DEFAULTS, check_objective
 
     assert check_objective({"name": name}) == name  # every default is accepted
     for key, default in OPTION_DEFAULTS.items():
         changed = {"name": name, key: (not default) if isinstance(default, bool) else default + 0.05}
-        if key in OBJECTIVE_OPTIONS.get(name, ()):
+        if key in get_objective(name).options:
             assert check_objective(changed) == name
         else:
             with pytest.raises(ValueError, match=f"objective.{key}=.* not '{name}'"):

@@ -1,4 +1,5 @@
-"""The optimizer: decay mask on real models, clipping, accumulation, frozen backbone, head lr."""
+"""The optimizer (decay mask on real models, clipping, frozen backbone, head lr) and the train
+step's gradient accumulation."""
 
 from __future__ import annotations
 
@@ -125,41 +126,60 @@ def test_clipping_bounds_the_gradient_adam_sees(scale):
     assert float(optax.tree.norm(seen)) <= 1.0 + 1e-5
 
 
-@jax.jit
-def quadratic_grad(params, x):
-    """Gradient of mean_i ½‖W − x_i‖² over a batch x `[n, 2, 3]`."""
-    return jax.grad(lambda p: 0.5 * jnp.mean(jnp.sum((p["w"]["kernel"] - x) ** 2, (1, 2))))(params)
+class TokenLogits(nn.Module):
+    """logits = table[token]: a model whose cross-entropy gradient NumPy can write down."""
+
+    vocab: int
+
+    @nn.compact
+    def __call__(self, tokens, deterministic: bool = True):
+        return self.param("table", nn.initializers.normal(1.0), (self.vocab, self.vocab))[tokens]
 
 
-def test_multisteps_accumulation_equals_big_batch():
-    rng = np.random.default_rng(1)
-    params = {"w": {"kernel": jnp.asarray(rng.normal(size=(2, 3)), jnp.float32)}}
-    batches = [jnp.asarray(rng.normal(size=(8, 2, 3)), jnp.float32) for _ in range(2)]
-    base = dict(schedule="warmup_linear", peak_lr=0.1, warmup_steps=1, weight_decay=0.1,
-                clip_norm=0.5)
-    big_tx, _ = make_optimizer(default_optimizer_config(**base), 8, 10)
-    p_big = params
-    state, update = big_tx.init(p_big), jax.jit(big_tx.update)
-    for x in batches:
-        u, state = update(quadratic_grad(p_big, x), state, p_big)
-        p_big = optax.apply_updates(p_big, u)
+def test_scan_accumulation_weights_every_token_equally():
+    """Micro-batches of 71 and 8 counted tokens: the accumulated step's gradient is the mean over
+    all 79 tokens (float64 NumPy reference), not the mean of the two micro-batch means (optax
+    ``MultiSteps``' rule, which weighs a token of the short micro-batch 71/8 times as much)."""
+    from jaxformer.train.state import TrainState
+    from jaxformer.train.step import make_train_step
 
-    acc_tx, _ = make_optimizer(default_optimizer_config(grad_accum_steps=4, **base), 8, 10,
-                               accumulate=True)
-    p_acc = params
-    state, update = acc_tx.init(p_acc), jax.jit(acc_tx.update)
-    assert isinstance(state, optax.MultiStepsState)
-    for x in batches:
-        start = p_acc
-        for i, micro in enumerate(jnp.split(x, 4)):
-            u, state = update(quadratic_grad(p_acc, micro), state, p_acc)
-            p_acc = optax.apply_updates(p_acc, u)
-            if i < 3:
-                jax.tree.map(np.testing.assert_array_equal, p_acc, start)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p_acc, p_big)
-    assert not jax.tree.all(jax.tree.map(jnp.array_equal, p_acc, params))
-    no_wrap, _ = make_optimizer(default_optimizer_config(grad_accum_steps=4, **base), 8, 10)
-    assert not isinstance(no_wrap.init(params), optax.MultiStepsState)
+    vocab, length = 5, 80
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, vocab, (2, length))
+    targets = rng.integers(0, vocab, (2, length))
+    weights = np.zeros((2, length), np.float32)
+    weights[0, :71], weights[1, :8] = 1, 1  # grad_accum_steps=2: micro-batch i holds row i
+    model = TokenLogits(vocab)
+    params = model.init(jax.random.key(0), jnp.asarray(tokens))["params"]
+    tx = optax.sgd(1.0)
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params),
+                       rng=jax.random.key_data(jax.random.key(0)))
+
+    def prepare(batch, rng):
+        return {"model_inputs": {"tokens": batch["inputs"]}, "targets": batch["targets"],
+                "weights": batch["weights"]}
+
+    step = jax.jit(make_train_step(model, tx, prepare, lambda s: 1.0, grad_accum_steps=2))
+    new, metrics = step(state, {"inputs": jnp.asarray(tokens, jnp.int32),
+                                "targets": jnp.asarray(targets, jnp.int32),
+                                "weights": jnp.asarray(weights)})
+
+    table = np.asarray(params["table"], np.float64)
+    logits = table[tokens]                                            # [2, L, V]
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    dlogits = (np.exp(log_probs) - np.eye(vocab)[targets]) * weights[..., None]
+    row_grads = [np.zeros_like(table) for _ in range(2)]              # per micro-batch sums
+    for r in range(2):
+        np.add.at(row_grads[r], tokens[r], dlogits[r])
+    token_mean = (row_grads[0] + row_grads[1]) / 79
+    mean_of_means = (row_grads[0] / 71 + row_grads[1] / 8) / 2
+    nll = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    assert float(metrics["tokens"]) == 79
+    np.testing.assert_allclose(float(metrics["loss"]), (nll * weights).sum() / 79, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(new.params["table"]), table - token_mean, rtol=1e-5,
+                               atol=1e-6)
+    rel = np.linalg.norm(mean_of_means - token_mean) / np.linalg.norm(token_mean)
+    assert rel > 0.5, rel  # the two rules differ here
 
 
 @pytest.mark.parametrize("boxed", [True, False])

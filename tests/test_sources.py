@@ -292,7 +292,7 @@ def test_every_source_option_is_settable_from_the_command_line(tmp_path):
     from jaxformer.data import sources
     from jaxformer.train.config import base_config, define_config_flag
 
-    read = set(re.findall(r'(?:_opt|list_option)\(data_cfg, "(\w+)"',
+    read = set(re.findall(r'(?:option|list_option)\(data_cfg, "(\w+)"',
                           Path(sources.__file__).read_text()))
     assert {"format", "text_key", "label_key", "label_names", "tfds_data_dir"} <= read
     assert read <= set(base_config().data)

@@ -38,7 +38,7 @@ def load_config(name: str, **overrides):
     c.data.tokenizer.vocab_size = 512
     c.data.tokenizer.max_train_texts = 1500
     c.data.seq_len = 32
-    c.data.target_len = 32 if c.data.task == "seq2seq" else 16
+    c.data.target_len = 32 if c.objective.name == "seq2seq" else 16
     c.data.batch_size = 8
     c.num_train_steps = 30
     c.log_every_steps = 5

@@ -1,5 +1,9 @@
 """The deterministic, checkpointable Grain input pipeline: source → tokens → rows → batches.
 
+The objective (``config.objective``, `jaxformer.objectives.Objective`) decides the example format
+(its data task), the default framing and the host-side transform; the data config decides the
+source, the lengths and the batching.
+
 Stages (Grain 0.2 dataset API)::
 
     MapDataset.source(src)[process_index::process_count]      each process reads its own shard
@@ -7,7 +11,7 @@ Stages (Grain 0.2 dataset API)::
       .map(tokenize).repeat(num_epochs)                       None = forever (training)
       .to_iter_dataset()
     → frame + fit      BOS/EOS/[CLS]/[SEP] by task, then truncate (counted) or split to the length
-    → random_map(transform)   optional host-side example transform, e.g. T5 span corruption
+    → random_map(transform)   the objective's host-side transform, e.g. T5 span corruption
     → pack (first fit, `jaxformer.data.packing`) or pad      rows with segment ids and positions
     → batch(batch_size // process_count)   a finite pass pads its last batch with all-padding rows
     → prefetch (threads, or `worker_count` processes)
@@ -18,7 +22,9 @@ model checkpoint through Orbax as ``grain.checkpoint.CheckpointSave(iterator)`` 
 ``grain.checkpoint.CheckpointRestore(iterator)`` (one JSON file per process). Close iterators you
 are done with (``iterator.close()``); those still open when the interpreter exits are closed then.
 
-Framing per task (``data.framing``: "eos" GPT, "bos_eos", "cls_sep" BERT, "none"):
+Data tasks (`Objective.data_task`; ``data.task`` is derived from ``objective.name``, and a config
+that still sets it must agree) and their framing (``data.framing``: "eos" GPT, "bos_eos",
+"cls_sep" BERT, "none"; unset, "", = the objective's `Objective.framing`):
 
 * ``lm``: text → ``inputs`` (empty texts are skipped, counted). "eos"/"bos_eos" mark *documents*
   (``<s>? text </s>``; a long document keeps its EOS only on its last piece); "cls_sep" marks every
@@ -29,11 +35,13 @@ Framing per task (``data.framing``: "eos" GPT, "bos_eos", "cls_sep" BERT, "none"
 * ``seq2seq``: ``source </s>`` → ``inputs``, ``target </s>`` → ``targets`` (trimmed to keep EOS).
 * ``sft``: ``<s>? prompt response </s>`` → ``inputs``; ``inputs_loss_mask`` is 1 on the response
   tokens and its EOS. Source keys ``prompt``/``response`` (or ``source``/``target``).
-* ``span_corruption``: text pieces of ``seq_len - 1`` tokens → ``transform`` (required) →
-  ``inputs``/``targets``, each ending with EOS (appended unless present, trimmed T5-style).
+* ``span_corruption`` (objectives ``span_corruption``, ``denoise``): text pieces of ``seq_len - 1``
+  tokens → the objective's transform → ``inputs``/``targets``, each ending with EOS (appended
+  unless present, trimmed T5-style).
 
-The ``transform`` is ``(example: dict, rng: np.random.Generator) -> dict``; it sees the framed
-example (for span corruption ``{"inputs": tokens}`` without EOS) and returns the task's features.
+The transform (`Objective.example_transform`, or one given to `make_dataset`) is
+``(example: dict, rng: np.random.Generator) -> dict``; it sees the framed example (for span
+corruption ``{"inputs": tokens}`` without EOS) and returns the task's features.
 Output batches follow the conventions of the objectives: ``inputs [B, L] int32``,
 ``inputs_segment_ids``, ``inputs_positions`` (+ ``targets*`` `[B, Lt]`, ``label [B]``,
 ``inputs_loss_mask [B, L]``).
@@ -41,32 +49,37 @@ Output batches follow the conventions of the objectives: ``inputs [B, L] int32``
 
 from __future__ import annotations
 
-import atexit
 import functools
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grain
+import jax
 import ml_collections
 import numpy as np
 from absl import flags
 
+from jaxformer.data.closed_at_exit import ClosedAtExit
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
+from jaxformer.data.sources import default_source_config, get_source
 from jaxformer.data.tokenizer import Tokenizer, default_tokenizer_config
 from jaxformer.data.vocab import SpecialTokens
+from jaxformer.objectives.registry import (
+    FRAMINGS,
+    OBJECTIVES,
+    Objective,
+    check_data_task,
+)
 
-TASKS = ("lm", "seq2seq", "classify", "sft", "span_corruption")
-FRAMINGS = ("eos", "bos_eos", "cls_sep", "none")
 LONG_EXAMPLES = ("truncate", "split")
-# The usual ``data.framing`` of each model family (GPT, BERT, T5: T5 frames inputs/targets by task).
-FAMILY_FRAMING = {"decoder": "eos", "encoder": "cls_sep", "encoder_decoder": "eos"}
+SPLITTABLE_TASKS = ("lm", "span_corruption")  # tasks of plain text that long_examples may split
 Transform = Callable[[dict, np.random.Generator], dict]
 
 
 def default_data_config() -> ml_collections.ConfigDict:
     """Defaults of ``config.data`` read by this module (the source keys live with the sources).
 
+    framing: "" = the objective's (`Objective.framing`), else one of `FRAMINGS`.
     seq_len / target_len: row lengths of ``inputs`` / ``targets``. batch_size: global rows per step.
     packing_bins: rows packed at once (0 = ``max(per-process batch, 32)``).
     read_threads / read_buffer: threads and buffer of the map stage (0 = read and tokenize inline:
@@ -74,12 +87,10 @@ def default_data_config() -> ml_collections.ConfigDict:
     prefetch: batches prefetched by a thread (when ``worker_count`` is 0).
     worker_count / worker_buffer_size: Grain worker processes and batches buffered per worker.
     """
-    from jaxformer.data.sources import default_source_config
-
     cfg = default_source_config()  # update() keeps its typed placeholders
     cfg.update(dict(
-        task="lm", seq_len=128, target_len=128, batch_size=8, packing=True, packing_bins=0,
-        shuffle=True, framing="eos", long_examples="truncate", read_threads=0, read_buffer=256,
+        seq_len=128, target_len=128, batch_size=8, packing=True, packing_bins=0,
+        shuffle=True, framing="", long_examples="truncate", read_threads=0, read_buffer=256,
         prefetch=2, worker_count=0, worker_buffer_size=2, tokenizer=default_tokenizer_config()))
     return cfg
 
@@ -91,8 +102,8 @@ def _i32(x) -> np.ndarray:
 def _get(example: Mapping, task: str, *names: str) -> list:
     missing = [n for n in names if n not in example]
     if missing:
-        raise ValueError(f"data.task={task!r} needs source examples with keys {list(names)}; got "
-                         f"{sorted(example)} (missing {missing})")
+        raise ValueError(f"the {task!r} data task needs source examples with keys {list(names)}; "
+                         f"got {sorted(example)} (missing {missing})")
     return [example[n] for n in names]
 
 
@@ -225,32 +236,48 @@ class _Finalize(grain.transforms.Map):
         return out
 
 
-def check_data_config(cfg: ml_collections.ConfigDict, process_count: int = 1) -> None:
-    """ValueError naming the ``data.*`` key that is invalid (run by `validate_config` too)."""
+def check_data_config(cfg: ml_collections.ConfigDict, process_count: int = 1, *,
+                      objective: Any = "clm") -> None:
+    """ValueError naming the ``data.*`` key that is invalid for ``objective`` (the ``objective``
+    config section, or a name), run by `validate_config` too."""
     def bad(key, want):
         raise ValueError(f"data.{key}={cfg.get(key)!r} is invalid: {want}")
 
-    if cfg.task not in TASKS:
-        bad("task", f"choose one of {TASKS}")
-    if cfg.framing not in FRAMINGS:
-        bad("framing", f"choose one of {FRAMINGS}")
+    task = check_data_task(objective, cfg).data_task
+    if cfg.framing not in ("", *FRAMINGS):
+        bad("framing", f"choose one of {FRAMINGS}, or '' for the objective's")
+    example_framing(cfg, objective)
     if cfg.long_examples not in LONG_EXAMPLES:
         bad("long_examples", f"choose one of {LONG_EXAMPLES}")
-    if cfg.long_examples == "split" and cfg.task not in ("lm", "span_corruption"):
-        bad("long_examples", "'split' applies to tasks 'lm' and 'span_corruption' only")
+    if cfg.long_examples == "split" and task not in SPLITTABLE_TASKS:
+        names = [n for n, o in OBJECTIVES.items() if o.data_task in SPLITTABLE_TASKS]
+        bad("long_examples", f"'split' applies to objectives {names} only")
     for key, least in (("seq_len", 4), ("target_len", 4), ("batch_size", 1)):
         if not isinstance(cfg.get(key), int) or cfg.get(key) < least:
             bad(key, f"must be an integer >= {least}")
     if cfg.batch_size % process_count:
         bad("batch_size", f"the global batch must divide evenly among {process_count} processes")
-    if cfg.packing and cfg.task == "classify":
+    if cfg.packing and task == "classify":
         bad("packing", "classification rows hold one example (one label); set data.packing=False")
 
 
+def example_framing(cfg: Any, objective: Any = "clm") -> str:
+    """The framing of ``objective``'s examples: ``data.framing``, else the objective's
+    (`Objective.framing`); ValueError when neither is set."""
+    spec = check_data_task(objective, cfg)
+    chosen = cfg.get("framing") or spec.framing
+    if not chosen:
+        raise ValueError(f"data.framing is unset and objective {spec.name!r} has no usual framing; "
+                         "set data.framing='cls_sep' ([CLS] text [SEP], BERT) or 'eos' "
+                         "(text </s>, GPT)")
+    return chosen
+
+
 def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tokenizer, *,
-                 seed: int, transform: Transform | None = None, process_index: int | None = None,
-                 process_count: int | None = None, num_epochs: int | None = None,
-                 source: Sequence[Mapping[str, Any]] | None = None) -> grain.IterDataset:
+                 seed: int, objective: Any = "clm", transform: Transform | None = None,
+                 process_index: int | None = None, process_count: int | None = None,
+                 num_epochs: int | None = None, source: Sequence[Mapping[str, Any]] | None = None
+                 ) -> grain.IterDataset:
     """This process's batches of ``split`` (see the module docstring).
 
     Args:
@@ -258,8 +285,10 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
       split: passed to ``jaxformer.data.sources.get_source`` (unless ``source`` is given).
       tokenizer: the `Tokenizer`.
       seed: shuffling and ``transform`` randomness.
-      transform: optional host-side ``(example, rng) -> example`` step (required for
-        ``span_corruption``).
+      objective: the ``objective`` config section (name and options), or an objective's name: its
+        data task, framing and host-side transform (`jaxformer.objectives.Objective`).
+      transform: a host-side ``(example, rng) -> example`` step to use instead of the
+        objective's (`Objective.example_transform`), e.g. to try another corruption.
       process_index / process_count: this process's shard (default ``jax.process_index()`` /
         ``jax.process_count()``); batches hold ``batch_size // process_count`` rows.
       num_epochs: None repeats forever (training); an int makes a finite pass whose last batch is
@@ -272,17 +301,16 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     cfg = ml_collections.ConfigDict(default_data_config().to_dict())
     cfg.update(data_cfg)
     if process_index is None or process_count is None:
-        import jax
         process_index, process_count = jax.process_index(), jax.process_count()
-    check_data_config(cfg, process_count)
-    if cfg.task == "span_corruption" and transform is None:
-        raise ValueError("data.task='span_corruption' needs transform=(example, rng) -> example, "
-                         "e.g. built from jaxformer.objectives' span_corruption")
-    if source is None:
-        from jaxformer.data.sources import get_source
-        source = get_source(data_cfg, split)
+    check_data_config(cfg, process_count, objective=objective)
+    spec: Objective = check_data_task(objective, cfg)
+    task = spec.data_task
     special = tokenizer.special
-    counter = TruncationCounter(f"{split}/{cfg.task}")
+    if transform is None:
+        transform = spec.example_transform(special, None if isinstance(objective, str) else objective)
+    if source is None:
+        source = get_source(data_cfg, split)
+    counter = TruncationCounter(f"{split}/{task}")
 
     ds = grain.MapDataset.source(source)[process_index::process_count]
     if len(ds) == 0:
@@ -294,25 +322,25 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     ds = ds.seed(seed)
     if cfg.shuffle:
         ds = ds.shuffle()
-    ds = ds.map(_Tokenize(tokenizer, cfg.task)).repeat(num_epochs)
+    ds = ds.map(_Tokenize(tokenizer, task)).repeat(num_epochs)
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
                                               prefetch_buffer_size=cfg.read_buffer))
     it = grain.experimental.FlatMapIterDataset(it, _Frame(
-        cfg.task, cfg.framing, special, cfg.seq_len, cfg.target_len,
+        task, example_framing(cfg, objective), special, cfg.seq_len, cfg.target_len,
         cfg.long_examples == "split", counter))
 
     lengths = {"inputs": cfg.seq_len}
-    if cfg.task in ("seq2seq", "span_corruption"):
+    if task in ("seq2seq", "span_corruption"):
         lengths["targets"] = cfg.target_len
-    if cfg.task == "sft":
+    if task == "sft":
         lengths["inputs_loss_mask"] = cfg.seq_len
     if transform is not None:
         it = it.random_map(transform, seed=seed)
-        seq2seq_like = cfg.task in ("seq2seq", "span_corruption")
+        seq2seq_like = task in ("seq2seq", "span_corruption")
         it = it.map(_Finalize(lengths, special.eos_id if seq2seq_like else None,
-                              TruncationCounter(f"{split}/{cfg.task} after transform")))
+                              TruncationCounter(f"{split}/{task} after transform")))
 
-    meta = ("inputs_loss_mask",) if cfg.task == "sft" else ()
+    meta = ("inputs_loss_mask",) if task == "sft" else ()
     pad_id = max(special.pad_id, 0)
     local_batch = cfg.batch_size // process_count
     if cfg.packing:
@@ -332,48 +360,4 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
             num_workers=cfg.worker_count, per_worker_buffer_size=cfg.worker_buffer_size))
     elif cfg.prefetch > 0:
         it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=cfg.prefetch)
-    return _ClosedAtExit(it)
-
-
-_OPEN_ITERATORS: weakref.WeakSet = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_iterators() -> None:
-    """Stop the prefetch threads/processes of iterators still alive at exit. Left to their
-    ``__del__`` during interpreter teardown, Grain's iterators raise ("'NoneType' object has no
-    attribute 'Empty'", or an abort: "terminate called without an active exception")."""
-    for iterator in list(_OPEN_ITERATORS):
-        iterator.close()
-        # Their __del__ closes them again during teardown, which Grain's prefetch iterators do
-        # not survive (not idempotent once module globals are gone): make that a no-op for the
-        # whole chain, which they hold as attributes (``_parents``, ``_prefetch_ds_iter`` …).
-        chain, seen = [iterator], set()
-        while chain:
-            it = chain.pop()
-            if id(it) in seen:
-                continue
-            seen.add(id(it))
-            it.close = _already_closed
-            for value in vars(it).values():
-                values = value if isinstance(value, (tuple, list)) else (value,)
-                chain.extend(v for v in values if isinstance(v, grain.DatasetIterator))
-
-
-def _already_closed() -> None:
-    """The ``close`` of an iterator closed at exit."""
-
-
-class _ClosedAtExit(grain.IterDataset):
-    """``parent`` unchanged, except that its iterators are closed when the interpreter exits."""
-
-    def __init__(self, parent: grain.IterDataset) -> None:
-        super().__init__(parent)
-
-    def __iter__(self) -> grain.DatasetIterator:
-        iterator = self._parent.__iter__()
-        _OPEN_ITERATORS.add(iterator)
-        return iterator
-
-    def __str__(self) -> str:
-        return "ClosedAtExit"
+    return ClosedAtExit(it)

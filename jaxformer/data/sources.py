@@ -46,6 +46,7 @@ import tensorflow_datasets as tfds
 
 from jaxformer.data import builders, fetch
 from jaxformer.data.builders import user_files
+from jaxformer.options import option
 
 SOURCE_KINDS = (*builders.BUILDERS, "<pairs>:both|source|target|reverse", "tfds:<name>",
                 "files:<glob>", "concat:<a>,<b>")
@@ -61,7 +62,7 @@ _LEGACY_TFDS_MODULES = ("text", "translate", "summarization", "question_answerin
 
 
 # Defaults of the source options that have one (the others default to None = unset); a plain dict
-# data config without them gets the same values (`_opt`).
+# data config without them gets the same values (`jaxformer.options.option` with these defaults).
 _SOURCE_DEFAULTS = {"source": "", "text_key": "text", "split_fractions": (0.9, 0.05, 0.05)}
 
 
@@ -73,15 +74,6 @@ def default_source_config() -> ml_collections.ConfigDict:
         _SOURCE_DEFAULTS, pair_view=ph(str), format=ph(str), columns=ph(tuple), label_key=ph(str),
         source_key=ph(str), target_key=ph(str), label_names=ph(tuple), tfds_data_dir=ph(str),
         tfds_download=ph(bool)))
-
-
-def _opt(cfg: Any, key: str) -> Any:
-    """``cfg[key]`` for a dict, ``ml_collections.ConfigDict`` or attribute object, else the
-    option's default (`_SOURCE_DEFAULTS`, or None)."""
-    default = _SOURCE_DEFAULTS.get(key)
-    getter = getattr(cfg, "get", None)
-    value = getter(key, default) if callable(getter) else getattr(cfg, key, default)
-    return default if value is None else value
 
 
 def _python(value: Any) -> Any:
@@ -284,7 +276,7 @@ def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
     """The list option ``data.<key>`` (``label_names``, ``columns``) as a tuple (None if unset);
     ``neg,pos`` — what an unquoted ``--config.data.label_names=neg,pos`` parses to, one string — is
     split at the commas."""
-    names = _opt(data_cfg, key)
+    names = option(data_cfg, key)
     if not names:
         return None
     if isinstance(names, str):
@@ -296,9 +288,9 @@ def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
 
 def _fields(data_cfg: Any, where: str) -> Fields:
     names = list_option(data_cfg, "label_names")
-    return Fields(text_key=_opt(data_cfg, "text_key"),
-                  label_key=_opt(data_cfg, "label_key"), source_key=_opt(data_cfg, "source_key"),
-                  target_key=_opt(data_cfg, "target_key"),
+    return Fields(text_key=option(data_cfg, "text_key", _SOURCE_DEFAULTS["text_key"]),
+                  label_key=option(data_cfg, "label_key"), source_key=option(data_cfg, "source_key"),
+                  target_key=option(data_cfg, "target_key"),
                   label_names=names, where=where)
 
 
@@ -315,13 +307,13 @@ def get_source(data_cfg: Any, split: str) -> Sequence[dict[str, Any]]:
       ValueError: unknown source, bad option, missing field.
       jaxformer.data.fetch.DataUnavailableError: data absent and fetching disabled or failing.
     """
-    spec = _opt(data_cfg, "source")
+    spec = option(data_cfg, "source", _SOURCE_DEFAULTS["source"])
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"data.source must be a non-empty string, one of {SOURCE_KINDS}; "
                          f"got {spec!r}")
     _check_options(data_cfg, spec)
     source = _from_spec(spec, data_cfg, split)
-    view = _opt(data_cfg, "pair_view")
+    view = option(data_cfg, "pair_view")
     return PairsAsText(source, view) if view else source
 
 
@@ -337,7 +329,7 @@ def _check_options(data_cfg: Any, spec: str) -> None:
              (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec])]
     used = {key for kind in kinds for key in _KIND_OPTIONS.get(kind, ())}
     for key in sorted({k for keys in _KIND_OPTIONS.values() for k in keys} - used):
-        value = _opt(data_cfg, key)
+        value = option(data_cfg, key, _SOURCE_DEFAULTS.get(key))
         value = tuple(value) if isinstance(value, list) else value  # as read back from JSON
         if value is not None and value != _SOURCE_DEFAULTS.get(key):
             users = [f"'{kind}:'" for kind, keys in _KIND_OPTIONS.items() if key in keys]
@@ -355,18 +347,19 @@ def _from_spec(spec: str, data_cfg: Any, split: str) -> Sequence[dict[str, Any]]
     if kind == "tfds":
         name = _tfds_name(rest)
         fields = _fields(data_cfg, f"TFDS dataset {name!r}")
-        base = tfds_source(name, split, data_dir=_opt(data_cfg, "tfds_data_dir"),
-                           download=_opt(data_cfg, "tfds_download"))
+        base = tfds_source(name, split, data_dir=option(data_cfg, "tfds_data_dir"),
+                           download=option(data_cfg, "tfds_download"))
         features = getattr(getattr(base, "dataset_info", None), "features", None)
         if features is not None:
             fields.check(list(features.keys()))
         return MappedSource(base, fields)
     if kind == "files":
         fields = _fields(data_cfg, f"files {rest!r}")
-        fmt = _opt(data_cfg, "format")
+        fmt = option(data_cfg, "format")
         base = user_files.FileSource(
             rest, split, fmt=fmt, columns=list_option(data_cfg, "columns"),
-            split_fractions=tuple(_opt(data_cfg, "split_fractions")))
+            split_fractions=tuple(option(data_cfg, "split_fractions",
+                                                _SOURCE_DEFAULTS["split_fractions"])))
         if base.fmt == "text" and fields.schema != "text":
             raise ValueError(f"files {rest!r}: format 'text' holds only text; use 'jsonl' or "
                              f"'tsv' for {fields.schema} data (label_key/source_key set)")

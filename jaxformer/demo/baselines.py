@@ -30,6 +30,7 @@ def unigram_log_probs(trainer) -> np.ndarray:
     vocab = trainer.tokenizer.vocab_size
     counts = np.zeros(vocab, np.int64)
     it = iter(make_dataset(data_cfg, "train", trainer.tokenizer, seed=0, num_epochs=1,
+                           objective=trainer.config.objective,
                            process_index=0, process_count=1))
     for batch in it:
         ids = np.asarray(batch["inputs"])[np.asarray(batch["inputs_segment_ids"]) != 0]

@@ -1,4 +1,4 @@
-"""Helpers shared by the device-side objectives: option look-up, batch defaults, per-segment shifts.
+"""Helpers shared by the device-side objectives: batch checks and defaults, per-segment shifts.
 
 All array functions are pure `jax.numpy` and jit-able. Shapes: `[batch, length]`.
 """
@@ -6,41 +6,10 @@ All array functions are pure `jax.numpy` and jit-able. Shapes: `[batch, length]`
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import jax.numpy as jnp
 
 Array = jnp.ndarray
-
-
-# Objective options with their defaults, and the objectives that read each (every other objective
-# refuses a non-default value: `jaxformer.objectives.check_objective`).
-OPTION_DEFAULTS: dict[str, Any] = {
-    "mask_rate": 0.15, "mask_token_fraction": 0.8, "random_token_fraction": 0.1,  # BERT 80/10/10
-    "whole_word_mask": False,
-    "noise_density": 0.15, "mean_span_length": 3.0,                               # T5 §3.1.4
-    "infill_rate": 0.3, "poisson_lambda": 3.0, "delete_rate": 0.0, "token_mask_rate": 0.0,  # BART
-}
-OBJECTIVE_OPTIONS: dict[str, tuple[str, ...]] = {
-    "mlm": ("mask_rate", "mask_token_fraction", "random_token_fraction", "whole_word_mask"),
-    "span_corruption": ("noise_density", "mean_span_length"),
-    "denoise": ("infill_rate", "poisson_lambda", "delete_rate", "token_mask_rate"),
-}
-_DEFAULT = object()
-
-
-def option(cfg: Any, key: str, default: Any = _DEFAULT) -> Any:
-    """``cfg.key`` for a ConfigDict, dict, dataclass or None; ``default`` (for the options above
-    `OPTION_DEFAULTS[key]`) when absent or None."""
-    if default is _DEFAULT:
-        default = OPTION_DEFAULTS[key]
-    if cfg is None:
-        return default
-    if isinstance(cfg, Mapping) or hasattr(cfg, "get"):
-        value = cfg.get(key, default)
-    else:
-        value = getattr(cfg, key, default)
-    return default if value is None else value
 
 
 def require(batch: Mapping[str, Array], objective: str, *keys: str) -> None:

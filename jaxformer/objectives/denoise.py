@@ -21,6 +21,11 @@ import numpy as np
 
 from jaxformer.data.vocab import SpecialTokens
 
+# The ``objective.*`` options of BART denoising with their defaults (BART's final choice: 30% text
+# infilling, λ = 3; no token deletion or masking).
+DENOISE_OPTIONS = {"infill_rate": 0.3, "poisson_lambda": 3.0, "delete_rate": 0.0,
+                   "token_mask_rate": 0.0}
+
 
 def poisson_span_lengths(num_tokens: int, rng: np.random.Generator, poisson_lambda: float = 3.0
                          ) -> np.ndarray:

@@ -27,9 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.data.vocab import SpecialTokens
-from jaxformer.objectives._common import option, require, segments_and_positions
+from jaxformer.objectives._common import require, segments_and_positions
+from jaxformer.options import option
 
 Array = jnp.ndarray
+# The ``objective.*`` options of MLM with their defaults: BERT's 15% of positions, 80/10/10.
+MLM_OPTIONS = {"mask_rate": 0.15, "mask_token_fraction": 0.8, "random_token_fraction": 0.1,
+               "whole_word_mask": False}
 
 
 def _non_special_ids(special: SpecialTokens) -> np.ndarray:
@@ -77,9 +81,9 @@ def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialToke
     chosen positions); with ``nsp_label`` also ``nsp_targets`` `[B]` and ``nsp_weights`` `[B]`.
     """
     require(batch, "mlm", "inputs")
-    rate = float(option(cfg, "mask_rate"))
-    p_mask = float(option(cfg, "mask_token_fraction"))
-    p_random = float(option(cfg, "random_token_fraction"))
+    rate = float(option(cfg, "mask_rate", MLM_OPTIONS["mask_rate"]))
+    p_mask = float(option(cfg, "mask_token_fraction", MLM_OPTIONS["mask_token_fraction"]))
+    p_random = float(option(cfg, "random_token_fraction", MLM_OPTIONS["random_token_fraction"]))
     if not 0.0 < rate < 1.0:
         raise ValueError(f"objective.mask_rate={rate} must be in (0, 1) (BERT uses 0.15)")
     if p_mask < 0 or p_random < 0 or p_mask + p_random > 1.0:
@@ -89,7 +93,7 @@ def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialToke
     k_choose, k_how, k_tok = jax.random.split(rng, 3)
     is_special = jnp.isin(tokens, jnp.asarray(special.all_special, jnp.int32))
     candidates = (seg != 0) & ~is_special
-    if option(cfg, "whole_word_mask"):
+    if option(cfg, "whole_word_mask", MLM_OPTIONS["whole_word_mask"]):
         if word_initial is None:
             raise ValueError("objective.whole_word_mask needs the tokenizer's word_initial table "
                              "(bind_objective(..., word_initial=tokenizer.word_initial()))")

@@ -22,11 +22,11 @@ import jax.numpy as jnp
 
 from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives._common import (
-    option,
     require,
     segments_and_positions,
     shift_right_within_segments,
 )
+from jaxformer.options import option
 
 Array = jnp.ndarray
 

@@ -21,6 +21,9 @@ import numpy as np
 
 from jaxformer.data.vocab import SpecialTokens
 
+# The ``objective.*`` options of span corruption with their defaults (T5, §3.1.4).
+SPAN_CORRUPTION_OPTIONS = {"noise_density": 0.15, "mean_span_length": 3.0}
+
 
 def _random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:
     """Split ``num_items`` into ``num_segments`` non-empty parts uniformly at random (T5's

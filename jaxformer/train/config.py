@@ -9,7 +9,8 @@ num_train_steps    optimizer updates to run (a resumed run continues up to this 
 init_from          "" | pretrain workdir | checkpoint step dir | Hugging Face model dir
 model              `jaxformer.config.ModelConfig` fields
 objective          name ("clm", "mlm", "seq2seq", "classify", "sft") + options
-data               source, task, lengths, batch_size, packing, tokenizer (see data.pipeline)
+data               source, lengths, batch_size, packing, framing, tokenizer (see data.pipeline;
+                   the data task follows objective.name)
 optimizer          AdamW + schedule (see train.optim)
 checkpoint         every_steps, keep, best_metric, async_save
 eval               every_steps, num_batches, split
@@ -216,7 +217,7 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> No
     from jaxformer.data.sources import list_option
 
     data = config.data
-    check_data_config(data)
+    check_data_config(data, objective=config.objective)
     if model_cfg.position == "learned":
         lengths = {"seq_len": data.seq_len}
         if model_cfg.family == "encoder_decoder":

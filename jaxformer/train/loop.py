@@ -89,21 +89,6 @@ def _build_model(cfg: ModelConfig, module_api: str):
     return build_model(cfg)
 
 
-def _pipeline_transform(config, special):
-    """The objective's host-side per-example step (span corruption, denoising) for the pipeline."""
-    from jaxformer.objectives import host_transform
-
-    fn = host_transform(config.objective.name, special, config.objective)
-    if fn is None:
-        return None
-
-    def transform(example, rng):
-        inputs, targets = fn(np.asarray(example["inputs"]), rng)
-        return {**example, "inputs": inputs, "targets": targets}
-
-    return transform
-
-
 def _tokenizer_config(config, hf: bool):
     """Fine-tuning reuses the tokenizer saved with the ``init_from`` run (a workdir, its
     ``checkpoints`` dir or one step dir; a Hugging Face directory's sentencepiece model is set by
@@ -213,7 +198,7 @@ class Trainer:
             word_initial=self.tokenizer.word_initial() if whole_words else None)
         self.make_ds = functools.partial(
             make_dataset, config.data, tokenizer=self.tokenizer, seed=config.seed,
-            transform=_pipeline_transform(config, special), process_index=jax.process_index(),
+            objective=config.objective, process_index=jax.process_index(),
             process_count=jax.process_count())
         self.train_iter = iter(self.make_ds("train"))
         if config.eval.num_batches > 0:  # a missing, empty or unreadable eval split fails now,

@@ -1,10 +1,14 @@
-"""The optimizer: AdamW with masked weight decay, clipping, accumulation and fine-tuning groups.
+"""The optimizer: AdamW with masked weight decay, clipping and fine-tuning groups.
 
 `make_optimizer` builds, from the ``optimizer`` config section (`default_optimizer_config`),
 
-    MultiSteps(                                   # accumulate=True, grad_accum_steps > 1
-      clip_by_global_norm(clip_norm)              # clip_norm > 0
-      → AdamW(schedule, b1, b2, eps, weight_decay, mask=decay_mask))
+    clip_by_global_norm(clip_norm)                # clip_norm > 0
+    → AdamW(schedule, b1, b2, eps, weight_decay, mask=decay_mask)
+
+Gradient accumulation (``grad_accum_steps``) is not an optimizer wrapper: the train step sums the
+micro-batches' gradients and token counts in a `lax.scan` and normalises once
+(`jaxformer.train.step.make_train_step`), so every token weighs the same whatever micro-batch
+holds it.
 
 AdamW is Loshchilov & Hutter 2019 (decoupled decay; optax's convention multiplies the decay by
 the learning rate, like PyTorch's ``AdamW``). Weight decay applies only to ``kernel`` parameters of
@@ -136,8 +140,7 @@ def param_labels(params: Any, head_prefixes: Sequence[str] = HEAD_PARAM_PREFIXES
 # ------------------------------------------------------------------------------------------------
 
 
-def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = None, *,
-                   accumulate: bool = False
+def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """The gradient transformation and its (backbone) learning-rate schedule.
 
@@ -148,15 +151,10 @@ def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = N
       params: optional parameter tree (plain or boxed, arrays or ``ShapeDtypeStruct``); when
         given, a fine-tuning config whose ``head_param_prefixes`` match no parameter is an error
         now rather than a silently frozen model later.
-      accumulate: wrap the optimizer in `optax.MultiSteps` over ``grad_accum_steps`` calls (each
-        call one micro-batch; updates are zero until the k-th, which applies the mean gradient).
-        Leave False when the train step accumulates micro-batches itself
-        (`jaxformer.train.step`), or the accumulation would happen twice.
 
     Returns:
       ``(tx, schedule)``; ``schedule(step)`` is the backbone learning rate at optax update count
-      ``step`` (the head's is ``head_lr_multiplier`` times it; under MultiSteps the count is
-      ``MultiStepsState.gradient_step``).
+      ``step`` (the head's is ``head_lr_multiplier`` times it).
     """
     _check_keys(opt_cfg)
     cfg = ml_collections.ConfigDict(dict(_DEFAULTS, **dict(opt_cfg)))
@@ -194,9 +192,6 @@ def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = N
             {"head": adamw(head_schedule), "backbone": adamw(schedule)}, label_fn))
     else:
         tx = optax.chain(*clip, adamw(schedule))
-    if accumulate and int(cfg.grad_accum_steps) > 1:
-        tx = optax.MultiSteps(tx, every_k_schedule=int(cfg.grad_accum_steps))
-        tx = tx.gradient_transformation()
     return tx, schedule
 
 
