@@ -24,7 +24,7 @@ slots up to its own. Cross-attention keys/values are computed once from the enco
 passed back in as ``cross_kv``.
 
 Sharding hook: ``constrain(x, names)``, when given, is called on intermediate activations with their
-logical axis names — ``("batch", "act_length", "heads", "kv")`` for queries/keys/values and the
+logical axis names — ``("batch", "act_length", "heads", "head_dim")`` for queries/keys/values and the
 attention output (``"kv_heads"`` for grouped keys/values), ``("batch", "act_length", "mlp")`` for the
 FFN hidden layer — so a caller can pin the Megatron tensor-parallel layout (Shoeybi et al. 2019:
 column-split Q/K/V and W_i, row-split output projections). The Flax layers pass
@@ -56,8 +56,8 @@ Constrain = Callable[[Array, tuple[str, ...]], Array]
 
 # The residual stream `[batch, length, d_model]` between blocks (and the embeddings' output).
 ACTIVATION_AXES = ("batch", "act_length", "act_embed")
-HEADS_AXES = ("batch", "act_length", "heads", "kv")
-KV_HEADS_AXES = ("batch", "act_length", "kv_heads", "kv")
+HEADS_AXES = ("batch", "act_length", "heads", "head_dim")
+KV_HEADS_AXES = ("batch", "act_length", "kv_heads", "head_dim")
 MLP_AXES = ("batch", "act_length", "mlp")
 
 
