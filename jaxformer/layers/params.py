@@ -61,11 +61,12 @@ def norm_spec(cfg: ModelConfig) -> dict:
 
 def attention_spec(cfg: ModelConfig) -> dict:
     d, h, k, dh = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    heads, kv_heads = ("heads", "head_dim"), ("kv_heads", "head_dim")
     return {
-        "query": _dense(cfg, (d, h, dh), ("embed", "heads", "head_dim"), (h, dh), ("heads", "head_dim")),
-        "key": _dense(cfg, (d, k, dh), ("embed", "kv_heads", "head_dim"), (k, dh), ("kv_heads", "head_dim")),
-        "value": _dense(cfg, (d, k, dh), ("embed", "kv_heads", "head_dim"), (k, dh), ("kv_heads", "head_dim")),
-        "out": _dense(cfg, (h, dh, d), ("heads", "head_dim", "embed"), (d,), ("embed",)),
+        "query": _dense(cfg, (d, h, dh), ("embed", *heads), (h, dh), heads),
+        "key": _dense(cfg, (d, k, dh), ("embed", *kv_heads), (k, dh), kv_heads),
+        "value": _dense(cfg, (d, k, dh), ("embed", *kv_heads), (k, dh), kv_heads),
+        "out": _dense(cfg, (h, dh, d), (*heads, "embed"), (d,), ("embed",)),
     }
 
 

@@ -21,6 +21,7 @@ from jaxformer.ops.losses import (
 )
 from jaxformer.ops.masks import (
     causal_mask,
+    causal_mask_from_positions,
     combine_masks,
     key_padding_mask,
     make_attention_mask,
@@ -42,9 +43,9 @@ __all__ = [
     "ACTIVATIONS", "get_activation", "dot_product_attention", "attention_sublayer", "decoder_block",
     "encoder_block", "transformer_block", "dense", "dropout", "token_dropout", "attend",
     "check_token_ids", "embed", "ffn", "cross_entropy_with_integer_labels", "weighted_accuracy",
-    "weighted_cross_entropy",
-    "causal_mask", "combine_masks", "key_padding_mask", "make_attention_mask", "padding_mask",
-    "segment_mask", "layer_norm", "normalize", "rms_norm", "apply_rope", "lookup_positions",
+    "weighted_cross_entropy", "causal_mask", "causal_mask_from_positions", "combine_masks",
+    "key_padding_mask", "make_attention_mask", "padding_mask", "segment_mask", "layer_norm",
+    "normalize", "rms_norm", "apply_rope", "lookup_positions",
     "relative_position_bias", "relative_position_bucket", "sinusoidal", "sinusoidal_table",
     "classify", "lm_logits", "mlm_logits", "pool", "pooled", "embed_inputs", "embed_tokens",
     "run_stack",

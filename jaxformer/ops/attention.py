@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxformer.ops.dropout import dropout, is_active
+from jaxformer.ops.masks import causal_mask_from_positions, combine_masks, segment_mask
 
 Array = jnp.ndarray
 IMPLEMENTATIONS = ("xla", "chunked")
@@ -94,16 +95,15 @@ def _block_mask(
     q_seg: Array | None,
     kv_seg: Array | None,
 ) -> Array | None:
-    """Combined boolean mask `[batch?, kvh?, g?, q, kv]` for the given index ranges."""
-    out = mask5
+    """Combined boolean mask `[batch?, kvh?, g?, q, kv]` for queries ``q_idx`` and keys ``kv_idx``
+    (indices into the full lengths): ``mask5`` AND the `jaxformer.ops.masks` causal and segment
+    masks, given a group axis."""
+    built = []
     if causal:
-        c = (kv_idx[None, :] <= q_idx[:, None])[None, None, None]
-        out = c if out is None else jnp.logical_and(out, c)
+        built.append(causal_mask_from_positions(q_idx[None], kv_idx[None]))
     if q_seg is not None:
-        s = (q_seg[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] != 0)
-        s = s[:, None, None]
-        out = s if out is None else jnp.logical_and(out, s)
-    return out
+        built.append(segment_mask(q_seg, kv_seg))
+    return combine_masks(mask5, *(m[:, :, None] for m in built))
 
 
 def _acc_dtype(x: Array):

@@ -44,6 +44,7 @@ from jaxformer.ops.attention import dot_product_attention
 from jaxformer.ops.dense import dense
 from jaxformer.ops.dropout import dropout
 from jaxformer.ops.ffn import ffn
+from jaxformer.ops.masks import causal_mask, combine_masks, key_padding_mask
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import apply_rope
 
@@ -118,11 +119,9 @@ def attention_sublayer(
         valid_new = (jnp.ones(x.shape[:2], bool) if segment_ids is None else segment_ids != 0)
         new_cache = update_cache(cache, k, v, valid_new, cache_index)
         k, v = new_cache["key"], new_cache["value"]
-        slots = jnp.arange(k.shape[1])
-        q_slots = cache_index + jnp.arange(x.shape[1])
-        visible = (slots[None, :] <= q_slots[:, None])[None, None]  # causal by slot
-        visible = jnp.logical_and(visible, new_cache["valid"][:, None, None, :])
-        mask = visible if mask is None else jnp.logical_and(mask, visible)
+        visible = combine_masks(causal_mask(x.shape[1], k.shape[1], offset=cache_index),  # by slot
+                                key_padding_mask(new_cache["valid"]))
+        mask = combine_masks(mask, visible)
         causal, segment_ids, kv_segment_ids = False, None, None
     out = dot_product_attention(
         q, k, v, bias=bias, mask=mask, causal=causal,
