@@ -459,7 +459,7 @@ def test_plan_matches_the_real_sharded_state(runs):
 
 
 def test_plan_gpt2_small_parameters_and_flops():
-    """GPT-2 small: 124,439,808 parameters; per token 6N' + 6·L·T·d (Kaplan et al. 2020), N' the
+    """GPT-2 small: 124,439,808 parameters; per token 6N' + 6·n_layer·n_ctx·d (Kaplan et al. 2020), N' the
     matmul weights: per layer QKVO 4·d² and the FFN 2·d·4d, plus the tied unembedding V·d."""
     from jaxformer import plan
 
