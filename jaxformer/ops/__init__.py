@@ -1,4 +1,11 @@
-"""Pure functions (jax.numpy in, jax.numpy out; no parameters held): import and use directly."""
+"""Pure functions (jax.numpy in, jax.numpy out; no parameters held): import and use directly.
+
+Shapes in docstrings, and in the names of arrays inside the attention kernels (``q_BxLxHxDh``, as
+nanodo writes ``x_BxLxD``): ``B`` batch, ``L`` length (of the queries / the sequence computed on),
+``S`` length of the attended-to keys and values (the encoder output in cross-attention, the cache's
+slots when decoding), ``D`` d_model, ``H`` heads, ``K`` kv heads, ``G = H // K``, ``Dh`` head_dim,
+``F`` d_ff, ``V`` vocab, ``C`` classes. The data pipeline and the objectives use the same ``L``.
+"""
 
 from jaxformer.ops.activations import ACTIVATIONS, get_activation
 from jaxformer.ops.attention import dot_product_attention

@@ -9,10 +9,9 @@ cross-attention) + FFN, each wrapped in a residual connection with either
 `encoder_block` and `decoder_block` are the two common call patterns. The Flax modules in
 `jaxformer.layers` only declare these parameters and call these functions.
 
-Shapes: ``B`` batch, ``L`` length (of the queries), ``S`` length of the keys/values (the encoder
-output in cross-attention, the cache's slots when decoding), ``D`` d_model, ``H`` heads, ``K`` kv
-heads, ``Dh`` head_dim, ``F`` d_ff; inside `attention_sublayer` arrays carry them in their names
-(``q_BxLxHxDh``).
+Shapes use the letters of `jaxformer.ops` (``L`` the queries' length, ``S`` the keys' — the encoder
+output in cross-attention, the cache's slots when decoding; ``H`` heads, ``K`` kv heads, ``Dh``
+head_dim); inside `attention_sublayer` arrays carry them in their names (``q_BxLxHxDh``).
 
 Parameter tree of one block::
 
@@ -68,7 +67,7 @@ MLP_AXES = ("batch", "act_length", "mlp")
 
 
 def project_kv(params: dict, x: Array) -> tuple[Array, Array]:
-    """Keys and values `[B, L, K, Dh]` of `[B, L, D]` inputs."""
+    """Keys and values `[B, S, K, Dh]` of `[B, S, D]` inputs."""
     return dense(params["key"], x), dense(params["value"], x)
 
 
