@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 
 import jax
 
 from jaxformer.decode.api import STRATEGIES, generate, generate_text
 from jaxformer.models.transformer import build_model
+from jaxformer.train.checkpoint import load_for_inference
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -68,10 +70,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _generate(args: argparse.Namespace) -> None:
-    import time
-
-    from jaxformer.train.checkpoint import load_for_inference
-
     start = time.perf_counter()
     model_cfg, params, tokenizer = load_for_inference(args.workdir)
     model = build_model(model_cfg)

@@ -15,11 +15,11 @@ from jaxformer.ops import decoder_block, encoder_block, transformer_block
 
 KEY = functools.partial(jax.random.key, impl="rbg")  # as threefry, but compiles fast on CPU
 TINY = dict(vocab_size=64, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=32)
-B, T, S = 2, 8, 6
+B, L, S = 2, 8, 6
 
 
 def _inputs(rng, cfg):
-    x = rng.normal(size=(B, T, cfg.d_model)).astype(np.float32)
+    x = rng.normal(size=(B, L, cfg.d_model)).astype(np.float32)
     enc = rng.normal(size=(B, S, cfg.d_model)).astype(np.float32)
     seg = np.array([[1] * 5 + [2] * 3, [1] * 6 + [0] * 2], np.int32)
     pos = np.array([[0, 1, 2, 3, 4, 0, 1, 2], list(range(8))], np.int32)
@@ -38,7 +38,7 @@ def test_flax_block_equals_pure_block(rng, norm_position, cross, extra):
     cfg = ModelConfig(**TINY, norm_position=norm_position, dropout_rate=0.1,
                       attention_dropout_rate=0.1, ffn_dropout_rate=0.1, **extra)
     x, enc, seg, pos, enc_seg = _inputs(rng, cfg)
-    bias = rng.normal(size=(1, cfg.num_heads, T, T)).astype(np.float32)
+    bias = rng.normal(size=(1, cfg.num_heads, L, L)).astype(np.float32)
     block = Block(cfg, causal=True, cross_attention=cross)
     args = (x, pos, seg, bias) + ((enc, enc_seg) if cross else ())
     variables = jax.jit(block.init)(KEY(0), *args)
@@ -77,13 +77,13 @@ def test_encoder_block_without_positions_is_permutation_equivariant(rng):
     params = init_params(KEY(0), block_spec(cfg))
     for name in ("query", "key"):  # sharper attention, so that order would matter if it leaked in
         params["self_attn"][name]["kernel"] *= 20.0
-    x = rng.normal(size=(B, T, cfg.d_model)).astype(np.float32)
-    perm = rng.permutation(T)
+    x = rng.normal(size=(B, L, cfg.d_model)).astype(np.float32)
+    perm = rng.permutation(L)
     f = jax.jit(functools.partial(encoder_block, cfg=cfg))
     np.testing.assert_allclose(f(params, x[:, perm]), f(params, x)[:, perm], atol=1e-5)
     # with a learned/rope position signal the same test must fail: equivariance is not vacuous
     cfg_rope = cfg.replace(position="rope")
-    pos = np.broadcast_to(np.arange(T), (B, T))
+    pos = np.broadcast_to(np.arange(L), (B, L))
     g = jax.jit(functools.partial(encoder_block, cfg=cfg_rope))
     assert not np.allclose(g(params, x[:, perm], positions=pos),
                            g(params, x, positions=pos)[:, perm], atol=1e-2)
@@ -94,17 +94,17 @@ def test_decoder_block_kv_cache_matches_full_pass(rng):
     cfg = ModelConfig(**TINY, position="rope", num_kv_heads=2, dropout_rate=0.0,
                       attention_dropout_rate=0.0)
     params = init_params(KEY(0), block_spec(cfg))
-    x = rng.normal(size=(B, T, cfg.d_model)).astype(np.float32)
-    pos = np.broadcast_to(np.arange(T, dtype=np.int32), (B, T))
+    x = rng.normal(size=(B, L, cfg.d_model)).astype(np.float32)
+    pos = np.broadcast_to(np.arange(L, dtype=np.int32), (B, L))
     full, _ = jax.jit(functools.partial(decoder_block, cfg=cfg))(params, x, positions=pos)
-    cache = {"key": jnp.zeros((B, T, 2, cfg.head_dim)), "value": jnp.zeros((B, T, 2, cfg.head_dim)),
-             "valid": jnp.zeros((B, T), bool)}
+    cache = {"key": jnp.zeros((B, L, 2, cfg.head_dim)), "value": jnp.zeros((B, L, 2, cfg.head_dim)),
+             "valid": jnp.zeros((B, L), bool)}
     step = jax.jit(lambda c, xs, ps, i: decoder_block(params, xs, cfg=cfg, positions=ps, cache=c,
                                                       cache_index=i))
     y, new = step(cache, x[:, :3], pos[:, :3], 0)
     outs = [y]
     cache = new["self"]
-    for t in range(3, T):
+    for t in range(3, L):
         y, new = step(cache, x[:, t:t + 1], pos[:, t:t + 1], t)
         outs.append(y)
         cache = new["self"]

@@ -27,7 +27,7 @@ from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.models.transformer import build_model
 from jaxformer.ops import weighted_cross_entropy
 
-V, B, T = 128, 2, 12
+V, B, L = 128, 2, 12
 RTOL = 1e-4
 SMALL = dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=128, max_position_embeddings=64)
@@ -74,16 +74,16 @@ def dirs(tmp_path_factory):
     return out
 
 
-def _tokens(seed, shape=(B, T)):
+def _tokens(seed, shape=(B, L)):
     return np.random.default_rng(seed).integers(0, V, shape).astype(np.int32)
 
 
 def _bert_batch():
     x = _tokens(1)
     types = np.zeros_like(x)
-    types[:, T // 2:] = 1
+    types[:, L // 2:] = 1
     mask = np.ones_like(x)
-    mask[1, T - 4:] = 0  # padding in the second row
+    mask[1, L - 4:] = 0  # padding in the second row
     return x, types, mask
 
 
@@ -98,7 +98,7 @@ def _ours(cfg_dict, params, name):
         return out[mask == 1] if out.ndim == 3 else out
     x, y = _tokens(2), _tokens(3, (B, 7))
     mask = np.ones_like(x)
-    mask[0, T - 3:] = 0
+    mask[0, L - 3:] = 0
     return np.asarray(apply({"params": params}, x, y, inputs_segment_ids=mask))
 
 
@@ -119,7 +119,7 @@ def _theirs(name, path):
             return out[mask == 1] if out.ndim == 3 else out
         x, y = _tokens(2), _tokens(3, (B, 7))
         mask = np.ones_like(x)
-        mask[0, T - 3:] = 0
+        mask[0, L - 3:] = 0
         return model(input_ids=torch.tensor(x), attention_mask=torch.tensor(mask),
                      decoder_input_ids=torch.tensor(y)).logits.numpy()
 

@@ -21,7 +21,7 @@ from jaxformer.ops import cross_entropy_with_integer_labels
 KEY = functools.partial(jax.random.key, impl="rbg")  # as threefry, but compiles fast on CPU
 TINY = dict(vocab_size=64, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=32,
             num_classes=3)
-T = 8
+L = 8
 VARIANTS = {
     "gpt_tiny": preset("gpt_tiny", **TINY),
     "bert_tiny": preset("bert_tiny", **TINY, nsp_head=True),
@@ -44,16 +44,16 @@ def cfg_of(name: str, **kw) -> ModelConfig:
 # both right-padded (segment id 0). Packing must not leak across segments.
 def packed_rows(tokens_a, tokens_b):
     a, b = len(tokens_a), len(tokens_b)
-    toks = np.zeros((3, T), np.int32)
-    seg = np.zeros((3, T), np.int32)
-    pos = np.zeros((3, T), np.int32)
+    toks = np.zeros((3, L), np.int32)
+    seg = np.zeros((3, L), np.int32)
+    pos = np.zeros((3, L), np.int32)
     toks[0] = np.concatenate([tokens_a, tokens_b])
     seg[0] = [1] * a + [2] * b
     pos[0] = list(range(a)) + list(range(b))
     toks[1, :a], seg[1, :a], pos[1, :a] = tokens_a, 1, np.arange(a)
     toks[2, :b], seg[2, :b], pos[2, :b] = tokens_b, 1, np.arange(b)
-    pos[1, a:] = np.arange(a, T)
-    pos[2, b:] = np.arange(b, T)
+    pos[1, a:] = np.arange(a, L)
+    pos[2, b:] = np.arange(b, L)
     return toks, seg, pos
 
 
@@ -184,7 +184,7 @@ def test_packed_segments_equal_separate_sequences(name):
     logits = np.asarray(out[0] if isinstance(out, tuple) else out)
     n_a = 4 if cfg.family == "encoder_decoder" else 5  # length of sequence A (targets for T5)
     np.testing.assert_allclose(logits[0, :n_a], logits[1, :n_a], atol=2e-5)
-    np.testing.assert_allclose(logits[0, n_a:], logits[2, : T - n_a], atol=2e-5)
+    np.testing.assert_allclose(logits[0, n_a:], logits[2, : L - n_a], atol=2e-5)
 
 
 def test_chunked_attention_model_equals_plain():
@@ -268,18 +268,18 @@ V, D, C = TINY["vocab_size"], TINY["d_model"], TINY["num_classes"]
 
 
 @pytest.mark.parametrize("family,head,extra,want", [
-    ("encoder", "mlm", {}, (3, T, V)),
-    ("encoder", "mlm", dict(nsp_head=True), ((3, T, V), (3, 2))),
+    ("encoder", "mlm", {}, (3, L, V)),
+    ("encoder", "mlm", dict(nsp_head=True), ((3, L, V), (3, 2))),
     ("encoder", "classify", dict(pooler=True), (3, C)),
     ("encoder", "classify", dict(pooling="max"), (3, C)),
-    ("encoder", "token_classify", {}, (3, T, C)),
-    ("encoder", "none", dict(pooler=False), (3, T, D)),
-    ("encoder", "none", dict(pooler=True), ((3, T, D), (3, D))),
-    ("decoder", "lm", {}, (3, T, V)),
+    ("encoder", "token_classify", {}, (3, L, C)),
+    ("encoder", "none", dict(pooler=False), (3, L, D)),
+    ("encoder", "none", dict(pooler=True), ((3, L, D), (3, D))),
+    ("decoder", "lm", {}, (3, L, V)),
     ("decoder", "classify", dict(pooling="last"), (3, C)),
-    ("decoder", "token_classify", {}, (3, T, C)),
-    ("decoder", "none", {}, (3, T, D)),
-    ("encoder_decoder", "lm", {}, (3, T, V)),
+    ("decoder", "token_classify", {}, (3, L, C)),
+    ("decoder", "none", {}, (3, L, D)),
+    ("encoder_decoder", "lm", {}, (3, L, V)),
 ])
 def test_head_output_shapes(family, head, extra, want):
     base = {"encoder": "bert_tiny", "decoder": "gpt_tiny", "encoder_decoder": "t5_tiny"}[family]
@@ -313,7 +313,7 @@ def test_encoder_decoder_encode_and_decode_methods():
             method="decode")
 
     enc, dec = jax.jit(encode_then_decode)(params, batch)
-    assert enc.shape == (3, T, cfg.d_model)
+    assert enc.shape == (3, L, cfg.d_model)
     np.testing.assert_allclose(dec, fwd(params, batch), atol=1e-5)
 
 

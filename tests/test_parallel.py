@@ -32,7 +32,7 @@ from jaxformer.parallel import pmap, shard_map
 from jaxformer.parallel.distributed import distributed_requested
 from jaxformer.parallel.mesh import check_batch_size, describe, make_mesh, mesh_shape
 from jaxformer.parallel.partition import sharded_jit
-from jaxformer.parallel.rules import batch_sharding, param_shardings
+from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, batch_sharding, param_shardings
 from jaxformer.parallel.shard_map import data_parallel_step
 from jaxformer.train.checkpoint import Checkpointer, with_shardings
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
@@ -366,6 +366,21 @@ def test_indivisible_dimension_names_the_parameter():
         check_batch_size(make_mesh({"data": 4, "tensor": 2}), 8, grad_accum_steps=4)
 
 
+def test_head_dim_is_the_logical_name_of_the_per_head_width():
+    """A user's rules shard the per-head width by its name ``head_dim``; a rule for the retired
+    name ``kv`` (which would match nothing and replicate silently) is refused with the new name."""
+    cfg, model, *_ = _setup("gpt")
+    rules = tuple((name, "tensor" if name == "head_dim" else None) for name, _ in LOGICAL_AXIS_RULES)
+    shardings = param_shardings(abstract_params(model, cfg), make_mesh({"tensor": 2}), rules)
+    query = shardings["decoder"]["layer_0"]["self_attn"]["query"]["kernel"]  # [D, H, Dh]
+    assert tuple(query.spec) == (None, None, "tensor")
+    renamed = r"names 'kv', which is now called 'head_dim'.*\('head_dim', 'tensor'\)"
+    with pytest.raises(ValueError, match=renamed):
+        param_shardings(abstract_params(model, cfg), make_mesh({"tensor": 2}), (("kv", "tensor"),))
+    with pytest.raises(ValueError, match="'head_dim'"):
+        sharded_jit(lambda x: x, make_mesh({"tensor": 2}), rules=(("kv", None),))
+
+
 def test_constraints_are_no_ops_without_a_mesh(runs):
     """`model.apply` outside `sharded_jit` (tests, generation) ignores the logical constraints and
     equals the same forward traced under a tensor-parallel mesh."""
@@ -444,7 +459,7 @@ def test_plan_matches_the_real_sharded_state(runs):
 
 
 def test_plan_gpt2_small_parameters_and_flops():
-    """GPT-2 small: 124,439,808 parameters; per token 6N' + 6·L·T·d (Kaplan et al. 2020), N' the
+    """GPT-2 small: 124,439,808 parameters; per token 6N' + 6·n_layer·n_ctx·d (Kaplan et al. 2020), N' the
     matmul weights: per layer QKVO 4·d² and the FFN 2·d·4d, plus the tied unembedding V·d."""
     from jaxformer import plan
 

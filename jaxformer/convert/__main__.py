@@ -21,6 +21,7 @@ import sys
 from jaxformer.convert.checkpoint import load_params, save_params
 from jaxformer.convert.hf import load_hf, save_hf
 from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files
+from jaxformer.data.tokenizer import Tokenizer
 
 TOKENIZER_DIR = "tokenizer"
 HF_CONFIG = "hf_config.json"
@@ -70,8 +71,6 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if os.path.isdir(tok):
             tokenizer = tok
         elif os.path.isfile(spm):  # a training workdir: its sentencepiece model and special ids
-            from jaxformer.data.tokenizer import Tokenizer
-
             tokenizer, special = spm, Tokenizer.load(spm).special
             extra = {"pad_token_id": special.pad_id, "eos_token_id": special.eos_id,
                      "bos_token_id": special.bos_id, **(extra or {})}

@@ -17,14 +17,14 @@ from __future__ import annotations
 import json
 import os
 
+from sentencepiece import sentencepiece_model_pb2
+
 # sentencepiece ModelProto.SentencePiece.Type
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4
 _NEVER = -1e9  # score of pieces the segmentation must never choose from text
 
 
 def _model_proto(spm_path: str | os.PathLike):
-    from sentencepiece import sentencepiece_model_pb2
-
     proto = sentencepiece_model_pb2.ModelProto()
     with open(spm_path, "rb") as f:
         proto.ParseFromString(f.read())

@@ -33,6 +33,7 @@ from jaxformer.decode import steps
 from jaxformer.decode.beam import BeamResult, beam_search
 from jaxformer.decode.sampling import sample
 from jaxformer.decode.search import DecodeResult, decode_loop
+from jaxformer.nnx import to_linen
 from jaxformer.ops.embedding import check_token_ids
 
 STRATEGIES = ("greedy", "sample", "beam")
@@ -179,8 +180,6 @@ def generate_padded(model: nn.Module, params: Any, inputs: jax.Array, lengths: j
 def _as_linen(model: Any, params: Any) -> tuple[nn.Module, Any]:
     """(Linen module, params) of a Linen model and its params, or of an NNX model (its twin)."""
     if isinstance(model, nnx.Module):
-        from jaxformer.nnx import to_linen
-
         return to_linen(model)
     return model, params
 

@@ -5,7 +5,7 @@ holds, for a batch ``B`` and maximum target length ``S``:
 
 * per layer, self-attention ``key``/``value`` `[B, S, K, Dh]` and ``valid`` `[B, S]`, and for
   encoder-decoder models the cross-attention keys/values `[B, S_src, K, Dh]`; with
-  ``scan_layers=True`` each of these gets a leading ``layers`` axis (`[L, B, ...]`);
+  ``scan_layers=True`` each of these gets a leading ``layers`` axis (`[layers, B, ...]`);
 * model-level ``index`` (a scalar: the next slot) and ``positions`` `[B, S]`.
 
 Beam search must repeat and reorder every leaf along its *batch* axis, which is axis 0 or 1

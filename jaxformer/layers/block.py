@@ -35,7 +35,7 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x, positions=None, segment_ids=None, bias=None, encoder_out=None,
                  encoder_segment_ids=None, cross_bias=None, cache_index=None):
-        """`[B, T, D]` → (`[B, T, D]`, None); the second output makes the module `nn.scan`-able."""
+        """`[B, L, D]` → (`[B, L, D]`, None); the second output makes the module `nn.scan`-able."""
         cfg = self.cfg
         params = declare(self, block_spec(cfg, cross_attention=self.cross_attention),
                          jnp.dtype(cfg.param_dtype))
@@ -47,13 +47,13 @@ class Block(nn.Module):
         if not self.decode:
             return stack_block(params, x, **kwargs)[0], None
         x = nn.with_logical_constraint(x.astype(jnp.dtype(cfg.dtype)), ACTIVATION_AXES)
-        b, t = x.shape[:2]
-        kv_shape = (b, t, cfg.num_kv_heads, cfg.head_dim)
+        b, slots = x.shape[:2]  # the cache holds as many slots as the initialising input has tokens
+        kv_shape = (b, slots, cfg.num_kv_heads, cfg.head_dim)
         dtype = jnp.dtype(cfg.dtype)
         initializing = not self.has_variable("cache", "self")
         self_cache = self.variable("cache", "self", lambda: {
             "key": jnp.zeros(kv_shape, dtype), "value": jnp.zeros(kv_shape, dtype),
-            "valid": jnp.zeros((b, t), bool)})
+            "valid": jnp.zeros((b, slots), bool)})
         cross = None
         if self.cross_attention:
             s = encoder_out.shape[1] if encoder_out is not None else 1

@@ -12,7 +12,7 @@ A spec is a nested dict whose leaves are `ParamSpec`. The same spec
 `model_spec` lists a whole model by part, so the Linen and NNX models have one parameter tree.
 
 Logical axis names used across the library: ``vocab``, ``embed`` (d_model), ``heads``, ``kv_heads``,
-``kv`` (head_dim), ``mlp`` (d_ff), ``classes``, ``relpos`` (relative buckets), ``length``
+``head_dim``, ``mlp`` (d_ff), ``classes``, ``relpos`` (relative buckets), ``length``
 (learned positions), ``types``; ``layers`` is prepended by scanned stacks.
 """
 
@@ -61,11 +61,12 @@ def norm_spec(cfg: ModelConfig) -> dict:
 
 def attention_spec(cfg: ModelConfig) -> dict:
     d, h, k, dh = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    heads, kv_heads = ("heads", "head_dim"), ("kv_heads", "head_dim")
     return {
-        "query": _dense(cfg, (d, h, dh), ("embed", "heads", "kv"), (h, dh), ("heads", "kv")),
-        "key": _dense(cfg, (d, k, dh), ("embed", "kv_heads", "kv"), (k, dh), ("kv_heads", "kv")),
-        "value": _dense(cfg, (d, k, dh), ("embed", "kv_heads", "kv"), (k, dh), ("kv_heads", "kv")),
-        "out": _dense(cfg, (h, dh, d), ("heads", "kv", "embed"), (d,), ("embed",)),
+        "query": _dense(cfg, (d, h, dh), ("embed", *heads), (h, dh), heads),
+        "key": _dense(cfg, (d, k, dh), ("embed", *kv_heads), (k, dh), kv_heads),
+        "value": _dense(cfg, (d, k, dh), ("embed", *kv_heads), (k, dh), kv_heads),
+        "out": _dense(cfg, (h, dh, d), (*heads, "embed"), (d,), ("embed",)),
     }
 
 

@@ -49,7 +49,7 @@ class Parts(Protocol):
 
     def stack(self, name: str, x: Array, *, num_layers: int, causal: bool, cross_attention: bool,
               decode: bool, cache_index: Array | None, **inputs: Any) -> Array:
-        """Run the blocks of stack ``name`` on `[B, T, D]`; ``inputs`` are `transformer_block`'s
+        """Run the blocks of stack ``name`` on `[B, L, D]`; ``inputs`` are `transformer_block`'s
         ``positions``, ``segment_ids``, ``bias``, ``encoder_out``, ``encoder_segment_ids``."""
 
     def decode_state(self, tokens: Array, positions: Array | None) -> tuple:
@@ -69,21 +69,21 @@ def check_tokens(cfg: ModelConfig, tokens, name: str = "tokens", *, default_posi
 
 
 def default_positions(tokens, positions, offset=0):
-    """``positions`` if given, else ``offset + 0..length-1`` per row, `[B, T]` int32."""
+    """``positions`` if given, else ``offset + 0..length-1`` per row, `[B, L]` int32."""
     if positions is not None:
         return positions
     return jnp.broadcast_to(offset + jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
 
 
 def advance_decode_state(index, slot_positions, tokens, positions):
-    """One decoding call's bookkeeping: ``tokens`` `[B, T]` take cache slots ``index … index+T-1``.
+    """One decoding call's bookkeeping: ``tokens`` `[B, L]` take cache slots ``index … index+L-1``.
 
     Args:
       index: int32 scalar, the next free slot; slot_positions: `[B, S]` position held by each slot.
-      positions: `[B, T]` or None (``index + 0..T-1``).
+      positions: `[B, L]` or None (``index + 0..L-1``).
 
     Returns:
-      (index, positions `[B, T]`, updated slot positions, next index). ValueError when a concrete
+      (index, positions `[B, L]`, updated slot positions, next index). ValueError when a concrete
       index would overflow the ``S`` slots.
     """
     size = slot_positions.shape[1]
@@ -102,7 +102,7 @@ def _rng(parts: Parts, name: str | None, rate: float) -> jax.Array | None:
 
 def embed(parts: Parts, name: str, ids, positions, token_types=None, *, word_dropout=False):
     """Token lookup, word dropout (``cfg.target_token_dropout_rate``, when asked), then part
-    ``name``'s input embedding: `[B, T]` → `[B, T, D]`."""
+    ``name``'s input embedding: `[B, L]` → `[B, L, D]`."""
     cfg = parts.cfg
     x = embed_tokens(parts.params("token_embed")["embedding"], ids, dtype=cfg.dtype,
                      constrain=constrain)
@@ -117,7 +117,7 @@ def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bo
                num_layers: int | None = None, decode: bool = False, cache_index=None,
                kv_positions=None, cross_attention: bool = False, encoder_out=None,
                encoder_segment_ids=None):
-    """Relative bias (if any) → the stack ``name`` → final norm (pre-LN). `[B, T, D]` → `[B, T, D]`."""
+    """Relative bias (if any) → the stack ``name`` → final norm (pre-LN). `[B, L, D]` → `[B, L, D]`."""
     cfg = parts.cfg
     bias = None
     if cfg.position == "relative":
@@ -135,7 +135,7 @@ def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bo
 
 
 def head(parts: Parts, x, segment_ids):
-    """The configured head on final hidden states `[B, T, D]` (see `EncoderOnly` for outputs)."""
+    """The configured head on final hidden states `[B, L, D]` (see `EncoderOnly` for outputs)."""
     cfg = parts.cfg
 
     def classifier(name, h):
@@ -159,8 +159,8 @@ def head(parts: Parts, x, segment_ids):
 
 
 def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, token_types=None):
-    """BERT (Devlin et al. 2019): tokens `[B, T]` → MLM logits `[B, T, V]` (plus NSP `[B, 2]`), class
-    logits `[B, C]`, token logits `[B, T, C]` or hidden states `[B, T, D]`, by ``cfg.head``."""
+    """BERT (Devlin et al. 2019): tokens `[B, L]` → MLM logits `[B, L, V]` (plus NSP `[B, 2]`), class
+    logits `[B, C]`, token logits `[B, L, C]` or hidden states `[B, L, D]`, by ``cfg.head``."""
     cfg = parts.cfg
     check_tokens(cfg, tokens, default_positions=positions is None)
     positions = default_positions(tokens, positions)
@@ -170,8 +170,8 @@ def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, toke
 
 
 def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, decode: bool = False):
-    """GPT (Radford et al. 2019): tokens `[B, T]` → logits `[B, T, V]` (or the head's output).
-    With ``decode`` the call appends ``T`` tokens at the cache's current index."""
+    """GPT (Radford et al. 2019): tokens `[B, L]` → logits `[B, L, V]` (or the head's output).
+    With ``decode`` the call appends ``L`` tokens at the cache's current index."""
     cfg = parts.cfg
     check_tokens(cfg, tokens, default_positions=positions is None and not decode)
     cache_index, kv_positions = None, None
@@ -187,8 +187,8 @@ def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, deco
 def encoder_decoder(parts: Parts, inputs=None, targets_in=None, *, encoder_out=None,
                     inputs_positions=None, inputs_segment_ids=None, targets_positions=None,
                     targets_segment_ids=None, decode: bool = False):
-    """Vaswani et al. 2017 / T5 (Raffel et al. 2020): inputs `[B, S]`, targets_in `[B, T]` (targets
-    shifted right) → logits `[B, T, V]`; ``targets_in=None`` returns the encoder output `[B, S, D]`;
+    """Vaswani et al. 2017 / T5 (Raffel et al. 2020): inputs `[B, S]`, targets_in `[B, L]` (targets
+    shifted right) → logits `[B, L, V]`; ``targets_in=None`` returns the encoder output `[B, S, D]`;
     a given ``encoder_out`` skips the encoder."""
     cfg = parts.cfg
     if inputs is not None and encoder_out is None:

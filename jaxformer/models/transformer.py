@@ -74,8 +74,8 @@ class EncoderOnly(nn.Module):
     @nn.compact
     def __call__(self, tokens, *, positions=None, segment_ids=None, token_types=None,
                  deterministic: bool = True):
-        """tokens `[B, T]` → MLM logits `[B, T, V]` (plus NSP `[B, 2]`), class logits `[B, C]`,
-        token logits `[B, T, C]` or hidden states `[B, T, D]`, by ``cfg.head``."""
+        """tokens `[B, L]` → MLM logits `[B, L, V]` (plus NSP `[B, 2]`), class logits `[B, C]`,
+        token logits `[B, L, C]` or hidden states `[B, L, D]`, by ``cfg.head``."""
         return forward.encoder_only(_LinenParts(self, deterministic), tokens, positions=positions,
                                     segment_ids=segment_ids, token_types=token_types)
 
@@ -88,9 +88,9 @@ class DecoderOnly(nn.Module):
     @nn.compact
     def __call__(self, tokens, *, positions=None, segment_ids=None, deterministic: bool = True,
                  decode: bool = False):
-        """tokens `[B, T]` → logits `[B, T, V]` (or `[B, C]` with the classify head).
+        """tokens `[B, L]` → logits `[B, L, V]` (or `[B, C]` with the classify head).
 
-        In decode mode the call appends ``T`` tokens at the cache's current index (``T`` may be a
+        In decode mode the call appends ``L`` tokens at the cache's current index (``L`` may be a
         whole left-padded prompt with ``segment_ids`` 0 on the padding, then 1 per step).
         """
         return forward.decoder_only(_LinenParts(self, deterministic), tokens, positions=positions,
@@ -106,7 +106,7 @@ class EncoderDecoder(nn.Module):
     def __call__(self, inputs=None, targets_in=None, *, encoder_out=None, inputs_positions=None,
                  inputs_segment_ids=None, targets_positions=None, targets_segment_ids=None,
                  deterministic: bool = True, decode: bool = False):
-        """inputs `[B, S]`, targets_in `[B, T]` (targets shifted right) → logits `[B, T, V]`.
+        """inputs `[B, S]`, targets_in `[B, L]` (targets shifted right) → logits `[B, L, V]`.
 
         With ``targets_in=None`` returns the encoder output `[B, S, D]`; with ``encoder_out`` given
         the encoder is skipped. ``decode=True`` uses the cache (cross-attention keys/values are
@@ -123,7 +123,7 @@ class EncoderDecoder(nn.Module):
         return self(inputs, None, **kwargs)
 
     def decode(self, encoder_out, targets_in, **kwargs):
-        """Decoder pass over a given encoder output: `[B, S, D]`, `[B, T]` → `[B, T, V]`."""
+        """Decoder pass over a given encoder output: `[B, S, D]`, `[B, L]` → `[B, L, V]`."""
         return self(None, targets_in, encoder_out=encoder_out, **kwargs)
 
 

@@ -21,6 +21,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxformer.config import ModelConfig
+from jaxformer.convert import load_hf
+from jaxformer.models import build_model as build_linen
 from jaxformer.nnx.models import build_model
 from jaxformer.nnx.params import param_dict, param_shardings
 from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, Rules
@@ -67,16 +69,12 @@ def from_params(cfg: ModelConfig, params: Mapping, **kwargs) -> nnx.Module:
 def from_hf(directory: str | os.PathLike, **kwargs) -> nnx.Module:
     """An NNX model from a local Hugging Face GPT-2 / BERT / T5 directory; ``kwargs`` as
     `jaxformer.convert.load_hf` (``scan_layers``, ``head``, ``num_classes``, ``seed``)."""
-    from jaxformer.convert import load_hf
-
     cfg, params, _ = load_hf(directory, **kwargs)
     return from_params(ModelConfig.from_dict(cfg), params)
 
 
 def to_linen(model: nnx.Module) -> tuple[nn.Module, dict]:
     """(the Linen model of the same config, the NNX model's parameters): equal outputs."""
-    from jaxformer.models import build_model as build_linen
-
     return build_linen(model.cfg), param_dict(model)
 
 

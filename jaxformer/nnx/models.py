@@ -115,14 +115,14 @@ class EncoderOnly(_Model):
 
     def __call__(self, tokens, *, positions=None, segment_ids=None, token_types=None,
                  deterministic: bool | None = None, rngs: RngsArg = None):
-        """tokens `[B, T]` → MLM logits `[B, T, V]` (plus NSP `[B, 2]`), class logits `[B, C]`,
-        token logits `[B, T, C]` or hidden states `[B, T, D]`, by ``cfg.head``."""
+        """tokens `[B, L]` → MLM logits `[B, L, V]` (plus NSP `[B, 2]`), class logits `[B, C]`,
+        token logits `[B, L, C]` or hidden states `[B, L, D]`, by ``cfg.head``."""
         return forward.encoder_only(self._parts(deterministic, rngs), tokens, positions=positions,
                                     segment_ids=segment_ids, token_types=token_types)
 
 
 class DecoderOnly(_Model):
-    """GPT-style causal decoder: tokens `[B, T]` → logits `[B, T, V]` (or the head's output)."""
+    """GPT-style causal decoder: tokens `[B, L]` → logits `[B, L, V]` (or the head's output)."""
 
     family = "decoder"
 
@@ -140,7 +140,7 @@ class EncoderDecoder(_Model):
     def __call__(self, inputs=None, targets_in=None, *, encoder_out=None, inputs_positions=None,
                  inputs_segment_ids=None, targets_positions=None, targets_segment_ids=None,
                  deterministic: bool | None = None, rngs: RngsArg = None):
-        """inputs `[B, S]`, targets_in `[B, T]` (targets shifted right) → logits `[B, T, V]`;
+        """inputs `[B, S]`, targets_in `[B, L]` (targets shifted right) → logits `[B, L, V]`;
         ``targets_in=None`` returns the encoder output `[B, S, D]`; ``encoder_out`` skips the
         encoder."""
         return forward.encoder_decoder(
@@ -153,7 +153,7 @@ class EncoderDecoder(_Model):
         return self(inputs, None, **kwargs)
 
     def decode(self, encoder_out, targets_in, **kwargs):
-        """Decoder pass over a given encoder output: `[B, S, D]`, `[B, T]` → `[B, T, V]`."""
+        """Decoder pass over a given encoder output: `[B, S, D]`, `[B, L]` → `[B, L, V]`."""
         return self(None, targets_in, encoder_out=encoder_out, **kwargs)
 
 

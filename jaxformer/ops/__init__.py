@@ -1,4 +1,11 @@
-"""Pure functions (jax.numpy in, jax.numpy out; no parameters held): import and use directly."""
+"""Pure functions (jax.numpy in, jax.numpy out; no parameters held): import and use directly.
+
+Shapes in docstrings, and in the names of arrays inside the attention kernels (``q_BxLxHxDh``, as
+nanodo writes ``x_BxLxD``): ``B`` batch, ``L`` length (of the queries / the sequence computed on),
+``S`` length of the attended-to keys and values (the encoder output in cross-attention, the cache's
+slots when decoding), ``D`` d_model, ``H`` heads, ``K`` kv heads, ``G = H // K``, ``Dh`` head_dim,
+``F`` d_ff, ``V`` vocab, ``C`` classes. The data pipeline and the objectives use the same ``L``.
+"""
 
 from jaxformer.ops.activations import ACTIVATIONS, get_activation
 from jaxformer.ops.attention import dot_product_attention
@@ -21,6 +28,7 @@ from jaxformer.ops.losses import (
 )
 from jaxformer.ops.masks import (
     causal_mask,
+    causal_mask_from_positions,
     combine_masks,
     key_padding_mask,
     make_attention_mask,
@@ -42,9 +50,9 @@ __all__ = [
     "ACTIVATIONS", "get_activation", "dot_product_attention", "attention_sublayer", "decoder_block",
     "encoder_block", "transformer_block", "dense", "dropout", "token_dropout", "attend",
     "check_token_ids", "embed", "ffn", "cross_entropy_with_integer_labels", "weighted_accuracy",
-    "weighted_cross_entropy",
-    "causal_mask", "combine_masks", "key_padding_mask", "make_attention_mask", "padding_mask",
-    "segment_mask", "layer_norm", "normalize", "rms_norm", "apply_rope", "lookup_positions",
+    "weighted_cross_entropy", "causal_mask", "causal_mask_from_positions", "combine_masks",
+    "key_padding_mask", "make_attention_mask", "padding_mask", "segment_mask", "layer_norm",
+    "normalize", "rms_norm", "apply_rope", "lookup_positions",
     "relative_position_bias", "relative_position_bucket", "sinusoidal", "sinusoidal_table",
     "classify", "lm_logits", "mlm_logits", "pool", "pooled", "embed_inputs", "embed_tokens",
     "run_stack",

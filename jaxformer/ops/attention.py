@@ -11,6 +11,10 @@ attention (Ainslie et al. 2023) shares each key/value head among ``heads // kv_h
 (``kv_heads == 1`` is multi-query attention). Masks are boolean, broadcastable to
 `[batch, heads, q_len, kv_len]`, True = may attend.
 
+Inside, arrays carry their shapes in their names (``q_BxLxKxGxDh``): ``B`` batch, ``L`` query length,
+``S`` key/value length, ``H`` heads, ``K`` kv heads, ``G = H // K`` query heads per kv head, ``Dh``
+head_dim, ``Dv`` value head_dim.
+
 A query row with no visible key returns zeros (not the mean of the values), in both paths.
 
 The chunked path (``implementation="chunked"``) never materialises the `[q_len, kv_len]` logits: it
@@ -29,13 +33,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxformer.ops.dropout import dropout, is_active
+from jaxformer.ops.masks import causal_mask_from_positions, combine_masks, segment_mask
 
 Array = jnp.ndarray
 IMPLEMENTATIONS = ("xla", "chunked")
 
 
 def _to_5d(x: Array | None, kv_heads: int, groups: int) -> Array | None:
-    """Broadcastable `[..., heads?, q, kv]` → `[batch?, kv_heads?, groups?, q, kv]`."""
+    """Broadcastable `[..., H?, L, S]` → `[B?, K?, G?, L, S]` (``?``: 1 where ``x`` broadcasts)."""
     if x is None:
         return None
     while x.ndim < 4:
@@ -94,16 +99,15 @@ def _block_mask(
     q_seg: Array | None,
     kv_seg: Array | None,
 ) -> Array | None:
-    """Combined boolean mask `[batch?, kvh?, g?, q, kv]` for the given index ranges."""
-    out = mask5
+    """Combined boolean mask `[B?, K?, G?, L, S]` for queries ``q_idx`` and keys ``kv_idx``
+    (indices into the full lengths): ``mask5`` AND the `jaxformer.ops.masks` causal and segment
+    masks, given a group axis."""
+    built = []
     if causal:
-        c = (kv_idx[None, :] <= q_idx[:, None])[None, None, None]
-        out = c if out is None else jnp.logical_and(out, c)
+        built.append(causal_mask_from_positions(q_idx[None], kv_idx[None]))
     if q_seg is not None:
-        s = (q_seg[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] != 0)
-        s = s[:, None, None]
-        out = s if out is None else jnp.logical_and(out, s)
-    return out
+        built.append(segment_mask(q_seg, kv_seg))
+    return combine_masks(mask5, *(m[:, :, None] for m in built))
 
 
 def _acc_dtype(x: Array):
@@ -111,31 +115,34 @@ def _acc_dtype(x: Array):
     return jnp.promote_types(x.dtype, jnp.float32)
 
 
-def _plain(q5, k, v, bias5, mask, scale, dropout_rate, dropout_rng, precision):
-    """Materialised logits. Heads are moved in front of the lengths first so that both products are
-    plain batched matmuls (XLA:CPU runs `[b, q, h, d]`-strided operands 2-3x slower), the max is a
-    constant for the gradient (softmax does not depend on it) and the normaliser divides the
-    `[.., q, d]` output rather than the `[.., q, k]` weights (dropout is linear, so the same)."""
-    acc = _acc_dtype(q5)
-    qh = jnp.transpose(q5, (0, 2, 3, 1, 4))  # [b, kvh, g, q, d]
-    kh, vh = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))  # [b, kvh, k, d]
-    logits = jnp.einsum(
-        "bhgqd,bhkd->bhgqk", qh, kh, precision=precision, preferred_element_type=acc
+def _plain(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDv, bias, mask, scale, dropout_rate, dropout_rng,
+           precision):
+    """Materialised logits; ``bias`` and ``mask`` broadcast to `[B, K, G, L, S]`. Heads are moved in
+    front of the lengths first so that both products are plain batched matmuls (XLA:CPU runs
+    `[B, L, H, Dh]`-strided operands 2-3x slower), the max is a constant for the gradient (softmax
+    does not depend on it) and the normaliser divides the `[.., L, Dv]` output rather than the
+    `[.., L, S]` weights (dropout is linear, so the same)."""
+    acc = _acc_dtype(q_BxLxKxGxDh)
+    q_BxKxGxLxDh = jnp.transpose(q_BxLxKxGxDh, (0, 2, 3, 1, 4))
+    k_BxKxSxDh = jnp.transpose(k_BxSxKxDh, (0, 2, 1, 3))
+    v_BxKxSxDv = jnp.transpose(v_BxSxKxDv, (0, 2, 1, 3))
+    logits_BxKxGxLxS = jnp.einsum(
+        "bkgld,bksd->bkgls", q_BxKxGxLxDh, k_BxKxSxDh, precision=precision, preferred_element_type=acc
     )
-    logits = logits * scale
-    if bias5 is not None:
-        logits = logits + bias5.astype(acc)
+    logits_BxKxGxLxS = logits_BxKxGxLxS * scale
+    if bias is not None:
+        logits_BxKxGxLxS = logits_BxKxGxLxS + bias.astype(acc)
     if mask is not None:
-        logits = jnp.where(mask, logits, -jnp.inf)
-    m = jnp.max(logits, axis=-1, keepdims=True)
-    m = lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-    p = jnp.exp(logits - m)
-    denom = jnp.sum(p, axis=-1, keepdims=True)
-    p = dropout(p, dropout_rate, dropout_rng)
-    out = jnp.einsum("bhgqk,bhkd->bhgqd", p.astype(v.dtype), vh, precision=precision,
-                     preferred_element_type=acc)
-    out = out / jnp.where(denom == 0, 1.0, denom)
-    return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(v.dtype)  # [b, q, kvh, g, d]
+        logits_BxKxGxLxS = jnp.where(mask, logits_BxKxGxLxS, -jnp.inf)
+    max_BxKxGxLx1 = jnp.max(logits_BxKxGxLxS, axis=-1, keepdims=True)
+    max_BxKxGxLx1 = lax.stop_gradient(jnp.where(jnp.isfinite(max_BxKxGxLx1), max_BxKxGxLx1, 0.0))
+    p_BxKxGxLxS = jnp.exp(logits_BxKxGxLxS - max_BxKxGxLx1)
+    denom_BxKxGxLx1 = jnp.sum(p_BxKxGxLxS, axis=-1, keepdims=True)
+    p_BxKxGxLxS = dropout(p_BxKxGxLxS, dropout_rate, dropout_rng)
+    out_BxKxGxLxDv = jnp.einsum("bkgls,bksd->bkgld", p_BxKxGxLxS.astype(v_BxSxKxDv.dtype), v_BxKxSxDv,
+                                precision=precision, preferred_element_type=acc)
+    out_BxKxGxLxDv = out_BxKxGxLxDv / jnp.where(denom_BxKxGxLx1 == 0, 1.0, denom_BxKxGxLx1)
+    return jnp.transpose(out_BxKxGxLxDv, (0, 3, 1, 2, 4)).astype(v_BxSxKxDv.dtype)  # [B, L, K, G, Dv]
 
 
 def _slice_last(x: Array | None, start: Array, size: int) -> Array | None:
@@ -150,74 +157,78 @@ def _slice_axis(x: Array | None, start: Array, size: int, axis: int) -> Array | 
     return lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
 
-def _chunked(q5, k, v, bias5, mask5, causal, q_seg, kv_seg, scale, dropout_rate, dropout_rng,
-             precision, q_chunk, kv_chunk):
-    """Online-softmax attention over kv chunks, mapped over query chunks."""
-    b, lq, kvh, g, d = q5.shape
-    lk, dv = k.shape[1], v.shape[-1]
+def _chunked(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDv, bias, mask, causal, q_seg, kv_seg, scale,
+             dropout_rate, dropout_rng, precision, q_chunk, kv_chunk):
+    """Online-softmax attention over kv chunks, mapped over query chunks (Rabe & Staats 2021).
+
+    Inside a chunk, ``L`` and ``S`` in the names are the chunk lengths ``q_chunk`` / ``kv_chunk``;
+    the carry holds the running output, max and normaliser of each query row."""
+    b, lq, kvh, g, _ = q_BxLxKxGxDh.shape
+    lk, dv = k_BxSxKxDh.shape[1], v_BxSxKxDv.shape[-1]
     q_chunk, kv_chunk = min(q_chunk, lq), min(kv_chunk, lk)
     # lengths that are no multiple of the chunk are padded: extra query rows are dropped at the
     # end, extra keys are masked (``kv_idx < lk`` below)
     pad_q, pad_k = -lq % q_chunk, -lk % kv_chunk
-    q5, q_seg = _pad_axis(q5, 1, pad_q), _pad_axis(q_seg, 1, pad_q)
-    k, v, kv_seg = _pad_axis(k, 1, pad_k), _pad_axis(v, 1, pad_k), _pad_axis(kv_seg, 1, pad_k)
-    bias5, mask5 = _pad_axis(_pad_axis(bias5, 3, pad_q), 4, pad_k), \
-        _pad_axis(_pad_axis(mask5, 3, pad_q), 4, pad_k)
+    q_all, q_seg = _pad_axis(q_BxLxKxGxDh, 1, pad_q), _pad_axis(q_seg, 1, pad_q)
+    k_all, v_all = _pad_axis(k_BxSxKxDh, 1, pad_k), _pad_axis(v_BxSxKxDv, 1, pad_k)
+    kv_seg = _pad_axis(kv_seg, 1, pad_k)
+    bias, mask = _pad_axis(_pad_axis(bias, 3, pad_q), 4, pad_k), \
+        _pad_axis(_pad_axis(mask, 3, pad_q), 4, pad_k)
     n_kv = (lk + pad_k) // kv_chunk
-    acc_t = _acc_dtype(q5)
+    acc_t = _acc_dtype(q_all)
 
     def one_q_chunk(qi):
         q_start = qi * q_chunk
-        qc = lax.dynamic_slice_in_dim(q5, q_start, q_chunk, axis=1)
+        q_BxLxKxGxDh = lax.dynamic_slice_in_dim(q_all, q_start, q_chunk, axis=1)
         q_idx = q_start + jnp.arange(q_chunk)
-        qs = _slice_axis(q_seg, q_start, q_chunk, axis=1)
-        bias_q = _slice_axis(bias5, q_start, q_chunk, axis=3)
-        mask_q = _slice_axis(mask5, q_start, q_chunk, axis=3)
+        q_seg_chunk = _slice_axis(q_seg, q_start, q_chunk, axis=1)
+        bias_q = _slice_axis(bias, q_start, q_chunk, axis=3)
+        mask_q = _slice_axis(mask, q_start, q_chunk, axis=3)
 
         @jax.checkpoint
         def body(carry, ki):
-            acc, m_prev, l_prev = carry
+            out_BxKxGxLxDv, max_BxKxGxL, norm_BxKxGxL = carry
             k_start = ki * kv_chunk
-            kc = lax.dynamic_slice_in_dim(k, k_start, kv_chunk, axis=1)
-            vc = lax.dynamic_slice_in_dim(v, k_start, kv_chunk, axis=1)
-            s = jnp.einsum("bqhgd,bkhd->bhgqk", qc, kc, precision=precision,
-                           preferred_element_type=acc_t) * scale
+            k_BxSxKxDh = lax.dynamic_slice_in_dim(k_all, k_start, kv_chunk, axis=1)
+            v_BxSxKxDv = lax.dynamic_slice_in_dim(v_all, k_start, kv_chunk, axis=1)
+            s_BxKxGxLxS = jnp.einsum("blkgd,bskd->bkgls", q_BxLxKxGxDh, k_BxSxKxDh, precision=precision,
+                                     preferred_element_type=acc_t) * scale
             if bias_q is not None:
-                s = s + _slice_last(bias_q, k_start, kv_chunk).astype(acc_t)
+                s_BxKxGxLxS = s_BxKxGxLxS + _slice_last(bias_q, k_start, kv_chunk).astype(acc_t)
             kv_idx = k_start + jnp.arange(kv_chunk)
             msk = _block_mask(q_idx, kv_idx, causal=causal, mask5=_slice_last(mask_q, k_start, kv_chunk),
-                              q_seg=qs, kv_seg=_slice_axis(kv_seg, k_start, kv_chunk, axis=1))
+                              q_seg=q_seg_chunk, kv_seg=_slice_axis(kv_seg, k_start, kv_chunk, axis=1))
             if pad_k:
                 real = (kv_idx < lk)[None, None, None, None]
                 msk = real if msk is None else jnp.logical_and(msk, real)
             if msk is not None:
-                s = jnp.where(msk, s, -jnp.inf)
-            m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1))
-            m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-            p = jnp.exp(s - m_safe[..., None])
-            corr = jnp.exp(jnp.where(jnp.isfinite(m_prev), m_prev, m_safe) - m_safe)
-            l_new = l_prev * corr + jnp.sum(p, axis=-1)
+                s_BxKxGxLxS = jnp.where(msk, s_BxKxGxLxS, -jnp.inf)
+            max_new = jnp.maximum(max_BxKxGxL, jnp.max(s_BxKxGxLxS, axis=-1))
+            max_safe = jnp.where(jnp.isfinite(max_new), max_new, 0.0)
+            p_BxKxGxLxS = jnp.exp(s_BxKxGxLxS - max_safe[..., None])
+            corr = jnp.exp(jnp.where(jnp.isfinite(max_BxKxGxL), max_BxKxGxL, max_safe) - max_safe)
+            norm_new = norm_BxKxGxL * corr + jnp.sum(p_BxKxGxLxS, axis=-1)
             if is_active(dropout_rate, dropout_rng):
                 rng = jax.random.fold_in(jax.random.fold_in(dropout_rng, qi), ki)
-                p = dropout(p, dropout_rate, rng)
-            pv = jnp.einsum("bhgqk,bkhd->bhgqd", p.astype(v.dtype), vc, precision=precision,
-                            preferred_element_type=acc_t)
-            acc = acc * corr[..., None] + pv
-            return (acc, m_new, l_new), None
+                p_BxKxGxLxS = dropout(p_BxKxGxLxS, dropout_rate, rng)
+            pv_BxKxGxLxDv = jnp.einsum("bkgls,bskd->bkgld", p_BxKxGxLxS.astype(v_all.dtype), v_BxSxKxDv,
+                                       precision=precision, preferred_element_type=acc_t)
+            out_BxKxGxLxDv = out_BxKxGxLxDv * corr[..., None] + pv_BxKxGxLxDv
+            return (out_BxKxGxLxDv, max_new, norm_new), None
 
         init = (
             jnp.zeros((b, kvh, g, q_chunk, dv), acc_t),
             jnp.full((b, kvh, g, q_chunk), -jnp.inf, acc_t),
             jnp.zeros((b, kvh, g, q_chunk), acc_t),
         )
-        (acc, _, norm), _ = lax.scan(body, init, jnp.arange(n_kv))
-        out = acc / jnp.where(norm == 0, 1.0, norm)[..., None]
-        return jnp.transpose(out, (0, 3, 1, 2, 4))  # [b, q_chunk, kvh, g, dv]
+        (out_BxKxGxLxDv, _, norm_BxKxGxL), _ = lax.scan(body, init, jnp.arange(n_kv))
+        out_BxKxGxLxDv = out_BxKxGxLxDv / jnp.where(norm_BxKxGxL == 0, 1.0, norm_BxKxGxL)[..., None]
+        return jnp.transpose(out_BxKxGxLxDv, (0, 3, 1, 2, 4))  # [B, q_chunk, K, G, Dv]
 
     n_q = (lq + pad_q) // q_chunk
-    chunks = lax.map(one_q_chunk, jnp.arange(n_q))  # [n_q, b, q_chunk, kvh, g, dv]
-    out = jnp.moveaxis(chunks, 0, 1).reshape(b, n_q * q_chunk, kvh, g, dv)[:, :lq]
-    return out.astype(v.dtype)
+    chunks = lax.map(one_q_chunk, jnp.arange(n_q))  # [n_q, B, q_chunk, K, G, Dv]
+    out_BxLxKxGxDv = jnp.moveaxis(chunks, 0, 1).reshape(b, n_q * q_chunk, kvh, g, dv)[:, :lq]
+    return out_BxLxKxGxDv.astype(v_all.dtype)
 
 
 def _pad_axis(x: Array | None, axis: int, pad: int) -> Array | None:
@@ -281,18 +292,21 @@ def dot_product_attention(
         else:
             raise ValueError("pass both q_segment_ids and kv_segment_ids (or neither)")
     b, lq, h, d = q.shape
-    _check_operand("mask", mask, (b, h, lq, k.shape[1]))
-    _check_operand("bias", bias, (b, h, lq, k.shape[1]))
-    _check_segments(q_segment_ids, kv_segment_ids, lq, k.shape[1], b)
+    lk = k.shape[1]
+    _check_operand("mask", mask, (b, h, lq, lk))
+    _check_operand("bias", bias, (b, h, lq, lk))
+    _check_segments(q_segment_ids, kv_segment_ids, lq, lk, b)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    q5 = q.reshape(b, lq, kv_heads, groups, d)
-    bias5 = _to_5d(bias, kv_heads, groups)
-    mask5 = _to_5d(mask, kv_heads, groups)
+    q_BxLxKxGxDh = q.reshape(b, lq, kv_heads, groups, d)
+    bias_BxKxGxLxS = _to_5d(bias, kv_heads, groups)  # each axis may be 1 (broadcast)
+    mask_BxKxGxLxS = _to_5d(mask, kv_heads, groups)
     if implementation == "chunked":
-        out = _chunked(q5, k, v, bias5, mask5, causal, q_segment_ids, kv_segment_ids, scale,
-                       dropout_rate, dropout_rng, precision, q_chunk_size, kv_chunk_size)
+        out_BxLxKxGxDv = _chunked(q_BxLxKxGxDh, k, v, bias_BxKxGxLxS, mask_BxKxGxLxS, causal,
+                                  q_segment_ids, kv_segment_ids, scale, dropout_rate, dropout_rng,
+                                  precision, q_chunk_size, kv_chunk_size)
     else:
-        full = _block_mask(jnp.arange(lq), jnp.arange(k.shape[1]), causal=causal, mask5=mask5,
-                           q_seg=q_segment_ids, kv_seg=kv_segment_ids)
-        out = _plain(q5, k, v, bias5, full, scale, dropout_rate, dropout_rng, precision)
-    return out.reshape(b, lq, h, v.shape[-1])
+        mask_BxKxGxLxS = _block_mask(jnp.arange(lq), jnp.arange(lk), causal=causal,
+                                     mask5=mask_BxKxGxLxS, q_seg=q_segment_ids, kv_seg=kv_segment_ids)
+        out_BxLxKxGxDv = _plain(q_BxLxKxGxDh, k, v, bias_BxKxGxLxS, mask_BxKxGxLxS, scale,
+                                dropout_rate, dropout_rng, precision)
+    return out_BxLxKxGxDv.reshape(b, lq, h, v.shape[-1])

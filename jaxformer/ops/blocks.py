@@ -9,7 +9,11 @@ cross-attention) + FFN, each wrapped in a residual connection with either
 `encoder_block` and `decoder_block` are the two common call patterns. The Flax modules in
 `jaxformer.layers` only declare these parameters and call these functions.
 
-Parameter tree of one block (``H`` heads, ``K`` kv heads, ``Dh`` head_dim, ``F`` d_ff)::
+Shapes use the letters of `jaxformer.ops` (``L`` the queries' length, ``S`` the keys' — the encoder
+output in cross-attention, the cache's slots when decoding; ``H`` heads, ``K`` kv heads, ``Dh``
+head_dim); inside `attention_sublayer` arrays carry them in their names (``q_BxLxHxDh``).
+
+Parameter tree of one block::
 
     self_attn:  query {kernel [D, H, Dh], bias? [H, Dh]}, key/value {kernel [D, K, Dh], bias? [K, Dh]},
                 out {kernel [H, Dh, D], bias? [D]}
@@ -24,7 +28,7 @@ slots up to its own. Cross-attention keys/values are computed once from the enco
 passed back in as ``cross_kv``.
 
 Sharding hook: ``constrain(x, names)``, when given, is called on intermediate activations with their
-logical axis names — ``("batch", "act_length", "heads", "kv")`` for queries/keys/values and the
+logical axis names — ``("batch", "act_length", "heads", "head_dim")`` for queries/keys/values and the
 attention output (``"kv_heads"`` for grouped keys/values), ``("batch", "act_length", "mlp")`` for the
 FFN hidden layer — so a caller can pin the Megatron tensor-parallel layout (Shoeybi et al. 2019:
 column-split Q/K/V and W_i, row-split output projections). The Flax layers pass
@@ -44,6 +48,7 @@ from jaxformer.ops.attention import dot_product_attention
 from jaxformer.ops.dense import dense
 from jaxformer.ops.dropout import dropout
 from jaxformer.ops.ffn import ffn
+from jaxformer.ops.masks import causal_mask, combine_masks, key_padding_mask
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import apply_rope
 
@@ -56,18 +61,18 @@ Constrain = Callable[[Array, tuple[str, ...]], Array]
 
 # The residual stream `[batch, length, d_model]` between blocks (and the embeddings' output).
 ACTIVATION_AXES = ("batch", "act_length", "act_embed")
-HEADS_AXES = ("batch", "act_length", "heads", "kv")
-KV_HEADS_AXES = ("batch", "act_length", "kv_heads", "kv")
+HEADS_AXES = ("batch", "act_length", "heads", "head_dim")
+KV_HEADS_AXES = ("batch", "act_length", "kv_heads", "head_dim")
 MLP_AXES = ("batch", "act_length", "mlp")
 
 
 def project_kv(params: dict, x: Array) -> tuple[Array, Array]:
-    """Keys and values `[B, L, K, Dh]` of `[B, L, D]` inputs."""
+    """Keys and values `[B, S, K, Dh]` of `[B, S, D]` inputs."""
     return dense(params["key"], x), dense(params["value"], x)
 
 
 def update_cache(cache: dict, k: Array, v: Array, valid: Array, index: Array) -> dict:
-    """Write `[B, T, K, Dh]` keys/values and `[B, T]` validity at slot ``index`` of the cache."""
+    """Write `[B, L, K, Dh]` keys/values and `[B, L]` validity at slot ``index`` of the cache."""
     upd = lambda buf, new: lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), index, axis=1)
     return {"key": upd(cache["key"], k), "value": upd(cache["value"], v),
             "valid": upd(cache["valid"], valid)}
@@ -92,46 +97,46 @@ def attention_sublayer(
     dropout_rng: jax.Array | None = None,
     constrain: Constrain | None = None,
 ) -> tuple[Array, dict | None]:
-    """Multi-head attention of `[B, T, D]` queries over ``kv_input`` (self-attention when None).
+    """Multi-head attention of `[B, L, D]` queries over ``kv_input`` `[B, S, D]` (self-attention when
+    None).
 
     ``kv`` passes precomputed keys/values (cached cross-attention). With ``cache`` (self-attention
     decoding) the new keys are written at ``cache_index`` and attention runs over all cached slots.
     RoPE (``cfg.position == "rope"``) rotates queries and keys of self-attention by ``positions``.
 
     Returns:
-      (`[B, T, D]`, updated cache or None).
+      (`[B, L, D]`, updated cache or None).
     """
     pin = constrain or (lambda a, _: a)
-    q = pin(dense(params["query"], x), HEADS_AXES)
+    q_BxLxHxDh = pin(dense(params["query"], x), HEADS_AXES)
     if kv is not None:
-        k, v = kv
+        k_BxSxKxDh, v_BxSxKxDh = kv
     else:
-        k, v = project_kv(params, x if kv_input is None else kv_input)
-        k, v = pin(k, KV_HEADS_AXES), pin(v, KV_HEADS_AXES)
+        k_BxSxKxDh, v_BxSxKxDh = project_kv(params, x if kv_input is None else kv_input)
+        k_BxSxKxDh, v_BxSxKxDh = pin(k_BxSxKxDh, KV_HEADS_AXES), pin(v_BxSxKxDh, KV_HEADS_AXES)
     if cfg.position == "rope" and kv_input is None and kv is None:
         if positions is None:
             raise ValueError("RoPE attention needs positions")
-        q = apply_rope(q, positions, theta=cfg.rope_theta)
-        k = apply_rope(k, positions, theta=cfg.rope_theta)
+        q_BxLxHxDh = apply_rope(q_BxLxHxDh, positions, theta=cfg.rope_theta)
+        k_BxSxKxDh = apply_rope(k_BxSxKxDh, positions, theta=cfg.rope_theta)
     new_cache = None
     if cache is not None:
         valid_new = (jnp.ones(x.shape[:2], bool) if segment_ids is None else segment_ids != 0)
-        new_cache = update_cache(cache, k, v, valid_new, cache_index)
-        k, v = new_cache["key"], new_cache["value"]
-        slots = jnp.arange(k.shape[1])
-        q_slots = cache_index + jnp.arange(x.shape[1])
-        visible = (slots[None, :] <= q_slots[:, None])[None, None]  # causal by slot
-        visible = jnp.logical_and(visible, new_cache["valid"][:, None, None, :])
-        mask = visible if mask is None else jnp.logical_and(mask, visible)
+        new_cache = update_cache(cache, k_BxSxKxDh, v_BxSxKxDh, valid_new, cache_index)
+        k_BxSxKxDh, v_BxSxKxDh = new_cache["key"], new_cache["value"]  # S: all the cache's slots
+        visible_Bx1xLxS = combine_masks(
+            causal_mask(x.shape[1], k_BxSxKxDh.shape[1], offset=cache_index),  # causal by slot
+            key_padding_mask(new_cache["valid"]))
+        mask = combine_masks(mask, visible_Bx1xLxS)
         causal, segment_ids, kv_segment_ids = False, None, None
-    out = dot_product_attention(
-        q, k, v, bias=bias, mask=mask, causal=causal,
+    out_BxLxHxDh = dot_product_attention(
+        q_BxLxHxDh, k_BxSxKxDh, v_BxSxKxDh, bias=bias, mask=mask, causal=causal,
         q_segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
         scale=cfg.attention_scale, dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng,
         implementation=cfg.attention_impl if cache is None else "xla",
         q_chunk_size=cfg.attention_chunk_size, kv_chunk_size=cfg.attention_chunk_size,
     )
-    return dense(params["out"], pin(out, HEADS_AXES), in_axes=2), new_cache
+    return dense(params["out"], pin(out_BxLxHxDh, HEADS_AXES), in_axes=2), new_cache
 
 
 def _residual(cfg: ModelConfig, norm_params: dict, x: Array, sublayer, rng) -> Array:
@@ -162,13 +167,13 @@ def transformer_block(
     dropout_rng: jax.Array | None = None,
     constrain: Constrain | None = None,
 ) -> tuple[Array, dict | None]:
-    """One block on `[B, T, D]` inputs. Cross-attention runs when ``params`` has ``cross_attn``.
+    """One block on `[B, L, D]` inputs. Cross-attention runs when ``params`` has ``cross_attn``.
 
     Args:
       causal: mask future positions in self-attention (decoders).
-      positions: `[B, T]` token positions (RoPE).
-      segment_ids: `[B, T]` packing ids (0 = padding) for self-attention.
-      mask, bias: extra self-attention mask / additive bias (e.g. T5 relative bias `[B|1, H, T, T]`).
+      positions: `[B, L]` token positions (RoPE).
+      segment_ids: `[B, L]` packing ids (0 = padding) for self-attention.
+      mask, bias: extra self-attention mask / additive bias (e.g. T5 relative bias `[B|1, H, L, L]`).
       encoder_out: `[B, S, D]` memory for cross-attention (or ``cross_kv`` precomputed).
       encoder_segment_ids: `[B, S]` segment ids of the memory.
       cache, cache_index: self-attention decoding cache (see module docstring).
@@ -176,7 +181,7 @@ def transformer_block(
       constrain: sharding hook ``constrain(x, logical_names)`` (see the module docstring).
 
     Returns:
-      (`[B, T, D]`, ``{"self": cache, "cross": (k, v)}`` when decoding, else None).
+      (`[B, L, D]`, ``{"self": cache, "cross": (k, v)}`` when decoding, else None).
     """
     rngs = list(jax.random.split(dropout_rng, 6)) if dropout_rng is not None else [None] * 6
     new_cache = None
@@ -216,7 +221,7 @@ def transformer_block(
 
 
 def encoder_block(params: dict, x: Array, *, cfg: ModelConfig, **kwargs) -> Array:
-    """Bidirectional block (BERT / T5 encoder): `[B, T, D]` → `[B, T, D]`."""
+    """Bidirectional block (BERT / T5 encoder): `[B, L, D]` → `[B, L, D]`."""
     return transformer_block(params, x, cfg=cfg, causal=False, **kwargs)[0]
 
 

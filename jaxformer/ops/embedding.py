@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jnp.ndarray
 
 
 def embed(table: Array, ids: Array, *, dtype=None) -> Array:
-    """Rows of ``table`` `[vocab, d]` at ``ids`` `S` → `S + [d]`.
+    """Rows of ``table`` `[vocab, d]` at ``ids`` of any shape `[...]` → `[..., d]`.
 
     JAX clamps out-of-range gathers silently; here an id outside ``[0, vocab)`` yields NaN so the bad
     batch is visible in the loss (the trainer also checks ids on the host before they reach the model,
@@ -43,9 +45,6 @@ def check_token_ids(ids, vocab_size: int, name: str = "tokens") -> None:
 def check_ids(ids, size: int, name: str, table: str, fix: str) -> None:
     """Raise ValueError if concrete ``ids`` fall outside ``[0, size)``, naming ``table`` and the
     ``fix`` (no-op on tracers: under jit an out-of-range lookup gives NaN, see `take_rows`)."""
-    import jax
-    import numpy as np
-
     if isinstance(ids, jax.core.Tracer):
         return
     a = np.asarray(ids)

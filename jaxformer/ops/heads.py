@@ -28,7 +28,7 @@ Array = jnp.ndarray
 
 
 def lm_logits(params: dict, x: Array, table: Array, *, cfg: ModelConfig) -> Array:
-    """`[B, T, D]` → `[B, T, vocab]`. Tied: the token table ``table`` `[vocab, D]` (``params`` holds
+    """`[B, L, D]` → `[B, L, vocab]`. Tied: the token table ``table`` `[vocab, D]` (``params`` holds
     at most a ``bias`` `[vocab]`); untied: ``params`` is a dense ``kernel`` `[D, vocab]` (+ bias)."""
     if not cfg.tie_embeddings:
         return dense(params, x)
@@ -42,7 +42,7 @@ def lm_logits(params: dict, x: Array, table: Array, *, cfg: ModelConfig) -> Arra
 
 def mlm_logits(params: dict, x: Array, table: Array, *, cfg: ModelConfig) -> Array:
     """BERT's MLM head: ``dense`` → activation → ``norm`` (when ``cfg.mlm_transform``), then
-    `lm_logits` with ``params.get("decoder", {})``. `[B, T, D]` → `[B, T, vocab]`."""
+    `lm_logits` with ``params.get("decoder", {})``. `[B, L, D]` → `[B, L, vocab]`."""
     if cfg.mlm_transform:
         x = get_activation(cfg.activation)(dense(params["dense"], x))
         x = normalize(cfg.norm, x, params["norm"], eps=cfg.norm_eps)
@@ -50,7 +50,7 @@ def mlm_logits(params: dict, x: Array, table: Array, *, cfg: ModelConfig) -> Arr
 
 
 def pool(x: Array, segment_ids: Array | None, how: str) -> Array:
-    """`[B, T, D]` → `[B, D]`: the first token, the last non-padding token, or the masked mean or
+    """`[B, L, D]` → `[B, D]`: the first token, the last non-padding token, or the masked mean or
     per-feature max over the non-padding tokens (max-over-time, Collobert et al. 2011; Kim 2014;
     an all-padding row gives zeros)."""
     if how == "first":
@@ -68,7 +68,7 @@ def pool(x: Array, segment_ids: Array | None, how: str) -> Array:
 
 
 def pooled(params: dict, x: Array, segment_ids: Array | None, *, cfg: ModelConfig) -> Array:
-    """`[B, T, D]` → `[B, D]`: `pool` by ``cfg.pooling``, then BERT's tanh(dense) if ``cfg.pooler``."""
+    """`[B, L, D]` → `[B, D]`: `pool` by ``cfg.pooling``, then BERT's tanh(dense) if ``cfg.pooler``."""
     h = pool(x, segment_ids, cfg.pooling)
     return jnp.tanh(dense(params, h)) if cfg.pooler else h
 

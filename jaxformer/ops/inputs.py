@@ -38,7 +38,7 @@ def _whole_rows(table: Array, row_axis: str, constrain: Constrain) -> Array:
 
 
 def embed_tokens(table: Array, ids: Array, *, dtype, constrain: Constrain | None = None) -> Array:
-    """Rows of the `[vocab, d_model]` token table at `[B, T]` ids → `[B, T, D]` in ``dtype`` (NaN rows
+    """Rows of the `[vocab, d_model]` token table at `[B, L]` ids → `[B, L, D]` in ``dtype`` (NaN rows
     for out-of-vocabulary ids, see `jaxformer.ops.embedding.embed`)."""
     pin = constrain or _no_constraint
     return pin(embed(_whole_rows(table, "vocab", pin), ids, dtype=jnp.dtype(dtype)), ACTIVATION_AXES)
@@ -47,17 +47,17 @@ def embed_tokens(table: Array, ids: Array, *, dtype, constrain: Constrain | None
 def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
                  token_types: Array | None = None, *, cfg: ModelConfig,
                  dropout_rng: jax.Array | None = None, constrain: Constrain | None = None) -> Array:
-    """x = dropout(norm?(scale · E[tokens] + P[positions] + T[token_types])), `[B, T, D]`.
+    """x = dropout(norm?(scale · E[tokens] + P[positions] + T[token_types])), `[B, L, D]`.
 
     ``scale`` is sqrt(d_model) when ``cfg.scale_embeddings`` (Vaswani et al. 2017 §3.4), else 1.
     Positions are sinusoidal (§3.5; no parameters) or a learned `[max_len, d_model]` table
     (``params["pos_embedding"]``, BERT/GPT-2); RoPE and relative positions act inside attention
-    instead. Token types `[B, T]` (BERT segments A/B, default 0) read ``params["type_embedding"]``;
+    instead. Token types `[B, L]` (BERT segments A/B, default 0) read ``params["type_embedding"]``;
     ``params["norm"]`` is BERT's embedding LayerNorm.
 
     Args:
-      token_embeddings: `[B, T, D]` (see `embed_tokens`).
-      positions: `[B, T]` int32.
+      token_embeddings: `[B, L, D]` (see `embed_tokens`).
+      positions: `[B, L]` int32.
       dropout_rng: enables dropout at ``cfg.dropout_rate`` when given.
     """
     pin = constrain or _no_constraint

@@ -1,9 +1,13 @@
-"""Boolean attention masks.
+"""Boolean attention masks: the one place where causal, padding and segment masks are built.
 
 Convention (that of `jax.nn.dot_product_attention`): a mask is a boolean array broadcastable to
 `[batch, heads, q_len, kv_len]`; ``True`` means "this query may attend to this key". Masks are combined
 with logical AND (`combine_masks`). Every helper returns `[batch, 1, q_len, kv_len]` (or
 `[1, 1, q_len, kv_len]` where no batch dimension exists) so results broadcast over heads.
+
+The library builds its own masks here too: `jaxformer.ops.attention.dot_product_attention`'s
+``causal`` and segment-id options (per chunk in the chunked path) and the decoding cache's
+visibility in `jaxformer.ops.blocks.attention_sublayer` (causal by slot AND valid slots).
 """
 
 from __future__ import annotations

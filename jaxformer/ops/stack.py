@@ -37,7 +37,7 @@ def has_dropout(cfg: ModelConfig) -> bool:
 
 def stack_block(params: dict, x: Array, *, cfg: ModelConfig, constrain: Constrain | None = None,
                 **kwargs) -> tuple[Array, dict | None]:
-    """`transformer_block` on the residual stream `[B, T, D]` cast to ``cfg.dtype`` and pinned to
+    """`transformer_block` on the residual stream `[B, L, D]` cast to ``cfg.dtype`` and pinned to
     ``ACTIVATION_AXES`` on the way in and out (the output only when not decoding)."""
     pin = constrain or (lambda a, _: a)
     x = pin(x.astype(jnp.dtype(cfg.dtype)), ACTIVATION_AXES)
@@ -48,7 +48,7 @@ def stack_block(params: dict, x: Array, *, cfg: ModelConfig, constrain: Constrai
 def run_stack(params: dict, x: Array, *, cfg: ModelConfig, num_layers: int, causal: bool = False,
               dropout_rng: jax.Array | None = None, constrain: Constrain | None = None,
               **inputs) -> Array:
-    """``num_layers`` blocks in order, `[B, T, D]` → `[B, T, D]` (no decoding cache).
+    """``num_layers`` blocks in order, `[B, L, D]` → `[B, L, D]` (no decoding cache).
 
     Args:
       params: ``{"layers": stacked}`` (scanned) or ``{"layer_0": …, "layer_{N-1}": …}``.

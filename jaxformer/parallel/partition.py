@@ -2,7 +2,7 @@
 
 The Flax layers mark activations with logical names (`flax.linen.with_logical_constraint`): the
 residual stream ``("batch", "act_length", "act_embed")`` at block boundaries, attention heads
-``("batch", "act_length", "heads", "kv")`` and the FFN hidden layer ``("batch", "act_length",
+``("batch", "act_length", "heads", "head_dim")`` and the FFN hidden layer ``("batch", "act_length",
 "mlp")`` inside blocks. Those marks bind only while both a mesh (`jax.set_mesh`) and the logical
 rules (`flax.linen.logical_axis_rules`) are in context during tracing; everywhere else — a plain
 ``model.apply`` in a test, generation — they are no-ops. `sharded_jit` keeps both in context around
@@ -19,13 +19,13 @@ import flax.linen as nn
 import jax
 from jax.sharding import Mesh
 
-from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, Rules
+from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, Rules, check_rules
 
 
 @contextlib.contextmanager
 def mesh_rules(mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES) -> Iterator[None]:
     """Context in which the layers' logical activation constraints bind to ``mesh``."""
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(check_rules(rules)):
         yield
 
 
@@ -39,7 +39,7 @@ class ShardedFunction:
     def __init__(self, fn: Callable, mesh: Mesh, *, in_shardings: Any = None,
                  out_shardings: Any = None, donate_argnums: int | Sequence[int] = (),
                  rules: Rules = LOGICAL_AXIS_RULES):
-        self.mesh, self.rules = mesh, rules
+        self.mesh, self.rules = mesh, check_rules(rules)
         kwargs = {} if in_shardings is None else {"in_shardings": in_shardings}
         if out_shardings is not None:
             kwargs["out_shardings"] = out_shardings

@@ -11,7 +11,8 @@ vocab               tensor           vocabulary-parallel embedding and logits
 heads, kv_heads     tensor           Megatron column split of Q/K/V, row split of the output
                                      projection (Shoeybi et al. 2019)
 mlp                 tensor           Megatron column split of W_i, row split of W_o
-kv, layers, length  (replicated)     head_dim, the scanned layer axis, learned positions
+head_dim, layers,   (replicated)     per-head width, the scanned layer axis, learned positions
+length
 classes, relpos,    (replicated)     small tables
 types
 act_length,         (replicated)     activations' sequence and d_model axes: activations are
@@ -22,7 +23,9 @@ Parameters carry logical names (`jaxformer.layers.params`); `param_shardings` tu
 logically-boxed parameter tree into `NamedSharding`s for a mesh, and optimizer moments follow their
 parameters (`match_shardings_by_path`). Activations carry logical names through
 `flax.linen.with_logical_constraint` in the layers; `jaxformer.parallel.partition.sharded_jit`
-activates this table while tracing. A name missing from the table is replicated.
+activates this table while tracing. A name missing from the table is replicated. Every function
+taking ``rules`` checks them with `check_rules`: a rule for a retired name (``kv``, now
+``head_dim``) would otherwise match nothing and silently replicate what it meant to shard.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ LOGICAL_AXIS_RULES: Rules = (
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("mlp", "tensor"),
-    ("kv", None),
+    ("head_dim", None),
     ("layers", None),
     ("length", None),
     ("classes", None),
@@ -49,6 +52,19 @@ LOGICAL_AXIS_RULES: Rules = (
     ("act_length", None),
     ("act_embed", None),
 )
+# Logical names the library used before, and what it calls them now.
+RETIRED_AXES = {"kv": "head_dim"}
+
+
+def check_rules(rules: Rules) -> Rules:
+    """``rules`` unchanged, or ValueError if a rule names a retired logical axis (`RETIRED_AXES`)."""
+    for rule in rules:
+        new = RETIRED_AXES.get(rule[0])
+        if new is not None:
+            raise ValueError(f"logical axis rule {tuple(rule)!r} names {rule[0]!r}, which is now "
+                             f"called {new!r} (the per-head width, next to 'kv_heads'); write "
+                             f"{(new, *rule[1:])!r}")
+    return rules
 
 
 def _mesh_axis_size(mesh: Mesh, axes) -> int:
@@ -68,7 +84,7 @@ def logical_to_shardings(logical_specs, abstract_values, mesh: Mesh,
     Raises ValueError naming the parameter, its shape and the mesh axes when a sharded dimension is
     not divisible by the mesh axes it is mapped to.
     """
-    mesh_specs = nn.logical_to_mesh(logical_specs, rules)
+    mesh_specs = nn.logical_to_mesh(logical_specs, check_rules(rules))
 
     def check(path, spec, value):
         spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
@@ -94,13 +110,13 @@ def param_shardings(boxed_abstract_params, mesh: Mesh, rules: Rules = LOGICAL_AX
 
 def batch_sharding(mesh: Mesh, ndim: int = 2, rules: Rules = LOGICAL_AXIS_RULES) -> NamedSharding:
     """Batch arrays `[batch, ...]`: leading axis by the ``batch`` rule, the rest replicated."""
-    spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (ndim - 1), rules)
+    spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (ndim - 1), check_rules(rules))
     return NamedSharding(mesh, spec)
 
 
 def batch_shards(mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES) -> int:
     """Number of ways the batch axis is split on ``mesh`` (data × fsdp with the default rules)."""
-    return _mesh_axis_size(mesh, nn.logical_to_mesh_axes(("batch",), rules)[0])
+    return _mesh_axis_size(mesh, nn.logical_to_mesh_axes(("batch",), check_rules(rules))[0])
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
