@@ -13,8 +13,8 @@ PaLM (Chowdhery et al. 2022, App. B), as MaxText logs it:
   ``2·N`` per token (a multiply and an add per weight); backward is twice that (gradients with
   respect to activations and to weights).
 * attention scores: per layer and sequence, ``QKᵀ`` and ``softmax·V`` each cost
-  ``2 · T_q · T_kv · (heads · head_dim)`` forward, so ``4·T²·H·Dh`` forward and ``12·T²·H·Dh``
-  forward + backward — ``12·L·T²·d`` when ``H·Dh = d``. A causal mask makes half of the score
+  ``2 · L · S · (heads · head_dim)`` forward, so ``4·L²·H·Dh`` forward and ``12·L²·H·Dh``
+  forward + backward — ``12·layers·L²·d`` when ``H·Dh = d``. A causal mask makes half of the score
   matrix useless, so it is halved (the work a fused kernel would skip; the plain XLA path still
   does it, which MFU then shows).
 """

@@ -4,9 +4,9 @@ Both paths are jit-compiled loops on the same parameters and produce the same to
 reported as ``tokens_match``):
 
 * cached: `jaxformer.decode.generate_padded` — one prefill call over the prompt, then one
-  single-token step per new token inside a `lax.while_loop` (per step O(layers · d² + T · d)).
+  single-token step per new token inside a `lax.while_loop` (per step O(layers · d² + L · d)).
 * uncached: each step runs the full causal forward over the prefix written so far and takes the
-  argmax at its last position (per step O(T · layers · d² + T² · d)). To be fair to it, the prefix
+  argmax at its last position (per step O(L · layers · d² + L² · d)). To be fair to it, the prefix
   buffer is cut to the next multiple of ``--bucket`` columns (one compiled `fori_loop` per bucket
   width, not the full final length every step), and the LM head projects only the last position.
 

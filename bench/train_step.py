@@ -1,6 +1,6 @@
 """Training-step throughput of a GPT (`DecoderOnly`): jitted forward + backward + AdamW.
 
-Default size (the README's): d_model 512, 6 layers, 8 heads, d_ff 2048, T 256, batch 8, vocab 8192,
+Default size (the README's): d_model 512, 6 layers, 8 heads, d_ff 2048, L 256, batch 8, vocab 8192,
 learned positions, float32, dropout off. Reported per variant: tokens/s, compile seconds, the median
 step time (after warm-up, `block_until_ready`) and MFU against the float32 matmul peak measured in
 the same run (see `bench/common.py` for the FLOP accounting). With ``--peer`` the same model is
@@ -123,7 +123,7 @@ def prepare_variant(name: str, args) -> dict:
     cfg = model_config(args, **VARIANTS[name])
     tx = optax.adamw(1e-4, weight_decay=0.01)
     rng = np.random.default_rng(0)
-    # T + 1 tokens per row: inputs are the first T, labels the last T (T positions are trained)
+    # L + 1 tokens per row: inputs are the first L, labels the last L (L positions are trained)
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (args.batch, args.seq_len + 1)), jnp.int32)
     if name == "nnx_jit":
         out = prepare_nnx_jit(cfg, tx, tokens)

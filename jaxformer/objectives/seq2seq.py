@@ -1,7 +1,7 @@
 """Sequence-to-sequence teacher forcing (Vaswani et al. 2017; T5, Raffel et al. 2020).
 
 The encoder reads ``inputs`` `[B, S]`; the decoder reads ``targets`` shifted right by one within
-each packed segment, starting with a decoder start token, and predicts ``targets`` `[B, T]`.
+each packed segment, starting with a decoder start token, and predicts ``targets`` `[B, L]`.
 T5 starts the decoder with the padding id 0 (its ``shift_right``; Hugging Face's
 ``decoder_start_token_id = pad_token_id``), which is the default here (``special.pad_id``); set
 ``objective.decoder_start_id`` for other conventions (e.g. BOS). The start token is never a
@@ -35,12 +35,12 @@ def prepare_seq2seq(batch: Mapping[str, Array], rng: jax.Array, special: Special
                     cfg: Any = None) -> dict:
     """Encoder-decoder batch → model inputs, targets and weights.
 
-    Batch: ``inputs`` `[B, S]`, ``targets`` `[B, T]` (ending with EOS, not shifted) and optional
+    Batch: ``inputs`` `[B, S]`, ``targets`` `[B, L]` (ending with EOS, not shifted) and optional
     ``{inputs,targets}_{segment_ids,positions}``. Option ``decoder_start_id`` (default pad id).
 
     Returns ``model_inputs`` with the keyword names of `EncoderDecoder` (inputs, targets_in,
     inputs_positions, inputs_segment_ids, targets_positions, targets_segment_ids), ``targets``
-    `[B, T]` and ``weights`` `[B, T]` float32 = (targets_segment_ids != 0).
+    `[B, L]` and ``weights`` `[B, L]` float32 = (targets_segment_ids != 0).
     """
     del rng
     require(batch, "seq2seq", "inputs", "targets")
