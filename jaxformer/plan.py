@@ -52,7 +52,6 @@ from jaxformer.parallel.mesh import MESH_AXES, check_batch_size, make_mesh, mesh
 from jaxformer.parallel.rules import batch_sharding
 
 _CHILD_FLAG = "--plan_compile_child"
-_PER_ROW_HEADS = ("pooler", "classifier", "nsp_head")  # applied to one pooled vector per row
 _OBJECTIVE = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "seq2seq"}
 _TASK = {"clm": "lm", "mlm": "lm", "seq2seq": "seq2seq"}
 
@@ -111,7 +110,7 @@ def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
             continue
         encoder_side = names[0].startswith("encoder") or (
             enc_dec and "cross_attn" in names and names[-2] in ("key", "value"))
-        uses = batch if names[0] in _PER_ROW_HEADS else src if encoder_side else tgt
+        uses = batch if names[0] in PER_ROW_MODULES else src if encoder_side else tgt
         dense += 6 * math.prod(leaf.shape) * uses
     hd = m.num_heads * m.head_dim
     if enc_dec:
