@@ -8,7 +8,6 @@ differ.
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import subprocess
 import sys
@@ -20,7 +19,8 @@ import numpy as np
 import pytest
 
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.train.checkpoint import load_params
+from jaxformer.train import config as train_config
+from jaxformer.train.checkpoint import load_checkpoint_params
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate
 from jaxformer.train.metrics import read_metrics
@@ -30,10 +30,7 @@ TINY_MODEL = dict(d_model=32, num_heads=2, d_ff=64, num_layers=2, max_len=64, vo
 
 
 def load_config(name: str, **overrides):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = train_config.load_config(ROOT / "configs" / f"{name}.py")
     c.model.update(TINY_MODEL)
     c.data.tokenizer.vocab_size = 512
     c.data.tokenizer.max_train_texts = 1500
@@ -93,7 +90,7 @@ def test_finetune_starts_from_pretrained_backbone(pretrained, tmp_path, family):
     config = load_config(f"{family}_finetune_tiny", init_from=str(pretrained[family]))
     trainer = Trainer(config, tmp_path)
     start = jax.device_get(trainer.state.params)
-    backbone = load_params(pretrained[family])
+    backbone = load_checkpoint_params(pretrained[family])
     flat_new = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(start)[0]}
     flat_old = {jax.tree_util.keystr(p): v
                 for p, v in jax.tree_util.tree_flatten_with_path(backbone)[0]}
@@ -129,7 +126,7 @@ def test_same_seed_is_bitwise_identical_and_seeds_differ(pretrained, tmp_path):
     again = tmp_path / "again"
     train_and_evaluate(load_config("gpt_pretrain_tiny"), again)
     assert losses(again) == losses(pretrained["gpt"])
-    a, b = load_params(again), load_params(pretrained["gpt"])
+    a, b = load_checkpoint_params(again), load_checkpoint_params(pretrained["gpt"])
     jax.tree.map(np.testing.assert_array_equal, a, b)
     other = tmp_path / "other"
     train_and_evaluate(load_config("gpt_pretrain_tiny", seed=1, num_train_steps=10), other)
@@ -243,7 +240,7 @@ def test_init_from_a_step_dir_reuses_the_pretraining_tokenizer(pretrained, tmp_p
     saved = (pretrained["gpt"] / "tokenizer.model").read_bytes()
     assert (tmp_path / "tokenizer.model").read_bytes() == saved
     np.testing.assert_array_equal(jax.device_get(trainer.state.params["token_embed"]["embedding"]),
-                                  load_params(step_dir)["token_embed"]["embedding"])
+                                  load_checkpoint_params(step_dir)["token_embed"]["embedding"])
 
 
 def test_resuming_with_another_architecture_fails_and_leaves_the_run_intact(pretrained, tmp_path):

@@ -13,20 +13,18 @@ so ``train.py --config.init_from=<directory>``, ``python -m jaxformer.generate -
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from jaxformer.config import ModelConfig
+from jaxformer.train.checkpoint import Checkpointer, load_run, save_run_config
 
 
 def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str, Any],
                 params: dict, tokenizer: str | os.PathLike | None = None) -> None:
     """Write ``config.json``, ``tokenizer.model`` (a copy of ``tokenizer``, when given) and a
     verified ``checkpoints/0`` under ``directory`` (which must not hold a run)."""
-    import shutil
-
-    from jaxformer.train.checkpoint import Checkpointer, save_run_config
-
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     d = Path(directory).absolute()
     if (d / "checkpoints").exists():
@@ -45,7 +43,5 @@ def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str,
 def load_params(directory: str | os.PathLike) -> tuple[dict[str, Any], dict]:
     """(ModelConfig fields, params as NumPy arrays) of the latest checkpoint of a jaxformer
     directory: one written by `save_params` or any training workdir (verified first)."""
-    from jaxformer.train.checkpoint import load_run
-
-    cfg, params, _, _ = load_run(directory)
+    cfg, params = load_run(directory)
     return ModelConfig.from_dict(cfg["model"]).to_dict(), params

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.config import ModelConfig
+from jaxformer.config import ModelConfig, exported_fields
 from jaxformer.convert import hf_bert, hf_gpt2, hf_t5
 from jaxformer.convert.hf_io import (
     copy_tokenizer_files,
@@ -35,6 +35,7 @@ from jaxformer.convert.hf_io import (
     read_tensors,
     write_model,
 )
+from jaxformer.convert.hf_tokenizer import fast_tokenizer_reason, write_fast_tokenizer
 from jaxformer.convert.mapping import (
     Renamed,
     apply_export,
@@ -44,21 +45,19 @@ from jaxformer.convert.mapping import (
     unflatten,
     unstack_layers,
 )
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.models.heads import is_head_module
 from jaxformer.models.transformer import build_model
 
 log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "t5": hf_t5}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
-# ModelConfig fields a Hugging Face config cannot express (HF T5 has one dropout rate, no init
-# scale of ours, no attention implementation): exports store them under this config.json key and
-# imports restore them, so export → import gives back the same config. Parameters are unaffected.
+# The ModelConfig fields a Hugging Face config cannot express (`jaxformer.config.exported_fields`:
+# HF T5 has one dropout rate, no init scale of ours, no attention implementation): exports store
+# them under this config.json key and imports restore them, so export → import gives back the same
+# config. Parameters are unaffected.
 JAXFORMER_KEY = "jaxformer_config"
-NON_ARCHITECTURE_FIELDS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
-                           "target_token_dropout_rate", "init_std", "embed_init_std",
-                           "remat_policy", "attention_impl", "attention_chunk_size")
-# Top-level modules a checkpoint may lack: a head (or pooler) new to the requested `head`.
-NEW_HEAD_MODULES = ("classifier", "token_classifier", "pooler", "nsp_head", "mlm_head", "lm_head")
 
 
 def _init_args(cfg: ModelConfig) -> tuple:
@@ -85,6 +84,34 @@ def _init_subset(cfg: ModelConfig, paths: list[str], seed: int) -> dict[str, np.
     return {p: np.asarray(x) for p, x in jax.jit(init)(jax.random.key(seed)).items()}
 
 
+def _read_hf(directory: str | os.PathLike, head: str | None, num_classes: int | None
+             ) -> tuple[str, ModuleType, Mapping[str, np.ndarray], dict[str, Any], str]:
+    """(model_type, its converter, tensors by name (read lazily), ModelConfig fields, tensor name
+    prefix)."""
+    hf_cfg = read_config(directory)
+    model_type = hf_cfg["model_type"]
+    if model_type not in CONVERTERS:
+        raise ValueError(f"model_type={model_type!r} in {directory}/config.json is not supported; "
+                         f"supported: {sorted(CONVERTERS)}")
+    conv = CONVERTERS[model_type]
+    tensors = read_tensors(directory)
+    if hasattr(conv, "canonical_name"):
+        tensors = Renamed(tensors, conv.canonical_name)
+    fields, prefix = conv.config_from_hf(hf_cfg, tensors, head=head, num_classes=num_classes)
+    stored = hf_cfg.get(JAXFORMER_KEY)
+    if isinstance(stored, Mapping):  # our own export: its dropout / init / attention settings
+        fields.update({k: stored[k] for k in exported_fields() if k in stored})
+    fields = ModelConfig.from_dict(dict(fields, scan_layers=False)).to_dict()
+    return model_type, conv, tensors, fields, prefix
+
+
+def hf_model_config(directory: str | os.PathLike, *, head: str | None = None,
+                    num_classes: int | None = None) -> dict[str, Any]:
+    """The ModelConfig fields of a local Hugging Face GPT-2 / BERT / T5 directory (``head`` and
+    ``num_classes`` as in `load_hf`), without reading its weights."""
+    return _read_hf(directory, head, num_classes)[3]
+
+
 def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: str | None = None,
             num_classes: int | None = None, seed: int = 0
             ) -> tuple[dict[str, Any], dict, str | None]:
@@ -103,24 +130,12 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
     Returns:
       (ModelConfig fields as a dict, params pytree of NumPy arrays, SentencePiece path or None).
     """
-    hf_cfg = read_config(directory)
-    model_type = hf_cfg["model_type"]
-    if model_type not in CONVERTERS:
-        raise ValueError(f"model_type={model_type!r} in {directory}/config.json is not supported; "
-                         f"supported: {sorted(CONVERTERS)}")
-    conv = CONVERTERS[model_type]
-    tensors = read_tensors(directory)
-    if hasattr(conv, "canonical_name"):
-        tensors = Renamed(tensors, conv.canonical_name)
-    cfg_kw, prefix = conv.config_from_hf(hf_cfg, tensors, head=head, num_classes=num_classes)
-    stored = hf_cfg.get(JAXFORMER_KEY)
-    if isinstance(stored, Mapping):  # our own export: its dropout / init / attention settings
-        cfg_kw.update({k: stored[k] for k in NON_ARCHITECTURE_FIELDS if k in stored})
-    cfg = ModelConfig.from_dict(dict(cfg_kw, scan_layers=False))
+    model_type, conv, tensors, fields, prefix = _read_hf(directory, head, num_classes)
+    cfg = ModelConfig.from_dict(fields)
     # Head parameters the checkpoint lacks entirely are initialised below, not read.
     rules = [r for r in conv.rules(cfg, prefix)
              if any(t in tensors for t in r.tensors)
-             or any(p.split("/")[0] not in NEW_HEAD_MODULES for p in r.params)]
+             or any(not is_head_module(p) for p in r.params)]
     flat, used = apply_import(rules, tensors)
 
     leftover = {name: conv.leftover(name, cfg) for name in sorted(set(tensors) - used)}
@@ -140,7 +155,7 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
                              f"expects {want}")
     missing = sorted(set(expected) - set(flat))
     if missing:
-        bad = [p for p in missing if p.split("/")[0] not in NEW_HEAD_MODULES]
+        bad = [p for p in missing if not is_head_module(p)]
         if bad:
             raise ValueError(f"the checkpoint does not provide parameters {bad[:8]}")
         log.warning("head=%r: initialising %s (seed %d)", cfg.head, missing, seed)
@@ -195,7 +210,7 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     extra = {k: v for k, v in (extra_config or {}).items() if k not in ("torch_dtype", "dtype")}
     if len(extra.get("id2label") or {}) == cfg.num_classes:  # keep the source's label names
         hf_cfg.update({k: extra[k] for k in ("id2label", "label2id") if k in extra})
-    hf_cfg[JAXFORMER_KEY] = {k: getattr(cfg, k) for k in NON_ARCHITECTURE_FIELDS}
+    hf_cfg[JAXFORMER_KEY] = {k: getattr(cfg, k) for k in exported_fields()}
     write_model(directory, {**extra, **hf_cfg}, tensors)
     if tokenizer_path is not None:
         copy_tokenizer_files(tokenizer_path, directory)
@@ -206,9 +221,6 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
 def _write_fast_tokenizer(spm_path: str | os.PathLike, directory: str | os.PathLike) -> None:
     """GPT-2 / BERT exports: also ``tokenizer.json`` for ``AutoTokenizer`` (their own tokenizer
     classes cannot read SentencePiece); T5's ``spiece.model`` is read by ``T5Tokenizer``."""
-    from jaxformer.convert.hf_tokenizer import fast_tokenizer_reason, write_fast_tokenizer
-    from jaxformer.data.tokenizer import Tokenizer
-
     try:
         import tokenizers  # noqa: F401  (a transformers dependency, not one of ours)
     except ImportError:
