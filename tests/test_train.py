@@ -112,14 +112,51 @@ def test_finetune_starts_from_pretrained_backbone(pretrained, tmp_path, family):
 
 def test_init_from_shape_mismatch_names_parameter(pretrained, tmp_path):
     config = load_config("gpt_finetune_tiny", init_from=str(pretrained["gpt"]))
-    config.model.d_ff = 96
-    message = r"decoder/layer_0/ffn/wi/bias has shape \(64,\) in the checkpoint but \(96,\)"
-    with pytest.raises(ValueError, match=message):
+    config.model.d_ff = 96  # an architecture field: refused by name, before any parameter is read
+    with pytest.raises(ValueError, match=r"another architecture; changed: model.d_ff: 64 -> 96"):
         Trainer(config, tmp_path)
     config.model.d_ff, config.model.scan_layers = 64, True
     with pytest.raises(ValueError, match=r"the checkpoint's layers are unrolled: set "
                                          r"model.scan_layers=False"):
         Trainer(config, tmp_path)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("activation", "relu", r"model.activation: 'gelu_tanh' -> 'relu'"),
+    ("norm_position", "post", r"model.norm_position: 'pre' -> 'post'"),
+])
+def test_init_from_a_run_refuses_an_architecture_change_by_name(pretrained, tmp_path, field,
+                                                                value, message):
+    """A GELU-pretrained model fine-tuned with ReLU, or a pre-LN one as post-LN (which silently
+    dropped its final norms), is refused like a resume with another architecture: nothing is
+    written."""
+    config = load_config("gpt_finetune_tiny", init_from=str(pretrained["gpt"]),
+                         **{f"model.{field}": value})
+    with pytest.raises(ValueError, match=rf"init_from=.* another architecture; changed: {message}"):
+        Trainer(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_init_from_a_run_and_from_its_hf_export_start_the_same(pretrained, tmp_path):
+    """The same fine-tuning config trains the same from a run and from its Hugging Face export:
+    a value the config states wins even when it equals ModelConfig's default (t5_finetune_tiny's
+    dropout_rate=0.1, the pretraining run's 0.0), and an unset one is the pretrained model's."""
+    from jaxformer.convert.__main__ import main as convert
+
+    hf = tmp_path / "hf"
+    assert convert(["--from", str(pretrained["t5"]), "--to-hf", str(hf)]) == 0
+    unset = {"model.attention_dropout_rate": None}  # the pretraining run's 0.0
+    from_run = Trainer(load_config("t5_finetune_tiny", init_from=str(pretrained["t5"]), **unset),
+                       tmp_path / "from_run")
+    from_hf = Trainer(load_config("t5_finetune_tiny", init_from=str(hf), **unset),
+                      tmp_path / "from_hf")
+    for trainer in (from_run, from_hf):
+        trainer.lock.release()
+        assert (trainer.model_cfg.dropout_rate, trainer.model_cfg.attention_dropout_rate) == (
+            0.1, 0.0)
+    assert from_run.model_cfg == from_hf.model_cfg
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(from_run.state.params),
+                 jax.device_get(from_hf.state.params))
 
 
 def test_same_seed_is_bitwise_identical_and_seeds_differ(pretrained, tmp_path):

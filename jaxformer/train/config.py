@@ -146,7 +146,8 @@ def load_config(path: str | os.PathLike, overrides: Mapping[str, Any] | None = N
                 ) -> ml_collections.ConfigDict:
     """The training config of a config file: ``get_config()`` of ``path`` (``"file.py:arg"``
     passes ``arg`` to it), completed (`complete_config`), with ``overrides`` applied
-    (``{"model.num_layers": 2}``, `set_key`: KeyError naming a key the config lacks)."""
+    (``{"model.num_layers": 2}``, `set_key`: KeyError naming a key the config lacks), and locked
+    (setting a key it lacks is an error, not a new key)."""
     path = os.fspath(path)
     file, _, arg = path.partition(":")
     if not os.path.isfile(file):
@@ -162,6 +163,7 @@ def load_config(path: str | os.PathLike, overrides: Mapping[str, Any] | None = N
     complete_config(config)
     for key, value in (overrides or {}).items():
         set_key(config, key, value)
+    config.lock()
     return config
 
 
@@ -276,9 +278,10 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> No
 def check_resume(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
     """Compare the ``config.json`` a workdir's checkpoints were written with to the current config.
 
-    Raises ValueError naming the fields when the model architecture or the tokenizer settings
-    differ (the checkpoint could not be restored, or would be read with other token ids); returns a
-    note for every other changed key (e.g. ``num_train_steps``: the schedule is stretched).
+    Raises ValueError naming the fields when the model (other than `resumable_fields`) or the
+    tokenizer settings differ (the checkpoint could not be restored, or would be read with other
+    token ids); returns a note for every other changed key (e.g. ``num_train_steps``: the schedule
+    is stretched; ``data.tokenizer.path``: a resumed run reads its own, checksummed tokenizer).
     """
     def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
         if not isinstance(tree, dict):
@@ -293,7 +296,7 @@ def check_resume(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
     fixed = changed_fields(old_model, new_model, (f.name for f in dataclasses.fields(ModelConfig)
                                                   if f.name not in resumable_fields()))
     fixed += [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed
-              if k.startswith("data.tokenizer.")]
+              if k.startswith("data.tokenizer.") and k != "data.tokenizer.path"]
     if fixed:
         raise ValueError("this workdir holds checkpoints of a different model or tokenizer; "
                          f"changed: {'; '.join(fixed)}. Use a new --workdir (or "
