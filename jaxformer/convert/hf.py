@@ -60,25 +60,25 @@ BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
 JAXFORMER_KEY = "jaxformer_config"
 
 
-def _init_args(cfg: ModelConfig) -> tuple:
+def _init_args(model_cfg: ModelConfig) -> tuple:
     t = jnp.zeros((1, 1), jnp.int32)
-    return (t, t) if cfg.family == "encoder_decoder" else (t,)
+    return (t, t) if model_cfg.family == "encoder_decoder" else (t,)
 
 
-def param_shapes(cfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
-    """Flat ``{path: ShapeDtypeStruct}`` of ``build_model(cfg).init(...)["params"]`` (no FLOPs)."""
-    model = build_model(cfg)
-    v = jax.eval_shape(lambda k: model.init(k, *_init_args(cfg)), jax.random.key(0))
+def param_shapes(model_cfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
+    """Flat ``{path: ShapeDtypeStruct}`` of ``build_model(model_cfg).init(...)["params"]`` (no FLOPs)."""
+    model = build_model(model_cfg)
+    v = jax.eval_shape(lambda k: model.init(k, *_init_args(model_cfg)), jax.random.key(0))
     return flatten(flax.core.meta.unbox(v["params"]))
 
 
-def _init_subset(cfg: ModelConfig, paths: list[str], seed: int) -> dict[str, np.ndarray]:
-    """The values ``build_model(cfg).init(jax.random.key(seed))`` gives ``paths`` (only those are
+def _init_subset(model_cfg: ModelConfig, paths: list[str], seed: int) -> dict[str, np.ndarray]:
+    """The values ``build_model(model_cfg).init(jax.random.key(seed))`` gives ``paths`` (only those are
     computed: the rest is dead code to XLA)."""
-    model = build_model(cfg)
+    model = build_model(model_cfg)
 
     def init(key):
-        flat = flatten(flax.core.meta.unbox(model.init(key, *_init_args(cfg))["params"]))
+        flat = flatten(flax.core.meta.unbox(model.init(key, *_init_args(model_cfg))["params"]))
         return {p: flat[p] for p in paths}
 
     return {p: np.asarray(x) for p, x in jax.jit(init)(jax.random.key(seed)).items()}
@@ -88,8 +88,8 @@ def _read_hf(directory: str | os.PathLike, head: str | None, num_classes: int | 
              ) -> tuple[str, ModuleType, Mapping[str, np.ndarray], dict[str, Any], str]:
     """(model_type, its converter, tensors by name (read lazily), ModelConfig fields, tensor name
     prefix)."""
-    hf_cfg = read_config(directory)
-    model_type = hf_cfg["model_type"]
+    hf_config = read_config(directory)
+    model_type = hf_config["model_type"]
     if model_type not in CONVERTERS:
         raise ValueError(f"model_type={model_type!r} in {directory}/config.json is not supported; "
                          f"supported: {sorted(CONVERTERS)}")
@@ -97,8 +97,8 @@ def _read_hf(directory: str | os.PathLike, head: str | None, num_classes: int | 
     tensors = read_tensors(directory)
     if hasattr(conv, "canonical_name"):
         tensors = Renamed(tensors, conv.canonical_name)
-    fields, prefix = conv.config_from_hf(hf_cfg, tensors, head=head, num_classes=num_classes)
-    stored = hf_cfg.get(JAXFORMER_KEY)
+    fields, prefix = conv.config_from_hf(hf_config, tensors, head=head, num_classes=num_classes)
+    stored = hf_config.get(JAXFORMER_KEY)
     if isinstance(stored, Mapping):  # our own export: its dropout / init / attention settings
         fields.update({k: stored[k] for k in exported_fields() if k in stored})
     fields = ModelConfig.from_dict(dict(fields, scan_layers=False)).to_dict()
@@ -124,30 +124,30 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
       head: jaxformer head to build; default from the checkpoint's architecture (GPT-2 "lm" or
         "none"; BERT "mlm" / "classify" / "token_classify" / "none"; T5 "lm"). A head the
         checkpoint lacks (e.g. "classify" on a BertForMaskedLM checkpoint) is initialised as
-        ``build_model(cfg).init(jax.random.key(seed))`` would; unused checkpoint heads are dropped.
+        ``build_model(model_cfg).init(jax.random.key(seed))`` would; unused checkpoint heads are dropped.
       num_classes: classes of a classification head (default: the checkpoint's ``num_labels``).
 
     Returns:
       (ModelConfig fields as a dict, params pytree of NumPy arrays, SentencePiece path or None).
     """
     model_type, conv, tensors, fields, prefix = _read_hf(directory, head, num_classes)
-    cfg = ModelConfig.from_dict(fields)
+    model_cfg = ModelConfig.from_dict(fields)
     # Head parameters the checkpoint lacks entirely are initialised below, not read.
-    rules = [r for r in conv.rules(cfg, prefix)
+    rules = [r for r in conv.rules(model_cfg, prefix)
              if any(t in tensors for t in r.tensors)
              or any(not is_head_module(p) for p in r.params)]
     flat, used = apply_import(rules, tensors)
 
-    leftover = {name: conv.leftover(name, cfg) for name in sorted(set(tensors) - used)}
+    leftover = {name: conv.leftover(name, model_cfg) for name in sorted(set(tensors) - used)}
     dropped = [name for name, kind in leftover.items() if kind == "drop"]
     unknown = [name for name, kind in leftover.items() if kind == "unknown"]
     if unknown:
         raise ValueError(f"{len(unknown)} checkpoint tensors have no place in the jaxformer "
                          f"{model_type} model (unsupported variant?): {unknown[:8]}")
     if dropped:
-        log.warning("head=%r: dropping checkpoint tensors %s", cfg.head, dropped)
+        log.warning("head=%r: dropping checkpoint tensors %s", model_cfg.head, dropped)
 
-    expected = param_shapes(cfg)
+    expected = param_shapes(model_cfg)
     for path, x in flat.items():
         if path not in expected or tuple(expected[path].shape) != x.shape:
             want = tuple(expected[path].shape) if path in expected else "no such parameter"
@@ -158,13 +158,13 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
         bad = [p for p in missing if not is_head_module(p)]
         if bad:
             raise ValueError(f"the checkpoint does not provide parameters {bad[:8]}")
-        log.warning("head=%r: initialising %s (seed %d)", cfg.head, missing, seed)
-        flat.update(_init_subset(cfg, missing, seed))
+        log.warning("head=%r: initialising %s (seed %d)", model_cfg.head, missing, seed)
+        flat.update(_init_subset(model_cfg, missing, seed))
 
     params = unflatten(flat)
     if scan_layers:
         params = stack_layers(params)
-    return (cfg.replace(scan_layers=scan_layers).to_dict(), params, find_sentencepiece(directory))
+    return (model_cfg.replace(scan_layers=scan_layers).to_dict(), params, find_sentencepiece(directory))
 
 
 def _host_params(params: Mapping) -> dict[str, np.ndarray]:
@@ -200,18 +200,18 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     """
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     conv = BY_FAMILY[cfg.family]
-    hf_cfg, prefix = conv.config_to_hf(cfg)
+    hf_config, prefix = conv.config_to_hf(cfg)
     flat = _host_params(params)
     tensors, used = apply_export(conv.rules(cfg, prefix, export=True), flat)
     unused = sorted(set(flat) - used)
     if unused:
-        raise ValueError(f"parameters with no place in the Hugging Face {hf_cfg['model_type']} "
+        raise ValueError(f"parameters with no place in the Hugging Face {hf_config['model_type']} "
                          f"model: {unused[:8]}")
     extra = {k: v for k, v in (extra_config or {}).items() if k not in ("torch_dtype", "dtype")}
     if len(extra.get("id2label") or {}) == cfg.num_classes:  # keep the source's label names
-        hf_cfg.update({k: extra[k] for k in ("id2label", "label2id") if k in extra})
-    hf_cfg[JAXFORMER_KEY] = {k: getattr(cfg, k) for k in exported_fields()}
-    write_model(directory, {**extra, **hf_cfg}, tensors)
+        hf_config.update({k: extra[k] for k in ("id2label", "label2id") if k in extra})
+    hf_config[JAXFORMER_KEY] = {k: getattr(cfg, k) for k in exported_fields()}
+    write_model(directory, {**extra, **hf_config}, tensors)
     if tokenizer_path is not None:
         copy_tokenizer_files(tokenizer_path, directory)
         if cfg.family != "encoder_decoder" and os.path.isfile(tokenizer_path):

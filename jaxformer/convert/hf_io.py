@@ -13,7 +13,10 @@ import os
 import shutil
 from collections.abc import Iterator, Mapping
 
+import ml_dtypes
 import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
@@ -53,8 +56,6 @@ def read_config(directory: str | os.PathLike) -> dict:
 
 def _bf16_reader(path: str):
     """Reader of bfloat16 tensors from a safetensors file (its header gives byte offsets)."""
-    import ml_dtypes
-
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
@@ -72,8 +73,6 @@ class SafetensorsSource(Mapping):
     """Read-only ``{name: np.ndarray}`` view of one or more safetensors files, loaded on access."""
 
     def __init__(self, files: list[str]):
-        from safetensors import safe_open
-
         self._where: dict[str, str] = {}
         self._dtype: dict[str, str] = {}
         for path in files:
@@ -83,8 +82,6 @@ class SafetensorsSource(Mapping):
                     self._dtype[k] = f.get_slice(k).get_dtype()
 
     def __getitem__(self, key: str) -> np.ndarray:
-        from safetensors import safe_open
-
         path = self._where[key]
         if self._dtype[key] == "BF16":
             return _bf16_reader(path)(key)
@@ -136,8 +133,6 @@ def read_tensors(directory: str | os.PathLike) -> Mapping[str, np.ndarray]:
 def write_model(directory: str | os.PathLike, hf_config: dict,
                 tensors: Mapping[str, np.ndarray]) -> None:
     """Write ``config.json`` and ``model.safetensors`` (format "pt", as transformers expects)."""
-    from safetensors.numpy import save_file
-
     d = os.fspath(directory)
     os.makedirs(d, exist_ok=True)
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},

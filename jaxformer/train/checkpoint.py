@@ -14,17 +14,13 @@ leaves a half-written checkpoint; the manifest of checksums is written just befo
 every read verifies it first (a resume falls back to the newest intact step). `Checkpointer.save`
 refuses non-finite parameters.
 
-Orbax API. orbax-checkpoint 0.12.8 ships its v1 API only as ``orbax.checkpoint.experimental.v1``
-(there is no ``orbax.checkpoint.v1``), and its ``experimental/README.md`` says those APIs are
-"subject to change without notice"; its ``training.Checkpointer`` is itself a wrapper that builds
-the v0 ``CheckpointManager`` (same on-disk layout). v1 covers retention/best-N, async saves, Grain
-iterators (``StatefulCheckpointable``) and sharded loads, but its Checkpointer has no equivalent of
+Orbax API: the v0 ``CheckpointManager`` with ``args=`` items and a ``preservation_policy`` (the
+non-deprecated form in 0.12.8: no DeprecationWarning, see ``tests/test_legacy_checkpoint.py``). The
+v1 API ships only as ``orbax.checkpoint.experimental.v1`` ("subject to change without notice"),
+its ``training.Checkpointer`` wraps the same v0 manager, and it has no equivalent of
 ``CheckpointManager.reached_preemption(step)``, which the loop uses so that every process saves the
-same step and stops after a multi-host preemption. So this module uses the v0
-``CheckpointManager`` with ``args=`` items and a ``preservation_policy``, the non-deprecated form
-in 0.12.8 (no DeprecationWarning and no ``/jax/orbax/deprecation/*`` event: see
-``tests/test_legacy_checkpoint.py``). Checkpoints written by jaxformer 8116153 (jax 0.10.2, orbax
-0.12.4) restore unchanged (``tests/data/legacy_gpt_jax010``).
+same step and stops after a multi-host preemption. Checkpoints written by jaxformer 8116153 (jax
+0.10.2, orbax 0.12.4) restore unchanged (``tests/data/legacy_gpt_jax010``).
 """
 
 from __future__ import annotations
@@ -344,21 +340,22 @@ def save_run_config(workdir: str | os.PathLike, config) -> None:
 
 
 def load_run_config(workdir: str | os.PathLike, manifest: dict | None = None) -> dict:
-    """The run's config: the one ``manifest`` (a checkpoint's) recorded, else ``config.json``."""
+    """The run config (the training config a run saved as ``config.json``): the copy ``manifest``
+    (a checkpoint's) recorded, else ``<workdir>/config.json``."""
     if manifest and isinstance(manifest.get("config"), dict):
         return manifest["config"]
     path = Path(workdir) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {workdir!r} a jaxformer training workdir?")
     try:
-        cfg = json.loads(path.read_text())
-        if not isinstance(cfg, dict) or "model" not in cfg:
+        run_config = json.loads(path.read_text())
+        if not isinstance(run_config, dict) or "model" not in run_config:
             raise ValueError("no 'model' section")
     except ValueError as e:  # JSONDecodeError included
         raise ValueError(f"{path} is not a run config ({'empty' if not path.stat().st_size else e}); "
                          "put the run's config.json back (checkpoints written by this version "
                          f"carry a copy in checkpoints/<step>/{MANIFEST})") from None
-    return cfg
+    return run_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,12 +387,6 @@ def open_run(path: str | os.PathLike, *, verify: bool = True) -> SavedRun:
     run_dir = ckpt_dir.parent
     return SavedRun(load_run_config(run_dir, manifest), ckpt_dir / str(step), manifest,
                     verify_tokenizer(run_dir, manifest, required=False))
-
-
-def load_run(path: str | os.PathLike) -> tuple[dict, dict]:
-    """(run config, params as host arrays) of the latest checkpoint under ``path``, verified."""
-    run = open_run(path)
-    return run.run_config, load_checkpoint_params(run.step_dir, verified=True)
 
 
 def load_for_inference(workdir: str | os.PathLike) -> tuple[ModelConfig, Any, Tokenizer | None]:

@@ -23,6 +23,11 @@ nonfinite          "stop" at the first non-finite loss or grad norm, or "skip" (
 nonfinite_limit    with "skip": stop after this many non-finite steps in a row
 progress_bar       show a tqdm bar
 =================  ==============================================================================
+
+Three things are configs; the code names them apart: ``config`` is this training config (an
+``ml_collections.ConfigDict``), ``model_cfg`` the `jaxformer.config.ModelConfig` read from its
+``model`` section, ``run_config`` the training config a run saved (``<workdir>/config.json``, a
+plain dict), and ``hf_config`` a Hugging Face model's ``config.json``.
 """
 
 from __future__ import annotations
@@ -275,7 +280,7 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> No
                          f"{model_cfg.num_classes}; set model.num_classes={len(names)}")
 
 
-def check_resume(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
+def check_resume(run_config: dict, config: ml_collections.ConfigDict) -> list[str]:
     """Compare the ``config.json`` a workdir's checkpoints were written with to the current config.
 
     Raises ValueError naming the fields when the model (other than `resumable_fields`) or the
@@ -289,8 +294,8 @@ def check_resume(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
         return {k: v for key, sub in tree.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
 
     current = json.loads(json.dumps(config.to_dict(), default=str))  # as config.json stores it
-    now, before = flat(current), flat(saved)
-    old_model, new_model = (ModelConfig.from_dict(c["model"]) for c in (saved, current))
+    now, before = flat(current), flat(run_config)
+    old_model, new_model = (ModelConfig.from_dict(c["model"]) for c in (run_config, current))
     changed = [k for k in sorted(set(now) | set(before))
                if not k.startswith("model.") and before.get(k) != now.get(k)]
     fixed = changed_fields(old_model, new_model, (f.name for f in dataclasses.fields(ModelConfig)
