@@ -7,7 +7,8 @@ overridden on the command line (``--config.num_train_steps=20``). Top-level keys
 seed               int; parameters, dropout, masking and data order all derive from it
 num_train_steps    optimizer updates to run (a resumed run continues up to this number)
 init_from          "" | pretrain workdir | checkpoint step dir | Hugging Face model dir
-model              `jaxformer.config.ModelConfig` fields
+model              `jaxformer.config.ModelConfig` fields; one left unset (None) is init_from's, else
+                   the default (`model_defaults`)
 objective          name ("clm", "mlm", "seq2seq", "classify", "sft") + options
 data               source, task, lengths, batch_size, packing, tokenizer (see data.pipeline)
 optimizer          AdamW + schedule (see train.optim)
@@ -211,11 +212,13 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
     return model_cfg
 
 
-def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig
-                 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
+                 resolved: bool = False) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Check ``config`` for ``model_cfg`` (ValueError naming the field), before the tokenizer is
     trained or any data is read; returns the optimizer and its schedule, built on the way (their
-    errors name the ``optimizer`` field)."""
+    errors name the ``optimizer`` field). ``resolved``: ``config`` was resolved against its
+    ``init_from`` (`jaxformer.train.setup.resolve_config`), so a tokenizer it names no path for is
+    one to be trained."""
     unknown = sorted(set(config.keys()) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise ValueError(f"unknown top-level config keys {unknown}; valid keys are {TOP_LEVEL_KEYS}")
@@ -240,7 +243,7 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig
         raise ValueError("eval.every_steps must be positive and eval.num_batches >= 0")
     check_objective(config.objective)
     optimizer = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
-    _check_data(config, model_cfg)
+    _check_data(config, model_cfg, resolved)
     accum = config.optimizer.get("grad_accum_steps", 1)
     if config.data.batch_size % accum:
         raise ValueError(f"data.batch_size={config.data.batch_size} must be divisible by "
@@ -257,7 +260,7 @@ def check_vocabulary(num_ids: int, model_cfg: ModelConfig, tokenizer: str) -> No
                          f"{num_ids}")
 
 
-def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> None:
+def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig, resolved: bool) -> None:
     """The data section, and how it fits the model: row lengths within a learned position table,
     string labels within the classifier's classes, a tokenizer to be trained within the vocabulary
     (one read from a file is checked when it is read)."""
@@ -272,7 +275,7 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> No
                 raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
                                  f"learned position table; lower data.{key} or raise model.max_len")
     tok = data.tokenizer
-    if not tok.get("path") and not config.init_from:
+    if not tok.get("path") and (resolved or not config.init_from):  # else init_from's may be used
         check_vocabulary(tok.vocab_size, model_cfg, f"data.tokenizer.vocab_size={tok.vocab_size}")
     names = list_option(data, "label_names")
     if names and model_cfg.head == "classify" and len(names) > model_cfg.num_classes:

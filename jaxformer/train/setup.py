@@ -122,7 +122,7 @@ def resolve_model(stated: dict[str, Any], pretrained: Pretrained | None) -> dict
     module docstring. ValueError naming each architecture field a run's model has otherwise."""
     if pretrained is None:
         return dict(stated)
-    source = pretrained.model
+    source, names = pretrained.model, [f.name for f in dataclasses.fields(ModelConfig)]
     if pretrained.is_hf:
         fine = set(fine_tuning_fields())
         ignored = [f"model.{k}={stated[k]!r} (the checkpoint has {source[k]!r})"
@@ -132,8 +132,8 @@ def resolve_model(stated: dict[str, Any], pretrained: Pretrained | None) -> dict
             logging.warning("init_from=%s is a Hugging Face model: its architecture is used, not "
                             "%s", pretrained.path, ", ".join(ignored))
         return {k: stated[k] if k in fine and stated.get(k) is not None else source.get(k)
-                for k in stated}
-    merged = {k: stated[k] if stated.get(k) is not None else source.get(k) for k in stated}
+                for k in names}
+    merged = {k: stated[k] if stated.get(k) is not None else source.get(k) for k in names}
     changes = changed_fields(ModelConfig.from_dict(source), ModelConfig.from_dict(merged),
                              architecture_fields())
     if changes:
@@ -160,7 +160,7 @@ def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
                     "data.tokenizer.path to the pretraining tokenizer", pretrained.path)
     resolved.lock()
     model_cfg = ModelConfig.from_dict(resolved.model)
-    tx, schedule = check_config(resolved, model_cfg)
+    tx, schedule = check_config(resolved, model_cfg, resolved=True)
     return ResolvedConfig(resolved, model_cfg, pretrained, tx, schedule)
 
 
