@@ -7,9 +7,12 @@ the latest checkpoint in the workdir.
 
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 
+from jaxformer.parallel.distributed import maybe_initialize_distributed
 from jaxformer.train.config import define_config_flag
+from jaxformer.train.lock import WorkdirBusy
+from jaxformer.train.loop import Trainer
 
 define_config_flag("config")
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer.")
@@ -18,13 +21,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     del argv
-    from absl import logging
-
     logging.set_verbosity(logging.WARNING)  # Orbax/Grain log every file operation at INFO
-    from jaxformer.parallel.distributed import maybe_initialize_distributed
-    from jaxformer.train.lock import WorkdirBusy
-    from jaxformer.train.loop import Trainer
-
     maybe_initialize_distributed()
     try:  # a bad config, input, or checkpoint, or a busy workdir, found during set-up: the
         trainer = Trainer(flags.FLAGS.config, flags.FLAGS.workdir)  # message names it, no traceback

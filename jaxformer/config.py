@@ -1,27 +1,56 @@
-"""The one validated model configuration type.
+"""The one validated model configuration type, and what kind of setting each of its fields is.
 
 Configs are written as `ml_collections.ConfigDict` (``configs/<name>.py: get_config()``) and read into
 `ModelConfig` with `ModelConfig.from_dict`, which rejects unknown keys, non-positive sizes and
 inconsistent head counts with a `ValueError` naming the field, before anything is compiled.
+
+Every field declares its kind where it is declared (``_field(kind, default)``), and every list of
+fields is derived from that:
+
+==============  ===================================================  ==========================
+kind            what it changes                                      may change when
+==============  ===================================================  ==========================
+architecture    the parameter tree, or the function it computes      never (refused, by name)
+head            the output head and the modules it adds              fine-tuning (fresh head)
+regularization  training noise (dropout rates)                       resuming, fine-tuning
+init            the scale of freshly initialised parameters          resuming, fine-tuning
+compute         how the same function is computed (dtype, remat)     resuming, fine-tuning
+layout          how the same parameters are stored (param dtype,     fine-tuning
+                scanned or unrolled stack)
+==============  ===================================================  ==========================
+
+`architecture_fields`, `fine_tuning_fields`, `resumable_fields` and `exported_fields` name them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jaxformer.ops.activations import ACTIVATIONS
+from jaxformer.ops.attention import IMPLEMENTATIONS
+from jaxformer.ops.stack import REMAT_POLICIES as _REMAT
 
 FAMILIES = ("encoder", "decoder", "encoder_decoder")
 POSITIONS = ("sinusoidal", "learned", "rope", "relative", "none")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
-HEADS = ("lm", "mlm", "classify", "token_classify", "none")
+HEADS = ("lm", "mlm", "classify", "token_classify", "none")  # modules: `jaxformer.models.heads`
 POOLINGS = ("first", "last", "mean", "max")
-REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
-ATTENTION_IMPLS = ("xla", "chunked")
+REMAT_POLICIES = ("none", *_REMAT)  # "none": no activation checkpointing
+ATTENTION_IMPLS = IMPLEMENTATIONS
 DTYPES = ("float32", "bfloat16", "float16")
+
+ARCHITECTURE, HEAD, REGULARIZATION, INIT, COMPUTE, LAYOUT = (
+    "architecture", "head", "regularization", "init", "compute", "layout")
+KINDS = (ARCHITECTURE, HEAD, REGULARIZATION, INIT, COMPUTE, LAYOUT)
+
+
+def _field(kind: str, default: Any) -> Any:
+    """A `ModelConfig` field of ``kind`` (one of `KINDS`)."""
+    assert kind in KINDS, kind
+    return dataclasses.field(default=default, metadata={"kind": kind})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,53 +87,59 @@ class ModelConfig:
       attention_impl: "xla" or "chunked" (memory-efficient online softmax).
     """
 
-    family: str = "decoder"
-    vocab_size: int = 32_000
-    d_model: int = 512
-    num_heads: int = 8
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
-    d_ff: int = 2048
-    num_layers: int = 6
-    num_encoder_layers: int | None = None
-    num_decoder_layers: int | None = None
-    max_len: int = 512
-    position: str = "learned"
-    rope_theta: float = 10_000.0
-    relative_num_buckets: int = 32
-    relative_max_distance: int = 128
-    norm: str = "layer"
-    norm_position: str = "pre"
-    norm_eps: float = 1e-6
-    norm_bias: bool = True
-    embedding_norm: bool = False
-    activation: str = "gelu"
-    gated_ffn: bool = False
-    use_bias: bool = True
-    attention_scale: float | None = None
-    dropout_rate: float = 0.1
-    attention_dropout_rate: float = 0.1
-    ffn_dropout_rate: float = 0.0
-    target_token_dropout_rate: float = 0.0
-    tie_embeddings: bool = True
-    scale_embeddings: bool = False
-    rescale_tied_logits: bool = False
-    lm_head_bias: bool = False
-    type_vocab_size: int = 0
-    head: str = "lm"
-    num_classes: int = 2
-    pooling: str = "first"
-    pooler: bool = False
-    mlm_transform: bool = False
-    nsp_head: bool = False
-    init_std: float = 0.02
-    embed_init_std: float | None = None
-    dtype: str = "float32"
-    param_dtype: str = "float32"
-    scan_layers: bool = False
-    remat_policy: str = "none"
-    attention_impl: str = "xla"
-    attention_chunk_size: int = 512
+    # architecture: the parameter tree or the function it computes
+    family: str = _field(ARCHITECTURE, "decoder")
+    vocab_size: int = _field(ARCHITECTURE, 32_000)
+    d_model: int = _field(ARCHITECTURE, 512)
+    num_heads: int = _field(ARCHITECTURE, 8)
+    num_kv_heads: int | None = _field(ARCHITECTURE, None)
+    head_dim: int | None = _field(ARCHITECTURE, None)
+    d_ff: int = _field(ARCHITECTURE, 2048)
+    num_layers: int = _field(ARCHITECTURE, 6)
+    num_encoder_layers: int | None = _field(ARCHITECTURE, None)
+    num_decoder_layers: int | None = _field(ARCHITECTURE, None)
+    max_len: int = _field(ARCHITECTURE, 512)
+    position: str = _field(ARCHITECTURE, "learned")
+    rope_theta: float = _field(ARCHITECTURE, 10_000.0)
+    relative_num_buckets: int = _field(ARCHITECTURE, 32)
+    relative_max_distance: int = _field(ARCHITECTURE, 128)
+    norm: str = _field(ARCHITECTURE, "layer")
+    norm_position: str = _field(ARCHITECTURE, "pre")
+    norm_eps: float = _field(ARCHITECTURE, 1e-6)
+    norm_bias: bool = _field(ARCHITECTURE, True)
+    embedding_norm: bool = _field(ARCHITECTURE, False)
+    activation: str = _field(ARCHITECTURE, "gelu")
+    gated_ffn: bool = _field(ARCHITECTURE, False)
+    use_bias: bool = _field(ARCHITECTURE, True)
+    attention_scale: float | None = _field(ARCHITECTURE, None)
+    tie_embeddings: bool = _field(ARCHITECTURE, True)
+    scale_embeddings: bool = _field(ARCHITECTURE, False)
+    rescale_tied_logits: bool = _field(ARCHITECTURE, False)
+    type_vocab_size: int = _field(ARCHITECTURE, 0)
+    # head: the output head (a new one starts fresh when fine-tuning)
+    lm_head_bias: bool = _field(HEAD, False)
+    head: str = _field(HEAD, "lm")
+    num_classes: int = _field(HEAD, 2)
+    pooling: str = _field(HEAD, "first")
+    pooler: bool = _field(HEAD, False)
+    mlm_transform: bool = _field(HEAD, False)
+    nsp_head: bool = _field(HEAD, False)
+    # regularization: training noise only
+    dropout_rate: float = _field(REGULARIZATION, 0.1)
+    attention_dropout_rate: float = _field(REGULARIZATION, 0.1)
+    ffn_dropout_rate: float = _field(REGULARIZATION, 0.0)
+    target_token_dropout_rate: float = _field(REGULARIZATION, 0.0)
+    # initialization: only parameters that start fresh
+    init_std: float = _field(INIT, 0.02)
+    embed_init_std: float | None = _field(INIT, None)
+    # compute: how the same function is computed
+    dtype: str = _field(COMPUTE, "float32")
+    remat_policy: str = _field(COMPUTE, "none")
+    attention_impl: str = _field(COMPUTE, "xla")
+    attention_chunk_size: int = _field(COMPUTE, 512)
+    # layout: how the same parameters are stored
+    param_dtype: str = _field(LAYOUT, "float32")
+    scan_layers: bool = _field(LAYOUT, False)
 
     def __post_init__(self):
         if (self.head_dim is None and isinstance(self.num_heads, int) and self.num_heads > 0
@@ -175,14 +210,15 @@ class ModelConfig:
     # ----------------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
-        """Build from a mapping (e.g. ``config.model`` of a ConfigDict); unknown keys are errors."""
+        """Build from a mapping (e.g. ``config.model`` of a ConfigDict); unknown keys are errors and
+        None means "not set": the field's default (derived from other fields where it says so)."""
         if hasattr(d, "to_dict"):
             d = d.to_dict()
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"unknown model config keys {unknown}; valid keys are {sorted(names)}")
-        return cls(**dict(d))
+        return cls(**{k: v for k, v in d.items() if v is not None})
 
     def replace(self, **kw) -> ModelConfig:
         return dataclasses.replace(self, **kw)
@@ -193,3 +229,43 @@ class ModelConfig:
     @property
     def causal(self) -> bool:
         return self.family == "decoder"
+
+
+# --------------------------------------------------------------------------------------------------
+# Lists of fields, derived from each field's kind.
+
+
+def fields_of(*kinds: str) -> tuple[str, ...]:
+    """`ModelConfig` field names of the given kinds, in declaration order."""
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        raise ValueError(f"unknown field kinds {sorted(unknown)}; choose from {KINDS}")
+    return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.metadata["kind"] in kinds)
+
+
+def architecture_fields() -> tuple[str, ...]:
+    """Fields a checkpoint's parameters are tied to: never changed by resuming or fine-tuning."""
+    return fields_of(ARCHITECTURE)
+
+
+def fine_tuning_fields() -> tuple[str, ...]:
+    """Fields a fine-tuning run (``init_from``) may set differently from the pretrained model."""
+    return fields_of(*(k for k in KINDS if k != ARCHITECTURE))
+
+
+def resumable_fields() -> tuple[str, ...]:
+    """Fields a resumed run may change: they neither shape the parameters nor change the function
+    the parameters compute (only how it is computed, or the training noise)."""
+    return fields_of(REGULARIZATION, INIT, COMPUTE)
+
+
+def exported_fields() -> tuple[str, ...]:
+    """Fields a Hugging Face ``config.json`` cannot express (one dropout rate for all, no init
+    scale of ours, no attention implementation): `jaxformer.convert.save_hf` stores them apart."""
+    return fields_of(REGULARIZATION, INIT, COMPUTE)
+
+
+def changed_fields(before: ModelConfig, after: ModelConfig, names: Iterable[str]) -> list[str]:
+    """``"model.<field>: <before> -> <after>"`` for each of ``names`` whose value differs."""
+    return [f"model.{k}: {getattr(before, k)!r} -> {getattr(after, k)!r}" for k in names
+            if getattr(before, k) != getattr(after, k)]

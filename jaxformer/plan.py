@@ -46,23 +46,31 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+from absl import app, flags, logging
+from jax.sharding import AbstractMesh, AxisType
 
 from jaxformer.config import ModelConfig
-from jaxformer.objectives import get_objective
+from jaxformer.data.vocab import SpecialTokens
+from jaxformer.models import build_model
+from jaxformer.models.heads import PER_ROW_MODULES
+from jaxformer.models.presets import preset
+from jaxformer.objectives import bind_objective, get_objective
 from jaxformer.parallel.mesh import MESH_AXES, check_batch_size, make_mesh, mesh_shape
+from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
+from jaxformer.train.checkpoint import with_shardings
+from jaxformer.train.config import base_config, define_config_flag
+from jaxformer.train.setup import resolve_config
+from jaxformer.train.state import state_shardings
+from jaxformer.train.step import make_train_step
 
 _CHILD_FLAG = "--plan_compile_child"
-_PER_ROW_HEADS = ("pooler", "classifier", "nsp_head")  # applied to one pooled vector per row
 _OBJECTIVE = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "seq2seq"}
 
 
 def preset_config(name: str, *, batch: int, seq_len: int, target_len: int | None = None,
                   mesh: str = "") -> ml_collections.ConfigDict:
     """A training config for model preset ``name`` with the family's usual objective."""
-    from jaxformer.models.presets import preset
-    from jaxformer.train.config import base_config
-
     c = base_config()
     c.name = name
     c.model.update(preset(name))
@@ -111,7 +119,7 @@ def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
             continue
         encoder_side = names[0].startswith("encoder") or (
             enc_dec and "cross_attn" in names and names[-2] in ("key", "value"))
-        uses = batch if names[0] in _PER_ROW_HEADS else src if encoder_side else tgt
+        uses = batch if names[0] in PER_ROW_MODULES else src if encoder_side else tgt
         dense += 6 * math.prod(leaf.shape) * uses
     hd = m.num_heads * m.head_dim
     if enc_dec:
@@ -140,20 +148,13 @@ def state_bytes(abstract, shardings) -> dict:
 
 def _setup(config, mesh):
     """(model_cfg, abstract state, state shardings, step function) for ``config`` on ``mesh``."""
-    from jaxformer.data.vocab import SpecialTokens
-    from jaxformer.models import build_model
-    from jaxformer.objectives import bind_objective
-    from jaxformer.train.config import validate_config
-    from jaxformer.train.optim import make_optimizer
-    from jaxformer.train.state import state_shardings
-    from jaxformer.train.step import make_train_step
-
-    model_cfg = validate_config(config)
+    resolved = resolve_config(config)  # validated; init_from's architecture when it has one
+    model_cfg, tx = resolved.model_cfg, resolved.tx
+    config = resolved.config
     model = build_model(model_cfg)
-    tx, schedule = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
     abstract, shardings = state_shardings(model, model_cfg, tx, mesh)
     prepare = bind_objective(config.objective, SpecialTokens(model_cfg.vocab_size))
-    step = make_train_step(model, tx, prepare, schedule,
+    step = make_train_step(model, tx, prepare, resolved.schedule,
                            label_smoothing=config.objective.label_smoothing,
                            z_loss=config.objective.z_loss,
                            grad_accum_steps=config.optimizer.get("grad_accum_steps", 1))
@@ -162,9 +163,6 @@ def _setup(config, mesh):
 
 def compile_step(config, mesh) -> dict:
     """Compile the train step for ``mesh`` from abstract inputs; XLA's memory and FLOP figures."""
-    from jaxformer.parallel.partition import sharded_jit
-    from jaxformer.train.checkpoint import with_shardings
-
     model_cfg, abstract, shardings, step = _setup(config, mesh)
     task = get_objective(config.objective.name).data_task
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(mesh, len(v.shape)))
@@ -199,8 +197,6 @@ def plan_devices(mesh_cfg, requested: int = 0) -> int:
 
 def plan(config, *, devices: int = 0, compile: bool = True, argv: list[str] | None = None) -> dict:
     """The planning report (a JSON-able dict) for ``config``."""
-    from jax.sharding import AbstractMesh, AxisType
-
     n = plan_devices(config.mesh, devices)
     sizes = mesh_shape(dict(config.mesh), n)
     abstract_mesh = AbstractMesh(tuple(sizes.values()), tuple(sizes),
@@ -276,8 +272,6 @@ def format_table(r: dict) -> str:
 
 
 def main(argv) -> None:
-    from absl import app, flags, logging
-
     del argv
     logging.set_verbosity(logging.WARNING)  # not JAX's "Unable to initialize backend 'tpu'"
     f = flags.FLAGS
@@ -309,10 +303,6 @@ def _config(f) -> ml_collections.ConfigDict:
 
 
 def _define_flags() -> None:
-    from absl import flags
-
-    from jaxformer.train.config import define_config_flag
-
     define_config_flag("config")
     flags.DEFINE_string("preset", "", "Plan a model preset (jaxformer.models.presets) instead.")
     flags.DEFINE_integer("batch", 8, "--preset: global batch size.")
@@ -326,8 +316,6 @@ def _define_flags() -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
-
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # planning allocates nothing
     _define_flags()
     app.run(main)

@@ -88,3 +88,64 @@ def test_frozen_and_replace_revalidates():
     with pytest.raises(ValueError, match="num_kv_heads"):
         cfg.replace(num_kv_heads=3)
     assert hash(cfg) == hash(ModelConfig())  # usable as a Flax module attribute
+
+
+def test_every_field_declares_its_kind_and_the_lists_derive_from_it():
+    """One fact, one place: the field lists a resume, a fine-tune and an HF export use are the
+    fields of the kinds they name (they were three hand-kept lists that disagreed)."""
+    from jaxformer import config
+
+    fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    assert all(f.metadata["kind"] in config.KINDS for f in dataclasses.fields(ModelConfig))
+    assert sorted(config.fields_of(*config.KINDS)) == sorted(fields)
+    arch, fine = set(config.architecture_fields()), set(config.fine_tuning_fields())
+    assert arch.isdisjoint(fine) and arch | fine == set(fields)
+    assert {"d_model", "activation", "norm_position", "position", "vocab_size"} <= arch
+    assert {"head", "num_classes", "pooling", "pooler", "nsp_head", "scan_layers"} <= fine
+    # a resume may change what neither shapes the parameters nor changes their function
+    assert config.resumable_fields() == (
+        "dropout_rate", "attention_dropout_rate", "ffn_dropout_rate", "target_token_dropout_rate",
+        "init_std", "embed_init_std", "dtype", "remat_policy", "attention_impl",
+        "attention_chunk_size")
+    assert set(config.exported_fields()) <= fine
+    with pytest.raises(ValueError, match="unknown field kinds"):
+        config.fields_of("runtime")
+
+
+def test_choices_come_from_the_ops_that_implement_them():
+    from jaxformer import config
+    from jaxformer.ops.attention import IMPLEMENTATIONS
+    from jaxformer.ops.stack import REMAT_POLICIES
+
+    assert config.REMAT_POLICIES == ("none", *REMAT_POLICIES)
+    assert config.ATTENTION_IMPLS == IMPLEMENTATIONS
+
+
+def test_the_head_registry_names_every_head_module_a_model_builds():
+    """`jaxformer.models.heads` is the one list of head modules: every top-level parameter module
+    of every head configuration is either a head module there or part of the backbone."""
+    from jaxformer.config import HEADS
+    from jaxformer.layers.params import model_spec
+    from jaxformer.models.heads import HEAD_MODULES, PER_ROW_MODULES
+
+    backbone = set(model_spec(ModelConfig(family="decoder", head="none")))
+    seen = set()
+    for family, head, extra in [("decoder", "lm", {"tie_embeddings": False}),
+                                ("encoder", "mlm", {"nsp_head": True, "pooler": True,
+                                                    "mlm_transform": True}),
+                                ("encoder", "classify", {"pooler": True}),
+                                ("encoder", "token_classify", {}), ("encoder", "none", {})]:
+        modules = set(model_spec(ModelConfig(family=family, head=head, **extra)))
+        heads = {m for m in modules if m in HEAD_MODULES}
+        assert all(head in HEAD_MODULES[m].heads for m in heads), (head, heads)
+        assert modules - heads <= backbone | set(model_spec(ModelConfig(family="encoder",
+                                                                         head="none"))), modules
+        seen |= heads
+    assert seen == set(HEAD_MODULES)
+    assert {h for m in HEAD_MODULES.values() for h in m.heads} <= set(HEADS)
+    assert set(PER_ROW_MODULES) == {"pooler", "classifier", "nsp_head"}
+
+
+def test_from_dict_reads_none_as_unset():
+    assert ModelConfig.from_dict({"d_model": 64, "num_heads": 4, "dropout_rate": None,
+                                  "head_dim": None}) == ModelConfig(d_model=64, num_heads=4)

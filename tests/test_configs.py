@@ -1,22 +1,18 @@
 """Every runnable config builds and validates (before any data or compilation)."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-from jaxformer.train.config import validate_config
+from jaxformer.train.config import load_config, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.py"))
 
 
 def get_config(name: str):
-    """``configs/<name>.py:get_config()``."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    """``configs/<name>.py:get_config()``, as `load_config` reads it (completed)."""
+    return load_config(ROOT / "configs" / f"{name}.py")
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxformer.train.checkpoint import load_params, resolve_checkpoint
+from jaxformer.train.checkpoint import load_checkpoint_params, resolve_checkpoint
 from jaxformer.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_two_processes_train_and_checkpoint(tmp_path):
     # Both processes saved their data-iterator state next to the collectively written arrays.
     data_files = {p.name for p in (ckpt_dir / str(STEPS) / "data").iterdir()}
     assert {"process_0-of-2.json", "process_1-of-2.json"} <= data_files, data_files
-    params = load_params(workdir)  # read back in this (single) process
+    params = load_checkpoint_params(workdir)  # read back in this (single) process
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
     assert json.loads((workdir / "config.json").read_text())["mesh"] == {"data": 2, "fsdp": 2,
                                                                           "tensor": 2}

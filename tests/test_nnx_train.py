@@ -4,7 +4,6 @@ to Linen's from the same parameters, checkpoints that resume across the two fron
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
@@ -14,7 +13,8 @@ import pytest
 
 from jaxformer.models import build_model
 from jaxformer.nnx import FunctionalModel
-from jaxformer.train.config import set_key, validate_config
+from jaxformer.train import config as train_config
+from jaxformer.train.config import validate_config
 from jaxformer.train.loop import Trainer
 from jaxformer.train.metrics import read_metrics
 
@@ -30,13 +30,7 @@ SETTINGS = {"num_train_steps": 4, "log_every_steps": 1, "eval.num_batches": 0,
 
 
 def load_config(name: str, **overrides):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
-    for key, value in overrides.items():
-        set_key(c, key, value)
-    return c
+    return train_config.load_config(ROOT / "configs" / f"{name}.py", overrides)
 
 
 def losses(workdir) -> dict[int, float]:

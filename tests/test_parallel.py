@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import importlib.util
 import math
 import os
 import tempfile
@@ -35,11 +34,12 @@ from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, batch_sharding, param_shardings
 from jaxformer.parallel.shard_map import data_parallel_step
 from jaxformer.train.checkpoint import Checkpointer, with_shardings
+from jaxformer.train.config import load_config
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 from jaxformer.train.state import (
     abstract_params,
     create_train_state,
-    init_params,
+    init_model_params,
     state_shardings,
 )
 from jaxformer.train.step import make_eval_step, make_train_step
@@ -147,9 +147,9 @@ def _train_pmap(setup, host_state, batches, grad_accum_steps: int = 1, devices=N
 
 def _host_state(setup, seed: int = 0):
     """The unsharded initial state on one device, through `create_train_state(params=…)`: the
-    parameters come from a fast-compiled `init_params` with the trainer's init key."""
+    parameters come from a fast-compiled `init_model_params` with the trainer's init key."""
     cfg, model, tx, _, _ = setup
-    init = jax.jit(lambda k: init_params(model, cfg, k), compiler_options=FAST_COMPILE)
+    init = jax.jit(lambda k: init_model_params(model, cfg, k), compiler_options=FAST_COMPILE)
     params = init(jax.random.fold_in(jax.random.key(seed), 0))
     single = make_mesh({"data": 1}, jax.devices()[:1])
     return jax.device_get(create_train_state(model, cfg, tx, single, seed, params=params)[0])
@@ -403,10 +403,7 @@ CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "config
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
 def test_tiny_configs_fit_every_test_mesh(path):
     """``--config.mesh.*`` overrides alone move each tiny config between the meshes above."""
-    spec = importlib.util.spec_from_file_location("cfg", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    config = load_config(path)
     cfg = ModelConfig.from_dict(config.model)
     model = build_model(cfg)
     boxed = abstract_params(model, cfg)

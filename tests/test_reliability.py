@@ -9,7 +9,6 @@ The base run trains 4 steps and checkpoints steps 2 and 4; each test damages a c
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import random
 import shutil
@@ -24,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.train.checkpoint import load_params
-from jaxformer.train.config import complete_config, set_key
+from jaxformer.train.checkpoint import load_checkpoint_params
+from jaxformer.train.config import load_config
 from jaxformer.train.lock import WorkdirBusy
 from jaxformer.train.loop import Trainer
 from jaxformer.train.metrics import read_metrics
@@ -40,13 +39,8 @@ TINY = {"model.vocab_size": 384, "model.d_model": 16, "model.num_heads": 2, "mod
 
 def config(num_train_steps: int = 4, **overrides):
     """configs/gpt_pretrain_tiny.py at the sizes of the legacy fixture (a 8,912-parameter GPT)."""
-    spec = importlib.util.spec_from_file_location("cfg", ROOT / "configs" / "gpt_pretrain_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = complete_config(module.get_config())
-    for key, value in {**TINY, "num_train_steps": num_train_steps, **overrides}.items():
-        set_key(c, key, value)
-    return c
+    return load_config(ROOT / "configs" / "gpt_pretrain_tiny.py",
+                       {**TINY, "num_train_steps": num_train_steps, **overrides})
 
 
 def flags(num_train_steps: int, **overrides) -> list[str]:
@@ -137,7 +131,7 @@ def test_an_intact_checkpoint_resumes_as_saved(base, run):
     trainer = Trainer(config(6), run)
     assert trainer.start_step == 4
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(trainer.state.params),
-                 load_params(base))
+                 load_checkpoint_params(base))
     release(trainer)
 
 
@@ -167,7 +161,7 @@ def test_init_from_generate_and_convert_refuse_a_damaged_checkpoint_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all("checkpoints/4 is damaged: state/" in x for x in err), err
     assert not (tmp_path / "hf").exists()
-    load_params(run / "checkpoints" / "2")  # an intact older step is still readable
+    load_checkpoint_params(run / "checkpoints" / "2")  # an intact older step is still readable
 
 
 def test_a_missing_tokenizer_is_a_failed_resume_not_a_new_tokenizer(run):
@@ -266,7 +260,7 @@ def test_nonfinite_stop_names_the_step_and_the_last_good_checkpoint(tmp_path, mo
         trainer.run()
     assert "\n" not in str(e.value)
     assert steps(tmp_path) == [2]
-    jax.tree.map(lambda x: np.testing.assert_(np.isfinite(x).all()), load_params(tmp_path))
+    jax.tree.map(lambda x: np.testing.assert_(np.isfinite(x).all()), load_checkpoint_params(tmp_path))
 
 
 def test_nonfinite_skip_leaves_the_update_out_and_counts_it(tmp_path, monkeypatch):
@@ -274,7 +268,8 @@ def test_nonfinite_skip_leaves_the_update_out_and_counts_it(tmp_path, monkeypatc
     poisoned(Trainer(c, tmp_path), {3}, monkeypatch).run()
     assert steps(tmp_path) == [1, 2, 3, 4]
     ckpt = tmp_path / "checkpoints"
-    jax.tree.map(np.testing.assert_array_equal, load_params(ckpt / "3"), load_params(ckpt / "2"))
+    jax.tree.map(np.testing.assert_array_equal, load_checkpoint_params(ckpt / "3"),
+                 load_checkpoint_params(ckpt / "2"))
     rows = {r["step"]: r for r in read_metrics(tmp_path)}
     assert rows[3]["skipped"] == 1.0 and rows[4]["skipped"] == 0.0
     assert rows[2].get("skipped_updates") is None and rows[4]["skipped_updates"] == 1

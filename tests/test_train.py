@@ -8,7 +8,6 @@ differ.
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import subprocess
 import sys
@@ -20,7 +19,8 @@ import numpy as np
 import pytest
 
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.train.checkpoint import load_params
+from jaxformer.train import config as train_config
+from jaxformer.train.checkpoint import load_checkpoint_params
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate
 from jaxformer.train.metrics import read_metrics
@@ -30,10 +30,7 @@ TINY_MODEL = dict(d_model=32, num_heads=2, d_ff=64, num_layers=2, max_len=64, vo
 
 
 def load_config(name: str, **overrides):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = train_config.load_config(ROOT / "configs" / f"{name}.py")
     c.model.update(TINY_MODEL)
     c.data.tokenizer.vocab_size = 512
     c.data.tokenizer.max_train_texts = 1500
@@ -93,7 +90,7 @@ def test_finetune_starts_from_pretrained_backbone(pretrained, tmp_path, family):
     config = load_config(f"{family}_finetune_tiny", init_from=str(pretrained[family]))
     trainer = Trainer(config, tmp_path)
     start = jax.device_get(trainer.state.params)
-    backbone = load_params(pretrained[family])
+    backbone = load_checkpoint_params(pretrained[family])
     flat_new = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(start)[0]}
     flat_old = {jax.tree_util.keystr(p): v
                 for p, v in jax.tree_util.tree_flatten_with_path(backbone)[0]}
@@ -115,9 +112,8 @@ def test_finetune_starts_from_pretrained_backbone(pretrained, tmp_path, family):
 
 def test_init_from_shape_mismatch_names_parameter(pretrained, tmp_path):
     config = load_config("gpt_finetune_tiny", init_from=str(pretrained["gpt"]))
-    config.model.d_ff = 96
-    message = r"decoder/layer_0/ffn/wi/bias has shape \(64,\) in the checkpoint but \(96,\)"
-    with pytest.raises(ValueError, match=message):
+    config.model.d_ff = 96  # an architecture field: refused by name, before any parameter is read
+    with pytest.raises(ValueError, match=r"another architecture; changed: model.d_ff: 64 -> 96"):
         Trainer(config, tmp_path)
     config.model.d_ff, config.model.scan_layers = 64, True
     with pytest.raises(ValueError, match=r"the checkpoint's layers are unrolled: set "
@@ -125,11 +121,49 @@ def test_init_from_shape_mismatch_names_parameter(pretrained, tmp_path):
         Trainer(config, tmp_path)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("activation", "relu", r"model.activation: 'gelu_tanh' -> 'relu'"),
+    ("norm_position", "post", r"model.norm_position: 'pre' -> 'post'"),
+])
+def test_init_from_a_run_refuses_an_architecture_change_by_name(pretrained, tmp_path, field,
+                                                                value, message):
+    """A GELU-pretrained model fine-tuned with ReLU, or a pre-LN one as post-LN (which silently
+    dropped its final norms), is refused like a resume with another architecture: nothing is
+    written."""
+    config = load_config("gpt_finetune_tiny", init_from=str(pretrained["gpt"]),
+                         **{f"model.{field}": value})
+    with pytest.raises(ValueError, match=rf"init_from=.* another architecture; changed: {message}"):
+        Trainer(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_init_from_a_run_and_from_its_hf_export_start_the_same(pretrained, tmp_path):
+    """The same fine-tuning config trains the same from a run and from its Hugging Face export:
+    a value the config states wins even when it equals ModelConfig's default (t5_finetune_tiny's
+    dropout_rate=0.1, the pretraining run's 0.0), and an unset one is the pretrained model's."""
+    from jaxformer.convert.__main__ import main as convert
+
+    hf = tmp_path / "hf"
+    assert convert(["--from", str(pretrained["t5"]), "--to-hf", str(hf)]) == 0
+    unset = {"model.attention_dropout_rate": None}  # the pretraining run's 0.0
+    from_run = Trainer(load_config("t5_finetune_tiny", init_from=str(pretrained["t5"]), **unset),
+                       tmp_path / "from_run")
+    from_hf = Trainer(load_config("t5_finetune_tiny", init_from=str(hf), **unset),
+                      tmp_path / "from_hf")
+    for trainer in (from_run, from_hf):
+        trainer.lock.release()
+        assert (trainer.model_cfg.dropout_rate, trainer.model_cfg.attention_dropout_rate) == (
+            0.1, 0.0)
+    assert from_run.model_cfg == from_hf.model_cfg
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(from_run.state.params),
+                 jax.device_get(from_hf.state.params))
+
+
 def test_same_seed_is_bitwise_identical_and_seeds_differ(pretrained, tmp_path):
     again = tmp_path / "again"
     train_and_evaluate(load_config("gpt_pretrain_tiny"), again)
     assert losses(again) == losses(pretrained["gpt"])
-    a, b = load_params(again), load_params(pretrained["gpt"])
+    a, b = load_checkpoint_params(again), load_checkpoint_params(pretrained["gpt"])
     jax.tree.map(np.testing.assert_array_equal, a, b)
     other = tmp_path / "other"
     train_and_evaluate(load_config("gpt_pretrain_tiny", seed=1, num_train_steps=10), other)
@@ -243,7 +277,7 @@ def test_init_from_a_step_dir_reuses_the_pretraining_tokenizer(pretrained, tmp_p
     saved = (pretrained["gpt"] / "tokenizer.model").read_bytes()
     assert (tmp_path / "tokenizer.model").read_bytes() == saved
     np.testing.assert_array_equal(jax.device_get(trainer.state.params["token_embed"]["embedding"]),
-                                  load_params(step_dir)["token_embed"]["embedding"])
+                                  load_checkpoint_params(step_dir)["token_embed"]["embedding"])
 
 
 def test_resuming_with_another_architecture_fails_and_leaves_the_run_intact(pretrained, tmp_path):

@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from jaxformer.config import ModelConfig
-from jaxformer.train.checkpoint import Checkpointer, load_run, save_run_config
+from jaxformer.train.checkpoint import (
+    Checkpointer,
+    load_checkpoint_params,
+    open_run,
+    save_run_config,
+)
 
 
 def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str, Any],
@@ -43,5 +48,6 @@ def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str,
 def load_params(directory: str | os.PathLike) -> tuple[dict[str, Any], dict]:
     """(ModelConfig fields, params as NumPy arrays) of the latest checkpoint of a jaxformer
     directory: one written by `save_params` or any training workdir (verified first)."""
-    cfg, params, _, _ = load_run(directory)
-    return ModelConfig.from_dict(cfg["model"]).to_dict(), params
+    run = open_run(directory)
+    params = load_checkpoint_params(run.step_dir, verified=True)
+    return ModelConfig.from_dict(run.run_config["model"]).to_dict(), params

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.config import ModelConfig
+from jaxformer.config import ModelConfig, exported_fields
 from jaxformer.convert import hf_bert, hf_gpt2, hf_t5
 from jaxformer.convert.hf_io import (
     copy_tokenizer_files,
@@ -35,6 +35,7 @@ from jaxformer.convert.hf_io import (
     read_tensors,
     write_model,
 )
+from jaxformer.convert.hf_tokenizer import fast_tokenizer_reason, write_fast_tokenizer
 from jaxformer.convert.mapping import (
     Renamed,
     apply_export,
@@ -44,45 +45,71 @@ from jaxformer.convert.mapping import (
     unflatten,
     unstack_layers,
 )
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.models.heads import is_head_module
 from jaxformer.models.transformer import build_model
 
 log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "t5": hf_t5}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
-# ModelConfig fields a Hugging Face config cannot express (HF T5 has one dropout rate, no init
-# scale of ours, no attention implementation): exports store them under this config.json key and
-# imports restore them, so export → import gives back the same config. Parameters are unaffected.
+# The ModelConfig fields a Hugging Face config cannot express (`jaxformer.config.exported_fields`:
+# HF T5 has one dropout rate, no init scale of ours, no attention implementation): exports store
+# them under this config.json key and imports restore them, so export → import gives back the same
+# config. Parameters are unaffected.
 JAXFORMER_KEY = "jaxformer_config"
-NON_ARCHITECTURE_FIELDS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
-                           "target_token_dropout_rate", "init_std", "embed_init_std",
-                           "remat_policy", "attention_impl", "attention_chunk_size")
-# Top-level modules a checkpoint may lack: a head (or pooler) new to the requested `head`.
-NEW_HEAD_MODULES = ("classifier", "token_classifier", "pooler", "nsp_head", "mlm_head", "lm_head")
 
 
-def _init_args(cfg: ModelConfig) -> tuple:
+def _init_args(model_cfg: ModelConfig) -> tuple:
     t = jnp.zeros((1, 1), jnp.int32)
-    return (t, t) if cfg.family == "encoder_decoder" else (t,)
+    return (t, t) if model_cfg.family == "encoder_decoder" else (t,)
 
 
-def param_shapes(cfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
-    """Flat ``{path: ShapeDtypeStruct}`` of ``build_model(cfg).init(...)["params"]`` (no FLOPs)."""
-    model = build_model(cfg)
-    v = jax.eval_shape(lambda k: model.init(k, *_init_args(cfg)), jax.random.key(0))
+def param_shapes(model_cfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
+    """Flat ``{path: ShapeDtypeStruct}`` of ``build_model(model_cfg).init(...)["params"]`` (no FLOPs)."""
+    model = build_model(model_cfg)
+    v = jax.eval_shape(lambda k: model.init(k, *_init_args(model_cfg)), jax.random.key(0))
     return flatten(flax.core.meta.unbox(v["params"]))
 
 
-def _init_subset(cfg: ModelConfig, paths: list[str], seed: int) -> dict[str, np.ndarray]:
-    """The values ``build_model(cfg).init(jax.random.key(seed))`` gives ``paths`` (only those are
+def _init_subset(model_cfg: ModelConfig, paths: list[str], seed: int) -> dict[str, np.ndarray]:
+    """The values ``build_model(model_cfg).init(jax.random.key(seed))`` gives ``paths`` (only those are
     computed: the rest is dead code to XLA)."""
-    model = build_model(cfg)
+    model = build_model(model_cfg)
 
     def init(key):
-        flat = flatten(flax.core.meta.unbox(model.init(key, *_init_args(cfg))["params"]))
+        flat = flatten(flax.core.meta.unbox(model.init(key, *_init_args(model_cfg))["params"]))
         return {p: flat[p] for p in paths}
 
     return {p: np.asarray(x) for p, x in jax.jit(init)(jax.random.key(seed)).items()}
+
+
+def _read_hf(directory: str | os.PathLike, head: str | None, num_classes: int | None
+             ) -> tuple[str, ModuleType, Mapping[str, np.ndarray], dict[str, Any], str]:
+    """(model_type, its converter, tensors by name (read lazily), ModelConfig fields, tensor name
+    prefix)."""
+    hf_config = read_config(directory)
+    model_type = hf_config["model_type"]
+    if model_type not in CONVERTERS:
+        raise ValueError(f"model_type={model_type!r} in {directory}/config.json is not supported; "
+                         f"supported: {sorted(CONVERTERS)}")
+    conv = CONVERTERS[model_type]
+    tensors = read_tensors(directory)
+    if hasattr(conv, "canonical_name"):
+        tensors = Renamed(tensors, conv.canonical_name)
+    fields, prefix = conv.config_from_hf(hf_config, tensors, head=head, num_classes=num_classes)
+    stored = hf_config.get(JAXFORMER_KEY)
+    if isinstance(stored, Mapping):  # our own export: its dropout / init / attention settings
+        fields.update({k: stored[k] for k in exported_fields() if k in stored})
+    fields = ModelConfig.from_dict(dict(fields, scan_layers=False)).to_dict()
+    return model_type, conv, tensors, fields, prefix
+
+
+def hf_model_config(directory: str | os.PathLike, *, head: str | None = None,
+                    num_classes: int | None = None) -> dict[str, Any]:
+    """The ModelConfig fields of a local Hugging Face GPT-2 / BERT / T5 directory (``head`` and
+    ``num_classes`` as in `load_hf`), without reading its weights."""
+    return _read_hf(directory, head, num_classes)[3]
 
 
 def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: str | None = None,
@@ -97,42 +124,30 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
       head: jaxformer head to build; default from the checkpoint's architecture (GPT-2 "lm" or
         "none"; BERT "mlm" / "classify" / "token_classify" / "none"; T5 "lm"). A head the
         checkpoint lacks (e.g. "classify" on a BertForMaskedLM checkpoint) is initialised as
-        ``build_model(cfg).init(jax.random.key(seed))`` would; unused checkpoint heads are dropped.
+        ``build_model(model_cfg).init(jax.random.key(seed))`` would; unused checkpoint heads are dropped.
       num_classes: classes of a classification head (default: the checkpoint's ``num_labels``).
 
     Returns:
       (ModelConfig fields as a dict, params pytree of NumPy arrays, SentencePiece path or None).
     """
-    hf_cfg = read_config(directory)
-    model_type = hf_cfg["model_type"]
-    if model_type not in CONVERTERS:
-        raise ValueError(f"model_type={model_type!r} in {directory}/config.json is not supported; "
-                         f"supported: {sorted(CONVERTERS)}")
-    conv = CONVERTERS[model_type]
-    tensors = read_tensors(directory)
-    if hasattr(conv, "canonical_name"):
-        tensors = Renamed(tensors, conv.canonical_name)
-    cfg_kw, prefix = conv.config_from_hf(hf_cfg, tensors, head=head, num_classes=num_classes)
-    stored = hf_cfg.get(JAXFORMER_KEY)
-    if isinstance(stored, Mapping):  # our own export: its dropout / init / attention settings
-        cfg_kw.update({k: stored[k] for k in NON_ARCHITECTURE_FIELDS if k in stored})
-    cfg = ModelConfig.from_dict(dict(cfg_kw, scan_layers=False))
+    model_type, conv, tensors, fields, prefix = _read_hf(directory, head, num_classes)
+    model_cfg = ModelConfig.from_dict(fields)
     # Head parameters the checkpoint lacks entirely are initialised below, not read.
-    rules = [r for r in conv.rules(cfg, prefix)
+    rules = [r for r in conv.rules(model_cfg, prefix)
              if any(t in tensors for t in r.tensors)
-             or any(p.split("/")[0] not in NEW_HEAD_MODULES for p in r.params)]
+             or any(not is_head_module(p) for p in r.params)]
     flat, used = apply_import(rules, tensors)
 
-    leftover = {name: conv.leftover(name, cfg) for name in sorted(set(tensors) - used)}
+    leftover = {name: conv.leftover(name, model_cfg) for name in sorted(set(tensors) - used)}
     dropped = [name for name, kind in leftover.items() if kind == "drop"]
     unknown = [name for name, kind in leftover.items() if kind == "unknown"]
     if unknown:
         raise ValueError(f"{len(unknown)} checkpoint tensors have no place in the jaxformer "
                          f"{model_type} model (unsupported variant?): {unknown[:8]}")
     if dropped:
-        log.warning("head=%r: dropping checkpoint tensors %s", cfg.head, dropped)
+        log.warning("head=%r: dropping checkpoint tensors %s", model_cfg.head, dropped)
 
-    expected = param_shapes(cfg)
+    expected = param_shapes(model_cfg)
     for path, x in flat.items():
         if path not in expected or tuple(expected[path].shape) != x.shape:
             want = tuple(expected[path].shape) if path in expected else "no such parameter"
@@ -140,16 +155,16 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
                              f"expects {want}")
     missing = sorted(set(expected) - set(flat))
     if missing:
-        bad = [p for p in missing if p.split("/")[0] not in NEW_HEAD_MODULES]
+        bad = [p for p in missing if not is_head_module(p)]
         if bad:
             raise ValueError(f"the checkpoint does not provide parameters {bad[:8]}")
-        log.warning("head=%r: initialising %s (seed %d)", cfg.head, missing, seed)
-        flat.update(_init_subset(cfg, missing, seed))
+        log.warning("head=%r: initialising %s (seed %d)", model_cfg.head, missing, seed)
+        flat.update(_init_subset(model_cfg, missing, seed))
 
     params = unflatten(flat)
     if scan_layers:
         params = stack_layers(params)
-    return (cfg.replace(scan_layers=scan_layers).to_dict(), params, find_sentencepiece(directory))
+    return (model_cfg.replace(scan_layers=scan_layers).to_dict(), params, find_sentencepiece(directory))
 
 
 def _host_params(params: Mapping) -> dict[str, np.ndarray]:
@@ -185,18 +200,18 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     """
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     conv = BY_FAMILY[cfg.family]
-    hf_cfg, prefix = conv.config_to_hf(cfg)
+    hf_config, prefix = conv.config_to_hf(cfg)
     flat = _host_params(params)
     tensors, used = apply_export(conv.rules(cfg, prefix, export=True), flat)
     unused = sorted(set(flat) - used)
     if unused:
-        raise ValueError(f"parameters with no place in the Hugging Face {hf_cfg['model_type']} "
+        raise ValueError(f"parameters with no place in the Hugging Face {hf_config['model_type']} "
                          f"model: {unused[:8]}")
     extra = {k: v for k, v in (extra_config or {}).items() if k not in ("torch_dtype", "dtype")}
     if len(extra.get("id2label") or {}) == cfg.num_classes:  # keep the source's label names
-        hf_cfg.update({k: extra[k] for k in ("id2label", "label2id") if k in extra})
-    hf_cfg[JAXFORMER_KEY] = {k: getattr(cfg, k) for k in NON_ARCHITECTURE_FIELDS}
-    write_model(directory, {**extra, **hf_cfg}, tensors)
+        hf_config.update({k: extra[k] for k in ("id2label", "label2id") if k in extra})
+    hf_config[JAXFORMER_KEY] = {k: getattr(cfg, k) for k in exported_fields()}
+    write_model(directory, {**extra, **hf_config}, tensors)
     if tokenizer_path is not None:
         copy_tokenizer_files(tokenizer_path, directory)
         if cfg.family != "encoder_decoder" and os.path.isfile(tokenizer_path):
@@ -206,9 +221,6 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
 def _write_fast_tokenizer(spm_path: str | os.PathLike, directory: str | os.PathLike) -> None:
     """GPT-2 / BERT exports: also ``tokenizer.json`` for ``AutoTokenizer`` (their own tokenizer
     classes cannot read SentencePiece); T5's ``spiece.model`` is read by ``T5Tokenizer``."""
-    from jaxformer.convert.hf_tokenizer import fast_tokenizer_reason, write_fast_tokenizer
-    from jaxformer.data.tokenizer import Tokenizer
-
     try:
         import tokenizers  # noqa: F401  (a transformers dependency, not one of ours)
     except ImportError:

@@ -14,32 +14,37 @@ leaves a half-written checkpoint; the manifest of checksums is written just befo
 every read verifies it first (a resume falls back to the newest intact step). `Checkpointer.save`
 refuses non-finite parameters.
 
-Orbax API. orbax-checkpoint 0.12.8 ships its v1 API only as ``orbax.checkpoint.experimental.v1``
-(there is no ``orbax.checkpoint.v1``), and its ``experimental/README.md`` says those APIs are
-"subject to change without notice"; its ``training.Checkpointer`` is itself a wrapper that builds
-the v0 ``CheckpointManager`` (same on-disk layout). v1 covers retention/best-N, async saves, Grain
-iterators (``StatefulCheckpointable``) and sharded loads, but its Checkpointer has no equivalent of
+Orbax API: the v0 ``CheckpointManager`` with ``args=`` items and a ``preservation_policy`` (the
+non-deprecated form in 0.12.8: no DeprecationWarning, see ``tests/test_legacy_checkpoint.py``). The
+v1 API ships only as ``orbax.checkpoint.experimental.v1`` ("subject to change without notice"),
+its ``training.Checkpointer`` wraps the same v0 manager, and it has no equivalent of
 ``CheckpointManager.reached_preemption(step)``, which the loop uses so that every process saves the
-same step and stops after a multi-host preemption. So this module uses the v0
-``CheckpointManager`` with ``args=`` items and a ``preservation_policy``, the non-deprecated form
-in 0.12.8 (no DeprecationWarning and no ``/jax/orbax/deprecation/*`` event: see
-``tests/test_legacy_checkpoint.py``). Checkpoints written by jaxformer 8116153 (jax 0.10.2, orbax
-0.12.4) restore unchanged (``tests/data/legacy_gpt_jax010``).
+same step and stops after a multi-host preemption. Checkpoints written by jaxformer 8116153 (jax
+0.10.2, orbax 0.12.4) restore unchanged (``tests/data/legacy_gpt_jax010``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import signal
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+from orbax.checkpoint import checkpoint_managers as cm
 
+from jaxformer.config import ModelConfig
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.models.heads import HEAD_MODULE_NAMES
 from jaxformer.train.verify import (
     MANIFEST,
     MARKER,
@@ -52,14 +57,6 @@ from jaxformer.train.verify import (
     verify_tokenizer,
     write_manifest,
 )
-
-HEAD_MODULES = ("lm_head", "mlm_head", "classifier", "token_classifier", "pooler", "nsp_head")
-
-
-def _grain_args():
-    import grain
-
-    return grain.checkpoint.CheckpointSave, grain.checkpoint.CheckpointRestore
 
 
 @jax.jit
@@ -79,8 +76,6 @@ class Checkpointer:
 
     def __init__(self, workdir: str | os.PathLike, *, keep: int = 3, best_metric: str | None = None,
                  best_mode: str = "min", async_save: bool = True):
-        from orbax.checkpoint import checkpoint_managers as cm
-
         policies = [cm.LatestN(keep)]
         if best_metric:
             policies.append(cm.BestN(get_metric_fn=lambda m: m[best_metric], n=1,
@@ -120,7 +115,7 @@ class Checkpointer:
                 "enable clipping (optimizer.clip_norm).")
         items = {"state": ocp.args.StandardSave(state)}
         if data_iter is not None and hasattr(data_iter, "get_state"):
-            items["data"] = _grain_args()[0](data_iter)
+            items["data"] = grain.checkpoint.CheckpointSave(data_iter)
         self.manager.wait_until_finished()  # the previous step's manifest is written
         self._sealing = step
         self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
@@ -156,8 +151,6 @@ class Checkpointer:
                 found = step
                 break
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
             found = int(multihost_utils.broadcast_one_to_all(np.int64(-1 if found is None else found)))
             found = None if found < 0 else found
             if jax.process_index() != 0 and found is not None:
@@ -178,8 +171,6 @@ class Checkpointer:
                 src.rename(dst)
             moved.append(dst)
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
             multihost_utils.sync_global_devices("jaxformer_set_aside")
         return moved
 
@@ -204,7 +195,7 @@ class Checkpointer:
             raise StateMismatch(step_dir, mismatch)
         items = {"state": ocp.args.StandardRestore(abstract_state)}
         if with_data:
-            items["data"] = _grain_args()[1](data_iter)
+            items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
         with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as reader:
             restored = reader.restore(step_dir, args=ocp.args.Composite(**items))
         return restored["state"], step
@@ -235,9 +226,6 @@ class PreemptionWatch:
     `restore` puts the previous handler back."""
 
     def __init__(self) -> None:
-        import signal
-        import threading
-
         self.signalled, self._installed, self._previous = False, False, None
         if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handle)
@@ -247,8 +235,6 @@ class PreemptionWatch:
         self.signalled = True
 
     def restore(self) -> None:
-        import signal
-
         if self._installed:  # None: the previous handler was not set from Python → the default
             signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
             self._installed = False
@@ -280,7 +266,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, int]:
         f"no checkpoint found under {str(path)!r} (expected <workdir>/checkpoints/<step>)")
 
 
-def load_params(path: str | os.PathLike, *, verified: bool = False) -> dict:
+def load_checkpoint_params(path: str | os.PathLike, *, verified: bool = False) -> dict:
     """Parameters (host numpy arrays) of the latest checkpoint under ``path``; no optimizer state.
 
     Verifies the step first (unless the caller just did: ``verified``). Reads only the ``params``
@@ -308,7 +294,7 @@ def _flat(tree) -> dict[tuple[str, ...], Any]:
             for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def merge_backbone(new_params, pretrained, *, head_modules: Iterable[str] = HEAD_MODULES):
+def merge_backbone(new_params, pretrained, *, head_modules: Iterable[str] = HEAD_MODULE_NAMES):
     """Copy every pretrained parameter into ``new_params``; keep fresh init only for new heads.
 
     Raises ValueError naming the parameter path when a shape differs, or when a non-head parameter
@@ -354,44 +340,60 @@ def save_run_config(workdir: str | os.PathLike, config) -> None:
 
 
 def load_run_config(workdir: str | os.PathLike, manifest: dict | None = None) -> dict:
-    """The run's config: the one ``manifest`` (a checkpoint's) recorded, else ``config.json``."""
+    """The run config (the training config a run saved as ``config.json``): the copy ``manifest``
+    (a checkpoint's) recorded, else ``<workdir>/config.json``."""
     if manifest and isinstance(manifest.get("config"), dict):
         return manifest["config"]
     path = Path(workdir) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {workdir!r} a jaxformer training workdir?")
     try:
-        cfg = json.loads(path.read_text())
-        if not isinstance(cfg, dict) or "model" not in cfg:
+        run_config = json.loads(path.read_text())
+        if not isinstance(run_config, dict) or "model" not in run_config:
             raise ValueError("no 'model' section")
     except ValueError as e:  # JSONDecodeError included
         raise ValueError(f"{path} is not a run config ({'empty' if not path.stat().st_size else e}); "
                          "put the run's config.json back (checkpoints written by this version "
                          f"carry a copy in checkpoints/<step>/{MANIFEST})") from None
-    return cfg
+    return run_config
 
 
-def load_run(path: str | os.PathLike) -> tuple[dict, dict, dict | None, Path]:
-    """(run config, params as host arrays, manifest, run directory) of the latest checkpoint under
-    ``path``, verified first (`CheckpointDamaged` names the damaged file)."""
+@dataclasses.dataclass(frozen=True)
+class SavedRun:
+    """The newest checkpoint under a path, verified: what fine-tuning and inference read.
+
+    Attributes:
+      run_config: the run's training config (its ``config.json``, or the checkpoint's copy).
+      step_dir: ``<run>/checkpoints/<step>``; its parameters: `load_checkpoint_params`.
+      manifest: the step's manifest of checksums (None for checkpoints older than manifests).
+      tokenizer: the run's ``tokenizer.model``, checked against the manifest; None if it has none.
+    """
+
+    run_config: dict
+    step_dir: Path
+    manifest: dict | None
+    tokenizer: Path | None
+
+
+def open_run(path: str | os.PathLike, *, verify: bool = True) -> SavedRun:
+    """The latest checkpoint under ``path`` (a workdir, its ``checkpoints`` dir or one step dir),
+    its parameters not read. ``verify``: check every file first (`CheckpointDamaged` names the
+    damaged one); else only the manifest is read (`load_checkpoint_params` verifies)."""
     if not Path(path).is_dir():
         load_run_config(path)  # raises: "<path>/config.json not found: is it a workdir?"
     ckpt_dir, step = resolve_checkpoint(path)
-    manifest = verify_for_reading(ckpt_dir, step)
-    cfg = load_run_config(ckpt_dir.parent, manifest)
-    return cfg, load_params(ckpt_dir / str(step), verified=True), manifest, ckpt_dir.parent
+    manifest = (verify_for_reading(ckpt_dir, step) if verify
+                else read_manifest(ckpt_dir / str(step)))
+    run_dir = ckpt_dir.parent
+    return SavedRun(load_run_config(run_dir, manifest), ckpt_dir / str(step), manifest,
+                    verify_tokenizer(run_dir, manifest, required=False))
 
 
-def load_for_inference(workdir: str | os.PathLike):
+def load_for_inference(workdir: str | os.PathLike) -> tuple[ModelConfig, Any, Tokenizer | None]:
     """(ModelConfig, params, tokenizer or None) of the latest checkpoint of a training workdir,
     verified (`CheckpointDamaged` names the damaged file)."""
-    from jaxformer.config import ModelConfig
-
-    cfg, params, manifest, run_dir = load_run(workdir)
-    tok_path = verify_tokenizer(run_dir, manifest, required=False)
-    tokenizer = None
-    if tok_path is not None:
-        from jaxformer.data.tokenizer import Tokenizer
-
-        tokenizer = Tokenizer.load(str(tok_path))
-    return ModelConfig.from_dict(cfg["model"]), jax.tree.map(jnp.asarray, params), tokenizer
+    run = open_run(workdir)
+    params = load_checkpoint_params(run.step_dir, verified=True)
+    tokenizer = None if run.tokenizer is None else Tokenizer.load(str(run.tokenizer))
+    return (ModelConfig.from_dict(run.run_config["model"]), jax.tree.map(jnp.asarray, params),
+            tokenizer)

@@ -7,7 +7,8 @@ overridden on the command line (``--config.num_train_steps=20``). Top-level keys
 seed               int; parameters, dropout, masking and data order all derive from it
 num_train_steps    optimizer updates to run (a resumed run continues up to this number)
 init_from          "" | pretrain workdir | checkpoint step dir | Hugging Face model dir
-model              `jaxformer.config.ModelConfig` fields
+model              `jaxformer.config.ModelConfig` fields; one left unset (None) is init_from's, else
+                   the default (`model_defaults`)
 objective          name ("clm", "mlm", "seq2seq", "classify", "sft") + options
 data               source, lengths, batch_size, packing, framing, tokenizer (see data.pipeline;
                    the data task follows objective.name)
@@ -24,23 +25,36 @@ nonfinite          "stop" at the first non-finite loss or grad norm, or "skip" (
 nonfinite_limit    with "skip": stop after this many non-finite steps in a row
 progress_bar       show a tqdm bar
 =================  ==============================================================================
+
+Three things are configs; the code names them apart: ``config`` is this training config (an
+``ml_collections.ConfigDict``), ``model_cfg`` the `jaxformer.config.ModelConfig` read from its
+``model`` section, ``run_config`` the training config a run saved (``<workdir>/config.json``, a
+plain dict), and ``hf_config`` a Hugging Face model's ``config.json``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
+import json
 import os
 import sys
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
+import optax
+from absl import flags
+from ml_collections import config_flags
 
-from jaxformer.config import ModelConfig
+from jaxformer.config import ModelConfig, changed_fields, resumable_fields
+from jaxformer.data.pipeline import check_data_config, default_data_config
+from jaxformer.data.sources import list_option
 from jaxformer.objectives import OPTION_DEFAULTS, check_objective
 from jaxformer.train.nonfinite import POLICIES
-from jaxformer.train.schedules import make_schedule
+from jaxformer.train.optim import default_optimizer_config, make_optimizer
 
 TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "model", "objective", "data", "optimizer",
                   "checkpoint", "eval", "mesh", "parallel", "module_api", "log_every_steps",
@@ -50,24 +64,23 @@ MODULE_APIS = ("linen", "nnx")
 
 
 def model_defaults() -> ml_collections.ConfigDict:
-    """``config.model`` declaring every `ModelConfig` field at its default, so that
-    ``--config.model.<field>=…`` can set any of them; fields derived when None (``head_dim``,
-    ``num_kv_heads``, …) are typed placeholders. Configs fill it with
-    ``c.model.update(preset(...))``, which keeps the declarations and their types."""
+    """``config.model`` declaring every `ModelConfig` field as a typed placeholder (None = not set),
+    so that ``--config.model.<field>=…`` can set any of them. A field left unset takes the
+    pretrained model's value when ``init_from`` is given (a run's ``config.json`` or a Hugging Face
+    ``config.json``), else `ModelConfig`'s default; so the same config fine-tunes the same from a
+    run and from its Hugging Face export. Configs fill it with ``c.model.update(preset(...))``,
+    which keeps the declarations and their types."""
     hints = typing.get_type_hints(ModelConfig)
     out: dict[str, Any] = {}
     for f in dataclasses.fields(ModelConfig):
         kind = next(t for t in (typing.get_args(hints[f.name]) or (hints[f.name],))
                     if t is not type(None))
-        out[f.name] = ml_collections.config_dict.placeholder(kind) if f.default is None else f.default
+        out[f.name] = ml_collections.config_dict.placeholder(kind)
     return ml_collections.ConfigDict(out)
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """All keys with defaults; configs override them."""
-    from jaxformer.data.pipeline import default_data_config
-    from jaxformer.train.optim import default_optimizer_config
-
+    """All keys with defaults (``model``: declared, unset); configs override them."""
     c = ml_collections.ConfigDict()
     c.name = "run"
     c.seed = 0
@@ -136,29 +149,48 @@ def complete_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
     return config
 
 
+def load_config(path: str | os.PathLike, overrides: Mapping[str, Any] | None = None
+                ) -> ml_collections.ConfigDict:
+    """The training config of a config file: ``get_config()`` of ``path`` (``"file.py:arg"``
+    passes ``arg`` to it), completed (`complete_config`), with ``overrides`` applied
+    (``{"model.num_layers": 2}``, `set_key`: KeyError naming a key the config lacks), and locked
+    (setting a key it lacks is an error, not a new key)."""
+    path = os.fspath(path)
+    file, _, arg = path.partition(":")
+    if not os.path.isfile(file):
+        raise ValueError(f"config file {file!r} does not exist")
+    name = "jaxformer_config_" + os.path.splitext(os.path.basename(file))[0]
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ValueError(f"{file}: get_config() returned a {type(config).__name__}, not an "
+                         "ml_collections.ConfigDict")
+    complete_config(config)
+    for key, value in (overrides or {}).items():
+        set_key(config, key, value)
+    config.lock()
+    return config
+
+
 def define_config_flag(name: str = "config", flag_values: Any = None,
                        sys_argv: list[str] | None = None) -> Any:
-    """``config_flags.DEFINE_config_file`` whose loaded config is `complete_config`-ed before the
-    command-line overrides (``--config.model.num_layers=2``) are applied, then locked."""
-    from absl import flags
-    from ml_collections import config_flags
+    """``config_flags.DEFINE_config_file`` whose file is read by `load_config` (so completed)
+    before the command-line overrides (``--config.model.num_layers=2``) are applied, then locked."""
 
-    class _CompletingParser(flags.ArgumentParser):
+    class _LoadingParser(flags.ArgumentParser):
         def __init__(self, inner: flags.ArgumentParser):
-            self.inner = inner  # ml_collections' own parser: loads the file, calls get_config()
+            self.inner = inner  # ml_collections' own parser: names the flag type
 
         def parse(self, path):
-            if not os.path.isfile(path.split(":", 1)[0]):
-                raise ValueError(f"config file {path.split(':', 1)[0]!r} does not exist")
-            config = self.inner.parse(path)
-            if isinstance(config, ml_collections.ConfigDict):
-                complete_config(config)
-                for arg in sys.argv if sys_argv is None else sys_argv:  # name a misspelt key
-                    if arg.startswith(f"--{name}."):                    # in one line
-                        try:
-                            config_node(config, arg[len(name) + 3:].split("=", 1)[0])
-                        except KeyError as e:
-                            raise ValueError(f"{arg}: {e.args[0]}") from None
+            config = load_config(path)
+            for arg in sys.argv if sys_argv is None else sys_argv:  # name a misspelt key
+                if arg.startswith(f"--{name}."):                    # in one line
+                    try:
+                        config_node(config, arg[len(name) + 3:].split("=", 1)[0])
+                    except KeyError as e:
+                        raise ValueError(f"{arg}: {e.args[0]}") from None
             return config
 
         def flag_type(self):
@@ -167,7 +199,7 @@ def define_config_flag(name: str = "config", flag_values: Any = None,
     flag_values = flags.FLAGS if flag_values is None else flag_values
     holder = config_flags.DEFINE_config_file(
         name, None, "Path to a configs/<name>.py file.", flag_values=flag_values, sys_argv=sys_argv)
-    flag_values[name].parser = _CompletingParser(flag_values[name].parser)
+    flag_values[name].parser = _LoadingParser(flag_values[name].parser)
     return holder
 
 
@@ -176,10 +208,21 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
 
     Raises ValueError naming the offending field.
     """
+    model_cfg = ModelConfig.from_dict(config.model)
+    check_config(config, model_cfg)
+    return model_cfg
+
+
+def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
+                 resolved: bool = False) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """Check ``config`` for ``model_cfg`` (ValueError naming the field), before the tokenizer is
+    trained or any data is read; returns the optimizer and its schedule, built on the way (their
+    errors name the ``optimizer`` field). ``resolved``: ``config`` was resolved against its
+    ``init_from`` (`jaxformer.train.setup.resolve_config`), so a tokenizer it names no path for is
+    one to be trained."""
     unknown = sorted(set(config.keys()) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise ValueError(f"unknown top-level config keys {unknown}; valid keys are {TOP_LEVEL_KEYS}")
-    model_cfg = ModelConfig.from_dict(config.model)
     if not isinstance(config.num_train_steps, int) or config.num_train_steps <= 0:
         raise ValueError(f"num_train_steps={config.num_train_steps!r} must be a positive integer")
     if config.parallel not in PARALLEL_MODES:
@@ -200,22 +243,28 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
     if config.eval.every_steps <= 0 or config.eval.num_batches < 0:
         raise ValueError("eval.every_steps must be positive and eval.num_batches >= 0")
     check_objective(config.objective)
-    make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)  # its errors name
-    # the optimizer field; checked here, before the tokenizer is trained or any data is read
-    _check_data(config, model_cfg)
+    optimizer = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
+    _check_data(config, model_cfg, resolved)
     accum = config.optimizer.get("grad_accum_steps", 1)
     if config.data.batch_size % accum:
         raise ValueError(f"data.batch_size={config.data.batch_size} must be divisible by "
                          f"optimizer.grad_accum_steps={accum}")
-    return model_cfg
+    return optimizer
 
 
-def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> None:
+def check_vocabulary(num_ids: int, model_cfg: ModelConfig, tokenizer: str) -> None:
+    """A tokenizer of ``num_ids`` ids (described by ``tokenizer``) fits the model's embedding table
+    (else JAX would clamp the ids past its end)."""
+    if num_ids > model_cfg.vocab_size:
+        raise ValueError(f"{tokenizer} exceeds model.vocab_size={model_cfg.vocab_size}: the model "
+                         f"has no embedding for its ids above that; set model.vocab_size >= "
+                         f"{num_ids}")
+
+
+def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig, resolved: bool) -> None:
     """The data section, and how it fits the model: row lengths within a learned position table,
-    string labels within the classifier's classes."""
-    from jaxformer.data.pipeline import check_data_config
-    from jaxformer.data.sources import list_option
-
+    string labels within the classifier's classes, a tokenizer to be trained within the vocabulary
+    (one read from a file is checked when it is read)."""
     data = config.data
     check_data_config(data, objective=config.objective)
     if model_cfg.position == "learned":
@@ -227,53 +276,41 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> No
                 raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
                                  f"learned position table; lower data.{key} or raise model.max_len")
     tok = data.tokenizer
-    if not tok.get("path") and not config.init_from and tok.vocab_size > model_cfg.vocab_size:
-        raise ValueError(f"data.tokenizer.vocab_size={tok.vocab_size} exceeds model.vocab_size="
-                         f"{model_cfg.vocab_size}: the tokenizer to be trained would emit ids the "
-                         "model has no embedding for")
+    if not tok.get("path") and (resolved or not config.init_from):  # else init_from's may be used
+        check_vocabulary(tok.vocab_size, model_cfg, f"data.tokenizer.vocab_size={tok.vocab_size}")
     names = list_option(data, "label_names")
     if names and model_cfg.head == "classify" and len(names) > model_cfg.num_classes:
         raise ValueError(f"data.label_names has {len(names)} labels {names} but model.num_classes="
                          f"{model_cfg.num_classes}; set model.num_classes={len(names)}")
 
 
-# ModelConfig fields a resumed run may change: they neither shape the parameters nor change the
-# function the parameters compute (only how it is computed, or the training noise).
-RESUMABLE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
-                          "target_token_dropout_rate", "dtype", "remat_policy", "attention_impl",
-                          "attention_chunk_size", "init_std", "embed_init_std")
-
-
-def check_resume(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
+def check_resume(run_config: dict, config: ml_collections.ConfigDict) -> list[str]:
     """Compare the ``config.json`` a workdir's checkpoints were written with to the current config.
 
-    Raises ValueError naming the fields when the model architecture or the tokenizer settings
-    differ (the checkpoint could not be restored, or would be read with other token ids); returns a
-    note for every other changed key (e.g. ``num_train_steps``: the schedule is stretched).
+    Raises ValueError naming the fields when the model (other than `resumable_fields`) or the
+    tokenizer settings differ (the checkpoint could not be restored, or would be read with other
+    token ids); returns a note for every other changed key (e.g. ``num_train_steps``: the schedule
+    is stretched; ``data.tokenizer.path``: a resumed run reads its own, checksummed tokenizer).
     """
     def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
         if not isinstance(tree, dict):
             return {prefix[:-1]: tree}
         return {k: v for key, sub in tree.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
 
-    import json
-
     current = json.loads(json.dumps(config.to_dict(), default=str))  # as config.json stores it
-    now, before = flat(current), flat(saved)
-    old_model, new_model = (dataclasses.asdict(ModelConfig.from_dict(c["model"]))
-                            for c in (saved, current))
+    now, before = flat(current), flat(run_config)
+    old_model, new_model = (ModelConfig.from_dict(c["model"]) for c in (run_config, current))
     changed = [k for k in sorted(set(now) | set(before))
                if not k.startswith("model.") and before.get(k) != now.get(k)]
-    fixed = [f"model.{k}: {old_model[k]!r} -> {new_model[k]!r}" for k in old_model
-             if k not in RESUMABLE_MODEL_FIELDS and old_model[k] != new_model[k]]
+    fixed = changed_fields(old_model, new_model, (f.name for f in dataclasses.fields(ModelConfig)
+                                                  if f.name not in resumable_fields()))
     fixed += [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed
-              if k.startswith("data.tokenizer.")]
+              if k.startswith("data.tokenizer.") and k != "data.tokenizer.path"]
     if fixed:
         raise ValueError("this workdir holds checkpoints of a different model or tokenizer; "
                          f"changed: {'; '.join(fixed)}. Use a new --workdir (or "
                          "--config.init_from=<this workdir> to fine-tune from it)")
-    notes = [f"model.{k}: {old_model[k]!r} -> {new_model[k]!r}" for k in RESUMABLE_MODEL_FIELDS
-             if old_model[k] != new_model[k]]
+    notes = changed_fields(old_model, new_model, resumable_fields())
     for k in changed:
         note = f"{k}: {before.get(k)!r} -> {now.get(k)!r}"
         if k == "num_train_steps":

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 LOCK_FILE = ".lock"
 
@@ -33,8 +34,6 @@ class WorkdirLock:
         if jax.process_index() == 0:
             holder = self._try_lock()
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
             holder = int(multihost_utils.broadcast_one_to_all(np.int64(holder or 0))) or None
         if holder is not None:
             self.release()

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import jax
+from tensorboardX import SummaryWriter
+from tqdm.auto import tqdm
 
 
 class MetricWriter:
@@ -20,8 +22,6 @@ class MetricWriter:
         self.path = Path(workdir) / "metrics.jsonl"
         self._tb = None
         if self.enabled:
-            from tensorboardX import SummaryWriter
-
             self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
 
     def write(self, step: int, metrics: dict) -> None:
@@ -84,8 +84,6 @@ class Progress:
     """tqdm bar showing step, loss, tokens/s, learning rate and ETA (process 0, TTY or not)."""
 
     def __init__(self, start: int, total: int, *, enabled: bool = True, desc: str = "train"):
-        from tqdm.auto import tqdm
-
         self.bar = tqdm(total=total, initial=start, desc=desc, unit="step", dynamic_ncols=True,
                         disable=not enabled or jax.process_index() != 0, mininterval=1.0)
         self._t0, self._tokens, self._steps = None, 0.0, 0

@@ -35,6 +35,7 @@ import jax
 import ml_collections
 import optax
 
+from jaxformer.models.heads import HEAD_MODULE_NAMES
 from jaxformer.train.schedules import (
     constant,
     inverse_sqrt,
@@ -44,8 +45,7 @@ from jaxformer.train.schedules import (
     warmup_rsqrt,
 )
 
-HEAD_PARAM_PREFIXES = ("lm_head", "mlm_head", "classifier", "token_classifier", "pooler",
-                       "nsp_head")
+HEAD_PARAM_PREFIXES = HEAD_MODULE_NAMES  # every head module (`jaxformer.models.heads`)
 
 _DEFAULTS = dict(
     name="adamw", schedule="inverse_sqrt", peak_lr=1e-3, scale=1.0, warmup_steps=4000, end_lr=0.0,

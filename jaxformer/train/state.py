@@ -55,7 +55,7 @@ def abstract_params(model: nn.Module, model_cfg) -> Any:
     return jax.eval_shape(lambda r: model.init(r, **inputs)["params"], jax.random.key(0))
 
 
-def init_params(model: nn.Module, model_cfg, rng: jax.Array) -> Any:
+def init_model_params(model: nn.Module, model_cfg, rng: jax.Array) -> Any:
     """Unboxed parameters (unsharded; see `create_train_state` for the sharded path)."""
     return nn.unbox(model.init(rng, **dummy_model_inputs(model_cfg))["params"])
 
@@ -86,7 +86,7 @@ def create_train_state(model: nn.Module, model_cfg, tx: optax.GradientTransforma
 
     def build(p):
         if p is None:
-            p = init_params(model, model_cfg, _init_key(seed))
+            p = init_model_params(model, model_cfg, _init_key(seed))
         return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p), rng=rng_data)
 
     if params is None:
@@ -104,5 +104,5 @@ def _init_key(seed: int) -> jax.Array:
 def create_params(model: nn.Module, model_cfg, shardings: Any, seed: int) -> Any:
     """The fresh parameters `create_train_state` would start from, initialised directly into
     ``shardings`` (the ``params`` part of `state_shardings`), without optimizer state."""
-    return jax.jit(lambda: init_params(model, model_cfg, _init_key(seed)),
+    return jax.jit(lambda: init_model_params(model, model_cfg, _init_key(seed)),
                    out_shardings=shardings)()

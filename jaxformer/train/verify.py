@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
 from jaxformer.data.fetch import sha256_file
 
@@ -196,8 +197,6 @@ def _path_names(path) -> tuple[str, ...]:
 def structure_mismatch(abstract_state, step_dir: Path, limit: int = 3) -> list[str]:
     """Up to ``limit`` differences between ``abstract_state`` and the state saved in ``step_dir``
     (leaf paths present in one only, or other shapes), read from Orbax's metadata alone."""
-    from etils import epath
-
     handler = ocp.PyTreeCheckpointHandler()
     try:
         saved_tree = handler.metadata(epath.Path(step_dir) / "state").tree

@@ -1,0 +1,321 @@
+"""The trainer's set-up, in one direction: each step a function that returns a value.
+
+    resolved = resolve_config(config)             # pure: init_from read, validated once
+    built = build(resolved)                       # model, mesh, abstract state and its shardings
+    tokenizer = open_tokenizer(resolved, ...)     # the run's, init_from's, a given or a new one
+    prepare = wire_objective(...)                 # the objective's step, bound to the tokenizer
+    make_ds, train_iter = open_data(...)          # the Grain pipeline (eval split probed)
+    state = init_state(resolved, built)           # fresh, or init_from's backbone + fresh heads
+    # or, resuming: plan_resume(...) before any write, then restore_state(...)
+
+``init_from`` is a pretraining run (a workdir, its ``checkpoints`` dir or one step dir) or a
+Hugging Face directory. `resolve_model` decides each ``config.model`` field (`jaxformer.config`
+kinds): a field the config leaves unset (None) takes the pretrained model's value; a field it sets
+wins, except that an architecture field that differs from a run's is refused, naming the field (a
+Hugging Face directory's architecture is always its own). So the same config fine-tunes the same
+from a run and from its Hugging Face export.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+import optax
+from absl import logging
+from jax.sharding import Mesh
+
+from jaxformer.config import ModelConfig, architecture_fields, changed_fields, fine_tuning_fields
+from jaxformer.convert.hf import hf_model_config, load_hf
+from jaxformer.convert.hf_io import find_sentencepiece, is_hf_directory
+from jaxformer.data.pipeline import make_dataset, source_texts
+from jaxformer.data.sources import get_source
+from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
+from jaxformer.models import build_model
+from jaxformer.nnx import FunctionalModel
+from jaxformer.objectives import bind_objective
+from jaxformer.parallel.mesh import check_batch_size, make_mesh
+from jaxformer.train.checkpoint import (
+    Checkpointer,
+    SavedRun,
+    StateMismatch,
+    load_checkpoint_params,
+    load_run_config,
+    merge_backbone,
+    open_run,
+    with_shardings,
+)
+from jaxformer.train.config import check_config, check_resume, check_vocabulary
+from jaxformer.train.state import TrainState, create_params, create_train_state, state_shardings
+from jaxformer.train.verify import verify_tokenizer
+
+# --------------------------------------------------------------------------------------------------
+# 1. Resolve the config.
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+    """What ``init_from`` points at.
+
+    Attributes:
+      path: ``init_from`` as given.
+      model: its ModelConfig fields (None: derived from the others, or the default).
+      tokenizer: its sentencepiece model, or None.
+      run: the checkpoint of a pretraining run; None for a Hugging Face directory.
+    """
+
+    path: str
+    model: dict[str, Any]
+    tokenizer: str | None
+    run: SavedRun | None
+
+    @property
+    def is_hf(self) -> bool:
+        return self.run is None
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedConfig:
+    """A training config resolved against ``init_from`` and validated.
+
+    Attributes:
+      config: a copy of the training config as the run records it in ``config.json``: ``model``
+        holds the resolved fields, ``data.tokenizer.path`` the pretrained tokenizer when
+        ``init_from`` has one and the config names none.
+      model_cfg: the validated `ModelConfig` of ``config.model``.
+      pretrained: what ``init_from`` points at, or None.
+      tx, schedule: the optimizer and its learning-rate schedule.
+    """
+
+    config: ml_collections.ConfigDict
+    model_cfg: ModelConfig
+    pretrained: Pretrained | None
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+
+
+def open_pretrained(config: ml_collections.ConfigDict) -> Pretrained | None:
+    """Read ``init_from``'s model fields and tokenizer (not its parameters), or None."""
+    path = config.init_from
+    if not path:
+        return None
+    if not Path(path).exists():
+        raise FileNotFoundError(f"init_from={path!r} does not exist")
+    if is_hf_directory(path):
+        model = hf_model_config(path, head=config.model.get("head"),
+                                num_classes=config.model.get("num_classes"))
+        return Pretrained(path, model, find_sentencepiece(path), None)
+    run = open_run(path, verify=False)  # its parameters are verified when they are read
+    tokenizer = None if run.tokenizer is None else str(run.tokenizer)
+    return Pretrained(path, dict(run.run_config["model"]), tokenizer, run)
+
+
+def resolve_model(stated: dict[str, Any], pretrained: Pretrained | None) -> dict[str, Any]:
+    """``config.model`` (``stated``: None = unset) resolved against the pretrained model; see the
+    module docstring. ValueError naming each architecture field a run's model has otherwise."""
+    if pretrained is None:
+        return dict(stated)
+    source, names = pretrained.model, [f.name for f in dataclasses.fields(ModelConfig)]
+    if pretrained.is_hf:
+        fine = set(fine_tuning_fields())
+        ignored = [f"model.{k}={stated[k]!r} (the checkpoint has {source[k]!r})"
+                   for k in architecture_fields()
+                   if stated.get(k) is not None and stated[k] != source[k]]
+        if ignored:
+            logging.warning("init_from=%s is a Hugging Face model: its architecture is used, not "
+                            "%s", pretrained.path, ", ".join(ignored))
+        return {k: stated[k] if k in fine and stated.get(k) is not None else source.get(k)
+                for k in names}
+    merged = {k: stated[k] if stated.get(k) is not None else source.get(k) for k in names}
+    changes = changed_fields(ModelConfig.from_dict(source), ModelConfig.from_dict(merged),
+                             architecture_fields())
+    if changes:
+        raise ValueError(f"init_from={pretrained.path} holds a model of another architecture; "
+                         f"changed: {'; '.join(changes)}. Set these fields as the pretrained run "
+                         "has them (or leave them unset to take its values)")
+    return merged
+
+
+def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
+    """Resolve ``config`` against ``init_from`` (`resolve_model`) and validate it once
+    (`jaxformer.train.config.check_config`); ``config`` itself is left as it is."""
+    pretrained = open_pretrained(config)
+    resolved = copy.deepcopy(config)
+    with resolved.unlocked():
+        resolved.model = ml_collections.ConfigDict(resolve_model(config.model.to_dict(), pretrained))
+        if pretrained is not None and not config.data.tokenizer.get("path"):
+            if pretrained.tokenizer:
+                resolved.data.tokenizer.path = pretrained.tokenizer
+            else:
+                logging.warning(
+                    "init_from=%s has no tokenizer.model: training a new tokenizer, so the "
+                    "pretrained embeddings are read with other token ids; set "
+                    "data.tokenizer.path to the pretraining tokenizer", pretrained.path)
+    resolved.lock()
+    model_cfg = ModelConfig.from_dict(resolved.model)
+    tx, schedule = check_config(resolved, model_cfg, resolved=True)
+    return ResolvedConfig(resolved, model_cfg, pretrained, tx, schedule)
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. Build the model and the mesh.
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """The model, the mesh, and the train state's abstract shapes and shardings on it."""
+
+    model: Any
+    mesh: Mesh
+    abstract: TrainState
+    shardings: TrainState
+
+
+def build(resolved: ResolvedConfig) -> Built:
+    """The Linen module (or, with ``module_api="nnx"``, the NNX model as the same pure init/apply
+    pair, `jaxformer.nnx.FunctionalModel`) and the state's shardings on the mesh; a parameter the
+    mesh cannot split fails here, before any tokenizer or file is written."""
+    config, model_cfg = resolved.config, resolved.model_cfg
+    mesh = make_mesh(config.mesh)
+    check_batch_size(mesh, config.data.batch_size, config.optimizer.get("grad_accum_steps", 1))
+    model = (FunctionalModel(model_cfg) if config.get("module_api", "linen") == "nnx"
+             else build_model(model_cfg))
+    abstract, shardings = state_shardings(model, model_cfg, resolved.tx, mesh)
+    return Built(model, mesh, abstract, shardings)
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. The tokenizer, the objective and the data.
+
+
+def open_tokenizer(resolved: ResolvedConfig, workdir: Path, resuming: bool) -> Tokenizer:
+    """The run's own ``tokenizer.model`` when resuming; else ``data.tokenizer.path`` (given, or
+    init_from's), else one trained on the train split (its size was checked with the config)."""
+    config = resolved.config
+    if resuming:
+        path = workdir / "tokenizer.model"
+    elif config.data.tokenizer.get("path"):
+        path = Path(config.data.tokenizer.path)
+    else:
+        return load_or_train_tokenizer(config.data.tokenizer, workdir,
+                                       lambda: source_texts(get_source(config.data, "train")),
+                                       reuse_saved=False)
+    tokenizer = Tokenizer.load(str(path))
+    check_vocabulary(tokenizer.vocab_size, resolved.model_cfg, f"the tokenizer {path} "
+                     f"({tokenizer.vocab_size} ids)")
+    return tokenizer
+
+
+def wire_objective(objective_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer
+                   ) -> Callable[[dict, Any], dict]:
+    """The objective's ``prepare(batch, rng)`` for the train step, bound to the tokenizer's ids
+    (its host-side per-example step, if any, is applied by the pipeline: `open_data`)."""
+    whole_words = objective_cfg.get("whole_word_mask", False)
+    return bind_objective(objective_cfg, tokenizer.special,
+                          word_initial=tokenizer.word_initial() if whole_words else None)
+
+
+def open_data(config: ml_collections.ConfigDict, tokenizer: Tokenizer
+              ) -> tuple[Callable[..., Any], Any]:
+    """(``make_ds(split, num_epochs=None)``, the train iterator), examples built for the
+    objective's data task, framing and host-side step. A missing, empty or unreadable eval split
+    fails now, not after training."""
+    make_ds = functools.partial(make_dataset, config.data, tokenizer=tokenizer, seed=config.seed,
+                                objective=config.objective, process_index=jax.process_index(),
+                                process_count=jax.process_count())
+    train_iter = iter(make_ds("train"))
+    if config.eval.num_batches > 0:
+        probe = iter(make_ds(config.eval.split, num_epochs=1))
+        next(probe, None)
+        if hasattr(probe, "close"):
+            probe.close()
+    return make_ds, train_iter
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. Restore or initialise.
+
+
+def init_state(resolved: ResolvedConfig, built: Built) -> TrainState:
+    """Fresh parameters, or with ``init_from`` its backbone plus fresh (sharded) parameters for new
+    heads; the pretrained parameters are read on the host and placed shard by shard, never whole on
+    one device."""
+    config, model_cfg, pretrained = resolved.config, resolved.model_cfg, resolved.pretrained
+    params, fresh = None, []
+    if pretrained is not None:
+        if pretrained.is_hf:  # the importer initialises any head the checkpoint lacks (logged)
+            backbone = load_hf(pretrained.path, scan_layers=model_cfg.scan_layers,
+                               head=model_cfg.head, num_classes=model_cfg.num_classes,
+                               seed=config.seed)[1]
+        else:
+            backbone = load_checkpoint_params(pretrained.run.step_dir)  # verified first
+        fresh_params = create_params(built.model, model_cfg, built.shardings.params, config.seed)
+        params, fresh = merge_backbone(fresh_params, backbone)
+    state, _ = create_train_state(built.model, model_cfg, resolved.tx, built.mesh, config.seed,
+                                  params=params)
+    if pretrained is not None and pretrained.is_hf:
+        print(f"Initialised from the Hugging Face model {pretrained.path}")
+    elif pretrained is not None:
+        print(f"Initialised from {pretrained.path}; fresh parameters: {fresh or 'none'}")
+    return state
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePlan:
+    """The newest intact checkpoint of the workdir and what a resume from it must report."""
+
+    step: int
+    manifest: dict | None
+    damaged: list
+    notes: list[str]
+
+
+def plan_resume(ckpt: Checkpointer, workdir: Path, config: ml_collections.ConfigDict
+                ) -> ResumePlan | None:
+    """None if the workdir holds no checkpoint; else the newest intact step and the checks a resume
+    must pass (config, tokenizer), before any write."""
+    if not ckpt.steps():
+        return None
+    step, manifest, damaged = ckpt.newest_intact()
+    if step is None:
+        raise ValueError(
+            f"no intact checkpoint in {ckpt.directory}: "
+            + "; ".join(f"{e.step_dir.name}: {e.problem}" for e in damaged)
+            + ". Restore the files from a copy, or move the checkpoints folder away to "
+              "train from scratch")
+    notes = check_resume(load_run_config(workdir, manifest), config)
+    verify_tokenizer(workdir, manifest, required=True)
+    return ResumePlan(step, manifest, damaged, notes)
+
+
+def restore_state(ckpt: Checkpointer, built: Built, train_iter: Any, plan: ResumePlan,
+                  workdir: Path) -> tuple[TrainState, int]:
+    """(state, step) of ``plan.step``, the data iterator restored with it; then (the resume has
+    succeeded) the changed config keys are logged and damaged newer steps set aside."""
+    try:
+        state, step = ckpt.restore(with_shardings(built.abstract, built.shardings), train_iter,
+                                   plan.step, verified=True)
+    except StateMismatch as e:
+        changed = [n for n in plan.notes if n.startswith("optimizer.")]
+        raise ValueError(
+            f"cannot resume: {e}; changed: {'; '.join(changed) or 'no optimizer.* key'}. "
+            "Resume with the previous optimizer settings, or fine-tune its parameters with a "
+            f"fresh optimizer state in a new --workdir with --config.init_from={workdir}"
+        ) from None
+    for note in plan.notes:  # from here on the resume succeeds: the workdir may change
+        logging.warning("resuming %s with a changed config: %s", workdir, note)
+    moved = ckpt.set_aside(int(e.step_dir.name) for e in plan.damaged)
+    for e, target in zip(plan.damaged, moved):
+        print(f"Skipped damaged checkpoint {e.step_dir.name} ({e.problem}); kept as "
+              f"{target} (never read: inspect or delete it)")
+    checked = (plan.manifest or {}).get("verified")
+    how = (f"verified {checked['bytes'] / 1e6:.1f} MB in {checked['seconds']:.2f} s" if checked
+           else "written before checkpoints carried checksums: not verified")
+    print(f"Resumed from {ckpt.directory}/{step} ({how})")
+    return state, step
