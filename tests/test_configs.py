@@ -27,7 +27,8 @@ def test_data_task_is_derived_from_the_objective():
     config.json) is accepted when it is the objective's data task, else refused naming both."""
     config = get_config("t5_pretrain_tiny")
     assert "task" not in config.data
-    config.data.task = "span_corruption"
+    with config.unlocked():
+        config.data.task = "span_corruption"
     validate_config(config)
     config.objective.name = "denoise"  # BART denoising: the same text pieces, another corruption
     validate_config(config)
