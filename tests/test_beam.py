@@ -136,6 +136,7 @@ def toy_corpus(rng, rows: int, length: int) -> np.ndarray:
     return out
 
 
+@pytest.mark.slow
 def test_beam_beats_greedy_on_a_trained_model():
     """Train a tiny GPT (100 Adam steps) on the chain; beam log-prob >= greedy's for every prompt
     (and > 0.5 nats better on one: the garden path is avoided), and the returned log-probs equal the

@@ -54,6 +54,7 @@ def demo(tmp_path_factory):
     return tmp, results
 
 
+@pytest.mark.slow
 def test_demo_writes_report_with_every_family(demo):
     tmp, results = demo
     out = tmp / "out"
@@ -66,6 +67,7 @@ def test_demo_writes_report_with_every_family(demo):
     assert results["checks"]["flush_to_zero"] in (True, False)
 
 
+@pytest.mark.slow
 def test_demo_budgets_and_metrics_are_consistent(demo):
     _, r = demo
     gpt = r["gpt"]["pretrain"]
@@ -96,6 +98,7 @@ def test_demo_budgets_and_metrics_are_consistent(demo):
     assert base["full"]["train_examples"] == 8495 and base["low"]["train_examples"] == 64
 
 
+@pytest.mark.slow
 def test_t5_budget_run_reports_bleu_at_every_checkpoint(tmp_path):
     """`python -m demo.t5_budget`'s path: tokenizer, pairs within the limit, one
     scratch run with a greedy-BLEU row per checkpoint, beam BLEU at the end, the report."""

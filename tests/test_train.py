@@ -76,6 +76,7 @@ def pretrained(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_pretraining_lowers_loss_and_checkpoints(pretrained, family):
     wd = pretrained[family]
@@ -88,6 +89,7 @@ def test_pretraining_lowers_loss_and_checkpoints(pretrained, family):
     assert (wd / "tensorboard").is_dir()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_finetune_starts_from_pretrained_backbone(pretrained, tmp_path, family):
     config = load_config(f"{family}_finetune_tiny", init_from=str(pretrained[family]))
@@ -113,6 +115,7 @@ def test_finetune_starts_from_pretrained_backbone(pretrained, tmp_path, family):
     assert evals and all(("eval_perplexity" in r) == (family == "t5") for r in evals)
 
 
+@pytest.mark.slow
 def test_init_from_shape_mismatch_names_parameter(pretrained, tmp_path):
     config = load_config("gpt_finetune_tiny", init_from=str(pretrained["gpt"]))
     config.model.d_ff = 96
@@ -125,6 +128,7 @@ def test_init_from_shape_mismatch_names_parameter(pretrained, tmp_path):
         Trainer(config, tmp_path)
 
 
+@pytest.mark.slow
 def test_same_seed_is_bitwise_identical_and_seeds_differ(pretrained, tmp_path):
     again = tmp_path / "again"
     train_and_evaluate(load_config("gpt_pretrain_tiny"), again)
@@ -136,6 +140,7 @@ def test_same_seed_is_bitwise_identical_and_seeds_differ(pretrained, tmp_path):
     assert losses(other)[5] != losses(again)[5]
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_exactly(tmp_path):
     """SIGKILL a training process after a checkpoint, rerun the same command, compare with an
     uninterrupted run: every step after the resume point has the identical loss."""
@@ -171,6 +176,7 @@ def test_killed_run_resumes_exactly(tmp_path):
         assert resumed[step] == reference[step], step
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_the_current_step_and_the_rerun_continues_exactly(tmp_path):
     """A preempted job (SIGTERM) saves the step it is at — not only the last periodic checkpoint —
     exits with 143, and rerunning the command continues bit for bit like an uninterrupted run."""
@@ -207,6 +213,7 @@ def test_sigterm_checkpoints_the_current_step_and_the_rerun_continues_exactly(tm
         assert resumed[step] == reference[step], step
 
 
+@pytest.mark.slow
 def test_init_from_hugging_face_directory(tmp_path):
     """``init_from`` a local HF GPT-2 directory: its architecture and weights are used, the new
     classification head is fresh, and fine-tuning lowers the loss."""
@@ -226,6 +233,7 @@ def test_init_from_hugging_face_directory(tmp_path):
     assert last < first, (first, last)
 
 
+@pytest.mark.slow
 def test_whole_word_masking_runs_through_the_trainer(tmp_path):
     """``objective.whole_word_mask`` gets the run's tokenizer table from the Trainer and trains."""
     config = load_config("bert_pretrain_tiny", num_train_steps=10, **{"objective.whole_word_mask": True,
@@ -235,6 +243,7 @@ def test_whole_word_masking_runs_through_the_trainer(tmp_path):
     assert max(ls) == 10 and all(np.isfinite(v) for v in ls.values())
 
 
+@pytest.mark.slow
 def test_init_from_a_step_dir_reuses_the_pretraining_tokenizer(pretrained, tmp_path):
     """``init_from=<run>/checkpoints/<step>`` reads the run's tokenizer, not a new one (a new one
     would read the pretrained embeddings with other ids)."""
@@ -246,6 +255,7 @@ def test_init_from_a_step_dir_reuses_the_pretraining_tokenizer(pretrained, tmp_p
                                   load_params(step_dir)["token_embed"]["embedding"])
 
 
+@pytest.mark.slow
 def test_resuming_with_another_architecture_fails_and_leaves_the_run_intact(pretrained, tmp_path):
     import shutil
 
@@ -261,6 +271,7 @@ def test_resuming_with_another_architecture_fails_and_leaves_the_run_intact(pret
     assert trainer.start_step == 30
 
 
+@pytest.mark.slow
 def test_a_tokenizer_left_by_a_run_without_checkpoints_is_replaced(pretrained, tmp_path):
     """A run that failed before its first checkpoint leaves ``tokenizer.model`` behind; the next
     run trains the tokenizer its own config asks for instead of silently reusing it."""
@@ -270,6 +281,7 @@ def test_a_tokenizer_left_by_a_run_without_checkpoints_is_replaced(pretrained, t
     assert Tokenizer.load(tmp_path / "tokenizer.model").vocab_size == 400
 
 
+@pytest.mark.slow
 def test_exported_workdir_fine_tunes_with_its_own_tokenizer(pretrained, tmp_path):
     """``convert --from <workdir> --to-hf D`` writes the run's sentencepiece model and special ids,
     so ``init_from=D`` fine-tunes with the same tokenizer."""
