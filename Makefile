@@ -8,7 +8,9 @@ PYTHON ?= $(shell r=$$(pyenv root 2>/dev/null); \
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.install-stamp
-PYTEST_ARGS ?= -n 2 -q --durations=15
+# --dist loadfile: one worker runs a whole file, so a module-scoped fixture (the demo run, the
+# pretrained workdirs) is built once, not once per worker that draws one of its tests.
+PYTEST_ARGS ?= -n 2 --dist loadfile -q --durations=15
 FLOORS  = .venv-floors
 
 .PHONY: install demo test test-fast test-floors lint bench clean
