@@ -8,9 +8,12 @@ PYTHON ?= $(shell r=$$(pyenv root 2>/dev/null); \
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.install-stamp
-# --dist loadfile: one worker runs a whole file, so a module-scoped fixture (the demo run, the
-# pretrained workdirs) is built once, not once per worker that draws one of its tests.
-PYTEST_ARGS ?= -n 2 --dist loadfile -q --durations=15
+PYTEST_ARGS ?= -n 2 -q --durations=15
+# `make test` hands each file to one worker, so a module-scoped fixture (the demo run, the
+# pretrained workdirs) is built once, not by both workers. (`--dist loadgroup` would be finer but
+# does not group on pytest 9.2: pytest-dev/pytest-xdist#1386.) The fast tier has no costly shared
+# fixture, and test-by-test balancing is quicker there.
+WHOLE_FILES = --dist loadfile
 FLOORS  = .venv-floors
 
 .PHONY: install demo test test-fast test-floors lint bench clean
@@ -33,7 +36,7 @@ demo: $(STAMP)
 
 # The full suite, what CI runs (.ci/run).
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS) tests
+	$(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) tests
 
 # Everything but the tests marked slow (end-to-end runs): about 2 minutes on 2 cores.
 test-fast: $(STAMP)
@@ -45,7 +48,7 @@ test-floors:
 	test -x $(FLOORS)/bin/python || $(PYTHON) -m venv $(FLOORS)
 	$(FLOORS)/bin/python -m pip install -q uv
 	$(FLOORS)/bin/uv pip install --python $(FLOORS)/bin/python --resolution lowest-direct -e '.[test]'
-	$(FLOORS)/bin/python -m pytest $(PYTEST_ARGS) tests
+	$(FLOORS)/bin/python -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxformer demo tests bench configs train.py
