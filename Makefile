@@ -1,4 +1,5 @@
-# Two commands: `make demo` and `make test`. Both create .venv if missing and install the project.
+# Two commands: `make demo` and `make test`. Both create .venv if missing and install the project
+# with its [test] extra (which includes the [demo] extra). `make test-fast` is the inner-loop tier.
 # Python 3.12+ (jax >= 0.11 needs it): python3.12 / python3.13 on PATH, else pyenv's, else say so.
 PYTHON ?= $(shell r=$$(pyenv root 2>/dev/null); \
             for p in python3.12 python3.13 $$(ls -d $$r/versions/3.1[23].*/bin/python3 2>/dev/null | sort -V); do \
@@ -8,9 +9,14 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.install-stamp
 PYTEST_ARGS ?= -n 2 -q --durations=15
+# `make test` hands each file to one worker, so a module-scoped fixture (the demo run, the
+# pretrained workdirs) is built once, not by both workers. (`--dist loadgroup` would be finer but
+# does not group on pytest 9.2: pytest-dev/pytest-xdist#1386.) The fast tier has no costly shared
+# fixture, and test-by-test balancing is quicker there.
+WHOLE_FILES = --dist loadfile
 FLOORS  = .venv-floors
 
-.PHONY: install demo test test-floors lint bench clean
+.PHONY: install demo test test-fast test-floors lint bench clean
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "jaxformer needs Python 3.12 or 3.13: install one (e.g. 'pyenv install 3.12') or run make PYTHON=/path/to/python3.12"; exit 1; }
@@ -24,11 +30,17 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# The demo is demo/ in this source tree (not part of the installed package): run from the root.
 demo: $(STAMP)
-	$(PY) -m jaxformer.demo $(DEMO_ARGS)
+	$(PY) -m demo $(DEMO_ARGS)
 
+# The full suite, what CI runs (.ci/run).
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS) tests
+	$(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) tests
+
+# Everything but the tests marked slow (end-to-end runs): about 2 minutes on 2 cores.
+test-fast: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow" tests
 
 # The suite at every dependency's lowest allowed version (pyproject's floors), resolved by uv.
 test-floors:
@@ -36,10 +48,10 @@ test-floors:
 	test -x $(FLOORS)/bin/python || $(PYTHON) -m venv $(FLOORS)
 	$(FLOORS)/bin/python -m pip install -q uv
 	$(FLOORS)/bin/uv pip install --python $(FLOORS)/bin/python --resolution lowest-direct -e '.[test]'
-	$(FLOORS)/bin/python -m pytest $(PYTEST_ARGS) tests
+	$(FLOORS)/bin/python -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check jaxformer tests bench configs train.py
+	$(VENV)/bin/ruff check jaxformer demo tests bench configs train.py
 
 bench: $(STAMP)
 	$(PY) bench/train_step.py

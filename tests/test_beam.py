@@ -62,6 +62,7 @@ def reference_beam(model, params, prompt, k, n, alpha, eos, no_repeat=0):
     return finished
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,scan,batch,k", [("gpt_tiny", True, 1, 2), ("t5_tiny", False, 2, 2)])
 def test_beam_matches_python_reference(name, scan, batch, k):
     """EOS and length penalty 0.6; cache reordering on scanned layers (leaves `[layers, B·k, ...]`;
@@ -86,6 +87,7 @@ def test_beam_matches_python_reference(name, scan, batch, k):
     assert any(eos in t for t in res.beam_tokens.tolist()[0])  # EOS handling was exercised
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,k", [("gpt_tiny", 2), ("t5_tiny", 3)])
 def test_beam_without_repeated_ngrams_matches_python_reference(name, k):
     """no_repeat_ngram_size=2 over 8 steps: the pools equal the Python beam search that skips
@@ -136,6 +138,7 @@ def toy_corpus(rng, rows: int, length: int) -> np.ndarray:
     return out
 
 
+@pytest.mark.slow
 def test_beam_beats_greedy_on_a_trained_model():
     """Train a tiny GPT (100 Adam steps) on the chain; beam log-prob >= greedy's for every prompt
     (and > 0.5 nats better on one: the garden path is avoided), and the returned log-probs equal the

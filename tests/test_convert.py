@@ -125,6 +125,7 @@ def _theirs(name, path):
 
 
 # --------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name,scan", [("gpt2", False), ("bert_mlm", False), ("bert_cls", True),
                                        ("t5_v1_0", False), ("t5_v1_1", True)])
 def test_import_matches_pytorch_logits(dirs, name, scan, tmp_path):
@@ -195,6 +196,7 @@ def test_t5_tied_without_rescale_round_trip(tmp_path):
     assert rel_err(_theirs("t5_tied", tmp_path / "out"), ref) <= RTOL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,settings", [
     ("t5_tiny", dict(dropout_rate=0.1, attention_dropout_rate=0.0, ffn_dropout_rate=0.0,
                      init_std=0.05)),
@@ -259,6 +261,7 @@ def test_new_head_is_initialised_and_old_head_dropped(dirs, caplog):
                                   mlm["token_embed"]["embedding"])
 
 
+@pytest.mark.slow
 def test_finetune_imported_gpt2_then_export(dirs, tmp_path):
     cfg_dict, params, _ = load_hf(dirs["gpt2"])
     cfg = ModelConfig.from_dict(cfg_dict)

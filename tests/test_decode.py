@@ -227,6 +227,7 @@ def test_repeated_ngram_mask_matches_python(rng):
                 assert set(np.flatnonzero(got[r]).tolist()) == want, (n, length, r)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt_tiny", "t5_tiny"])
 def test_greedy_without_repeated_bigrams_matches_reference(name):
     """no_repeat_ngram_size=2: batched greedy = the reference argmax loop that masks repeating
@@ -392,6 +393,7 @@ def test_generate_text_round_trips_through_the_tokenizer():
     assert out == [tok.decode(s) for s in want.sequences(strip_eos_id=1)]
 
 
+@pytest.mark.slow
 def test_cli_prints_generations_of_a_saved_workdir(tmp_path, capsys):
     """A workdir as the trainer leaves it (config.json, tokenizer.model, Orbax checkpoint)."""
     import optax

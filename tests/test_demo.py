@@ -1,4 +1,4 @@
-"""The demo's code path end to end (`jaxformer.demo.run_demo`) with tiny models and budgets, and
+"""The demo's code path end to end (`demo.run_demo`) with tiny models and budgets, and
 its baselines against independent computations."""
 
 from __future__ import annotations
@@ -10,9 +10,12 @@ import re
 import numpy as np
 import pytest
 
+from demo import DemoSettings, run_demo, t5_budget
+from demo.__main__ import main
+from demo.bert import low_resource_records, sentiment_records
+from demo.common import load_config, parse_overrides
+from demo.t5 import describe_decoding
 from jaxformer.data.sources import get_source
-from jaxformer.demo import DemoSettings, run_demo
-from jaxformer.demo.bert import low_resource_records, sentiment_records
 
 TINY = {"model.d_model": 32, "model.num_heads": 2, "model.d_ff": 64, "model.num_layers": 1,
         "model.max_len": 64, "model.vocab_size": 512, "data.tokenizer.vocab_size": 512,
@@ -51,6 +54,7 @@ def demo(tmp_path_factory):
     return tmp, results
 
 
+@pytest.mark.slow
 def test_demo_writes_report_with_every_family(demo):
     tmp, results = demo
     out = tmp / "out"
@@ -63,6 +67,7 @@ def test_demo_writes_report_with_every_family(demo):
     assert results["checks"]["flush_to_zero"] in (True, False)
 
 
+@pytest.mark.slow
 def test_demo_budgets_and_metrics_are_consistent(demo):
     _, r = demo
     gpt = r["gpt"]["pretrain"]
@@ -93,12 +98,10 @@ def test_demo_budgets_and_metrics_are_consistent(demo):
     assert base["full"]["train_examples"] == 8495 and base["low"]["train_examples"] == 64
 
 
+@pytest.mark.slow
 def test_t5_budget_run_reports_bleu_at_every_checkpoint(tmp_path):
-    """`python -m jaxformer.demo.t5_budget`'s path: tokenizer, pairs within the limit, one
+    """`python -m demo.t5_budget`'s path: tokenizer, pairs within the limit, one
     scratch run with a greedy-BLEU row per checkpoint, beam BLEU at the end, the report."""
-    from jaxformer.demo import t5_budget
-    from jaxformer.demo.t5 import describe_decoding
-
     overrides = {"*": TINY, "t5_finetune_tiny": {"data.seq_len": 48, "data.target_len": 48}}
     r = t5_budget.run_budget(tmp_path / "run", steps=6, every=3, max_tokens=40, test_verses=6,
                              curve_verses=3, beam_size=2, decode_batch=4, overrides=overrides)
@@ -115,16 +118,12 @@ def test_t5_budget_run_reports_bleu_at_every_checkpoint(tmp_path):
 @pytest.mark.parametrize("flag", ["--budget_scale", "--pretrain_scale", "--bert_curve_points",
                                   "--t5_max_tokens", "--beam_size"])
 def test_demo_cli_rejects_non_positive_budgets(flag, capsys):
-    from jaxformer.demo.__main__ import main
-
     with pytest.raises(SystemExit):
         main([flag, "0"])
     assert f"{flag}=0" in capsys.readouterr().err
 
 
 def test_set_overrides_are_typed_targeted_and_applied():
-    from jaxformer.demo.common import load_config, parse_overrides
-
     o = parse_overrides(["model.d_model=256", "bert_finetune_tiny:data.seq_len=96",
                          "bert_pretrain_tiny:optimizer.peak_lr=5e-4",
                          "bert_pretrain_tiny:data.source=shakespeare",
@@ -146,16 +145,12 @@ def test_set_overrides_are_typed_targeted_and_applied():
     ("model.d_model.size=8", "'gpt_pretrain_tiny' has no key"),  # a value is not a section
 ])
 def test_set_rejects_bad_items(item, message):
-    from jaxformer.demo.common import parse_overrides
-
     with pytest.raises(ValueError, match=re.escape(message)):
         parse_overrides([item])
     assert parse_overrides(["t5_pretrain_tiny:model.relative_num_buckets=8"])
 
 
 def test_demo_settings_change_keys_and_never_add_them():
-    from jaxformer.demo.common import load_config
-
     assert load_config("bert_finetune_tiny", **{"data.format": "jsonl"}).data.format == "jsonl"
     with pytest.raises(KeyError, match="data has no key 'fromat'"):
         load_config("bert_finetune_tiny", **{"data.fromat": "jsonl"})
@@ -164,8 +159,6 @@ def test_demo_settings_change_keys_and_never_add_them():
 
 
 def test_demo_cli_reports_bad_set_items(tmp_path, capsys):
-    from jaxformer.demo.__main__ import main
-
     with pytest.raises(SystemExit):  # (if it ever ran, the budget keeps it short)
         main(["--set", "model.d_modle=3", "--only", "gpt", "--budget_scale", "0.001",
               "--workdir", str(tmp_path), "--out", str(tmp_path)])

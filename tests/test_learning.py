@@ -5,11 +5,13 @@ from __future__ import annotations
 import jax
 import numpy as np
 import optax
+import pytest
 
 from jaxformer.models import ModelConfig, build_model
 from jaxformer.models.presets import preset
 
 
+@pytest.mark.slow
 def test_encoder_decoder_learns_to_copy_through_cross_attention():
     """Copying random 12-token sequences (ids 7..31) is only possible by reading the source: a
     decoder alone stays at the uniform loss ln(25) ≈ 3.2. Learning alignment is a late phase

@@ -72,6 +72,7 @@ def test_inference_gives_the_recorded_parameters_and_logits(untouched, capsys):
     assert "OUTPUT_IDS" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_resuming_continues_on_the_recorded_batch_with_the_recorded_losses(untouched, tmp_path):
     """The reference script itself, run on the current stack (one CPU device and a batch of 2, as
     the fixture was made; DeprecationWarnings from our code are errors): it resumes a copy of the workdir."""

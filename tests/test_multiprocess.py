@@ -19,9 +19,12 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 from jaxformer.train.checkpoint import load_checkpoint_params, resolve_checkpoint
 from jaxformer.train.metrics import read_metrics
+
+pytestmark = pytest.mark.slow  # subprocesses that each start JAX and train
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the king and queen of a far land rode out at dawn with their men to the sea where ships "

@@ -146,6 +146,7 @@ def _loss(out):
     return sum(jnp.sum(jnp.sin(o.astype(jnp.float32))) for o in jax.tree.leaves(out))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,overrides", [("gpt", dict(scan_layers=True, remat_policy="dots")),
                                             ("t5", dict(remat_policy="full"))])
 def test_jitted_values_and_gradients_equal_linen_with_scan_and_remat(name, overrides):
@@ -188,6 +189,7 @@ def _program(compiled) -> list[str]:
     return text.splitlines()[1:]  # not the module's name
 
 
+@pytest.mark.slow
 def test_jitted_nnx_step_is_the_linen_program():
     """The NNX forward + backward, jitted as the trainer does (a pure function of the parameter
     dict, ``nnx.merge`` while tracing), compiles to the Linen one's program, instruction for
@@ -202,6 +204,7 @@ def test_jitted_nnx_step_is_the_linen_program():
     assert len(_program(got)) > 100 and _program(got) == _program(want)
 
 
+@pytest.mark.slow
 def test_scanned_equals_unrolled_with_dropout_too():
     """Layer i draws split(stack key, L)[i] in both layouts: equal with dropout on or off."""
     cfg = cfg_of("gpt", ffn_dropout_rate=0.1)
@@ -261,6 +264,7 @@ def test_parameters_convert_both_ways():
         jnnx.from_params(cfg.replace(scan_layers=True), params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt_relative_scan", "t5"])
 def test_sharded_init_gives_the_linen_shardings(name):
     """On a 2×2×2 (data, fsdp, tensor) mesh of 8 simulated devices."""
@@ -285,6 +289,7 @@ def test_sharded_init_gives_the_linen_shardings(name):
 PROMPTS = [[5, 6, 7], [9], [11, 12, 13, 14, 15]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt", "t5"])
 def test_generation_equals_linen(name):
     cfg = cfg_of(name)
@@ -327,6 +332,7 @@ def test_generate_text_with_an_nnx_model():
 
 
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_from_hf_logits_equal_pytorch(tmp_path):
     """Random tiny Hugging Face GPT-2 and T5 models (PyTorch, eager attention, no download)."""
     import torch

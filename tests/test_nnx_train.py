@@ -72,6 +72,7 @@ def _resume_other_api(run: Path, copy: Path, api: str, **overrides) -> dict[int,
     return losses(copy)
 
 
+@pytest.mark.slow
 def test_checkpoints_resume_across_module_apis_and_train_alike(tmp_path):
     """A Linen run resumed by NNX, and an NNX run (NNX-initialised) resumed by Linen: the resumed
     steps equal the uninterrupted run's (same parameters, same batches, dropout off; bitwise on
@@ -90,6 +91,7 @@ def test_checkpoints_resume_across_module_apis_and_train_alike(tmp_path):
     assert losses(linen_run)[1] != losses(nnx_run)[1]
 
 
+@pytest.mark.slow
 def test_init_from_hugging_face_directory_with_nnx(tmp_path):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel

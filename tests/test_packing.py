@@ -158,6 +158,7 @@ def _check_segments(exs, batch, feature, packed, run_alone):
     assert checked == len(exs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kw", [("gpt_tiny", {}), ("gpt_tiny", {"position": "rope"}),
                                       ("gpt_tiny", {"position": "sinusoidal"}),
                                       ("bert_tiny", {"head": "none", "pooler": False})])
@@ -173,6 +174,7 @@ def test_packed_rows_match_separate_examples_single_stack(name, kw):
     _check_segments(exs, batch, "inputs", packed, lambda e: apply(params, e["inputs"]))
 
 
+@pytest.mark.slow
 def test_packed_rows_match_separate_examples_encoder_decoder():
     """Decoder logits per target segment (T5: relative position bias from the packed positions)."""
     model = EncoderDecoder(_tiny("t5_tiny"))

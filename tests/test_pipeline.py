@@ -243,6 +243,7 @@ def test_resume_from_state_continues_the_stream(tok, task, kw):
     _assert_same(_take(fresh, 23), full[7:])
 
 
+@pytest.mark.slow
 def test_worker_processes_are_deterministic_and_resumable(tok):
     """Worker processes give their own deterministic stream; its state restores it."""
     it = iter(_make(tok, "span_corruption", worker_count=2))

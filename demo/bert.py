@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from jaxformer.demo.common import (
+from demo.common import (
     DemoSettings,
     Overrides,
     banner,
@@ -26,13 +26,12 @@ from jaxformer.demo.common import (
     train_run,
     write_jsonl,
 )
+from jaxformer.data.sources import get_source
 
 SPLITS = ("train", "validation", "test")
 
 
 def sentiment_records(split: str) -> list[dict]:
-    from jaxformer.data.sources import get_source
-
     src = get_source({"source": "movie_sentiment"}, split)
     return [{"text": r["text"], "label": int(r["label"]), "id": r["id"]}
             for r in (src[i] for i in range(len(src)))]

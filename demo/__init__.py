@@ -1,13 +1,18 @@
 """The end-to-end demo behind ``make demo``: for each family, pretrain on a text corpus, fine-tune
 from that checkpoint, and measure held-out results against baselines, CPU-sized.
 
-    python -m jaxformer.demo [--workdir runs/demo] [--budget_scale 1.0] [--only gpt,bert,t5]
+Not part of the installed library: it lives beside ``configs/`` (which it reads) in the source
+tree and needs the ``[demo]`` extra (matplotlib, scikit-learn, sacrebleu). From the repository
+root::
+
+    pip install -e '.[demo]'
+    python -m demo [--workdir runs/demo] [--budget_scale 1.0] [--only gpt,bert,t5]
 
 Writes ``demo_results/results.json``, ``results.md`` and ``curves.png``. `run_demo` is the same
 from Python, with config overrides (tests run it with tiny models).
 """
 
-from jaxformer.demo.common import DemoSettings
-from jaxformer.demo.main import FAMILIES, run_demo
+from demo.common import DemoSettings
+from demo.main import FAMILIES, run_demo
 
 __all__ = ["DemoSettings", "FAMILIES", "run_demo"]

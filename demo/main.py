@@ -11,16 +11,23 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import jax
+from absl import logging
 
-from jaxformer.demo.common import (
+from demo import report
+from demo.baselines import ngram_logistic_regression
+from demo.bert import low_resource_records, run_bert, sentiment_records
+from demo.common import (
     DemoSettings,
     Overrides,
     banner,
     start_clock,
     xla_denormal_check,
 )
+from demo.gpt import run_gpt
+from demo.t5 import run_t5
 
-FAMILIES = ("gpt", "bert", "t5")
+RUNNERS = {"gpt": run_gpt, "bert": run_bert, "t5": run_t5}  # in the order they run
+FAMILIES = tuple(RUNNERS)
 
 
 def _cpu_name() -> str:
@@ -39,9 +46,6 @@ def _load() -> float:
 
 def sentiment_baseline(settings: DemoSettings) -> dict:
     """Bag-of-n-grams logistic regression on the full and the low-resource training split."""
-    from jaxformer.demo.baselines import ngram_logistic_regression
-    from jaxformer.demo.bert import low_resource_records, sentiment_records
-
     val, test = sentiment_records("validation"), sentiment_records("test")
     return {"full": ngram_logistic_regression(sentiment_records("train"), val, test),
             "low": ngram_logistic_regression(
@@ -62,10 +66,6 @@ def run_demo(workdir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
     Returns:
       the results (as written to results.json).
     """
-    from absl import logging
-
-    from jaxformer.demo import report
-
     settings = settings or DemoSettings()
     unknown = sorted(set(only) - set(FAMILIES))
     if unknown or not only:
@@ -85,13 +85,7 @@ def run_demo(workdir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
         if family not in only:
             continue
         shutil.rmtree(workdir / family, ignore_errors=True)
-        if family == "gpt":
-            from jaxformer.demo.gpt import run_gpt as fn
-        elif family == "bert":
-            from jaxformer.demo.bert import run_bert as fn
-        else:
-            from jaxformer.demo.t5 import run_t5 as fn
-        results[family] = fn(workdir, settings, overrides)
+        results[family] = RUNNERS[family](workdir, settings, overrides)
     if "bert" in only or "gpt" in only:
         banner("Sentiment baseline: bag-of-n-grams logistic regression")
         results["sentiment_baseline"] = sentiment_baseline(settings)
@@ -100,7 +94,7 @@ def run_demo(workdir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
                   f"({v['train_examples']:,} training sentences)")
     results["checks"] = checks
     results["meta"] = {
-        "command": command or f"python -m jaxformer.demo --budget_scale {settings.budget_scale}",
+        "command": command or f"python -m demo --budget_scale {settings.budget_scale}",
         "families": list(only), "total_minutes": round((time.perf_counter() - t0) / 60, 2),
         "cpu_count": os.cpu_count(), "cpu": _cpu_name(), "load_start": load_start,
         "load_end": _load(), "jax": jax.__version__, "python": sys.version.split()[0],

@@ -1,4 +1,4 @@
-"""``python -m jaxformer.demo``: see `jaxformer.demo`."""
+"""``python -m demo``: see `demo`."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import argparse
 import dataclasses
 import sys
 
-from jaxformer.demo import FAMILIES, DemoSettings, run_demo
-from jaxformer.demo.common import DEMO_CONFIGS, parse_overrides
+from demo import FAMILIES, DemoSettings, run_demo
+from demo.common import DEMO_CONFIGS, parse_overrides
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m jaxformer.demo", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
     p.add_argument("--workdir", default="runs/demo",
                    help="runs go to <workdir>/{gpt,bert,t5} (replaced on each demo run)")
     p.add_argument("--budget_scale", type=float, default=1.0,
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
                                    bert_curve_points=args.bert_curve_points,
                                    t5_max_tokens=args.t5_max_tokens,
                                    beam_size=args.beam_size)
-    command = "python -m jaxformer.demo " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m demo " + " ".join(sys.argv[1:] if argv is None else argv)
     run_demo(args.workdir, settings, [f.strip() for f in args.only.split(",") if f.strip()],
              overrides=overrides, out_dir=args.out, command=command.strip())
 

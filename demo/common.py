@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
 import json
 import os
 import time
@@ -19,13 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxformer.train.config import config_node, set_key
+from jaxformer.train.checkpoint import load_checkpoint_params
+from jaxformer.train.config import config_node
+from jaxformer.train.config import load_config as load_training_config
+from jaxformer.train.loop import Trainer
+from jaxformer.train.metrics import read_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = ROOT / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"  # demo/ sits beside configs/
 Overrides = Mapping[str, Mapping[str, Any]]
 
 
@@ -46,7 +49,7 @@ class DemoSettings:
         the limit (0 = all of them).
       t5_curve_verses: test verses decoded greedily at every checkpoint (BLEU against steps).
       t5_select_verses: validation verses on which the translation decoding is chosen (greedy,
-        or beam search with one of ``t5_length_penalties``; `jaxformer.demo.t5.choose_decoding`).
+        or beam search with one of ``t5_length_penalties``; `demo.t5.choose_decoding`).
       beam_size: beam width tried for translation (1 = greedy only).
       t5_length_penalties: GNMT length-penalty exponents tried with beam search.
       t5_no_repeat_ngrams: no-repeat n-gram sizes tried with every search (0 = off).
@@ -98,15 +101,11 @@ def load_config(name: str, overrides: Overrides | None = None, **settings: Any
     (``overrides["*"]`` for every config, then ``overrides[name]``)."""
     path = CONFIG_DIR / f"{name}.py"
     if not path.exists():
-        raise FileNotFoundError(f"demo config {path} not found; run from a source checkout")
-    spec = importlib.util.spec_from_file_location(f"demo_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
-    config.progress_bar = True
-    for source in (settings, (overrides or {}).get("*", {}), (overrides or {}).get(name, {})):
-        for key, value in source.items():
-            set_key(config, key, value)
+        raise FileNotFoundError(f"demo config {path} not found: the demo reads the configs/ folder "
+                                f"beside its own folder ({Path(__file__).parent})")
+    merged = {"progress_bar": True, **settings, **(overrides or {}).get("*", {}),
+              **(overrides or {}).get(name, {})}
+    config = load_training_config(path, merged)
     return config
 
 
@@ -208,9 +207,6 @@ def train_run(name: str, config: ml_collections.ConfigDict, workdir: Path):
     checkpoints included); ``setup_seconds`` that of the Trainer's construction (tokenizer,
     initialisation, restoring ``init_from``).
     """
-    from jaxformer.train.loop import Trainer
-    from jaxformer.train.metrics import read_metrics
-
     workdir = Path(workdir)
     t0 = time.perf_counter()
     trainer = Trainer(config, workdir)
@@ -266,9 +262,7 @@ def saved_steps(workdir: Path) -> list[int]:
 
 def checkpoint_params(workdir: Path, step: int):
     """Parameters of ``<workdir>/checkpoints/<step>`` as device arrays."""
-    from jaxformer.train.checkpoint import load_params
-
-    return jax.tree.map(jax.numpy.asarray, load_params(Path(workdir) / "checkpoints" / str(step)))
+    return jax.tree.map(jnp.asarray, load_checkpoint_params(Path(workdir) / "checkpoints" / str(step)))
 
 
 def curve(rows: list[dict], key: str) -> list[tuple[int, float]]:
@@ -314,8 +308,6 @@ def xla_denormal_check(n: int = 384, repeats: int = 10) -> dict:
     unless the FPU flushes them (FTZ) and treats denormal inputs as zero (DAZ). Checks both flags
     on results and inputs, and times one jitted matmul+elementwise op on normal vs denormal data.
     """
-    import jax.numpy as jnp
-
     tiny = np.float32(1e-20)
     ftz = float(jax.jit(lambda a, b: a * b)(tiny, tiny)) == 0.0  # 1e-40 is denormal
     daz = float(jax.jit(lambda a: a * 2.0)(np.float32(1e-40))) == 0.0

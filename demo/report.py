@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from demo.common import curve
+from demo.t5 import describe_decoding
+
 GOALS = {
     "gpt": "pretrained perplexity <= 20% of the unigram perplexity",
     "bert_full": "sentiment test accuracy >= 75% on the full training split",
@@ -124,8 +127,6 @@ def _bert_section(results: dict) -> list[str]:
 
 def _decoding(r: dict) -> str:
     """The chosen decoding and its validation BLEU."""
-    from jaxformer.demo.t5 import describe_decoding
-
     d = r["decoding"]
     return (f"{describe_decoding(d)} (validation BLEU {d['validation_bleu']:.2f} on "
             f"{d['validation_verses']} verses)")
@@ -165,12 +166,10 @@ def _t5_section(t: dict) -> list[str]:
 
 def plot(results: dict, path: Path) -> None:
     """Learning curves (validation metrics against steps) of every run, one panel per stage."""
-    import matplotlib
+    import matplotlib  # the plot's backend is chosen before pyplot loads
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from jaxformer.demo.common import curve
 
     panels = []
     if "gpt" in results:

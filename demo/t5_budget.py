@@ -5,7 +5,7 @@ The demo's translation runs are a few minutes each; this answers "how much train
 set-up need for a given BLEU" on the same data, tokenizer, verse-length limit and hyper-parameters
 (``configs/t5_finetune_tiny.py``), only with more steps::
 
-    python -m jaxformer.demo.t5_budget --steps 6000 --every 500 \
+    python -m demo.t5_budget --steps 6000 --every 500 \
         [--tokenizer runs/demo/t5/pretrain/tokenizer.model]
 
 Without ``--tokenizer`` the demo's T5 tokenizer is trained first (same config, same corpus, so the
@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from jaxformer.demo.common import (
+from demo.common import (
     DemoSettings,
     Overrides,
     banner,
@@ -29,22 +30,21 @@ from jaxformer.demo.common import (
     start_clock,
     train_run,
 )
-from jaxformer.demo.t5 import (
+from demo.t5 import (
     bleu_curve,
     decode_test,
     describe_decoding,
     spread,
     write_translation_split,
 )
+from jaxformer.data.pipeline import source_texts
+from jaxformer.data.sources import get_source
+from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 
 
 def demo_tokenizer(workdir: Path, overrides: Overrides | None = None):
     """The demo's T5 tokenizer (``configs/t5_pretrain_tiny.py``'s tokenizer section and corpus),
     trained into ``workdir`` unless already there."""
-    from jaxformer.data.pipeline import source_texts
-    from jaxformer.data.sources import get_source
-    from jaxformer.data.tokenizer import load_or_train_tokenizer
-
     config = load_config("t5_pretrain_tiny", overrides)
     return load_or_train_tokenizer(config.data.tokenizer, workdir,
                                    lambda: source_texts(get_source(config.data, "train")))
@@ -58,9 +58,6 @@ def run_budget(workdir: Path, steps: int, every: int, *, tokenizer_path: str = "
                no_repeat_ngrams: tuple[int, ...] = DemoSettings.t5_no_repeat_ngrams,
                decode_batch: int = 64,
                overrides: Overrides | None = None) -> dict:
-    from jaxformer.data.sources import get_source
-    from jaxformer.data.tokenizer import Tokenizer
-
     workdir = Path(workdir)
     start_clock()
     banner("T5 budget: tokenizer and verse pairs")
@@ -120,9 +117,7 @@ def markdown(r: dict, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
-
-    p = argparse.ArgumentParser(prog="python -m jaxformer.demo.t5_budget", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m demo.t5_budget", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default="runs/t5_budget")
     p.add_argument("--steps", type=int, default=6000)
@@ -143,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(str(e))
     results = run_budget(Path(args.workdir), args.steps, args.every, tokenizer_path=args.tokenizer,
                          max_tokens=args.max_tokens, overrides=overrides)
-    command = "python -m jaxformer.demo.t5_budget " + " ".join(sys.argv[1:] if argv is None
+    command = "python -m demo.t5_budget " + " ".join(sys.argv[1:] if argv is None
                                                                else argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,15 +16,17 @@ from collections.abc import Sequence
 import jax
 import ml_collections
 import numpy as np
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
 
-from jaxformer.demo.common import eval_batches
+from demo.common import eval_batches
+from jaxformer.data.pipeline import make_dataset
+from jaxformer.train.step import make_eval_step
 
 
 def unigram_log_probs(trainer) -> np.ndarray:
     """log p(token) `[vocab]` from the training split's token counts, add-one smoothed over the
     tokenizer's ids: p(v) = (count(v) + 1) / (N + V)."""
-    from jaxformer.data.pipeline import make_dataset
-
     data_cfg = ml_collections.ConfigDict(trainer.config.data.to_dict())
     data_cfg.shuffle, data_cfg.batch_size, data_cfg.prefetch = False, 64, 0
     vocab = trainer.tokenizer.vocab_size
@@ -47,8 +49,6 @@ def perplexity_vs_unigram(trainer, params, split: str, log_probs: np.ndarray) ->
     Both are exp(mean negative log-likelihood) over the positions weighted by the causal-LM
     objective (the model's numbers come from the trainer's own eval step).
     """
-    from jaxformer.train.step import make_eval_step
-
     eval_fn = jax.jit(make_eval_step(trainer.model, trainer.prepare))
     prepare = jax.jit(trainer.prepare)
     key = jax.random.key(0)
@@ -72,9 +72,6 @@ def ngram_logistic_regression(train: Sequence[dict], validation: Sequence[dict],
                               cs: Sequence[float] = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)) -> dict:
     """Train on ``train`` records ({"text", "label"}), pick C by validation accuracy, report
     validation and test accuracy of that C."""
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
-
     def xy(records):
         return [r["text"] for r in records], np.array([r["label"] for r in records])
 

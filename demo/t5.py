@@ -15,17 +15,23 @@ import time
 from pathlib import Path
 
 import numpy as np
+import sacrebleu
+from tqdm.auto import tqdm
 
-from jaxformer.demo.common import (
+from demo.common import (
     DemoSettings,
     Overrides,
     banner,
+    checkpoint_params,
     count_params,
     load_config,
+    saved_steps,
     scale_budget,
     train_run,
     write_jsonl,
 )
+from jaxformer.data.sources import get_source
+from jaxformer.decode import GenerationConfig, generate_padded
 
 SPLITS = ("train", "validation", "test")
 
@@ -34,8 +40,6 @@ def write_translation_split(directory: Path, tokenizer, max_source: int, max_tar
                             ) -> tuple[dict, dict]:
     """``<directory>/{split}.jsonl``: the pairs of ``bible_en_es`` whose source / target fit in
     ``max_source`` / ``max_target`` tokens with EOS. Returns (data-config keys, counts)."""
-    from jaxformer.data.sources import get_source
-
     counts = {}
     for split in SPLITS:
         src = get_source({"source": "bible_en_es"}, split)
@@ -62,10 +66,6 @@ def translate(model, params, tokenizer, sources: list[str], *, max_source: int,
     """Translate ``sources`` in fixed-shape batches (one compilation): `[batch, max_source]`
     right-padded inputs ending with EOS, beam search with GNMT length penalty ``length_penalty``
     (greedy when ``beam_size`` is 1), optionally never repeating an n-gram."""
-    from tqdm.auto import tqdm
-
-    from jaxformer.decode import GenerationConfig, generate_padded
-
     special = tokenizer.special
     cfg = GenerationConfig(strategy="beam" if beam_size > 1 else "greedy",
                            max_new_tokens=max_new_tokens, beam_size=beam_size,
@@ -89,8 +89,6 @@ def translate(model, params, tokenizer, sources: list[str], *, max_source: int,
 
 def bleu(hypotheses: list[str], references: list[str]) -> dict:
     """Corpus BLEU and chrF (sacrebleu defaults: 13a tokenization, exponential smoothing)."""
-    import sacrebleu
-
     metric = sacrebleu.BLEU()
     b = metric.corpus_score(hypotheses, [references])
     c = sacrebleu.CHRF().corpus_score(hypotheses, [references])
@@ -157,8 +155,6 @@ def bleu_curve(trainer, run, tokenizer, pairs: list[dict], max_len: int, config,
     """Greedy test BLEU of every kept checkpoint of a fine-tuning run: BLEU against training
     steps, tokens and minutes (minutes pro rata of the run's wall time), with the validation loss
     logged at that step."""
-    from jaxformer.demo.common import checkpoint_params, saved_steps
-
     evals = {r["step"]: r["eval_loss"] for r in run.rows if "eval_loss" in r}
     out = []
     for step in saved_steps(run.workdir):
@@ -177,8 +173,6 @@ def bleu_curve(trainer, run, tokenizer, pairs: list[dict], max_len: int, config,
 
 
 def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = None) -> dict:
-    from jaxformer.data.sources import get_source
-
     workdir = Path(workdir) / "t5"
     s = settings.budget_scale
     banner("T5 1/3: span-corruption pretraining on English + Spanish verses")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxformer.demo import baselines
-from jaxformer.demo.common import (
+from demo import baselines
+from demo.common import (
     DemoSettings,
     Overrides,
     banner,

@@ -1,0 +1,75 @@
+"""What the package promises about itself: the library imports without the demo's dependencies
+(the ``[demo]`` extra), and the test tiers' marker cannot be misspelt."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO_ONLY = ("matplotlib", "sklearn", "sacrebleu")  # import names of the [demo] extra's packages
+
+# Run in a fresh interpreter: a finder ahead of every other one makes the demo's dependencies
+# look uninstalled, then every module of the package is imported. Prints the modules imported.
+IMPORT_EVERY_MODULE = textwrap.dedent("""
+    import importlib, pkgutil, sys
+
+    BLOCKED = {blocked!r}
+
+    class Uninstalled:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {{name!r}} (blocked)", name=name)
+            return None
+
+    sys.meta_path.insert(0, Uninstalled())
+    import jaxformer
+
+    names = ["jaxformer"] + [m.name for m in pkgutil.walk_packages(jaxformer.__path__, "jaxformer.")]
+    for name in names:
+        importlib.import_module(name)
+    leaked = sorted(m for m in sys.modules if m.partition(".")[0] in BLOCKED)
+    assert not leaked, leaked
+    print("\\n".join(names))
+""")
+
+
+def _import_every_module(blocked: tuple[str, ...]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", IMPORT_EVERY_MODULE.format(blocked=blocked)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_library_imports_without_the_demo_dependencies():
+    proc = _import_every_module(DEMO_ONLY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = set(proc.stdout.split())
+    expected = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                for p in (ROOT / "jaxformer").rglob("*.py")}
+    assert imported == expected  # every module of the package, none skipped
+    assert not any(name.startswith("jaxformer.demo") for name in imported)
+
+
+def test_the_import_check_catches_a_library_import_of_a_blocked_package():
+    """The check is live: blocking a package the library does import (numpy) fails it."""
+    proc = _import_every_module(("numpy",))
+    assert proc.returncode != 0 and "No module named 'numpy' (blocked)" in proc.stderr
+
+
+def test_demo_dependencies_are_an_extra_not_core_dependencies():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"])
+    extras = project["optional-dependencies"]
+    for package in ("matplotlib", "scikit-learn", "sacrebleu"):
+        assert package not in core
+        assert any(spec.startswith(package) for spec in extras["demo"])
+    assert "jaxformer[demo]" in extras["test"]  # `make test` runs tests/test_demo.py
+
+
+def test_slow_marker_is_registered_and_markers_are_strict(pytestconfig):
+    """`make test-fast` deselects ``-m "not slow"``: a misspelt ``@pytest.mark.slwo`` would
+    silently keep a slow test in the fast tier, so unknown markers are errors."""
+    assert pytestconfig.option.strict_markers
+    assert any(line.startswith("slow:") for line in pytestconfig.getini("markers"))
