@@ -1,10 +1,11 @@
 """Every runnable config builds and validates (before any data or compilation)."""
 
+import json
 from pathlib import Path
 
 import pytest
 
-from jaxformer.train.config import load_config, validate_config
+from jaxformer.train.config import check_resume, load_config, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.py"))
@@ -35,6 +36,18 @@ def test_data_task_is_derived_from_the_objective():
     config.data.task = "seq2seq"
     with pytest.raises(ValueError, match="data.task='seq2seq' does not fit objective.name='denoise'"):
         validate_config(config)
+
+
+def test_resume_of_a_run_that_stated_data_task_and_framing_notes_nothing():
+    """A config.json written when configs still stated ``data.task`` and ``data.framing`` resumes
+    under today's config (which derives both from the objective) without a note; another framing
+    is still noted."""
+    config = get_config("t5_pretrain_tiny")
+    saved = json.loads(json.dumps(config.to_dict(), default=str))
+    saved["data"].update(task="span_corruption", framing="eos")
+    assert check_resume(saved, config) == []
+    saved["data"]["framing"] = "bos_eos"
+    assert check_resume(saved, config) == ["data.framing: 'bos_eos' -> 'eos'"]
 
 
 def test_unknown_top_level_key_is_rejected():
@@ -160,7 +173,6 @@ def test_data_that_cannot_fit_the_model_fails_in_validate_config(name, overrides
 def test_check_resume_refuses_architecture_changes_and_notes_the_rest():
     import json
 
-    from jaxformer.train.config import check_resume
 
     saved = json.loads(json.dumps(get_config("gpt_pretrain_tiny").to_dict(), default=str))
     config = get_config("gpt_pretrain_tiny")

@@ -52,7 +52,7 @@ from ml_collections import config_flags
 from jaxformer.config import ModelConfig, changed_fields, resumable_fields
 from jaxformer.data.pipeline import check_data_config, default_data_config
 from jaxformer.data.sources import list_option
-from jaxformer.objectives import OPTION_DEFAULTS, check_objective
+from jaxformer.objectives import OPTION_DEFAULTS, check_objective, get_objective
 from jaxformer.train.nonfinite import POLICIES
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 
@@ -284,6 +284,16 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig, resol
                          f"{model_cfg.num_classes}; set model.num_classes={len(names)}")
 
 
+def _effective_data(flat_config: dict[str, Any]) -> dict[str, Any]:
+    """``data.task`` and an unset ``data.framing`` as the objective derives them, so a config.json
+    written when configs still stated them compares equal to today's config."""
+    out = {k: v for k, v in flat_config.items() if k != "data.task"}
+    objective = get_objective(flat_config.get("objective.name", "clm"))
+    if not out.get("data.framing") and objective.framing:
+        out["data.framing"] = objective.framing
+    return out
+
+
 def check_resume(run_config: dict, config: ml_collections.ConfigDict) -> list[str]:
     """Compare the ``config.json`` a workdir's checkpoints were written with to the current config.
 
@@ -298,7 +308,7 @@ def check_resume(run_config: dict, config: ml_collections.ConfigDict) -> list[st
         return {k: v for key, sub in tree.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
 
     current = json.loads(json.dumps(config.to_dict(), default=str))  # as config.json stores it
-    now, before = flat(current), flat(run_config)
+    now, before = _effective_data(flat(current)), _effective_data(flat(run_config))
     old_model, new_model = (ModelConfig.from_dict(c["model"]) for c in (run_config, current))
     changed = [k for k in sorted(set(now) | set(before))
                if not k.startswith("model.") and before.get(k) != now.get(k)]
