@@ -26,9 +26,8 @@ from demo.common import (
     train_run,
     write_jsonl,
 )
+from jaxformer.data.builders.base import SPLITS
 from jaxformer.data.sources import get_source
-
-SPLITS = ("train", "validation", "test")
 
 
 def sentiment_records(split: str) -> list[dict]:

@@ -30,10 +30,9 @@ from demo.common import (
     train_run,
     write_jsonl,
 )
+from jaxformer.data.builders.base import SPLITS
 from jaxformer.data.sources import get_source
 from jaxformer.decode import GenerationConfig, generate_padded
-
-SPLITS = ("train", "validation", "test")
 
 
 def write_translation_split(directory: Path, tokenizer, max_source: int, max_target: int
