@@ -19,6 +19,8 @@ from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 from jaxformer.models.presets import preset
 from jaxformer.models.transformer import build_model
 
+pytestmark = pytest.mark.slow  # transformers interop (AutoTokenizer); `make test` runs it
+
 EDGE_CASES = ["", " ", "a  b", "  leading and trailing  ", "tabs\tand\nnewlines",
               "héllo wörld ☃ 日本語 🙂", "ﬁ ligature Ⅻ ①", "\u3000full-width space", "1234567890"]
 

@@ -243,6 +243,7 @@ def test_scanned_stack_equals_unrolled(name, stacks):
         np.testing.assert_allclose(g, w, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_remat_policies_give_equal_outputs_and_gradients():
     base, f = compiled("gpt_tiny")
     params, batch = params_of("gpt_tiny"), make_batch(base)
