@@ -4,8 +4,8 @@ Configs are written as `ml_collections.ConfigDict` (``configs/<name>.py: get_con
 `ModelConfig` with `ModelConfig.from_dict`, which rejects unknown keys, non-positive sizes and
 inconsistent head counts with a `ValueError` naming the field, before anything is compiled.
 
-Every field declares its kind where it is declared (``_field(kind, default)``), and every list of
-fields is derived from that:
+Every field declares its kind and its description where it is declared (``_field(kind, default,
+doc)``), and every list of fields is derived from that:
 
 ==============  ===================================================  ==========================
 kind            what it changes                                      may change when
@@ -47,99 +47,102 @@ ARCHITECTURE, HEAD, REGULARIZATION, INIT, COMPUTE, LAYOUT = (
 KINDS = (ARCHITECTURE, HEAD, REGULARIZATION, INIT, COMPUTE, LAYOUT)
 
 
-def _field(kind: str, default: Any) -> Any:
-    """A `ModelConfig` field of ``kind`` (one of `KINDS`)."""
+def _field(kind: str, default: Any, doc: str) -> Any:
+    """A `ModelConfig` field of ``kind`` (one of `KINDS`), described by ``doc`` (one line)."""
     assert kind in KINDS, kind
-    return dataclasses.field(default=default, metadata={"kind": kind})
+    return dataclasses.field(default=default, metadata={"kind": kind, "doc": doc})
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Architecture of any of the three families. Shapes in docstrings use these names.
 
-    Attributes (the less obvious ones):
-      family: "encoder" (BERT), "decoder" (GPT) or "encoder_decoder" (T5 / Vaswani).
-      num_kv_heads: key/value heads (< num_heads for GQA, 1 for MQA); default num_heads.
-      head_dim: per-head width; default d_model // num_heads (T5 allows it to differ).
-      num_layers: layers of the single stack; for encoder_decoder the default of both stacks.
-      position: "sinusoidal" (Vaswani), "learned" (BERT/GPT-2), "rope", "relative" (T5 buckets,
-        one table per stack shared by its layers) or "none".
-      norm_position: "pre" (GPT-2, T5; adds a final norm) or "post" (Vaswani, BERT:
-        LayerNorm(x + Sublayer(x))).
-      embedding_norm: LayerNorm right after the embeddings (BERT).
-      gated_ffn: GLU-style FFN (SwiGLU with activation="silu", GEGLU with "gelu"/"gelu_tanh").
-      target_token_dropout_rate: encoder-decoder only: during training, zero the embedding of
-        each decoder input token with this probability ("word dropout", Gal & Ghahramani 2016;
-        Sennrich & Zhang 2019), so the decoder must lean on the source instead of its own prefix.
-      attention_scale: logits multiplier; None = 1/sqrt(head_dim), T5 uses 1.0.
-      scale_embeddings: multiply token embeddings by sqrt(d_model) (Vaswani §3.4).
-      tie_embeddings: output projection = token embedding transposed.
-      rescale_tied_logits: multiply hidden states by d_model^-0.5 before a tied unembedding (T5).
-      type_vocab_size: token-type (segment A/B) embeddings, 2 for BERT, 0 for none.
-      head: output head: "lm" (next token / decoder), "mlm", "classify" (sequence),
-        "token_classify", "none" (backbone output: hidden states, plus the pooled vector when pooler=True).
-      pooling: which token the sequence classifier reads ("first" = [CLS], "last" = final
-        non-padding token for causal models, "mean", "max" = per-feature max over the tokens).
-      pooler: BERT's dense+tanh over the pooled token.
-      mlm_transform: BERT's dense+activation+LayerNorm before the MLM decoder.
-      dtype / param_dtype: compute and storage dtypes.
-      scan_layers / remat_policy: `nn.scan` over layers; activation checkpointing policy.
-      attention_impl: "xla" or "chunked" (memory-efficient online softmax).
+    Each field declares its kind and a one-line description (``doc``) where it is declared;
+    ``python train.py --config <file> --print_config`` lists them with the config's values.
     """
 
     # architecture: the parameter tree or the function it computes
-    family: str = _field(ARCHITECTURE, "decoder")
-    vocab_size: int = _field(ARCHITECTURE, 32_000)
-    d_model: int = _field(ARCHITECTURE, 512)
-    num_heads: int = _field(ARCHITECTURE, 8)
-    num_kv_heads: int | None = _field(ARCHITECTURE, None)
-    head_dim: int | None = _field(ARCHITECTURE, None)
-    d_ff: int = _field(ARCHITECTURE, 2048)
-    num_layers: int = _field(ARCHITECTURE, 6)
-    num_encoder_layers: int | None = _field(ARCHITECTURE, None)
-    num_decoder_layers: int | None = _field(ARCHITECTURE, None)
-    max_len: int = _field(ARCHITECTURE, 512)
-    position: str = _field(ARCHITECTURE, "learned")
-    rope_theta: float = _field(ARCHITECTURE, 10_000.0)
-    relative_num_buckets: int = _field(ARCHITECTURE, 32)
-    relative_max_distance: int = _field(ARCHITECTURE, 128)
-    norm: str = _field(ARCHITECTURE, "layer")
-    norm_position: str = _field(ARCHITECTURE, "pre")
-    norm_eps: float = _field(ARCHITECTURE, 1e-6)
-    norm_bias: bool = _field(ARCHITECTURE, True)
-    embedding_norm: bool = _field(ARCHITECTURE, False)
-    activation: str = _field(ARCHITECTURE, "gelu")
-    gated_ffn: bool = _field(ARCHITECTURE, False)
-    use_bias: bool = _field(ARCHITECTURE, True)
-    attention_scale: float | None = _field(ARCHITECTURE, None)
-    tie_embeddings: bool = _field(ARCHITECTURE, True)
-    scale_embeddings: bool = _field(ARCHITECTURE, False)
-    rescale_tied_logits: bool = _field(ARCHITECTURE, False)
-    type_vocab_size: int = _field(ARCHITECTURE, 0)
+    family: str = _field(
+        ARCHITECTURE, "decoder", '"encoder" (BERT), "decoder" (GPT) or "encoder_decoder" (T5 / Vaswani)')
+    vocab_size: int = _field(
+        ARCHITECTURE, 32_000, "rows of the token embedding table (>= the tokenizer's ids)")
+    d_model: int = _field(ARCHITECTURE, 512, "width of the hidden states")
+    num_heads: int = _field(ARCHITECTURE, 8, "attention (query) heads")
+    num_kv_heads: int | None = _field(
+        ARCHITECTURE, None, "key/value heads (< num_heads: GQA, 1: MQA); unset = num_heads")
+    head_dim: int | None = _field(
+        ARCHITECTURE, None, "per-head width; unset = d_model // num_heads (T5 lets it differ)")
+    d_ff: int = _field(ARCHITECTURE, 2048, "hidden width of the feed-forward block")
+    num_layers: int = _field(
+        ARCHITECTURE, 6, "layers of the single stack; for encoder_decoder the default of both stacks")
+    num_encoder_layers: int | None = _field(
+        ARCHITECTURE, None, "encoder_decoder: encoder layers; unset = num_layers")
+    num_decoder_layers: int | None = _field(
+        ARCHITECTURE, None, "encoder_decoder: decoder layers; unset = num_layers")
+    max_len: int = _field(
+        ARCHITECTURE, 512, "longest row the model takes (the size of a learned position table)")
+    position: str = _field(
+        ARCHITECTURE, "learned", '"sinusoidal" (Vaswani), "learned" (BERT/GPT-2), "rope", "relative" (T5 '
+        'buckets, one table per stack) or "none"')
+    rope_theta: float = _field(ARCHITECTURE, 10_000.0, "RoPE base wavelength (Su et al. 2021)")
+    relative_num_buckets: int = _field(ARCHITECTURE, 32, "T5 relative-position buckets")
+    relative_max_distance: int = _field(
+        ARCHITECTURE, 128, "T5: distance beyond which relative positions share the last bucket")
+    norm: str = _field(ARCHITECTURE, "layer", '"layer" (LayerNorm) or "rms" (RMSNorm, T5)')
+    norm_position: str = _field(
+        ARCHITECTURE, "pre", '"pre" (GPT-2, T5; adds a final norm) or "post" (Vaswani, BERT: LayerNorm(x + '
+        "Sublayer(x)))")
+    norm_eps: float = _field(ARCHITECTURE, 1e-6, "epsilon of the norms")
+    norm_bias: bool = _field(ARCHITECTURE, True, "LayerNorm has a bias (RMSNorm never does)")
+    embedding_norm: bool = _field(ARCHITECTURE, False, "LayerNorm right after the embeddings (BERT)")
+    activation: str = _field(ARCHITECTURE, "gelu", "feed-forward activation (jaxformer.ops.activations)")
+    gated_ffn: bool = _field(
+        ARCHITECTURE, False, 'GLU-style FFN: SwiGLU with activation="silu", GEGLU with "gelu"/"gelu_tanh"')
+    use_bias: bool = _field(ARCHITECTURE, True, "biases on the dense layers")
+    attention_scale: float | None = _field(
+        ARCHITECTURE, None, "attention logits multiplier; unset = 1/sqrt(head_dim), T5 uses 1.0")
+    tie_embeddings: bool = _field(ARCHITECTURE, True, "output projection = token embedding transposed")
+    scale_embeddings: bool = _field(
+        ARCHITECTURE, False, "multiply token embeddings by sqrt(d_model) (Vaswani §3.4)")
+    rescale_tied_logits: bool = _field(
+        ARCHITECTURE, False, "multiply hidden states by d_model^-0.5 before a tied unembedding (T5)")
+    type_vocab_size: int = _field(
+        ARCHITECTURE, 0, "token-type (segment A/B) embeddings: 2 for BERT, 0 for none")
     # head: the output head (a new one starts fresh when fine-tuning)
-    lm_head_bias: bool = _field(HEAD, False)
-    head: str = _field(HEAD, "lm")
-    num_classes: int = _field(HEAD, 2)
-    pooling: str = _field(HEAD, "first")
-    pooler: bool = _field(HEAD, False)
-    mlm_transform: bool = _field(HEAD, False)
-    nsp_head: bool = _field(HEAD, False)
+    lm_head_bias: bool = _field(HEAD, False, "a bias on the LM / MLM output projection")
+    head: str = _field(
+        HEAD, "lm", 'output head: "lm" (next token / decoder), "mlm", "classify" (sequence), '
+        '"token_classify", "none" (backbone output)')
+    num_classes: int = _field(
+        HEAD, 2, "classifier outputs; unset = len(data.label_names) when the data names its labels, else 2")
+    pooling: str = _field(
+        HEAD, "first", 'token the sequence classifier reads: "first" ([CLS]), "last" (final non-padding '
+        'token, causal models), "mean", "max"')
+    pooler: bool = _field(HEAD, False, "BERT's dense+tanh over the pooled token")
+    mlm_transform: bool = _field(HEAD, False, "BERT's dense+activation+LayerNorm before the MLM decoder")
+    nsp_head: bool = _field(HEAD, False, "BERT's next-sentence-prediction head (encoder with head='mlm')")
     # regularization: training noise only
-    dropout_rate: float = _field(REGULARIZATION, 0.1)
-    attention_dropout_rate: float = _field(REGULARIZATION, 0.1)
-    ffn_dropout_rate: float = _field(REGULARIZATION, 0.0)
-    target_token_dropout_rate: float = _field(REGULARIZATION, 0.0)
+    dropout_rate: float = _field(REGULARIZATION, 0.1, "dropout on embeddings and sublayer outputs")
+    attention_dropout_rate: float = _field(REGULARIZATION, 0.1, "dropout on the attention probabilities")
+    ffn_dropout_rate: float = _field(
+        REGULARIZATION, 0.0, "dropout inside the feed-forward block, after the activation")
+    target_token_dropout_rate: float = _field(
+        REGULARIZATION, 0.0, "encoder_decoder, training only: zero each decoder input token's embedding with "
+        "this probability (Gal & Ghahramani 2016; Sennrich & Zhang 2019)")
     # initialization: only parameters that start fresh
-    init_std: float = _field(INIT, 0.02)
-    embed_init_std: float | None = _field(INIT, None)
+    init_std: float = _field(INIT, 0.02, "std of the normal initialiser of fresh weights")
+    embed_init_std: float | None = _field(INIT, None, "std of fresh embedding tables; unset = init_std")
     # compute: how the same function is computed
-    dtype: str = _field(COMPUTE, "float32")
-    remat_policy: str = _field(COMPUTE, "none")
-    attention_impl: str = _field(COMPUTE, "xla")
-    attention_chunk_size: int = _field(COMPUTE, 512)
+    dtype: str = _field(COMPUTE, "float32", 'compute dtype: "float32", "bfloat16" or "float16"')
+    remat_policy: str = _field(
+        COMPUTE, "none", 'activation checkpointing policy per layer ("none" = keep all activations)')
+    attention_impl: str = _field(
+        COMPUTE, "xla", '"xla" or "chunked" (memory-efficient online softmax), see jaxformer.ops.attention')
+    attention_chunk_size: int = _field(COMPUTE, 512, 'key/value block length of attention_impl="chunked"')
     # layout: how the same parameters are stored
-    param_dtype: str = _field(LAYOUT, "float32")
-    scan_layers: bool = _field(LAYOUT, False)
+    param_dtype: str = _field(LAYOUT, "float32", "storage dtype of the parameters")
+    scan_layers: bool = _field(
+        LAYOUT, False, "nn.scan over the layers (one compiled layer; parameters stacked on a 'layers' axis)")
 
     def __post_init__(self):
         if (self.head_dim is None and isinstance(self.num_heads, int) and self.num_heads > 0

@@ -198,7 +198,7 @@ def test_views_concat_and_grain():
 
 
 def test_tfds_catalog_lookup_without_tensorflow(tmp_path):
-    from jaxformer.data.sources import _tfds_builder
+    from jaxformer.data.tfds_source import _tfds_builder
 
     # Legacy catalog entries (glue, wmt14) resolve even though TensorFlow is not installed.
     assert {"sentence", "label"} <= set(_tfds_builder("glue/sst2", str(tmp_path)).info.features)
@@ -212,7 +212,7 @@ def test_tfds_builders_leave_no_temporary_directories(tmp_path, monkeypatch):
     (``initialize_from_bucket``) and never removes it; ours are removed, others' kept."""
     import tempfile
 
-    from jaxformer.data.sources import _tfds_builder
+    from jaxformer.data.tfds_source import _tfds_builder
 
     scratch = tmp_path / "tmp"
     scratch.mkdir()

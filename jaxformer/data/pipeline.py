@@ -76,17 +76,31 @@ SPLITTABLE_TASKS = ("lm", "span_corruption")  # tasks of plain text that long_ex
 Transform = Callable[[dict, np.random.Generator], dict]
 
 
-def default_data_config() -> ml_collections.ConfigDict:
-    """Defaults of ``config.data`` read by this module (the source keys live with the sources).
+# One line per ``config.data`` key read by this module (``train.py --print_config`` shows them).
+DATA_KEY_DOCS = {
+    "seq_len": "row length of inputs (tokens, framing included); longer examples: data.long_examples",
+    "target_len": "row length of targets (seq2seq, span corruption), EOS included",
+    "batch_size": "global rows per optimizer step (split evenly over processes)",
+    "packing": "first-fit pack several examples per row (segment ids keep them apart); not for "
+               "classification",
+    "packing_bins": "rows packed at once; 0 = max(per-process batch, 32)",
+    "shuffle": "shuffle the examples, every epoch anew (seeded by seed)",
+    "framing": "'' = the objective's; 'eos' (text </s>, GPT), 'bos_eos', 'cls_sep' ([CLS] text "
+               "[SEP], BERT) or 'none'; a .txt file's every non-blank line is one example framed so",
+    "long_examples": "'truncate' (keep a row's worth, counted in the first-epoch summary) or "
+                     "'split' (lm / span corruption: every piece of a long text is an example)",
+    "read_threads": "threads reading and tokenizing (0 = inline: fastest for in-memory sources)",
+    "read_buffer": "examples buffered by the read threads",
+    "prefetch": "batches prefetched by a thread (when worker_count is 0)",
+    "worker_count": "Grain worker processes (0 = none); each count gives another deterministic "
+                    "stream",
+    "worker_buffer_size": "batches buffered per worker process",
+}
 
-    framing: "" = the objective's (`Objective.framing`), else one of `FRAMINGS`.
-    seq_len / target_len: row lengths of ``inputs`` / ``targets``. batch_size: global rows per step.
-    packing_bins: rows packed at once (0 = ``max(per-process batch, 32)``).
-    read_threads / read_buffer: threads and buffer of the map stage (0 = read and tokenize inline:
-      fastest for in-memory sources, as SentencePiece holds the GIL; raise for sources doing I/O).
-    prefetch: batches prefetched by a thread (when ``worker_count`` is 0).
-    worker_count / worker_buffer_size: Grain worker processes and batches buffered per worker.
-    """
+
+def default_data_config() -> ml_collections.ConfigDict:
+    """Defaults of ``config.data`` (descriptions: `DATA_KEY_DOCS`; the source keys and their
+    descriptions live with the sources, ``tokenizer`` with the tokenizer)."""
     cfg = default_source_config()  # update() keeps its typed placeholders
     cfg.update(dict(
         seq_len=128, target_len=128, batch_size=8, packing=True, packing_bins=0,

@@ -35,17 +35,15 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import importlib
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
 import numpy as np
-import tensorflow_datasets as tfds
 
-from jaxformer.data import builders, fetch
+from jaxformer.data import builders
 from jaxformer.data.builders import user_files
+from jaxformer.data.tfds_source import tfds_name, tfds_source
 from jaxformer.options import option
 
 SOURCE_KINDS = (*builders.BUILDERS, "<pairs>:both|source|target|reverse", "tfds:<name>",
@@ -55,10 +53,6 @@ _BUILTIN_FIELDS = {"shakespeare": ("text", None, None, None),
                    "kjv_bible": ("text", None, None, None),
                    "movie_sentiment": ("text", "label", None, None),
                    "bible_en_es": (None, None, "source", "target")}
-# Legacy TFDS catalog modules (glue, c4, wmt14_translate, …) that `import tensorflow_datasets`
-# only registers lazily; without TensorFlow `tfds.builder("glue")` fails until they are imported.
-_LEGACY_TFDS_MODULES = ("text", "translate", "summarization", "question_answering",
-                        "text_simplification")
 
 
 # Defaults of the source options that have one (the others default to None = unset); a plain dict
@@ -66,9 +60,33 @@ _LEGACY_TFDS_MODULES = ("text", "translate", "summarization", "question_answerin
 _SOURCE_DEFAULTS = {"source": "", "text_key": "text", "split_fractions": (0.9, 0.05, 0.05)}
 
 
+# One line per source key of ``config.data`` (``train.py --print_config`` shows them).
+SOURCE_KEY_DOCS = {
+    "source": "where examples come from: a built-in corpus, 'tfds:<name>', 'files:<glob>' (a "
+              "'{split}' in the glob is replaced by train/validation/test), 'concat:<a>,<b>'",
+    "text_key": "field holding the text (TFDS feature, JSONL key or TSV column)",
+    "split_fractions": "files: globs without '{split}': train/validation/test fractions; each line "
+                       "goes to a split by the hash of its id <file>:<line>",
+    "pair_view": "a pairs source seen as text: 'both', 'source', 'target' or 'reverse'",
+    "format": "files: 'text' (one example per non-blank line; blank lines skipped, never joined), "
+              "'jsonl' or 'tsv'; unset = from the extension (.txt, .jsonl, .tsv)",
+    "columns": "files, TSV without a header row: its column names in order, e.g. "
+               "\"--config.data.columns=('text','label')\" (or text,label); unset = the first row "
+               "names them",
+    "label_key": "field holding the label (set: classification examples)",
+    "source_key": "field holding the source text (with target_key: pairs for seq2seq)",
+    "target_key": "field holding the target text (with source_key: pairs for seq2seq)",
+    "label_names": "string labels in class order, e.g. \"--config.data.label_names=('neg','pos')\" "
+                   "(or neg,pos); a label's index is its class; sets model.num_classes when unset",
+    "tfds_data_dir": "TFDS data directory (unset = TFDS's default)",
+    "tfds_download": "let TFDS download and prepare a dataset (unset = unless JAXFORMER_OFFLINE)",
+}
+
+
 def default_source_config() -> ml_collections.ConfigDict:
-    """The source keys of ``config.data`` (module docstring), declared so that command-line
-    overrides such as ``--config.data.format=jsonl`` can set them. None = the source's default."""
+    """The source keys of ``config.data`` (module docstring; descriptions: `SOURCE_KEY_DOCS`),
+    declared so that command-line overrides such as ``--config.data.format=jsonl`` can set them.
+    None = the source's default."""
     ph = ml_collections.config_dict.placeholder
     return ml_collections.ConfigDict(dict(
         _SOURCE_DEFAULTS, pair_view=ph(str), format=ph(str), columns=ph(tuple), label_key=ph(str),
@@ -218,60 +236,6 @@ class PairsAsText:
         return out
 
 
-def tfds_source(name: str, split: str, *, data_dir: str | None = None,
-                download: bool | None = None) -> Sequence[dict[str, Any]]:
-    """`tfds.data_source` of a TFDS catalog dataset (``"lm1b"``, ``"glue/sst2"``, …).
-
-    Prepares it as array_record in ``data_dir`` when absent and ``download`` (default: not
-    ``JAXFORMER_OFFLINE``). Records hold bytes/numpy values; `get_source` maps them to the
-    text/classification/pairs schema. Generating some catalog datasets needs TensorFlow or Apache
-    Beam (c4); prepare those once elsewhere (``tfds build <name> --file_format=array_record``)
-    and point ``data_dir`` at the result: reading needs neither.
-    """
-    download = not fetch.offline() if download is None else download
-    builder = _tfds_builder(name, data_dir)
-    if not download and not builder.is_prepared():
-        raise fetch.DataUnavailableError(
-            f"TFDS dataset {name!r} is not prepared in {builder.data_dir} and downloading is off "
-            f"({fetch.OFFLINE_ENV} set or tfds_download=False). Prepare it where the internet is "
-            f"reachable: `tfds build {name} --file_format=array_record --data_dir=<dir>` or "
-            f"`tfds.data_source({name!r}, data_dir=<dir>)`, then set data.tfds_data_dir=<dir>.")
-    if download and not builder.is_prepared():
-        builders.require_build_dependencies()
-    try:
-        with builders.no_tempdir_leak():
-            return tfds.data_source(name, split=split, data_dir=data_dir, download=download)
-    except NotImplementedError as e:  # prepared as tfrecord, which has no random access
-        raise ValueError(f"TFDS dataset {name!r} in {builder.data_dir} is not in array_record "
-                         f"format; re-prepare it with file_format='array_record'. ({e})") from e
-
-
-def _tfds_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
-    try:
-        with builders.no_tempdir_leak():
-            return tfds.builder(name, data_dir=data_dir, file_format="array_record")
-    except tfds.core.registered.DatasetNotFoundError:
-        for module in _LEGACY_TFDS_MODULES:
-            importlib.import_module(f"tensorflow_datasets.{module}")
-    try:
-        with builders.no_tempdir_leak():
-            return tfds.builder(name, data_dir=data_dir, file_format="array_record")
-    except tfds.core.registered.DatasetNotFoundError:
-        raise ValueError(f"{name!r} is not a TFDS catalog dataset; see "
-                         f"https://www.tensorflow.org/datasets/catalog/overview for names "
-                         f"(e.g. 'lm1b', 'glue/sst2', 'imdb_reviews', 'wmt14_translate/de-en')"
-                         ) from None
-
-
-def _tfds_name(spec: str) -> str:
-    """``glue:sst2`` → ``glue/sst2``; ``glue/sst2:2.0.0`` and ``lm1b:1.1.0`` pass through."""
-    if "/" not in spec and ":" in spec:
-        name, rest = spec.split(":", 1)
-        if not re.fullmatch(r"\d+\.\d+\.\d+", rest):
-            return f"{name}/{rest}"
-    return spec
-
-
 def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
     """The list option ``data.<key>`` (``label_names``, ``columns``) as a tuple (None if unset);
     ``neg,pos`` — what an unquoted ``--config.data.label_names=neg,pos`` parses to, one string — is
@@ -345,7 +309,7 @@ def _from_spec(spec: str, data_cfg: Any, split: str) -> Sequence[dict[str, Any]]
             raise ValueError(f"data.source {spec!r}: 'concat:' needs comma-separated sources")
         return ConcatSource([_from_spec(p, data_cfg, split) for p in parts])
     if kind == "tfds":
-        name = _tfds_name(rest)
+        name = tfds_name(rest)
         fields = _fields(data_cfg, f"TFDS dataset {name!r}")
         base = tfds_source(name, split, data_dir=option(data_cfg, "tfds_data_dir"),
                            download=option(data_cfg, "tfds_download"))

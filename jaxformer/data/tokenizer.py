@@ -42,14 +42,21 @@ def sentinel_piece(i: int) -> str:
     return f"<extra_id_{i}>"
 
 
-def default_tokenizer_config() -> ml_collections.ConfigDict:
-    """Defaults of ``data.tokenizer``.
+# One line per ``data.tokenizer`` key (``train.py --print_config`` shows them).
+TOKENIZER_KEY_DOCS = {
+    "path": "an existing SentencePiece .model to load ('' = train one on the train split, saved "
+            "as <workdir>/tokenizer.model)",
+    "vocab_size": "pieces of a tokenizer to be trained (specials and sentinels included)",
+    "model_type": "SentencePiece model type of a tokenizer to be trained ('unigram' or 'bpe')",
+    "num_sentinels": "T5 sentinel tokens to reserve; unset = min(100, vocab_size // 16)",
+    "max_train_texts": "cap on the texts fed to the tokenizer trainer",
+    "character_coverage": "SentencePiece character coverage (rarer characters become <unk>)",
+    "normalization": "'identity' (lossless) or 'nmt_nfkc' / 'nfkc'",
+}
 
-    path: an existing ``.model`` to load ("" = use/train ``<workdir>/tokenizer.model``).
-    num_sentinels: T5 sentinels to reserve; None = ``min(100, vocab_size // 16)``.
-    max_train_texts: cap on the texts fed to the trainer.
-    normalization: "identity" (lossless) or "nmt_nfkc" / "nfkc".
-    """
+
+def default_tokenizer_config() -> ml_collections.ConfigDict:
+    """Defaults of ``data.tokenizer`` (descriptions: `TOKENIZER_KEY_DOCS`)."""
     return ml_collections.ConfigDict(dict(
         path="", vocab_size=8000, model_type="unigram",
         num_sentinels=ml_collections.config_dict.placeholder(int),
