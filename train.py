@@ -3,6 +3,10 @@
 Override any config key on the command line, e.g. ``--config.num_train_steps=200
 --config.model.num_layers=2 --config.init_from=runs/gpt``. Rerunning the same command resumes from
 the latest checkpoint in the workdir.
+
+List every config key with its value, its base default and a one-line description (then exit,
+training nothing): ``python train.py --config configs/<name>.py --print_config`` (overrides
+included, e.g. ``--config.data.seq_len=64``).
 """
 
 import sys
@@ -11,16 +15,25 @@ from absl import app, flags, logging
 
 from jaxformer.parallel.distributed import maybe_initialize_distributed
 from jaxformer.train.config import define_config_flag
+from jaxformer.train.config_keys import format_config
 from jaxformer.train.lock import WorkdirBusy
 from jaxformer.train.loop import Trainer
 
 define_config_flag("config")
-flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer.")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer "
+                    "(required unless --print_config).")
+flags.DEFINE_bool("print_config", False, "Print every key of the config (value, base default, "
+                  "description; overrides applied) and exit without training.")
+flags.mark_flag_as_required("config")
 
 
 def main(argv):
     del argv
+    if flags.FLAGS.print_config:
+        print(format_config(flags.FLAGS.config))
+        return
+    if flags.FLAGS.workdir is None:
+        sys.exit("train.py: error: --workdir is required (or --print_config to list the keys)")
     logging.set_verbosity(logging.WARNING)  # Orbax/Grain log every file operation at INFO
     maybe_initialize_distributed()
     try:  # a bad config, input, or checkpoint, or a busy workdir, found during set-up: the

@@ -111,3 +111,21 @@ def test_make_schedule_dispatch_and_errors():
         warmup_cosine(1e-3, 100, 100)
     with pytest.raises(ValueError, match="warmup_steps=0"):
         inverse_sqrt(512, 0)
+
+
+@pytest.mark.parametrize("name", ["warmup_cosine", "warmup_linear"])
+def test_a_warmup_longer_than_the_run_is_clipped_with_a_warning(name, caplog):
+    """A decaying schedule needs ``total > warmup``; a config's warmup that is not shorter than the
+    run (a 20-step smoke run of a long config) becomes ``total - 1``: the same schedule as asking
+    for that warmup, and one warning line naming both numbers."""
+    cfg = default_optimizer_config(schedule=name, peak_lr=1e-3, warmup_steps=160, end_lr=1e-5)
+    with caplog.at_level("WARNING"):
+        clipped = make_schedule(cfg, 128, 20)
+    direct = (warmup_cosine if name == "warmup_cosine" else warmup_linear)(1e-3, 19, 20, 1e-5)
+    steps = np.arange(0, 25)
+    np.testing.assert_allclose(evaluate(clipped, steps), evaluate(direct, steps), rtol=1e-7)
+    assert [r.getMessage() for r in caplog.records] == [
+        "optimizer.warmup_steps=160 is not shorter than the run (20 steps): clipped to 19"]
+    caplog.clear()
+    make_schedule(default_optimizer_config(schedule=name, warmup_steps=19), 128, 20)
+    assert not caplog.records  # a warmup that fits is left alone, silently

@@ -27,6 +27,7 @@ from jaxformer.objectives.registry import (
     FRAMINGS,
     OBJECTIVES,
     OPTION_DEFAULTS,
+    OPTION_DOCS,
     Objective,
     bind_objective,
     check_data_task,
@@ -43,8 +44,9 @@ from jaxformer.objectives.span_corruption import (
 )
 
 __all__ = [
-    "Objective", "OBJECTIVES", "OPTION_DEFAULTS", "DATA_TASKS", "FRAMINGS", "register_objective",
-    "get_objective", "bind_objective", "check_objective", "check_data_task", "host_transform",
+    "Objective", "OBJECTIVES", "OPTION_DEFAULTS", "OPTION_DOCS", "DATA_TASKS", "FRAMINGS",
+    "register_objective", "get_objective", "bind_objective", "check_objective", "check_data_task",
+    "host_transform",
     "prepare_clm", "prepare_mlm", "prepare_seq2seq", "prepare_classify", "prepare_sft", "span_corruption",
     "reconstruct_span_corruption", "random_spans_noise_mask", "denoise", "poisson_span_lengths",
 ]

@@ -25,6 +25,11 @@ from jaxformer.data.vocab import SpecialTokens
 # infilling, λ = 3; no token deletion or masking).
 DENOISE_OPTIONS = {"infill_rate": 0.3, "poisson_lambda": 3.0, "delete_rate": 0.0,
                    "token_mask_rate": 0.0}
+DENOISE_OPTION_DOCS = {
+    "infill_rate": "denoise: fraction of tokens in spans replaced by one mask (text infilling)",
+    "poisson_lambda": "denoise: mean span length λ of the Poisson span lengths",
+    "delete_rate": "denoise: fraction of tokens deleted",
+    "token_mask_rate": "denoise: fraction of tokens masked one by one"}
 
 
 def poisson_span_lengths(num_tokens: int, rng: np.random.Generator, poisson_lambda: float = 3.0

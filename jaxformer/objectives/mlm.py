@@ -34,6 +34,11 @@ Array = jnp.ndarray
 # The ``objective.*`` options of MLM with their defaults: BERT's 15% of positions, 80/10/10.
 MLM_OPTIONS = {"mask_rate": 0.15, "mask_token_fraction": 0.8, "random_token_fraction": 0.1,
                "whole_word_mask": False}
+MLM_OPTION_DOCS = {"mask_rate": "mlm: fraction of tokens chosen for prediction",
+                   "mask_token_fraction": "mlm: of the chosen, the fraction replaced by [MASK]",
+                   "random_token_fraction": "mlm: of the chosen, the fraction replaced by a "
+                                            "random token (the rest are kept)",
+                   "whole_word_mask": "mlm: choose whole words (all pieces of a word together)"}
 
 
 def _non_special_ids(special: SpecialTokens) -> np.ndarray:

@@ -24,10 +24,14 @@ import numpy as np
 from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives.causal import prepare_clm, prepare_sft
 from jaxformer.objectives.classify import prepare_classify
-from jaxformer.objectives.denoise import DENOISE_OPTIONS, denoise
-from jaxformer.objectives.mlm import MLM_OPTIONS, prepare_mlm
+from jaxformer.objectives.denoise import DENOISE_OPTION_DOCS, DENOISE_OPTIONS, denoise
+from jaxformer.objectives.mlm import MLM_OPTION_DOCS, MLM_OPTIONS, prepare_mlm
 from jaxformer.objectives.seq2seq import prepare_seq2seq
-from jaxformer.objectives.span_corruption import SPAN_CORRUPTION_OPTIONS, span_corruption
+from jaxformer.objectives.span_corruption import (
+    SPAN_CORRUPTION_OPTION_DOCS,
+    SPAN_CORRUPTION_OPTIONS,
+    span_corruption,
+)
 from jaxformer.options import option
 
 PrepareFn = Callable[..., dict]
@@ -58,6 +62,7 @@ class Objective:
         applied to every example before packing (T5 span corruption, BART denoising), or None.
       options: the ``objective.<key>`` options it reads, with their defaults; every other
         objective refuses a non-default value of them (`check_objective`).
+      option_docs: a one-line description of each option (``train.py --print_config``).
     """
 
     name: str
@@ -66,6 +71,7 @@ class Objective:
     framing: str | None = "eos"
     corrupt: CorruptFn | None = None
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    option_docs: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.data_task not in DATA_TASKS:
@@ -116,6 +122,7 @@ OBJECTIVES: dict[str, Objective] = {}
 # Every objective option with its default (the union of the registered objectives' options);
 # `base_config` declares them all so that ``--config.objective.<key>=…`` can set any.
 OPTION_DEFAULTS: dict[str, Any] = {}
+OPTION_DOCS: dict[str, str] = {}  # their descriptions (`Objective.option_docs`)
 
 
 def register_objective(objective: Objective) -> Objective:
@@ -130,6 +137,7 @@ def register_objective(objective: Objective) -> Objective:
                              f"{OPTION_DEFAULTS[key]!r}")
     OBJECTIVES[objective.name] = objective
     OPTION_DEFAULTS.update(objective.options)
+    OPTION_DOCS.update(objective.option_docs)
     return objective
 
 
@@ -181,11 +189,13 @@ def check_data_task(objective_cfg: Any, data_cfg: Any) -> Objective:
 # The built-in objectives (papers cited in their modules).
 register_objective(Objective("clm", prepare_clm, data_task="lm", framing="eos"))
 register_objective(Objective("mlm", prepare_mlm, data_task="lm", framing="cls_sep",
-                             options=MLM_OPTIONS))
+                             options=MLM_OPTIONS, option_docs=MLM_OPTION_DOCS))
 register_objective(Objective("seq2seq", prepare_seq2seq, data_task="seq2seq"))
 register_objective(Objective("span_corruption", prepare_seq2seq, data_task="span_corruption",
-                             corrupt=span_corruption, options=SPAN_CORRUPTION_OPTIONS))
+                             corrupt=span_corruption, options=SPAN_CORRUPTION_OPTIONS,
+                             option_docs=SPAN_CORRUPTION_OPTION_DOCS))
 register_objective(Objective("denoise", prepare_seq2seq, data_task="span_corruption",
-                             corrupt=denoise, options=DENOISE_OPTIONS))
+                             corrupt=denoise, options=DENOISE_OPTIONS,
+                             option_docs=DENOISE_OPTION_DOCS))
 register_objective(Objective("classify", prepare_classify, data_task="classify", framing=None))
 register_objective(Objective("sft", prepare_sft, data_task="sft"))

@@ -23,6 +23,9 @@ from jaxformer.data.vocab import SpecialTokens
 
 # The ``objective.*`` options of span corruption with their defaults (T5, §3.1.4).
 SPAN_CORRUPTION_OPTIONS = {"noise_density": 0.15, "mean_span_length": 3.0}
+SPAN_CORRUPTION_OPTION_DOCS = {
+    "noise_density": "span_corruption: fraction of tokens corrupted",
+    "mean_span_length": "span_corruption: mean length of a corrupted span"}
 
 
 def _random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:

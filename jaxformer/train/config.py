@@ -1,30 +1,13 @@
 """The training config: defaults for every key, and validation before anything compiles.
 
 Every ``configs/<name>.py`` starts from `base_config()` and overrides what it needs, so any key can be
-overridden on the command line (``--config.num_train_steps=20``). Top-level keys:
-
-=================  ==============================================================================
-seed               int; parameters, dropout, masking and data order all derive from it
-num_train_steps    optimizer updates to run (a resumed run continues up to this number)
-init_from          "" | pretrain workdir | checkpoint step dir | Hugging Face model dir
-model              `jaxformer.config.ModelConfig` fields; one left unset (None) is init_from's, else
-                   the default (`model_defaults`)
-objective          name ("clm", "mlm", "seq2seq", "classify", "sft") + options
-data               source, lengths, batch_size, packing, framing, tokenizer (see data.pipeline;
-                   the data task follows objective.name)
-optimizer          AdamW + schedule (see train.optim)
-checkpoint         every_steps, keep, best_metric, async_save
-eval               every_steps, num_batches, split
-mesh               data / fsdp / tensor sizes (-1 fills)
-parallel           "jit" (sharded over the mesh), "shard_map" or "pmap" (data parallel, replicated
-                   state; see `jaxformer.parallel`)
-module_api         "linen" (`jaxformer.models`) or "nnx" (`jaxformer.nnx`): same parameters, same
-                   computation; checkpoints of either load into the other
-log_every_steps    metrics.jsonl / TensorBoard cadence
-nonfinite          "stop" at the first non-finite loss or grad norm, or "skip" (leave the update out)
-nonfinite_limit    with "skip": stop after this many non-finite steps in a row
-progress_bar       show a tqdm bar
-=================  ==============================================================================
+overridden on the command line (``--config.num_train_steps=20``). Each key is described in one line
+where it is declared: `KEY_DOCS` here (top level, ``objective``, ``checkpoint``, ``eval``, ``mesh``),
+`jaxformer.config.ModelConfig`'s field ``doc`` (``model``), `jaxformer.data.pipeline.DATA_KEY_DOCS`,
+`jaxformer.data.sources.SOURCE_KEY_DOCS`, `jaxformer.data.tokenizer.TOKENIZER_KEY_DOCS` (``data``),
+`jaxformer.train.optim.OPTIMIZER_KEY_DOCS` and `jaxformer.objectives.OPTION_DOCS`;
+``python train.py --config <file> --print_config`` lists every key with its value, its base default
+and its description (`jaxformer.train.config_keys`).
 
 Three things are configs; the code names them apart: ``config`` is this training config (an
 ``ml_collections.ConfigDict``), ``model_cfg`` the `jaxformer.config.ModelConfig` read from its
@@ -63,6 +46,41 @@ PARALLEL_MODES = ("jit", "shard_map", "pmap")  # see jaxformer.parallel: which t
 MODULE_APIS = ("linen", "nnx")
 
 
+# One line per key that `base_config` declares here (the other sections' keys are described where
+# they are declared: see the module docstring). Dotted keys for the keys of a section.
+KEY_DOCS = {
+    "name": "the run's name (shown in logs)",
+    "seed": "parameters, dropout, masking and data order all derive from it",
+    "num_train_steps": "optimizer updates to run (a resumed run continues up to this number)",
+    "init_from": "'' | a pretraining workdir | a checkpoint step dir | a Hugging Face model dir",
+    "objective.name": "'clm', 'mlm', 'seq2seq', 'classify', 'sft', 'span_corruption' or 'denoise'; "
+                      "decides the data task and the usual framing",
+    "objective.label_smoothing": "label smoothing of the training cross-entropy (not of evaluation)",
+    "objective.z_loss": "weight of the z-loss log(Z)^2 on the output logits (PaLM)",
+    "objective.decoder_start_id": "encoder_decoder: the first decoder input id (T5: pad = 0)",
+    "checkpoint.every_steps": "save a checkpoint every this many steps (and at the last step)",
+    "checkpoint.keep": "the latest this many checkpoints are kept (plus the best by best_metric)",
+    "checkpoint.best_metric": "also keep the best checkpoint by this logged metric, e.g. "
+                              "'eval_loss' ('' = none)",
+    "checkpoint.best_mode": "'min' or 'max': which value of best_metric is best",
+    "checkpoint.async_save": "write checkpoints in the background while training goes on",
+    "eval.every_steps": "evaluate every this many steps (and at the last step)",
+    "eval.num_batches": "batches of eval.split per evaluation (0 = no evaluation)",
+    "eval.split": "the split evaluated during training: 'validation' or 'test'",
+    "mesh.data": "data-parallel mesh axis size (-1 = the devices the other axes leave)",
+    "mesh.fsdp": "FSDP mesh axis size (parameters sharded over it)",
+    "mesh.tensor": "tensor-parallel mesh axis size",
+    "parallel": "'jit' (sharded over the mesh), 'shard_map' or 'pmap' (data parallel, replicated "
+                "state)",
+    "module_api": "'linen' (jaxformer.models) or 'nnx' (jaxformer.nnx): same parameters, same "
+                  "computation",
+    "log_every_steps": "metrics.jsonl / TensorBoard cadence",
+    "nonfinite": "'stop' at the first non-finite loss or grad norm, or 'skip' the update",
+    "nonfinite_limit": "with nonfinite='skip': stop after this many non-finite steps in a row",
+    "progress_bar": "show a tqdm progress bar",
+}
+
+
 def model_defaults() -> ml_collections.ConfigDict:
     """``config.model`` declaring every `ModelConfig` field as a typed placeholder (None = not set),
     so that ``--config.model.<field>=…`` can set any of them. A field left unset takes the
@@ -80,7 +98,8 @@ def model_defaults() -> ml_collections.ConfigDict:
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """All keys with defaults (``model``: declared, unset); configs override them."""
+    """All keys with defaults (``model``: declared, unset); configs override them. Every key is
+    described (see the module docstring; a test checks that none lacks a description)."""
     c = ml_collections.ConfigDict()
     c.name = "run"
     c.seed = 0

@@ -52,6 +52,27 @@ _DEFAULTS = dict(
     b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0, clip_norm=0.0, grad_accum_steps=1,
     freeze_backbone=False, head_lr_multiplier=1.0, head_param_prefixes=HEAD_PARAM_PREFIXES)
 
+# One line per ``optimizer`` key (``train.py --print_config`` shows them).
+OPTIMIZER_KEY_DOCS = {
+    "name": "the optimizer: 'adamw' (Loshchilov & Hutter 2019)",
+    "schedule": "learning-rate schedule: 'inverse_sqrt' (Vaswani eq. 3), 'warmup_rsqrt', "
+                "'warmup_cosine', 'warmup_linear' or 'constant' (train.schedules)",
+    "peak_lr": "peak learning rate (all schedules but inverse_sqrt)",
+    "scale": "inverse_sqrt: multiplier of d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)",
+    "warmup_steps": "linear warmup updates; warmup_cosine / warmup_linear clip it (with a warning) "
+                    "to num_train_steps - 1 when the run is shorter",
+    "end_lr": "learning rate reached at num_train_steps by warmup_cosine / warmup_linear",
+    "b1": "Adam β1",
+    "b2": "Adam β2",
+    "eps": "Adam ε",
+    "weight_decay": "decoupled weight decay (kernels of rank >= 2 only)",
+    "clip_norm": "clip gradients to this global norm (0 = no clipping)",
+    "grad_accum_steps": "micro-batches per update (data.batch_size must divide by it)",
+    "freeze_backbone": "update only the head parameters (head_param_prefixes)",
+    "head_lr_multiplier": "learning-rate multiplier of the head parameters",
+    "head_param_prefixes": "top-level modules that are the head (fine-tuning groups)",
+}
+
 OPTIMIZER_PRESETS: dict[str, dict[str, Any]] = {
     # Vaswani et al. 2017 §5.3: Adam β = (0.9, 0.98), ε = 1e-9, eq. (3) with 4000 warmup steps.
     "vaswani": {},
@@ -68,9 +89,7 @@ OPTIMIZER_PRESETS: dict[str, dict[str, Any]] = {
 
 def default_optimizer_config(preset: str = "vaswani", **overrides) -> ml_collections.ConfigDict:
     """The ``optimizer`` config section: the defaults (Vaswani's Adam) updated by ``preset`` and
-    ``overrides``. Keys: name, schedule, peak_lr, scale, warmup_steps, end_lr, b1, b2, eps,
-    weight_decay, clip_norm, grad_accum_steps, freeze_backbone, head_lr_multiplier,
-    head_param_prefixes."""
+    ``overrides``; the keys are described in `OPTIMIZER_KEY_DOCS`."""
     if preset not in OPTIMIZER_PRESETS:
         raise ValueError(f"unknown optimizer preset {preset!r}; choose one of "
                          f"{sorted(OPTIMIZER_PRESETS)}")
@@ -196,7 +215,7 @@ def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = N
 
 
 __all__ = [
-    "HEAD_PARAM_PREFIXES", "OPTIMIZER_PRESETS", "default_optimizer_config", "make_optimizer",
-    "make_schedule", "decay_mask", "param_labels", "is_head", "map_params_by_path",
+    "HEAD_PARAM_PREFIXES", "OPTIMIZER_KEY_DOCS", "OPTIMIZER_PRESETS", "default_optimizer_config",
+    "make_optimizer", "make_schedule", "decay_mask", "param_labels", "is_head", "map_params_by_path",
     "inverse_sqrt", "warmup_rsqrt", "warmup_cosine", "warmup_linear", "constant",
 ]

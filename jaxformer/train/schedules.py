@@ -24,6 +24,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import optax
+from absl import logging
 
 
 def _check_warmup(warmup_steps: int, total_steps: int | None = None, *, positive: bool = False):
@@ -84,16 +85,27 @@ SCHEDULES = ("inverse_sqrt", "warmup_rsqrt", "warmup_cosine", "warmup_linear", "
 def make_schedule(opt_cfg: Any, d_model: int, total_steps: int) -> optax.Schedule:
     """The schedule named ``opt_cfg.schedule``, from the ``optimizer`` config keys ``peak_lr``,
     ``scale``, ``warmup_steps``, ``end_lr`` (``d_model`` only for ``inverse_sqrt``; ``total_steps``,
-    the number of optimizer updates, only for the decaying schedules)."""
+    the number of optimizer updates, only for the decaying schedules). A decaying schedule's warmup
+    that is not shorter than the run (a smoke run of a long config) is clipped to
+    ``total_steps - 1``, with a warning."""
     name = opt_cfg.schedule
     if name == "inverse_sqrt":
         return inverse_sqrt(d_model, opt_cfg.warmup_steps, opt_cfg.scale)
     if name == "warmup_rsqrt":
         return warmup_rsqrt(opt_cfg.peak_lr, opt_cfg.warmup_steps)
-    if name == "warmup_cosine":
-        return warmup_cosine(opt_cfg.peak_lr, opt_cfg.warmup_steps, total_steps, opt_cfg.end_lr)
-    if name == "warmup_linear":
-        return warmup_linear(opt_cfg.peak_lr, opt_cfg.warmup_steps, total_steps, opt_cfg.end_lr)
+    if name in ("warmup_cosine", "warmup_linear"):
+        warmup = clipped_warmup(opt_cfg.warmup_steps, total_steps)
+        decaying = warmup_cosine if name == "warmup_cosine" else warmup_linear
+        return decaying(opt_cfg.peak_lr, warmup, total_steps, opt_cfg.end_lr)
     if name == "constant":
         return constant(opt_cfg.peak_lr)
     raise ValueError(f"unknown optimizer.schedule {name!r}; choose one of {list(SCHEDULES)}")
+
+
+def clipped_warmup(warmup_steps: int, total_steps: int) -> int:
+    """``warmup_steps``, or ``total_steps - 1`` (warning once) when the run is not longer."""
+    if warmup_steps < total_steps or warmup_steps < 0 or total_steps < 1:
+        return warmup_steps  # fits, or invalid: the schedule's check names it
+    logging.warning("optimizer.warmup_steps=%d is not shorter than the run (%d steps): clipped to "
+                    "%d", warmup_steps, total_steps, total_steps - 1)
+    return total_steps - 1
