@@ -210,3 +210,43 @@ def test_a_misspelt_override_key_is_named_with_a_suggestion():
     with pytest.raises(flags.IllegalFlagValueError,
                        match=r"config file 'configs/no_such_config.py' does not exist"):
         fv(argv)
+
+
+def test_num_classes_is_derived_from_the_label_names_when_unset():
+    """``model.num_classes`` unset + ``data.label_names`` of a classifier: one class per name, in
+    the config the run records (so a resume compares equal); a stated smaller number stays an
+    error (previous test); other objectives leave it unset."""
+    from jaxformer.train.setup import resolve_config
+
+    config = get_config("bert_finetune_tiny")
+    config.model.num_classes = None
+    config.data.label_names = ("abbr", "desc", "enty", "hum", "loc", "num")
+    assert validate_config(config).num_classes == 6
+    resolved = resolve_config(config)
+    assert resolved.model_cfg.num_classes == 6 and resolved.config.model.num_classes == 6
+    assert config.model.num_classes is None  # the given config is left as it is
+    assert check_resume(json.loads(json.dumps(resolved.config.to_dict())), resolved.config) == []
+    lm = get_config("gpt_pretrain_tiny")
+    lm.data.label_names = ("a", "b", "c")
+    assert resolve_config(lm).config.model.num_classes is None
+
+
+@pytest.mark.slow
+def test_train_py_print_config_lists_the_keys_and_trains_nothing(tmp_path):
+    """``train.py --config X --print_config`` (no --workdir) prints a line per key, overrides
+    applied, and exits 0; ``--help`` names the option; without --workdir training is refused."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    run = lambda *args: subprocess.run([sys.executable, str(ROOT / "train.py"), *args], env=env,
+                                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    config = str(ROOT / "configs" / "gpt_pretrain_tiny.py")
+    out = run("--config", config, "--print_config", "--config.data.seq_len=32")
+    assert out.returncode == 0, out.stderr
+    assert "data.seq_len" in out.stdout and "= 32  (base: 128)  # row length" in out.stdout
+    assert len(out.stdout.splitlines()) > 100 and not list(tmp_path.iterdir())
+    assert "--print_config" in run("--help").stdout
+    refused = run("--config", config)
+    assert refused.returncode == 1 and "--workdir is required" in refused.stderr

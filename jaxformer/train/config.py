@@ -17,6 +17,7 @@ plain dict), and ``hf_config`` a Hugging Face model's ``config.json``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import importlib.util
@@ -222,11 +223,27 @@ def define_config_flag(name: str = "config", flag_values: Any = None,
     return holder
 
 
+def with_derived_model_fields(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``config``, or a copy of it with ``model.num_classes = len(data.label_names)`` when it
+    classifies (``objective.name``), names its labels and leaves ``model.num_classes`` unset (a
+    stated value is kept: `check_config` refuses one smaller than the labels)."""
+    names = list_option(config.data, "label_names")
+    if (not names or config.model.get("num_classes") is not None
+            or get_objective(config.objective.name).data_task != "classify"):
+        return config
+    derived = copy.deepcopy(config)
+    with derived.unlocked():
+        derived.model.num_classes = len(names)
+    return derived
+
+
 def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
-    """Check the whole config up front; returns the validated ModelConfig.
+    """Check the whole config up front (its derived fields filled, `with_derived_model_fields`);
+    returns the validated ModelConfig.
 
     Raises ValueError naming the offending field.
     """
+    config = with_derived_model_fields(config)
     model_cfg = ModelConfig.from_dict(config.model)
     check_config(config, model_cfg)
     return model_cfg

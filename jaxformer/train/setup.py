@@ -51,7 +51,12 @@ from jaxformer.train.checkpoint import (
     open_run,
     with_shardings,
 )
-from jaxformer.train.config import check_config, check_resume, check_vocabulary
+from jaxformer.train.config import (
+    check_config,
+    check_resume,
+    check_vocabulary,
+    with_derived_model_fields,
+)
 from jaxformer.train.state import TrainState, create_params, create_train_state, state_shardings
 from jaxformer.train.verify import verify_tokenizer
 
@@ -145,6 +150,7 @@ def resolve_model(stated: dict[str, Any], pretrained: Pretrained | None) -> dict
 def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
     """Resolve ``config`` against ``init_from`` (`resolve_model`) and validate it once
     (`jaxformer.train.config.check_config`); ``config`` itself is left as it is."""
+    config = with_derived_model_fields(config)  # model.num_classes from data.label_names
     pretrained = open_pretrained(config)
     resolved = copy.deepcopy(config)
     with resolved.unlocked():
