@@ -420,3 +420,36 @@ def test_compressed_files_read_like_plain_ones(tmp_path, monkeypatch, suffix, op
     with pytest.raises(ValueError, match=f"broken.txt{re.escape(suffix)}: cannot decompress"):
         get_source({"source": f"files:{broken}", **cfg}, "train")
     assert len(list((tmp_path / "cache" / "decompressed").iterdir())) == 1  # no partial copy
+
+
+def test_a_headerless_tsv_error_names_the_columns_override_that_reads_it(tmp_path):
+    """A TSV without a header row has its first example read as column names; the error names
+    ``data.columns`` and the override to paste (label guessed as the shortest cell), and that
+    override reads every row, the first included."""
+    _write(tmp_path / "train.tsv", ["DESC\tHow did serfdom develop in Russia?",
+                                    "HUM\tWho killed Gandhi?"])
+    cfg = {"source": f"files:{tmp_path}/{{split}}.tsv", "label_key": "label",
+           "label_names": ("DESC", "HUM")}
+    with pytest.raises(ValueError) as e:
+        get_source(cfg, "train")
+    override = "--config.data.columns=('label','text')"
+    assert "has no field 'text'; its fields are ['DESC', 'How did serfdom develop in Russia?', " \
+           f"'id']. If the file has no header row, name its columns in order with data.columns, " \
+           f"e.g. \"{override}\"" in str(e.value)
+    columns = eval(override.split("=", 1)[1])  # what the flag parses the value to
+    source = get_source({**cfg, "columns": columns}, "train")
+    assert [(r["text"], r["label"]) for r in _records(source)] == [
+        ("How did serfdom develop in Russia?", 0), ("Who killed Gandhi?", 1)]
+
+
+def test_a_missing_split_file_names_both_remedies(tmp_path):
+    """No validation file for a ``{split}`` glob: add it, or split the train file by hash; the
+    second remedy, as printed, works."""
+    _write(tmp_path / "train.txt", [f"line {i}" for i in range(200)])
+    with pytest.raises(ValueError) as e:
+        get_source({"source": f"files:{tmp_path}/{{split}}.txt"}, "validation")
+    message = str(e.value)
+    assert "no file matches" in message and "add that file, or drop '{split}' from the glob" in message
+    remedy = re.search(r"data.source='([^']+)' with data.split_fractions", message).group(1)
+    splits = {s: len(get_source({"source": remedy}, s)) for s in ("train", "validation", "test")}
+    assert sum(splits.values()) == 200 and min(splits.values()) > 0

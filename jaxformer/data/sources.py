@@ -130,12 +130,25 @@ class Fields:
             return (self.source_key, self.target_key)
         return (self.text_key, self.label_key) if self.label_key else (self.text_key,)
 
-    def check(self, available: Sequence[str]) -> None:
+    def check(self, available: Sequence[str], hint: str = "") -> None:
+        """ValueError naming the first field of `keys` missing from ``available`` (and ``hint``)."""
         missing = [k for k in self.keys if k not in available]
         if missing:
             raise ValueError(f"{self.where} has no field {missing[0]!r}; its fields are "
-                             f"{sorted(available)}. Set data.text_key / label_key / source_key "
-                             f"/ target_key to the right names.")
+                             f"{sorted(available)}. {hint or 'Set'} data.text_key / label_key / "
+                             "source_key / target_key to the right names.")
+
+    def columns_hint(self, header: Sequence[str]) -> str:
+        """For a TSV whose first row is read as its header: the ``data.columns`` override naming
+        its ``len(header)`` columns (a label column guessed as the shortest cell), to use if that
+        row is data."""
+        names = list(self.keys) + [f"unused{i}" for i in range(len(header) - len(self.keys))]
+        if self.schema == "classification" and len(header) == len(self.keys):
+            names = [self.text_key] * len(header)
+            names[min(range(len(header)), key=lambda i: len(header[i]))] = self.label_key
+        return (f"If the file has no header row, name its columns in order with data.columns, "
+                f"e.g. \"--config.data.columns=({','.join(map(repr, names[:len(header)]))})\"; "
+                "else set")
 
     def __call__(self, record: Mapping[str, Any]) -> dict[str, Any]:
         if any(k not in record for k in self.keys):
@@ -328,7 +341,8 @@ def _from_spec(spec: str, data_cfg: Any, split: str) -> Sequence[dict[str, Any]]
             raise ValueError(f"files {rest!r}: format 'text' holds only text; use 'jsonl' or "
                              f"'tsv' for {fields.schema} data (label_key/source_key set)")
         if len(base):
-            fields.check(list(base[0]))
+            header = base.columns[0] if base.fmt == "tsv" and not option(data_cfg, "columns") else ()
+            fields.check(list(base[0]), fields.columns_hint(header) if header else "")
         return MappedSource(base, fields)
     if kind in builders.BUILDERS:
         text, label, src, tgt = _BUILTIN_FIELDS[kind]

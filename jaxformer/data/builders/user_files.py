@@ -125,8 +125,12 @@ class FileSource:
         self.names = [_without_compression(os.path.relpath(p, root) if root else
                                            os.path.basename(p)) for p in self.paths]
         if not self.paths:
+            fix = "" if hashed or split == "train" else (
+                f"; add that file, or drop '{{split}}' from the glob and let the splits come by "
+                f"hash (e.g. data.source='files:{pattern.replace('{split}', 'train')}' with "
+                "data.split_fractions, default 0.9/0.05/0.05)")
             raise ValueError(f"files {pattern!r}: no file matches "
-                             f"{pattern.replace('{split}', split)!r} (split {split!r})")
+                             f"{pattern.replace('{split}', split)!r} (split {split!r}){fix}")
         self.fmt = fmt or _infer_format(self.paths, pattern)
         if self.fmt not in FORMATS:
             raise ValueError(f"data.format {self.fmt!r} is not one of {FORMATS}")
