@@ -396,3 +396,42 @@ def test_iterators_left_open_exit_quietly(tok, tmp_path):
     assert run.stdout.strip() == "[(2, 32), (2, 32), (2, 32)]"
     for noise in ("Exception ignored", "Traceback", "leaked", "terminate called"):
         assert noise not in run.stderr, run.stderr[-3000:]
+
+
+def test_a_split_reports_its_size_and_one_line_of_cuts_per_epoch(tok, capsys):
+    """No warning per truncated example (they broke up the progress bar): the split's size when
+    the dataset is made, then one line once a whole epoch has been read — the counts equal a
+    hand count of the documents longer than a row — and nothing more in later epochs."""
+    docs = ["", *TEXTS[:9]]
+    cut = [max(len(tok.encode(d)) + 1 - 16, 0) for d in docs if d]  # +1: the EOS; rows of 16
+    ds = _make(tok, "lm", source=ListSource({"text": d} for d in docs), num_epochs=3,
+               packing=False, seq_len=16, shuffle=False)
+    assert capsys.readouterr().out == "data train: 10 examples in data.source='a given source'\n"
+    it = iter(ds)
+    first_epoch = [next(it) for _ in range(3)]  # 9 rows in batches of 4 (the 10th doc is empty)
+    del first_epoch
+    summary = (f"data train/lm: read all 10 examples (one epoch); {sum(c > 0 for c in cut)} "
+               f"truncated to fit the row length ({sum(cut)} tokens cut); 1 empty skipped\n")
+    assert sum(c > 0 for c in cut) > 0 and capsys.readouterr().out == summary
+    assert len(list(it)) > 0 and capsys.readouterr().out == ""  # epochs 2 and 3: nothing new
+    it.close()
+    assert capsys.readouterr().out == ""  # reported already
+
+
+def test_a_partly_read_split_reports_its_cuts_when_closed(tok, capsys):
+    """An iterator closed before an epoch ends (the end of a short run) reports what it counted
+    so far; one made with ``report=False`` (each evaluation's) reports nothing."""
+    long_docs = ListSource({"text": " ".join(WORDS)} for _ in range(40))
+    it = iter(_make(tok, "lm", source=long_docs, packing=False, seq_len=16))
+    next(it)
+    capsys.readouterr()
+    it.close()
+    out = capsys.readouterr().out
+    assert out.startswith("data train/lm: read ") and "examples so far; " in out
+    assert "truncated to fit the row length" in out and out.count("\n") == 1
+    quiet = iter(make_dataset(_cfg(packing=False, seq_len=16), "train", tok, seed=0,
+                              objective=OBJECTIVE["lm"], process_index=0, process_count=1,
+                              source=long_docs, report=False))
+    next(quiet)
+    quiet.close()
+    assert capsys.readouterr().out == ""

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxformer.data.sources import get_source
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.train import config as train_config
 from jaxformer.train.checkpoint import load_checkpoint_params
@@ -387,3 +388,46 @@ def test_progress_bar_shows_no_loss_until_one_is_logged(capsys):
     later = capsys.readouterr().err
     assert "tok_s=0" in first and "loss" not in first and "nan" not in first
     assert "loss=2.5000" in later and "lr=1.00e-03" in later
+
+
+def test_metric_rows_name_the_count_for_what_it_counts(tmp_path, monkeypatch):
+    """The train step's ``tokens`` (what the loss averages over) is written as ``examples`` for a
+    classifier, and ``<count>_per_s`` = count × steps since the previous row / seconds since it."""
+    from jaxformer.train import metrics
+
+    clock = iter([100.0, 102.0])
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
+    writer = metrics.MetricWriter(tmp_path, count_name="examples")
+    writer.write(5, {"loss": 1.0, "tokens": 8.0})
+    writer.write(10, {"loss": 0.5, "tokens": 8.0})
+    writer.close()
+    rows = read_metrics(tmp_path)
+    assert rows == [{"step": 5, "loss": 1.0, "examples": 8.0},
+                    {"step": 10, "loss": 0.5, "examples": 8.0, "examples_per_s": 8.0 * 5 / 2.0}]
+    with pytest.raises(ValueError, match="count_name='rows'"):
+        metrics.MetricWriter(tmp_path, count_name="rows")
+
+
+@pytest.mark.slow
+def test_a_headerless_tsv_classifier_runs_with_one_override_per_fact(tmp_path, capsys):
+    """The user's loop of issue 26 on a header-less six-class TSV: data.columns reads it,
+    model.num_classes comes from data.label_names, a 12-step run of a config with 160 warmup steps
+    needs no warmup override; the logs give each split's size, and metrics.jsonl counts examples
+    (8 a step: one label per row), never tokens."""
+    labels = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
+    lines = [f"{labels[i % 6]}\tquestion {i} about {' '.join(['thing'] * (i % 7))}" for i in range(240)]
+    (tmp_path / "questions.tsv").write_text("\n".join(lines) + "\n")
+    config = load_config("bert_finetune_tiny", **{
+        "data.source": f"files:{tmp_path}/questions.tsv", "data.columns": ("label", "text"),
+        "data.label_key": "label", "data.label_names": labels, "model.num_classes": None,
+        "num_train_steps": 12, "optimizer.warmup_steps": 160, "eval.every_steps": 6})
+    trainer = Trainer(config, tmp_path / "run")
+    assert trainer.model_cfg.num_classes == 6 and trainer.config.model.num_classes == 6
+    trainer.run()
+    out = capsys.readouterr().out
+    sizes = {s: len(get_source(config.data, s)) for s in ("train", "validation")}
+    assert f"data train: {sizes['train']:,} examples in data.source='files:" in out
+    assert f"data validation: {sizes['validation']:,} examples in data.source=" in out
+    rows = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert rows and all(r["examples"] == 8 and "tokens" not in r for r in rows)
+    assert all(r["examples_per_s"] > 0 for r in rows[1:])

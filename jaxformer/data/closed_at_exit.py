@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import weakref
+from collections.abc import Callable
 
 import grain
 
@@ -43,13 +44,24 @@ def _already_closed() -> None:
 
 
 class ClosedAtExit(grain.IterDataset):
-    """``parent`` unchanged, except that its iterators are closed when the interpreter exits."""
+    """``parent`` unchanged, except that its iterators are closed when the interpreter exits, and
+    that closing one first calls ``on_close`` (e.g. to report what the pipeline counted)."""
 
-    def __init__(self, parent: grain.IterDataset) -> None:
+    def __init__(self, parent: grain.IterDataset,
+                 on_close: Callable[[], None] | None = None) -> None:
         super().__init__(parent)
+        self.on_close = on_close
 
     def __iter__(self) -> grain.DatasetIterator:
         iterator = self._parent.__iter__()
+        if self.on_close is not None:
+            close, on_close = iterator.close, self.on_close
+
+            def close_and_report() -> None:
+                on_close()
+                close()
+
+            iterator.close = close_and_report
         _OPEN_ITERATORS.add(iterator)
         return iterator
 

@@ -14,7 +14,7 @@ feature fits; when one fits nowhere, all rows are emitted in order and a new buf
 deterministic and checkpointable (its state is its parent's state plus the next row to emit).
 
 Examples must already fit (Grain raises otherwise): the pipeline truncates over-long examples
-first and counts them with `TruncationCounter`.
+first and counts them with `TruncationCounter`, which reports them in one line.
 """
 
 from __future__ import annotations
@@ -23,40 +23,60 @@ from collections.abc import Mapping, Sequence
 
 import grain
 import numpy as np
-from absl import logging
+from tqdm.auto import tqdm
 
 
 class TruncationCounter:
-    """Counts examples cut to fit the row length (and empty ones skipped); logs at 1, 2, 4, 8, …
+    """Counts the examples read, those cut to fit the row length and the empty ones skipped, and
+    reports them in one line, once (not a warning per example breaking up a progress bar): when
+    ``epoch_size`` examples have been read (one epoch), else at `close` if any was cut or skipped.
 
-    One counter per pipeline (per process; each Grain worker process logs its own counts).
+    One counter per pipeline (per process; each Grain worker process counts its own).
     """
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, epoch_size: int | None = None, *, report: bool = True):
+        self.name, self.epoch_size, self.report = name, epoch_size, report
         self.seen = 0
         self.truncated = 0
         self.tokens_cut = 0
         self.empty = 0
+        self.reported = False
 
     def record_empty(self) -> None:
         """Record one example skipped because it holds no tokens."""
-        self.seen += 1
         self.empty += 1
-        if self.empty & (self.empty - 1) == 0:
-            logging.warning("data %s: skipped %d empty examples of %d so far", self.name,
-                            self.empty, self.seen)
+        self._count()
 
     def record(self, tokens_cut: int) -> None:
         """Record one example; ``tokens_cut`` > 0 means it was truncated by that many tokens."""
-        self.seen += 1
         if tokens_cut > 0:
             self.truncated += 1
             self.tokens_cut += int(tokens_cut)
-            if self.truncated & (self.truncated - 1) == 0:
-                logging.warning("data %s: truncated %d of %d examples so far (%d tokens cut) to "
-                                "fit the row length", self.name, self.truncated, self.seen,
-                                self.tokens_cut)
+        self._count()
+
+    def _count(self) -> None:
+        self.seen += 1
+        if self.seen == self.epoch_size:
+            self._print()
+
+    def summary(self) -> str:
+        """``data <name>: read all N examples (one epoch); T truncated to fit the row length (C
+        tokens cut); E empty skipped`` (``read N examples so far`` before the epoch ends)."""
+        whole = self.epoch_size is not None and self.seen >= self.epoch_size
+        read = (f"read all {self.seen:,} examples (one epoch)" if whole
+                else f"read {self.seen:,} examples so far")
+        return (f"data {self.name}: {read}; {self.truncated:,} truncated to fit the row length "
+                f"({self.tokens_cut:,} tokens cut); {self.empty:,} empty skipped")
+
+    def close(self) -> None:
+        """Report now, unless reported already or nothing was cut or skipped."""
+        if self.truncated or self.empty:
+            self._print()
+
+    def _print(self) -> None:
+        if self.report and not self.reported:
+            self.reported = True
+            tqdm.write(self.summary())  # above a progress bar, not through it
 
 
 def _check_lengths(example: Mapping, lengths: Mapping[str, int]) -> None:

@@ -58,6 +58,7 @@ import jax
 import ml_collections
 import numpy as np
 from absl import flags
+from tqdm.auto import tqdm
 
 from jaxformer.data.closed_at_exit import ClosedAtExit
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
@@ -290,8 +291,8 @@ def example_framing(cfg: Any, objective: Any = "clm") -> str:
 def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tokenizer, *,
                  seed: int, objective: Any = "clm", transform: Transform | None = None,
                  process_index: int | None = None, process_count: int | None = None,
-                 num_epochs: int | None = None, source: Sequence[Mapping[str, Any]] | None = None
-                 ) -> grain.IterDataset:
+                 num_epochs: int | None = None, source: Sequence[Mapping[str, Any]] | None = None,
+                 report: bool = True) -> grain.IterDataset:
     """This process's batches of ``split`` (see the module docstring).
 
     Args:
@@ -308,6 +309,8 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
       num_epochs: None repeats forever (training); an int makes a finite pass whose last batch is
         padded with all-padding rows (segment ids 0) to the full batch size.
       source: a random-access source (``__len__``, ``__getitem__`` → dict) to use instead.
+      report: print (process 0) the split's size now, and one line counting the examples cut to
+        fit or skipped as empty once an epoch has been read (else when the iterator is closed).
 
     Returns:
       a `grain.IterDataset` of dicts of numpy arrays; ``iter()`` it for a checkpointable iterator.
@@ -324,7 +327,6 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
         transform = spec.example_transform(special, None if isinstance(objective, str) else objective)
     if source is None:
         source = get_source(data_cfg, split)
-    counter = TruncationCounter(f"{split}/{task}")
 
     ds = grain.MapDataset.source(source)[process_index::process_count]
     if len(ds) == 0:
@@ -333,6 +335,13 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
                if len(source) == 0 else "")
         raise ValueError(f"process {process_index} of {process_count} has no examples: split "
                          f"{split!r} of data.source={cfg.get('source')!r} holds {len(source)}{fix}")
+    report = report and process_index == 0
+    if report:
+        shard = f" ({len(ds):,} in this process's shard)" if process_count > 1 else ""
+        tqdm.write(f"data {split}: {len(source):,} examples{shard} in "
+                   f"data.source={cfg.get('source') or 'a given source'!r}")
+    counter = TruncationCounter(f"{split}/{task}", len(ds), report=report)
+    after = TruncationCounter(f"{split}/{task} after transform", report=report)
     ds = ds.seed(seed)
     if cfg.shuffle:
         ds = ds.shuffle()
@@ -352,7 +361,7 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
         it = it.random_map(transform, seed=seed)
         seq2seq_like = task in ("seq2seq", "span_corruption")
         it = it.map(_Finalize(lengths, special.eos_id if seq2seq_like else None,
-                              TruncationCounter(f"{split}/{task} after transform")))
+                              after))
 
     meta = ("inputs_loss_mask",) if task == "sft" else ()
     pad_id = max(special.pad_id, 0)
@@ -374,4 +383,4 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
             num_workers=cfg.worker_count, per_worker_buffer_size=cfg.worker_buffer_size))
     elif cfg.prefetch > 0:
         it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=cfg.prefetch)
-    return ClosedAtExit(it)
+    return ClosedAtExit(it, on_close=lambda: (counter.close(), after.close()))

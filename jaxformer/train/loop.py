@@ -157,7 +157,8 @@ class Trainer:
                   "nothing to train (raise --config.num_train_steps to continue)")
         step_fn = self._step_fn()
         pmap = not callable(step_fn) or hasattr(step_fn, "step")
-        writer = MetricWriter(self.workdir)
+        writer = MetricWriter(self.workdir, count_name="examples" if self.model_cfg.head == "classify"
+                              else "tokens")  # one label per example
         progress = Progress(self.start_step, total, enabled=c.progress_bar)
         last, train_metrics, state = {}, {}, self.state
         watch = PreemptionWatch()

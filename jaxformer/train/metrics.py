@@ -1,7 +1,11 @@
 """Metrics out: ``<workdir>/metrics.jsonl``, TensorBoard event files, and a console progress bar.
 
 Only process 0 writes. Each JSONL line is one logged step: ``{"step": s, "loss": …, …}`` with eval
-metrics prefixed ``eval_`` when evaluated at that step.
+metrics prefixed ``eval_`` when evaluated at that step. The step's count of what the loss averages
+over is named for what it counts: ``tokens`` for token-level objectives, ``examples`` for
+classification (one label per example); ``tokens_per_s`` / ``examples_per_s`` is that count times
+the steps since the previous row, over the wall time since it (evaluation and checkpoints
+included; absent from a run's first row, whose time includes compilation).
 """
 
 from __future__ import annotations
@@ -15,11 +19,21 @@ import jax
 from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
+COUNT_NAMES = ("tokens", "examples")
+
 
 class MetricWriter:
-    def __init__(self, workdir: str | os.PathLike, *, enabled: bool | None = None):
+    """Appends rows to ``metrics.jsonl`` and TensorBoard; ``count_name`` ("tokens" or "examples")
+    is the name the train step's ``tokens`` count is written under (module docstring)."""
+
+    def __init__(self, workdir: str | os.PathLike, *, enabled: bool | None = None,
+                 count_name: str = "tokens"):
+        if count_name not in COUNT_NAMES:
+            raise ValueError(f"count_name={count_name!r} must be one of {COUNT_NAMES}")
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.path = Path(workdir) / "metrics.jsonl"
+        self.count_name = count_name
+        self._last: tuple[int, float] | None = None  # (step, time) of the last row with a count
         self._tb = None
         if self.enabled:
             self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
@@ -28,6 +42,13 @@ class MetricWriter:
         if not self.enabled:
             return
         row = {"step": int(step), **{k: _py(v) for k, v in metrics.items()}}
+        if "tokens" in row:
+            row[self.count_name] = row.pop("tokens")
+            now = time.perf_counter()
+            if self._last is not None and step > self._last[0]:
+                rate = row[self.count_name] * (step - self._last[0]) / (now - self._last[1])
+                row[f"{self.count_name}_per_s"] = rate
+            self._last = (int(step), now)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         for k, v in row.items():

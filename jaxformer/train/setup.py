@@ -231,13 +231,14 @@ def open_data(config: ml_collections.ConfigDict, tokenizer: Tokenizer
               ) -> tuple[Callable[..., Any], Any]:
     """(``make_ds(split, num_epochs=None)``, the train iterator), examples built for the
     objective's data task, framing and host-side step. A missing, empty or unreadable eval split
-    fails now, not after training."""
+    fails now, not after training. Each split's size (and what was cut to fit) is reported once,
+    by these first datasets, not by every evaluation's."""
     make_ds = functools.partial(make_dataset, config.data, tokenizer=tokenizer, seed=config.seed,
                                 objective=config.objective, process_index=jax.process_index(),
-                                process_count=jax.process_count())
-    train_iter = iter(make_ds("train"))
+                                process_count=jax.process_count(), report=False)
+    train_iter = iter(make_ds("train", report=True))
     if config.eval.num_batches > 0:
-        probe = iter(make_ds(config.eval.split, num_epochs=1))
+        probe = iter(make_ds(config.eval.split, num_epochs=1, report=True))
         next(probe, None)
         if hasattr(probe, "close"):
             probe.close()
