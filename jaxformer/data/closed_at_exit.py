@@ -55,11 +55,14 @@ class ClosedAtExit(grain.IterDataset):
     def __iter__(self) -> grain.DatasetIterator:
         iterator = self._parent.__iter__()
         if self.on_close is not None:
-            close, on_close = iterator.close, self.on_close
+            # A weak reference: one from the iterator to itself would leave it to the cycle
+            # collector, which may run its __del__ (joining its prefetch thread) in that thread.
+            ref, close, on_close = weakref.ref(iterator), type(iterator).close, self.on_close
 
             def close_and_report() -> None:
                 on_close()
-                close()
+                if (it := ref()) is not None:
+                    close(it)
 
             iterator.close = close_and_report
         _OPEN_ITERATORS.add(iterator)
