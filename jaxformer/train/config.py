@@ -14,7 +14,7 @@ data               source, lengths, batch_size, packing, framing, tokenizer (see
                    the data task follows objective.name)
 optimizer          AdamW + schedule (see train.optim)
 checkpoint         every_steps, keep, best_metric, async_save
-eval               every_steps, num_batches, split
+eval               every_steps, num_batches, split, generate_* (decoding scores: BLEU, chrF, EM)
 mesh               data / fsdp / tensor sizes (-1 fills)
 parallel           "jit" (sharded over the mesh), "shard_map" or "pmap" (data parallel, replicated
                    state; see `jaxformer.parallel`)
@@ -52,6 +52,7 @@ from ml_collections import config_flags
 from jaxformer.config import ModelConfig, changed_fields, resumable_fields
 from jaxformer.data.pipeline import check_data_config, default_data_config
 from jaxformer.data.sources import list_option
+from jaxformer.evaluation.decoding import check_generation
 from jaxformer.objectives import OPTION_DEFAULTS, check_objective, get_objective
 from jaxformer.train.nonfinite import POLICIES
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
@@ -93,7 +94,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.optimizer = default_optimizer_config()
     c.checkpoint = ml_collections.ConfigDict(dict(every_steps=500, keep=3, best_metric="",
                                                   best_mode="min", async_save=True))
-    c.eval = ml_collections.ConfigDict(dict(every_steps=500, num_batches=20, split="validation"))
+    # generate_*: decoding scores (eval_bleu, eval_chrf, eval_exact_match) on the first
+    # generate_examples examples of eval.split (0 = off; jaxformer.evaluation.decoding);
+    # generate_max_new_tokens 0 = data.target_len; generate_strategy "greedy" or "beam".
+    c.eval = ml_collections.ConfigDict(dict(
+        every_steps=500, num_batches=20, split="validation", generate_examples=0,
+        generate_max_new_tokens=0, generate_strategy="greedy", generate_beam_size=4))
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     c.parallel = "jit"
     c.module_api = "linen"
@@ -243,6 +249,7 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
     if config.eval.every_steps <= 0 or config.eval.num_batches < 0:
         raise ValueError("eval.every_steps must be positive and eval.num_batches >= 0")
     check_objective(config.objective)
+    check_generation(config, model_cfg)
     optimizer = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
     _check_data(config, model_cfg, resolved)
     accum = config.optimizer.get("grad_accum_steps", 1)
