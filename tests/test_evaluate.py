@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -249,8 +248,10 @@ def test_seq2seq_eval_bleu_is_logged_and_selects_the_best_checkpoint(tmp_path):
     kept = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()
                   if p.name.isdigit())
     best = max(r["eval_bleu"] for r in rows.values())
-    assert 40 in kept and len(kept) <= 2
     assert max(rows[s]["eval_bleu"] for s in kept) == best  # the best by BLEU is kept
+    best_steps = [s for s, r in rows.items() if r["eval_bleu"] == best]
+    if len(best_steps) == 1:  # keep=1: the latest and the best (here step 10 of 10, 20, 30, 40)
+        assert kept == sorted({40, best_steps[0]})
     # the CLI's decoding of the same sample (the first 8 validation examples) gives the same scores
     again = evaluate_run(tmp_path / "run", split="validation", max_decode=8, progress=False)
     assert again["generation"]["bleu"] == pytest.approx(rows[40]["eval_bleu"])
