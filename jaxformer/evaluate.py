@@ -57,6 +57,7 @@ def format_results(results: dict[str, Any]) -> str:
         lines += [f"  {c['name']:<{width}}  {c['precision']:9.3f}  {c['recall']:6.3f}  "
                   f"{c['f1']:5.3f}  {c['support']:7d}" for c in m["per_class"]]
         lines.append("  confusion (row = true, column = predicted):")
+        lines.append(f"  {'':<{width}}  " + " ".join(f"{c['name'][:6]:>6}" for c in m["per_class"]))
         lines += [f"  {c['name']:<{width}}  " + " ".join(f"{n:6d}" for n in row)
                   for c, row in zip(m["per_class"], m["confusion"])]
     g = results.get("generation")
