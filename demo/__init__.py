@@ -2,7 +2,7 @@
 from that checkpoint, and measure held-out results against baselines, CPU-sized.
 
 Not part of the installed library: it lives beside ``configs/`` (which it reads) in the source
-tree and needs the ``[demo]`` extra (matplotlib, scikit-learn, sacrebleu). From the repository
+tree and needs the ``[demo]`` extra (matplotlib, scikit-learn). From the repository
 root::
 
     pip install -e '.[demo]'

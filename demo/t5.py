@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import sacrebleu
 from tqdm.auto import tqdm
 
 from demo.common import (
@@ -33,6 +32,7 @@ from demo.common import (
 from jaxformer.data.builders.base import SPLITS
 from jaxformer.data.sources import get_source
 from jaxformer.decode import GenerationConfig, generate_padded
+from jaxformer.evaluation import sequence_scores
 
 
 def write_translation_split(directory: Path, tokenizer, max_source: int, max_target: int
@@ -87,13 +87,12 @@ def translate(model, params, tokenizer, sources: list[str], *, max_source: int,
 
 
 def bleu(hypotheses: list[str], references: list[str]) -> dict:
-    """Corpus BLEU and chrF (sacrebleu defaults: 13a tokenization, exponential smoothing)."""
-    metric = sacrebleu.BLEU()
-    b = metric.corpus_score(hypotheses, [references])
-    c = sacrebleu.CHRF().corpus_score(hypotheses, [references])
-    return {"bleu": round(b.score, 2), "chrf": round(c.score, 2),
-            "length_ratio": round(b.sys_len / max(b.ref_len, 1), 3),
-            "bleu_signature": str(metric.get_signature()), "bleu_detail": str(b)}
+    """Corpus BLEU and chrF (`jaxformer.evaluation.sequence_scores`: sacrebleu defaults, 13a
+    tokenization, exponential smoothing), rounded for the report."""
+    s = sequence_scores(hypotheses, references)
+    return {"bleu": round(s["bleu"], 2), "chrf": round(s["chrf"], 2),
+            "length_ratio": round(s["length_ratio"], 3),
+            "bleu_signature": s["bleu_signature"], "bleu_detail": s["bleu_detail"]}
 
 
 def choose_decoding(model, params, tokenizer, pairs: list[dict], *, max_len: int, batch: int,

@@ -36,6 +36,7 @@ from ml_collections import config_flags
 from jaxformer.config import ModelConfig, changed_fields, resumable_fields
 from jaxformer.data.pipeline import check_data_config, default_data_config
 from jaxformer.data.sources import list_option
+from jaxformer.evaluation.decoding import check_generation
 from jaxformer.objectives import OPTION_DEFAULTS, check_objective, get_objective
 from jaxformer.train.nonfinite import POLICIES
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
@@ -68,6 +69,11 @@ KEY_DOCS = {
     "eval.every_steps": "evaluate every this many steps (and at the last step)",
     "eval.num_batches": "batches of eval.split per evaluation (0 = no evaluation)",
     "eval.split": "the split evaluated during training: 'validation' or 'test'",
+    "eval.generate_examples": "decode the first N examples of eval.split at each evaluation and log "
+                              "eval_bleu / eval_chrf / eval_exact_match (0 = off; seq2seq, sft, clm)",
+    "eval.generate_max_new_tokens": "tokens generated per example in that scoring (0 = data.target_len)",
+    "eval.generate_strategy": "decoding for that scoring: 'greedy' or 'beam'",
+    "eval.generate_beam_size": "beams when eval.generate_strategy='beam'",
     "mesh.data": "data-parallel mesh axis size (-1 = the devices the other axes leave)",
     "mesh.fsdp": "FSDP mesh axis size (parameters sharded over it)",
     "mesh.tensor": "tensor-parallel mesh axis size",
@@ -113,7 +119,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.optimizer = default_optimizer_config()
     c.checkpoint = ml_collections.ConfigDict(dict(every_steps=500, keep=3, best_metric="",
                                                   best_mode="min", async_save=True))
-    c.eval = ml_collections.ConfigDict(dict(every_steps=500, num_batches=20, split="validation"))
+    # generate_*: decoding scores (eval_bleu, eval_chrf, eval_exact_match) on the first
+    # generate_examples examples of eval.split (0 = off; jaxformer.evaluation.decoding);
+    # generate_max_new_tokens 0 = data.target_len; generate_strategy "greedy" or "beam".
+    c.eval = ml_collections.ConfigDict(dict(
+        every_steps=500, num_batches=20, split="validation", generate_examples=0,
+        generate_max_new_tokens=0, generate_strategy="greedy", generate_beam_size=4))
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     c.parallel = "jit"
     c.module_api = "linen"
@@ -279,6 +290,7 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
     if config.eval.every_steps <= 0 or config.eval.num_batches < 0:
         raise ValueError("eval.every_steps must be positive and eval.num_batches >= 0")
     check_objective(config.objective)
+    check_generation(config, model_cfg)
     optimizer = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
     _check_data(config, model_cfg, resolved)
     accum = config.optimizer.get("grad_accum_steps", 1)

@@ -25,6 +25,8 @@ import numpy as np
 from absl import logging
 
 from jaxformer.config import ModelConfig
+from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
+from jaxformer.models import build_model
 from jaxformer.ops.embedding import check_token_ids
 from jaxformer.parallel import pmap, shard_map
 from jaxformer.parallel.mesh import describe
@@ -129,7 +131,8 @@ class Trainer:
                            out_shardings=(self.shardings, None), donate_argnums=(0,))
 
     def evaluate(self, params) -> dict:
-        """Loss, accuracy and perplexity over ``eval.num_batches`` batches of ``eval.split``."""
+        """Loss, accuracy and perplexity over ``eval.num_batches`` batches of ``eval.split``, and
+        decoding scores with ``eval.generate_examples``."""
         c = self.config
         if c.eval.num_batches == 0:
             return {}
@@ -147,14 +150,33 @@ class Trainer:
         out = summarize_eval(totals)
         if self.model_cfg.head == "classify":  # exp(cross-entropy) of a label is no perplexity
             out.pop("perplexity")
+        if c.eval.get("generate_examples", 0) > 0:
+            out.update(self._decoding_scores(params))
         return {f"eval_{k}": v for k, v in out.items()}
+
+    def _decoding_scores(self, params) -> dict:
+        """BLEU, chrF and exact match of generations for the first ``eval.generate_examples``
+        examples of ``eval.split`` (`jaxformer.evaluation.decoding`; the same sample each time)."""
+        c = self.config
+        if not hasattr(self, "_decoding"):
+            examples = decoding_examples(c, self.tokenizer, c.eval.split,
+                                         limit=c.eval.generate_examples)
+            # the Linen module of the config: decoding needs its cache (NNX runs share the params)
+            self._decoding = (build_model(self.model_cfg), examples,
+                              generation_config(c, self.tokenizer))
+        model, examples, gen = self._decoding
+        scores, _ = score_decoding(model, params, self.tokenizer, examples, gen,
+                                   batch_size=c.data.batch_size)
+        return {k: scores[k] for k in ("bleu", "chrf", "exact_match")}
 
     def run(self) -> dict:
         """Train from ``start_step`` to ``num_train_steps``; returns the last logged metrics."""
         c, total = self.config, self.config.num_train_steps
         if self.start_step >= total:
             print(f"{self.workdir} is already at step {self.start_step} of num_train_steps={total}: "
-                  "nothing to train (raise --config.num_train_steps to continue)")
+                  "nothing to train (raise --config.num_train_steps to continue; to score it on "
+                  f"a split or a file: python -m jaxformer.evaluate --workdir {self.workdir} "
+                  "--split test)")
         step_fn = self._step_fn()
         pmap = not callable(step_fn) or hasattr(step_fn, "step")
         writer = MetricWriter(self.workdir, count_name="examples" if self.model_cfg.head == "classify"

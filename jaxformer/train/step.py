@@ -27,10 +27,22 @@ def loss_and_metrics(model: nn.Module, params, prepared: dict, *, deterministic:
     ``prepared`` is an objective's output: ``model_inputs``, ``targets``, ``weights`` and, for BERT
     next-sentence prediction, ``nsp_targets``/``nsp_weights``.
     """
+    logits, nsp_logits = _forward(model, params, prepared, deterministic, dropout_rng)
+    return _sums(logits, nsp_logits, prepared, label_smoothing, z_loss)
+
+
+def _forward(model: nn.Module, params, prepared: dict, deterministic: bool,
+             dropout_rng: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
+    """(logits, NSP logits or None) of the model on an objective's ``model_inputs``."""
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
     out = model.apply({"params": params}, **prepared["model_inputs"], deterministic=deterministic,
                       rngs=rngs)
-    logits, nsp_logits = (out if isinstance(out, tuple) else (out, None))
+    return out if isinstance(out, tuple) else (out, None)
+
+
+def _sums(logits: jax.Array, nsp_logits: jax.Array | None, prepared: dict,
+          label_smoothing: float = 0.0, z_loss: float = 0.0) -> dict:
+    """Sums of loss, correct predictions and weights (and NSP's) of one batch's logits."""
     loss_sum, weight_sum = weighted_cross_entropy(
         logits, prepared["targets"], prepared["weights"], label_smoothing=label_smoothing,
         z_loss=z_loss)
@@ -139,15 +151,24 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
     return train_step
 
 
-def make_eval_step(model: nn.Module, prepare: Callable) -> Callable[[Any, dict, jax.Array], dict]:
+def make_eval_step(model: nn.Module, prepare: Callable, *, predictions: bool = False
+                   ) -> Callable[[Any, dict, jax.Array], dict | tuple[dict, dict]]:
     """``eval_step(params, batch, key) -> sums`` (loss/correct/weight sums; add over batches).
 
     Evaluation uses the plain cross-entropy (no label smoothing) so perplexity is exp(loss).
+    ``predictions``: return ``(sums, {"predictions", "targets", "weights"})`` instead, the argmax
+    of the logits with the objective's targets and weights, all of the targets' shape (`[B]` for
+    classification, `[B, L]` for token objectives), for per-example metrics.
     """
 
     def eval_step(params, batch, key):
         prepared = prepare(batch, key)
-        return loss_and_metrics(model, params, prepared, deterministic=True, dropout_rng=None)
+        logits, nsp_logits = _forward(model, params, prepared, True, None)
+        sums = _sums(logits, nsp_logits, prepared)
+        if not predictions:
+            return sums
+        return sums, {"predictions": jnp.argmax(logits, axis=-1).astype(jnp.int32),
+                      "targets": prepared["targets"], "weights": prepared["weights"]}
 
     return eval_step
 

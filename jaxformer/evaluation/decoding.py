@@ -1,0 +1,176 @@
+"""Sequence-level evaluation by real decoding: prompts and references from a split, generations in
+fixed-shape batches, scored by `jaxformer.evaluation.metrics.sequence_scores`.
+
+What is decoded, per data task (``objective.name`` decides it):
+
+* ``seq2seq`` (translation, summarisation; an encoder-decoder): the encoder reads ``source </s>``
+  (cut to ``data.seq_len``, as in training); the reference is the ``target`` text.
+* ``sft`` (a decoder fine-tuned on prompt/response pairs): the model continues ``<s>? prompt``
+  (the BOS only with ``data.framing="bos_eos"``, as in training); the reference is the response.
+* ``lm`` with a decoder (plain ``clm``): an example has no prompt of its own, so its first
+  ``data.seq_len`` tokens (one training row) are cut in half: the first half is the prompt and the
+  decoded second half the reference (a continuation score: how much of held-out text the model
+  reproduces, the measure of Carlini et al. 2021's extraction test). Examples shorter than 2
+  tokens are skipped.
+
+The examples are the first ones of the split in the source's order (the same every time: a fixed
+sample, never shuffled). Other objectives (mlm, span corruption, denoise, classify) are not
+decoded: their targets are no text to generate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import numpy as np
+from tqdm.auto import tqdm
+
+from jaxformer.config import ModelConfig
+from jaxformer.data.pipeline import example_framing
+from jaxformer.data.sources import get_source
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.decode.api import GenerationConfig, generate_padded
+from jaxformer.evaluation.metrics import sequence_scores
+from jaxformer.objectives.registry import check_data_task
+from jaxformer.options import option
+
+DECODING_STRATEGIES = ("greedy", "beam")  # sampling would make the scores noisy
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingExample:
+    """One example to decode: ``prompt`` token ids (the source of an encoder-decoder) and the
+    ``reference`` text its generation is scored against."""
+
+    prompt: list[int]
+    reference: str
+
+
+def decodes(config: Any, model_cfg: ModelConfig) -> bool:
+    """Whether runs of ``config`` (a training config) have text to decode (module docstring)."""
+    task = check_data_task(config.objective, config.data).data_task
+    if model_cfg.head != "lm":
+        return False
+    return (task == "seq2seq" and model_cfg.family == "encoder_decoder") or (
+        task in ("sft", "lm") and model_cfg.family == "decoder")
+
+
+def max_new_tokens(config: Any) -> int:
+    """``eval.generate_max_new_tokens``, or ``data.target_len`` when it is 0 (unset)."""
+    return option(config.eval, "generate_max_new_tokens", 0) or config.data.target_len
+
+
+def check_generation(config: Any, model_cfg: ModelConfig) -> None:
+    """ValueError naming the ``eval.generate_*`` key that does not fit ``config`` (a training
+    config): in-training decoding (``eval.generate_examples > 0``) needs a decoding objective."""
+    ev = config.eval
+    n = option(ev, "generate_examples", 0)
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"eval.generate_examples={n!r} must be an integer >= 0 (0 = off)")
+    strategy = option(ev, "generate_strategy", "greedy")
+    if strategy not in DECODING_STRATEGIES:
+        raise ValueError(f"eval.generate_strategy={strategy!r} must be one of {DECODING_STRATEGIES}")
+    for key in ("generate_max_new_tokens", "generate_beam_size"):
+        value = option(ev, key, 0)
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"eval.{key}={value!r} must be an integer >= 0")
+    if n == 0:
+        return
+    if not decodes(config, model_cfg):
+        raise ValueError(f"eval.generate_examples={n} decodes text, which objective.name="
+                         f"{config.objective.name!r} with a {model_cfg.family} model "
+                         f"(head {model_cfg.head!r}) does not produce; use it with seq2seq, sft or "
+                         "clm runs, or set eval.generate_examples=0")
+    if config.eval.num_batches == 0:
+        raise ValueError(f"eval.generate_examples={n} needs evaluation: eval.num_batches=0 "
+                         "turns it off")
+    new = max_new_tokens(config)
+    if model_cfg.family == "decoder" and model_cfg.position == "learned" and new >= model_cfg.max_len:
+        raise ValueError(f"generating eval.generate_max_new_tokens={new} tokens (0 = "
+                         f"data.target_len) leaves no room for a prompt in model.max_len="
+                         f"{model_cfg.max_len}, the learned position table; lower it")
+
+
+def generation_config(config: Any, tokenizer: Tokenizer, *, strategy: str | None = None,
+                      beam_size: int | None = None, max_new: int | None = None) -> GenerationConfig:
+    """The decoding settings of a run: its ``eval.generate_*`` keys unless given, its tokenizer's
+    EOS and padding, its objective's decoder start id."""
+    special, ev = tokenizer.special, config.eval
+    return GenerationConfig(
+        strategy=strategy or option(ev, "generate_strategy", "greedy"),
+        beam_size=beam_size or option(ev, "generate_beam_size", 4),
+        max_new_tokens=max_new or max_new_tokens(config), eos_id=special.eos_id,
+        pad_id=max(special.pad_id, 0),
+        decoder_start_id=option(config.objective, "decoder_start_id", max(special.pad_id, 0)))
+
+
+def decoding_examples(config: Any, tokenizer: Tokenizer, split: str, *, limit: int = 0,
+                      source: Sequence[dict] | None = None) -> list[DecodingExample]:
+    """The first ``limit`` (0 = all) examples of ``split`` (or of ``source``) as prompts and
+    references, framed as training framed them (module docstring)."""
+    task = check_data_task(config.objective, config.data).data_task
+    framing = example_framing(config.data, config.objective)
+    special, seq_len = tokenizer.special, config.data.seq_len
+    prefix = {"bos_eos": [special.bos_id], "cls_sep": [special.cls_id]}.get(framing, [])
+    source = get_source(config.data, split) if source is None else source
+    out = []
+    for i in range(len(source) if not limit else min(limit, len(source))):
+        ex = source[i]
+        if task == "seq2seq":
+            ids = tokenizer.encode(ex["source"])[:seq_len - 1] + [special.eos_id]
+            out.append(DecodingExample(ids, ex["target"]))
+        elif task == "sft":
+            prompt, response = (ex["prompt"], ex["response"]) if "prompt" in ex else (
+                ex["source"], ex["target"])
+            out.append(DecodingExample((prefix + tokenizer.encode(prompt))[:seq_len], response))
+        else:
+            tokens = (prefix + tokenizer.encode(ex["text"]))[:seq_len]
+            if len(tokens) >= 2:
+                half = len(tokens) // 2
+                out.append(DecodingExample(tokens[:half], tokenizer.decode(tokens[half:])))
+    if not out:
+        raise ValueError(f"split {split!r} has no example to decode (texts of 2 tokens or more)")
+    return out
+
+
+def decode_prompts(model: nn.Module, params: Any, prompts: Sequence[Sequence[int]],
+                   gen: GenerationConfig, *, batch_size: int, progress: bool = False
+                   ) -> list[list[int]]:
+    """Generated token ids (EOS and what follows removed) for each prompt, decoded in batches of
+    the one shape `[batch_size, longest prompt]` (one compilation; the last batch is filled up with
+    copies of its first prompt, whose outputs are dropped).
+
+    A decoder with learned positions keeps the last ``model.max_len - max_new_tokens`` tokens of a
+    longer prompt (its position table ends there).
+    """
+    cfg = model.cfg
+    if cfg.family == "decoder" and cfg.position == "learned":
+        room = cfg.max_len - gen.max_new_tokens
+        prompts = [p[-room:] if room > 0 else p for p in prompts]
+    width = max(len(p) for p in prompts)
+    out: list[list[int]] = []
+    starts = range(0, len(prompts), batch_size)
+    for start in tqdm(starts, desc=f"decode ({gen.strategy})", unit="batch", disable=not progress,
+                      leave=False):
+        chunk = list(prompts[start:start + batch_size])
+        rows = chunk + [chunk[0]] * (batch_size - len(chunk))
+        inputs = np.full((batch_size, width), gen.pad_id, np.int32)
+        for i, row in enumerate(rows):
+            inputs[i, :len(row)] = row
+        lengths = np.array([len(r) for r in rows], np.int32)
+        result = generate_padded(model, params, inputs, lengths, gen)
+        out += result.sequences(gen.eos_id)[:len(chunk)]
+    return out
+
+
+def score_decoding(model: nn.Module, params: Any, tokenizer: Tokenizer,
+                   examples: Sequence[DecodingExample], gen: GenerationConfig, *, batch_size: int,
+                   progress: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """(`sequence_scores` of the generations against the references, the generated texts)."""
+    ids = decode_prompts(model, params, [e.prompt for e in examples], gen, batch_size=batch_size,
+                         progress=progress)
+    hypotheses = [tokenizer.decode(s) for s in ids]
+    return sequence_scores(hypotheses, [e.reference for e in examples]), hypotheses
