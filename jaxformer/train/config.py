@@ -59,8 +59,8 @@ from jaxformer.train.nonfinite import POLICIES
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 
 TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "init_from_step", "init_from_best", "model",
-                  "objective", "data", "optimizer", "checkpoint", "eval", "mesh", "parallel", "module_api", "log_every_steps",
-                  "progress_bar", "name", "nonfinite", "nonfinite_limit")
+                  "objective", "data", "optimizer", "checkpoint", "eval", "mesh", "parallel",
+                  "module_api", "log_every_steps", "progress_bar", "name", "nonfinite", "nonfinite_limit")
 PARALLEL_MODES = ("jit", "shard_map", "pmap")  # see jaxformer.parallel: which to use and why
 MODULE_APIS = ("linen", "nnx")
 

@@ -11,10 +11,10 @@
 ``init_from`` is a pretraining run (a workdir, its ``checkpoints`` dir or one step dir) or a
 Hugging Face directory; of a run, ``init_from_step`` (None/0: the latest) or ``init_from_best``
 (the best by the run's ``checkpoint.best_metric``) picks the step. `resolve_model` decides each
-``config.model`` field (`jaxformer.config` kinds): a field the config leaves unset (None) takes the pretrained model's value; a field it sets
-wins, except that an architecture field that differs from a run's is refused, naming the field (a
-Hugging Face directory's architecture is always its own). So the same config fine-tunes the same
-from a run and from its Hugging Face export.
+``config.model`` field (`jaxformer.config` kinds): a field the config leaves unset (None) takes the
+pretrained model's value; a field it sets wins, except that an architecture field that differs from
+a run's is refused, naming the field (a Hugging Face directory's architecture is always its own).
+So the same config fine-tunes the same from a run and from its Hugging Face export.
 """
 
 from __future__ import annotations
