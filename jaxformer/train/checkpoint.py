@@ -7,6 +7,8 @@ Layout of a workdir::
     <workdir>/.lock                    `jaxformer.train.lock`: one writer per workdir
     <workdir>/checkpoints/<step>/      Orbax: "state" (TrainState) and "data" (Grain iterator state),
                                        plus jaxformer_manifest.json (`jaxformer.train.verify`)
+                                       and, with checkpoint.best_metric, metrics/metrics (the
+                                       step's eval metrics: `checkpoint_select`)
     <workdir>/checkpoints/<step>.damaged   a damaged step set aside by a resume (never read)
 
 Orbax writes each step to a temporary directory and renames it when complete, so a killed run never
