@@ -27,5 +27,6 @@ def get_config():
     c.eval.every_steps = 200
     c.eval.num_batches = 20
     c.checkpoint.every_steps = 200
+    c.checkpoint.best_metric = "eval_loss"  # keeps the best step: generate --best
     c.log_every_steps = 20
     return c

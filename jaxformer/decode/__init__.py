@@ -1,6 +1,12 @@
 """Generation: KV-cache helpers, greedy / sampled decoding, beam search, and the user-facing API."""
 
-from jaxformer.decode.api import GenerationConfig, generate, generate_padded, generate_text
+from jaxformer.decode.api import (
+    GenerationConfig,
+    encode_prompts,
+    generate,
+    generate_padded,
+    generate_text,
+)
 from jaxformer.decode.beam import BeamResult, beam_search, length_penalty
 from jaxformer.decode.cache import cache_batch_axes, expand_beams, gather_rows, init_cache
 from jaxformer.decode.ngram import block_repeated_ngrams, repeated_ngram_mask
@@ -8,7 +14,7 @@ from jaxformer.decode.sampling import apply_temperature, sample, top_k_filter, t
 from jaxformer.decode.search import DecodeResult, decode_loop
 
 __all__ = [
-    "GenerationConfig", "generate", "generate_padded", "generate_text",
+    "GenerationConfig", "encode_prompts", "generate", "generate_padded", "generate_text",
     "BeamResult", "beam_search", "length_penalty",
     "block_repeated_ngrams", "repeated_ngram_mask",
     "cache_batch_axes", "expand_beams", "gather_rows", "init_cache",

@@ -207,6 +207,7 @@ def generate(
     decoder_start_id: int = 0,
     no_repeat_ngram_size: int = 0,
     rng: jax.Array | None = None,
+    pad_to: int = 0,
 ) -> DecodeResult | BeamResult:
     """Generate continuations of ``prompts`` (decoder-only) or targets for sources (enc-dec).
 
@@ -214,8 +215,9 @@ def generate(
     search each row's result equals generating it alone; sampling draws every row from one key,
     so a row's sample depends on the batch it is in). See `GenerationConfig` for the options.
     ``params`` is the parameter tree (``{"params": tree}`` is accepted too); an NNX model holds
-    its own, so ``generate(nnx_model, prompts, ...)``. Use ``result.sequences(eos_id)`` for
-    Python lists.
+    its own, so ``generate(nnx_model, prompts, ...)``. ``pad_to``: pad the inputs to at least
+    this width, so batches of shorter prompts reuse one compiled program (the results are the
+    same). Use ``result.sequences(eos_id)`` for Python lists.
     """
     if isinstance(model, nnx.Module) and prompts is None:
         params, prompts = None, params
@@ -244,7 +246,7 @@ def generate(
     if decoder_only and lengths.min() == 0:
         raise ValueError(f"prompt {int(np.argmin(lengths))} is empty: a decoder-only model needs "
                          "at least one token to continue from (e.g. the BOS id)")
-    width = max(1, int(lengths.max()))
+    width = max(1, int(lengths.max()), pad_to)
     inputs = np.full((len(rows), width), pad_id, np.int32)
     for i, r in enumerate(rows):
         inputs[i, :len(r)] = r
@@ -286,9 +288,19 @@ def generate_text(model: nn.Module | nnx.Module, params: Any = None, tokenizer: 
     special = tokenizer.special
     kwargs.setdefault("eos_id", special.eos_id)
     kwargs.setdefault("pad_id", special.pad_id)
-    if append_eos is None:
-        append_eos = model.cfg.family == "encoder_decoder"
-    ids = [([special.bos_id] if add_bos else []) + list(tokenizer.encode(t))
-           + ([special.eos_id] if append_eos else []) for t in texts]
+    ids = encode_prompts(tokenizer, texts, model.cfg.family, add_bos=add_bos,
+                         append_eos=append_eos)
     result = generate(model, params, ids, **kwargs)
     return [tokenizer.decode(s) for s in result.sequences(kwargs["eos_id"])]
+
+
+def encode_prompts(tokenizer: Any, texts: Sequence[str], family: str, *, add_bos: bool = False,
+                   append_eos: bool | None = None) -> list[list[int]]:
+    """The token ids `generate_text` feeds `generate`: ``<s>? text`` for a decoder-only model's
+    prompts, ``text </s>`` for an encoder-decoder model's sources (``append_eos`` None: by
+    ``family``)."""
+    special = tokenizer.special
+    if append_eos is None:
+        append_eos = family == "encoder_decoder"
+    return [([special.bos_id] if add_bos else []) + list(tokenizer.encode(t))
+            + ([special.eos_id] if append_eos else []) for t in texts]

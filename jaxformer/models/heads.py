@@ -3,7 +3,7 @@
 A model's parameters are a backbone (embeddings, stacks, final norms) plus the modules of its head,
 named here once. Every list of head modules is derived from `HEAD_MODULES`:
 
-* fine-tuning (`jaxformer.train.checkpoint.merge_backbone`) and Hugging Face import
+* fine-tuning (`jaxformer.train.setup.merge_backbone`) and Hugging Face import
   (`jaxformer.convert.load_hf`) initialise a head module the checkpoint lacks, never a backbone one;
 * the optimizer's head group (``optimizer.head_lr_multiplier`` / ``freeze_backbone``) is these
   modules by default;

@@ -7,6 +7,8 @@ Layout of a workdir::
     <workdir>/.lock                    `jaxformer.train.lock`: one writer per workdir
     <workdir>/checkpoints/<step>/      Orbax: "state" (TrainState) and "data" (Grain iterator state),
                                        plus jaxformer_manifest.json (`jaxformer.train.verify`)
+                                       and, with checkpoint.best_metric, metrics/metrics (the
+                                       step's eval metrics: `checkpoint_select`)
     <workdir>/checkpoints/<step>.damaged   a damaged step set aside by a resume (never read)
 
 Orbax writes each step to a temporary directory and renames it when complete, so a killed run never
@@ -40,11 +42,10 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
-from orbax.checkpoint import checkpoint_managers as cm
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.models.heads import HEAD_MODULE_NAMES
+from jaxformer.train.checkpoint_select import best_step, committed_steps, retention_policy
 from jaxformer.train.verify import (
     MANIFEST,
     MARKER,
@@ -67,8 +68,10 @@ def _all_finite(tree) -> jax.Array:
 
 
 class Checkpointer:
-    """Keeps the last ``keep`` checkpoints (plus the best by ``best_metric`` when given); each
-    carries a manifest of checksums (`jaxformer.train.verify`), checked before it is read.
+    """Keeps the last ``keep`` checkpoints plus the best by ``best_metric`` when given
+    (`jaxformer.train.checkpoint_select.retention_policy`: the metrics passed to `save` are written
+    with each step); each carries a manifest of checksums (`jaxformer.train.verify`), checked
+    before it is read.
 
     Reading (`latest_step`, `steps`, `restore`) never writes; Orbax's manager (which creates the
     directory and removes the temporary directories of killed saves) starts at the first save.
@@ -76,14 +79,14 @@ class Checkpointer:
 
     def __init__(self, workdir: str | os.PathLike, *, keep: int = 3, best_metric: str | None = None,
                  best_mode: str = "min", async_save: bool = True):
-        policies = [cm.LatestN(keep)]
-        if best_metric:
-            policies.append(cm.BestN(get_metric_fn=lambda m: m[best_metric], n=1,
-                                     reverse=best_mode == "min"))
         # Always Orbax's async path, whose post-finalization callback writes the manifest inside
-        # the commit; async_save=False waits for each save.
+        # the commit; async_save=False waits for each save. best_fn only makes Orbax write (and
+        # read back on a resume) each step's metrics; the preservation policy alone deletes.
+        self.best_metric = best_metric
         self._options = ocp.CheckpointManagerOptions(
-            preservation_policy=cm.AnyPreservationPolicy(policies), enable_async_checkpointing=True,
+            preservation_policy=retention_policy(keep, best_metric, best_mode),
+            best_fn=(lambda m: m.get(best_metric)) if best_metric else None, best_mode=best_mode,
+            enable_async_checkpointing=True,
             create=True, cleanup_tmp_directories=True,
             async_options=ocp.AsyncOptions(post_finalization_callback=self._seal))
         self.async_save = async_save
@@ -99,9 +102,7 @@ class Checkpointer:
 
     def steps(self) -> list[int]:
         """Committed steps, ascending (Orbax renames a step's directory to ``<step>`` when done)."""
-        if not self.directory.is_dir():
-            return []
-        return sorted(int(d.name) for d in self.directory.iterdir() if d.name.isdigit() and d.is_dir())
+        return committed_steps(self.directory)
 
     def latest_step(self) -> int | None:
         return (self.steps() or [None])[-1]
@@ -118,6 +119,8 @@ class Checkpointer:
             items["data"] = grain.checkpoint.CheckpointSave(data_iter)
         self.manager.wait_until_finished()  # the previous step's manifest is written
         self._sealing = step
+        if self.best_metric:  # {}: saved without evaluation, ranked last (kept as a latest step)
+            metrics = dict(metrics or {})
         self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
                           custom_metadata={MARKER: MANIFEST})
         if not self.async_save:
@@ -250,20 +253,41 @@ def with_shardings(abstract, shardings):
 # Reading checkpoints back: for fine-tuning (init_from) and inference.
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, int]:
-    """``path`` = a workdir, its ``checkpoints`` dir, or one step dir → (checkpoints dir, step)."""
+def resolve_checkpoint(path: str | os.PathLike, *, step: int | None = None, best: bool = False
+                       ) -> tuple[Path, int]:
+    """``path`` = a workdir, its ``checkpoints`` dir, or one step dir ``<run>/checkpoints/<N>`` →
+    (checkpoints dir, step): the latest step, ``step``, or with ``best`` the best by the run's
+    ``checkpoint.best_metric`` (`jaxformer.train.checkpoint_select.best_step`). A step that is
+    not there is a FileNotFoundError listing the steps that are."""
+    if best and step is not None:
+        raise ValueError(f"choose a step ({step}) or the best checkpoint, not both")
     p = Path(path).absolute()
-    if not p.exists():
-        raise FileNotFoundError(f"init_from={str(path)!r} does not exist")
-    for d in (p / "checkpoints", p):
-        if d.is_dir():
-            steps = sorted(int(c.name) for c in d.iterdir() if c.name.isdigit())
-            if steps:
-                return d, steps[-1]
-    if p.name.isdigit() and p.parent.is_dir():
-        return p.parent, int(p.name)
-    raise FileNotFoundError(
-        f"no checkpoint found under {str(path)!r} (expected <workdir>/checkpoints/<step>)")
+    if (p / "checkpoints").is_dir() or committed_steps(p):
+        ckpt_dir = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+    elif p.name.isdigit() and committed_steps(p.parent):  # a step dir, there or not
+        ckpt_dir, named = p.parent, int(p.name)
+        if best or step not in (None, named):
+            raise ValueError(f"{str(path)!r} is step {named}; give the run {str(ckpt_dir.parent)!r}"
+                             f" to choose {'the best step' if best else f'step {step}'}")
+        step = named
+    elif not p.exists():
+        raise FileNotFoundError(f"{str(path)!r} does not exist")
+    else:
+        raise FileNotFoundError(
+            f"no checkpoint found under {str(path)!r} (expected <workdir>/checkpoints/<step>)")
+    steps = committed_steps(ckpt_dir)
+    if not steps:
+        raise FileNotFoundError(f"no checkpoint found under {str(path)!r} (its {ckpt_dir.name} "
+                                "directory holds no step)")
+    if best:
+        return ckpt_dir, best_step(ckpt_dir, steps, load_run_config(ckpt_dir.parent)["checkpoint"])
+    if step is None:
+        return ckpt_dir, steps[-1]
+    if step not in steps:
+        raise FileNotFoundError(f"{ckpt_dir} has no step {step}: its steps are {steps} (a run "
+                                "keeps the checkpoint.keep latest and the best by "
+                                "checkpoint.best_metric)")
+    return ckpt_dir, step
 
 
 def load_checkpoint_params(path: str | os.PathLike, *, verified: bool = False) -> dict:
@@ -287,47 +311,6 @@ def load_checkpoint_params(path: str | os.PathLike, *, verified: bool = False) -
     finally:
         handler.close()
     return restored["params"]
-
-
-def _flat(tree) -> dict[tuple[str, ...], Any]:
-    return {tuple(str(k.key) for k in path): v
-            for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-def merge_backbone(new_params, pretrained, *, head_modules: Iterable[str] = HEAD_MODULE_NAMES):
-    """Copy every pretrained parameter into ``new_params``; keep fresh init only for new heads.
-
-    Raises ValueError naming the parameter path when a shape differs, or when a non-head parameter
-    of the new model is missing from the checkpoint. Returns (merged params, list of fresh paths).
-    """
-    new_flat, old_flat = _flat(new_params), _flat(pretrained)
-    fresh, merged = [], {}
-    for path, value in new_flat.items():
-        name = "/".join(path)
-        if path in old_flat:
-            old = old_flat[path]
-            if tuple(old.shape) != tuple(value.shape):
-                raise ValueError(f"init_from: parameter {name} has shape {tuple(old.shape)} in the "
-                                 f"checkpoint but {tuple(value.shape)} in the model")
-            merged[path] = np.asarray(old, dtype=value.dtype)  # on the host until sharded
-        elif path[0] in head_modules:
-            merged[path] = value
-            fresh.append(name)
-        else:
-            raise ValueError(f"init_from: backbone parameter {name} (shape {tuple(value.shape)}) is "
-                             f"missing from the checkpoint; {_layout_hint(path, old_flat)}")
-    leaves = [merged[p] for p in new_flat]
-    return jax.tree_util.tree_unflatten(jax.tree.structure(new_params), leaves), fresh
-
-
-def _layout_hint(missing: tuple[str, ...], old_flat: dict) -> str:
-    """Why a parameter may be missing: a scanned (``layers``) vs unrolled (``layer_i``) stack."""
-    scanned_old = any("layers" in p for p in old_flat)
-    scanned_new = "layers" in missing
-    if scanned_old != scanned_new:
-        return (f"the checkpoint's layers are {'stacked' if scanned_old else 'unrolled'}: set "
-                f"model.scan_layers={scanned_old} to read it")
-    return "is the architecture the same?"
 
 
 def save_run_config(workdir: str | os.PathLike, config) -> None:
@@ -375,13 +358,15 @@ class SavedRun:
     tokenizer: Path | None
 
 
-def open_run(path: str | os.PathLike, *, verify: bool = True) -> SavedRun:
-    """The latest checkpoint under ``path`` (a workdir, its ``checkpoints`` dir or one step dir),
-    its parameters not read. ``verify``: check every file first (`CheckpointDamaged` names the
-    damaged one); else only the manifest is read (`load_checkpoint_params` verifies)."""
-    if not Path(path).is_dir():
-        load_run_config(path)  # raises: "<path>/config.json not found: is it a workdir?"
-    ckpt_dir, step = resolve_checkpoint(path)
+def open_run(path: str | os.PathLike, *, step: int | None = None, best: bool = False,
+             verify: bool = True) -> SavedRun:
+    """The checkpoint under ``path`` (a workdir, its ``checkpoints`` dir or one step dir) that
+    `resolve_checkpoint` picks (the latest, ``step``, or the ``best``), its parameters not read.
+    ``verify``: check every file first (`CheckpointDamaged` names the damaged one); else only the
+    manifest is read (`load_checkpoint_params` verifies)."""
+    if not Path(path).is_dir() and not Path(path).name.isdigit():  # (a missing step: its run's
+        load_run_config(path)  # steps are listed) raises "<path>/config.json not found: …"
+    ckpt_dir, step = resolve_checkpoint(path, step=step, best=best)
     manifest = (verify_for_reading(ckpt_dir, step) if verify
                 else read_manifest(ckpt_dir / str(step)))
     run_dir = ckpt_dir.parent
@@ -389,10 +374,12 @@ def open_run(path: str | os.PathLike, *, verify: bool = True) -> SavedRun:
                     verify_tokenizer(run_dir, manifest, required=False))
 
 
-def load_for_inference(workdir: str | os.PathLike) -> tuple[ModelConfig, Any, Tokenizer | None]:
-    """(ModelConfig, params, tokenizer or None) of the latest checkpoint of a training workdir,
-    verified (`CheckpointDamaged` names the damaged file)."""
-    run = open_run(workdir)
+def load_for_inference(workdir: str | os.PathLike, *, step: int | None = None, best: bool = False
+                       ) -> tuple[ModelConfig, Any, Tokenizer | None]:
+    """(ModelConfig, params, tokenizer or None) of a checkpoint of a training workdir (or of one
+    step dir): the latest, ``step`` or the ``best`` (`resolve_checkpoint`), verified
+    (`CheckpointDamaged` names the damaged file)."""
+    run = open_run(workdir, step=step, best=best)
     params = load_checkpoint_params(run.step_dir, verified=True)
     tokenizer = None if run.tokenizer is None else Tokenizer.load(str(run.tokenizer))
     return (ModelConfig.from_dict(run.run_config["model"]), jax.tree.map(jnp.asarray, params),

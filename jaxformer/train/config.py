@@ -41,9 +41,9 @@ from jaxformer.objectives import OPTION_DEFAULTS, check_objective, get_objective
 from jaxformer.train.nonfinite import POLICIES
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 
-TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "model", "objective", "data", "optimizer",
-                  "checkpoint", "eval", "mesh", "parallel", "module_api", "log_every_steps",
-                  "progress_bar", "name", "nonfinite", "nonfinite_limit")
+TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "init_from_step", "init_from_best", "model",
+                  "objective", "data", "optimizer", "checkpoint", "eval", "mesh", "parallel",
+                  "module_api", "log_every_steps", "progress_bar", "name", "nonfinite", "nonfinite_limit")
 PARALLEL_MODES = ("jit", "shard_map", "pmap")  # see jaxformer.parallel: which to use and why
 MODULE_APIS = ("linen", "nnx")
 
@@ -55,6 +55,8 @@ KEY_DOCS = {
     "seed": "parameters, dropout, masking and data order all derive from it",
     "num_train_steps": "optimizer updates to run (a resumed run continues up to this number)",
     "init_from": "'' | a pretraining workdir | a checkpoint step dir | a Hugging Face model dir",
+    "init_from_step": "the step of an init_from run to read (unset or 0: the latest)",
+    "init_from_best": "read init_from's best step by its checkpoint.best_metric",
     "objective.name": "'clm', 'mlm', 'seq2seq', 'classify', 'sft', 'span_corruption' or 'denoise'; "
                       "decides the data task and the usual framing",
     "objective.label_smoothing": "label smoothing of the training cross-entropy (not of evaluation)",
@@ -112,6 +114,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.num_train_steps = 1000
     c.init_from = ""
+    c.init_from_step = ml_collections.config_dict.placeholder(int)  # unset: not in old runs'
+    c.init_from_best = ml_collections.config_dict.placeholder(bool)  # config.json, no resume note
     c.model = model_defaults()
     c.objective = ml_collections.ConfigDict(dict(
         name="clm", label_smoothing=0.0, z_loss=0.0, decoder_start_id=0, **OPTION_DEFAULTS))

@@ -9,11 +9,12 @@
     # or, resuming: plan_resume(...) before any write, then restore_state(...)
 
 ``init_from`` is a pretraining run (a workdir, its ``checkpoints`` dir or one step dir) or a
-Hugging Face directory. `resolve_model` decides each ``config.model`` field (`jaxformer.config`
-kinds): a field the config leaves unset (None) takes the pretrained model's value; a field it sets
-wins, except that an architecture field that differs from a run's is refused, naming the field (a
-Hugging Face directory's architecture is always its own). So the same config fine-tunes the same
-from a run and from its Hugging Face export.
+Hugging Face directory; of a run, ``init_from_step`` (None/0: the latest) or ``init_from_best``
+(the best by the run's ``checkpoint.best_metric``) picks the step. `resolve_model` decides each
+``config.model`` field (`jaxformer.config` kinds): a field the config leaves unset (None) takes the
+pretrained model's value; a field it sets wins, except that an architecture field that differs from
+a run's is refused, naming the field (a Hugging Face directory's architecture is always its own).
+So the same config fine-tunes the same from a run and from its Hugging Face export.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 import optax
 from absl import logging
 from jax.sharding import Mesh
@@ -38,6 +40,7 @@ from jaxformer.data.pipeline import make_dataset, source_texts
 from jaxformer.data.sources import get_source
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from jaxformer.models import build_model
+from jaxformer.models.heads import HEAD_MODULE_NAMES
 from jaxformer.nnx import FunctionalModel
 from jaxformer.objectives import bind_objective
 from jaxformer.parallel.mesh import check_batch_size, make_mesh
@@ -47,7 +50,6 @@ from jaxformer.train.checkpoint import (
     StateMismatch,
     load_checkpoint_params,
     load_run_config,
-    merge_backbone,
     open_run,
     with_shardings,
 )
@@ -107,16 +109,22 @@ class ResolvedConfig:
 
 def open_pretrained(config: ml_collections.ConfigDict) -> Pretrained | None:
     """Read ``init_from``'s model fields and tokenizer (not its parameters), or None."""
-    path = config.init_from
+    path, step, best = config.init_from, config.get("init_from_step"), config.get("init_from_best")
     if not path:
+        if step or best:
+            raise ValueError(f"init_from_step={step!r} / init_from_best={best!r} choose a step of "
+                             "init_from, which is unset")
         return None
     if not Path(path).exists():
         raise FileNotFoundError(f"init_from={path!r} does not exist")
     if is_hf_directory(path):
+        if step or best:
+            raise ValueError(f"init_from={path!r} is a Hugging Face model, which has no steps; "
+                             "unset init_from_step and init_from_best")
         model = hf_model_config(path, head=config.model.get("head"),
                                 num_classes=config.model.get("num_classes"))
         return Pretrained(path, model, find_sentencepiece(path), None)
-    run = open_run(path, verify=False)  # its parameters are verified when they are read
+    run = open_run(path, step=step or None, best=bool(best), verify=False)  # parameters verified when read
     tokenizer = None if run.tokenizer is None else str(run.tokenizer)
     return Pretrained(path, dict(run.run_config["model"]), tokenizer, run)
 
@@ -249,6 +257,47 @@ def open_data(config: ml_collections.ConfigDict, tokenizer: Tokenizer
 # 4. Restore or initialise.
 
 
+def _flat(tree) -> dict[tuple[str, ...], Any]:
+    return {tuple(str(k.key) for k in path): v
+            for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def merge_backbone(new_params, pretrained, *, head_modules: Iterable[str] = HEAD_MODULE_NAMES):
+    """Copy every pretrained parameter into ``new_params``; keep fresh init only for new heads.
+
+    Raises ValueError naming the parameter path when a shape differs, or when a non-head parameter
+    of the new model is missing from the checkpoint. Returns (merged params, list of fresh paths).
+    """
+    new_flat, old_flat = _flat(new_params), _flat(pretrained)
+    fresh, merged = [], {}
+    for path, value in new_flat.items():
+        name = "/".join(path)
+        if path in old_flat:
+            old = old_flat[path]
+            if tuple(old.shape) != tuple(value.shape):
+                raise ValueError(f"init_from: parameter {name} has shape {tuple(old.shape)} in the "
+                                 f"checkpoint but {tuple(value.shape)} in the model")
+            merged[path] = np.asarray(old, dtype=value.dtype)  # on the host until sharded
+        elif path[0] in head_modules:
+            merged[path] = value
+            fresh.append(name)
+        else:
+            raise ValueError(f"init_from: backbone parameter {name} (shape {tuple(value.shape)}) is "
+                             f"missing from the checkpoint; {_layout_hint(path, old_flat)}")
+    leaves = [merged[p] for p in new_flat]
+    return jax.tree_util.tree_unflatten(jax.tree.structure(new_params), leaves), fresh
+
+
+def _layout_hint(missing: tuple[str, ...], old_flat: dict) -> str:
+    """Why a parameter may be missing: a scanned (``layers``) vs unrolled (``layer_i``) stack."""
+    scanned_old = any("layers" in p for p in old_flat)
+    scanned_new = "layers" in missing
+    if scanned_old != scanned_new:
+        return (f"the checkpoint's layers are {'stacked' if scanned_old else 'unrolled'}: set "
+                f"model.scan_layers={scanned_old} to read it")
+    return "is the architecture the same?"
+
+
 def init_state(resolved: ResolvedConfig, built: Built) -> TrainState:
     """Fresh parameters, or with ``init_from`` its backbone plus fresh (sharded) parameters for new
     heads; the pretrained parameters are read on the host and placed shard by shard, never whole on
@@ -269,7 +318,7 @@ def init_state(resolved: ResolvedConfig, built: Built) -> TrainState:
     if pretrained is not None and pretrained.is_hf:
         print(f"Initialised from the Hugging Face model {pretrained.path}")
     elif pretrained is not None:
-        print(f"Initialised from {pretrained.path}; fresh parameters: {fresh or 'none'}")
+        print(f"Initialised from {pretrained.run.step_dir}; fresh parameters: {fresh or 'none'}")
     return state
 
 

@@ -1,0 +1,182 @@
+"""Command line: predictions for a file from a checkpoint of a training run, as JSONL in input order.
+
+    python -m jaxformer.predict --workdir runs/sentiment --input reviews.tsv --output preds.jsonl
+    python -m jaxformer.predict --workdir runs/t5 --input sources.txt --best --strategy beam
+
+The checkpoint is the latest, ``--step N`` or the ``--best`` by the run's ``checkpoint.best_metric``.
+The input is read as a ``files:`` source of the run (`jaxformer.data.builders.user_files`): text (one
+example per non-blank line), JSONL or TSV, by its extension or the run's ``data.format``; the text is
+the field ``data.text_key`` (``data.source_key`` for seq2seq runs) of a JSONL object or of a TSV row
+(columns from ``data.columns`` or the header row). Every line is predicted (no split). One JSON
+object per line, in the input's order:
+
+- classification runs: ``{"id", "text", "label", "probabilities": {class: p}}``, classes named by
+  the run's ``data.label_names`` (else "0", "1", …); the text is framed and truncated as in
+  training (`jaxformer.data.pipeline.make_dataset`);
+- language-model and seq2seq runs: ``{"id", "input", "output"}``, generated with the strategy
+  flags of ``python -m jaxformer.generate``.
+
+Batches have a fixed shape (``--batch_size`` rows; the last one padded), so each program is
+compiled once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from jaxformer.config import ModelConfig
+from jaxformer.data.builders.user_files import FileSource
+from jaxformer.data.pipeline import example_framing, make_dataset
+from jaxformer.data.sources import Fields, list_option
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.decode.api import encode_prompts, generate
+from jaxformer.generate import (
+    add_checkpoint_flags,
+    add_generation_flags,
+    generation_kwargs,
+    note_ignored_options,
+)
+from jaxformer.models.transformer import build_model
+from jaxformer.objectives.registry import check_data_task
+from jaxformer.options import option
+from jaxformer.train.checkpoint import load_checkpoint_params, open_run
+from jaxformer.train.setup import wire_objective
+
+
+def read_inputs(path: str, data_cfg: dict, task: str) -> list[dict[str, str]]:
+    """``{"id", "text"}`` of every example line of ``path`` (a file or a glob), read as the run's
+    ``files:`` sources are; ``text`` is the field the run's model reads (see module docstring)."""
+    files = FileSource(path, "train", fmt=option(data_cfg, "format"),
+                       columns=list_option(data_cfg, "columns"), split_fractions=(1.0, 0.0, 0.0))
+    key = ("text" if files.fmt == "text" else option(data_cfg, "source_key", "source")
+           if task == "seq2seq" else option(data_cfg, "text_key", "text"))
+    fields = Fields(text_key=key, where=f"--input {path!r}")
+    return [fields(files[i]) for i in range(len(files))]
+
+
+def classify(model: Any, params: Any, tokenizer: Tokenizer, run_config: dict,
+             texts: Sequence[str], batch_size: int) -> Iterator[np.ndarray]:
+    """Class probabilities `[C]` float32 of each text, in order: the texts framed and truncated by
+    the run's data pipeline (unshuffled, unpacked), softmax of the model's logits."""
+    data_cfg = {**run_config["data"], "batch_size": batch_size, "shuffle": False,
+                "worker_count": 0}
+    source = [{"text": t, "label": 0} for t in texts]
+    batches = make_dataset(data_cfg, "predict", tokenizer, seed=0, objective=run_config["objective"],
+                           process_index=0, process_count=1, num_epochs=1, source=source)
+    prepare = wire_objective(run_config["objective"], tokenizer)
+
+    @jax.jit
+    def probabilities(params, batch):
+        logits = model.apply({"params": params}, **prepare(batch, None)["model_inputs"],
+                             deterministic=True)
+        return jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+
+    left = len(texts)
+    for batch in batches:
+        probs = np.asarray(probabilities(params, batch))
+        yield from probs[:min(left, len(probs))]
+        left -= len(probs)
+        if left <= 0:
+            break
+
+
+def continue_texts(model: Any, params: Any, tokenizer: Tokenizer, texts: Sequence[str],
+                   batch_size: int, add_bos: bool, **kwargs) -> Iterator[str]:
+    """`jaxformer.decode.generate_text` of each text, in order, in batches of ``batch_size`` padded
+    to the longest input (the last batch filled with copies of its first row), so one program is
+    compiled. Sampling folds the batch index into ``kwargs["rng"]``."""
+    ids = encode_prompts(tokenizer, texts, model.cfg.family, add_bos=add_bos)
+    width, rng = max(len(i) for i in ids), kwargs.pop("rng", None)
+    eos, pad = tokenizer.special.eos_id, tokenizer.special.pad_id
+    for n, start in enumerate(range(0, len(ids), batch_size)):
+        rows = ids[start:start + batch_size]
+        filled = rows + [rows[0]] * (batch_size - len(rows))
+        result = generate(model, params, filled, eos_id=eos, pad_id=pad, pad_to=width,
+                          rng=None if rng is None else jax.random.fold_in(rng, n), **kwargs)
+        yield from (tokenizer.decode(s) for s in result.sequences(eos)[:len(rows)])
+
+
+def predict(workdir: str, path: str, *, step: int | None = None, best: bool = False,
+            batch_size: int = 32, progress: bool = True, **generation) -> Iterator[dict]:
+    """The prediction rows (module docstring) for the examples of ``path``, in order.
+    ``generation``: `jaxformer.decode.generate` options (LM and seq2seq runs)."""
+    run = open_run(workdir, step=step, best=best)
+    if run.tokenizer is None:
+        raise ValueError(f"{workdir} has no tokenizer.model, so the input text cannot be encoded")
+    model_cfg = ModelConfig.from_dict(run.run_config["model"])
+    model, tokenizer = build_model(model_cfg), Tokenizer.load(str(run.tokenizer))
+    params = jax.tree.map(jnp.asarray, load_checkpoint_params(run.step_dir, verified=True))
+    data_cfg, objective = run.run_config["data"], run.run_config["objective"]
+    task = check_data_task(objective, data_cfg).data_task
+    examples = read_inputs(path, data_cfg, task)
+    if not examples:
+        raise ValueError(f"--input {path!r} holds no example (every line is blank)")
+    texts = [e["text"] for e in examples]
+    bar = tqdm(total=len(texts), desc="predict", unit="example", disable=not progress,
+               file=sys.stderr, dynamic_ncols=True)
+    if model_cfg.head == "classify":
+        names = list_option(data_cfg, "label_names") or ()
+        names = [*names, *map(str, range(len(names), model_cfg.num_classes))]
+        for ex, p in zip(examples, classify(model, params, tokenizer, run.run_config, texts,
+                                            batch_size)):
+            bar.update(1)
+            label = int(np.argmax(p))
+            yield {"id": ex["id"], "text": ex["text"],
+                   "label": names[label] if list_option(data_cfg, "label_names") else label,
+                   "probabilities": {n: float(x) for n, x in zip(names, p)}}
+    else:
+        add_bos = model_cfg.family == "decoder" and example_framing(data_cfg, objective) == "bos_eos"
+        for ex, out in zip(examples, continue_texts(model, params, tokenizer, texts, batch_size,
+                                                    add_bos, **generation)):
+            bar.update(1)
+            yield {"id": ex["id"], "input": ex["text"], "output": out}
+    bar.close()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m jaxformer.predict", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_checkpoint_flags(p)
+    p.add_argument("--input", required=True, help="text / JSONL / TSV file (or a glob) to predict")
+    p.add_argument("--output", default="-", help="JSONL file to write (default: stdout)")
+    p.add_argument("--batch_size", type=int, default=32, help="examples per compiled batch")
+    add_generation_flags(p)
+    args = p.parse_args(argv)
+    if args.batch_size < 1:
+        p.error(f"--batch_size={args.batch_size} must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    note_ignored_options(args)
+    out = sys.stdout if args.output == "-" else None
+    try:
+        rows = predict(args.workdir, args.input, step=args.step, best=args.best,
+                       batch_size=args.batch_size, **generation_kwargs(args))
+        if out is None:
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            out = open(args.output, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
+        for row in rows:
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why
+        print(f"python -m jaxformer.predict: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if out is not None and out is not sys.stdout:
+            out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
