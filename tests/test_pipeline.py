@@ -328,8 +328,10 @@ def test_bad_inputs_raise(tok):
     with pytest.raises(ValueError, match="data.task='span_corruption' does not fit"):
         make_dataset(_cfg(task="span_corruption"), "train", tok, seed=0, process_index=0,
                      process_count=1, source=_source("lm"))
-    with pytest.raises(ValueError, match="needs source examples with keys"):
+    with pytest.raises(ValueError, match="needs source examples with keys.*data.source_key"):
         next(iter(_make(tok, "seq2seq", source=_source("lm"))))
+    with pytest.raises(ValueError, match=r"missing \['label'\]\); set data.label_key"):
+        next(iter(_make(tok, "classify", source=_source("lm"), packing=False)))
     with pytest.raises(ValueError, match="must return feature 'targets'"):
         next(iter(make_dataset(_cfg(), "train", tok, seed=0, objective="span_corruption",
                                process_index=0, process_count=1, source=_source("lm"),

@@ -117,8 +117,13 @@ def _i32(x) -> np.ndarray:
 def _get(example: Mapping, task: str, *names: str) -> list:
     missing = [n for n in names if n not in example]
     if missing:
+        hint = {"label": "; set data.label_key to the field or column holding the label "
+                         "(e.g. --config.data.label_key=label)",
+                "source": "; set data.source_key and data.target_key to the fields of each pair",
+                "target": "; set data.source_key and data.target_key to the fields of each pair"}
         raise ValueError(f"the {task!r} data task needs source examples with keys {list(names)}; "
-                         f"got {sorted(example)} (missing {missing})")
+                         f"got {sorted(example)} (missing {missing})"
+                         + next((hint[n] for n in missing if n in hint), ""))
     return [example[n] for n in names]
 
 
