@@ -218,7 +218,7 @@ class Trainer:
                     if guard.skipped:
                         row["skipped_updates"] = guard.skipped
                     writer.write(step, row)
-                    last = {**last, **row}
+                    last = {**last, **writer.named(row)}
                 preempted = self.ckpt.preempted(step, watch.signalled)
                 if step % c.checkpoint.every_steps == 0 or step == total or preempted:
                     guard.flush()

@@ -38,12 +38,15 @@ class MetricWriter:
         if self.enabled:
             self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
 
+    def named(self, metrics: dict) -> dict:
+        """``metrics`` with the step's count under its honest name (``tokens`` or ``examples``)."""
+        return {self.count_name if k == "tokens" else k: v for k, v in metrics.items()}
+
     def write(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
-        row = {"step": int(step), **{k: _py(v) for k, v in metrics.items()}}
-        if "tokens" in row:
-            row[self.count_name] = row.pop("tokens")
+        row = {"step": int(step), **{k: _py(v) for k, v in self.named(metrics).items()}}
+        if self.count_name in row:
             now = time.perf_counter()
             if self._last is not None and step > self._last[0]:
                 rate = row[self.count_name] * (step - self._last[0]) / (now - self._last[1])
