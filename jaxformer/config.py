@@ -36,7 +36,7 @@ FAMILIES = ("encoder", "decoder", "encoder_decoder")
 POSITIONS = ("sinusoidal", "learned", "rope", "relative", "none")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
-HEADS = ("lm", "mlm", "classify", "token_classify", "none")  # modules: `jaxformer.models.heads`
+HEADS = ("lm", "mlm", "classify", "token_classify", "span", "none")  # modules: `jaxformer.models.heads`
 POOLINGS = ("first", "last", "mean", "max")
 REMAT_POLICIES = ("none", *_REMAT)  # "none": no activation checkpointing
 ATTENTION_IMPLS = IMPLEMENTATIONS
@@ -112,7 +112,7 @@ class ModelConfig:
     lm_head_bias: bool = _field(HEAD, False, "a bias on the LM / MLM output projection")
     head: str = _field(
         HEAD, "lm", 'output head: "lm" (next token / decoder), "mlm", "classify" (sequence), '
-        '"token_classify", "none" (backbone output)')
+        '"token_classify", "span" (extractive QA start/end), "none" (backbone output)')
     num_classes: int = _field(
         HEAD, 2, "classifier outputs; unset = len(data.label_names) when the data names its labels, else 2")
     pooling: str = _field(
@@ -202,6 +202,9 @@ class ModelConfig:
         if self.family == "encoder_decoder" and self.head != "lm":
             bad("head", self.head, "encoder_decoder models support only 'lm' (T5 casts "
                 "classification as text-to-text: the label is the target text)")
+        if self.head == "span" and self.family != "encoder":
+            bad("head", self.head, "extractive QA reads every token bidirectionally; use "
+                "family='encoder' (BERT)")
         if self.rescale_tied_logits and not self.tie_embeddings:
             bad("rescale_tied_logits", True, "only applies when tie_embeddings=True")
         if self.family == "decoder" and self.head == "classify" and self.pooling == "first":

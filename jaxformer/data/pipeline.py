@@ -38,6 +38,8 @@ that still sets it must agree) and their framing (``data.framing``: "eos" GPT, "
 * ``span_corruption`` (objectives ``span_corruption``, ``denoise``): text pieces of ``seq_len - 1``
   tokens → the objective's transform → ``inputs``/``targets``, each ending with EOS (appended
   unless present, trimmed T5-style).
+* ``qa``: ``[CLS] question [SEP] context window [SEP]`` → ``inputs``, ``inputs_token_types``,
+  ``start_position``, ``end_position``: one row per window (`jaxformer.data.qa`). Never packed.
 
 The transform (`Objective.example_transform`, or one given to `make_dataset`) is
 ``(example: dict, rng: np.random.Generator) -> dict``; it sees the framed example (for span
@@ -62,6 +64,7 @@ from tqdm.auto import tqdm
 
 from jaxformer.data.closed_at_exit import ClosedAtExit
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
+from jaxformer.data.qa import QA_KEYS, QAFeatures, qa_options
 from jaxformer.data.sources import default_source_config, get_source
 from jaxformer.data.tokenizer import Tokenizer, default_tokenizer_config
 from jaxformer.data.vocab import SpecialTokens
@@ -131,7 +134,7 @@ def source_texts(source: Sequence[Mapping[str, Any]]) -> Iterator[str]:
     """Every text of a source, whatever its task (for training the tokenizer)."""
     for i in range(len(source)):
         ex = source[i]
-        for key in ("text", "source", "target", "prompt", "response"):
+        for key in ("text", "source", "target", "prompt", "response", "question"):
             if key in ex:
                 yield ex[key]
 
@@ -145,6 +148,8 @@ class _Tokenize(grain.transforms.Map):
 
     def map(self, ex):
         enc, task = self.tokenizer.encode, self.task
+        if task == "qa":  # tokenized with character offsets by `QAFeatures`
+            return ex
         if task in ("lm", "span_corruption"):
             return {"inputs": _i32(enc(*_get(ex, task, "text")))}
         if task == "classify":
@@ -277,8 +282,8 @@ def check_data_config(cfg: ml_collections.ConfigDict, process_count: int = 1, *,
             bad(key, f"must be an integer >= {least}")
     if cfg.batch_size % process_count:
         bad("batch_size", f"the global batch must divide evenly among {process_count} processes")
-    if cfg.packing and task == "classify":
-        bad("packing", "classification rows hold one example (one label); set data.packing=False")
+    if cfg.packing and task in ("classify", "qa"):
+        bad("packing", f"{task} rows hold one example (one label); set data.packing=False")
 
 
 def example_framing(cfg: Any, objective: Any = "clm") -> str:
@@ -331,7 +336,7 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     if transform is None:
         transform = spec.example_transform(special, None if isinstance(objective, str) else objective)
     if source is None:
-        source = get_source(data_cfg, split)
+        source = get_source(data_cfg, split, keep=QA_KEYS if task == "qa" else ())
 
     ds = grain.MapDataset.source(source)[process_index::process_count]
     if len(ds) == 0:
@@ -353,22 +358,23 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     ds = ds.map(_Tokenize(tokenizer, task)).repeat(num_epochs)
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
                                               prefetch_buffer_size=cfg.read_buffer))
-    it = grain.experimental.FlatMapIterDataset(it, _Frame(
-        task, example_framing(cfg, objective), special, cfg.seq_len, cfg.target_len,
-        cfg.long_examples == "split", counter))
+    frame = (QAFeatures(tokenizer, counter, seq_len=cfg.seq_len, **qa_options(objective))
+             if task == "qa" else _Frame(task, example_framing(cfg, objective), special,
+                                         cfg.seq_len, cfg.target_len, cfg.long_examples == "split",
+                                         counter))
+    it = grain.experimental.FlatMapIterDataset(it, frame)
 
     lengths = {"inputs": cfg.seq_len}
     if task in ("seq2seq", "span_corruption"):
         lengths["targets"] = cfg.target_len
-    if task == "sft":
-        lengths["inputs_loss_mask"] = cfg.seq_len
+    meta = {"sft": ("inputs_loss_mask",), "qa": ("inputs_token_types",)}.get(task, ())
+    lengths.update({k: cfg.seq_len for k in meta})
     if transform is not None:
         it = it.random_map(transform, seed=seed)
         seq2seq_like = task in ("seq2seq", "span_corruption")
         it = it.map(_Finalize(lengths, special.eos_id if seq2seq_like else None,
                               after))
 
-    meta = ("inputs_loss_mask",) if task == "sft" else ()
     pad_id = max(special.pad_id, 0)
     local_batch = cfg.batch_size // process_count
     if cfg.packing:

@@ -117,6 +117,7 @@ class Fields:
     target_key: str | None = None
     label_names: tuple[str, ...] | None = None
     where: str = "source"
+    keep: tuple[str, ...] = ()  # other fields passed through as they are (extractive QA's)
 
     @property
     def schema(self) -> str:
@@ -161,6 +162,7 @@ class Fields:
             out = {"text": self._text(record, self.text_key, where)}
             if self.label_key:
                 out["label"] = self._label(_python(record[self.label_key]), where)
+        out.update({k: record[k] for k in self.keep if k in record})
         if "id" in record:
             out["id"] = str(_python(record["id"]))
         return out
@@ -271,7 +273,7 @@ def _fields(data_cfg: Any, where: str) -> Fields:
                   label_names=names, where=where)
 
 
-def get_source(data_cfg: Any, split: str) -> Sequence[dict[str, Any]]:
+def get_source(data_cfg: Any, split: str, keep: Sequence[str] = ()) -> Sequence[dict[str, Any]]:
     """The random-access source named by ``data_cfg.source`` for ``split``.
 
     Args:
@@ -279,6 +281,8 @@ def get_source(data_cfg: Any, split: str) -> Sequence[dict[str, Any]]:
         least ``source``; options as in the module docstring.
       split: ``"train"``, ``"validation"`` or ``"test"`` (built-in and TFDS sources also take
         TFDS split expressions such as ``"train[:1%]"``; TFDS datasets use their own names).
+      keep: fields of TFDS and file records to pass through besides the schema's (the question and
+        answer of extractive QA, `jaxformer.data.qa.QA_KEYS`).
 
     Raises:
       ValueError: unknown source, bad option, missing field.
@@ -289,7 +293,7 @@ def get_source(data_cfg: Any, split: str) -> Sequence[dict[str, Any]]:
         raise ValueError(f"data.source must be a non-empty string, one of {SOURCE_KINDS}; "
                          f"got {spec!r}")
     _check_options(data_cfg, spec)
-    source = _from_spec(spec, data_cfg, split)
+    source = _from_spec(spec, data_cfg, split, tuple(keep))
     view = option(data_cfg, "pair_view")
     return PairsAsText(source, view) if view else source
 
@@ -314,16 +318,17 @@ def _check_options(data_cfg: Any, spec: str) -> None:
                              f"data.source={spec!r}; leave it unset")
 
 
-def _from_spec(spec: str, data_cfg: Any, split: str) -> Sequence[dict[str, Any]]:
+def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = ()
+               ) -> Sequence[dict[str, Any]]:
     kind, _, rest = spec.partition(":")
     if kind == "concat":
         parts = [p.strip() for p in rest.split(",") if p.strip()]
         if not parts:
             raise ValueError(f"data.source {spec!r}: 'concat:' needs comma-separated sources")
-        return ConcatSource([_from_spec(p, data_cfg, split) for p in parts])
+        return ConcatSource([_from_spec(p, data_cfg, split, keep) for p in parts])
     if kind == "tfds":
         name = tfds_name(rest)
-        fields = _fields(data_cfg, f"TFDS dataset {name!r}")
+        fields = dataclasses.replace(_fields(data_cfg, f"TFDS dataset {name!r}"), keep=keep)
         base = tfds_source(name, split, data_dir=option(data_cfg, "tfds_data_dir"),
                            download=option(data_cfg, "tfds_download"))
         features = getattr(getattr(base, "dataset_info", None), "features", None)
@@ -331,7 +336,7 @@ def _from_spec(spec: str, data_cfg: Any, split: str) -> Sequence[dict[str, Any]]
             fields.check(list(features.keys()))
         return MappedSource(base, fields)
     if kind == "files":
-        fields = _fields(data_cfg, f"files {rest!r}")
+        fields = dataclasses.replace(_fields(data_cfg, f"files {rest!r}"), keep=keep)
         fmt = option(data_cfg, "format")
         base = user_files.FileSource(
             rest, split, fmt=fmt, columns=list_option(data_cfg, "columns"),

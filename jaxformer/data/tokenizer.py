@@ -202,6 +202,27 @@ class Tokenizer:
         """Text → piece ids (no BOS/EOS added; the pipeline frames sequences)."""
         return self._sp.encode(text, out_type=int)
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], np.ndarray]:
+        """Text → (piece ids, as `encode`; character offsets `[n, 2]` int32 into ``text``).
+
+        Piece ``i`` covers ``text[offsets[i, 0]:offsets[i, 1]]``, less the whitespace a word-initial
+        piece ("▁word") absorbs, so whole-word spans map back exactly (extractive QA). SentencePiece
+        reports UTF-8 *byte* offsets; they are turned into character offsets here. Byte-fallback
+        pieces of one character share its span: all but the last are empty (``start == end``).
+        """
+        proto = self._sp.encode(text, return_type="proto")
+        char_of_byte = np.zeros(len(text.encode("utf-8")) + 1, np.int32)
+        byte_starts = np.cumsum([0] + [len(c.encode("utf-8")) for c in text])
+        char_of_byte[byte_starts] = np.arange(len(text) + 1)
+        ids, offsets = [], np.zeros((len(proto.pieces), 2), np.int32)
+        for i, piece in enumerate(proto.pieces):
+            ids.append(piece.id)
+            start, end = int(char_of_byte[piece.begin]), int(char_of_byte[piece.end])
+            while start < end and text[start].isspace() and not text[start:end].isspace():
+                start += 1
+            offsets[i] = start, end
+        return ids, offsets
+
     def decode(self, ids: Iterable[int]) -> str:
         """Ids → text, stopping at the first EOS, skipping padding; other specials render as ""."""
         out = []

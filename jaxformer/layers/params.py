@@ -163,8 +163,8 @@ def model_spec(cfg: ModelConfig) -> dict:
     Parts: ``token_embed``; per stack ``S`` (``encoder``/``decoder``) its input embedding
     (``embed``, or ``S_embed`` in encoder-decoder models), the blocks ``S``, ``S_relative_bias``
     (relative positions) and ``S_norm`` (pre-LN); then the head's parts (``lm_head``,
-    ``mlm_head``, ``pooler``, ``nsp_head``, ``classifier``, ``token_classifier``). Parts without
-    parameters are left out.
+    ``mlm_head``, ``pooler``, ``nsp_head``, ``classifier``, ``token_classifier``,
+    ``qa_outputs``). Parts without parameters are left out.
     """
     stacks = {"encoder": [("encoder", "embed", cfg.num_layers, False)],
               "decoder": [("decoder", "embed", cfg.num_layers, False)],
@@ -185,6 +185,8 @@ def model_spec(cfg: ModelConfig) -> dict:
         spec["mlm_head"] = mlm_head_spec(cfg)
     elif cfg.head == "token_classify":
         spec["token_classifier"] = head_dense_spec(cfg, cfg.num_classes, classes, True)
+    elif cfg.head == "span":
+        spec["qa_outputs"] = head_dense_spec(cfg, 2, classes, True)
     if cfg.pooler and (cfg.head in ("classify", "none") or cfg.nsp_head):
         spec["pooler"] = head_dense_spec(cfg, cfg.d_model, ("embed", "mlp"), True)
     if cfg.nsp_head:

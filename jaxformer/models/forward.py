@@ -24,7 +24,7 @@ from jax import lax
 from jaxformer.config import ModelConfig
 from jaxformer.ops.dropout import token_dropout
 from jaxformer.ops.embedding import check_token_ids
-from jaxformer.ops.heads import classify, lm_logits, mlm_logits, pooled
+from jaxformer.ops.heads import classify, lm_logits, mlm_logits, pooled, span_logits
 from jaxformer.ops.inputs import embed_inputs, embed_tokens
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import relative_position_bias
@@ -153,6 +153,8 @@ def head(parts: Parts, x, segment_ids):
         return classifier("classifier", pooled(parts.params("pooler"), x, segment_ids, cfg=cfg))
     if cfg.head == "token_classify":
         return classifier("token_classifier", x)
+    if cfg.head == "span":
+        return span_logits(parts.params("qa_outputs"), x)
     if cfg.pooler:  # head == "none"
         return x, pooled(parts.params("pooler"), x, segment_ids, cfg=cfg)
     return x
@@ -160,7 +162,8 @@ def head(parts: Parts, x, segment_ids):
 
 def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, token_types=None):
     """BERT (Devlin et al. 2019): tokens `[B, L]` → MLM logits `[B, L, V]` (plus NSP `[B, 2]`), class
-    logits `[B, C]`, token logits `[B, L, C]` or hidden states `[B, L, D]`, by ``cfg.head``."""
+    logits `[B, C]`, token logits `[B, L, C]`, span logits `[B, 2, L]` or hidden states `[B, L, D]`,
+    by ``cfg.head``."""
     cfg = parts.cfg
     check_tokens(cfg, tokens, default_positions=positions is None)
     positions = default_positions(tokens, positions)

@@ -45,6 +45,8 @@ HEAD_MODULES: dict[str, HeadModule] = {m.name: m for m in (
                per_row=False),
     HeadModule("classifier", ("classify",), "head='classify'", per_row=True),
     HeadModule("token_classifier", ("token_classify",), "head='token_classify'", per_row=False),
+    HeadModule("qa_outputs", ("span",), "head='span' (extractive QA start/end logits)",
+               per_row=False),
     HeadModule("pooler", ("mlm", "classify", "none"), "pooler=True (BERT's dense + tanh)",
                per_row=True),
     HeadModule("nsp_head", ("mlm",), "nsp_head=True (next-sentence prediction)", per_row=True),

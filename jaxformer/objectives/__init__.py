@@ -22,6 +22,7 @@ from jaxformer.objectives.causal import prepare_clm, prepare_sft
 from jaxformer.objectives.classify import prepare_classify
 from jaxformer.objectives.denoise import denoise, poisson_span_lengths
 from jaxformer.objectives.mlm import prepare_mlm
+from jaxformer.objectives.qa import prepare_qa
 from jaxformer.objectives.registry import (
     DATA_TASKS,
     FRAMINGS,
@@ -47,6 +48,7 @@ __all__ = [
     "Objective", "OBJECTIVES", "OPTION_DEFAULTS", "OPTION_DOCS", "DATA_TASKS", "FRAMINGS",
     "register_objective", "get_objective", "bind_objective", "check_objective", "check_data_task",
     "host_transform",
-    "prepare_clm", "prepare_mlm", "prepare_seq2seq", "prepare_classify", "prepare_sft", "span_corruption",
+    "prepare_clm", "prepare_mlm", "prepare_seq2seq", "prepare_classify", "prepare_sft", "prepare_qa",
+    "span_corruption",
     "reconstruct_span_corruption", "random_spans_noise_mask", "denoise", "poisson_span_lengths",
 ]

@@ -26,6 +26,7 @@ from jaxformer.objectives.causal import prepare_clm, prepare_sft
 from jaxformer.objectives.classify import prepare_classify
 from jaxformer.objectives.denoise import DENOISE_OPTION_DOCS, DENOISE_OPTIONS, denoise
 from jaxformer.objectives.mlm import MLM_OPTION_DOCS, MLM_OPTIONS, prepare_mlm
+from jaxformer.objectives.qa import QA_OPTION_DOCS, QA_OPTIONS, prepare_qa
 from jaxformer.objectives.seq2seq import prepare_seq2seq
 from jaxformer.objectives.span_corruption import (
     SPAN_CORRUPTION_OPTION_DOCS,
@@ -40,7 +41,7 @@ CorruptFn = Callable[..., tuple[np.ndarray, np.ndarray]]
 HostFn = Callable[[np.ndarray, np.random.Generator], tuple[np.ndarray, np.ndarray]]
 ExampleTransform = Callable[[dict, np.random.Generator], dict]
 
-DATA_TASKS = ("lm", "seq2seq", "classify", "sft", "span_corruption")  # `jaxformer.data.pipeline`
+DATA_TASKS = ("lm", "seq2seq", "classify", "sft", "span_corruption", "qa")  # `jaxformer.data.pipeline`
 FRAMINGS = ("eos", "bos_eos", "cls_sep", "none")
 
 
@@ -53,8 +54,9 @@ class Objective:
       prepare: device side, ``prepare(batch, rng, special, cfg) -> {"model_inputs", "targets",
         "weights"}`` (see `jaxformer.objectives`).
       data_task: the example format the pipeline builds (one of `DATA_TASKS`): "lm" text rows,
-        "classify" text + label, "seq2seq" source/target pairs, "sft" prompt/response, or
-        "span_corruption" text pieces turned into inputs/targets by ``corrupt``.
+        "classify" text + label, "seq2seq" source/target pairs, "sft" prompt/response,
+        "span_corruption" text pieces turned into inputs/targets by ``corrupt``, or "qa"
+        context/question/answer windows (`jaxformer.data.qa`).
       framing: how the pipeline wraps each example when ``data.framing`` is unset (one of
         `FRAMINGS`: "eos" ``text </s>``, "cls_sep" ``[CLS] text [SEP]`` …); None when no framing
         is usual (classification: BERT's [CLS]/[SEP] or GPT's EOS), so the config must choose.
@@ -199,3 +201,5 @@ register_objective(Objective("denoise", prepare_seq2seq, data_task="span_corrupt
                              option_docs=DENOISE_OPTION_DOCS))
 register_objective(Objective("classify", prepare_classify, data_task="classify", framing=None))
 register_objective(Objective("sft", prepare_sft, data_task="sft"))
+register_objective(Objective("qa", prepare_qa, data_task="qa", framing="cls_sep",
+                             options=QA_OPTIONS, option_docs=QA_OPTION_DOCS))

@@ -6,6 +6,7 @@
   `lm_logits` with the parameters under ``"decoder"``.
 * `pool` / `pooled`: one `[B, D]` vector per sequence, BERT's dense+tanh pooler optional.
 * `classify`: dropout → dense, for sequence, token and next-sentence classification.
+* `span_logits`: extractive QA's start/end logits (BERT on SQuAD, Devlin et al. 2019 §4.2).
 """
 
 from __future__ import annotations
@@ -78,3 +79,12 @@ def classify(params: dict, h: Array, *, cfg: ModelConfig,
     """dropout (``cfg.dropout_rate``, when ``dropout_rng`` is given) → dense:
     `[..., D]` → `[..., classes]`."""
     return dense(params, dropout(h, cfg.dropout_rate, dropout_rng))
+
+
+def span_logits(params: dict, x: Array) -> Array:
+    """Extractive question answering (Devlin et al. 2019 §4.2): a dense ``[D, 2]`` on every token,
+    `[B, L, D]` → `[B, L, 2]`, returned as `[B, 2, L]`: row 0 the start logits, row 1 the end
+    logits (HF ``BertForQuestionAnswering``'s ``qa_outputs``). Laid out so that a cross-entropy
+    over the last axis with targets ``[B, 2] = (start, end)`` is the mean of the start and end
+    losses, as in BERT."""
+    return jnp.swapaxes(dense(params, x), -1, -2)
