@@ -1,0 +1,96 @@
+"""Command line: answer questions about a context with an extractive-QA checkpoint (a run of
+objective "qa", model.head "span"; BERT on SQuAD, Devlin et al. 2019 §4.2).
+
+    python -m jaxformer.answer --workdir runs/bert_qa --context "The fox sat on the mat." \\
+        --question "Where did the fox sit?"
+    python -m jaxformer.answer --workdir runs/bert_qa --input questions.jsonl --best
+
+``--input``: a JSONL file of {"context", "question"} records; one JSON line per answer is printed
+({"answer", "start", "end", "score"}, character offsets into the context). Windows, the stride and
+the longest answer follow the run's config (data.seq_len, objective.doc_stride /
+max_question_len / max_answer_len) unless ``--max_answer_len`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from jaxformer.data.qa import qa_options
+from jaxformer.decode.span import best_answer
+from jaxformer.generate import add_checkpoint_flags
+from jaxformer.models.transformer import build_model
+from jaxformer.objectives.qa import QA_OPTIONS
+from jaxformer.options import option
+from jaxformer.train.checkpoint import load_for_inference, open_run
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m jaxformer.answer", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_checkpoint_flags(p)
+    p.add_argument("--context", help="the text holding the answer")
+    p.add_argument("--question", help="the question about --context")
+    p.add_argument("--input", help="JSONL file of {context, question} records")
+    p.add_argument("--max_answer_len", type=int, default=0,
+                   help="longest answer in tokens (0 = the run's objective.max_answer_len)")
+    args = p.parse_args(argv)
+    if bool(args.input) == bool(args.context is not None or args.question is not None):
+        p.error("give either --context and --question, or --input FILE.jsonl")
+    if args.input is None and (args.context is None or args.question is None):
+        p.error("--context and --question go together")
+    return args
+
+
+def read_records(path: str) -> list[dict]:
+    """The {context, question} records of a JSONL file (ValueError naming a bad line)."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+    return records
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        _answer(args)
+    except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why
+        print(f"python -m jaxformer.answer: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _answer(args: argparse.Namespace) -> None:
+    run_config = open_run(args.workdir, step=args.step, best=args.best).run_config
+    model_cfg, params, tokenizer = load_for_inference(args.workdir, step=args.step, best=args.best)
+    if model_cfg.head != "span" or tokenizer is None:
+        raise ValueError(f"{args.workdir} is no extractive-QA run with a tokenizer (model.head="
+                         f"{model_cfg.head!r}); train one with objective.name='qa', head='span'")
+    objective = run_config.get("objective", {})
+    lengths = dict(seq_len=int(run_config["data"]["seq_len"]), **qa_options(objective),
+                   max_answer_len=args.max_answer_len or option(objective, "max_answer_len",
+                                                                QA_OPTIONS["max_answer_len"]))
+    model = build_model(model_cfg)
+    if args.input is None:
+        answer = best_answer(model, params, tokenizer,
+                             {"context": args.context, "question": args.question}, **lengths)
+        print(answer.text)
+        print(f"characters {answer.start}:{answer.end}, score {answer.score:.3f}", file=sys.stderr)
+        return
+    for record in tqdm(read_records(args.input), desc="answering", file=sys.stderr):
+        answer = best_answer(model, params, tokenizer, record, **lengths)
+        print(json.dumps({"answer": answer.text, "start": answer.start, "end": answer.end,
+                          "score": round(answer.score, 4)}, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
