@@ -34,10 +34,11 @@ from jaxformer.convert.mapping import (
 MODEL_TYPE = "bert"
 ARCHITECTURE_HEADS = {"BertForMaskedLM": "mlm", "BertForPreTraining": "mlm",
                       "BertForSequenceClassification": "classify",
-                      "BertForTokenClassification": "token_classify", "BertModel": "none"}
-HEADS = ("mlm", "classify", "token_classify", "none")
+                      "BertForTokenClassification": "token_classify",
+                      "BertForQuestionAnswering": "span", "BertModel": "none"}
+HEADS = ("mlm", "classify", "token_classify", "span", "none")
 BUFFERS = re.compile(r"(^|\.)embeddings\.position_ids$|^cls\.predictions\.decoder\.bias$")
-HEAD_TENSORS = re.compile(r"^(cls|classifier)\.|(^|\.)pooler\.")
+HEAD_TENSORS = re.compile(r"^(cls|classifier|qa_outputs)\.|(^|\.)pooler\.")
 LEGACY_NAMES = (("LayerNorm.gamma", "LayerNorm.weight"), ("LayerNorm.beta", "LayerNorm.bias"))
 
 
@@ -134,6 +135,8 @@ def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
     elif cfg.head in ("classify", "token_classify"):
         name = "classifier" if cfg.head == "classify" else "token_classifier"
         out += _dense(name, "classifier", (d,), (cfg.num_classes,))
+    elif cfg.head == "span":
+        out += _dense("qa_outputs", "qa_outputs", (d,), (2,))
     return out
 
 
@@ -163,7 +166,8 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
                          "type_vocab_size=0 (BERT needs token-type embeddings, >= 1)")
     arch = {"mlm": "BertForPreTraining" if cfg.nsp_head else "BertForMaskedLM",
             "classify": "BertForSequenceClassification",
-            "token_classify": "BertForTokenClassification", "none": "BertModel"}[cfg.head]
+            "token_classify": "BertForTokenClassification", "span": "BertForQuestionAnswering",
+            "none": "BertModel"}[cfg.head]
     hf = {
         "model_type": MODEL_TYPE, "architectures": [arch], "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers,
