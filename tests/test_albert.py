@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from jax.sharding import PartitionSpec
 from safetensors.numpy import load_file
 
 from jaxformer import nnx as jnnx
@@ -25,6 +26,9 @@ from jaxformer.models.transformer import build_model
 from jaxformer.ops.blocks import transformer_block
 from jaxformer.ops.dense import dense
 from jaxformer.ops.norms import normalize
+from jaxformer.parallel.mesh import make_mesh
+from jaxformer.parallel.partition import sharded_jit
+from jaxformer.parallel.rules import batch_sharding, param_shardings
 
 V, B, L = 64, 2, 10
 TINY = dict(vocab_size=V, embedding_size=8, d_model=32, num_heads=4, d_ff=64, num_layers=3,
@@ -96,6 +100,7 @@ def test_without_the_options_the_model_is_bert():
         atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head", ["mlm", "classify", "none"])
 def test_scan_loop_and_nnx_agree(head):
     cfg = tiny(head=head, pooler=True, dropout_rate=0.1, attention_dropout_rate=0.1)
@@ -127,6 +132,27 @@ def test_logical_axes_keep_sharding_names():
     assert axes["encoder"]["shared"] == want  # the shared block: a block's names, no 'layers'
     assert jnnx.logical_axes(jnnx.abstract_model(cfg)) == axes
     assert init_params(jax.random.key(0), block_spec(cfg))["ffn"]["wi"]["kernel"].shape == (32, 64)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scan", [False, True])
+def test_sharded_on_an_fsdp_tensor_mesh_equals_unsharded(scan):
+    """On a 2×2×2 (data, fsdp, tensor) mesh of 8 simulated devices the shared block's weights are
+    split (fsdp on d_model, tensor on heads/mlp) and the output equals the single-device one."""
+    cfg = tiny(head="mlm", scan_layers=scan)
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    model = build_model(cfg)
+    boxed = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, L), jnp.int32))["params"]
+    shardings = param_shardings(boxed, mesh)
+    assert shardings["encoder"]["shared"]["ffn"]["wi"]["kernel"].spec == PartitionSpec("fsdp", "tensor")
+    assert shardings["embed"]["projection"]["kernel"].spec == PartitionSpec(None, "fsdp")
+    params = init(cfg)
+    x = np.concatenate([tokens(6), tokens(7)])  # batch 4: split over data × fsdp
+    want = model.apply({"params": params}, x)
+    fn = sharded_jit(lambda p, t: model.apply({"params": p}, t), mesh,
+                     in_shardings=(shardings, batch_sharding(mesh)))
+    got = fn(jax.device_put(params, shardings), x)
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("overrides,match", [
