@@ -108,6 +108,12 @@ class ModelConfig:
         ARCHITECTURE, False, "multiply hidden states by d_model^-0.5 before a tied unembedding (T5)")
     type_vocab_size: int = _field(
         ARCHITECTURE, 0, "token-type (segment A/B) embeddings: 2 for BERT, 0 for none")
+    embedding_size: int | None = _field(
+        ARCHITECTURE, None, "encoder: ALBERT's factorised embedding (Lan et al. 2019 §3.1): tables of "
+        "this width E, projected E -> d_model; unset = d_model-wide tables, no projection")
+    share_layers: bool = _field(
+        ARCHITECTURE, False, "encoder: ALBERT's cross-layer sharing: one block's parameters applied "
+        "num_layers times (Lan et al. 2019 §3.1)")
     # head: the output head (a new one starts fresh when fine-tuning)
     lm_head_bias: bool = _field(HEAD, False, "a bias on the LM / MLM output projection")
     head: str = _field(
@@ -212,6 +218,21 @@ class ModelConfig:
                 "use 'last' (final non-padding token) or 'mean'")
         if self.nsp_head and not (self.family == "encoder" and self.head == "mlm"):
             bad("nsp_head", True, "next-sentence prediction needs family='encoder', head='mlm'")
+        self._validate_albert(bad)
+
+    def _validate_albert(self, bad) -> None:
+        """ALBERT's options (factorised embedding, shared layers) exist on the encoder family."""
+        e = self.embedding_size
+        if e is not None and (not isinstance(e, int) or isinstance(e, bool) or e <= 0):
+            bad("embedding_size", e, "must be a positive integer (or unset: no factorisation)")
+        for f, on in (("embedding_size", e is not None), ("share_layers", self.share_layers)):
+            if on and self.family != "encoder":
+                bad(f, getattr(self, f), f"ALBERT's option needs family='encoder', not {self.family!r}")
+        if e is not None and self.head == "mlm" and not self.mlm_transform:
+            bad("mlm_transform", False, "the MLM decoder of E-wide embeddings needs the "
+                "transform's d_model -> embedding_size dense (set mlm_transform=True)")
+        if e is not None and self.position == "sinusoidal" and e % 2:
+            bad("embedding_size", e, "must be even for sinusoidal positions")
 
     # ----------------------------------------------------------------------------------------------
     @classmethod

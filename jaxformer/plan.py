@@ -120,6 +120,8 @@ def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
         encoder_side = names[0].startswith("encoder") or (
             enc_dec and "cross_attn" in names and names[-2] in ("key", "value"))
         uses = batch if names[0] in PER_ROW_MODULES else src if encoder_side else tgt
+        if "shared" in names:  # ALBERT's cross-layer sharing: one block used num_layers times
+            uses *= m.num_layers
         dense += 6 * math.prod(leaf.shape) * uses
     hd = m.num_heads * m.head_dim
     if enc_dec:

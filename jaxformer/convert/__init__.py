@@ -1,4 +1,4 @@
-"""Checkpoint conversion: Hugging Face GPT-2 / BERT / T5 directories ↔ jaxformer configs and params.
+"""Checkpoint conversion: Hugging Face GPT-2 / BERT / ALBERT / T5 directories ↔ jaxformer configs and params.
 
 `load_hf` / `save_hf` convert in memory; `save_params` / `load_params` are the jaxformer side
 (Orbax); ``python -m jaxformer.convert`` runs both directions from the command line.

@@ -1,4 +1,4 @@
-"""Import and export Hugging Face GPT-2, BERT and T5 checkpoints.
+"""Import and export Hugging Face GPT-2, BERT, ALBERT and T5 checkpoints.
 
     cfg_dict, params, tokenizer = load_hf("path/to/hf_model")           # → jaxformer
     save_hf(cfg_dict, params, "path/to/out")                              # → from_pretrained-able
@@ -6,7 +6,8 @@
 ``params`` is the ``params`` collection exactly as ``build_model(cfg).init(...)["params"]``
 structures it (unboxed, host NumPy float32 arrays; place them with ``jax.device_put``), in the
 unrolled (``layer_0 …``) or, with ``scan_layers=True``, the scanned (``layers`` with a leading layer
-axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert` and `hf_t5`.
+axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert`, `hf_albert` and
+`hf_t5`.
 
 Tokenizers are not converted: ``load_hf`` returns the path of a SentencePiece model in the directory
 (T5's ``spiece.model``) or None; GPT-2 (byte-level BPE) and BERT (WordPiece) tokenizer files stay
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.config import ModelConfig, exported_fields
-from jaxformer.convert import hf_bert, hf_gpt2, hf_t5
+from jaxformer.convert import hf_albert, hf_bert, hf_gpt2, hf_t5
 from jaxformer.convert.hf_io import (
     copy_tokenizer_files,
     find_sentencepiece,
@@ -50,9 +51,18 @@ from jaxformer.models.heads import is_head_module
 from jaxformer.models.transformer import build_model
 
 log = logging.getLogger(__name__)
-CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "t5": hf_t5}
+CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert": hf_albert,
+                                     "t5": hf_t5}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
+
+
+def export_converter(cfg: ModelConfig) -> ModuleType:
+    """The converter a model exports with: by family, ALBERT for an encoder with ALBERT's options
+    (``embedding_size`` or ``share_layers``)."""
+    if cfg.family == "encoder" and (cfg.embedding_size is not None or cfg.share_layers):
+        return hf_albert
+    return BY_FAMILY[cfg.family]
 # The ModelConfig fields a Hugging Face config cannot express (`jaxformer.config.exported_fields`:
 # HF T5 has one dropout rate, no init scale of ours, no attention implementation): exports store
 # them under this config.json key and imports restore them, so export → import gives back the same
@@ -186,7 +196,8 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
             extra_config: Mapping[str, Any] | None = None) -> None:
     """Write ``config.json`` + ``model.safetensors`` (float32) that ``from_pretrained`` loads:
     GPT2LMHeadModel / GPT2Model, BertForMaskedLM / BertForPreTraining /
-    BertForSequenceClassification / BertForTokenClassification / BertModel, or
+    BertForSequenceClassification / BertForTokenClassification / BertModel, the Albert twins of
+    these (encoders with ``embedding_size`` or ``share_layers``), or
     T5ForConditionalGeneration, chosen by ``model_cfg.family`` and ``head``.
 
     ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``; for GPT-2 / BERT also
@@ -199,7 +210,7 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     equivalent or params that do not match the config.
     """
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
-    conv = BY_FAMILY[cfg.family]
+    conv = export_converter(cfg)
     hf_config, prefix = conv.config_to_hf(cfg)
     flat = _host_params(params)
     tensors, used = apply_export(conv.rules(cfg, prefix, export=True), flat)

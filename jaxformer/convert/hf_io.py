@@ -50,7 +50,7 @@ def read_config(directory: str | os.PathLike) -> dict:
     with open(path) as f:
         cfg = json.load(f)
     if "model_type" not in cfg:
-        raise ValueError(f"{path} has no 'model_type'; expected one of gpt2, bert, t5")
+        raise ValueError(f"{path} has no 'model_type'; expected one of gpt2, bert, albert, t5")
     return cfg
 
 

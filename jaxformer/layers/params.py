@@ -13,7 +13,8 @@ A spec is a nested dict whose leaves are `ParamSpec`. The same spec
 
 Logical axis names used across the library: ``vocab``, ``embed`` (d_model), ``heads``, ``kv_heads``,
 ``head_dim``, ``mlp`` (d_ff), ``classes``, ``relpos`` (relative buckets), ``length``
-(learned positions), ``types``; ``layers`` is prepended by scanned stacks.
+(learned positions), ``types``, ``factored_embed`` (ALBERT's embedding width E, replicated);
+``layers`` is prepended by scanned stacks.
 """
 
 from __future__ import annotations
@@ -52,10 +53,23 @@ def _dense(cfg: ModelConfig, shape, axes, bias_shape, bias_axes, *, bias: bool |
     return out
 
 
-def norm_spec(cfg: ModelConfig) -> dict:
-    out = {"scale": ParamSpec((cfg.d_model,), ("embed",), "ones")}
+FACTORED_EMBED = "factored_embed"  # the width E of ALBERT's factorised embedding
+
+
+def embedding_width(cfg: ModelConfig) -> tuple[int, str]:
+    """(width, logical axis) of the embedding tables: (E, ``factored_embed``) with
+    ``cfg.embedding_size`` (ALBERT), else (d_model, ``embed``)."""
+    if cfg.embedding_size is None:
+        return cfg.d_model, "embed"
+    return cfg.embedding_size, FACTORED_EMBED
+
+
+def norm_spec(cfg: ModelConfig, width: int | None = None, axis: str = "embed") -> dict:
+    """A norm over ``width`` features (default d_model) on logical ``axis``."""
+    d = width or cfg.d_model
+    out = {"scale": ParamSpec((d,), (axis,), "ones")}
     if cfg.norm == "layer" and cfg.norm_bias:
-        out["bias"] = ParamSpec((cfg.d_model,), ("embed",), "zeros")
+        out["bias"] = ParamSpec((d,), (axis,), "zeros")
     return out
 
 
@@ -96,19 +110,26 @@ def _table(cfg: ModelConfig, rows: int, axes: tuple[str, str], cols: int | None 
 
 
 def token_embed_spec(cfg: ModelConfig) -> dict:
-    """The `[vocab, d_model]` token table (also the tied output projection)."""
-    return {"embedding": _table(cfg, cfg.vocab_size, ("vocab", "embed"))}
+    """The `[vocab, E]` token table, E = d_model or ``embedding_size`` (also the tied output
+    projection)."""
+    width, axis = embedding_width(cfg)
+    return {"embedding": _table(cfg, cfg.vocab_size, ("vocab", axis), width)}
 
 
 def input_embedding_spec(cfg: ModelConfig) -> dict:
-    """Learned positions, token types and BERT's embedding norm (`jaxformer.ops.inputs`)."""
+    """Learned positions, token types and BERT's embedding norm, all E wide, then ALBERT's
+    `[E, d_model]` ``projection`` when ``embedding_size`` is set (`jaxformer.ops.inputs`)."""
+    width, axis = embedding_width(cfg)
     spec = {}
     if cfg.position == "learned":
-        spec["pos_embedding"] = _table(cfg, cfg.max_len, ("length", "embed"))
+        spec["pos_embedding"] = _table(cfg, cfg.max_len, ("length", axis), width)
     if cfg.type_vocab_size:
-        spec["type_embedding"] = _table(cfg, cfg.type_vocab_size, ("types", "embed"))
+        spec["type_embedding"] = _table(cfg, cfg.type_vocab_size, ("types", axis), width)
     if cfg.embedding_norm:
-        spec["norm"] = norm_spec(cfg)
+        spec["norm"] = norm_spec(cfg, width, axis)
+    if cfg.embedding_size is not None:
+        d = cfg.d_model
+        spec["projection"] = _dense(cfg, (width, d), (axis, "embed"), (d,), ("embed",))
     return spec
 
 
@@ -135,10 +156,13 @@ def lm_head_spec(cfg: ModelConfig) -> dict:
 def mlm_head_spec(cfg: ModelConfig) -> dict:
     """BERT's transform (dense + norm, with ``mlm_transform``) and the LM head as ``decoder``."""
     spec = {}
-    if cfg.mlm_transform:
-        spec = {"dense": head_dense_spec(cfg, cfg.d_model, ("embed", "mlp"), True),
-                "norm": norm_spec(cfg)}
+    width, axis = embedding_width(cfg)
+    if cfg.mlm_transform:  # ALBERT: d_model -> E, so that the tied E-wide table decodes
+        axes = ("embed", "mlp" if cfg.embedding_size is None else axis)
+        spec = {"dense": head_dense_spec(cfg, width, axes, True), "norm": norm_spec(cfg, width, axis)}
     decoder = lm_head_spec(cfg)
+    if cfg.embedding_size is not None and not cfg.tie_embeddings:  # decodes the E-wide transform
+        decoder["kernel"] = ParamSpec((width, cfg.vocab_size), (axis, "vocab"), "normal", cfg.init_std)
     return {**spec, "decoder": decoder} if decoder else spec
 
 
@@ -149,8 +173,11 @@ def stacked(spec: Mapping, n: int) -> dict:
 
 
 def stack_spec(cfg: ModelConfig, num_layers: int, *, cross_attention: bool = False) -> dict:
-    """``num_layers`` blocks: ``{"layers": stacked}`` with ``cfg.scan_layers``, else ``layer_i``."""
+    """``num_layers`` blocks: ``{"layers": stacked}`` with ``cfg.scan_layers``, else ``layer_i``;
+    with ``cfg.share_layers`` (ALBERT) one block ``{"shared": block}`` in either layout."""
     block = block_spec(cfg, cross_attention=cross_attention)
+    if cfg.share_layers:
+        return {"shared": block}
     if cfg.scan_layers:
         return {"layers": stacked(block, num_layers)}
     return {f"layer_{i}": block for i in range(num_layers)}

@@ -2,7 +2,9 @@
 
 Scanning compiles one layer instead of ``num_layers`` (fast compiles for deep models) and stacks the
 parameters along a leading ``layers`` axis; unrolled stacks name layers ``layer_0 … layer_{N-1}``.
-Both compute the same function (tested). ``remat_policy`` trades compute for activation memory
+Both compute the same function (tested). With ``cfg.share_layers`` (ALBERT, Lan et al. 2019) one
+block named ``shared`` is applied ``num_layers`` times: a loop calling the same module, or an
+``nn.scan`` that broadcasts its parameters. ``remat_policy`` trades compute for activation memory
 (`jax.checkpoint` policies: "full" saves nothing, "dots" saves matmul outputs).
 """
 
@@ -37,6 +39,8 @@ class Stack(nn.Module):
                      deterministic=self.deterministic, decode=self.decode)
         args = (positions, segment_ids, bias, encoder_out, encoder_segment_ids, cross_bias,
                 cache_index)
+        if cfg.share_layers:
+            return self._shared(block_cls, attrs, x, args)
         if cfg.scan_layers:
             scanned = nn.scan(
                 block_cls,
@@ -50,4 +54,18 @@ class Stack(nn.Module):
             return x
         for i in range(self.num_layers):
             x, _ = block_cls(**attrs, name=f"layer_{i}")(x, *args)
+        return x
+
+    def _shared(self, block_cls, attrs, x, args):
+        """One block's parameters for every layer (each call draws its own dropout key)."""
+        if self.decode:
+            raise ValueError("model.share_layers=True stacks do not decode (encoder family only)")
+        if self.cfg.scan_layers:
+            scanned = nn.scan(block_cls, variable_broadcast="params",
+                              split_rngs={"params": False, "dropout": True},
+                              in_axes=(nn.broadcast,) * len(args), length=self.num_layers)
+            return scanned(**attrs, name="shared")(x, *args)[0]
+        block = block_cls(**attrs, name="shared")
+        for _ in range(self.num_layers):
+            x, _ = block(x, *args)
         return x

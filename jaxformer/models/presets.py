@@ -4,7 +4,8 @@ of width 64, for tests) and "mini" (4 layers of width 128, T5 3 per stack, no dr
 
 Parameter counts (tested) equal the published models at the same vocabulary:
 GPT-2 small 124,439,808; BERT-base-uncased 109,482,240 (with pooler, without MLM head);
-T5-small v1.0 60,506,624.
+T5-small v1.0 60,506,624; ALBERT-base v2 11,683,584 (Lan et al. 2019: E = 128 factorised embedding,
+one block shared by the 12 layers; with pooler, without MLM head).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ _BERT = dict(family="encoder", position="learned", norm="layer", norm_position="
              activation="gelu", use_bias=True, embedding_norm=True, type_vocab_size=2, head="mlm",
              mlm_transform=True, lm_head_bias=True, pooler=True, pooling="first",
              dropout_rate=0.1, attention_dropout_rate=0.1)
+# ALBERT v2: BERT's layout with a factorised embedding, one shared block, gelu_new and no dropout.
+_ALBERT = dict(_BERT, activation="gelu_tanh", share_layers=True, dropout_rate=0.0,
+               attention_dropout_rate=0.0)
 _T5_V1_0 = dict(family="encoder_decoder", position="relative", norm="rms", norm_position="pre",
                 norm_eps=1e-6, activation="relu", use_bias=False, attention_scale=1.0,
                 tie_embeddings=True, rescale_tied_logits=True, relative_num_buckets=32,
@@ -45,6 +49,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bert_tiny": dict(_BERT, vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_layers=2,
                       max_len=128),
     "bert_mini": dict(_BERT, **_MINI),
+    "albert_base_v2": dict(_ALBERT, vocab_size=30000, embedding_size=128, d_model=768, num_heads=12,
+                           d_ff=3072, num_layers=12, max_len=512),
+    "albert_tiny": dict(_ALBERT, vocab_size=512, embedding_size=16, d_model=64, num_heads=4, d_ff=256,
+                        num_layers=2, max_len=128),
     "t5_small": dict(_T5_V1_0, vocab_size=32128, d_model=512, num_heads=8, d_ff=2048, num_layers=6,
                      max_len=512),
     "t5_tiny": dict(_T5_V1_0, vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_layers=2,

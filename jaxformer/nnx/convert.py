@@ -2,7 +2,7 @@
 
     model = from_params(cfg, params)          # a Linen / checkpoint / load_hf params tree → NNX
     params = param_dict(model)                # and back (`jaxformer.nnx.params`)
-    model = from_hf("path/to/hf_model")       # Hugging Face GPT-2 / BERT / T5 → NNX
+    model = from_hf("path/to/hf_model")       # Hugging Face GPT-2 / BERT / ALBERT / T5 → NNX
     linen_model, params = to_linen(model)     # the Linen twin on the same parameters
     model = build_sharded(cfg, mesh, key)     # initialised straight into the mesh's shardings
 """
@@ -67,7 +67,7 @@ def from_params(cfg: ModelConfig, params: Mapping, **kwargs) -> nnx.Module:
 
 
 def from_hf(directory: str | os.PathLike, **kwargs) -> nnx.Module:
-    """An NNX model from a local Hugging Face GPT-2 / BERT / T5 directory; ``kwargs`` as
+    """An NNX model from a local Hugging Face GPT-2 / BERT / ALBERT / T5 directory; ``kwargs`` as
     `jaxformer.convert.load_hf` (``scan_layers``, ``head``, ``num_classes``, ``seed``)."""
     cfg, params, _ = load_hf(directory, **kwargs)
     return from_params(ModelConfig.from_dict(cfg), params)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.ops.blocks import ACTIVATION_AXES, Constrain
+from jaxformer.ops.dense import dense
 from jaxformer.ops.dropout import dropout
 from jaxformer.ops.embedding import check_ids, embed
 from jaxformer.ops.norms import normalize
@@ -47,16 +48,18 @@ def embed_tokens(table: Array, ids: Array, *, dtype, constrain: Constrain | None
 def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
                  token_types: Array | None = None, *, cfg: ModelConfig,
                  dropout_rng: jax.Array | None = None, constrain: Constrain | None = None) -> Array:
-    """x = dropout(norm?(scale · E[tokens] + P[positions] + T[token_types])), `[B, L, D]`.
+    """x = proj?(dropout(norm?(scale · E[tokens] + P[positions] + T[token_types]))), `[B, L, D]`.
 
     ``scale`` is sqrt(d_model) when ``cfg.scale_embeddings`` (Vaswani et al. 2017 §3.4), else 1.
     Positions are sinusoidal (§3.5; no parameters) or a learned `[max_len, d_model]` table
     (``params["pos_embedding"]``, BERT/GPT-2); RoPE and relative positions act inside attention
     instead. Token types `[B, L]` (BERT segments A/B, default 0) read ``params["type_embedding"]``;
-    ``params["norm"]`` is BERT's embedding LayerNorm.
+    ``params["norm"]`` is BERT's embedding LayerNorm. With ``cfg.embedding_size`` (ALBERT's
+    factorised embedding, Lan et al. 2019 §3.1) the tables and the norm are E wide and
+    ``params["projection"]`` (`[E, D]` kernel + bias) maps the result to d_model.
 
     Args:
-      token_embeddings: `[B, L, D]` (see `embed_tokens`).
+      token_embeddings: `[B, L, E]` (see `embed_tokens`; E = d_model unless factorised).
       positions: `[B, L]` int32.
       dropout_rng: enables dropout at ``cfg.dropout_rate`` when given.
     """
@@ -70,7 +73,7 @@ def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
         table = _whole_rows(params["pos_embedding"], "length", pin)
         x = x + lookup_positions(table, positions).astype(x.dtype)
     elif cfg.position == "sinusoidal":
-        x = x + sinusoidal(positions, cfg.d_model, dtype=x.dtype)
+        x = x + sinusoidal(positions, x.shape[-1], dtype=x.dtype)
     if cfg.type_vocab_size:
         types = jnp.zeros_like(positions) if token_types is None else token_types
         check_ids(types, cfg.type_vocab_size, "token_types",
@@ -78,4 +81,7 @@ def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
         x = x + embed(_whole_rows(params["type_embedding"], "types", pin), types, dtype=x.dtype)
     if cfg.embedding_norm:
         x = normalize(cfg.norm, x, params["norm"], eps=cfg.norm_eps)
-    return pin(dropout(x, cfg.dropout_rate, dropout_rng), ACTIVATION_AXES)
+    x = dropout(x, cfg.dropout_rate, dropout_rng)
+    if "projection" in params:
+        x = dense(params["projection"], pin(x, ACTIVATION_AXES))
+    return pin(x, ACTIVATION_AXES)

@@ -1,7 +1,9 @@
 """A stack of `transformer_block`s over a parameter pytree: unrolled or scanned, optionally remat.
 
 Layouts (as `jaxformer.layers.params.stack_spec` builds them): unrolled ``{"layer_0": block, …}``,
-or scanned ``{"layers": block}`` with every leaf stacked on a leading ``layers`` axis. Scanning
+or scanned ``{"layers": block}`` with every leaf stacked on a leading ``layers`` axis, or shared
+``{"shared": block}`` (ALBERT's cross-layer sharing, Lan et al. 2019: one block applied
+``num_layers`` times, by `jax.lax.scan` with ``cfg.scan_layers``, else a loop). Scanning
 (`jax.lax.scan`) compiles one layer instead of ``num_layers``; both compute the same function.
 ``cfg.remat_policy`` wraps each block in `jax.checkpoint` (Chen et al. 2016): "full" saves nothing,
 "dots" saves matmul outputs. The Linen `Stack` runs the same blocks through ``nn.scan``/``nn.remat``
@@ -51,7 +53,8 @@ def run_stack(params: dict, x: Array, *, cfg: ModelConfig, num_layers: int, caus
     """``num_layers`` blocks in order, `[B, L, D]` → `[B, L, D]` (no decoding cache).
 
     Args:
-      params: ``{"layers": stacked}`` (scanned) or ``{"layer_0": …, "layer_{N-1}": …}``.
+      params: ``{"layers": stacked}`` (scanned), ``{"layer_0": …, "layer_{N-1}": …}`` or
+        ``{"shared": block}`` (one block for every layer).
       causal: causal self-attention (decoders).
       dropout_rng: enables dropout; layer ``i`` uses ``split(dropout_rng, num_layers)[i]`` in both
         layouts, so a scanned stack equals its unrolled twin with dropout on too.
@@ -60,7 +63,8 @@ def run_stack(params: dict, x: Array, *, cfg: ModelConfig, num_layers: int, caus
         arguments of the rematerialised block, as in the Linen ``nn.remat(Block)``, so both
         compile to the same program.
     """
-    scanned = "layers" in params
+    shared = params.get("shared")
+    scanned = "layers" in params or (shared is not None and cfg.scan_layers)
 
     def block(p, h, rng, shared):
         return stack_block(p, h, cfg=cfg, causal=causal, dropout_rng=rng, constrain=constrain,
@@ -70,9 +74,13 @@ def run_stack(params: dict, x: Array, *, cfg: ModelConfig, num_layers: int, caus
         block = jax.checkpoint(block, policy=REMAT_POLICIES[cfg.remat_policy],
                                prevent_cse=not scanned)
     rngs = None if dropout_rng is None else jax.random.split(dropout_rng, num_layers)
+    if scanned and shared is not None:
+        body = lambda h, rng: (block(shared, h, rng, inputs), None)
+        return lax.scan(body, x, rngs, length=num_layers)[0]
     if scanned:
         body = lambda h, pr: (block(pr[0], h, pr[1], inputs), None)
         return lax.scan(body, x, (params["layers"], rngs))[0]
     for i in range(num_layers):
-        x = block(params[f"layer_{i}"], x, None if rngs is None else rngs[i], inputs)
+        p = params[f"layer_{i}"] if shared is None else shared
+        x = block(p, x, None if rngs is None else rngs[i], inputs)
     return x

@@ -1,0 +1,269 @@
+"""ALBERT (Lan et al. 2019): the factorised embedding and cross-layer sharing, against hand
+computations, the BERT layout they reduce to, the NNX twin, and Hugging Face PyTorch ALBERT.
+
+The references are randomly initialised transformers models built from configs (PyTorch, CPU,
+float32, eager attention); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import flax.core
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from jax.sharding import PartitionSpec
+from safetensors.numpy import load_file
+
+from jaxformer import nnx as jnnx
+from jaxformer.config import ModelConfig
+from jaxformer.convert import load_hf, save_hf
+from jaxformer.layers.params import FACTORED_EMBED, block_spec, init_params
+from jaxformer.models.presets import preset
+from jaxformer.models.transformer import build_model
+from jaxformer.ops.blocks import transformer_block
+from jaxformer.ops.dense import dense
+from jaxformer.ops.norms import normalize
+from jaxformer.parallel.mesh import make_mesh
+from jaxformer.parallel.partition import sharded_jit
+from jaxformer.parallel.rules import batch_sharding, param_shardings
+
+V, B, L = 64, 2, 10
+TINY = dict(vocab_size=V, embedding_size=8, d_model=32, num_heads=4, d_ff=64, num_layers=3,
+            max_len=16)
+
+
+def tiny(**overrides) -> ModelConfig:
+    return ModelConfig.from_dict(preset("albert_tiny", **dict(TINY, **overrides)))
+
+
+def init(cfg: ModelConfig) -> dict:
+    params = build_model(cfg).init(jax.random.key(0), jnp.zeros((1, L), jnp.int32))["params"]
+    return flax.core.meta.unbox(params)
+
+
+def tokens(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, V, (B, L)).astype(np.int32)
+
+
+def n_params(tree) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+
+
+# --------------------------------------------------------------------------------------------------
+def test_parameter_count_equals_hf_albert_base_v2():
+    cfg = ModelConfig.from_dict(preset("albert_base_v2", head="none"))
+    shapes = jax.eval_shape(build_model(cfg).init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+    hf = transformers.AlbertModel(transformers.AlbertConfig(
+        hidden_size=768, num_attention_heads=12, intermediate_size=3072))
+    want = sum(p.numel() for p in hf.parameters())
+    assert want == 11_683_584
+    assert n_params(shapes["params"]) == want
+
+
+def test_factorised_embedding_and_shared_block_by_hand():
+    """hidden = block^N(proj(LN(E[x] + P + T))) with one block's parameters; logits through the
+    transform's d_model → E dense and the tied `[V, E]` table."""
+    cfg = tiny(head="mlm")
+    p = init(cfg)
+    assert p["token_embed"]["embedding"].shape == (V, 8)
+    assert p["embed"]["projection"]["kernel"].shape == (8, 32)
+    assert set(p["encoder"]) == {"shared"}
+    x = tokens()
+    e = p["embed"]
+    h = (p["token_embed"]["embedding"][x] + e["pos_embedding"][np.arange(L)]
+         + e["type_embedding"][0])
+    h = dense(e["projection"], normalize("layer", h, e["norm"], eps=cfg.norm_eps))
+    for _ in range(cfg.num_layers):
+        h = transformer_block(p["encoder"]["shared"], h, cfg=cfg)[0]
+    m = p["mlm_head"]
+    t = normalize("layer", jax.nn.gelu(dense(m["dense"], h), approximate=True), m["norm"],
+                  eps=cfg.norm_eps)
+    want = t @ p["token_embed"]["embedding"].T + m["decoder"]["bias"]
+    got = build_model(cfg).apply({"params": p}, x)
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_without_the_options_the_model_is_bert():
+    """No factorisation, no sharing: the BERT tree; sharing alone = BERT with equal layers."""
+    bert = init(tiny(embedding_size=None, share_layers=False))
+    assert "projection" not in bert["embed"] and "layer_2" in bert["encoder"]
+    shared = init(tiny(embedding_size=None))
+    one = shared["encoder"]["shared"]
+    unshared = dict(shared, encoder={f"layer_{i}": one for i in range(3)})
+    x = tokens(1)
+    np.testing.assert_allclose(
+        build_model(tiny(embedding_size=None)).apply({"params": shared}, x),
+        build_model(tiny(embedding_size=None, share_layers=False)).apply({"params": unshared}, x),
+        atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head", ["mlm", "classify", "none"])
+def test_scan_loop_and_nnx_agree(head):
+    cfg = tiny(head=head, pooler=True, dropout_rate=0.1, attention_dropout_rate=0.1)
+    p = init(cfg)
+    assert jax.tree.map(np.shape, p) == jax.tree.map(np.shape, init(cfg.replace(scan_layers=True)))
+    x = tokens(2)
+    loop = build_model(cfg).apply({"params": p}, x)
+    scan = build_model(cfg.replace(scan_layers=True)).apply({"params": p}, x)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), loop, scan)
+    for scanned in (False, True):
+        c = cfg.replace(scan_layers=scanned)
+        model = jnnx.from_params(c, p)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
+                     model(x), loop)
+        if scanned:  # dropout: layer i draws split(key, num_layers)[i] in both layouts
+            on = model(x, deterministic=False, rngs=jax.random.key(3))
+            off = jnnx.from_params(cfg, p)(x, deterministic=False, rngs=jax.random.key(3))
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), on, off)
+
+
+def test_logical_axes_keep_sharding_names():
+    cfg = tiny(head="mlm")
+    boxed = build_model(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    axes = jax.tree.map(lambda b: b.names, boxed, is_leaf=lambda b: hasattr(b, "names"))
+    assert axes["token_embed"]["embedding"] == ("vocab", FACTORED_EMBED)
+    assert axes["embed"]["projection"]["kernel"] == (FACTORED_EMBED, "embed")
+    assert axes["mlm_head"]["dense"]["kernel"] == ("embed", FACTORED_EMBED)
+    want = jax.tree.map(lambda s: s.axes, block_spec(cfg), is_leaf=lambda s: hasattr(s, "axes"))
+    assert axes["encoder"]["shared"] == want  # the shared block: a block's names, no 'layers'
+    assert jnnx.logical_axes(jnnx.abstract_model(cfg)) == axes
+    assert init_params(jax.random.key(0), block_spec(cfg))["ffn"]["wi"]["kernel"].shape == (32, 64)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scan", [False, True])
+def test_sharded_on_an_fsdp_tensor_mesh_equals_unsharded(scan):
+    """On a 2×2×2 (data, fsdp, tensor) mesh of 8 simulated devices the shared block's weights are
+    split (fsdp on d_model, tensor on heads/mlp) and the output equals the single-device one."""
+    cfg = tiny(head="mlm", scan_layers=scan)
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    model = build_model(cfg)
+    boxed = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, L), jnp.int32))["params"]
+    shardings = param_shardings(boxed, mesh)
+    assert shardings["encoder"]["shared"]["ffn"]["wi"]["kernel"].spec == PartitionSpec("fsdp", "tensor")
+    assert shardings["embed"]["projection"]["kernel"].spec == PartitionSpec(None, "fsdp")
+    params = init(cfg)
+    x = np.concatenate([tokens(6), tokens(7)])  # batch 4: split over data × fsdp
+    want = model.apply({"params": params}, x)
+    fn = sharded_jit(lambda p, t: model.apply({"params": p}, t), mesh,
+                     in_shardings=(shardings, batch_sharding(mesh)))
+    got = fn(jax.device_put(params, shardings), x)
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(family="decoder", head="lm"), "embedding_size"),
+    (dict(embedding_size=None, family="decoder", head="lm"), "share_layers"),
+    (dict(embedding_size=0), "embedding_size"),
+    (dict(head="mlm", mlm_transform=False), "mlm_transform"),
+])
+def test_invalid_settings_name_the_field(overrides, match):
+    with pytest.raises(ValueError, match=f"model.{match}="):
+        tiny(**overrides)
+
+
+# --------------------------------------------------------------------------------------------------
+# Hugging Face ALBERT: import parity with PyTorch, export → from_pretrained.
+RTOL = 1e-5
+HF_SMALL = dict(vocab_size=V, embedding_size=8, hidden_size=32, num_attention_heads=4,
+                intermediate_size=64, num_hidden_layers=3, max_position_embeddings=16)
+
+
+def rel_err(ours, ref) -> float:
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
+
+
+def hf_batch():
+    x = tokens(4)
+    types = np.zeros_like(x)
+    types[:, L // 2:] = 1
+    mask = np.ones_like(x)
+    mask[1, L - 3:] = 0  # padding in the second row
+    return x, types, mask
+
+
+def theirs(cls, path) -> np.ndarray:
+    model = cls.from_pretrained(path, attn_implementation="eager").eval()
+    x, types, mask = hf_batch()
+    with torch.no_grad():
+        out = model(torch.tensor(x), token_type_ids=torch.tensor(types),
+                    attention_mask=torch.tensor(mask))
+    out = out.logits if hasattr(out, "logits") else out.last_hidden_state
+    return out.numpy()[mask == 1]
+
+
+def ours(cfg: dict, params) -> np.ndarray:
+    x, types, mask = hf_batch()
+    model = build_model(ModelConfig.from_dict(cfg))
+    out = model.apply({"params": params}, x, token_types=types, segment_ids=mask)
+    return np.asarray(out[0] if isinstance(out, tuple) else out)[mask == 1]  # hidden, not pooled
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """Random local HF ALBERTs: {name: (class, directory)}; one shared group, or one per layer."""
+    torch.manual_seed(0)
+    tmp = tmp_path_factory.mktemp("albert")
+    models = {"mlm": transformers.AlbertForMaskedLM(transformers.AlbertConfig(**HF_SMALL)),
+              "model_groups": transformers.AlbertModel(transformers.AlbertConfig(
+                  **HF_SMALL, num_hidden_groups=3))}
+    out = {}
+    for name, model in models.items():
+        model.eval().save_pretrained(tmp / name, safe_serialization=True)
+        out[name] = (type(model), str(tmp / name))
+    return out
+
+
+@pytest.mark.parametrize("name,scan", [("mlm", False), ("mlm", True), ("model_groups", False)])
+def test_import_matches_pytorch(hf_dirs, name, scan):
+    cls, path = hf_dirs[name]
+    cfg, params, _ = load_hf(path, scan_layers=scan)
+    assert (cfg["embedding_size"], cfg["share_layers"], cfg["activation"]) == (
+        8, name == "mlm", "gelu_tanh")
+    err = rel_err(ours(cfg, params), theirs(cls, path))
+    print(f"albert {name}: max relative error {err:.2e}")
+    assert err <= RTOL
+
+
+@pytest.mark.parametrize("name", ["mlm", "model_groups"])
+def test_export_round_trips_through_from_pretrained(hf_dirs, name, tmp_path):
+    """import → export: the same tensors, and from_pretrained gives the same outputs."""
+    cls, path = hf_dirs[name]
+    cfg, params, _ = load_hf(path)
+    save_hf(cfg, params, tmp_path)
+    assert rel_err(theirs(cls, tmp_path), theirs(cls, path)) <= RTOL
+    src = load_file(f"{path}/model.safetensors")
+    dst = load_file(tmp_path / "model.safetensors")
+    assert sorted(dst) == sorted(src)
+    for k in src:
+        np.testing.assert_array_equal(dst[k], src[k], err_msg=k)
+    back, again, _ = load_hf(tmp_path)
+    assert back == cfg
+    jax.tree.map(np.testing.assert_array_equal, again, params)
+
+
+def test_export_of_a_jaxformer_model_with_sop_and_untied_decoder(tmp_path):
+    """Our own ALBERT (scanned, sentence-order head, untied E-wide decoder) → AlbertForPreTraining
+    with logits equal to ours."""
+    cfg = tiny(head="mlm", nsp_head=True, tie_embeddings=False, scan_layers=True)
+    params = init(cfg)
+    params["mlm_head"]["decoder"]["bias"] = np.random.default_rng(5).normal(size=V).astype(np.float32)
+    save_hf(cfg, params, tmp_path)
+    x, types, mask = hf_batch()
+    model = transformers.AlbertForPreTraining.from_pretrained(tmp_path, attn_implementation="eager")
+    with torch.no_grad():
+        ref = model.eval()(torch.tensor(x), token_type_ids=torch.tensor(types),
+                           attention_mask=torch.tensor(mask))
+    mlm, sop = build_model(cfg).apply({"params": params}, x, token_types=types, segment_ids=mask)
+    assert rel_err(np.asarray(mlm)[mask == 1], ref.prediction_logits.numpy()[mask == 1]) <= RTOL
+    assert rel_err(sop, ref.sop_logits.numpy()) <= RTOL
+    back, again, _ = load_hf(tmp_path, scan_layers=True)
+    assert back == cfg.to_dict()
+    jax.tree.map(np.testing.assert_array_equal, again, params)
+    with pytest.raises(ValueError, match="embedding_size"):
+        save_hf(tiny(embedding_size=None), init(tiny(embedding_size=None)), tmp_path / "no")
