@@ -9,6 +9,8 @@ LoRA run is the adapters' size (compiled ``memory_analysis``: rank 4 < rank 8 < 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -17,14 +19,23 @@ import numpy as np
 import pytest
 
 from jaxformer.config import ModelConfig
+from jaxformer.convert import load_hf
+from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.rules import param_shardings
+from jaxformer.train import config as train_config
 from jaxformer.train import lora
+from jaxformer.train.checkpoint import load_checkpoint_params
+from jaxformer.train.config import set_key
+from jaxformer.train.loop import Trainer, train_and_evaluate
+from jaxformer.train.lora_run import load_merged
+from jaxformer.train.metrics import read_metrics
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 from jaxformer.train.state import abstract_params, dummy_model_inputs, init_model_params
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(vocab_size=128, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=16)
 FAMILIES = {"gpt": "gpt_tiny", "bert": "bert_tiny", "t5": "t5_tiny"}
 ALL_TARGETS = ("query", "key", "value", "out", "ffn")
@@ -144,3 +155,119 @@ def test_task_heads_are_the_fine_tuning_heads():
     trained = lora.trainable(params, jax.random.key(1), _lora_cfg(targets=("query", "value")))
     assert set(trained) == {"lora", "classifier"}
     assert jnp.all(trained["lora"]["encoder"]["layer_0"]["self_attn"]["value"]["lora_b"] == 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# The trainer: LoRA fine-tuning of a tiny pretraining run and of a random-weight HF GPT-2.
+
+TINY_RUN = dict(d_model=32, num_heads=2, d_ff=64, num_layers=2, max_len=64, vocab_size=512)
+LORA_KEYS = {"optimizer.lora.rank": 4, "optimizer.lora.alpha": 8.0,
+             "optimizer.lora.targets": ("query", "value", "out", "ffn")}
+
+
+def _run_config(name: str, steps: int = 30, **overrides):
+    c = train_config.load_config(ROOT / "configs" / f"{name}.py")
+    c.model.update(TINY_RUN)
+    c.data.tokenizer.vocab_size, c.data.tokenizer.max_train_texts = 512, 1500
+    c.data.seq_len, c.data.batch_size, c.num_train_steps = 32, 8, steps
+    c.log_every_steps, c.eval.every_steps, c.eval.num_batches = 5, steps, 2
+    c.checkpoint.every_steps, c.progress_bar = steps, False
+    c.optimizer.warmup_steps, c.optimizer.peak_lr = 5, 3e-3
+    for key, value in overrides.items():
+        set_key(c, key, value)
+    return c
+
+
+def _first_last(workdir) -> tuple[float, float]:
+    ls = [r["loss"] for r in read_metrics(workdir) if "loss" in r]
+    return float(np.mean(ls[:2])), float(np.mean(ls[-2:]))
+
+
+@pytest.fixture(scope="module")
+def gpt_run(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("gpt_pretrain")
+    train_and_evaluate(_run_config("gpt_pretrain_tiny"), wd)
+    return wd
+
+
+def _flat(tree) -> dict:
+    return {jax.tree_util.keystr(p): np.asarray(v)
+            for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+@pytest.mark.slow
+def test_lora_finetune_trains_only_adapters_and_exports_merged(gpt_run, tmp_path):
+    wd = tmp_path / "lora"
+    config = _run_config("gpt_finetune_tiny", 40, init_from=str(gpt_run), **LORA_KEYS)
+    config.optimizer.peak_lr = 1e-2
+    trainer = Trainer(config, wd)
+    assert set(trainer.state.params) == {"lora", "classifier"}
+    base_before = _flat(trainer.base)
+    pretrained = _flat(load_checkpoint_params(gpt_run))
+    for name, value in base_before.items():  # the base is init_from's backbone, bit for bit
+        if not name.startswith("['classifier']"):
+            np.testing.assert_array_equal(value, pretrained[name], err_msg=name)
+    at_init = _flat(trainer.model_params(trainer.state))
+    for name in at_init:  # adapted = base at initialisation (B = 0)
+        np.testing.assert_array_equal(at_init[name], base_before[name], err_msg=name)
+    trainer.run()
+    first, last = _first_last(wd)
+    assert last < first, (first, last)
+    assert _flat(trainer.base).keys() == base_before.keys()
+    for name, value in _flat(trainer.base).items():  # the base never changes
+        np.testing.assert_array_equal(value, base_before[name], err_msg=name)
+    adapted = _flat(trainer.model_params(trainer.state))
+    changed = {n for n in adapted if not np.array_equal(adapted[n], base_before[n])}
+    targets = ("['query']", "['value']", "['out']", "['wi']", "['wo']")
+    assert changed and all(n.startswith("['classifier']") or
+                           (n.endswith("['kernel']") and any(t in n for t in targets))
+                           for n in changed), changed
+    # the checkpoint holds the adapters and the task head only, not the base
+    saved = load_checkpoint_params(wd)
+    assert set(saved) == {"lora", "classifier"}
+    assert lora.count(saved) < lora.count(trainer.base) / 5
+    # merged for export: equal to the adapted model
+    model_cfg, merged, _ = load_merged(wd)
+    for name, value in _flat(merged).items():
+        np.testing.assert_allclose(value, adapted[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    model = build_model(model_cfg)
+    np.testing.assert_allclose(_logits(model, model_cfg, merged),
+                               _logits(model, model_cfg, trainer.model_params(trainer.state)),
+                               rtol=1e-5, atol=1e-6)
+    # a rerun resumes the adapters (the base is read from init_from again)
+    config.num_train_steps = 45
+    again = Trainer(config, wd)
+    assert again.start_step == 40
+    for name, value in _flat(again.state.params).items():
+        np.testing.assert_array_equal(value, _flat(trainer.state.params)[name], err_msg=name)
+    again.lock.release()
+
+
+@pytest.mark.slow
+def test_lora_finetunes_an_imported_random_gpt2(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=512, n_positions=64, n_embd=32, n_layer=2, n_head=2))
+    hf.eval().save_pretrained(tmp_path / "hf", safe_serialization=True)
+    config = _run_config("gpt_pretrain_tiny", 30, init_from=str(tmp_path / "hf"), **LORA_KEYS)
+    config.optimizer.peak_lr = 1e-2
+    trainer = Trainer(config, tmp_path / "run")
+    assert set(trainer.state.params) == {"lora"}  # the LM head is pretrained: frozen
+    trainer.run()
+    first, last = _first_last(tmp_path / "run")
+    assert last < first, (first, last)  # observed 6.22 -> 6.19 in 30 steps (a random base)
+    # HF export of the merged model: read back, it is the adapted model
+    out = tmp_path / "merged_hf"
+    assert convert_main(["--from", str(tmp_path / "run"), "--to-hf", str(out)]) == 0
+    adapted = _flat(trainer.model_params(trainer.state))
+    _, back, _ = load_hf(str(out))
+    for name, value in _flat(back).items():
+        np.testing.assert_allclose(value, adapted[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    assert any(not np.array_equal(adapted[n], _flat(trainer.base)[n]) for n in adapted)
+
+
+def test_lora_needs_init_from(tmp_path):
+    with pytest.raises(ValueError, match="optimizer.lora.rank > 0 adapts the weights of init_from"):
+        Trainer(_run_config("gpt_pretrain_tiny", **LORA_KEYS), tmp_path)
