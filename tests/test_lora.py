@@ -9,6 +9,7 @@ LoRA run is the adapters' size (compiled ``memory_analysis``: rank 4 < rank 8 < 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import flax.linen as nn
@@ -21,16 +22,20 @@ import pytest
 from jaxformer.config import ModelConfig
 from jaxformer.convert import load_hf
 from jaxformer.convert.__main__ import main as convert_main
+from jaxformer.decode import generate_text
+from jaxformer.evaluation.run import evaluate_run
+from jaxformer.generate import main as generate_main
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.rules import param_shardings
+from jaxformer.predict import classify
+from jaxformer.predict import main as predict_main
 from jaxformer.train import config as train_config
 from jaxformer.train import lora
-from jaxformer.train.checkpoint import load_checkpoint_params
+from jaxformer.train.checkpoint import load_checkpoint_params, load_for_inference
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate
-from jaxformer.train.lora_run import load_merged
 from jaxformer.train.metrics import read_metrics
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 from jaxformer.train.state import abstract_params, dummy_model_inputs, init_model_params
@@ -227,8 +232,8 @@ def test_lora_finetune_trains_only_adapters_and_exports_merged(gpt_run, tmp_path
     saved = load_checkpoint_params(wd)
     assert set(saved) == {"lora", "classifier"}
     assert lora.count(saved) < lora.count(trainer.base) / 5
-    # merged for export: equal to the adapted model
-    model_cfg, merged, _ = load_merged(wd)
+    # merged for inference and export: equal to the adapted model
+    model_cfg, merged, _ = load_for_inference(wd)
     for name, value in _flat(merged).items():
         np.testing.assert_allclose(value, adapted[name], rtol=1e-6, atol=1e-7, err_msg=name)
     model = build_model(model_cfg)
@@ -267,6 +272,52 @@ def test_lora_finetunes_an_imported_random_gpt2(tmp_path):
     for name, value in _flat(back).items():
         np.testing.assert_allclose(value, adapted[name], rtol=1e-6, atol=1e-7, err_msg=name)
     assert any(not np.array_equal(adapted[n], _flat(trainer.base)[n]) for n in adapted)
+
+
+@pytest.fixture(scope="module")
+def lora_runs(gpt_run, tmp_path_factory):
+    """Two short LoRA runs on ``gpt_run``: a sentiment classifier and a language model."""
+    runs = {}
+    for name, config_name in (("clf", "gpt_finetune_tiny"), ("lm", "gpt_pretrain_tiny")):
+        config = _run_config(config_name, 10, init_from=str(gpt_run), **LORA_KEYS)
+        config.optimizer.peak_lr = 1e-2
+        trainer = Trainer(config, tmp_path_factory.mktemp(f"lora_{name}"))
+        trainer.run()
+        trainer.lock.release()
+        runs[name] = trainer
+    return runs
+
+
+@pytest.mark.slow
+def test_inference_entry_points_read_a_lora_run_merged(lora_runs, tmp_path, capsys):
+    for trainer in lora_runs.values():  # load_for_inference = the trainer's adapted parameters
+        adapted = _flat(trainer.model_params(trainer.state))
+        _, merged, _ = load_for_inference(trainer.workdir)
+        assert _flat(merged).keys() == adapted.keys()
+        for name, value in _flat(merged).items():
+            np.testing.assert_allclose(value, adapted[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    clf, lm = lora_runs["clf"], lora_runs["lm"]
+    # predict: the classifier's probabilities are those of the adapted model
+    texts = ["a gripping , funny film", "dull and far too long", "not bad"]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert predict_main(["--workdir", str(clf.workdir), "--input", str(tmp_path / "in.txt"),
+                         "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    want = list(classify(build_model(clf.model_cfg), clf.model_params(clf.state), clf.tokenizer,
+                         clf.config.to_dict(), texts, batch_size=4))
+    for row, p in zip(rows, want, strict=True):
+        np.testing.assert_allclose(list(row["probabilities"].values()), p, rtol=1e-5, atol=1e-6)
+    # evaluate: the classifier scores its split
+    results = evaluate_run(clf.workdir, split="validation", progress=False)
+    assert 0.0 <= results["metrics"]["accuracy"] <= 1.0, results
+    # generate: the language model's greedy continuation is the adapted model's
+    capsys.readouterr()
+    assert generate_main(["--workdir", str(lm.workdir), "--prompt", "the king",
+                          "--max_new_tokens", "6"]) == 0
+    want = generate_text(build_model(lm.model_cfg), lm.model_params(lm.state), lm.tokenizer,
+                         ["the king"], max_new_tokens=6)[0]
+    assert f"OUTPUT: {want}" in capsys.readouterr().out
 
 
 def test_lora_needs_init_from(tmp_path):

@@ -25,7 +25,8 @@ from jaxformer.convert.checkpoint import load_params, save_params
 from jaxformer.convert.hf import load_hf, save_hf
 from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.train.lora_run import is_lora, load_merged
+from jaxformer.train.lora import is_lora
+from jaxformer.train.lora_run import load_merged
 
 TOKENIZER_DIR = "tokenizer"
 HF_CONFIG = "hf_config.json"

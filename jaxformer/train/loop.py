@@ -35,7 +35,7 @@ from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train import lora
 from jaxformer.train.checkpoint import Checkpointer, PreemptionWatch, save_run_config
 from jaxformer.train.lock import WorkdirLock
-from jaxformer.train.lora_run import init_lora_state, is_lora, load_base
+from jaxformer.train.lora_run import init_lora_state, load_base
 from jaxformer.train.metrics import MetricWriter, Progress, truncate_metrics
 from jaxformer.train.nonfinite import NonfiniteGuard
 from jaxformer.train.setup import (
@@ -103,7 +103,7 @@ class Trainer:
                 self.tokenizer.save(str(workdir / "tokenizer.model"))
             self.prepare = wire_objective(config.objective, self.tokenizer)
             self.make_ds, self.train_iter = open_data(config, self.tokenizer)
-            if is_lora(config):
+            if lora.is_lora(config):
                 self.base = load_base(resolved, built)
             if resume is None and self.base is not None:
                 self.state, self.start_step = init_lora_state(resolved, built, self.base), 0

@@ -59,9 +59,15 @@ def check_lora_config(lora_cfg: Any) -> None:
                          f"{list(TARGET_MODULES)}")
 
 
+def is_lora(run_config: Any) -> bool:
+    """Whether a (run) config, a ConfigDict or its ``config.json`` dict, trains LoRA adapters."""
+    return bool(dict(run_config.get("optimizer") or {}).get("lora", {}).get("rank"))
+
+
 def lora_scale(lora_cfg: Any) -> float:
-    """``alpha / rank`` (Hu et al. §4.1), the factor of ``A B``."""
-    return float(lora_cfg.alpha) / int(lora_cfg.rank)
+    """``alpha / rank`` (Hu et al. §4.1), the factor of ``A B`` (``optimizer.lora``: a ConfigDict
+    or its dict)."""
+    return float(lora_cfg["alpha"]) / int(lora_cfg["rank"])
 
 
 def _unbox(x):
@@ -169,6 +175,18 @@ def model_params(base: Any, trained: dict, scale: float) -> Any:
     ``trained`` in place of the base's."""
     merged = merge(base, trained[LORA], scale)
     return {**merged, **{k: v for k, v in trained.items() if k != LORA}}
+
+
+def inference_params(base: Any, trained: dict, lora_cfg: Any, modules: Any) -> Any:
+    """`model_params` of a saved LoRA run for inference: ``base`` (its ``init_from``'s parameters)
+    keeps only the model's top-level ``modules`` (a pretraining head the fine-tuned model lacks is
+    dropped). ValueError naming a module in neither ``base`` nor ``trained``."""
+    base = {k: v for k, v in base.items() if k in modules}
+    missing = sorted(set(modules) - set(base) - set(trained))
+    if missing:
+        raise ValueError(f"LoRA run: parameters {missing} are in neither its checkpoint nor its "
+                         "init_from")
+    return model_params(base, trained, lora_scale(lora_cfg))
 
 
 def count(tree: Any) -> int:

@@ -3,8 +3,10 @@
 A run with ``optimizer.lora.rank`` > 0 trains ``TrainState.params`` = adapters + task heads; its
 base (``init_from``'s parameters, with fresh parameters for heads it lacks, seeded by ``seed``) is
 loaded again, never saved: at the start, at every resume (its ``config.json`` records
-``init_from``) and by `load_merged`, which adds the adapters back for inference and export
-(``python -m jaxformer.convert --from <lora run> --to-hf <dir>``).
+``init_from``) and for inference and export, which add the adapters back:
+`jaxformer.train.checkpoint.load_run_params` (a base that is a jaxformer run: what ``generate``,
+``evaluate`` and ``predict`` read) and `load_merged` (any base, a Hugging Face model included:
+``python -m jaxformer.convert --from <lora run> --to-hf <dir>``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from jaxformer.config import ModelConfig
+from jaxformer.convert.hf_io import is_hf_directory
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.train import lora
 from jaxformer.train.checkpoint import load_checkpoint_params, load_for_inference, open_run
@@ -29,11 +32,6 @@ from jaxformer.train.setup import (
     resolve_config,
 )
 from jaxformer.train.state import TrainState, create_train_state
-
-
-def is_lora(run_config: dict | ml_collections.ConfigDict) -> bool:
-    """Whether a (run) config trains LoRA adapters."""
-    return bool(dict(run_config.get("optimizer") or {}).get("lora", {}).get("rank"))
 
 
 def load_base(resolved: ResolvedConfig, built: Built) -> Any:
@@ -61,11 +59,11 @@ def init_lora_state(resolved: ResolvedConfig, built: Built, base: Any) -> TrainS
 def load_merged(path: str | os.PathLike, *, step: int | None = None, best: bool = False
                 ) -> tuple[ModelConfig, Any, Tokenizer | None]:
     """(ModelConfig, params, tokenizer or None) of a run's checkpoint like
-    `jaxformer.train.checkpoint.load_for_inference`; a LoRA run's adapters are merged into its
-    base (W + alpha/rank · A B, task heads from the checkpoint), which is read from its
-    ``init_from`` again."""
+    `jaxformer.train.checkpoint.load_for_inference` (which merges a LoRA run on a jaxformer run);
+    a LoRA run on a Hugging Face model is merged here: W + alpha/rank · A B into its base, read
+    from ``init_from`` again as training reads it (`load_base`), task heads from the checkpoint."""
     run = open_run(path, step=step, best=best)
-    if not is_lora(run.run_config):
+    if not (lora.is_lora(run.run_config) and is_hf_directory(run.run_config["init_from"])):
         return load_for_inference(path, step=step, best=best)
     config = ml_collections.ConfigDict(run.run_config)
     with config.unlocked():
