@@ -49,7 +49,7 @@ from jaxformer.generate import (
 from jaxformer.models.transformer import build_model
 from jaxformer.objectives.registry import check_data_task
 from jaxformer.options import option
-from jaxformer.train.checkpoint import load_checkpoint_params, open_run
+from jaxformer.train.checkpoint import load_run_params, open_run
 from jaxformer.train.setup import wire_objective
 
 
@@ -115,7 +115,7 @@ def predict(workdir: str, path: str, *, step: int | None = None, best: bool = Fa
         raise ValueError(f"{workdir} has no tokenizer.model, so the input text cannot be encoded")
     model_cfg = ModelConfig.from_dict(run.run_config["model"])
     model, tokenizer = build_model(model_cfg), Tokenizer.load(str(run.tokenizer))
-    params = jax.tree.map(jnp.asarray, load_checkpoint_params(run.step_dir, verified=True))
+    params = jax.tree.map(jnp.asarray, load_run_params(run))  # a LoRA run's merged
     data_cfg, objective = run.run_config["data"], run.run_config["objective"]
     task = check_data_task(objective, data_cfg).data_task
     examples = read_inputs(path, data_cfg, task)

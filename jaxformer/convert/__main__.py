@@ -3,6 +3,9 @@
     python -m jaxformer.convert --from-hf HF_DIR --to CKPT_DIR [--scan-layers] [--head H]
     python -m jaxformer.convert --from CKPT_DIR --to-hf HF_DIR
 
+A LoRA run (``optimizer.lora.rank`` > 0) exports its adapters merged into the base weights
+(W + alpha/rank · A B) of its ``init_from``.
+
 Tokenizer files found in HF_DIR are copied to CKPT_DIR/tokenizer/, and HF_DIR/config.json to
 CKPT_DIR/hf_config.json; the export copies them back (token ids, label names survive the trip).
 Exporting a training workdir writes its ``tokenizer.model`` as HF_DIR/spiece.model and its special
@@ -22,6 +25,8 @@ from jaxformer.convert.checkpoint import load_params, save_params
 from jaxformer.convert.hf import load_hf, save_hf
 from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files
 from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.train.lora import is_lora
+from jaxformer.train.lora_run import load_merged
 
 TOKENIZER_DIR = "tokenizer"
 HF_CONFIG = "hf_config.json"
@@ -61,7 +66,7 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     else:
         if not args.to_hf or args.to:
             ap.error("--from needs --to-hf (a Hugging Face directory)")
-        cfg, params = load_params(args.from_ckpt)
+        cfg, params = _load(args.from_ckpt)
         tok = os.path.join(args.from_ckpt, TOKENIZER_DIR)
         spm = os.path.join(args.from_ckpt, "tokenizer.model")
         extra, tokenizer = None, None
@@ -88,6 +93,18 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                       "transformers' GPT-2/BERT tokenizer classes cannot read it: encode with "
                       f"jaxformer.data.tokenizer.Tokenizer.load('{args.to_hf}/spiece.model') "
                       "and pass input_ids")
+
+
+def _load(path: str) -> tuple[dict, dict]:
+    """(ModelConfig fields, params) of a jaxformer directory; a LoRA run's adapters merged into
+    the base weights of its init_from (`jaxformer.train.lora_run.load_merged`)."""
+    run_config = os.path.join(path, "config.json")
+    if os.path.isfile(run_config):
+        with open(run_config) as f:
+            if is_lora(json.load(f)):
+                cfg, params, _ = load_merged(path)
+                return cfg.to_dict(), params
+    return load_params(path)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from jaxformer.evaluation.decoding import (
 )
 from jaxformer.evaluation.metrics import classification_report
 from jaxformer.models import build_model
-from jaxformer.train.checkpoint import load_checkpoint_params, open_run, resolve_checkpoint
+from jaxformer.train.checkpoint import load_run_params, open_run, resolve_checkpoint
 from jaxformer.train.setup import wire_objective
 from jaxformer.train.step import make_eval_step, summarize_eval
 
@@ -95,7 +95,7 @@ def load_run(workdir: str | os.PathLike, *, step: int | None = None, best: bool 
         raise FileNotFoundError(f"{workdir} has no tokenizer.model: its data cannot be encoded")
     config = ml_collections.ConfigDict(run.run_config)
     model_cfg = ModelConfig.from_dict(run.run_config["model"])
-    params = jax.tree.map(jnp.asarray, load_checkpoint_params(run.step_dir, verified=True))
+    params = jax.tree.map(jnp.asarray, load_run_params(run))  # a LoRA run's merged
     return LoadedRun(config, model_cfg, build_model(model_cfg), params,
                      Tokenizer.load(str(run.tokenizer)), int(run.step_dir.name))
 

@@ -45,7 +45,10 @@ from jax.experimental import multihost_utils
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.models import build_model
+from jaxformer.train import lora
 from jaxformer.train.checkpoint_select import best_step, committed_steps, retention_policy
+from jaxformer.train.state import abstract_params
 from jaxformer.train.verify import (
     MANIFEST,
     MARKER,
@@ -291,12 +294,9 @@ def resolve_checkpoint(path: str | os.PathLike, *, step: int | None = None, best
 
 
 def load_checkpoint_params(path: str | os.PathLike, *, verified: bool = False) -> dict:
-    """Parameters (host numpy arrays) of the latest checkpoint under ``path``; no optimizer state.
-
-    Verifies the step first (unless the caller just did: ``verified``). Reads only the ``params``
-    subtree of the saved TrainState (Orbax partial restore), so the optimizer moments are never
-    loaded.
-    """
+    """Parameters (host numpy arrays) of the latest checkpoint under ``path``, verified first (unless
+    the caller just did: ``verified``); only the ``params`` subtree of the saved TrainState is read
+    (Orbax partial restore): never the optimizer moments."""
     ckpt_dir, step = resolve_checkpoint(path)
     if not verified:
         verify_for_reading(ckpt_dir, step)
@@ -374,13 +374,25 @@ def open_run(path: str | os.PathLike, *, step: int | None = None, best: bool = F
                     verify_tokenizer(run_dir, manifest, required=False))
 
 
+def load_run_params(run: SavedRun) -> Any:
+    """The parameters ``run``'s model applies, verified; a LoRA run's adapters and heads merged into
+    its ``init_from``'s (`lora.inference_params`; a Hugging Face one: `lora_run.load_merged`)."""
+    params, c = load_checkpoint_params(run.step_dir, verified=True), run.run_config
+    if not lora.is_lora(c):
+        return params
+    base = open_run(c["init_from"], step=c.get("init_from_step") or None,
+                    best=bool(c.get("init_from_best")), verify=False)  # verified as it is read
+    model = build_model(model_cfg := ModelConfig.from_dict(c["model"]))
+    return lora.inference_params(load_checkpoint_params(base.step_dir), params,
+                                 c["optimizer"]["lora"], abstract_params(model, model_cfg))
+
+
 def load_for_inference(workdir: str | os.PathLike, *, step: int | None = None, best: bool = False
                        ) -> tuple[ModelConfig, Any, Tokenizer | None]:
     """(ModelConfig, params, tokenizer or None) of a checkpoint of a training workdir (or of one
     step dir): the latest, ``step`` or the ``best`` (`resolve_checkpoint`), verified
-    (`CheckpointDamaged` names the damaged file)."""
+    (`CheckpointDamaged` names the damaged file); a LoRA run's merged: `load_run_params`."""
     run = open_run(workdir, step=step, best=best)
-    params = load_checkpoint_params(run.step_dir, verified=True)
     tokenizer = None if run.tokenizer is None else Tokenizer.load(str(run.tokenizer))
-    return (ModelConfig.from_dict(run.run_config["model"]), jax.tree.map(jnp.asarray, params),
-            tokenizer)
+    return (ModelConfig.from_dict(run.run_config["model"]),
+            jax.tree.map(jnp.asarray, load_run_params(run)), tokenizer)

@@ -296,6 +296,10 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
     check_objective(config.objective)
     check_generation(config, model_cfg)
     optimizer = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
+    if config.optimizer.get("lora", {}).get("rank") and (not config.init_from
+                                                          or config.parallel != "jit"):
+        raise ValueError("optimizer.lora.rank > 0 adapts the weights of init_from (set it) and "
+                         f"trains with parallel='jit' (got {config.parallel!r})")
     _check_data(config, model_cfg, resolved)
     accum = config.optimizer.get("grad_accum_steps", 1)
     if config.data.batch_size % accum:

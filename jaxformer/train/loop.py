@@ -32,8 +32,10 @@ from jaxformer.parallel import pmap, shard_map
 from jaxformer.parallel.mesh import describe
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
+from jaxformer.train import lora
 from jaxformer.train.checkpoint import Checkpointer, PreemptionWatch, save_run_config
 from jaxformer.train.lock import WorkdirLock
+from jaxformer.train.lora_run import init_lora_state, load_base
 from jaxformer.train.metrics import MetricWriter, Progress, truncate_metrics
 from jaxformer.train.nonfinite import NonfiniteGuard
 from jaxformer.train.setup import (
@@ -85,6 +87,7 @@ class Trainer:
             raise ValueError(f"workdir {str(workdir)!r} exists and is not a directory")
         built = build(resolved)
         self.model, self.mesh, self.shardings = built.model, built.mesh, built.shardings
+        self.param_shardings, self.base = built.param_shardings, None  # base: LoRA's frozen params
         self.lock = WorkdirLock(workdir).acquire()  # creates the workdir; a second run stops here
         try:
             self.ckpt = Checkpointer(workdir, keep=config.checkpoint.keep,
@@ -100,7 +103,11 @@ class Trainer:
                 self.tokenizer.save(str(workdir / "tokenizer.model"))
             self.prepare = wire_objective(config.objective, self.tokenizer)
             self.make_ds, self.train_iter = open_data(config, self.tokenizer)
-            if resume is None:
+            if lora.is_lora(config):
+                self.base = load_base(resolved, built)
+            if resume is None and self.base is not None:
+                self.state, self.start_step = init_lora_state(resolved, built, self.base), 0
+            elif resume is None:
                 self.state, self.start_step = init_state(resolved, built), 0
             else:
                 self.state, self.start_step = restore_state(self.ckpt, built, self.train_iter,
@@ -113,8 +120,20 @@ class Trainer:
             self.lock.release()
             raise
 
+    def model_params(self, state):
+        """The parameters the model applies: ``state.params``, or a LoRA run's merged with its
+        base (`jaxformer.train.lora.model_params`)."""
+        if self.base is None:
+            return state.params
+        if not hasattr(self, "_merge"):
+            scale = lora.lora_scale(self.config.optimizer.lora)
+            self._merge = sharded_jit(lambda b, p: lora.model_params(b, p, scale), self.mesh,
+                                      out_shardings=self.param_shardings)
+        return self._merge(self.base, state.params)
+
     def _step_fn(self):
-        """jit over the mesh (default), jit of an explicit shard_map, or a `PmapRunner`."""
+        """jit over the mesh (default), jit of an explicit shard_map, or a `PmapRunner`; a LoRA
+        run's step takes the frozen base as a third argument, bound here."""
         c = self.config
         step_fn = make_train_step(self.model, self.tx, self.prepare, self.schedule,
                                   label_smoothing=c.objective.label_smoothing,
@@ -122,7 +141,14 @@ class Trainer:
                                   grad_accum_steps=c.optimizer.get("grad_accum_steps", 1),
                                   axis_name={"pmap": pmap.AXIS,
                                              "shard_map": shard_map.AXIS}.get(c.parallel),
-                                  skip_nonfinite=c.nonfinite == "skip")
+                                  skip_nonfinite=c.nonfinite == "skip",
+                                  lora_scale=(lora.lora_scale(c.optimizer.lora) if self.base
+                                              is not None else None))
+        if self.base is not None:  # parallel="jit" (checked with the config)
+            step = sharded_jit(step_fn, self.mesh,
+                               in_shardings=(self.shardings, None, self.param_shardings),
+                               out_shardings=(self.shardings, None), donate_argnums=(0,))
+            return lambda state, batch: step(state, batch, self.base)
         if c.parallel == "pmap":
             return pmap.PmapRunner(step_fn, self.state)
         if c.parallel == "shard_map":
@@ -138,7 +164,7 @@ class Trainer:
             return {}
         if not hasattr(self, "_eval_fn"):
             self._eval_fn = sharded_jit(make_eval_step(self.model, self.prepare), self.mesh,
-                                        in_shardings=(self.shardings.params, None, None))
+                                        in_shardings=(self.param_shardings, None, None))
         it = iter(self.make_ds(c.eval.split, num_epochs=1))
         totals, key = None, jax.random.key(c.seed + 1)
         for i, batch in zip(range(c.eval.num_batches), it):
@@ -208,7 +234,7 @@ class Trainer:
                 if eval_now:
                     current = step_fn.state() if pmap else state
                     try:
-                        eval_metrics = self.evaluate(current.params)
+                        eval_metrics = self.evaluate(self.model_params(current))
                     except Exception:  # e.g. a bad record further into the eval split: keep the
                         self.ckpt.save(step, current, self.train_iter)  # training done so far
                         logging.error("evaluation failed at step %d; the step is checkpointed", step)

@@ -21,6 +21,10 @@ Fine-tuning: ``head_lr_multiplier`` gives the head parameters (top-level modules
 every other update to zero (no optimizer state, no decay) and clips the head's gradients alone.
 Both use `optax.multi_transform` over `param_labels`.
 
+LoRA (``lora.rank`` > 0, `jaxformer.train.lora`): the optimizer sees only the trainable tree
+(adapters + task heads), so its state exists only for them; the adapters (``lora_a``/``lora_b``)
+get no weight decay.
+
 Parameter trees may be plain or boxed in ``flax.linen.LogicallyPartitioned`` (as ``model.init``
 returns them); the mask and label functions handle both.
 """
@@ -36,6 +40,7 @@ import ml_collections
 import optax
 
 from jaxformer.models.heads import HEAD_MODULE_NAMES
+from jaxformer.train.lora import check_lora_config
 from jaxformer.train.schedules import (
     constant,
     inverse_sqrt,
@@ -50,7 +55,8 @@ HEAD_PARAM_PREFIXES = HEAD_MODULE_NAMES  # every head module (`jaxformer.models.
 _DEFAULTS = dict(
     name="adamw", schedule="inverse_sqrt", peak_lr=1e-3, scale=1.0, warmup_steps=4000, end_lr=0.0,
     b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0, clip_norm=0.0, grad_accum_steps=1,
-    freeze_backbone=False, head_lr_multiplier=1.0, head_param_prefixes=HEAD_PARAM_PREFIXES)
+    freeze_backbone=False, head_lr_multiplier=1.0, head_param_prefixes=HEAD_PARAM_PREFIXES,
+    lora=dict(rank=0, alpha=16.0, targets=("query", "value")))
 
 # One line per ``optimizer`` key (``train.py --print_config`` shows them).
 OPTIMIZER_KEY_DOCS = {
@@ -71,6 +77,11 @@ OPTIMIZER_KEY_DOCS = {
     "freeze_backbone": "update only the head parameters (head_param_prefixes)",
     "head_lr_multiplier": "learning-rate multiplier of the head parameters",
     "head_param_prefixes": "top-level modules that are the head (fine-tuning groups)",
+    "lora.rank": "LoRA rank r (Hu et al. 2021): train rank-r adapters on frozen init_from weights "
+                 "(0 = off: every parameter trains)",
+    "lora.alpha": "LoRA alpha: the adapters' update is scaled by alpha / rank",
+    "lora.targets": "kernels that get adapters: a tuple from 'query', 'key', 'value', 'out' "
+                    "(attention) and 'ffn' (wi, wi_gate, wo)",
 }
 
 OPTIMIZER_PRESETS: dict[str, dict[str, Any]] = {
@@ -182,6 +193,10 @@ def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = N
     if cfg.clip_norm < 0 or cfg.weight_decay < 0 or cfg.head_lr_multiplier < 0:
         raise ValueError("optimizer.clip_norm, weight_decay and head_lr_multiplier must be ≥ 0, "
                          f"got {cfg.clip_norm}, {cfg.weight_decay}, {cfg.head_lr_multiplier}")
+    check_lora_config(cfg.lora)
+    if cfg.lora.rank and cfg.freeze_backbone:
+        raise ValueError("optimizer.lora.rank > 0 already freezes the base weights; unset "
+                         "optimizer.freeze_backbone")
     if int(cfg.grad_accum_steps) < 1:
         raise ValueError(f"optimizer.grad_accum_steps={cfg.grad_accum_steps} must be ≥ 1")
     schedule = make_schedule(cfg, d_model, total_steps)

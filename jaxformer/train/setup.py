@@ -183,12 +183,15 @@ def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-    """The model, the mesh, and the train state's abstract shapes and shardings on it."""
+    """The model, the mesh, and the train state's abstract shapes and shardings on it;
+    ``param_shardings`` are the model's full parameters' (with LoRA the state holds only the
+    trainable ones: `jaxformer.train.lora_run`)."""
 
     model: Any
     mesh: Mesh
     abstract: TrainState
     shardings: TrainState
+    param_shardings: Any
 
 
 def build(resolved: ResolvedConfig) -> Built:
@@ -200,8 +203,12 @@ def build(resolved: ResolvedConfig) -> Built:
     check_batch_size(mesh, config.data.batch_size, config.optimizer.get("grad_accum_steps", 1))
     model = (FunctionalModel(model_cfg) if config.get("module_api", "linen") == "nnx"
              else build_model(model_cfg))
-    abstract, shardings = state_shardings(model, model_cfg, resolved.tx, mesh)
-    return Built(model, mesh, abstract, shardings)
+    lora_cfg = config.optimizer.get("lora")
+    abstract, shardings = state_shardings(model, model_cfg, resolved.tx, mesh, lora_cfg)
+    params = shardings.params
+    if lora_cfg is not None and lora_cfg.rank:
+        params = state_shardings(model, model_cfg, resolved.tx, mesh)[1].params
+    return Built(model, mesh, abstract, shardings, params)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -305,21 +312,31 @@ def init_state(resolved: ResolvedConfig, built: Built) -> TrainState:
     config, model_cfg, pretrained = resolved.config, resolved.model_cfg, resolved.pretrained
     params, fresh = None, []
     if pretrained is not None:
-        if pretrained.is_hf:  # the importer initialises any head the checkpoint lacks (logged)
-            backbone = load_hf(pretrained.path, scan_layers=model_cfg.scan_layers,
-                               head=model_cfg.head, num_classes=model_cfg.num_classes,
-                               seed=config.seed)[1]
-        else:
-            backbone = load_checkpoint_params(pretrained.run.step_dir)  # verified first
-        fresh_params = create_params(built.model, model_cfg, built.shardings.params, config.seed)
-        params, fresh = merge_backbone(fresh_params, backbone)
+        params, fresh = load_pretrained(resolved, built)
     state, _ = create_train_state(built.model, model_cfg, resolved.tx, built.mesh, config.seed,
                                   params=params)
+    report_init_from(pretrained, fresh)
+    return state
+
+
+def load_pretrained(resolved: ResolvedConfig, built: Built) -> tuple[Any, list[str]]:
+    """(init_from's parameters with fresh ones for new heads, on the host; the fresh paths)."""
+    config, model_cfg, pretrained = resolved.config, resolved.model_cfg, resolved.pretrained
+    if pretrained.is_hf:  # the importer initialises any head the checkpoint lacks (logged)
+        backbone = load_hf(pretrained.path, scan_layers=model_cfg.scan_layers,
+                           head=model_cfg.head, num_classes=model_cfg.num_classes,
+                           seed=config.seed)[1]
+    else:
+        backbone = load_checkpoint_params(pretrained.run.step_dir)  # verified first
+    fresh_params = create_params(built.model, model_cfg, built.param_shardings, config.seed)
+    return merge_backbone(fresh_params, backbone)
+
+
+def report_init_from(pretrained: Pretrained | None, fresh: list[str]) -> None:
     if pretrained is not None and pretrained.is_hf:
         print(f"Initialised from the Hugging Face model {pretrained.path}")
     elif pretrained is not None:
         print(f"Initialised from {pretrained.run.step_dir}; fresh parameters: {fresh or 'none'}")
-    return state
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ import optax
 from jax.sharding import Mesh
 
 from jaxformer.parallel.rules import match_shardings_by_path, param_shardings, replicated
+from jaxformer.train import lora
 
 
 @flax.struct.dataclass
@@ -60,9 +61,19 @@ def init_model_params(model: nn.Module, model_cfg, rng: jax.Array) -> Any:
     return nn.unbox(model.init(rng, **dummy_model_inputs(model_cfg))["params"])
 
 
-def state_shardings(model: nn.Module, model_cfg, tx: optax.GradientTransformation, mesh: Mesh):
-    """(abstract TrainState, TrainState of NamedShardings) for ``mesh``."""
-    boxed = abstract_params(model, model_cfg)
+def trainable_abstract(boxed: Any, lora_cfg: Any = None) -> Any:
+    """The boxed abstract parameters the optimizer trains: all of ``boxed``, or with
+    ``lora_cfg.rank`` > 0 the LoRA adapters and task heads (`jaxformer.train.lora.trainable`)."""
+    if lora_cfg is None or not lora_cfg.rank:
+        return boxed
+    return jax.eval_shape(lambda: lora.trainable(boxed, jax.random.key(0), lora_cfg))
+
+
+def state_shardings(model: nn.Module, model_cfg, tx: optax.GradientTransformation, mesh: Mesh,
+                    lora_cfg: Any = None):
+    """(abstract TrainState, TrainState of NamedShardings) for ``mesh``; with LoRA
+    (``lora_cfg.rank`` > 0) the state's params are the trainable ones (`trainable_abstract`)."""
+    boxed = trainable_abstract(abstract_params(model, model_cfg), lora_cfg)
     p_abs = nn.unbox(boxed)
     p_sh = param_shardings(boxed, mesh)
     o_abs = jax.eval_shape(tx.init, p_abs)
@@ -75,13 +86,15 @@ def state_shardings(model: nn.Module, model_cfg, tx: optax.GradientTransformatio
 
 
 def create_train_state(model: nn.Module, model_cfg, tx: optax.GradientTransformation, mesh: Mesh,
-                       seed: int, params: Any | None = None) -> tuple[TrainState, TrainState]:
+                       seed: int, params: Any | None = None, lora_cfg: Any = None
+                       ) -> tuple[TrainState, TrainState]:
     """Initialise (or wrap given ``params``) directly into the mesh's shardings.
 
     Returns (state, shardings). The parameter init key is ``fold_in(key(seed), 0)``; the step keys
-    derive from ``fold_in(key(seed), 1)``.
+    derive from ``fold_in(key(seed), 1)``. A LoRA state (``lora_cfg``) needs its trainable
+    ``params`` (`jaxformer.train.lora.trainable`).
     """
-    _, shardings = state_shardings(model, model_cfg, tx, mesh)
+    _, shardings = state_shardings(model, model_cfg, tx, mesh, lora_cfg)
     rng_data = jax.random.key_data(jax.random.fold_in(jax.random.key(seed), 1))
 
     def build(p):

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxformer.ops.losses import weighted_accuracy, weighted_cross_entropy
+from jaxformer.train import lora
 from jaxformer.train.state import TrainState
 
 
@@ -67,9 +68,14 @@ def _objective_loss(sums: dict) -> jax.Array:
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare: Callable,
                     schedule: Callable, *, label_smoothing: float = 0.0, z_loss: float = 0.0,
                     grad_accum_steps: int = 1, axis_name: str | None = None,
-                    skip_nonfinite: bool = False
-                    ) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
+                    skip_nonfinite: bool = False, lora_scale: float | None = None
+                    ) -> Callable[..., tuple[TrainState, dict]]:
     """``train_step(state, batch) -> (state, metrics)``, to be wrapped in `jax.jit`.
+
+    LoRA (``lora_scale`` = alpha / rank): ``train_step(state, batch, base)``: ``state.params`` are
+    the trainable adapters and task heads, ``base`` the frozen parameters; the model applies
+    `jaxformer.train.lora.model_params` (base + scale · A B) and only ``state.params`` are
+    differentiated and updated.
 
     ``prepare(batch, rng)`` is the objective bound to its special tokens and options. With
     ``grad_accum_steps > 1`` (``A``) the batch is split into ``A`` strided micro-batches (rows
@@ -86,12 +92,13 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
     reports ``skipped`` = 1.
     """
 
-    def micro_grads(params, batch, key):
+    def micro_grads(params, batch, key, base):
         obj_key, drop_key = jax.random.split(key)
         prepared = prepare(batch, obj_key)
 
         def f(p):
-            sums = loss_and_metrics(model, p, prepared, deterministic=False, dropout_rng=drop_key,
+            full = p if base is None else lora.model_params(base, p, lora_scale)
+            sums = loss_and_metrics(model, full, prepared, deterministic=False, dropout_rng=drop_key,
                                     label_smoothing=label_smoothing, z_loss=z_loss)
             # Sum-of-losses gradient; normalised once all micro-batches are in.
             total = sums["loss"] + sums.get("nsp_loss", 0.0)
@@ -99,7 +106,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
 
         return jax.grad(f, has_aux=True)(params)
 
-    def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+    def train_step(state: TrainState, batch: dict, base=None) -> tuple[TrainState, dict]:
         key, params = state.step_key(), state.params
         if axis_name is not None:
             key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
@@ -108,7 +115,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
             # already. A no-op under pmap, whose state is stacked per device.
             params = jax.lax.pcast(params, axis_name, to="varying")
         if grad_accum_steps == 1:
-            grads, sums = micro_grads(params, batch, key)
+            grads, sums = micro_grads(params, batch, key, base)
         else:
             # Micro-batch i takes rows i, i+A, i+2A, …: each device splits its own (contiguous)
             # rows of a batch-sharded array, so no row moves between devices.
@@ -119,11 +126,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
 
             def body(acc, xs):
                 i, mb = xs
-                g, s = micro_grads(params, mb, jax.random.fold_in(key, i))
+                g, s = micro_grads(params, mb, jax.random.fold_in(key, i), base)
                 return jax.tree.map(jnp.add, acc, (g, s)), None
 
             zeros = jax.eval_shape(micro_grads, params,
-                                   jax.tree.map(lambda x: x[0], micro), key)
+                                   jax.tree.map(lambda x: x[0], micro), key, base)
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
             if axis_name is not None:  # the carry holds per-device sums
                 zeros = jax.lax.pcast(zeros, axis_name, to="varying")

@@ -1,0 +1,325 @@
+"""LoRA (`jaxformer.train.lora`): adapters, merging, sharding, the trainer and the export.
+
+Unit level (tiny models of every family): at initialisation the adapted model's logits equal the
+base model's bit for bit (B = 0); the merged kernel equals W + (alpha/r)·A B computed by hand in
+NumPy; a model applied to merged parameters equals one whose kernels are patched by hand; adapters
+shard like their kernels on FSDP/tensor meshes of 8 simulated devices; the optimizer state of a
+LoRA run is the adapters' size (compiled ``memory_analysis``: rank 4 < rank 8 < full fine-tuning).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from jaxformer.config import ModelConfig
+from jaxformer.convert import load_hf
+from jaxformer.convert.__main__ import main as convert_main
+from jaxformer.decode import generate_text
+from jaxformer.evaluation.run import evaluate_run
+from jaxformer.generate import main as generate_main
+from jaxformer.models import build_model
+from jaxformer.models.presets import preset
+from jaxformer.parallel.mesh import make_mesh
+from jaxformer.parallel.rules import param_shardings
+from jaxformer.predict import classify
+from jaxformer.predict import main as predict_main
+from jaxformer.train import config as train_config
+from jaxformer.train import lora
+from jaxformer.train.checkpoint import load_checkpoint_params, load_for_inference
+from jaxformer.train.config import set_key
+from jaxformer.train.loop import Trainer, train_and_evaluate
+from jaxformer.train.metrics import read_metrics
+from jaxformer.train.optim import default_optimizer_config, make_optimizer
+from jaxformer.train.state import abstract_params, dummy_model_inputs, init_model_params
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(vocab_size=128, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=16)
+FAMILIES = {"gpt": "gpt_tiny", "bert": "bert_tiny", "t5": "t5_tiny"}
+ALL_TARGETS = ("query", "key", "value", "out", "ffn")
+
+
+def _lora_cfg(rank=4, alpha=8.0, targets=ALL_TARGETS):
+    return ml_collections.ConfigDict(dict(rank=rank, alpha=alpha, targets=targets))
+
+
+def _model(family, **overrides):
+    cfg = ModelConfig.from_dict(preset(FAMILIES[family], **{**TINY, **overrides}))
+    return cfg, build_model(cfg)
+
+
+def _logits(model, cfg, params):
+    out = model.apply({"params": params}, **dummy_model_inputs(cfg, 2, 8), deterministic=True)
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("family,scan", [("gpt", False)] + [
+    pytest.param(f, s, marks=pytest.mark.slow) for f in FAMILIES for s in (False, True)
+    if (f, s) != ("gpt", False)])
+def test_adapted_model_equals_base_at_init(family, scan):
+    cfg, model = _model(family, scan_layers=scan)
+    params = init_model_params(model, cfg, jax.random.key(0))
+    trained = lora.trainable(params, jax.random.key(1), _lora_cfg())
+    adapted = lora.model_params(params, trained, lora.lora_scale(_lora_cfg()))
+    np.testing.assert_array_equal(_logits(model, cfg, adapted), _logits(model, cfg, params))
+    per_block = 4 + 2 + int(cfg.gated_ffn)  # q k v o, wi (wi_gate) wo
+    blocks = [per_block, per_block + 4] if family == "t5" else [per_block]  # + cross-attention
+    expected = sum(blocks) * (1 if scan else cfg.num_layers)
+    assert len(lora.target_paths(params, ALL_TARGETS)) == expected
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_merge_is_w_plus_scaled_ab_by_hand(scan):
+    cfg, model = _model("gpt", scan_layers=scan)
+    params = init_model_params(model, cfg, jax.random.key(0))
+    adapters = lora.init_adapters(jax.random.key(1), params, 3, ("out", "query", "ffn"))
+    adapters = jax.tree.map(lambda x: x + 0.1, adapters)  # B ≠ 0
+    merged = lora.merge(params, adapters, 0.5)
+    stack = params["decoder"]["layers"] if scan else params["decoder"]["layer_1"]
+    got = merged["decoder"]["layers"] if scan else merged["decoder"]["layer_1"]
+    ad = adapters["decoder"]["layers" if scan else "layer_1"]
+    for parent, name in (("self_attn", "out"), ("self_attn", "query"), ("ffn", "wo")):
+        w = np.asarray(stack[parent][name]["kernel"], np.float64)
+        a = np.asarray(ad[parent][name]["lora_a"], np.float64)
+        b = np.asarray(ad[parent][name]["lora_b"], np.float64)
+        lead = 1 if scan else 0
+        n_in = 2 if name == "out" else 1
+        a2 = a.reshape(*a.shape[:lead], -1, a.shape[-1])
+        b2 = b.reshape(*b.shape[:lead + 1], -1)
+        want = w + 0.5 * (a2 @ b2).reshape(w.shape)
+        assert a.shape[lead:lead + n_in] == w.shape[lead:lead + n_in]
+        np.testing.assert_allclose(np.asarray(got[parent][name]["kernel"]), want, rtol=1e-5,
+                                   atol=1e-6)
+    # untargeted kernels (key, value) and everything else are untouched
+    np.testing.assert_array_equal(got["self_attn"]["key"]["kernel"], stack["self_attn"]["key"]["kernel"])
+    np.testing.assert_array_equal(merged["token_embed"]["embedding"], params["token_embed"]["embedding"])
+
+
+def test_adapters_carry_logical_axes_and_shard_like_their_kernels():
+    cfg, model = _model("gpt", scan_layers=True)
+    boxed = abstract_params(model, cfg)
+    adapters = jax.eval_shape(lambda: lora.init_adapters(jax.random.key(0), boxed, 4, ALL_TARGETS))
+    q = adapters["decoder"]["layers"]["self_attn"]["query"]
+    assert q["lora_a"].names == ("layers", "embed", None)
+    assert q["lora_b"].names == ("layers", None, "heads", "head_dim")
+    o = adapters["decoder"]["layers"]["self_attn"]["out"]
+    assert o["lora_a"].names == ("layers", "heads", "head_dim", None)
+    assert o["lora_b"].names == ("layers", None, "embed")
+    mesh = make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=2, tensor=4)))
+    sh = param_shardings(adapters, mesh)["decoder"]["layers"]
+    assert tuple(sh["self_attn"]["query"]["lora_a"].spec) == (None, "fsdp", None)
+    assert tuple(sh["self_attn"]["query"]["lora_b"].spec) == (None, None, "tensor", None)
+    assert tuple(sh["ffn"]["wo"]["lora_a"].spec) == (None, "tensor", None)
+    assert tuple(sh["ffn"]["wo"]["lora_b"].spec) == (None, None, "fsdp")
+
+
+def _opt_state_bytes(model, cfg, rank: int | None) -> int:
+    """Compiled output bytes of ``tx.init`` on the trainable parameters (all of them: None)."""
+    boxed = abstract_params(model, cfg)
+    params = nn.unbox(boxed)
+    if rank is not None:
+        params = jax.eval_shape(lambda p: lora.trainable(p, jax.random.key(0), _lora_cfg(rank)),
+                                params)
+    tx, _ = make_optimizer(default_optimizer_config(), cfg.d_model, 10)
+    compiled = jax.jit(tx.init).lower(params).compile()
+    return compiled.memory_analysis().output_size_in_bytes, lora.count(params)
+
+
+def test_optimizer_state_bytes_scale_with_adapter_size():
+    cfg, model = _model("gpt")
+    (b4, n4), (b8, n8), (bfull, nfull) = (_opt_state_bytes(model, cfg, r) for r in (4, 8, None))
+    # Adam keeps two float32 moments per trainable scalar (+ step counters, buffer padding)
+    for b, n in ((b4, n4), (b8, n8), (bfull, nfull)):
+        assert 8 * n <= b <= 8 * n + 1024
+    assert n8 == 2 * n4  # every adapter is linear in the rank
+    assert b4 < b8 < bfull / 2  # d_model=32: every kernel adapted at rank 8 is still < half
+
+
+def test_bad_lora_config_is_refused_by_name():
+    for bad, word in ((dict(rank=-1), "rank"), (dict(alpha=0.0), "alpha"),
+                      (dict(targets=("qkv",)), "targets"), (dict(targets=()), "targets")):
+        with pytest.raises(ValueError, match=f"optimizer.lora.{word}"):
+            lora.check_lora_config(_lora_cfg(**bad))
+    opt = default_optimizer_config(freeze_backbone=True, lora=dict(rank=4, alpha=8.0,
+                                                                   targets=("query",)))
+    with pytest.raises(ValueError, match="freeze_backbone"):
+        make_optimizer(opt, 32, 10)
+
+
+def test_task_heads_are_the_fine_tuning_heads():
+    assert set(lora.TASK_HEADS) >= {"classifier", "token_classifier"}
+    assert not set(lora.TASK_HEADS) & {"lm_head", "mlm_head", "pooler", "nsp_head"}
+    cfg, model = _model("bert", head="classify", num_classes=3)
+    params = init_model_params(model, cfg, jax.random.key(0))
+    trained = lora.trainable(params, jax.random.key(1), _lora_cfg(targets=("query", "value")))
+    assert set(trained) == {"lora", "classifier"}
+    assert jnp.all(trained["lora"]["encoder"]["layer_0"]["self_attn"]["value"]["lora_b"] == 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# The trainer: LoRA fine-tuning of a tiny pretraining run and of a random-weight HF GPT-2.
+
+TINY_RUN = dict(d_model=32, num_heads=2, d_ff=64, num_layers=2, max_len=64, vocab_size=512)
+LORA_KEYS = {"optimizer.lora.rank": 4, "optimizer.lora.alpha": 8.0,
+             "optimizer.lora.targets": ("query", "value", "out", "ffn")}
+
+
+def _run_config(name: str, steps: int = 30, **overrides):
+    c = train_config.load_config(ROOT / "configs" / f"{name}.py")
+    c.model.update(TINY_RUN)
+    c.data.tokenizer.vocab_size, c.data.tokenizer.max_train_texts = 512, 1500
+    c.data.seq_len, c.data.batch_size, c.num_train_steps = 32, 8, steps
+    c.log_every_steps, c.eval.every_steps, c.eval.num_batches = 5, steps, 2
+    c.checkpoint.every_steps, c.progress_bar = steps, False
+    c.optimizer.warmup_steps, c.optimizer.peak_lr = 5, 3e-3
+    for key, value in overrides.items():
+        set_key(c, key, value)
+    return c
+
+
+def _first_last(workdir) -> tuple[float, float]:
+    ls = [r["loss"] for r in read_metrics(workdir) if "loss" in r]
+    return float(np.mean(ls[:2])), float(np.mean(ls[-2:]))
+
+
+@pytest.fixture(scope="module")
+def gpt_run(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("gpt_pretrain")
+    train_and_evaluate(_run_config("gpt_pretrain_tiny"), wd)
+    return wd
+
+
+def _flat(tree) -> dict:
+    return {jax.tree_util.keystr(p): np.asarray(v)
+            for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+@pytest.mark.slow
+def test_lora_finetune_trains_only_adapters_and_exports_merged(gpt_run, tmp_path):
+    wd = tmp_path / "lora"
+    config = _run_config("gpt_finetune_tiny", 40, init_from=str(gpt_run), **LORA_KEYS)
+    config.optimizer.peak_lr = 1e-2
+    trainer = Trainer(config, wd)
+    assert set(trainer.state.params) == {"lora", "classifier"}
+    base_before = _flat(trainer.base)
+    pretrained = _flat(load_checkpoint_params(gpt_run))
+    for name, value in base_before.items():  # the base is init_from's backbone, bit for bit
+        if not name.startswith("['classifier']"):
+            np.testing.assert_array_equal(value, pretrained[name], err_msg=name)
+    at_init = _flat(trainer.model_params(trainer.state))
+    for name in at_init:  # adapted = base at initialisation (B = 0)
+        np.testing.assert_array_equal(at_init[name], base_before[name], err_msg=name)
+    trainer.run()
+    first, last = _first_last(wd)
+    assert last < first, (first, last)
+    assert _flat(trainer.base).keys() == base_before.keys()
+    for name, value in _flat(trainer.base).items():  # the base never changes
+        np.testing.assert_array_equal(value, base_before[name], err_msg=name)
+    adapted = _flat(trainer.model_params(trainer.state))
+    changed = {n for n in adapted if not np.array_equal(adapted[n], base_before[n])}
+    targets = ("['query']", "['value']", "['out']", "['wi']", "['wo']")
+    assert changed and all(n.startswith("['classifier']") or
+                           (n.endswith("['kernel']") and any(t in n for t in targets))
+                           for n in changed), changed
+    # the checkpoint holds the adapters and the task head only, not the base
+    saved = load_checkpoint_params(wd)
+    assert set(saved) == {"lora", "classifier"}
+    assert lora.count(saved) < lora.count(trainer.base) / 5
+    # merged for inference and export: equal to the adapted model
+    model_cfg, merged, _ = load_for_inference(wd)
+    for name, value in _flat(merged).items():
+        np.testing.assert_allclose(value, adapted[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    model = build_model(model_cfg)
+    np.testing.assert_allclose(_logits(model, model_cfg, merged),
+                               _logits(model, model_cfg, trainer.model_params(trainer.state)),
+                               rtol=1e-5, atol=1e-6)
+    # a rerun resumes the adapters (the base is read from init_from again)
+    config.num_train_steps = 45
+    again = Trainer(config, wd)
+    assert again.start_step == 40
+    for name, value in _flat(again.state.params).items():
+        np.testing.assert_array_equal(value, _flat(trainer.state.params)[name], err_msg=name)
+    again.lock.release()
+
+
+@pytest.mark.slow
+def test_lora_finetunes_an_imported_random_gpt2(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=512, n_positions=64, n_embd=32, n_layer=2, n_head=2))
+    hf.eval().save_pretrained(tmp_path / "hf", safe_serialization=True)
+    config = _run_config("gpt_pretrain_tiny", 30, init_from=str(tmp_path / "hf"), **LORA_KEYS)
+    config.optimizer.peak_lr = 1e-2
+    trainer = Trainer(config, tmp_path / "run")
+    assert set(trainer.state.params) == {"lora"}  # the LM head is pretrained: frozen
+    trainer.run()
+    first, last = _first_last(tmp_path / "run")
+    assert last < first, (first, last)  # observed 6.22 -> 6.19 in 30 steps (a random base)
+    # HF export of the merged model: read back, it is the adapted model
+    out = tmp_path / "merged_hf"
+    assert convert_main(["--from", str(tmp_path / "run"), "--to-hf", str(out)]) == 0
+    adapted = _flat(trainer.model_params(trainer.state))
+    _, back, _ = load_hf(str(out))
+    for name, value in _flat(back).items():
+        np.testing.assert_allclose(value, adapted[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    assert any(not np.array_equal(adapted[n], _flat(trainer.base)[n]) for n in adapted)
+
+
+@pytest.fixture(scope="module")
+def lora_runs(gpt_run, tmp_path_factory):
+    """Two short LoRA runs on ``gpt_run``: a sentiment classifier and a language model."""
+    runs = {}
+    for name, config_name in (("clf", "gpt_finetune_tiny"), ("lm", "gpt_pretrain_tiny")):
+        config = _run_config(config_name, 10, init_from=str(gpt_run), **LORA_KEYS)
+        config.optimizer.peak_lr = 1e-2
+        trainer = Trainer(config, tmp_path_factory.mktemp(f"lora_{name}"))
+        trainer.run()
+        trainer.lock.release()
+        runs[name] = trainer
+    return runs
+
+
+@pytest.mark.slow
+def test_inference_entry_points_read_a_lora_run_merged(lora_runs, tmp_path, capsys):
+    for trainer in lora_runs.values():  # load_for_inference = the trainer's adapted parameters
+        adapted = _flat(trainer.model_params(trainer.state))
+        _, merged, _ = load_for_inference(trainer.workdir)
+        assert _flat(merged).keys() == adapted.keys()
+        for name, value in _flat(merged).items():
+            np.testing.assert_allclose(value, adapted[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    clf, lm = lora_runs["clf"], lora_runs["lm"]
+    # predict: the classifier's probabilities are those of the adapted model
+    texts = ["a gripping , funny film", "dull and far too long", "not bad"]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert predict_main(["--workdir", str(clf.workdir), "--input", str(tmp_path / "in.txt"),
+                         "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    want = list(classify(build_model(clf.model_cfg), clf.model_params(clf.state), clf.tokenizer,
+                         clf.config.to_dict(), texts, batch_size=4))
+    for row, p in zip(rows, want, strict=True):
+        np.testing.assert_allclose(list(row["probabilities"].values()), p, rtol=1e-5, atol=1e-6)
+    # evaluate: the classifier scores its split
+    results = evaluate_run(clf.workdir, split="validation", progress=False)
+    assert 0.0 <= results["metrics"]["accuracy"] <= 1.0, results
+    # generate: the language model's greedy continuation is the adapted model's
+    capsys.readouterr()
+    assert generate_main(["--workdir", str(lm.workdir), "--prompt", "the king",
+                          "--max_new_tokens", "6"]) == 0
+    want = generate_text(build_model(lm.model_cfg), lm.model_params(lm.state), lm.tokenizer,
+                         ["the king"], max_new_tokens=6)[0]
+    assert f"OUTPUT: {want}" in capsys.readouterr().out
+
+
+def test_lora_needs_init_from(tmp_path):
+    with pytest.raises(ValueError, match="optimizer.lora.rank > 0 adapts the weights of init_from"):
+        Trainer(_run_config("gpt_pretrain_tiny", **LORA_KEYS), tmp_path)
