@@ -323,3 +323,21 @@ def test_inference_entry_points_read_a_lora_run_merged(lora_runs, tmp_path, caps
 def test_lora_needs_init_from(tmp_path):
     with pytest.raises(ValueError, match="optimizer.lora.rank > 0 adapts the weights of init_from"):
         Trainer(_run_config("gpt_pretrain_tiny", **LORA_KEYS), tmp_path)
+
+
+@pytest.mark.slow
+def test_lora_on_an_fsdp_tensor_mesh_trains_like_data_parallel(lora_runs, gpt_run, tmp_path):
+    """The LoRA classifier run of ``lora_runs`` (all devices on ``data``) repeated on a
+    data=2 × fsdp=2 × tensor=2 mesh: the adapters and the frozen base are sharded by their logical
+    axes, and the same updates come out (losses to float rounding, as tests/test_parallel.py)."""
+    config = _run_config("gpt_finetune_tiny", 10, init_from=str(gpt_run), **LORA_KEYS)
+    config.optimizer.peak_lr = 1e-2
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
+    trainer = Trainer(config, tmp_path / "mesh")
+    trainer.run()
+    trainer.lock.release()
+    adapters = jax.tree.leaves(trainer.state.params["lora"])
+    assert adapters and any(not a.sharding.is_fully_replicated for a in adapters)
+    losses = [[r["loss"] for r in read_metrics(wd) if "loss" in r]
+              for wd in (lora_runs["clf"].workdir, tmp_path / "mesh")]
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
