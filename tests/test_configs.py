@@ -1,6 +1,9 @@
 """Every runnable config builds and validates (before any data or compilation)."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -235,10 +238,6 @@ def test_num_classes_is_derived_from_the_label_names_when_unset():
 def test_train_py_print_config_lists_the_keys_and_trains_nothing(tmp_path):
     """``train.py --config X --print_config`` (no --workdir) prints a line per key, overrides
     applied, and exits 0; ``--help`` names the option; without --workdir training is refused."""
-    import os
-    import subprocess
-    import sys
-
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     run = lambda *args: subprocess.run([sys.executable, str(ROOT / "train.py"), *args], env=env,
                                        capture_output=True, text=True, cwd=tmp_path, timeout=120)
