@@ -219,6 +219,7 @@ def hf_dirs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # HF PyTorch interop
 @pytest.mark.parametrize("name,scan", [("mlm", False), ("mlm", True), ("model_groups", False)])
 def test_import_matches_pytorch(hf_dirs, name, scan):
     cls, path = hf_dirs[name]
@@ -230,6 +231,7 @@ def test_import_matches_pytorch(hf_dirs, name, scan):
     assert err <= RTOL
 
 
+@pytest.mark.slow  # HF PyTorch interop
 @pytest.mark.parametrize("name", ["mlm", "model_groups"])
 def test_export_round_trips_through_from_pretrained(hf_dirs, name, tmp_path):
     """import → export: the same tensors, and from_pretrained gives the same outputs."""
@@ -247,6 +249,7 @@ def test_export_round_trips_through_from_pretrained(hf_dirs, name, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, again, params)
 
 
+@pytest.mark.slow  # HF PyTorch interop
 def test_export_of_a_jaxformer_model_with_sop_and_untied_decoder(tmp_path):
     """Our own ALBERT (scanned, sentence-order head, untied E-wide decoder) → AlbertForPreTraining
     with logits equal to ours."""
