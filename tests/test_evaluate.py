@@ -4,7 +4,6 @@ in-training decoding scores (``eval.generate_examples``) driving ``checkpoint.be
 
 from __future__ import annotations
 
-import inspect
 import json
 import random
 import subprocess
@@ -181,8 +180,6 @@ def test_the_command_writes_json_and_a_finished_run_points_to_it(classifier, cap
 
 
 @pytest.mark.slow
-@pytest.mark.skipif("best" not in inspect.signature(resolve_checkpoint).parameters,
-                    reason="resolve_checkpoint(best=...) comes with wt-predict's change")
 def test_best_scores_the_checkpoint_kept_for_best_metric(classifier):
     workdir = classifier[0]
     ckpt_dir, best = resolve_checkpoint(workdir, best=True)
