@@ -70,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _answer(args: argparse.Namespace) -> None:
-    run_config = open_run(args.workdir, step=args.step, best=args.best).run_config
+    # the run's config only; load_for_inference below verifies the checkpoint's files (once)
+    run_config = open_run(args.workdir, step=args.step, best=args.best, verify=False).run_config
     model_cfg, params, tokenizer = load_for_inference(args.workdir, step=args.step, best=args.best)
     if model_cfg.head != "span" or tokenizer is None:
         raise ValueError(f"{args.workdir} is no extractive-QA run with a tokenizer (model.head="
