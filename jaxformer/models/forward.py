@@ -160,21 +160,25 @@ def head(parts: Parts, x, segment_ids):
     return x
 
 
-def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, token_types=None):
+def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, token_types=None,
+                 return_hidden: bool = False):
     """BERT (Devlin et al. 2019): tokens `[B, L]` → MLM logits `[B, L, V]` (plus NSP `[B, 2]`), class
     logits `[B, C]`, token logits `[B, L, C]`, span logits `[B, 2, L]` or hidden states `[B, L, D]`,
-    by ``cfg.head``."""
+    by ``cfg.head``. ``return_hidden``: (that output, the last hidden states `[B, L, D]` the head
+    reads), e.g. for distillation's cosine loss (`jaxformer.train.distill`)."""
     cfg = parts.cfg
     check_tokens(cfg, tokens, default_positions=positions is None)
     positions = default_positions(tokens, positions)
     x = embed(parts, "embed", tokens, positions, token_types)
     x = stack_pass(parts, "encoder", x, positions, segment_ids, causal=False)
-    return head(parts, x, segment_ids)
+    return (head(parts, x, segment_ids), x) if return_hidden else head(parts, x, segment_ids)
 
 
-def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, decode: bool = False):
+def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, decode: bool = False,
+                 return_hidden: bool = False):
     """GPT (Radford et al. 2019): tokens `[B, L]` → logits `[B, L, V]` (or the head's output).
-    With ``decode`` the call appends ``L`` tokens at the cache's current index."""
+    With ``decode`` the call appends ``L`` tokens at the cache's current index; ``return_hidden``:
+    (that output, the last hidden states `[B, L, D]`), as `encoder_only`."""
     cfg = parts.cfg
     check_tokens(cfg, tokens, default_positions=positions is None and not decode)
     cache_index, kv_positions = None, None
@@ -184,7 +188,7 @@ def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, deco
     x = embed(parts, "embed", tokens, positions)
     x = stack_pass(parts, "decoder", x, positions, segment_ids, causal=True, decode=decode,
                    cache_index=cache_index, kv_positions=kv_positions)
-    return head(parts, x, segment_ids)
+    return (head(parts, x, segment_ids), x) if return_hidden else head(parts, x, segment_ids)
 
 
 def encoder_decoder(parts: Parts, inputs=None, targets_in=None, *, encoder_out=None,

@@ -73,11 +73,13 @@ class EncoderOnly(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, *, positions=None, segment_ids=None, token_types=None,
-                 deterministic: bool = True):
+                 deterministic: bool = True, return_hidden: bool = False):
         """tokens `[B, L]` → MLM logits `[B, L, V]` (plus NSP `[B, 2]`), class logits `[B, C]`,
-        token logits `[B, L, C]` or hidden states `[B, L, D]`, by ``cfg.head``."""
+        token logits `[B, L, C]` or hidden states `[B, L, D]`, by ``cfg.head``; ``return_hidden``:
+        (that output, the last hidden states `[B, L, D]`)."""
         return forward.encoder_only(_LinenParts(self, deterministic), tokens, positions=positions,
-                                    segment_ids=segment_ids, token_types=token_types)
+                                    segment_ids=segment_ids, token_types=token_types,
+                                    return_hidden=return_hidden)
 
 
 class DecoderOnly(nn.Module):
@@ -87,14 +89,16 @@ class DecoderOnly(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, *, positions=None, segment_ids=None, deterministic: bool = True,
-                 decode: bool = False):
+                 decode: bool = False, return_hidden: bool = False):
         """tokens `[B, L]` → logits `[B, L, V]` (or `[B, C]` with the classify head).
 
         In decode mode the call appends ``L`` tokens at the cache's current index (``L`` may be a
         whole left-padded prompt with ``segment_ids`` 0 on the padding, then 1 per step).
+        ``return_hidden``: (that output, the last hidden states `[B, L, D]`).
         """
         return forward.decoder_only(_LinenParts(self, deterministic), tokens, positions=positions,
-                                    segment_ids=segment_ids, decode=decode)
+                                    segment_ids=segment_ids, decode=decode,
+                                    return_hidden=return_hidden)
 
 
 class EncoderDecoder(nn.Module):

@@ -114,11 +114,14 @@ class EncoderOnly(_Model):
     family = "encoder"
 
     def __call__(self, tokens, *, positions=None, segment_ids=None, token_types=None,
-                 deterministic: bool | None = None, rngs: RngsArg = None):
+                 deterministic: bool | None = None, rngs: RngsArg = None,
+                 return_hidden: bool = False):
         """tokens `[B, L]` → MLM logits `[B, L, V]` (plus NSP `[B, 2]`), class logits `[B, C]`,
-        token logits `[B, L, C]` or hidden states `[B, L, D]`, by ``cfg.head``."""
+        token logits `[B, L, C]` or hidden states `[B, L, D]`, by ``cfg.head``; ``return_hidden``:
+        (that output, the last hidden states `[B, L, D]`)."""
         return forward.encoder_only(self._parts(deterministic, rngs), tokens, positions=positions,
-                                    segment_ids=segment_ids, token_types=token_types)
+                                    segment_ids=segment_ids, token_types=token_types,
+                                    return_hidden=return_hidden)
 
 
 class DecoderOnly(_Model):
@@ -127,9 +130,10 @@ class DecoderOnly(_Model):
     family = "decoder"
 
     def __call__(self, tokens, *, positions=None, segment_ids=None,
-                 deterministic: bool | None = None, rngs: RngsArg = None):
+                 deterministic: bool | None = None, rngs: RngsArg = None,
+                 return_hidden: bool = False):
         return forward.decoder_only(self._parts(deterministic, rngs), tokens, positions=positions,
-                                    segment_ids=segment_ids)
+                                    segment_ids=segment_ids, return_hidden=return_hidden)
 
 
 class EncoderDecoder(_Model):

@@ -82,3 +82,31 @@ def _weights(weights: Array | None, labels: Array, dtype) -> Array:
                          f"{tuple(labels.shape)} (a broadcast weight would be summed fewer times "
                          "than the losses)")
     return weights.astype(dtype)
+
+
+def soft_target_kl(student_logits: Array, teacher_logits: Array, temperature: float) -> Array:
+    """Per-position KL(softmax(teacher/T) ‖ softmax(student/T)) (Hinton et al. 2015, §2; DistilBERT's
+    L_ce, Sanh et al. 2019, §3), not yet multiplied by T².
+
+    Args:
+      student_logits, teacher_logits: `[..., classes]` (computed in float32, or float64 for float64).
+      temperature: T > 0.
+
+    Returns:
+      `[...]` Σ_j p_j (log p_j − log q_j), p the teacher's and q the student's softened
+      distributions; exactly 0 where the two logits are equal.
+    """
+    dtype = jnp.promote_types(student_logits.dtype, jnp.float32)
+    log_q = jax.nn.log_softmax(student_logits.astype(dtype) / temperature, axis=-1)
+    log_p = jax.nn.log_softmax(teacher_logits.astype(dtype) / temperature, axis=-1)
+    p = jnp.exp(log_p)
+    return jnp.sum(jnp.where(p > 0, p * (log_p - log_q), 0.0), axis=-1)
+
+
+def cosine_distance(a: Array, b: Array, eps: float = 1e-8) -> Array:
+    """Per-position 1 − cos(a, b) over the last axis, `[..., D]` → `[...]` (DistilBERT's L_cos,
+    PyTorch's ``CosineEmbeddingLoss`` with target 1: the norms' product clipped at ``eps``)."""
+    dtype = jnp.promote_types(a.dtype, jnp.float32)
+    a, b = a.astype(dtype), b.astype(dtype)
+    norms = jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1)
+    return 1.0 - jnp.sum(a * b, axis=-1) / jnp.maximum(norms, eps)

@@ -38,12 +38,14 @@ from jaxformer.data.pipeline import check_data_config, default_data_config
 from jaxformer.data.sources import list_option
 from jaxformer.evaluation.decoding import check_generation
 from jaxformer.objectives import OPTION_DEFAULTS, check_objective, get_objective
+from jaxformer.train.distill_config import check_distill, default_distill_config
 from jaxformer.train.nonfinite import POLICIES
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 
 TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "init_from_step", "init_from_best", "model",
                   "objective", "data", "optimizer", "checkpoint", "eval", "mesh", "parallel",
-                  "module_api", "log_every_steps", "progress_bar", "name", "nonfinite", "nonfinite_limit")
+                  "module_api", "log_every_steps", "progress_bar", "name", "nonfinite", "nonfinite_limit",
+                  "distill")
 PARALLEL_MODES = ("jit", "shard_map", "pmap")  # see jaxformer.parallel: which to use and why
 MODULE_APIS = ("linen", "nnx")
 
@@ -136,6 +138,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.nonfinite = "stop"
     c.nonfinite_limit = 10
     c.progress_bar = True
+    c.distill = default_distill_config()  # knowledge distillation (jaxformer.train.distill)
     return c
 
 
@@ -294,6 +297,7 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
     if config.eval.every_steps <= 0 or config.eval.num_batches < 0:
         raise ValueError("eval.every_steps must be positive and eval.num_batches >= 0")
     check_objective(config.objective)
+    check_distill(config)
     check_generation(config, model_cfg)
     optimizer = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
     if config.optimizer.get("lora", {}).get("rank") and (not config.init_from

@@ -24,6 +24,7 @@ from jaxformer.data.sources import SOURCE_KEY_DOCS
 from jaxformer.data.tokenizer import TOKENIZER_KEY_DOCS
 from jaxformer.objectives import OPTION_DOCS
 from jaxformer.train.config import KEY_DOCS, base_config
+from jaxformer.train.distill_config import DISTILL_KEY_DOCS
 from jaxformer.train.optim import OPTIMIZER_KEY_DOCS
 
 
@@ -36,7 +37,7 @@ def key_docs() -> dict[str, str]:
     return {**KEY_DOCS, **under("model", model), **under("objective", OPTION_DOCS),
             **under("data", {**SOURCE_KEY_DOCS, **DATA_KEY_DOCS}),
             **under("data.tokenizer", TOKENIZER_KEY_DOCS),
-            **under("optimizer", OPTIMIZER_KEY_DOCS)}
+            **under("optimizer", OPTIMIZER_KEY_DOCS), **under("distill", DISTILL_KEY_DOCS)}
 
 
 def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:

@@ -32,7 +32,7 @@ from jaxformer.parallel import pmap, shard_map
 from jaxformer.parallel.mesh import describe
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
-from jaxformer.train import lora
+from jaxformer.train import distill, lora
 from jaxformer.train.checkpoint import Checkpointer, PreemptionWatch, save_run_config
 from jaxformer.train.lock import WorkdirLock
 from jaxformer.train.lora_run import init_lora_state, load_base
@@ -79,7 +79,7 @@ class Trainer:
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike):
-        resolved = resolve_config(config)
+        resolved = resolve_config(distill.with_teacher_tokenizer(config))
         self.config = config = resolved.config  # the resolved copy: what config.json records
         self.model_cfg, self.tx, self.schedule = resolved.model_cfg, resolved.tx, resolved.schedule
         self.workdir = workdir = Path(workdir)
@@ -88,6 +88,7 @@ class Trainer:
         built = build(resolved)
         self.model, self.mesh, self.shardings = built.model, built.mesh, built.shardings
         self.param_shardings, self.base = built.param_shardings, None  # base: LoRA's frozen params
+        self.teacher = distill.open_teacher(resolved)  # distill.teacher, checked; params read below
         self.lock = WorkdirLock(workdir).acquire()  # creates the workdir; a second run stops here
         try:
             self.ckpt = Checkpointer(workdir, keep=config.checkpoint.keep,
@@ -105,7 +106,12 @@ class Trainer:
             self.make_ds, self.train_iter = open_data(config, self.tokenizer)
             if lora.is_lora(config):
                 self.base = load_base(resolved, built)
-            if resume is None and self.base is not None:
+            if self.teacher is not None:  # read once, on the student's mesh; never checkpointed
+                self.teacher = distill.load_teacher(self.teacher, self.mesh, config.seed)
+            if resume is None and self.teacher is not None and self.teacher.settings.init_student:
+                self.state, self.start_step = distill.init_student_state(resolved, built,
+                                                                         self.teacher), 0
+            elif resume is None and self.base is not None:
                 self.state, self.start_step = init_lora_state(resolved, built, self.base), 0
             elif resume is None:
                 self.state, self.start_step = init_state(resolved, built), 0
@@ -143,7 +149,14 @@ class Trainer:
                                              "shard_map": shard_map.AXIS}.get(c.parallel),
                                   skip_nonfinite=c.nonfinite == "skip",
                                   lora_scale=(lora.lora_scale(c.optimizer.lora) if self.base
-                                              is not None else None))
+                                              is not None else None),
+                                  distill=None if self.teacher is None else self.teacher.loss(
+                                      self.model_cfg))
+        if self.teacher is not None:  # parallel="jit", no LoRA (checked with the config)
+            step = sharded_jit(step_fn, self.mesh,
+                               in_shardings=(self.shardings, None, None, self.teacher.shardings),
+                               out_shardings=(self.shardings, None), donate_argnums=(0,))
+            return lambda state, batch: step(state, batch, None, self.teacher.params)
         if self.base is not None:  # parallel="jit" (checked with the config)
             step = sharded_jit(step_fn, self.mesh,
                                in_shardings=(self.shardings, None, self.param_shardings),

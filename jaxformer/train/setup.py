@@ -107,20 +107,24 @@ class ResolvedConfig:
     schedule: optax.Schedule
 
 
-def open_pretrained(config: ml_collections.ConfigDict) -> Pretrained | None:
-    """Read ``init_from``'s model fields and tokenizer (not its parameters), or None."""
-    path, step, best = config.init_from, config.get("init_from_step"), config.get("init_from_best")
+def open_pretrained(config: ml_collections.ConfigDict, key: str = "init_from"
+                    ) -> Pretrained | None:
+    """Read ``init_from``'s (or the run or HF dir of the config key ``key``, with ``<key>_step``
+    and ``<key>_best``) model fields and tokenizer (not its parameters), or None."""
+    section, leaf = (config[key.rsplit(".", 1)[0]], key.rsplit(".", 1)[1]) if "." in key else (
+        config, key)
+    path, step, best = section[leaf], section.get(f"{leaf}_step"), section.get(f"{leaf}_best")
     if not path:
         if step or best:
-            raise ValueError(f"init_from_step={step!r} / init_from_best={best!r} choose a step of "
-                             "init_from, which is unset")
+            raise ValueError(f"{key}_step={step!r} / {key}_best={best!r} choose a step of "
+                             f"{key}, which is unset")
         return None
     if not Path(path).exists():
-        raise FileNotFoundError(f"init_from={path!r} does not exist")
+        raise FileNotFoundError(f"{key}={path!r} does not exist")
     if is_hf_directory(path):
         if step or best:
-            raise ValueError(f"init_from={path!r} is a Hugging Face model, which has no steps; "
-                             "unset init_from_step and init_from_best")
+            raise ValueError(f"{key}={path!r} is a Hugging Face model, which has no steps; "
+                             f"unset {key}_step and {key}_best")
         model = hf_model_config(path, head=config.model.get("head"),
                                 num_classes=config.model.get("num_classes"))
         return Pretrained(path, model, find_sentencepiece(path), None)

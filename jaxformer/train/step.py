@@ -68,8 +68,8 @@ def _objective_loss(sums: dict) -> jax.Array:
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare: Callable,
                     schedule: Callable, *, label_smoothing: float = 0.0, z_loss: float = 0.0,
                     grad_accum_steps: int = 1, axis_name: str | None = None,
-                    skip_nonfinite: bool = False, lora_scale: float | None = None
-                    ) -> Callable[..., tuple[TrainState, dict]]:
+                    skip_nonfinite: bool = False, lora_scale: float | None = None,
+                    distill: Callable | None = None) -> Callable[..., tuple[TrainState, dict]]:
     """``train_step(state, batch) -> (state, metrics)``, to be wrapped in `jax.jit`.
 
     LoRA (``lora_scale`` = alpha / rank): ``train_step(state, batch, base)``: ``state.params`` are
@@ -90,14 +90,23 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
     ``skip_nonfinite`` (``nonfinite="skip"``): when the loss or the gradient norm is not finite the
     step keeps the old params and optimizer state (`jnp.where`; the step counter still advances) and
     reports ``skipped`` = 1.
+
+    ``distill`` (`jaxformer.train.distill.DistillLoss`): ``train_step(state, batch, None,
+    teacher)``; the hook computes the sums from the student and the frozen ``teacher`` parameters
+    (no gradient reaches them) and its ``distill_*`` sums are logged per weight.
     """
 
-    def micro_grads(params, batch, key, base):
+    def micro_grads(params, batch, key, base, teacher=None):
         obj_key, drop_key = jax.random.split(key)
         prepared = prepare(batch, obj_key)
 
         def f(p):
             full = p if base is None else lora.model_params(base, p, lora_scale)
+            if distill is not None:  # knowledge distillation: the hook adds the teacher's terms
+                sums = distill(model, full, teacher, prepared, dropout_rng=drop_key,
+                               hard_sums=lambda lg, nsp, pr: _sums(lg, nsp, pr, label_smoothing,
+                                                                   z_loss))
+                return sums["loss"] + sums.get("nsp_loss", 0.0), sums
             sums = loss_and_metrics(model, full, prepared, deterministic=False, dropout_rng=drop_key,
                                     label_smoothing=label_smoothing, z_loss=z_loss)
             # Sum-of-losses gradient; normalised once all micro-batches are in.
@@ -106,7 +115,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
 
         return jax.grad(f, has_aux=True)(params)
 
-    def train_step(state: TrainState, batch: dict, base=None) -> tuple[TrainState, dict]:
+    def train_step(state: TrainState, batch: dict, base=None, teacher=None
+                   ) -> tuple[TrainState, dict]:
         key, params = state.step_key(), state.params
         if axis_name is not None:
             key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
@@ -115,7 +125,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
             # already. A no-op under pmap, whose state is stacked per device.
             params = jax.lax.pcast(params, axis_name, to="varying")
         if grad_accum_steps == 1:
-            grads, sums = micro_grads(params, batch, key, base)
+            grads, sums = micro_grads(params, batch, key, base, teacher)
         else:
             # Micro-batch i takes rows i, i+A, i+2A, …: each device splits its own (contiguous)
             # rows of a batch-sharded array, so no row moves between devices.
@@ -126,11 +136,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
 
             def body(acc, xs):
                 i, mb = xs
-                g, s = micro_grads(params, mb, jax.random.fold_in(key, i), base)
+                g, s = micro_grads(params, mb, jax.random.fold_in(key, i), base, teacher)
                 return jax.tree.map(jnp.add, acc, (g, s)), None
 
             zeros = jax.eval_shape(micro_grads, params,
-                                   jax.tree.map(lambda x: x[0], micro), key, base)
+                                   jax.tree.map(lambda x: x[0], micro), key, base, teacher)
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
             if axis_name is not None:  # the carry holds per-device sums
                 zeros = jax.lax.pcast(zeros, axis_name, to="varying")
@@ -147,6 +157,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
             "tokens": sums["weight"],
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state.step),
+            **{k: v / denom for k, v in sums.items() if k.startswith("distill_")},
         }
         if skip_nonfinite:
             finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
