@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -30,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import logging
 
 from jaxformer.config import ModelConfig, architecture_fields
 from jaxformer.convert.hf import load_hf
@@ -50,11 +52,16 @@ STACKS = {"encoder": "encoder", "decoder": "decoder"}  # family → the stack's 
 def with_teacher_tokenizer(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """``config``, or a copy whose ``data.tokenizer.path`` is the teacher's tokenizer when it
     distils, names no tokenizer and has no ``init_from`` (whose tokenizer is used then): the student
-    must read the token ids the teacher was trained on."""
-    if settings(config) is None or config.data.tokenizer.get("path") or config.init_from:
+    must read the token ids the teacher was trained on (a given tokenizer that differs from the
+    teacher's is warned about)."""
+    if settings(config) is None:
         return config
-    teacher = open_pretrained(config, TEACHER_KEY)
-    if not teacher.tokenizer:
+    teacher, given = open_pretrained(config, TEACHER_KEY), config.data.tokenizer.get("path")
+    if given and teacher.tokenizer and Path(given).read_bytes() != Path(
+            teacher.tokenizer).read_bytes():
+        logging.warning("data.tokenizer.path=%s is not the teacher's tokenizer %s: the student's "
+                        "token ids must mean what the teacher's do", given, teacher.tokenizer)
+    if given or config.init_from or not teacher.tokenizer:
         return config
     derived = copy.deepcopy(config)
     with derived.unlocked():
@@ -209,10 +216,11 @@ def load_teacher(teacher: Teacher, mesh, seed: int) -> Teacher:
                          num_classes=cfg.num_classes, seed=seed)[1]
     else:
         params = load_run_params(source.run)
-    shardings = param_shardings(abstract_params(teacher.model, cfg), mesh)
-    abstract = nn.unbox(abstract_params(teacher.model, cfg))
-    params = jax.tree.map(lambda a, like: np.asarray(a, like.dtype), dict(params), abstract)
-    placed = jax.device_put(params, shardings)
+    boxed = abstract_params(teacher.model, cfg)
+    params, missing = merge_backbone(nn.unbox(boxed), params)  # the model's tree, dtypes, shapes
+    if missing:
+        raise ValueError(f"distill.teacher={source.path} lacks its head's parameters {missing}")
+    placed = jax.device_put(params, shardings := param_shardings(boxed, mesh))
     print(f"Distilling from {source.run.step_dir if source.run else source.path} "
           f"({cfg.num_layers} layers; T={teacher.settings.temperature}, α={teacher.settings.alpha}, "
           f"β={teacher.settings.beta}, γ={teacher.settings.gamma})")
