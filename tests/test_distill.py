@@ -19,7 +19,7 @@ from jaxformer.models.presets import preset
 from jaxformer.train.checkpoint import load_checkpoint_params
 from jaxformer.train.config import load_config, validate_config
 from jaxformer.train.distill import DistillLoss, check_student, select_layers
-from jaxformer.train.distill_config import DistillSettings
+from jaxformer.train.distill_config import DistillSettings, settings
 from jaxformer.train.loop import Trainer
 from jaxformer.train.metrics import read_metrics
 from jaxformer.train.setup import merge_backbone
@@ -183,12 +183,15 @@ def test_config_refuses_what_distillation_cannot_run(overrides, message):
         validate_config(config)
 
 
-def test_distill_keys_need_a_teacher():
-    config = load_config(ROOT / "configs" / "gpt_pretrain_tiny.py", {"distill.alpha": 1.0})
-    with pytest.raises(ValueError, match=r"distill\.alpha=1\.0 is set but distill\.teacher"):
-        validate_config(config)
-    validate_config(load_config(ROOT / "configs" / "bert_distill_tiny.py",
-                                {"distill.teacher": "/some/run"}))
+def test_without_a_teacher_the_other_keys_are_ignored():
+    """A distillation config run with ``distill.teacher=''`` (the no-teacher baseline) trains
+    without distillation, even with settings distillation refuses (parallel='pmap')."""
+    config = load_config(ROOT / "configs" / "bert_distill_tiny.py",
+                         {"distill.teacher": "", "parallel": "pmap"})
+    validate_config(config)
+    assert settings(config) is None
+    assert settings(load_config(ROOT / "configs" / "bert_distill_tiny.py")) == DistillSettings(
+        "runs/bert_pretrain", None, False, 2.0, 5.0, 2.0, 1.0, True)
 
 
 # --------------------------------------------------------------------------------------------------
