@@ -16,13 +16,14 @@ from jaxformer.config import ModelConfig
 from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
+from jaxformer.nnx import FunctionalModel
 from jaxformer.train.checkpoint import load_checkpoint_params
 from jaxformer.train.config import load_config, validate_config
 from jaxformer.train.distill import DistillLoss, check_student, select_layers
 from jaxformer.train.distill_config import DistillSettings, settings
 from jaxformer.train.loop import Trainer
 from jaxformer.train.metrics import read_metrics
-from jaxformer.train.setup import merge_backbone
+from jaxformer.train.setup import merge_backbone, open_pretrained
 from jaxformer.train.state import init_model_params
 from jaxformer.train.step import _sums
 
@@ -72,6 +73,17 @@ def test_kl_is_zero_when_the_student_is_the_teacher(name, fields):
     other = init_model_params(model, cfg, jax.random.key(1))  # a different teacher: KL > 0
     assert float(loss(model, params, other, _batch(cfg), dropout_rng=None,
                       hard_sums=_hard)["distill_kl"]) > 1e-5
+
+
+def test_an_nnx_student_is_distilled_the_same():
+    """``module_api='nnx'``: the NNX model applies ``return_hidden`` as the Linen one does, so an NNX
+    student with the teacher's parameters matches the (Linen) teacher."""
+    cfg = _cfg("gpt_mini", 2)
+    teacher = build_model(cfg)
+    params = init_model_params(teacher, cfg, jax.random.key(0))
+    sums = DistillLoss(teacher, _settings(), None)(FunctionalModel(cfg), params, params,
+                                                   _batch(cfg), dropout_rng=None, hard_sums=_hard)
+    assert abs(float(sums["distill_kl"])) < 1e-5 and abs(float(sums["distill_cos"])) < 1e-5
 
 
 def _log_softmax(z):
@@ -257,12 +269,21 @@ def test_init_student_starts_from_teacher_layers_0_and_2(teacher_run, tmp_path):
                         jax.tree.leaves(teacher["decoder"][f"layer_{j}"]), strict=True):
             np.testing.assert_array_equal(a, b)
     assert dataclasses.asdict(trainer.teacher.settings)["init_student"] is True
+    # distill.teacher_step picks a step as init_from_step does; a Hugging Face dir has none
+    config = _config(2, 1, **{"distill.teacher": str(teacher_run), "distill.teacher_step": 40})
+    assert open_pretrained(config, "distill.teacher").run.step_dir.name == str(TEACHER_STEPS)
+    config = _config(2, 1, **{"distill.teacher": str(teacher_run), "distill.teacher_step": 7})
+    with pytest.raises(FileNotFoundError, match="40"):
+        open_pretrained(config, "distill.teacher")
     # the same teacher exported to a Hugging Face directory: imported as init_from imports it
     hf_dir = tmp_path / "teacher_hf"
     assert convert_main(["--from", str(teacher_run), "--to-hf", str(hf_dir)]) == 0
     from_hf = Trainer(_config(2, 1, **{"distill.teacher": str(hf_dir),
                                        "distill.init_student": True}), tmp_path / "init_hf")
     from_hf.lock.release()
+    config = _config(2, 1, **{"distill.teacher": str(hf_dir), "distill.teacher_best": True})
+    with pytest.raises(ValueError, match="unset distill.teacher_step and distill.teacher_best"):
+        open_pretrained(config, "distill.teacher")
     for a, b in zip(jax.tree.leaves(jax.device_get(from_hf.state.params)), jax.tree.leaves(student),
                     strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
