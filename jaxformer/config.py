@@ -114,6 +114,9 @@ class ModelConfig:
     share_layers: bool = _field(
         ARCHITECTURE, False, "encoder: ALBERT's cross-layer sharing: one block's parameters applied "
         "num_layers times (Lan et al. 2019 §3.1)")
+    permutation_lm: bool = _field(
+        ARCHITECTURE, False, "decoder: add XLNet's query-stream jump_embed table for objective 'plm' "
+        "(permutation LM, Yang et al. 2019); the content stream is the plain GPT")
     # head: the output head (a new one starts fresh when fine-tuning)
     lm_head_bias: bool = _field(HEAD, False, "a bias on the LM / MLM output projection")
     head: str = _field(
@@ -219,6 +222,12 @@ class ModelConfig:
         if self.nsp_head and not (self.family == "encoder" and self.head == "mlm"):
             bad("nsp_head", True, "next-sentence prediction needs family='encoder', head='mlm'")
         self._validate_albert(bad)
+        if self.permutation_lm and (self.family != "decoder" or self.head != "lm"):
+            bad("permutation_lm", True, "XLNet's two-stream attention runs on family='decoder' with "
+                f"head='lm', not family={self.family!r}, head={self.head!r}")
+        if self.permutation_lm and self.position == "relative":
+            bad("permutation_lm", True, "the query stream's relative bias is not implemented; use "
+                "position='learned', 'rope', 'sinusoidal' or 'none'")
 
     def _validate_albert(self, bad) -> None:
         """ALBERT's options (factorised embedding, shared layers) exist on the encoder family."""

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxformer.config import ModelConfig
+from jaxformer.ops import permutation
 from jaxformer.ops.dropout import token_dropout
 from jaxformer.ops.embedding import check_token_ids
 from jaxformer.ops.heads import classify, lm_logits, mlm_logits, pooled, span_logits
@@ -172,10 +173,18 @@ def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, toke
     return head(parts, x, segment_ids)
 
 
-def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, decode: bool = False):
+def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, decode: bool = False,
+                 factorization_rank=None):
     """GPT (Radford et al. 2019): tokens `[B, L]` → logits `[B, L, V]` (or the head's output).
-    With ``decode`` the call appends ``L`` tokens at the cache's current index."""
+    With ``decode`` the call appends ``L`` tokens at the cache's current index. With
+    ``factorization_rank`` `[B, L]` (``cfg.permutation_lm``): `permutation_lm`'s query-stream logits.
+    """
     cfg = parts.cfg
+    if cfg.permutation_lm:
+        parts.params("jump_embed")  # declared whichever stream runs (the Linen parts are lazy)
+    if factorization_rank is not None:
+        return permutation_lm(parts, tokens, factorization_rank, positions=positions,
+                              segment_ids=segment_ids)
     check_tokens(cfg, tokens, default_positions=positions is None and not decode)
     cache_index, kv_positions = None, None
     if decode:
@@ -185,6 +194,36 @@ def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, deco
     x = stack_pass(parts, "decoder", x, positions, segment_ids, causal=True, decode=decode,
                    cache_index=cache_index, kv_positions=kv_positions)
     return head(parts, x, segment_ids)
+
+
+def permutation_lm(parts: Parts, tokens, rank, *, positions=None, segment_ids=None):
+    """XLNet's two-stream permutation LM (Yang et al. 2019 §2.3) through the decoder's own blocks:
+    tokens `[B, L]` and the factorisation order ``rank`` `[B, L]` (`jaxformer.ops.permutation`) →
+    the query stream's logits `[B, L, V]`, row ``i`` predicting ``tokens[i]`` from its predecessors
+    in the order. The content stream is the GPT under the content mask; the query stream starts
+    from `jaxformer.ops.permutation.query_stream_input` (the ``jump_embed`` table).
+    """
+    cfg = parts.cfg
+    if not cfg.permutation_lm:
+        raise ValueError("a factorization_rank (objective 'plm') needs model.permutation_lm=True "
+                         "(it adds the query stream's jump_embed table)")
+    check_tokens(cfg, tokens, default_positions=positions is None)
+    positions = default_positions(tokens, positions)
+    segment_ids = jnp.ones_like(tokens) if segment_ids is None else segment_ids
+    x = embed(parts, "embed", tokens, positions)
+    pred = permutation.predecessor_index(rank, segment_ids)
+    g, query_positions = permutation.query_stream_input(
+        x, positions, pred, parts.params("jump_embed")["embedding"])
+    two_stream = {"content_mask": permutation.content_stream_mask(rank, segment_ids),
+                  "query_mask": permutation.query_stream_mask(rank, segment_ids),
+                  "query_positions": query_positions}
+    _, g = parts.stack("decoder", (x, g), num_layers=cfg.num_layers, causal=False,
+                       cross_attention=False, decode=False, cache_index=None, positions=positions,
+                       segment_ids=segment_ids, bias=None, encoder_out=None,
+                       encoder_segment_ids=None, two_stream=two_stream)
+    if cfg.norm_position == "pre":
+        g = normalize(cfg.norm, g, parts.params("decoder_norm"), eps=cfg.norm_eps)
+    return head(parts, g, segment_ids)
 
 
 def encoder_decoder(parts: Parts, inputs=None, targets_in=None, *, encoder_out=None,

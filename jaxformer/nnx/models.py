@@ -127,9 +127,9 @@ class DecoderOnly(_Model):
     family = "decoder"
 
     def __call__(self, tokens, *, positions=None, segment_ids=None,
-                 deterministic: bool | None = None, rngs: RngsArg = None):
+                 deterministic: bool | None = None, rngs: RngsArg = None, factorization_rank=None):
         return forward.decoder_only(self._parts(deterministic, rngs), tokens, positions=positions,
-                                    segment_ids=segment_ids)
+                                    segment_ids=segment_ids, factorization_rank=factorization_rank)
 
 
 class EncoderDecoder(_Model):

@@ -26,6 +26,7 @@ from jaxformer.objectives.causal import prepare_clm, prepare_sft
 from jaxformer.objectives.classify import prepare_classify
 from jaxformer.objectives.denoise import DENOISE_OPTION_DOCS, DENOISE_OPTIONS, denoise
 from jaxformer.objectives.mlm import MLM_OPTION_DOCS, MLM_OPTIONS, prepare_mlm
+from jaxformer.objectives.permutation import PLM_OPTION_DOCS, PLM_OPTIONS, prepare_plm
 from jaxformer.objectives.qa import QA_OPTION_DOCS, QA_OPTIONS, prepare_qa
 from jaxformer.objectives.seq2seq import prepare_seq2seq
 from jaxformer.objectives.span_corruption import (
@@ -203,3 +204,5 @@ register_objective(Objective("classify", prepare_classify, data_task="classify",
 register_objective(Objective("sft", prepare_sft, data_task="sft"))
 register_objective(Objective("qa", prepare_qa, data_task="qa", framing="cls_sep",
                              options=QA_OPTIONS, option_docs=QA_OPTION_DOCS))
+register_objective(Objective("plm", prepare_plm, data_task="lm", framing="eos",
+                             options=PLM_OPTIONS, option_docs=PLM_OPTION_DOCS))
