@@ -120,13 +120,16 @@ def query_stream_input(content_input: Array, positions: Array, predecessor: Arra
 
     ``g⁰[i] = content_input[z_{t-1}] + jump(positions[i] − positions[z_{t-1}])`` for ``i = z_t``; the
     query stream attends from the predecessor's position (its RoPE rotation), so under the identity
-    order ``g⁰[i] = content_input[i − 1]`` exactly.
+    order ``g⁰[i] = content_input[i − 1]`` exactly. The first element of an order has no predecessor:
+    its ``g⁰`` is ``jump(0)`` alone (it is never a target, and no query sees its own token).
 
     Args:
       content_input: `[B, L, D]` the content stream's input embeddings.
       positions: `[B, L]` int32. predecessor: `[B, L]` (`predecessor_index`).
       jump_table: `[2·max_len − 1, D]` (see `jump_embedding`).
     """
+    own = predecessor == jnp.arange(predecessor.shape[1])[None]  # first of an order: no content
     prev = jnp.take_along_axis(content_input, predecessor[..., None], axis=1)
+    prev = jnp.where(own[..., None], jnp.zeros((), prev.dtype), prev)
     jump = jump_embedding(jump_table, jump_offsets(positions, predecessor)).astype(prev.dtype)
     return prev + jump, jnp.take_along_axis(positions, predecessor, axis=1)
