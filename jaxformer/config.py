@@ -116,7 +116,7 @@ class ModelConfig:
         "num_layers times (Lan et al. 2019 §3.1)")
     permutation_lm: bool = _field(
         ARCHITECTURE, False, "decoder: add XLNet's query-stream jump_embed table for objective 'plm' "
-        "(permutation LM, Yang et al. 2019); the content stream is the plain GPT")
+        "(permutation LM, Yang et al. 2019); without an order the model is the plain GPT")
     # head: the output head (a new one starts fresh when fine-tuning)
     lm_head_bias: bool = _field(HEAD, False, "a bias on the LM / MLM output projection")
     head: str = _field(
@@ -222,9 +222,9 @@ class ModelConfig:
         if self.nsp_head and not (self.family == "encoder" and self.head == "mlm"):
             bad("nsp_head", True, "next-sentence prediction needs family='encoder', head='mlm'")
         self._validate_albert(bad)
-        if self.permutation_lm and (self.family != "decoder" or self.head != "lm"):
-            bad("permutation_lm", True, "XLNet's two-stream attention runs on family='decoder' with "
-                f"head='lm', not family={self.family!r}, head={self.head!r}")
+        if self.permutation_lm and self.family != "decoder":
+            bad("permutation_lm", True, "XLNet's two-stream attention runs on family='decoder', "
+                f"not {self.family!r}")
         if self.permutation_lm and self.position == "relative":
             bad("permutation_lm", True, "the query stream's relative bias is not implemented; use "
                 "position='learned', 'rope', 'sinusoidal' or 'none'")

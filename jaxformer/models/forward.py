@@ -51,7 +51,8 @@ class Parts(Protocol):
     def stack(self, name: str, x: Array, *, num_layers: int, causal: bool, cross_attention: bool,
               decode: bool, cache_index: Array | None, **inputs: Any) -> Array:
         """Run the blocks of stack ``name`` on `[B, L, D]`; ``inputs`` are `transformer_block`'s
-        ``positions``, ``segment_ids``, ``bias``, ``encoder_out``, ``encoder_segment_ids``."""
+        ``positions``, ``segment_ids``, ``bias``, ``encoder_out``, ``encoder_segment_ids`` (and
+        ``two_stream``, where ``x`` is the pair of streams: `jaxformer.ops.stack.stack_block`)."""
 
     def decode_state(self, tokens: Array, positions: Array | None) -> tuple:
         """(cache_index, positions, slot positions) of a decoding call (see `advance_decode_state`)."""
@@ -204,9 +205,10 @@ def permutation_lm(parts: Parts, tokens, rank, *, positions=None, segment_ids=No
     from `jaxformer.ops.permutation.query_stream_input` (the ``jump_embed`` table).
     """
     cfg = parts.cfg
-    if not cfg.permutation_lm:
+    if not cfg.permutation_lm or cfg.head != "lm":
         raise ValueError("a factorization_rank (objective 'plm') needs model.permutation_lm=True "
-                         "(it adds the query stream's jump_embed table)")
+                         f"(it adds the query stream's jump_embed table) and head='lm' (got "
+                         f"permutation_lm={cfg.permutation_lm}, head={cfg.head!r})")
     check_tokens(cfg, tokens, default_positions=positions is None)
     positions = default_positions(tokens, positions)
     segment_ids = jnp.ones_like(tokens) if segment_ids is None else segment_ids

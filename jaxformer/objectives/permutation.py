@@ -56,6 +56,9 @@ def check_plm_model(objective_cfg: Any, model_cfg: ModelConfig) -> None:
     if not model_cfg.permutation_lm:
         raise ValueError("objective.name='plm' needs model.permutation_lm=True (the query stream's "
                          "jump_embed table; family='decoder', head='lm')")
+    if model_cfg.head != "lm":
+        raise ValueError(f"objective.name='plm' predicts tokens: model.head={model_cfg.head!r} "
+                         "must be 'lm'")
 
 
 def prepare_plm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
