@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from jaxformer.config import ModelConfig
+from jaxformer.convert.hf import load_hf, save_hf
 from jaxformer.data.vocab import SpecialTokens
 from jaxformer.decode import generate
 from jaxformer.models import build_model
@@ -238,7 +239,7 @@ def plm_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_tiny_plm_run_lowers_its_loss_and_generates_as_a_causal_lm(plm_run):
+def test_a_tiny_plm_run_lowers_its_loss_and_generates_as_a_causal_lm(plm_run, tmp_path):
     losses = [r["loss"] for r in read_metrics(plm_run) if "loss" in r]
     first, last = np.mean(losses[:2]), np.mean(losses[-2:])
     assert last < first - 0.5, losses
@@ -250,3 +251,10 @@ def test_a_tiny_plm_run_lowers_its_loss_and_generates_as_a_causal_lm(plm_run):
     # greedy decoding (KV cache) = the argmax of the plain causal forward over the whole sequence
     logits = model.apply({"params": params}, jnp.asarray([prompt + new], jnp.int32))
     np.testing.assert_array_equal(np.argmax(logits[0, len(prompt) - 1:-1], axis=-1), new)
+    # the Hugging Face export is that GPT (the jump table is training-only)
+    save_hf(cfg, params, tmp_path / "hf")
+    hf_fields, hf_params, _ = load_hf(tmp_path / "hf")
+    assert not ModelConfig.from_dict(hf_fields).permutation_lm and "jump_embed" not in hf_params
+    hf_logits = build_model(ModelConfig.from_dict(hf_fields)).apply(
+        {"params": hf_params}, jnp.asarray([prompt + new], jnp.int32))
+    np.testing.assert_allclose(hf_logits, logits, rtol=1e-5, atol=1e-5)
