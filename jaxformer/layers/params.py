@@ -190,9 +190,8 @@ def model_spec(cfg: ModelConfig) -> dict:
     Parts: ``token_embed``; per stack ``S`` (``encoder``/``decoder``) its input embedding
     (``embed``, or ``S_embed`` in encoder-decoder models), the blocks ``S``, ``S_relative_bias``
     (relative positions) and ``S_norm`` (pre-LN); ``jump_embed`` (``permutation_lm``); then the
-    head's parts (``lm_head``,
-    ``mlm_head``, ``pooler``, ``nsp_head``, ``classifier``, ``token_classifier``,
-    ``qa_outputs``). Parts without parameters are left out.
+    head's parts (``lm_head``, ``mlm_head``, ``pooler``, ``nsp_head``, ``classifier``,
+    ``token_classifier``, ``qa_outputs``). Parts without parameters are left out.
     """
     stacks = {"encoder": [("encoder", "embed", cfg.num_layers, False)],
               "decoder": [("decoder", "embed", cfg.num_layers, False)],
