@@ -14,7 +14,7 @@ of one model's implementations are timed round-robin (`bench/train_step.py`), an
 measured in the same run, before and after (the best of both).
 
     python bench/accelerator.py                       # on a GPU / TPU
-    python bench/accelerator.py --tiny                # CPU smoke run: tiny models, seconds
+    python bench/accelerator.py --tiny                # CPU smoke run: tiny models, ~1 CPU-minute
     python bench/accelerator.py --models gpt2_medium --impls xla,cudnn --batch 16 --steps 20
 """
 
@@ -134,7 +134,7 @@ def main(argv=None) -> dict:
     p.add_argument("--matmul_n", type=int, default=8192, help="side of the bf16 peak matmul")
     p.add_argument("--tiny", action="store_true",
                    help="tiny models (gpt_tiny, bert_tiny, t5_tiny in bf16), batch 4, length 64, "
-                   "256² peak matmul: a CPU smoke run in seconds")
+                   "256² peak matmul: a CPU smoke run (under a minute of CPU, mostly compiling)")
     args = p.parse_args(argv)
     names = [m for m in args.models.split(",") if m]
     if set(names) - set(MODELS):
