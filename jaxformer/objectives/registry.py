@@ -27,6 +27,10 @@ from jaxformer.objectives.classify import prepare_classify
 from jaxformer.objectives.denoise import DENOISE_OPTION_DOCS, DENOISE_OPTIONS, denoise
 from jaxformer.objectives.mlm import MLM_OPTION_DOCS, MLM_OPTIONS, prepare_mlm
 from jaxformer.objectives.qa import QA_OPTION_DOCS, QA_OPTIONS, prepare_qa
+from jaxformer.objectives.scheduled_sampling import (
+    SCHEDULED_SAMPLING_OPTION_DOCS,
+    SCHEDULED_SAMPLING_OPTIONS,
+)
 from jaxformer.objectives.seq2seq import prepare_seq2seq
 from jaxformer.objectives.span_corruption import (
     SPAN_CORRUPTION_OPTION_DOCS,
@@ -189,10 +193,14 @@ def check_data_task(objective_cfg: Any, data_cfg: Any) -> Objective:
 
 
 # The built-in objectives (papers cited in their modules).
-register_objective(Objective("clm", prepare_clm, data_task="lm", framing="eos"))
+register_objective(Objective("clm", prepare_clm, data_task="lm", framing="eos",
+                             options=SCHEDULED_SAMPLING_OPTIONS,
+                             option_docs=SCHEDULED_SAMPLING_OPTION_DOCS))
 register_objective(Objective("mlm", prepare_mlm, data_task="lm", framing="cls_sep",
                              options=MLM_OPTIONS, option_docs=MLM_OPTION_DOCS))
-register_objective(Objective("seq2seq", prepare_seq2seq, data_task="seq2seq"))
+register_objective(Objective("seq2seq", prepare_seq2seq, data_task="seq2seq",
+                             options=SCHEDULED_SAMPLING_OPTIONS,
+                             option_docs=SCHEDULED_SAMPLING_OPTION_DOCS))
 register_objective(Objective("span_corruption", prepare_seq2seq, data_task="span_corruption",
                              corrupt=span_corruption, options=SPAN_CORRUPTION_OPTIONS,
                              option_docs=SPAN_CORRUPTION_OPTION_DOCS))

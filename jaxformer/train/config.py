@@ -38,6 +38,7 @@ from jaxformer.data.pipeline import check_data_config, default_data_config
 from jaxformer.data.sources import list_option
 from jaxformer.evaluation.decoding import check_generation
 from jaxformer.objectives import OPTION_DEFAULTS, check_objective, get_objective
+from jaxformer.objectives.scheduled_sampling import check_scheduled_sampling
 from jaxformer.ops.attention_kernels import check_backend
 from jaxformer.train.nonfinite import POLICIES
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
@@ -295,6 +296,7 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
     if config.eval.every_steps <= 0 or config.eval.num_batches < 0:
         raise ValueError("eval.every_steps must be positive and eval.num_batches >= 0")
     check_objective(config.objective)
+    check_scheduled_sampling(config.objective)
     check_generation(config, model_cfg)
     check_backend(model_cfg.attention_impl)  # e.g. cudnn without a CUDA GPU, before compiling
     optimizer = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
