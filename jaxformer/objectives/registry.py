@@ -25,7 +25,12 @@ from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives.causal import prepare_clm, prepare_sft
 from jaxformer.objectives.classify import prepare_classify
 from jaxformer.objectives.denoise import DENOISE_OPTION_DOCS, DENOISE_OPTIONS, denoise
-from jaxformer.objectives.mlm import MLM_OPTION_DOCS, MLM_OPTIONS, prepare_mlm
+from jaxformer.objectives.mlm import (
+    MLM_OPTION_DOCS,
+    MLM_OPTIONS,
+    prepare_mlm,
+    uses_word_initial,
+)
 from jaxformer.objectives.qa import QA_OPTION_DOCS, QA_OPTIONS, prepare_qa
 from jaxformer.objectives.seq2seq import prepare_seq2seq
 from jaxformer.objectives.span_corruption import (
@@ -90,9 +95,9 @@ class Objective:
     def bind(self, cfg: Any, special: SpecialTokens, word_initial: Any = None
              ) -> Callable[[dict, Any], dict]:
         """``prepare(batch, rng)`` bound to ``special`` and the options ``cfg`` (the ``objective``
-        config section); MLM's ``whole_word_mask`` also takes the tokenizer's ``word_initial``
-        table (`Tokenizer.word_initial`)."""
-        if option(cfg, "whole_word_mask", False):
+        config section); MLM's ``whole_word_mask`` and span masking also take the tokenizer's
+        ``word_initial`` table (`Tokenizer.word_initial`)."""
+        if uses_word_initial(cfg):
             return functools.partial(self.prepare, special=special, cfg=cfg,
                                      word_initial=word_initial)
         return functools.partial(self.prepare, special=special, cfg=cfg)
