@@ -63,6 +63,15 @@ def uses_word_initial(cfg: Any) -> bool:
     return bool(option(cfg, "whole_word_mask", False)) or option(cfg, "masking", "token") == "span"
 
 
+def mlm_data_task(cfg: Any) -> str:
+    """The data task of MLM with options ``cfg``: "sentence_pairs" when ``sentence_pairs`` is "nsp"
+    or "sop" (`jaxformer.data.sentence_pairs`), else "lm"."""
+    pairs = option(cfg, "sentence_pairs", MLM_OPTIONS["sentence_pairs"])
+    if pairs not in SENTENCE_PAIRS:
+        raise ValueError(f"objective.sentence_pairs={pairs!r} must be one of {SENTENCE_PAIRS}")
+    return "lm" if pairs == "none" else "sentence_pairs"
+
+
 def _non_special_ids(special: SpecialTokens) -> np.ndarray:
     ids = np.setdiff1d(np.arange(special.vocab_size), np.asarray(special.all_special))
     if ids.size == 0:
@@ -147,7 +156,8 @@ def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialToke
 
     Returns ``model_inputs`` {tokens (corrupted), positions, segment_ids[, token_types]} for
     `EncoderOnly`, ``targets`` `[B, L]` (the original ids) and ``weights`` `[B, L]` float32 (1 on
-    chosen positions); with ``nsp_label`` also ``nsp_targets`` `[B]` and ``nsp_weights`` `[B]`.
+    chosen positions); with ``nsp_label`` also ``nsp_targets`` `[B]` and ``nsp_weights`` `[B]`
+    (``nsp_weight`` of the batch, else 1).
     """
     require(batch, "mlm", "inputs")
     rate = float(option(cfg, "mask_rate", MLM_OPTIONS["mask_rate"]))
@@ -190,5 +200,6 @@ def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialToke
     if "nsp_label" in batch:
         nsp = jnp.asarray(batch["nsp_label"], jnp.int32)
         out["nsp_targets"] = nsp
-        out["nsp_weights"] = jnp.ones(nsp.shape, jnp.float32)
+        # the pipeline's ``nsp_weight`` [B] is 0 on the rows padding a finite pass's last batch
+        out["nsp_weights"] = jnp.asarray(batch.get("nsp_weight", jnp.ones(nsp.shape)), jnp.float32)
     return out
