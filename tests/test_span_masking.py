@@ -54,7 +54,7 @@ def _chi_square(lengths: np.ndarray, pmf: np.ndarray) -> float:
 
 
 @functools.cache
-def _token_spans(keys: int = 24):
+def _token_spans(keys: int = 16):
     batch, special = _packed_rows(32, 256)
     f = jax.jit(lambda k: mlm_spans(batch, k, special, SPAN))
     return batch, special, [jax.device_get(f(jax.random.key(i))) for i in range(keys)]
@@ -104,7 +104,7 @@ def test_80_10_10_is_decided_per_span():
     tokens = batch["inputs"]
     f = jax.jit(lambda k: (mlm_spans(batch, k, special, SPAN), prepare_mlm(batch, k, special, SPAN)))
     kinds = {"mask": 0, "random": 0, "keep": 0}
-    for i in range(24):
+    for i in range(16):
         spans, out = jax.device_get(f(jax.random.key(100 + i)))
         np.testing.assert_array_equal(out["weights"].astype(bool), spans.chosen)
         np.testing.assert_array_equal(out["targets"], tokens)
@@ -152,7 +152,7 @@ def test_word_span_lengths_count_whole_words():
     f = jax.jit(lambda k: mlm_spans(batch, k, tok.special, SPAN, tok.word_initial()))
     pmf = clipped_geometric_pmf(0.2, 10)
     drawn, realised_words, realised_tokens = [], [], []
-    for i in range(24):
+    for i in range(16):
         spans = jax.device_get(f(jax.random.key(i)))
         for b, row in enumerate(words):
             word_of = np.full(batch["inputs"].shape[1], -1)
