@@ -9,7 +9,9 @@ the row's ``n`` candidate tokens, at least one; BERT's 15%) is reached:
 2. its start is drawn uniformly among the units where ``ℓ`` free units follow within one *run* (a
    maximal stretch of candidate tokens of one packed segment), so a span never covers
    [CLS]/[SEP]/pads, never crosses a segment and never overlaps an earlier span (each token belongs
-   to one span); when no start fits, the draw is skipped and the next iteration draws again;
+   to one span); when no start fits, the draw is skipped and the next iteration draws again (so
+   rows whose runs are all shorter than ``max_span_length`` units get the distribution restricted
+   to the lengths that fit);
 3. the span covers units ``u … u+ℓ-1``, except that the row's last span stops when the budget is
    reached (whole units: a word is never cut, so a row may exceed its budget by part of a word).
    Every other span has exactly its drawn length, so span lengths follow the distribution;
