@@ -335,6 +335,11 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig, resol
             if n > model_cfg.max_len:
                 raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
                                  f"learned position table; lower data.{key} or raise model.max_len")
+    pairs = config.objective.get("sentence_pairs", "none")  # the pair label needs its head
+    if pairs != "none" and (not model_cfg.nsp_head or model_cfg.type_vocab_size < 2):
+        raise ValueError(f"objective.sentence_pairs={pairs!r} trains on [CLS] A [SEP] B [SEP] rows "
+                         f"with a pair label: set model.nsp_head=True (got {model_cfg.nsp_head}) "
+                         f"and model.type_vocab_size=2 (got {model_cfg.type_vocab_size})")
     tok = data.tokenizer
     if not tok.get("path") and (resolved or not config.init_from):  # else init_from's may be used
         check_vocabulary(tok.vocab_size, model_cfg, f"data.tokenizer.vocab_size={tok.vocab_size}")
