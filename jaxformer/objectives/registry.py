@@ -214,16 +214,11 @@ register_objective(Objective("clm", prepare_clm, data_task="lm", framing="eos",
                              options=SCHEDULED_SAMPLING_OPTIONS,
                              option_docs=SCHEDULED_SAMPLING_OPTION_DOCS))
 register_objective(Objective("mlm", prepare_mlm, data_task="lm", framing="cls_sep",
-<<<<<<< HEAD
-                             options=MLM_OPTIONS, option_docs=MLM_OPTION_DOCS))
+                             options=MLM_OPTIONS, option_docs=MLM_OPTION_DOCS,
+                             data_task_for=mlm_data_task))
 register_objective(Objective("seq2seq", prepare_seq2seq, data_task="seq2seq",
                              options=SCHEDULED_SAMPLING_OPTIONS,
                              option_docs=SCHEDULED_SAMPLING_OPTION_DOCS))
-=======
-                             options=MLM_OPTIONS, option_docs=MLM_OPTION_DOCS,
-                             data_task_for=mlm_data_task))
-register_objective(Objective("seq2seq", prepare_seq2seq, data_task="seq2seq"))
->>>>>>> wt-mask
 register_objective(Objective("span_corruption", prepare_seq2seq, data_task="span_corruption",
                              corrupt=span_corruption, options=SPAN_CORRUPTION_OPTIONS,
                              option_docs=SPAN_CORRUPTION_OPTION_DOCS))
