@@ -449,7 +449,8 @@ def test_an_option_of_another_objective_is_refused(name):
 
     assert check_objective({"name": name}) == name  # every default is accepted
     for key, default in OPTION_DEFAULTS.items():
-        changed = {"name": name, key: (not default) if isinstance(default, bool) else default + 0.05}
+        changed = {"name": name, key: (not default) if isinstance(default, bool)
+                   else default + "_other" if isinstance(default, str) else default + 0.05}
         if key in get_objective(name).options:
             assert check_objective(changed) == name
         else:

@@ -32,11 +32,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxformer.ops.attention_kernels import KERNELS, fused_attention
 from jaxformer.ops.dropout import dropout, is_active
 from jaxformer.ops.masks import causal_mask_from_positions, combine_masks, segment_mask
 
 Array = jnp.ndarray
-IMPLEMENTATIONS = ("xla", "chunked")
+IMPLEMENTATIONS = ("xla", "chunked", *KERNELS)  # kernels: `jaxformer.ops.attention_kernels`
 
 
 def _to_5d(x: Array | None, kv_heads: int, groups: int) -> Array | None:
@@ -275,9 +276,12 @@ def dot_product_attention(
         path this mask is built per chunk and never materialised.
       scale: logits multiplier; default ``1/sqrt(head_dim)``.
       dropout_rate, dropout_rng: dropout on the attention weights (training only).
-      implementation: ``"xla"`` (plain) or ``"chunked"`` (memory-efficient online softmax).
+      implementation: ``"xla"`` (plain), ``"chunked"`` (memory-efficient online softmax), or a
+        fused kernel of `jaxformer.ops.attention_kernels`: ``"cudnn"`` (CUDA GPUs), ``"splash"``
+        (TPUs), ``"splash_interpret"`` (splash interpreted, any backend); kernels take no
+        ``bias`` or dropout, splash no dense ``mask``.
       q_chunk_size, kv_chunk_size: chunk sizes of the chunked path (other lengths are padded to
-        a multiple and the padding masked).
+        a multiple and the padding masked); ``kv_chunk_size`` is splash's block length.
       precision: matmul precision passed to `jnp.einsum`.
 
     Returns:
@@ -297,6 +301,11 @@ def dot_product_attention(
     _check_operand("bias", bias, (b, h, lq, lk))
     _check_segments(q_segment_ids, kv_segment_ids, lq, lk, b)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if implementation in KERNELS:
+        return fused_attention(implementation, q, k, v, block=kv_chunk_size, bias=bias, mask=mask,
+                               causal=causal, q_segment_ids=q_segment_ids,
+                               kv_segment_ids=kv_segment_ids, scale=scale,
+                               dropout_rate=dropout_rate, dropout_rng=dropout_rng)
     q_BxLxKxGxDh = q.reshape(b, lq, kv_heads, groups, d)
     bias_BxKxGxLxS = _to_5d(bias, kv_heads, groups)  # each axis may be 1 (broadcast)
     mask_BxKxGxLxS = _to_5d(mask, kv_heads, groups)

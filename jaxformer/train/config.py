@@ -39,6 +39,8 @@ from jaxformer.data.sources import list_option
 from jaxformer.evaluation.decoding import check_generation
 from jaxformer.objectives import OPTION_DEFAULTS, check_objective, get_objective
 from jaxformer.objectives.permutation import check_plm_model
+from jaxformer.objectives.scheduled_sampling import check_scheduled_sampling
+from jaxformer.ops.attention_kernels import check_backend
 from jaxformer.train.nonfinite import POLICIES
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 
@@ -296,7 +298,9 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
         raise ValueError("eval.every_steps must be positive and eval.num_batches >= 0")
     check_objective(config.objective)
     check_plm_model(config.objective, model_cfg)
+    check_scheduled_sampling(config.objective)
     check_generation(config, model_cfg)
+    check_backend(model_cfg.attention_impl)  # e.g. cudnn without a CUDA GPU, before compiling
     optimizer = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
     if config.optimizer.get("lora", {}).get("rank") and (not config.init_from
                                                           or config.parallel != "jit"):
@@ -333,6 +337,11 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig, resol
             if n > model_cfg.max_len:
                 raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
                                  f"learned position table; lower data.{key} or raise model.max_len")
+    pairs = config.objective.get("sentence_pairs", "none")  # the pair label needs its head
+    if pairs != "none" and (not model_cfg.nsp_head or model_cfg.type_vocab_size < 2):
+        raise ValueError(f"objective.sentence_pairs={pairs!r} trains on [CLS] A [SEP] B [SEP] rows "
+                         f"with a pair label: set model.nsp_head=True (got {model_cfg.nsp_head}) "
+                         f"and model.type_vocab_size=2 (got {model_cfg.type_vocab_size})")
     tok = data.tokenizer
     if not tok.get("path") and (resolved or not config.init_from):  # else init_from's may be used
         check_vocabulary(tok.vocab_size, model_cfg, f"data.tokenizer.vocab_size={tok.vocab_size}")

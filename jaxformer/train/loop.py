@@ -27,6 +27,7 @@ from absl import logging
 from jaxformer.config import ModelConfig
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
 from jaxformer.models import build_model
+from jaxformer.objectives.scheduled_sampling import scheduled_sampling_mixer
 from jaxformer.ops.embedding import check_token_ids
 from jaxformer.parallel import pmap, shard_map
 from jaxformer.parallel.mesh import describe
@@ -143,7 +144,8 @@ class Trainer:
                                              "shard_map": shard_map.AXIS}.get(c.parallel),
                                   skip_nonfinite=c.nonfinite == "skip",
                                   lora_scale=(lora.lora_scale(c.optimizer.lora) if self.base
-                                              is not None else None))
+                                              is not None else None),
+                                  mix_inputs=scheduled_sampling_mixer(c.objective, self.model))
         if self.base is not None:  # parallel="jit" (checked with the config)
             step = sharded_jit(step_fn, self.mesh,
                                in_shardings=(self.shardings, None, self.param_shardings),
