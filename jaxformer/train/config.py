@@ -37,7 +37,7 @@ from jaxformer.config import ModelConfig, changed_fields, resumable_fields
 from jaxformer.data.pipeline import check_data_config, default_data_config
 from jaxformer.data.sources import list_option
 from jaxformer.evaluation.decoding import check_generation
-from jaxformer.objectives import OPTION_DEFAULTS, check_objective, get_objective
+from jaxformer.objectives import OBJECTIVES, OPTION_DEFAULTS, check_objective, get_objective
 from jaxformer.objectives.permutation import check_plm_model
 from jaxformer.objectives.scheduled_sampling import check_scheduled_sampling
 from jaxformer.ops.attention_kernels import check_backend
@@ -60,8 +60,8 @@ KEY_DOCS = {
     "init_from": "'' | a pretraining workdir | a checkpoint step dir | a Hugging Face model dir",
     "init_from_step": "the step of an init_from run to read (unset or 0: the latest)",
     "init_from_best": "read init_from's best step by its checkpoint.best_metric",
-    "objective.name": "'clm', 'mlm', 'seq2seq', 'classify', 'sft', 'span_corruption' or 'denoise'; "
-                      "decides the data task and the usual framing",
+    "objective.name": f"one of {', '.join(sorted(OBJECTIVES))}; decides the data task and the "
+                      "usual framing",
     "objective.label_smoothing": "label smoothing of the training cross-entropy (not of evaluation)",
     "objective.z_loss": "weight of the z-loss log(Z)^2 on the output logits (PaLM)",
     "objective.decoder_start_id": "encoder_decoder: the first decoder input id (T5: pad = 0)",
