@@ -21,11 +21,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.config import ModelConfig
-from jaxformer.convert.hf import export_converter
+from jaxformer.convert.hf import export_converter, save_hf
 from jaxformer.models.presets import preset
 from jaxformer.ops import weighted_cross_entropy
 
@@ -138,6 +139,39 @@ def torch_step(family: str, cfg: ModelConfig, batch: dict[str, np.ndarray], lr: 
         return loss.item()
 
     return run, sum(p.numel() for p in model.parameters())
+
+
+def hf_generators(cfg: ModelConfig, params, directory: str, *, new_tokens: int, beams: int):
+    """``{"hf-flax": fn, "torch": fn}`` with ``fn(prompt [B, P] int32 NumPy) -> [B, new_tokens]``:
+    Hugging Face ``generate`` (greedy when ``beams == 1``, else beam search; no EOS, so every row
+    runs ``new_tokens`` steps) of the GPT ``cfg`` with jaxformer's ``params``, exported to
+    ``directory`` (`jaxformer.convert.save_hf`) so that all three systems hold the same weights.
+    The Flax ``generate`` is jitted (one compile per prompt shape, outside the timing)."""
+    import torch
+    import transformers
+
+    save_hf(cfg, params, directory)
+    opts = dict(max_new_tokens=new_tokens, num_beams=beams, do_sample=False, pad_token_id=0,
+                length_penalty=0.0)
+    out = {}
+    flax_cls = getattr(transformers, "FlaxGPT2LMHeadModel", None)
+    if flax_cls is not None:
+        flax_model = flax_cls.from_pretrained(directory, from_pt=True, dtype=jnp.float32)
+        # Flax generate needs an EOS id: one past the vocabulary, which argmax never picks
+        flax_model.generation_config.eos_token_id = cfg.vocab_size
+        flax_gen = jax.jit(lambda p, ids: flax_model.generate(ids, params=p, **opts).sequences)
+        out["hf-flax"] = lambda ids: flax_gen(flax_model.params, jnp.asarray(ids))[:, ids.shape[1]:]
+    torch_model = transformers.GPT2LMHeadModel.from_pretrained(directory).eval()
+    torch_model.generation_config.eos_token_id = None
+
+    def torch_gen(ids):
+        with torch.inference_mode():
+            seq = torch_model.generate(torch.from_numpy(ids.astype(np.int64)), **opts,
+                                       attention_mask=torch.ones(ids.shape, dtype=torch.long))
+        return seq[:, ids.shape[1]:].numpy()
+
+    out["torch"] = torch_gen
+    return out
 
 
 def transformers_version() -> str | None:
