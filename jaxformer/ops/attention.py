@@ -127,9 +127,15 @@ def _plain(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDv, bias, mask, scale, dropout_rate
     q_BxKxGxLxDh = jnp.transpose(q_BxLxKxGxDh, (0, 2, 3, 1, 4))
     k_BxKxSxDh = jnp.transpose(k_BxSxKxDh, (0, 2, 1, 3))
     v_BxKxSxDv = jnp.transpose(v_BxSxKxDv, (0, 2, 1, 3))
+    # Without grouping (G = 1: plain multi-head attention) the unit group axis is dropped: XLA:CPU
+    # otherwise adds layout copies around the batched matmuls (14% more bytes in fwd + bwd)
+    g = "g" if q_BxKxGxLxDh.shape[2] > 1 else ""
+    if not g:
+        q_BxKxGxLxDh = q_BxKxGxLxDh[:, :, 0]
+        bias, mask = (None if x is None else x[:, :, 0] for x in (bias, mask))
     logits_BxKxGxLxS = jnp.einsum(
-        "bkgld,bksd->bkgls", q_BxKxGxLxDh, k_BxKxSxDh, precision=precision, preferred_element_type=acc
-    )
+        f"bk{g}ld,bksd->bk{g}ls", q_BxKxGxLxDh, k_BxKxSxDh, precision=precision,
+        preferred_element_type=acc)
     logits_BxKxGxLxS = logits_BxKxGxLxS * scale
     if bias is not None:
         logits_BxKxGxLxS = logits_BxKxGxLxS + bias.astype(acc)
@@ -140,9 +146,11 @@ def _plain(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDv, bias, mask, scale, dropout_rate
     p_BxKxGxLxS = jnp.exp(logits_BxKxGxLxS - max_BxKxGxLx1)
     denom_BxKxGxLx1 = jnp.sum(p_BxKxGxLxS, axis=-1, keepdims=True)
     p_BxKxGxLxS = dropout(p_BxKxGxLxS, dropout_rate, dropout_rng)
-    out_BxKxGxLxDv = jnp.einsum("bkgls,bksd->bkgld", p_BxKxGxLxS.astype(v_BxSxKxDv.dtype), v_BxKxSxDv,
-                                precision=precision, preferred_element_type=acc)
+    out_BxKxGxLxDv = jnp.einsum(f"bk{g}ls,bksd->bk{g}ld", p_BxKxGxLxS.astype(v_BxSxKxDv.dtype),
+                                v_BxKxSxDv, precision=precision, preferred_element_type=acc)
     out_BxKxGxLxDv = out_BxKxGxLxDv / jnp.where(denom_BxKxGxLx1 == 0, 1.0, denom_BxKxGxLx1)
+    if not g:
+        out_BxKxGxLxDv = out_BxKxGxLxDv[:, :, None]
     return jnp.transpose(out_BxKxGxLxDv, (0, 3, 1, 2, 4)).astype(v_BxSxKxDv.dtype)  # [B, L, K, G, Dv]
 
 
