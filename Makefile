@@ -15,8 +15,12 @@ PYTEST_ARGS ?= -n 2 -q --durations=15
 # fixture, and test-by-test balancing is quicker there.
 WHOLE_FILES = --dist loadfile
 FLOORS  = .venv-floors
+PEERS   = .venv-peers
+PEERS_STAMP = $(PEERS)/.install-stamp
+BENCH_ARGS ?=
+BENCH_ARGS_DECODE ?=
 
-.PHONY: install demo test test-fast test-floors lint bench clean
+.PHONY: install demo test test-fast test-floors lint bench peers clean
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "jaxformer needs Python 3.12 or 3.13: install one (e.g. 'pyenv install 3.12') or run make PYTHON=/path/to/python3.12"; exit 1; }
@@ -53,8 +57,22 @@ test-floors:
 lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxformer demo tests bench configs train.py
 
-bench: $(STAMP)
-	$(PY) bench/train_step.py
+# The benchmarks' peers: transformers 4.57.6 (the last with Flax models) in .venv-peers, layered on
+# .venv (a .pth file adds .venv's site-packages after its own), so jax, flax and torch are the
+# project's. HF Flax T5 calls jnp.clip(a_max=), removed in jax 0.12: renamed to max= (same meaning).
+$(PEERS_STAMP): bench/peers-requirements.txt | $(STAMP)
+	test -x $(PEERS)/bin/python || $$($(PY) -c 'import sys; print(sys._base_executable)') -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install -q --no-deps -r bench/peers-requirements.txt
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > $$($(PEERS)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_project_venv.pth
+	sed -i 's/jnp.clip(\(.*\), a_max=/jnp.clip(\1, max=/' $$($(PEERS)/bin/python -c 'import transformers.models.t5 as m, os; print(os.path.dirname(m.__file__))')/modeling_flax_t5.py
+	touch $(PEERS_STAMP)
+
+peers: $(PEERS_STAMP)
+
+# Train step of GPT, BERT and T5 against HF Flax and PyTorch, then decoding against their generate.
+bench: $(PEERS_STAMP)
+	PYTHONPATH=. $(PEERS)/bin/python bench/train_families.py $(BENCH_ARGS)
+	PYTHONPATH=. $(PEERS)/bin/python bench/decode.py --peers $(BENCH_ARGS_DECODE)
 
 clean:
-	rm -rf $(VENV) $(FLOORS) .pytest_cache
+	rm -rf $(VENV) $(FLOORS) $(PEERS) .pytest_cache

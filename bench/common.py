@@ -112,3 +112,23 @@ def program_fingerprint(compiled: Any) -> str:
     text = re.sub(r"%[\w.\-]+|[\w.]+: (?=[fsu]\d+\[)|HloModule \S+", "", text)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+
+def time_round_robin(entries: list[dict], *, steps: int, warmup: int) -> None:
+    """One step of each entry per round, so that every entry sees the same machine load; fills
+    ``step_s`` (median), ``step_min_s``, ``first_s`` and ``final_loss`` of each row."""
+    for e in entries:
+        t0 = time.perf_counter()
+        block(e["run"]())
+        e["row"]["first_s"] = time.perf_counter() - t0
+        for _ in range(warmup):
+            block(e["run"]())
+        e["times"] = []
+    for _ in range(steps):
+        for e in entries:
+            t0 = time.perf_counter()
+            loss = block(e["run"]())
+            e["times"].append(time.perf_counter() - t0)
+            e["row"]["final_loss"] = float(loss)
+    for e in entries:
+        e["row"]["step_s"] = statistics.median(e["times"])
+        e["row"]["step_min_s"] = min(e["times"])

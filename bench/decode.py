@@ -18,6 +18,14 @@ of ``--repeats`` calls).
 
     python bench/decode.py                       # both models, batch 1 and 2, 256 new tokens
     python bench/decode.py --models gpt_d512 --batch 4 --new_tokens 128
+    .venv-peers/bin/python bench/decode.py --peers     # vs Hugging Face Flax and PyTorch generate
+
+With ``--peers`` (default then: ``gpt_d512``, batch 1 and 8, greedy and beam-4) the cached path is
+timed against Hugging Face ``generate`` of the same weights (exported with
+`jaxformer.convert.save_hf`): ``FlaxGPT2LMHeadModel`` (jitted; transformers 4.57.6, `make peers`)
+and PyTorch ``GPT2LMHeadModel`` (eager, inference mode). No EOS: every row decodes all
+``--new_tokens``. Calls alternate round-robin; ``same tokens`` is the fraction of generated tokens
+equal to jaxformer's (greedy must agree up to float near-ties; beams may differ where scores tie).
 
 At batch 1 on a CPU the cached step is bound by reading the weights (a matrix-vector product per
 weight per token) while the uncached forward runs efficient matrix-matrix products over the prefix,
@@ -30,7 +38,9 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import sys
+import tempfile
 import time
 
 import flax.linen as nn
@@ -40,7 +50,8 @@ import numpy as np
 from jax import lax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import format_table, time_calls  # noqa: E402
+from common import block, format_table, time_calls  # noqa: E402
+from peer_models import hf_generators  # noqa: E402
 
 from jaxformer.config import ModelConfig  # noqa: E402
 from jaxformer.decode import GenerationConfig, generate_padded  # noqa: E402
@@ -134,15 +145,72 @@ def bench_model(name: str, batch: int, args) -> dict:
     }
 
 
+def bench_peers(name: str, batch: int, strategy: str, args) -> list[dict]:
+    """Rows of jaxformer's cached decoding and the Hugging Face peers' ``generate``, timed
+    round-robin (``--repeats`` calls each after one untimed call)."""
+    cfg = model_config(name, max_len=args.prompt_len + args.new_tokens)
+    model = build_model(cfg)
+    params = random_params(model)
+    prompt = np.random.default_rng(1).integers(7, cfg.vocab_size, (batch, args.prompt_len)
+                                               ).astype(np.int32)
+    beams = 4 if strategy == "beam" else 1
+    gen = GenerationConfig(strategy=strategy, beam_size=beams, max_new_tokens=args.new_tokens,
+                           eos_id=None)
+    lengths = jnp.full((batch,), args.prompt_len, jnp.int32)
+    systems = {"jaxformer": lambda: generate_padded(model, params, jnp.asarray(prompt), lengths,
+                                                    gen).tokens}
+    with tempfile.TemporaryDirectory() as tmp:
+        peers = hf_generators(cfg, params, tmp, new_tokens=args.new_tokens, beams=beams)
+    systems.update({k: (lambda f=f: f(prompt)) for k, f in peers.items()})
+    outputs = {k: np.asarray(block(f())) for k, f in systems.items()}  # compiles
+    times = {k: [] for k in systems}
+    for _ in range(args.repeats):
+        for k, f in systems.items():
+            t0 = time.perf_counter()
+            block(f())
+            times[k].append(time.perf_counter() - t0)
+    rows = []
+    for k in systems:
+        step_s = statistics.median(times[k])
+        rows.append({"model": name, "batch": batch, "strategy": strategy, "system": k,
+                     "seconds": step_s, "tokens_per_s": batch * args.new_tokens / step_s,
+                     "same_tokens": float(np.mean(outputs[k] == outputs["jaxformer"]))})
+    for r in rows:
+        for peer in ("hf-flax", "torch"):
+            other = [o for o in rows if o["system"] == peer]
+            if other:
+                r[f"vs_{peer}"] = r["tokens_per_s"] / other[0]["tokens_per_s"]
+    return rows
+
+
+def main_peers(args) -> None:
+    rows = [r for m in args.models.split(",") for b in args.batch.split(",")
+            for s in args.strategies.split(",") for r in bench_peers(m, int(b), s, args)]
+    print(json.dumps({"benchmark": "decode_peers", "backend": jax.default_backend(),
+                      "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+                      "results": rows}))
+    print(format_table(rows, [
+        ("model", "model", "s"), ("batch", "B", "d"), ("strategy", "strategy", "s"),
+        ("system", "system", "s"), ("tokens_per_s", "tok/s", ".1f"),
+        ("vs_hf-flax", "vs hf-flax", ".2f"), ("vs_torch", "vs torch", ".2f"),
+        ("same_tokens", "same tokens", ".3f")]))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="gpt_tiny,gpt_d512")
-    ap.add_argument("--batch", default="1,2", help="comma-separated batch sizes")
+    ap.add_argument("--peers", action="store_true", help="against Hugging Face generate (see above)")
+    ap.add_argument("--models", default=None, help="default gpt_tiny,gpt_d512 (--peers: gpt_d512)")
+    ap.add_argument("--batch", default=None, help="comma-separated; default 1,2 (--peers: 1,8)")
+    ap.add_argument("--strategies", default="greedy,beam", help="with --peers")
     ap.add_argument("--prompt_len", type=int, default=16)
     ap.add_argument("--new_tokens", type=int, default=256)
     ap.add_argument("--bucket", type=int, default=32, help="uncached prefix buffer granularity")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls of the cached path")
     args = ap.parse_args(argv)
+    args.models = args.models or ("gpt_d512" if args.peers else "gpt_tiny,gpt_d512")
+    args.batch = args.batch or ("1,8" if args.peers else "1,2")
+    if args.peers:
+        return main_peers(args)
     rows = [bench_model(m, int(b), args) for m in args.models.split(",")
             for b in args.batch.split(",")]
     print(json.dumps({"benchmark": "decode", "backend": jax.default_backend(),

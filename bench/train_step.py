@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -38,11 +36,11 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (  # noqa: E402
-    block,
     compile_seconds,
     format_table,
     measure_matmul_peak,
     program_fingerprint,
+    time_round_robin,
     train_step_flops,
 )
 
@@ -176,27 +174,6 @@ def prepare_torch_peer(args) -> dict:
     row = {"variant": "torch-eager (peer)", "tokens": args.batch * args.seq_len,
            "threads": torch.get_num_threads()}
     return {"row": row, "run": run}
-
-
-def time_round_robin(entries: list[dict], *, steps: int, warmup: int) -> None:
-    """One step of each entry per round, so that every entry sees the same machine load; fills
-    ``step_s`` (median), ``step_min_s``, ``first_s`` and ``final_loss`` of each row."""
-    for e in entries:
-        t0 = time.perf_counter()
-        block(e["run"]())
-        e["row"]["first_s"] = time.perf_counter() - t0
-        for _ in range(warmup):
-            block(e["run"]())
-        e["times"] = []
-    for _ in range(steps):
-        for e in entries:
-            t0 = time.perf_counter()
-            loss = block(e["run"]())
-            e["times"].append(time.perf_counter() - t0)
-            e["row"]["final_loss"] = float(loss)
-    for e in entries:
-        e["row"]["step_s"] = statistics.median(e["times"])
-        e["row"]["step_min_s"] = min(e["times"])
 
 
 def main(argv=None) -> dict:

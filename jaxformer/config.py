@@ -30,6 +30,7 @@ from typing import Any
 
 from jaxformer.ops.activations import ACTIVATIONS
 from jaxformer.ops.attention import IMPLEMENTATIONS
+from jaxformer.ops.attention_kernels import unsupported as _kernel_cannot_run
 from jaxformer.ops.stack import REMAT_POLICIES as _REMAT
 
 FAMILIES = ("encoder", "decoder", "encoder_decoder")
@@ -114,6 +115,9 @@ class ModelConfig:
     share_layers: bool = _field(
         ARCHITECTURE, False, "encoder: ALBERT's cross-layer sharing: one block's parameters applied "
         "num_layers times (Lan et al. 2019 §3.1)")
+    permutation_lm: bool = _field(
+        ARCHITECTURE, False, "decoder: add XLNet's query-stream jump_embed table for objective 'plm' "
+        "(permutation LM, Yang et al. 2019); without an order the model is the plain GPT")
     # head: the output head (a new one starts fresh when fine-tuning)
     lm_head_bias: bool = _field(HEAD, False, "a bias on the LM / MLM output projection")
     head: str = _field(
@@ -143,8 +147,10 @@ class ModelConfig:
     remat_policy: str = _field(
         COMPUTE, "none", 'activation checkpointing policy per layer ("none" = keep all activations)')
     attention_impl: str = _field(
-        COMPUTE, "xla", '"xla" or "chunked" (memory-efficient online softmax), see jaxformer.ops.attention')
-    attention_chunk_size: int = _field(COMPUTE, 512, 'key/value block length of attention_impl="chunked"')
+        COMPUTE, "xla", '"xla", "chunked" (memory-efficient online softmax), "cudnn" (CUDA GPU), "splash" '
+        '(TPU) or "splash_interpret" (splash interpreted, CPU tests): jaxformer.ops.attention_kernels')
+    attention_chunk_size: int = _field(
+        COMPUTE, 512, 'key/value block length of attention_impl="chunked" and of the splash kernels')
     # layout: how the same parameters are stored
     param_dtype: str = _field(LAYOUT, "float32", "storage dtype of the parameters")
     scan_layers: bool = _field(
@@ -219,6 +225,18 @@ class ModelConfig:
         if self.nsp_head and not (self.family == "encoder" and self.head == "mlm"):
             bad("nsp_head", True, "next-sentence prediction needs family='encoder', head='mlm'")
         self._validate_albert(bad)
+        if self.permutation_lm and self.family != "decoder":
+            bad("permutation_lm", True, "XLNet's two-stream attention runs on family='decoder', "
+                f"not {self.family!r}")
+        if self.permutation_lm and self.position == "relative":
+            bad("permutation_lm", True, "the query stream's relative bias is not implemented; use "
+                "position='learned', 'rope', 'sinusoidal' or 'none'")
+        kernel_problem = _kernel_cannot_run(
+            self.attention_impl, dtype=self.dtype, head_dim=self.head_dim,
+            relative_bias=self.position == "relative",
+            attention_dropout_rate=self.attention_dropout_rate, chunk_size=self.attention_chunk_size)
+        if kernel_problem:
+            bad(kernel_problem[0], getattr(self, kernel_problem[0]), kernel_problem[1])
 
     def _validate_albert(self, bad) -> None:
         """ALBERT's options (factorised embedding, shared layers) exist on the encoder family."""

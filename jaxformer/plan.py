@@ -54,7 +54,7 @@ from jaxformer.data.vocab import SpecialTokens
 from jaxformer.models import build_model
 from jaxformer.models.heads import PER_ROW_MODULES
 from jaxformer.models.presets import preset
-from jaxformer.objectives import bind_objective, get_objective
+from jaxformer.objectives import bind_objective, check_data_task
 from jaxformer.parallel.mesh import MESH_AXES, check_batch_size, make_mesh, mesh_shape
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
@@ -100,6 +100,9 @@ def abstract_batch(data_cfg, model_cfg: ModelConfig, task: str) -> dict[str, jax
         out["label"] = jax.ShapeDtypeStruct((b,), jnp.int32)
     if task == "sft":
         out["inputs_loss_mask"] = jax.ShapeDtypeStruct((b, data_cfg.seq_len), jnp.int32)
+    if task == "sentence_pairs":  # `jaxformer.data.sentence_pairs`
+        out["inputs_token_types"] = jax.ShapeDtypeStruct((b, data_cfg.seq_len), jnp.int32)
+        out["nsp_label"] = out["nsp_weight"] = jax.ShapeDtypeStruct((b,), jnp.int32)
     return out
 
 
@@ -166,7 +169,7 @@ def _setup(config, mesh):
 def compile_step(config, mesh) -> dict:
     """Compile the train step for ``mesh`` from abstract inputs; XLA's memory and FLOP figures."""
     model_cfg, abstract, shardings, step = _setup(config, mesh)
-    task = get_objective(config.objective.name).data_task
+    task = check_data_task(config.objective, config.data).data_task
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(mesh, len(v.shape)))
              for k, v in abstract_batch(config.data, model_cfg, task).items()}
     fn = sharded_jit(step, mesh, in_shardings=(shardings, None), out_shardings=(shardings, None),

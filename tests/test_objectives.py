@@ -224,7 +224,7 @@ def test_each_objective_declares_its_data():
                         "span_corruption": ("span_corruption", "eos", span_corruption),
                         "denoise": ("span_corruption", "eos", denoise),
                         "classify": ("classify", None, None), "sft": ("sft", "eos", None),
-                        "qa": ("qa", "cls_sep", None)}
+                        "qa": ("qa", "cls_sep", None), "plm": ("lm", "eos", None)}
     transform = get_objective("denoise").example_transform(SPECIAL, {"infill_rate": 0.0})
     example = transform({"inputs": np.arange(LOW, LOW + 9), "extra": 1}, np.random.default_rng(0))
     np.testing.assert_array_equal(example["inputs"], [*range(LOW, LOW + 9), SPECIAL.eos_id])
@@ -449,7 +449,8 @@ def test_an_option_of_another_objective_is_refused(name):
 
     assert check_objective({"name": name}) == name  # every default is accepted
     for key, default in OPTION_DEFAULTS.items():
-        changed = {"name": name, key: (not default) if isinstance(default, bool) else default + 0.05}
+        changed = {"name": name, key: (not default) if isinstance(default, bool)
+                   else default + "_other" if isinstance(default, str) else default + 0.05}
         if key in get_objective(name).options:
             assert check_objective(changed) == name
         else:

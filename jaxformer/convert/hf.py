@@ -213,6 +213,8 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     conv = export_converter(cfg)
     hf_config, prefix = conv.config_to_hf(cfg)
     flat = _host_params(params)
+    if cfg.permutation_lm:  # XLNet's query-stream table trains the GPT; the export is the GPT
+        flat = {k: v for k, v in flat.items() if not k.startswith("jump_embed/")}
     tensors, used = apply_export(conv.rules(cfg, prefix, export=True), flat)
     unused = sorted(set(flat) - used)
     if unused:

@@ -38,6 +38,7 @@ that still sets it must agree) and their framing (``data.framing``: "eos" GPT, "
 * ``span_corruption`` (objectives ``span_corruption``, ``denoise``): text pieces of ``seq_len - 1``
   tokens → the objective's transform → ``inputs``/``targets``, each ending with EOS (appended
   unless present, trimmed T5-style).
+* ``sentence_pairs``: ``[CLS] A [SEP] B [SEP]`` + ``nsp_label`` (`jaxformer.data.sentence_pairs`).
 * ``qa``: ``[CLS] question [SEP] context window [SEP]`` → ``inputs``, ``inputs_token_types``,
   ``start_position``, ``end_position``: one row per window (`jaxformer.data.qa`). Never packed.
 
@@ -52,7 +53,7 @@ Output batches follow the conventions of the objectives: ``inputs [B, L] int32``
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grain
@@ -65,7 +66,9 @@ from tqdm.auto import tqdm
 from jaxformer.data.closed_at_exit import ClosedAtExit
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
 from jaxformer.data.qa import QA_KEYS, QAFeatures, qa_options
+from jaxformer.data.sentence_pairs import SentencePairs, check_pair_data, pair_rows
 from jaxformer.data.sources import default_source_config, get_source
+from jaxformer.data.sources import source_texts as source_texts  # re-exported
 from jaxformer.data.tokenizer import Tokenizer, default_tokenizer_config
 from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives.registry import (
@@ -74,9 +77,10 @@ from jaxformer.objectives.registry import (
     Objective,
     check_data_task,
 )
+from jaxformer.options import option
 
 LONG_EXAMPLES = ("truncate", "split")
-SPLITTABLE_TASKS = ("lm", "span_corruption")  # tasks of plain text that long_examples may split
+SPLITTABLE_TASKS = ("lm", "span_corruption", "sentence_pairs")  # plain-text tasks; pairs chunk
 Transform = Callable[[dict, np.random.Generator], dict]
 
 
@@ -128,15 +132,6 @@ def _get(example: Mapping, task: str, *names: str) -> list:
                          f"got {sorted(example)} (missing {missing})"
                          + next((hint[n] for n in missing if n in hint), ""))
     return [example[n] for n in names]
-
-
-def source_texts(source: Sequence[Mapping[str, Any]]) -> Iterator[str]:
-    """Every text of a source, whatever its task (for training the tokenizer)."""
-    for i in range(len(source)):
-        ex = source[i]
-        for key in ("text", "source", "target", "prompt", "response", "question"):
-            if key in ex:
-                yield ex[key]
 
 
 class _Tokenize(grain.transforms.Map):
@@ -207,6 +202,8 @@ class _Frame(grain.experimental.FlatMapTransform):
     def flat_map(self, ex):
         L, pre, suf, task = self.seq_len, self.prefix, self.suffix, self.task
         eos = self.special.eos_id
+        if task == "sentence_pairs":  # rows made by `SentencePairs`
+            return pair_rows(ex, self.counter)
         if task in ("lm", "span_corruption") and len(ex["inputs"]) == 0:
             self.counter.record_empty()  # blank lines of a corpus: nothing to learn from
             return []
@@ -284,6 +281,8 @@ def check_data_config(cfg: ml_collections.ConfigDict, process_count: int = 1, *,
         bad("batch_size", f"the global batch must divide evenly among {process_count} processes")
     if cfg.packing and task in ("classify", "qa"):
         bad("packing", f"{task} rows hold one example (one label); set data.packing=False")
+    if task == "sentence_pairs":
+        check_pair_data(example_framing(cfg, objective), cfg.packing)
 
 
 def example_framing(cfg: Any, objective: Any = "clm") -> str:
@@ -355,7 +354,9 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     ds = ds.seed(seed)
     if cfg.shuffle:
         ds = ds.shuffle()
-    ds = ds.map(_Tokenize(tokenizer, task)).repeat(num_epochs)
+    ds = (SentencePairs(ds, tokenizer, mode=option(objective, "sentence_pairs", "none"),
+                        seq_len=cfg.seq_len, seed=seed)
+          if task == "sentence_pairs" else ds.map(_Tokenize(tokenizer, task))).repeat(num_epochs)
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
                                               prefetch_buffer_size=cfg.read_buffer))
     frame = (QAFeatures(tokenizer, counter, seq_len=cfg.seq_len, **qa_options(objective))
@@ -367,7 +368,8 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     lengths = {"inputs": cfg.seq_len}
     if task in ("seq2seq", "span_corruption"):
         lengths["targets"] = cfg.target_len
-    meta = {"sft": ("inputs_loss_mask",), "qa": ("inputs_token_types",)}.get(task, ())
+    meta = {"sft": ("inputs_loss_mask",), "qa": ("inputs_token_types",),
+            "sentence_pairs": ("inputs_token_types",)}.get(task, ())
     lengths.update({k: cfg.seq_len for k in meta})
     if transform is not None:
         it = it.random_map(transform, seed=seed)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -361,3 +361,12 @@ def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = ()
             return PairsAsText(source, rest)
         return source
     raise ValueError(f"unknown data.source {spec!r}; choose one of {SOURCE_KINDS}")
+
+
+def source_texts(source: Sequence[Mapping[str, Any]]) -> Iterator[str]:
+    """Every text of a source, whatever its task (for training the tokenizer)."""
+    for i in range(len(source)):
+        ex = source[i]
+        for key in ("text", "source", "target", "prompt", "response", "question"):
+            if key in ex:
+                yield ex[key]

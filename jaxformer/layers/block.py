@@ -34,8 +34,10 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x, positions=None, segment_ids=None, bias=None, encoder_out=None,
-                 encoder_segment_ids=None, cross_bias=None, cache_index=None):
-        """`[B, L, D]` → (`[B, L, D]`, None); the second output makes the module `nn.scan`-able."""
+                 encoder_segment_ids=None, cross_bias=None, cache_index=None, two_stream=None):
+        """`[B, L, D]` → (`[B, L, D]`, None); the second output makes the module `nn.scan`-able.
+        With ``two_stream`` (XLNet, see `jaxformer.ops.stack.stack_block`) ``x`` and the output are
+        the pair (content stream, query stream)."""
         cfg = self.cfg
         params = declare(self, block_spec(cfg, cross_attention=self.cross_attention),
                          jnp.dtype(cfg.param_dtype))
@@ -45,7 +47,7 @@ class Block(nn.Module):
                       cross_bias=cross_bias, dropout_rng=rng,
                       constrain=nn.with_logical_constraint)
         if not self.decode:
-            return stack_block(params, x, **kwargs)[0], None
+            return stack_block(params, x, two_stream=two_stream, **kwargs)[0], None
         x = nn.with_logical_constraint(x.astype(jnp.dtype(cfg.dtype)), ACTIVATION_AXES)
         b, slots = x.shape[:2]  # the cache holds as many slots as the initialising input has tokens
         kv_shape = (b, slots, cfg.num_kv_heads, cfg.head_dim)

@@ -189,9 +189,9 @@ def model_spec(cfg: ModelConfig) -> dict:
 
     Parts: ``token_embed``; per stack ``S`` (``encoder``/``decoder``) its input embedding
     (``embed``, or ``S_embed`` in encoder-decoder models), the blocks ``S``, ``S_relative_bias``
-    (relative positions) and ``S_norm`` (pre-LN); then the head's parts (``lm_head``,
-    ``mlm_head``, ``pooler``, ``nsp_head``, ``classifier``, ``token_classifier``,
-    ``qa_outputs``). Parts without parameters are left out.
+    (relative positions) and ``S_norm`` (pre-LN); ``jump_embed`` (``permutation_lm``); then the
+    head's parts (``lm_head``, ``mlm_head``, ``pooler``, ``nsp_head``, ``classifier``,
+    ``token_classifier``, ``qa_outputs``). Parts without parameters are left out.
     """
     stacks = {"encoder": [("encoder", "embed", cfg.num_layers, False)],
               "decoder": [("decoder", "embed", cfg.num_layers, False)],
@@ -205,6 +205,9 @@ def model_spec(cfg: ModelConfig) -> dict:
         spec[name] = stack_spec(cfg, n, cross_attention=cross)
         if cfg.norm_position == "pre":
             spec[f"{name}_norm"] = norm_spec(cfg)
+    if cfg.permutation_lm:  # XLNet's query-stream jump offsets (`jaxformer.ops.permutation`)
+        spec["jump_embed"] = {"embedding": _table(cfg, 2 * cfg.max_len - 1, ("length", "embed"),
+                                                  cfg.d_model)}
     classes = ("embed", "classes")
     if cfg.head == "lm":
         spec["lm_head"] = lm_head_spec(cfg)

@@ -29,7 +29,9 @@ class Stack(nn.Module):
 
     @nn.compact
     def __call__(self, x, positions=None, segment_ids=None, bias=None, encoder_out=None,
-                 encoder_segment_ids=None, cross_bias=None, cache_index=None):
+                 encoder_segment_ids=None, cross_bias=None, cache_index=None, two_stream=None):
+        """`[B, L, D]` → `[B, L, D]`; with ``two_stream`` (XLNet's permutation LM, see
+        `jaxformer.ops.stack.stack_block`) the pair (content, query stream) → the pair."""
         cfg = self.cfg
         block_cls = Block
         if cfg.remat_policy != "none":
@@ -38,7 +40,7 @@ class Stack(nn.Module):
         attrs = dict(cfg=cfg, causal=self.causal, cross_attention=self.cross_attention,
                      deterministic=self.deterministic, decode=self.decode)
         args = (positions, segment_ids, bias, encoder_out, encoder_segment_ids, cross_bias,
-                cache_index)
+                cache_index, two_stream)
         if cfg.share_layers:
             return self._shared(block_cls, attrs, x, args)
         if cfg.scan_layers:

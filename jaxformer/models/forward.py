@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxformer.config import ModelConfig
+from jaxformer.ops import permutation
 from jaxformer.ops.dropout import token_dropout
 from jaxformer.ops.embedding import check_token_ids
 from jaxformer.ops.heads import classify, lm_logits, mlm_logits, pooled, span_logits
@@ -50,7 +51,8 @@ class Parts(Protocol):
     def stack(self, name: str, x: Array, *, num_layers: int, causal: bool, cross_attention: bool,
               decode: bool, cache_index: Array | None, **inputs: Any) -> Array:
         """Run the blocks of stack ``name`` on `[B, L, D]`; ``inputs`` are `transformer_block`'s
-        ``positions``, ``segment_ids``, ``bias``, ``encoder_out``, ``encoder_segment_ids``."""
+        ``positions``, ``segment_ids``, ``bias``, ``encoder_out``, ``encoder_segment_ids`` (and
+        ``two_stream``, where ``x`` is the pair of streams: `jaxformer.ops.stack.stack_block`)."""
 
     def decode_state(self, tokens: Array, positions: Array | None) -> tuple:
         """(cache_index, positions, slot positions) of a decoding call (see `advance_decode_state`)."""
@@ -175,11 +177,18 @@ def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, toke
 
 
 def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, decode: bool = False,
-                 return_hidden: bool = False):
+                 factorization_rank=None, return_hidden: bool = False):
     """GPT (Radford et al. 2019): tokens `[B, L]` → logits `[B, L, V]` (or the head's output).
-    With ``decode`` the call appends ``L`` tokens at the cache's current index; ``return_hidden``:
-    (that output, the last hidden states `[B, L, D]`), as `encoder_only`."""
+    With ``decode`` the call appends ``L`` tokens at the cache's current index. With
+    ``factorization_rank`` `[B, L]` (``cfg.permutation_lm``): `permutation_lm`'s query-stream logits.
+    ``return_hidden``: (that output, the last hidden states `[B, L, D]`), as `encoder_only`.
+    """
     cfg = parts.cfg
+    if cfg.permutation_lm:
+        parts.params("jump_embed")  # declared whichever stream runs (the Linen parts are lazy)
+    if factorization_rank is not None:
+        return permutation_lm(parts, tokens, factorization_rank, positions=positions,
+                              segment_ids=segment_ids)
     check_tokens(cfg, tokens, default_positions=positions is None and not decode)
     cache_index, kv_positions = None, None
     if decode:
@@ -189,6 +198,37 @@ def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, deco
     x = stack_pass(parts, "decoder", x, positions, segment_ids, causal=True, decode=decode,
                    cache_index=cache_index, kv_positions=kv_positions)
     return (head(parts, x, segment_ids), x) if return_hidden else head(parts, x, segment_ids)
+
+
+def permutation_lm(parts: Parts, tokens, rank, *, positions=None, segment_ids=None):
+    """XLNet's two-stream permutation LM (Yang et al. 2019 §2.3) through the decoder's own blocks:
+    tokens `[B, L]` and the factorisation order ``rank`` `[B, L]` (`jaxformer.ops.permutation`) →
+    the query stream's logits `[B, L, V]`, row ``i`` predicting ``tokens[i]`` from its predecessors
+    in the order. The content stream is the GPT under the content mask; the query stream starts
+    from `jaxformer.ops.permutation.query_stream_input` (the ``jump_embed`` table).
+    """
+    cfg = parts.cfg
+    if not cfg.permutation_lm or cfg.head != "lm":
+        raise ValueError("a factorization_rank (objective 'plm') needs model.permutation_lm=True "
+                         f"(it adds the query stream's jump_embed table) and head='lm' (got "
+                         f"permutation_lm={cfg.permutation_lm}, head={cfg.head!r})")
+    check_tokens(cfg, tokens, default_positions=positions is None)
+    positions = default_positions(tokens, positions)
+    segment_ids = jnp.ones_like(tokens) if segment_ids is None else segment_ids
+    x = embed(parts, "embed", tokens, positions)
+    pred = permutation.predecessor_index(rank, segment_ids)
+    g, query_positions = permutation.query_stream_input(
+        x, positions, pred, parts.params("jump_embed")["embedding"])
+    two_stream = {"content_mask": permutation.content_stream_mask(rank, segment_ids),
+                  "query_mask": permutation.query_stream_mask(rank, segment_ids),
+                  "query_positions": query_positions}
+    _, g = parts.stack("decoder", (x, g), num_layers=cfg.num_layers, causal=False,
+                       cross_attention=False, decode=False, cache_index=None, positions=positions,
+                       segment_ids=segment_ids, bias=None, encoder_out=None,
+                       encoder_segment_ids=None, two_stream=two_stream)
+    if cfg.norm_position == "pre":
+        g = normalize(cfg.norm, g, parts.params("decoder_norm"), eps=cfg.norm_eps)
+    return head(parts, g, segment_ids)
 
 
 def encoder_decoder(parts: Parts, inputs=None, targets_in=None, *, encoder_out=None,

@@ -5,7 +5,14 @@ of width 64, for tests) and "mini" (4 layers of width 128, T5 3 per stack, no dr
 Parameter counts (tested) equal the published models at the same vocabulary:
 GPT-2 small 124,439,808; BERT-base-uncased 109,482,240 (with pooler, without MLM head);
 T5-small v1.0 60,506,624; ALBERT-base v2 11,683,584 (Lan et al. 2019: E = 128 factorised embedding,
-one block shared by the 12 layers; with pooler, without MLM head).
+one block shared by the 12 layers; with pooler, without MLM head); GPT-2 medium 354,823,168;
+T5-base v1.0 222,903,552.
+
+``<name>_bf16`` (gpt2_small, gpt2_medium, bert_base, t5_base): the same model computing in bfloat16
+with float32 parameters, for GPUs and TPUs, and without attention dropout so that the fused kernels
+can run it. They state ``attention_impl="xla"`` (a preset validates on any machine); pick the
+backend's kernel with ``attention_impl=jaxformer.ops.attention_kernels.fastest_attention(...)``
+("cudnn" on a CUDA GPU, "splash" on a TPU, "xla" for T5's relative bias or elsewhere).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ _T5_V1_0 = dict(family="encoder_decoder", position="relative", norm="rms", norm_
                 tie_embeddings=True, rescale_tied_logits=True, relative_num_buckets=32,
                 relative_max_distance=128, dropout_rate=0.1, attention_dropout_rate=0.1,
                 ffn_dropout_rate=0.1, embed_init_std=1.0)
+_BF16 = dict(dtype="bfloat16", param_dtype="float32", attention_dropout_rate=0.0, attention_impl="xla")
 _VASWANI = dict(family="encoder_decoder", position="sinusoidal", norm="layer", norm_position="post",
                 norm_eps=1e-6, activation="relu", use_bias=True, tie_embeddings=True,
                 scale_embeddings=True, dropout_rate=0.1, attention_dropout_rate=0.0,
@@ -41,6 +49,8 @@ _MINI = dict(vocab_size=2048, d_model=128, num_heads=4, d_ff=512, num_layers=4, 
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2_small": dict(_GPT2, vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
                        max_len=1024),
+    "gpt2_medium": dict(_GPT2, vocab_size=50257, d_model=1024, num_heads=16, d_ff=4096,
+                        num_layers=24, max_len=1024),
     "gpt_tiny": dict(_GPT2, vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_layers=2,
                      max_len=128),
     "gpt_mini": dict(_GPT2, **_MINI),
@@ -55,6 +65,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                         num_layers=2, max_len=128),
     "t5_small": dict(_T5_V1_0, vocab_size=32128, d_model=512, num_heads=8, d_ff=2048, num_layers=6,
                      max_len=512),
+    "t5_base": dict(_T5_V1_0, vocab_size=32128, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
+                    max_len=512),
     "t5_tiny": dict(_T5_V1_0, vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_layers=2,
                     max_len=128),
     # init_std 0.05, not 0.02: closer to T5's own d^-0.5 scaling; with unscaled attention, 0.02
@@ -66,6 +78,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "transformer_tiny": dict(_VASWANI, vocab_size=512, d_model=64, num_heads=4, d_ff=256,
                              num_layers=2, max_len=128, embed_init_std=64 ** -0.5),
 }
+PRESETS.update({f"{name}_bf16": dict(PRESETS[name], **_BF16)
+                for name in ("gpt2_small", "gpt2_medium", "bert_base", "t5_base")})
 
 
 def preset(name: str, **overrides) -> dict[str, Any]:

@@ -47,10 +47,11 @@ class _LinenParts:
         return self.module.make_rng("dropout") if name is None else self._part(name)(True)[1]
 
     def stack(self, name, x, *, num_layers, causal, cross_attention, decode, cache_index,
-              positions, segment_ids, bias, encoder_out, encoder_segment_ids):
+              positions, segment_ids, bias, encoder_out, encoder_segment_ids, two_stream=None):
         return Stack(self.cfg, num_layers, causal=causal, cross_attention=cross_attention,
                      deterministic=self.deterministic, decode=decode, name=name)(
-            x, positions, segment_ids, bias, encoder_out, encoder_segment_ids, None, cache_index)
+            x, positions, segment_ids, bias, encoder_out, encoder_segment_ids, None, cache_index,
+            two_stream)
 
     def decode_state(self, tokens, positions):
         """The model-level cache: the next slot ``index`` and each slot's position `[B, S]`;
@@ -89,15 +90,17 @@ class DecoderOnly(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, *, positions=None, segment_ids=None, deterministic: bool = True,
-                 decode: bool = False, return_hidden: bool = False):
+                 decode: bool = False, factorization_rank=None, return_hidden: bool = False):
         """tokens `[B, L]` → logits `[B, L, V]` (or `[B, C]` with the classify head).
 
         In decode mode the call appends ``L`` tokens at the cache's current index (``L`` may be a
-        whole left-padded prompt with ``segment_ids`` 0 on the padding, then 1 per step).
+        whole left-padded prompt with ``segment_ids`` 0 on the padding, then 1 per step). With
+        ``factorization_rank`` `[B, L]`: XLNet's query-stream logits (`forward.permutation_lm`).
         ``return_hidden``: (that output, the last hidden states `[B, L, D]`).
         """
         return forward.decoder_only(_LinenParts(self, deterministic), tokens, positions=positions,
                                     segment_ids=segment_ids, decode=decode,
+                                    factorization_rank=factorization_rank,
                                     return_hidden=return_hidden)
 
 

@@ -130,10 +130,11 @@ class DecoderOnly(_Model):
     family = "decoder"
 
     def __call__(self, tokens, *, positions=None, segment_ids=None,
-                 deterministic: bool | None = None, rngs: RngsArg = None,
+                 deterministic: bool | None = None, rngs: RngsArg = None, factorization_rank=None,
                  return_hidden: bool = False):
         return forward.decoder_only(self._parts(deterministic, rngs), tokens, positions=positions,
-                                    segment_ids=segment_ids, return_hidden=return_hidden)
+                                    segment_ids=segment_ids, factorization_rank=factorization_rank,
+                                    return_hidden=return_hidden)
 
 
 class EncoderDecoder(_Model):

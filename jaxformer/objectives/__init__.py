@@ -22,6 +22,7 @@ from jaxformer.objectives.causal import prepare_clm, prepare_sft
 from jaxformer.objectives.classify import prepare_classify
 from jaxformer.objectives.denoise import denoise, poisson_span_lengths
 from jaxformer.objectives.mlm import prepare_mlm
+from jaxformer.objectives.permutation import prepare_plm
 from jaxformer.objectives.qa import prepare_qa
 from jaxformer.objectives.registry import (
     DATA_TASKS,
@@ -49,6 +50,7 @@ __all__ = [
     "register_objective", "get_objective", "bind_objective", "check_objective", "check_data_task",
     "host_transform",
     "prepare_clm", "prepare_mlm", "prepare_seq2seq", "prepare_classify", "prepare_sft", "prepare_qa",
+    "prepare_plm",
     "span_corruption",
     "reconstruct_span_corruption", "random_spans_noise_mask", "denoise", "poisson_span_lengths",
 ]

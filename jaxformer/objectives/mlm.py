@@ -11,10 +11,15 @@ the unit chosen is the word, not the piece — ``round(mask_rate · w)`` of a ro
 with all its pieces (a word starts at a piece the tokenizer marks as word-initial, sentencepiece's
 "▁", or after a special token / segment boundary); the 80/10/10 split stays per piece.
 
+Span masking (``masking="span"``; SpanBERT, Joshi et al. 2020): contiguous spans of geometric
+length, whole words where the tokenizer marks word-initial pieces, 80/10/10 decided per span
+(`jaxformer.objectives.span_masking`).
+
 Next-sentence prediction (§3.1 "Task #2") is emitted when the batch carries ``nsp_label`` `[B]`
 with BERT's convention: 0 = sentence B follows A ("IsNext"), 1 = B is random ("NotNext"). It
 needs one sentence pair per row (no packing); building such pairs is the pipeline's job and
-optional there. Pair rows may also carry ``inputs_token_types`` `[B, L]` (0 for A, 1 for B).
+optional there (``sentence_pairs="nsp"``, or ALBERT's sentence-order prediction ``"sop"``:
+`jaxformer.data.sentence_pairs`). Pair rows carry ``inputs_token_types`` `[B, L]` (0 for A, 1 for B).
 """
 
 from __future__ import annotations
@@ -28,17 +33,43 @@ import numpy as np
 
 from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives._common import require, segments_and_positions
+from jaxformer.objectives.span_masking import MASKINGS, Spans, sample_spans
 from jaxformer.options import option
 
 Array = jnp.ndarray
 # The ``objective.*`` options of MLM with their defaults: BERT's 15% of positions, 80/10/10.
 MLM_OPTIONS = {"mask_rate": 0.15, "mask_token_fraction": 0.8, "random_token_fraction": 0.1,
-               "whole_word_mask": False}
+               "whole_word_mask": False, "masking": "token", "span_geometric_p": 0.2,
+               "max_span_length": 10, "sentence_pairs": "none"}
+SENTENCE_PAIRS = ("none", "nsp", "sop")
 MLM_OPTION_DOCS = {"mask_rate": "mlm: fraction of tokens chosen for prediction",
                    "mask_token_fraction": "mlm: of the chosen, the fraction replaced by [MASK]",
                    "random_token_fraction": "mlm: of the chosen, the fraction replaced by a "
                                             "random token (the rest are kept)",
-                   "whole_word_mask": "mlm: choose whole words (all pieces of a word together)"}
+                   "whole_word_mask": "mlm: choose whole words (all pieces of a word together)",
+                   "masking": "mlm: 'token' (BERT) or 'span' (SpanBERT: geometric spans of whole "
+                              "words, 80/10/10 per span)",
+                   "span_geometric_p": "mlm, masking='span': p of the geometric span length",
+                   "max_span_length": "mlm, masking='span': longest span, in words (tokens "
+                                      "without word boundaries)",
+                   "sentence_pairs": "mlm: rows [CLS] A [SEP] B [SEP] with a pair label: 'none', "
+                                     "'nsp' (B follows A or is from another document) or 'sop' "
+                                     "(A and B consecutive, swapped or not); needs model.nsp_head"}
+
+
+def uses_word_initial(cfg: Any) -> bool:
+    """Whether MLM with options ``cfg`` reads the tokenizer's ``word_initial`` table (whole-word
+    masking, or span lengths counted in words)."""
+    return bool(option(cfg, "whole_word_mask", False)) or option(cfg, "masking", "token") == "span"
+
+
+def mlm_data_task(cfg: Any) -> str:
+    """The data task of MLM with options ``cfg``: "sentence_pairs" when ``sentence_pairs`` is "nsp"
+    or "sop" (`jaxformer.data.sentence_pairs`), else "lm"."""
+    pairs = option(cfg, "sentence_pairs", MLM_OPTIONS["sentence_pairs"])
+    if pairs not in SENTENCE_PAIRS:
+        raise ValueError(f"objective.sentence_pairs={pairs!r} must be one of {SENTENCE_PAIRS}")
+    return "lm" if pairs == "none" else "sentence_pairs"
 
 
 def _non_special_ids(special: SpecialTokens) -> np.ndarray:
@@ -50,11 +81,17 @@ def _non_special_ids(special: SpecialTokens) -> np.ndarray:
     return ids.astype(np.int32)
 
 
+def mask_budget(candidates: Array, rate: float) -> Array:
+    """``round(rate · n)`` (≥ 1 if n > 0) of each row's ``n`` True ``candidates`` `[B, L]`: int32
+    `[B]`."""
+    n = jnp.sum(candidates, axis=-1)
+    return jnp.where(n > 0, jnp.maximum(jnp.round(rate * n), 1), 0).astype(jnp.int32)
+
+
 def choose_positions(rng: jax.Array, candidates: Array, rate: float) -> Array:
     """Pick ``round(rate · n)`` (≥ 1 if n > 0) of each row's ``n`` True ``candidates`` `[B, L]`,
     uniformly without replacement. Returns a bool `[B, L]` subset of ``candidates``."""
-    n = jnp.sum(candidates, axis=-1)
-    k = jnp.where(n > 0, jnp.maximum(jnp.round(rate * n), 1), 0).astype(jnp.int32)
+    k = mask_budget(candidates, rate)
     score = jnp.where(candidates, jax.random.uniform(rng, candidates.shape), 2.0)
     ranks = jnp.argsort(jnp.argsort(score, axis=-1), axis=-1)
     return candidates & (ranks < k[:, None])
@@ -72,6 +109,40 @@ def whole_words(candidates: Array, word_initial: Array, segment_ids: Array) -> t
     return starts, head
 
 
+def _units(tokens: Array, candidates: Array, seg: Array, word_initial: np.ndarray | None
+           ) -> tuple[Array, Array]:
+    """``(starts, head)`` `[B, L]` of the masking units: whole words (`whole_words`) with a
+    ``word_initial`` table, else single tokens (every candidate starts its own unit)."""
+    if word_initial is None:
+        idx = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        return candidates, idx
+    initial = jnp.asarray(word_initial, bool)[jnp.clip(tokens, 0, len(word_initial) - 1)]
+    return whole_words(candidates, initial, seg)
+
+
+def _candidates(batch: Mapping[str, Array], special: SpecialTokens) -> tuple[Array, ...]:
+    """``(tokens, segment_ids, positions, candidates)`` `[B, L]`: candidates are the non-padding,
+    non-special tokens."""
+    tokens, seg, pos = segments_and_positions(batch, "inputs", special.pad_id)
+    is_special = jnp.isin(tokens, jnp.asarray(special.all_special, jnp.int32))
+    return tokens, seg, pos, (seg != 0) & ~is_special
+
+
+def mlm_spans(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
+              cfg: Any = None, word_initial: np.ndarray | None = None) -> Spans:
+    """The SpanBERT spans `prepare_mlm` masks with ``masking="span"`` for the same ``rng``
+    (`jaxformer.objectives.span_masking.Spans`, each `[B, L]`). Lengths count whole words when
+    ``word_initial`` marks word-initial pieces, else tokens."""
+    rate = float(option(cfg, "mask_rate", MLM_OPTIONS["mask_rate"]))
+    tokens, seg, _, candidates = _candidates(batch, special)
+    has_words = word_initial is not None and bool(np.any(word_initial))
+    starts, head = _units(tokens, candidates, seg, word_initial if has_words else None)
+    return sample_spans(jax.random.split(rng, 3)[0], candidates, starts, head, seg,
+                        mask_budget(candidates, rate),
+                        float(option(cfg, "span_geometric_p", MLM_OPTIONS["span_geometric_p"])),
+                        option(cfg, "max_span_length", MLM_OPTIONS["max_span_length"]))
+
+
 def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
                 cfg: Any = None, word_initial: np.ndarray | None = None) -> dict:
     """BERT masking of ``inputs`` `[B, L]`.
@@ -80,36 +151,43 @@ def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialToke
     ``random_token_fraction`` (0.1) of the chosen positions; the rest stay unchanged.
     ``whole_word_mask`` (False) chooses whole words; it needs ``word_initial``, a bool `[vocab]`
     table of the pieces that begin a word (`Tokenizer.word_initial`; the Trainer passes it).
+    ``masking`` ("token"; "span": SpanBERT, `mlm_spans`, with ``span_geometric_p`` 0.2 and
+    ``max_span_length`` 10) and the [MASK]/random/keep draw made once per span.
 
     Returns ``model_inputs`` {tokens (corrupted), positions, segment_ids[, token_types]} for
     `EncoderOnly`, ``targets`` `[B, L]` (the original ids) and ``weights`` `[B, L]` float32 (1 on
-    chosen positions); with ``nsp_label`` also ``nsp_targets`` `[B]` and ``nsp_weights`` `[B]`.
+    chosen positions); with ``nsp_label`` also ``nsp_targets`` `[B]` and ``nsp_weights`` `[B]`
+    (``nsp_weight`` of the batch, else 1).
     """
     require(batch, "mlm", "inputs")
     rate = float(option(cfg, "mask_rate", MLM_OPTIONS["mask_rate"]))
     p_mask = float(option(cfg, "mask_token_fraction", MLM_OPTIONS["mask_token_fraction"]))
     p_random = float(option(cfg, "random_token_fraction", MLM_OPTIONS["random_token_fraction"]))
+    masking = option(cfg, "masking", MLM_OPTIONS["masking"])
     if not 0.0 < rate < 1.0:
         raise ValueError(f"objective.mask_rate={rate} must be in (0, 1) (BERT uses 0.15)")
     if p_mask < 0 or p_random < 0 or p_mask + p_random > 1.0:
         raise ValueError(f"objective.mask_token_fraction={p_mask} and random_token_fraction="
                          f"{p_random} must be ≥ 0 with a sum ≤ 1 (BERT uses 0.8 and 0.1)")
-    tokens, seg, pos = segments_and_positions(batch, "inputs", special.pad_id)
+    if masking not in MASKINGS:
+        raise ValueError(f"objective.masking={masking!r} must be one of {MASKINGS}")
+    tokens, seg, pos, candidates = _candidates(batch, special)
     k_choose, k_how, k_tok = jax.random.split(rng, 3)
-    is_special = jnp.isin(tokens, jnp.asarray(special.all_special, jnp.int32))
-    candidates = (seg != 0) & ~is_special
-    if option(cfg, "whole_word_mask", MLM_OPTIONS["whole_word_mask"]):
-        if word_initial is None:
-            raise ValueError("objective.whole_word_mask needs the tokenizer's word_initial table "
-                             "(bind_objective(..., word_initial=tokenizer.word_initial()))")
-        initial = jnp.asarray(word_initial, bool)[jnp.clip(tokens, 0, len(word_initial) - 1)]
-        starts, head = whole_words(candidates, initial, seg)
+    whole_word = option(cfg, "whole_word_mask", MLM_OPTIONS["whole_word_mask"])
+    if whole_word and word_initial is None:
+        raise ValueError("objective.whole_word_mask needs the tokenizer's word_initial table "
+                         "(bind_objective(..., word_initial=tokenizer.word_initial()))")
+    how = jax.random.uniform(k_how, tokens.shape)
+    if masking == "span":
+        spans = mlm_spans(batch, rng, special, cfg, word_initial)
+        chosen, how = spans.chosen, spans.how
+    elif whole_word:
+        starts, head = _units(tokens, candidates, seg, word_initial)
         chosen_starts = choose_positions(k_choose, starts, rate)
         chosen = candidates & jnp.take_along_axis(chosen_starts, head, axis=1)
     else:
         chosen = choose_positions(k_choose, candidates, rate)
 
-    how = jax.random.uniform(k_how, tokens.shape)
     pool = jnp.asarray(_non_special_ids(special))
     random_ids = pool[jax.random.randint(k_tok, tokens.shape, 0, pool.shape[0])]
     corrupted = jnp.where(how < p_mask, special.mask_id,
@@ -122,5 +200,6 @@ def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialToke
     if "nsp_label" in batch:
         nsp = jnp.asarray(batch["nsp_label"], jnp.int32)
         out["nsp_targets"] = nsp
-        out["nsp_weights"] = jnp.ones(nsp.shape, jnp.float32)
+        # the pipeline's ``nsp_weight`` [B] is 0 on the rows padding a finite pass's last batch
+        out["nsp_weights"] = jnp.asarray(batch.get("nsp_weight", jnp.ones(nsp.shape)), jnp.float32)
     return out

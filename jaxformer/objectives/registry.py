@@ -25,8 +25,19 @@ from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives.causal import prepare_clm, prepare_sft
 from jaxformer.objectives.classify import prepare_classify
 from jaxformer.objectives.denoise import DENOISE_OPTION_DOCS, DENOISE_OPTIONS, denoise
-from jaxformer.objectives.mlm import MLM_OPTION_DOCS, MLM_OPTIONS, prepare_mlm
+from jaxformer.objectives.mlm import (
+    MLM_OPTION_DOCS,
+    MLM_OPTIONS,
+    mlm_data_task,
+    prepare_mlm,
+    uses_word_initial,
+)
+from jaxformer.objectives.permutation import PLM_OPTION_DOCS, PLM_OPTIONS, prepare_plm
 from jaxformer.objectives.qa import QA_OPTION_DOCS, QA_OPTIONS, prepare_qa
+from jaxformer.objectives.scheduled_sampling import (
+    SCHEDULED_SAMPLING_OPTION_DOCS,
+    SCHEDULED_SAMPLING_OPTIONS,
+)
 from jaxformer.objectives.seq2seq import prepare_seq2seq
 from jaxformer.objectives.span_corruption import (
     SPAN_CORRUPTION_OPTION_DOCS,
@@ -41,7 +52,8 @@ CorruptFn = Callable[..., tuple[np.ndarray, np.ndarray]]
 HostFn = Callable[[np.ndarray, np.random.Generator], tuple[np.ndarray, np.ndarray]]
 ExampleTransform = Callable[[dict, np.random.Generator], dict]
 
-DATA_TASKS = ("lm", "seq2seq", "classify", "sft", "span_corruption", "qa")  # `jaxformer.data.pipeline`
+# `jaxformer.data.pipeline`
+DATA_TASKS = ("lm", "seq2seq", "classify", "sft", "span_corruption", "qa", "sentence_pairs")
 FRAMINGS = ("eos", "bos_eos", "cls_sep", "none")
 
 
@@ -56,7 +68,8 @@ class Objective:
       data_task: the example format the pipeline builds (one of `DATA_TASKS`): "lm" text rows,
         "classify" text + label, "seq2seq" source/target pairs, "sft" prompt/response,
         "span_corruption" text pieces turned into inputs/targets by ``corrupt``, or "qa"
-        context/question/answer windows (`jaxformer.data.qa`).
+        context/question/answer windows (`jaxformer.data.qa`), or "sentence_pairs" ``[CLS] A
+        [SEP] B [SEP]`` rows with a pair label (`jaxformer.data.sentence_pairs`).
       framing: how the pipeline wraps each example when ``data.framing`` is unset (one of
         `FRAMINGS`: "eos" ``text </s>``, "cls_sep" ``[CLS] text [SEP]`` …); None when no framing
         is usual (classification: BERT's [CLS]/[SEP] or GPT's EOS), so the config must choose.
@@ -65,6 +78,8 @@ class Objective:
       options: the ``objective.<key>`` options it reads, with their defaults; every other
         objective refuses a non-default value of them (`check_objective`).
       option_docs: a one-line description of each option (``train.py --print_config``).
+      data_task_for: ``f(cfg) -> data task`` when an option chooses it (MLM's ``sentence_pairs``);
+        None = always ``data_task``. `check_data_task` resolves it (`resolve`).
     """
 
     name: str
@@ -74,6 +89,7 @@ class Objective:
     corrupt: CorruptFn | None = None
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     option_docs: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    data_task_for: Callable[[Any], str] | None = None
 
     def __post_init__(self) -> None:
         if self.data_task not in DATA_TASKS:
@@ -87,12 +103,18 @@ class Objective:
                              "corrupt function go together (the pipeline hands it text pieces)")
         object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
 
+    def resolve(self, cfg: Any) -> Objective:
+        """This objective with the data task its options ``cfg`` choose (`data_task_for`)."""
+        if self.data_task_for is None or cfg is None:
+            return self
+        return dataclasses.replace(self, data_task=self.data_task_for(cfg))
+
     def bind(self, cfg: Any, special: SpecialTokens, word_initial: Any = None
              ) -> Callable[[dict, Any], dict]:
         """``prepare(batch, rng)`` bound to ``special`` and the options ``cfg`` (the ``objective``
-        config section); MLM's ``whole_word_mask`` also takes the tokenizer's ``word_initial``
-        table (`Tokenizer.word_initial`)."""
-        if option(cfg, "whole_word_mask", False):
+        config section); MLM's ``whole_word_mask`` and span masking also take the tokenizer's
+        ``word_initial`` table (`Tokenizer.word_initial`)."""
+        if uses_word_initial(cfg):
             return functools.partial(self.prepare, special=special, cfg=cfg,
                                      word_initial=word_initial)
         return functools.partial(self.prepare, special=special, cfg=cfg)
@@ -179,7 +201,7 @@ def check_data_task(objective_cfg: Any, data_cfg: Any) -> Objective:
     """The objective of section ``objective_cfg`` (or a name), after checking the ``data.task`` an
     older config (or an old run's config.json) may still set: it must be the objective's."""
     name = objective_cfg if isinstance(objective_cfg, str) else option(objective_cfg, "name", "")
-    objective = get_objective(name)
+    objective = get_objective(name).resolve(None if isinstance(objective_cfg, str) else objective_cfg)
     legacy = option(data_cfg, "task")
     if legacy is not None and legacy != objective.data_task:
         raise ValueError(f"data.task={legacy!r} does not fit objective.name={name!r}, whose data "
@@ -189,10 +211,15 @@ def check_data_task(objective_cfg: Any, data_cfg: Any) -> Objective:
 
 
 # The built-in objectives (papers cited in their modules).
-register_objective(Objective("clm", prepare_clm, data_task="lm", framing="eos"))
+register_objective(Objective("clm", prepare_clm, data_task="lm", framing="eos",
+                             options=SCHEDULED_SAMPLING_OPTIONS,
+                             option_docs=SCHEDULED_SAMPLING_OPTION_DOCS))
 register_objective(Objective("mlm", prepare_mlm, data_task="lm", framing="cls_sep",
-                             options=MLM_OPTIONS, option_docs=MLM_OPTION_DOCS))
-register_objective(Objective("seq2seq", prepare_seq2seq, data_task="seq2seq"))
+                             options=MLM_OPTIONS, option_docs=MLM_OPTION_DOCS,
+                             data_task_for=mlm_data_task))
+register_objective(Objective("seq2seq", prepare_seq2seq, data_task="seq2seq",
+                             options=SCHEDULED_SAMPLING_OPTIONS,
+                             option_docs=SCHEDULED_SAMPLING_OPTION_DOCS))
 register_objective(Objective("span_corruption", prepare_seq2seq, data_task="span_corruption",
                              corrupt=span_corruption, options=SPAN_CORRUPTION_OPTIONS,
                              option_docs=SPAN_CORRUPTION_OPTION_DOCS))
@@ -203,3 +230,5 @@ register_objective(Objective("classify", prepare_classify, data_task="classify",
 register_objective(Objective("sft", prepare_sft, data_task="sft"))
 register_objective(Objective("qa", prepare_qa, data_task="qa", framing="cls_sep",
                              options=QA_OPTIONS, option_docs=QA_OPTION_DOCS))
+register_objective(Objective("plm", prepare_plm, data_task="lm", framing="eos",
+                             options=PLM_OPTIONS, option_docs=PLM_OPTION_DOCS))

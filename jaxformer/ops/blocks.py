@@ -102,7 +102,9 @@ def attention_sublayer(
 
     ``kv`` passes precomputed keys/values (cached cross-attention). With ``cache`` (self-attention
     decoding) the new keys are written at ``cache_index`` and attention runs over all cached slots.
-    RoPE (``cfg.position == "rope"``) rotates queries and keys of self-attention by ``positions``.
+    RoPE (``cfg.position == "rope"``) rotates queries and keys of self-attention by ``positions``;
+    with ``kv_input`` and ``kv_positions`` `[B, S]` (XLNet's query stream over the content stream)
+    queries by ``positions`` and keys by ``kv_positions``.
 
     Returns:
       (`[B, L, D]`, updated cache or None).
@@ -114,11 +116,12 @@ def attention_sublayer(
     else:
         k_BxSxKxDh, v_BxSxKxDh = project_kv(params, x if kv_input is None else kv_input)
         k_BxSxKxDh, v_BxSxKxDh = pin(k_BxSxKxDh, KV_HEADS_AXES), pin(v_BxSxKxDh, KV_HEADS_AXES)
-    if cfg.position == "rope" and kv_input is None and kv is None:
+    if cfg.position == "rope" and kv is None and (kv_input is None or kv_positions is not None):
         if positions is None:
             raise ValueError("RoPE attention needs positions")
         q_BxLxHxDh = apply_rope(q_BxLxHxDh, positions, theta=cfg.rope_theta)
-        k_BxSxKxDh = apply_rope(k_BxSxKxDh, positions, theta=cfg.rope_theta)
+        k_BxSxKxDh = apply_rope(k_BxSxKxDh, positions if kv_input is None else kv_positions,
+                                theta=cfg.rope_theta)
     new_cache = None
     if cache is not None:
         valid_new = (jnp.ones(x.shape[:2], bool) if segment_ids is None else segment_ids != 0)
@@ -145,6 +148,15 @@ def _residual(cfg: ModelConfig, norm_params: dict, x: Array, sublayer, rng) -> A
     if cfg.norm_position == "pre":
         return x + dropout(sublayer(norm(x)), cfg.dropout_rate, rng)
     return norm(x + dropout(sublayer(x), cfg.dropout_rate, rng))
+
+
+def _ffn_residual(params: dict, x: Array, *, cfg: ModelConfig, rngs, constrain: Constrain | None
+                  ) -> Array:
+    """The FFN sublayer in its residual wrapper; ``rngs``: (FFN dropout, residual dropout) keys."""
+    ff = lambda h: ffn(params["ffn"], h, activation=cfg.activation,
+                       dropout_rate=cfg.ffn_dropout_rate, dropout_rng=rngs[0],
+                       constrain=None if constrain is None else lambda h: constrain(h, MLP_AXES))
+    return _residual(cfg, params["ffn_norm"], x, ff, rngs[1])
 
 
 def transformer_block(
@@ -211,10 +223,7 @@ def transformer_block(
             segment_ids=q_seg, kv_segment_ids=encoder_segment_ids if q_seg is not None else None,
             dropout_rng=rngs[2], constrain=constrain)[0]
         x = _residual(cfg, params["cross_attn_norm"], x, cross, rngs[3])
-    ff = lambda h: ffn(params["ffn"], h, activation=cfg.activation,
-                       dropout_rate=cfg.ffn_dropout_rate, dropout_rng=rngs[4],
-                       constrain=None if constrain is None else lambda h: constrain(h, MLP_AXES))
-    x = _residual(cfg, params["ffn_norm"], x, ff, rngs[5])
+    x = _ffn_residual(params, x, cfg=cfg, rngs=rngs[4:], constrain=constrain)
     if cache is not None:
         return x, {"self": new_cache, "cross": cross_out_kv}
     return x, None
@@ -228,3 +237,49 @@ def encoder_block(params: dict, x: Array, *, cfg: ModelConfig, **kwargs) -> Arra
 def decoder_block(params: dict, x: Array, *, cfg: ModelConfig, **kwargs) -> tuple[Array, dict | None]:
     """Causal block (GPT; T5 decoder with cross-attention when ``params`` has ``cross_attn``)."""
     return transformer_block(params, x, cfg=cfg, causal=True, **kwargs)
+
+
+def query_stream_block(params: dict, g: Array, h: Array, *, cfg: ModelConfig, mask: Array,
+                       positions: Array | None = None, kv_positions: Array | None = None,
+                       dropout_rng: jax.Array | None = None, constrain: Constrain | None = None
+                       ) -> Array:
+    """XLNet's query stream (Yang et al. 2019 §2.3, eq. 4) through the same block's weights:
+    ``g ← FFN(Attention(Q = g, KV = h; mask))`` with the block's residuals and norms, the keys and
+    values from the content stream ``h`` of the layer below.
+
+    Args:
+      g: `[B, L, D]` query stream; h: `[B, S, D]` content stream (the block's input).
+      mask: `[B, 1, L, S]` bool (`jaxformer.ops.permutation.query_stream_mask`).
+      positions, kv_positions: `[B, L]`, `[B, S]` RoPE positions of the queries and of the keys.
+
+    Returns: `[B, L, D]`.
+    """
+    rngs = list(jax.random.split(dropout_rng, 4)) if dropout_rng is not None else [None] * 4
+    kv_in = h
+    if cfg.norm_position == "pre":  # the same normalised keys/values as the content stream's
+        kv_in = normalize(cfg.norm, h, params["self_attn_norm"], eps=cfg.norm_eps)
+    attn = lambda q_in: attention_sublayer(
+        params["self_attn"], q_in, cfg=cfg, kv_input=kv_in, positions=positions,
+        kv_positions=kv_positions, mask=mask, dropout_rng=rngs[0], constrain=constrain)[0]
+    g = _residual(cfg, params["self_attn_norm"], g, attn, rngs[1])
+    return _ffn_residual(params, g, cfg=cfg, rngs=rngs[2:], constrain=constrain)
+
+
+def two_stream_block(params: dict, h: Array, g: Array, *, cfg: ModelConfig, content_mask: Array,
+                     query_mask: Array, query_positions: Array | None = None,
+                     positions: Array | None = None, segment_ids: Array | None = None,
+                     dropout_rng: jax.Array | None = None, constrain: Constrain | None = None
+                     ) -> tuple[Array, Array]:
+    """One layer of XLNet's two-stream attention (§2.3) with one block's parameters: the content
+    stream ``h`` `[B, L, D]` runs the block under ``content_mask`` `[B, 1, L, L]`, the query stream
+    ``g`` `[B, L, D]` runs `query_stream_block` over the same ``h`` under ``query_mask``.
+
+    ``positions`` `[B, L]` are the content stream's (RoPE), ``query_positions`` the query stream's.
+    Returns (h, g), both `[B, L, D]`.
+    """
+    rng_h, rng_g = jax.random.split(dropout_rng) if dropout_rng is not None else (None, None)
+    new_h = transformer_block(params, h, cfg=cfg, positions=positions, segment_ids=segment_ids,
+                              mask=content_mask, dropout_rng=rng_h, constrain=constrain)[0]
+    new_g = query_stream_block(params, g, h, cfg=cfg, mask=query_mask, positions=query_positions,
+                               kv_positions=positions, dropout_rng=rng_g, constrain=constrain)
+    return new_h, new_g

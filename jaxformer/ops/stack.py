@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxformer.ops.blocks import ACTIVATION_AXES, Constrain, transformer_block
+from jaxformer.ops.blocks import ACTIVATION_AXES, Constrain, transformer_block, two_stream_block
 
 if TYPE_CHECKING:
     from jaxformer.config import ModelConfig
@@ -38,10 +38,21 @@ def has_dropout(cfg: ModelConfig) -> bool:
 
 
 def stack_block(params: dict, x: Array, *, cfg: ModelConfig, constrain: Constrain | None = None,
-                **kwargs) -> tuple[Array, dict | None]:
+                two_stream: dict | None = None, **kwargs) -> tuple[Array, dict | None]:
     """`transformer_block` on the residual stream `[B, L, D]` cast to ``cfg.dtype`` and pinned to
-    ``ACTIVATION_AXES`` on the way in and out (the output only when not decoding)."""
+    ``ACTIVATION_AXES`` on the way in and out (the output only when not decoding).
+
+    ``two_stream`` (XLNet's permutation LM): ``{"content_mask", "query_mask", "query_positions"}``
+    of `two_stream_block`; ``x`` is then the pair (content stream, query stream), each `[B, L, D]`,
+    and so is the output."""
     pin = constrain or (lambda a, _: a)
+    if two_stream is not None:
+        h, g = (pin(s.astype(jnp.dtype(cfg.dtype)), ACTIVATION_AXES) for s in x)
+        h, g = two_stream_block(params, h, g, cfg=cfg, constrain=constrain, **two_stream,
+                                positions=kwargs.get("positions"),
+                                segment_ids=kwargs.get("segment_ids"),
+                                dropout_rng=kwargs.get("dropout_rng"))
+        return (pin(h, ACTIVATION_AXES), pin(g, ACTIVATION_AXES)), None
     x = pin(x.astype(jnp.dtype(cfg.dtype)), ACTIVATION_AXES)
     y, cache = transformer_block(params, x, cfg=cfg, constrain=constrain, **kwargs)
     return (y if cache is not None else pin(y, ACTIVATION_AXES)), cache
@@ -50,7 +61,8 @@ def stack_block(params: dict, x: Array, *, cfg: ModelConfig, constrain: Constrai
 def run_stack(params: dict, x: Array, *, cfg: ModelConfig, num_layers: int, causal: bool = False,
               dropout_rng: jax.Array | None = None, constrain: Constrain | None = None,
               **inputs) -> Array:
-    """``num_layers`` blocks in order, `[B, L, D]` → `[B, L, D]` (no decoding cache).
+    """``num_layers`` blocks in order, `[B, L, D]` → `[B, L, D]` (no decoding cache); with a
+    ``two_stream`` input (see `stack_block`) the pair (content, query stream) → the pair.
 
     Args:
       params: ``{"layers": stacked}`` (scanned), ``{"layer_0": …, "layer_{N-1}": …}`` or

@@ -5,9 +5,8 @@ overridden on the command line (``--config.num_train_steps=20``). Each key is de
 where it is declared: `KEY_DOCS` here (top level, ``objective``, ``checkpoint``, ``eval``, ``mesh``),
 `jaxformer.config.ModelConfig`'s field ``doc`` (``model``), `jaxformer.data.pipeline.DATA_KEY_DOCS`,
 `jaxformer.data.sources.SOURCE_KEY_DOCS`, `jaxformer.data.tokenizer.TOKENIZER_KEY_DOCS` (``data``),
-`jaxformer.train.optim.OPTIMIZER_KEY_DOCS` and `jaxformer.objectives.OPTION_DOCS`;
-``python train.py --config <file> --print_config`` lists every key with its value, its base default
-and its description (`jaxformer.train.config_keys`).
+`jaxformer.train.optim.OPTIMIZER_KEY_DOCS`, `jaxformer.objectives.OPTION_DOCS`, and (``distill``)
+`jaxformer.train.distill_config.DISTILL_KEY_DOCS`; ``train.py --print_config`` lists them all.
 
 Three things are configs; the code names them apart: ``config`` is this training config (an
 ``ml_collections.ConfigDict``), ``model_cfg`` the `jaxformer.config.ModelConfig` read from its
@@ -37,15 +36,17 @@ from jaxformer.config import ModelConfig, changed_fields, resumable_fields
 from jaxformer.data.pipeline import check_data_config, default_data_config
 from jaxformer.data.sources import list_option
 from jaxformer.evaluation.decoding import check_generation
-from jaxformer.objectives import OPTION_DEFAULTS, check_objective, get_objective
+from jaxformer.objectives import OBJECTIVES, OPTION_DEFAULTS, check_objective, get_objective
+from jaxformer.objectives.permutation import check_plm_model
+from jaxformer.objectives.scheduled_sampling import check_scheduled_sampling
+from jaxformer.ops.attention_kernels import check_backend
 from jaxformer.train.distill_config import check_distill, default_distill_config
 from jaxformer.train.nonfinite import POLICIES
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 
 TOP_LEVEL_KEYS = ("seed", "num_train_steps", "init_from", "init_from_step", "init_from_best", "model",
-                  "objective", "data", "optimizer", "checkpoint", "eval", "mesh", "parallel",
-                  "module_api", "log_every_steps", "progress_bar", "name", "nonfinite", "nonfinite_limit",
-                  "distill")
+                  "objective", "data", "optimizer", "checkpoint", "eval", "mesh", "parallel", "distill",
+                  "module_api", "log_every_steps", "progress_bar", "name", "nonfinite", "nonfinite_limit")
 PARALLEL_MODES = ("jit", "shard_map", "pmap")  # see jaxformer.parallel: which to use and why
 MODULE_APIS = ("linen", "nnx")
 
@@ -59,8 +60,8 @@ KEY_DOCS = {
     "init_from": "'' | a pretraining workdir | a checkpoint step dir | a Hugging Face model dir",
     "init_from_step": "the step of an init_from run to read (unset or 0: the latest)",
     "init_from_best": "read init_from's best step by its checkpoint.best_metric",
-    "objective.name": "'clm', 'mlm', 'seq2seq', 'classify', 'sft', 'span_corruption' or 'denoise'; "
-                      "decides the data task and the usual framing",
+    "objective.name": f"one of {', '.join(sorted(OBJECTIVES))}; decides the data task and the "
+                      "usual framing",
     "objective.label_smoothing": "label smoothing of the training cross-entropy (not of evaluation)",
     "objective.z_loss": "weight of the z-loss log(Z)^2 on the output logits (PaLM)",
     "objective.decoder_start_id": "encoder_decoder: the first decoder input id (T5: pad = 0)",
@@ -297,8 +298,11 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
     if config.eval.every_steps <= 0 or config.eval.num_batches < 0:
         raise ValueError("eval.every_steps must be positive and eval.num_batches >= 0")
     check_objective(config.objective)
+    check_plm_model(config.objective, model_cfg)
+    check_scheduled_sampling(config.objective)
     check_distill(config)
     check_generation(config, model_cfg)
+    check_backend(model_cfg.attention_impl)  # e.g. cudnn without a CUDA GPU, before compiling
     optimizer = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
     if config.optimizer.get("lora", {}).get("rank") and (not config.init_from
                                                           or config.parallel != "jit"):
@@ -335,6 +339,11 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig, resol
             if n > model_cfg.max_len:
                 raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
                                  f"learned position table; lower data.{key} or raise model.max_len")
+    pairs = config.objective.get("sentence_pairs", "none")  # the pair label needs its head
+    if pairs != "none" and (not model_cfg.nsp_head or model_cfg.type_vocab_size < 2):
+        raise ValueError(f"objective.sentence_pairs={pairs!r} trains on [CLS] A [SEP] B [SEP] rows "
+                         f"with a pair label: set model.nsp_head=True (got {model_cfg.nsp_head}) "
+                         f"and model.type_vocab_size=2 (got {model_cfg.type_vocab_size})")
     tok = data.tokenizer
     if not tok.get("path") and (resolved or not config.init_from):  # else init_from's may be used
         check_vocabulary(tok.vocab_size, model_cfg, f"data.tokenizer.vocab_size={tok.vocab_size}")

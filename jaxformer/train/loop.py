@@ -27,6 +27,7 @@ from absl import logging
 from jaxformer.config import ModelConfig
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
 from jaxformer.models import build_model
+from jaxformer.objectives.scheduled_sampling import scheduled_sampling_mixer
 from jaxformer.ops.embedding import check_token_ids
 from jaxformer.parallel import pmap, shard_map
 from jaxformer.parallel.mesh import describe
@@ -150,6 +151,7 @@ class Trainer:
                                   skip_nonfinite=c.nonfinite == "skip",
                                   lora_scale=(lora.lora_scale(c.optimizer.lora) if self.base
                                               is not None else None),
+                                  mix_inputs=scheduled_sampling_mixer(c.objective, self.model),
                                   distill=None if self.teacher is None else self.teacher.loss(
                                       self.model_cfg))
         if self.teacher is not None:  # parallel="jit", no LoRA (checked with the config)

@@ -43,6 +43,7 @@ from jaxformer.models import build_model
 from jaxformer.models.heads import HEAD_MODULE_NAMES
 from jaxformer.nnx import FunctionalModel
 from jaxformer.objectives import bind_objective
+from jaxformer.objectives.mlm import uses_word_initial
 from jaxformer.parallel.mesh import check_batch_size, make_mesh
 from jaxformer.train.checkpoint import (
     Checkpointer,
@@ -241,9 +242,8 @@ def wire_objective(objective_cfg: ml_collections.ConfigDict, tokenizer: Tokenize
                    ) -> Callable[[dict, Any], dict]:
     """The objective's ``prepare(batch, rng)`` for the train step, bound to the tokenizer's ids
     (its host-side per-example step, if any, is applied by the pipeline: `open_data`)."""
-    whole_words = objective_cfg.get("whole_word_mask", False)
-    return bind_objective(objective_cfg, tokenizer.special,
-                          word_initial=tokenizer.word_initial() if whole_words else None)
+    return bind_objective(objective_cfg, tokenizer.special, word_initial=tokenizer.word_initial()
+                          if uses_word_initial(objective_cfg) else None)
 
 
 def open_data(config: ml_collections.ConfigDict, tokenizer: Tokenizer

@@ -69,7 +69,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
                     schedule: Callable, *, label_smoothing: float = 0.0, z_loss: float = 0.0,
                     grad_accum_steps: int = 1, axis_name: str | None = None,
                     skip_nonfinite: bool = False, lora_scale: float | None = None,
-                    distill: Callable | None = None) -> Callable[..., tuple[TrainState, dict]]:
+                    mix_inputs: Callable | None = None, distill: Callable | None = None
+                    ) -> Callable[..., tuple[TrainState, dict]]:
     """``train_step(state, batch) -> (state, metrics)``, to be wrapped in `jax.jit`.
 
     LoRA (``lora_scale`` = alpha / rank): ``train_step(state, batch, base)``: ``state.params`` are
@@ -91,14 +92,23 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
     step keeps the old params and optimizer state (`jnp.where`; the step counter still advances) and
     reports ``skipped`` = 1.
 
+    ``mix_inputs(params, prepared, step, rng) -> prepared`` (scheduled sampling,
+    `jaxformer.objectives.scheduled_sampling.scheduled_sampling_mixer`): applied to each
+    micro-batch's prepared inputs before the differentiated loss, with the model's parameters and
+    the optimizer step ``state.step``; None (the default) leaves the step's program unchanged.
+
     ``distill`` (`jaxformer.train.distill.DistillLoss`): ``train_step(state, batch, None,
     teacher)``; the hook computes the sums from the student and the frozen ``teacher`` parameters
     (no gradient reaches them) and its ``distill_*`` sums are logged per weight.
     """
 
-    def micro_grads(params, batch, key, base, teacher=None):
+    def micro_grads(params, batch, key, base, step, teacher=None):
         obj_key, drop_key = jax.random.split(key)
         prepared = prepare(batch, obj_key)
+        if mix_inputs is not None:  # scheduled sampling: a first pass, outside the gradient
+            full = params if base is None else lora.model_params(base, params, lora_scale)
+            prepared = mix_inputs(jax.lax.stop_gradient(full), prepared, step,
+                                  jax.random.fold_in(obj_key, 1))
 
         def f(p):
             full = p if base is None else lora.model_params(base, p, lora_scale)
@@ -125,7 +135,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
             # already. A no-op under pmap, whose state is stacked per device.
             params = jax.lax.pcast(params, axis_name, to="varying")
         if grad_accum_steps == 1:
-            grads, sums = micro_grads(params, batch, key, base, teacher)
+            grads, sums = micro_grads(params, batch, key, base, state.step, teacher)
         else:
             # Micro-batch i takes rows i, i+A, i+2A, …: each device splits its own (contiguous)
             # rows of a batch-sharded array, so no row moves between devices.
@@ -136,11 +146,12 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
 
             def body(acc, xs):
                 i, mb = xs
-                g, s = micro_grads(params, mb, jax.random.fold_in(key, i), base, teacher)
+                g, s = micro_grads(params, mb, jax.random.fold_in(key, i), base, state.step,
+                                   teacher)
                 return jax.tree.map(jnp.add, acc, (g, s)), None
 
-            zeros = jax.eval_shape(micro_grads, params,
-                                   jax.tree.map(lambda x: x[0], micro), key, base, teacher)
+            zeros = jax.eval_shape(micro_grads, params, jax.tree.map(lambda x: x[0], micro), key,
+                                   base, state.step, teacher)
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
             if axis_name is not None:  # the carry holds per-device sums
                 zeros = jax.lax.pcast(zeros, axis_name, to="varying")

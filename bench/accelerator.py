@@ -1,0 +1,183 @@
+"""Training-step throughput and MFU of GPT-2 small / medium, BERT-base and T5-base in bfloat16 on
+an accelerator, per attention implementation the backend can run.
+
+Each model is the ``<preset>_bf16`` preset (`jaxformer.models.presets`: bfloat16 compute, float32
+parameters, no attention dropout) trained by the trainer's own jitted step
+(`jaxformer.train.step.make_train_step`, AdamW) on its objective: ``clm`` for GPT-2, ``mlm`` for
+BERT, ``seq2seq`` for T5 (inputs ``--seq_len``, targets ``--seq_len // 4``, as span corruption
+leaves them), on random tokens packed two documents per row (segment ids, as the data pipeline
+packs them). Implementations (``--impls auto``): ``xla`` plus the backend's fused kernel
+(`jaxformer.ops.attention_kernels.fastest_attention`: ``cudnn`` on a CUDA GPU, ``splash`` on a
+TPU); a pair the config refuses (T5's relative bias on a kernel) is listed with the reason. Steps
+of one model's implementations are timed round-robin (`bench/train_step.py`), and MFU is model FLOPs
+(`bench/common.py`: 6·N·tokens + attention, causal halved) / step time / the bfloat16 matmul peak
+measured in the same run, before and after (the best of both).
+
+    python bench/accelerator.py                       # on a GPU / TPU
+    python bench/accelerator.py --tiny                # CPU smoke run: tiny models, ~1 CPU-minute
+    python bench/accelerator.py --models gpt2_medium --impls xla,cudnn --batch 16 --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import format_table, measure_matmul_peak  # noqa: E402
+from train_step import time_round_robin  # noqa: E402
+
+from jaxformer.config import ModelConfig  # noqa: E402
+from jaxformer.data.vocab import SpecialTokens  # noqa: E402
+from jaxformer.models.presets import preset  # noqa: E402
+from jaxformer.models.transformer import build_model  # noqa: E402
+from jaxformer.objectives import bind_objective  # noqa: E402
+from jaxformer.ops.attention_kernels import fastest_attention  # noqa: E402
+from jaxformer.plan import model_flops  # noqa: E402
+from jaxformer.train.config import base_config  # noqa: E402
+from jaxformer.train.state import TrainState, init_model_params  # noqa: E402
+from jaxformer.train.step import make_train_step  # noqa: E402
+
+# model → (preset, its --tiny stand-in, objective)
+MODELS = {
+    "gpt2_small": ("gpt2_small_bf16", "gpt_tiny", "clm"),
+    "gpt2_medium": ("gpt2_medium_bf16", "gpt_tiny", "clm"),
+    "bert_base": ("bert_base_bf16", "bert_tiny", "mlm"),
+    "t5_base": ("t5_base_bf16", "t5_tiny", "seq2seq"),
+}
+TINY_OVERRIDES = dict(dtype="bfloat16", param_dtype="float32", attention_dropout_rate=0.0)
+
+
+def model_config(name: str, impl: str, args) -> ModelConfig:
+    """The model's bf16 preset (or, with ``--tiny``, its tiny preset in bf16) with ``impl``;
+    ValueError (naming the field) where the kernel cannot compute the model."""
+    full, tiny, _ = MODELS[name]
+    overrides = dict(attention_impl=impl, max_len=max(args.seq_len, 128))
+    if name.startswith("t5"):
+        overrides.pop("max_len")  # relative positions: no table to size
+    if impl == "chunked":
+        overrides["attention_chunk_size"] = min(512, args.seq_len)
+    return ModelConfig.from_dict(preset(tiny, **TINY_OVERRIDES, **overrides) if args.tiny
+                                 else preset(full, **overrides))
+
+
+def packed_batch(cfg: ModelConfig, objective: str, args) -> dict:
+    """Random tokens, two documents per row (segment ids 1 and 2, positions restarting)."""
+    rng = np.random.default_rng(0)
+    lengths = {"inputs": args.seq_len}
+    if objective == "seq2seq":
+        lengths["targets"] = max(args.seq_len // 4, 2)
+    batch = {}
+    for key, n in lengths.items():
+        half = n // 2
+        batch[key] = rng.integers(200, cfg.vocab_size, (args.batch, n), dtype=np.int32)
+        batch[f"{key}_segment_ids"] = np.repeat([[1] * half + [2] * (n - half)], args.batch, 0)
+        batch[f"{key}_positions"] = np.repeat([list(range(half)) + list(range(n - half))],
+                                              args.batch, 0)
+    return {k: jnp.asarray(v, jnp.int32) for k, v in batch.items()}
+
+
+def prepare(name: str, impl: str, args) -> dict:
+    """Compile the train step of ``name`` with ``impl``: ``{"row", "run"}``."""
+    cfg = model_config(name, impl, args)
+    objective = base_config().objective
+    objective.name = MODELS[name][2]
+    tx = optax.adamw(1e-4, weight_decay=0.01)
+    step_fn = make_train_step(build_model(cfg), tx,
+                              bind_objective(objective, SpecialTokens(cfg.vocab_size)),
+                              optax.constant_schedule(1e-4))
+    params = jax.jit(lambda: init_model_params(build_model(cfg), cfg, jax.random.key(0)))()
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                       opt_state=jax.jit(tx.init)(params), rng=jax.random.key_data(jax.random.key(1)))
+    batch = packed_batch(cfg, MODELS[name][2], args)
+    compiled = jax.jit(step_fn, donate_argnums=(0,)).lower(state, batch).compile()
+    holder = {"state": state}
+
+    def run():
+        holder["state"], metrics = compiled(holder["state"], batch)
+        return metrics["loss"]
+
+    target = batch["targets"].shape[1] if "targets" in batch else args.seq_len
+    flops = model_flops(cfg, params, args.batch, args.seq_len, target)
+    mem = compiled.memory_analysis()
+    row = {"model": name, "impl": impl, "flops": flops["model_flops_per_step"],
+           "tokens": flops["tokens_per_step"],
+           "params_m": sum(x.size for x in jax.tree.leaves(params)) / 1e6,
+           "temp_gib": getattr(mem, "temp_size_in_bytes", 0) / 2**30 if mem is not None else None}
+    return {"row": row, "run": run}
+
+
+def implementations(name: str, args) -> list[str]:
+    if args.impls != "auto":
+        return [i for i in args.impls.split(",") if i]
+    kernel = fastest_attention()
+    return ["xla"] + ([kernel] if kernel != "xla" else [])
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {list(MODELS)}")
+    p.add_argument("--impls", default="auto", help="comma-separated attention_impl values, or "
+                   "'auto': xla + the backend's fused kernel (cudnn on CUDA GPUs, splash on TPUs)")
+    p.add_argument("--batch", type=int, default=None, help="rows per step (default 16; --tiny 4)")
+    p.add_argument("--seq_len", type=int, default=None,
+                   help="tokens per row (default: GPT-2 1024, BERT / T5 inputs 512; --tiny 64)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per implementation")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps after the first call")
+    p.add_argument("--matmul_n", type=int, default=8192, help="side of the bf16 peak matmul")
+    p.add_argument("--tiny", action="store_true",
+                   help="tiny models (gpt_tiny, bert_tiny, t5_tiny in bf16), batch 4, length 64, "
+                   "256² peak matmul: a CPU smoke run (under a minute of CPU, mostly compiling)")
+    args = p.parse_args(argv)
+    names = [m for m in args.models.split(",") if m]
+    if set(names) - set(MODELS):
+        p.error(f"unknown models {sorted(set(names) - set(MODELS))}; choose from {list(MODELS)}")
+    if args.tiny:
+        args.matmul_n = min(args.matmul_n, 256)
+    peak = measure_matmul_peak(args.matmul_n, jnp.bfloat16)
+    rows, refused = [], []
+    for name in names:
+        local = argparse.Namespace(**vars(args))
+        local.batch = args.batch or (4 if args.tiny else 16)
+        local.seq_len = args.seq_len or (64 if args.tiny else 1024 if name.startswith("gpt") else 512)
+        entries = []
+        for impl in implementations(name, args):
+            try:
+                entries.append(prepare(name, impl, local))
+            except ValueError as e:  # refused before compiling (config or backend)
+                refused.append({"model": name, "impl": impl, "reason": str(e)})
+        time_round_robin(entries, steps=args.steps, warmup=args.warmup)
+        for e in entries:
+            e["row"].update(batch=local.batch, seq_len=local.seq_len)
+            rows.append(e["row"])
+        del entries
+    peak_after = measure_matmul_peak(args.matmul_n, jnp.bfloat16)
+    peak["peak_flops"] = max(peak["peak_flops"], peak_after["peak_flops"])
+    for r in rows:
+        r["tokens_per_s"] = r["tokens"] / r["step_s"]
+        r["mfu"] = r["flops"] / r["step_s"] / peak["peak_flops"]
+    report = {"benchmark": "accelerator", "backend": jax.default_backend(),
+              "devices": [str(d) for d in jax.devices()],
+              "device_kind": jax.devices()[0].device_kind, "tiny": args.tiny,
+              "matmul_peak": peak, "results": rows, "refused": refused}
+    print(json.dumps(report))
+    print(f"\n{report['device_kind']} ({report['backend']})  bf16 matmul peak "
+          f"{peak['peak_flops'] / 1e12:.2f} TFLOP/s ({args.matmul_n}²)")
+    print(format_table(rows, [("model", "model", ""), ("impl", "attention", ""),
+                              ("batch", "batch", "d"), ("seq_len", "length", "d"),
+                              ("tokens_per_s", "tokens/s", ".0f"), ("step_s", "step s", ".4f"),
+                              ("mfu", "MFU", ".1%"), ("temp_gib", "temp GiB", ".2f")]))
+    for r in refused:
+        print(f"refused: {r['model']} / {r['impl']}: {r['reason']}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""Fused attention kernels behind `jaxformer.ops.dot_product_attention`: adapters that map our masks
+onto each kernel's arguments exactly, and the limits of each kernel, stated once.
+
+Same function as the plain path, softmax(q kᵀ · scale + M) v (Vaswani et al. 2017, eq. 1), with
+``M`` = causal AND segment (packing, id 0 = padding) AND an optional boolean mask; a query row with
+no visible key returns zeros, as in `jaxformer.ops.attention`.
+
+``"cudnn"``: `jax.nn.dot_product_attention(..., implementation="cudnn")`, cuDNN's fused flash
+attention (Dao et al. 2022) on CUDA GPUs. Its public signature has no segment ids: packed rows
+must arrive as the boolean ``mask`` (here: `jaxformer.ops.masks.segment_mask` AND the user's mask,
+`[B, 1|H, L, S]`; cuDNN adds it as a bias) with ``is_causal`` for causality. Passing only
+``is_causal`` — the mistake MaxText users hit — lets packed documents attend to each other.
+cuDNN fills masked logits with a large negative number, not −∞, so a fully masked row (a padding
+query) would average the values: those rows are zeroed here. Limits: bf16/fp16 inputs, head_dim a
+multiple of 8 and ≤ 256 (≤ 128 before Hopper), no dropout and no bias here (jax's API has no dropout
+argument; the gradient of an additive bias is computed by cuDNN only for some bias shapes, which
+this project could not check on a GPU: T5's learned relative-position bias stays on ``xla`` /
+``chunked``). With a mask, odd lengths are padded by one masked key / dropped query (cuDNN
+trains with a bias only at even lengths).
+
+``"splash"``: the TPU Pallas splash-attention kernel (`jax.experimental.pallas.ops.tpu
+.splash_attention`, MaxText's TPU default): block-sparse flash attention with a static causal or
+full mask and `SegmentIds` for packing, grouped-query attention native (``heads % kv_heads == 0``).
+It has no bias operand (T5's relative bias is refused) and no dropout; it does not scale the logits
+(``q`` is scaled here) and gives id 0 no special meaning (padding queries attend padding keys), so
+rows with no visible key are zeroed here. Lengths are padded to a multiple of the block (a multiple
+of 128; the block is ``min(attention_chunk_size, length rounded up to 128)``) with segment id 0.
+Chosen over ``flash_attention`` from the same package, which takes a bias but has neither grouped
+kv heads nor an interpret mode (so could not be tested on CPU). ``"splash_interpret"`` runs the
+same kernel through the Pallas interpreter: any backend, slow — for tests on CPU.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.extend import backend as jax_backend
+
+from jaxformer.ops.masks import causal_mask, combine_masks, segment_mask
+
+Array = jnp.ndarray
+KERNELS = ("cudnn", "splash", "splash_interpret")
+CUDNN_DTYPES = ("bfloat16", "float16")
+CUDNN_MAX_HEAD_DIM = 256  # Hopper and later; 128 on older GPUs (cuDNN refuses at compile time)
+SPLASH_LANES = 128  # TPU lane width: splash blocks and padded lengths are multiples of it
+
+
+# --------------------------------------------------------------------------------------------------
+# What each kernel can run: checked at config time (`ModelConfig.validate`, `check_backend`).
+
+
+def unsupported(impl: str, *, dtype: str, head_dim: int, relative_bias: bool,
+                attention_dropout_rate: float, chunk_size: int) -> tuple[str, str] | None:
+    """(field, why) of the first model setting ``impl`` cannot compute, or None."""
+    if impl not in KERNELS:
+        return None
+    name = f"attention_impl={impl!r}"
+    if relative_bias:
+        why = ("cuDNN computes a bias gradient only for some bias shapes, unverified here"
+               if impl == "cudnn" else "splash has no bias operand")
+        return "position", (f"{name} cannot add T5's learned relative-position bias ({why}); "
+                            "use 'xla' or 'chunked'")
+    if attention_dropout_rate:
+        return "attention_dropout_rate", f"{name} has no attention dropout; set it to 0.0"
+    if impl == "cudnn" and dtype not in CUDNN_DTYPES:
+        return "dtype", f"{name} computes in {' or '.join(CUDNN_DTYPES)} only, not {dtype}"
+    if impl == "cudnn" and (head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM):
+        return "head_dim", (f"{name} needs head_dim a multiple of 8 and <= "
+                            f"{CUDNN_MAX_HEAD_DIM}, got {head_dim}")
+    if impl != "cudnn" and chunk_size % SPLASH_LANES:
+        return "attention_chunk_size", (f"{name} uses it as its block length, which must be a "
+                                        f"multiple of {SPLASH_LANES}, got {chunk_size}")
+    return None
+
+
+def backend_problem(impl: str, platform: str | None = None, version: str | None = None
+                    ) -> str | None:
+    """Why the backend (default: jax's) cannot run ``impl``, or None."""
+    if impl not in ("cudnn", "splash"):
+        return None
+    if platform is None:
+        backend = jax_backend.get_backend()
+        platform, version = backend.platform, backend.platform_version
+    cuda = platform == "cuda" or (platform == "gpu" and "cuda" in (version or "").lower())
+    if impl == "cudnn" and not cuda:
+        return (f"model.attention_impl='cudnn' needs a CUDA GPU, but jax's backend is {platform!r}; "
+                "use 'xla' or 'chunked'")
+    if impl == "splash" and platform != "tpu":
+        return (f"model.attention_impl='splash' needs a TPU, but jax's backend is {platform!r}; "
+                "use 'xla' or 'chunked' ('splash_interpret' runs the kernel interpreted, slowly, "
+                "for tests)")
+    return None
+
+
+def fastest_attention(*, relative_bias: bool = False, platform: str | None = None,
+                      version: str | None = None) -> str:
+    """The fused kernel the backend (default: jax's) runs — "cudnn" on a CUDA GPU, "splash" on a
+    TPU — or "xla" elsewhere and for T5's relative-position bias (no kernel takes it)."""
+    for impl in ("cudnn", "splash"):
+        if not relative_bias and backend_problem(impl, platform, version) is None:
+            return impl
+    return "xla"
+
+
+def check_backend(impl: str) -> None:
+    """Raise ValueError (naming model.attention_impl) if this process's backend cannot run it."""
+    problem = backend_problem(impl)
+    if problem:
+        raise ValueError(problem)
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared pieces.
+
+
+def _pad_to(x: Array | None, axis: int, length: int, value=0) -> Array | None:
+    if x is None or x.shape[axis] in (1, length):
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, length - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def _zero_blind_rows(out_BxLxHxDv: Array, visible: Array) -> Array:
+    """``out`` with rows that see no key set to 0; ``visible`` `[B|1, H|1, L]` bool."""
+    return out_BxLxHxDv * jnp.swapaxes(visible, 1, 2)[..., None].astype(out_BxLxHxDv.dtype)
+
+
+def _refuse(impl: str, bias, dropout_rate: float, dropout_rng) -> None:
+    if bias is not None:
+        raise ValueError(f"implementation={impl!r} takes no additive bias (T5's relative "
+                         "positions): use 'xla' or 'chunked'")
+    if dropout_rate and dropout_rng is not None:
+        raise ValueError(f"implementation={impl!r} has no attention dropout: set the rate to 0")
+
+
+# --------------------------------------------------------------------------------------------------
+# cuDNN.
+
+
+def cudnn_arguments(q: Array, k: Array, v: Array, *, mask: Array | None, causal: bool,
+                    q_segment_ids: Array | None, kv_segment_ids: Array | None,
+                    scale: float) -> tuple[dict, Array | None]:
+    """(keyword arguments of `jax.nn.dot_product_attention`, rows that see a key `[B|1, H|1, L]`
+    or None when every row does) for our masks.
+
+    ``q`` `[B, L, H, Dh]`, ``k``/``v`` `[B, S, K, Dh]`; ``mask`` broadcastable to `[B, H, L, S]`;
+    segment ids `[B, L]` / `[B, S]`. Segments and ``mask`` become one boolean mask; causality
+    stays ``is_causal`` (cuDNN skips the upper triangle's blocks)."""
+    segments = None if q_segment_ids is None else segment_mask(q_segment_ids, kv_segment_ids)
+    full = combine_masks(mask, segments)
+    kwargs = {"query": q, "key": k, "value": v, "mask": full, "is_causal": causal, "scale": scale}
+    if full is None:
+        return kwargs, None
+    seen = combine_masks(full, causal_mask(q.shape[1], k.shape[1])) if causal else full
+    return kwargs, jnp.any(seen, axis=-1)
+
+
+def cudnn_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: Array | None,
+                    causal: bool, q_segment_ids: Array | None, kv_segment_ids: Array | None,
+                    scale: float, dropout_rate: float = 0.0, dropout_rng=None,
+                    implementation: str = "cudnn") -> Array:
+    """Attention through `jax.nn.dot_product_attention` (``implementation="cudnn"``; ``"xla"``
+    runs jax's reference of the same call, e.g. to test the argument mapping on CPU).
+
+    Shapes as `cudnn_arguments`; returns `[B, L, H, Dv]` in ``q.dtype``."""
+    _refuse("cudnn", bias, dropout_rate, dropout_rng)
+    if implementation == "cudnn":
+        check_backend("cudnn")
+    lq, lk = q.shape[1], k.shape[1]
+    has_mask = mask is not None or q_segment_ids is not None
+    pad_q, pad_k = (lq % 2, lk % 2) if has_mask else (0, 0)
+    if pad_q or pad_k:
+        q_segment_ids, kv_segment_ids = _default_segments(q_segment_ids, kv_segment_ids, q, k)
+        q, q_segment_ids = _pad_to(q, 1, lq + pad_q), _pad_to(q_segment_ids, 1, lq + pad_q)
+        k, v = _pad_to(k, 1, lk + pad_k), _pad_to(v, 1, lk + pad_k)
+        kv_segment_ids = _pad_to(kv_segment_ids, 1, lk + pad_k)
+        mask = _pad_to(_pad_to(mask, 2, lq + pad_q, True), 3, lk + pad_k, True)
+    kwargs, visible = cudnn_arguments(q, k, v, mask=mask, causal=causal, q_segment_ids=q_segment_ids,
+                                      kv_segment_ids=kv_segment_ids, scale=scale)
+    out = jax.nn.dot_product_attention(**kwargs, implementation=implementation)
+    if visible is not None:
+        out = _zero_blind_rows(out, visible)
+    return out[:, :lq]
+
+
+def _default_segments(q_seg, kv_seg, q, k):
+    """Segment ids of all ones when none are given (padding extra positions with id 0 masks them)."""
+    if q_seg is None:
+        q_seg = jnp.ones(q.shape[:2], jnp.int32)
+        kv_seg = jnp.ones(k.shape[:2], jnp.int32)
+    return q_seg, kv_seg
+
+
+# --------------------------------------------------------------------------------------------------
+# TPU splash attention.
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _sees_a_key(q_seg: Array, kv_seg: Array, causal: bool) -> Array:
+    """`[L]` bool: query ``i`` has a key ``j`` with ``kv_seg[j] == q_seg[i] != 0`` (and ``j <= i``
+    when causal), found by binary search over the sorted key ids: O((L + S) log S), no `[L, S]`."""
+    order = jnp.argsort(kv_seg, stable=True)
+    pos = jnp.minimum(jnp.searchsorted(kv_seg[order], q_seg), kv_seg.shape[0] - 1)
+    found = (kv_seg[order][pos] == q_seg) & (q_seg != 0)
+    if causal:  # the stable sort puts each id's earliest key first
+        found &= order[pos] <= jnp.arange(q_seg.shape[0])
+    return found
+
+
+def splash_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: Array | None,
+                     causal: bool, q_segment_ids: Array | None, kv_segment_ids: Array | None,
+                     scale: float, dropout_rate: float = 0.0, dropout_rng=None,
+                     block: int = 512, interpret: bool = False) -> Array:
+    """Splash attention of ``q`` `[B, L, H, Dh]` over ``k``/``v`` `[B, S, K, Dh|Dv]` with causal
+    and segment masks (no dense ``mask``: splash's masks are static and per shape).
+
+    Returns `[B, L, H, Dv]` in ``q.dtype``."""
+    impl = "splash_interpret" if interpret else "splash"
+    _refuse(impl, bias, dropout_rate, dropout_rng)
+    if mask is not None:
+        raise ValueError(f"implementation={impl!r} takes causal and segment masks only, not a "
+                         "dense mask: use 'xla', 'chunked' or 'cudnn'")
+    if not interpret:
+        check_backend("splash")
+    b, lq, h, _ = q.shape
+    lk = k.shape[1]
+    block_q = min(block, _round_up(lq, SPLASH_LANES))
+    block_kv = min(block, _round_up(lk, SPLASH_LANES))
+    lq_pad, lk_pad = _round_up(lq, block_q), _round_up(lk, block_kv)
+    q_seg, kv_seg = _default_segments(q_segment_ids, kv_segment_ids, q, k)
+    q_seg, kv_seg = _pad_to(q_seg, 1, lq_pad), _pad_to(kv_seg, 1, lk_pad)
+    q_BxHxLxDh = jnp.swapaxes(_pad_to(q * jnp.asarray(scale, q.dtype), 1, lq_pad), 1, 2)
+    k_BxKxSxDh, v_BxKxSxDv = (jnp.swapaxes(_pad_to(x, 1, lk_pad), 1, 2) for x in (k, v))
+    shape = (lq_pad, lk_pad)
+    head_mask = splash.CausalMask(shape) if causal else splash.FullMask(shape)
+    blocks = splash.BlockSizes(
+        block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv, block_q_dkv=block_q,
+        block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv, block_q_dq=block_q,
+        block_kv_dq=block_kv)
+    kernel = splash.make_splash_mha(splash.MultiHeadMask([head_mask] * h), block_sizes=blocks,
+                                    head_shards=1, q_seq_shards=1, interpret=interpret)
+    one_row = lambda qq, kk, vv, sq, sk: kernel(qq, kk, vv, segment_ids=splash.SegmentIds(sq, sk))
+    out_BxHxLxDv = jax.vmap(one_row)(q_BxHxLxDh, k_BxKxSxDh, v_BxKxSxDv, q_seg, kv_seg)
+    visible_Bx1xL = jax.vmap(_sees_a_key, in_axes=(0, 0, None))(q_seg, kv_seg, causal)[:, None]
+    out = _zero_blind_rows(jnp.swapaxes(out_BxHxLxDv, 1, 2), visible_Bx1xL)
+    return out[:, :lq].astype(q.dtype)
+
+
+def fused_attention(implementation: str, q: Array, k: Array, v: Array, *, block: int, **kw
+                    ) -> Array:
+    """Dispatch to the kernel ``implementation`` (one of `KERNELS`); ``kw`` as `cudnn_attention`."""
+    if implementation == "cudnn":
+        return cudnn_attention(q, k, v, **kw)
+    return splash_attention(q, k, v, block=block, interpret=implementation == "splash_interpret",
+                            **kw)
+
+
+__all__ = ["KERNELS", "unsupported", "backend_problem", "fastest_attention", "check_backend",
+           "cudnn_arguments", "cudnn_attention", "splash_attention", "fused_attention"]
