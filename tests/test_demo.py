@@ -45,8 +45,8 @@ def demo(tmp_path_factory):
     (tmp / "corpus.txt").write_text("\n".join(t for t in lines if t.strip()) + "\n")
     small = {**SHORT, "data.source": f"files:{tmp}/corpus.txt", "data.format": "text"}
     settings = DemoSettings(low_resource_examples=64, low_resource_steps=8, bert_curve_points=2,
-                            t5_max_tokens=40, t5_test_verses=12, t5_curve_verses=4, beam_size=2,
-                            decode_batch=8, show_verses=2)
+                            t5_max_tokens=40, t5_test_verses=12, t5_curve_verses=4,
+                            t5_select_verses=8, beam_size=2, decode_batch=8, show_verses=2)
     overrides = {"*": TINY, "gpt_pretrain_tiny": small, "bert_pretrain_tiny": small,
                  "t5_pretrain_tiny": small,
                  "t5_finetune_tiny": {"data.seq_len": 48, "data.target_len": 48}}
@@ -104,7 +104,8 @@ def test_t5_budget_run_reports_bleu_at_every_checkpoint(tmp_path):
     scratch run with a greedy-BLEU row per checkpoint, beam BLEU at the end, the report."""
     overrides = {"*": TINY, "t5_finetune_tiny": {"data.seq_len": 48, "data.target_len": 48}}
     r = t5_budget.run_budget(tmp_path / "run", steps=6, every=3, max_tokens=40, test_verses=6,
-                             curve_verses=3, beam_size=2, decode_batch=4, overrides=overrides)
+                             curve_verses=3, select_verses=8, beam_size=2, decode_batch=4,
+                             overrides=overrides)
     assert [row["step"] for row in r["curve"]] == [3, 6]
     assert r["curve"][0]["tokens"] * 2 == pytest.approx(r["curve"][1]["tokens"], abs=1)
     assert all(row["validation_loss"] > 0 and row["bleu_greedy"] >= 0 for row in r["curve"])

@@ -81,13 +81,22 @@ def _launch(workdir: Path, corpus: Path, num_processes: int = 2,
     return results
 
 
-def test_two_processes_train_and_checkpoint(tmp_path):
-    corpus = tmp_path / "corpus.txt"
+@pytest.fixture(scope="module")
+def jit_run(tmp_path_factory):
+    """One two-process run on the data=2×fsdp=2×tensor=2 mesh: (corpus, workdir, the processes'
+    results, its metrics rows as written then), shared by the tests below."""
+    tmp = tmp_path_factory.mktemp("multiprocess")
+    corpus = tmp / "corpus.txt"
     _corpus(corpus)
-    workdir = tmp_path / "run"
+    workdir = tmp / "jit"
     results = _launch(workdir, corpus)
     for r in results:
         assert r.returncode == 0, r.stderr[-4000:]
+    return corpus, workdir, results, read_metrics(workdir)
+
+
+def test_two_processes_train_and_checkpoint(jit_run):
+    corpus, workdir, results, _ = jit_run
     # Every process ends with the same (global) metrics dict.
     finals = [r.stdout.strip().splitlines()[-1] for r in results]
     assert finals[0] == finals[1], finals
@@ -116,17 +125,17 @@ def test_two_processes_train_and_checkpoint(tmp_path):
     assert [row["step"] for row in read_metrics(workdir)] == list(range(1, STEPS + 3))
 
 
-def test_two_process_data_parallel_trains_one_model(tmp_path):
+def test_two_process_data_parallel_trains_one_model(jit_run, tmp_path):
     """pmap and shard_map over the devices of both processes: gradients are summed globally, so
     both processes report the same metrics, which equal the sharded jit run's (the same update).
     pmap over each process's local devices only trained a different model per process; shard_map
     runs over the global ``data=8`` mesh, fed by both processes as on the jit path."""
-    corpus = tmp_path / "corpus.txt"
-    _corpus(corpus)
-    runs = {}
-    for name in ("jit", "pmap", "shard_map"):
-        parallel = MESH if name == "jit" else [f"--config.parallel={name}"]
-        results = _launch(tmp_path / name, corpus, parallel=parallel)
+    corpus, _, jit_results, jit_rows = jit_run
+    runs = {"jit": jit_rows}
+    finals = [r.stdout.strip().splitlines()[-1] for r in jit_results]
+    assert finals[0] == finals[1], ("jit", finals)
+    for name in ("pmap", "shard_map"):
+        results = _launch(tmp_path / name, corpus, parallel=[f"--config.parallel={name}"])
         for r in results:
             assert r.returncode == 0, r.stderr[-4000:]
         finals = [r.stdout.strip().splitlines()[-1] for r in results]
