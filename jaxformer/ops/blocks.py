@@ -142,9 +142,25 @@ def attention_sublayer(
     return dense(params["out"], pin(out_BxLxHxDh, HEADS_AXES), in_axes=2), new_cache
 
 
+@jax.custom_jvp
+def gradient_barrier(x: Array) -> Array:
+    """The identity, whose derivative goes through `jax.lax.optimization_barrier`: in the backward
+    pass the gradient of ``x`` is computed once and stored. On the residual stream this stops
+    XLA:CPU from fusing the gradient's sum over all later layers into each of its consumers (the
+    transposed copies feeding the weight gradients), which recomputed it there, O(layers²) work."""
+    return x
+
+
+@gradient_barrier.defjvp
+def _gradient_barrier_jvp(primals, tangents):
+    return primals[0], lax.optimization_barrier(tangents[0])
+
+
 def _residual(cfg: ModelConfig, norm_params: dict, x: Array, sublayer, rng) -> Array:
-    """Pre- or post-LN residual wrapper around ``sublayer`` (a function of the normalised input)."""
+    """Pre- or post-LN residual wrapper around ``sublayer`` (a function of the normalised input);
+    the gradient of ``x`` is materialised (`gradient_barrier`)."""
     norm = lambda h: normalize(cfg.norm, h, norm_params, eps=cfg.norm_eps)
+    x = gradient_barrier(x)
     if cfg.norm_position == "pre":
         return x + dropout(sublayer(norm(x)), cfg.dropout_rate, rng)
     return norm(x + dropout(sublayer(x), cfg.dropout_rate, rng))
