@@ -42,7 +42,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) tests
 
-# Everything but the tests marked slow (end-to-end runs): about 2 minutes on 2 cores.
+# Everything but the tests marked slow (end-to-end runs): about 2.5 minutes on 2 cores.
 test-fast: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow" tests
 

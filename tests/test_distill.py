@@ -127,6 +127,7 @@ def test_whole_loss_matches_the_formula_for_several_temperatures(name, fields):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7, err_msg=f"T={T}")
 
 
+@pytest.mark.slow  # compiles the distillation step's gradient (~7 s)
 def test_no_gradient_reaches_the_teacher():
     s_cfg, t_cfg = _cfg("bert_mini", 2), _cfg("bert_mini", 4)
     student, teacher = build_model(s_cfg), build_model(t_cfg)
