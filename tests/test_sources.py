@@ -26,9 +26,11 @@ DOCUMENTED_SIZES = {
     "kjv_bible": {"train": 27_968, "validation": 1_544, "test": 1_590},
     "movie_sentiment": {"train": 8_495, "validation": 1_034, "test": 1_076},
     "bible_en_es": {"train": 27_781, "validation": 1_529, "test": 1_576},
+    "review_snippets": {"train": 11_814, "validation": 622, "test": 662},
 }
 FRACTIONS = {"shakespeare": (0.9, 0.05, 0.05), "kjv_bible": (0.9, 0.05, 0.05),
-             "movie_sentiment": (0.8, 0.1, 0.1), "bible_en_es": (0.9, 0.05, 0.05)}
+             "movie_sentiment": (0.8, 0.1, 0.1), "bible_en_es": (0.9, 0.05, 0.05),
+             "review_snippets": (0.9, 0.05, 0.05)}
 
 
 def _records(source, limit=None):

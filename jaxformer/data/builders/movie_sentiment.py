@@ -31,6 +31,14 @@ INNER_ARCHIVE = "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.
 MEMBER = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
 
 
+def ground_truth_rows(data: bytes) -> Iterator[tuple[str, float, str]]:
+    """``(file id, mean score, raw text)`` per line of a ``*_GroundTruth.txt`` file (UTF-8,
+    tab-separated ``id, mean score, text``; also read by ``review_snippets``)."""
+    for line in data.decode("utf-8").splitlines():
+        key, score, text = line.split("\t")
+        yield key, float(score), text
+
+
 class MovieSentiment(base.LocalBuilder, skip_registration=True):
     """Binary sentiment of movie-review sentences (see module docstring)."""
 
@@ -49,7 +57,6 @@ class MovieSentiment(base.LocalBuilder, skip_registration=True):
 
     def _examples(self, archives: Sequence[pathlib.Path]) -> Iterator[tuple[str, dict[str, Any]]]:
         inner = fetch.read_tar_member(archives[0], INNER_ARCHIVE)
-        for line in fetch.read_tar_member(inner, MEMBER).decode("utf-8").splitlines():
-            key, score, sentence = line.split("\t")
-            yield key, {"text": " ".join(sentence.split()), "label": int(float(score) > 0),
-                        "id": key, "score": float(score)}
+        for key, score, sentence in ground_truth_rows(fetch.read_tar_member(inner, MEMBER)):
+            yield key, {"text": " ".join(sentence.split()), "label": int(score > 0),
+                        "id": key, "score": score}
