@@ -484,3 +484,22 @@ def test_denoise_from_the_base_config_masks_no_single_tokens():
     cfg.token_mask_rate = 0.5
     inputs, _ = host_transform("denoise", SPECIAL, cfg)(tokens, np.random.default_rng(0))
     assert 15 < np.sum(inputs == SPECIAL.mask_id) < 45
+
+
+def test_random_roll_makes_every_position_equally_likely_noise():
+    """T5's mask always ends with noise, so a short example's one span is always its last tokens;
+    rolled (seqio's random_roll), each position is noise with probability num_noise / length."""
+    length, trials = 20, 4000
+    rng = np.random.default_rng(3)
+    plain = np.stack([random_spans_noise_mask(length, rng) for _ in range(200)])
+    assert plain[:, -1].all() and plain[:, -3:].all()  # the bias the roll removes
+    rolled = np.stack([random_spans_noise_mask(length, rng, random_roll=True)
+                       for _ in range(trials)])
+    p = 3 / length  # round(20 · 0.15) = 3 noise tokens
+    assert (rolled.sum(axis=1) == 3).all()
+    sigma = np.sqrt(p * (1 - p) / trials)
+    assert np.abs(rolled.mean(axis=0) - p).max() < 5 * sigma
+    tokens = rng.integers(LOW, SPECIAL.vocab_size, length)
+    for _ in range(50):  # a span wrapped around the end still reconstructs exactly
+        inputs, targets = span_corruption(tokens, rng, SPECIAL, random_roll=True)
+        np.testing.assert_array_equal(reconstruct_span_corruption(inputs, targets, SPECIAL), tokens)

@@ -22,10 +22,14 @@ import numpy as np
 from jaxformer.data.vocab import SpecialTokens
 
 # The ``objective.*`` options of span corruption with their defaults (T5, §3.1.4).
-SPAN_CORRUPTION_OPTIONS = {"noise_density": 0.15, "mean_span_length": 3.0}
+# ``random_roll`` is on by default (T5 itself has no roll): see `random_spans_noise_mask`.
+SPAN_CORRUPTION_OPTIONS = {"noise_density": 0.15, "mean_span_length": 3.0, "random_roll": True}
 SPAN_CORRUPTION_OPTION_DOCS = {
     "noise_density": "span_corruption: fraction of tokens corrupted",
-    "mean_span_length": "span_corruption: mean length of a corrupted span"}
+    "mean_span_length": "span_corruption: mean length of a corrupted span",
+    "random_roll": "span_corruption: roll each noise mask by a random offset (seqio's random_roll); "
+                   "without it a short example's only span always ends it (T5's mask always "
+                   "ends with noise)"}
 
 
 def _random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:
@@ -39,7 +43,8 @@ def _random_segmentation(num_items: int, num_segments: int, rng: np.random.Gener
 
 
 def random_spans_noise_mask(length: int, rng: np.random.Generator, noise_density: float = 0.15,
-                            mean_span_length: float = 3.0) -> np.ndarray:
+                            mean_span_length: float = 3.0, random_roll: bool = False
+                            ) -> np.ndarray:
     """Bool `[length]` noise mask, exactly T5's ``random_spans_noise_mask``.
 
     num_noise = round(max(length, 2) · density) clipped to [1, max(length, 2) − 1];
@@ -47,6 +52,14 @@ def random_spans_noise_mask(length: int, rng: np.random.Generator, noise_density
     segmented at random into num_spans non-empty spans, interleaved starting with non-noise.
     (Lengths below 2 are computed at length 2 and truncated, as in T5: a 1-token input has no
     noise.)
+
+    T5's mask always *ends* with a noise span, and an example of under ~33 tokens gets only one
+    span: corrupted one short example at a time (a verse, a sentence), the task degenerates to
+    "predict the last few tokens" — the decoder learns a language model of sentence endings that
+    ignores the encoder. T5 corrupts 512-token concatenations, where this hardly matters.
+    ``random_roll=True`` rolls the mask by an offset uniform in [0, length) (seqio's
+    ``random_roll``), so every position is equally likely to be noise; a span rolled across the
+    end wraps to the start (one more span).
     """
     if not 0.0 < noise_density < 1.0:
         raise ValueError(f"noise_density={noise_density} must be in (0, 1) (T5 uses 0.15)")
@@ -61,6 +74,8 @@ def random_spans_noise_mask(length: int, rng: np.random.Generator, noise_density
     span_starts = np.zeros(length, np.int64)
     span_starts[np.cumsum(interleaved)[:-1]] = 1
     is_noise = np.cumsum(span_starts) % 2 == 1
+    if random_roll:
+        is_noise = np.roll(is_noise, int(rng.integers(length)))
     return is_noise[:orig_length]
 
 
@@ -77,9 +92,21 @@ def _replace_spans(tokens: np.ndarray, mask: np.ndarray, sentinels: np.ndarray) 
     return out[~(mask & prev)]
 
 
+def _sentinel_then_span(tokens: np.ndarray, mask: np.ndarray, sentinels: np.ndarray
+                        ) -> np.ndarray:
+    """The targets: each run of True in ``mask`` preceded by its sentinel, numbered as
+    `_replace_spans` numbers the inputs'. Equal to T5's ``nonnoise_span_to_unique_sentinel`` for
+    T5's masks (non-noise first, noise last); unlike it, also aligned with the inputs when a
+    rolled mask starts with noise or ends without."""
+    first = mask & ~np.concatenate([[False], mask[:-1]])
+    sentinel = np.where(first, sentinels[np.maximum(np.cumsum(first) - 1, 0)], -1)
+    pieces = np.stack([sentinel, np.where(mask, tokens, -1)], axis=1).reshape(-1)
+    return pieces[pieces >= 0]
+
+
 def span_corruption(tokens: np.ndarray, rng: np.random.Generator, special: SpecialTokens,
-                    noise_density: float = 0.15, mean_span_length: float = 3.0
-                    ) -> tuple[np.ndarray, np.ndarray]:
+                    noise_density: float = 0.15, mean_span_length: float = 3.0,
+                    random_roll: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """T5 span corruption of one example.
 
     Args:
@@ -87,6 +114,7 @@ def span_corruption(tokens: np.ndarray, rng: np.random.Generator, special: Speci
       rng: seeded `np.random.Generator` (the pipeline derives one per example).
       special: the vocabulary's special ids (sentinels, EOS).
       noise_density, mean_span_length: T5's 0.15 and 3.0.
+      random_roll: roll the noise mask by a random offset (`random_spans_noise_mask`).
 
     Returns:
       ``(inputs, targets)`` int32 arrays, each ending with EOS.
@@ -102,9 +130,9 @@ def span_corruption(tokens: np.ndarray, rng: np.random.Generator, special: Speci
     eos = np.asarray([special.eos_id], np.int32)
     if tokens.size == 0:
         return eos.copy(), eos.copy()
-    mask = random_spans_noise_mask(tokens.size, rng, noise_density, mean_span_length)
+    mask = random_spans_noise_mask(tokens.size, rng, noise_density, mean_span_length, random_roll)
     inputs = _replace_spans(tokens, mask, sentinels)
-    targets = _replace_spans(tokens, ~mask, sentinels)
+    targets = _sentinel_then_span(tokens, mask, sentinels)
     return (np.concatenate([inputs, eos]).astype(np.int32),
             np.concatenate([targets, eos]).astype(np.int32))
 
