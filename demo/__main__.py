@@ -9,6 +9,14 @@ import sys
 from demo import FAMILIES, DemoSettings, run_demo
 from demo.common import DEMO_CONFIGS, parse_overrides
 
+# The regimes of ``--full`` (0: the whole training split).
+FULL = {"gpt_sizes": (500, 2000, 8000), "bert_sizes": (250, 1000, 0),
+        "t5_sizes": (1000, 4000, 0)}
+
+
+def _sizes(sizes) -> str:
+    return " / ".join(f"{n:,}" if n else "all" for n in sizes)
+
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
@@ -18,20 +26,23 @@ def main(argv: list[str] | None = None) -> None:
                    help="multiplies every run's steps (0.1 for a quick look)")
     p.add_argument("--pretrain_scale", type=float, default=1.0,
                    help="multiplies the pretraining runs' steps only (fine-tuning unchanged)")
-    p.add_argument("--bert_curve_points", type=int, default=DemoSettings.bert_curve_points,
-                   help="BERT pretraining checkpoints the low-resource fine-tuning starts from")
-    p.add_argument("--t5_max_tokens", type=int, default=DemoSettings.t5_max_tokens,
-                   help="translation pairs kept when both sides fit in this many tokens (with EOS)")
+    p.add_argument("--seeds", type=int, default=DemoSettings.seeds,
+                   help="fine-tuning seeds per init and regime (mean ± standard error)")
+    p.add_argument("--full", action="store_true",
+                   help="every regime (GPT " + _sizes(FULL["gpt_sizes"]) + " verses, BERT "
+                        + _sizes(FULL["bert_sizes"]) + " labels, T5 " + _sizes(FULL["t5_sizes"])
+                        + " pairs) with each init's learning rate chosen on validation: the "
+                        "longer command behind demo_results/full")
+    p.add_argument("--tune", action="store_true",
+                   help="choose each init's learning rate on validation (implied by --full)")
     p.add_argument("--only", default=",".join(FAMILIES), help="comma-separated families")
     p.add_argument("--out", default="demo_results", help="results.json / .md / curves.png here")
-    p.add_argument("--beam_size", type=int, default=DemoSettings.beam_size)
     p.add_argument("--set", action="append", default=[], metavar="[CONFIG:]KEY=VALUE",
                    help="override a key of the demo's configs (repeatable): of every config, e.g. "
                         "--set model.d_model=256, or of one of " + ", ".join(DEMO_CONFIGS) +
                         ", e.g. --set bert_finetune_tiny:data.seq_len=96")
     args = p.parse_args(argv)
-    for name in ("budget_scale", "pretrain_scale", "bert_curve_points", "beam_size",
-                 "t5_max_tokens"):
+    for name in ("budget_scale", "pretrain_scale", "seeds"):
         if getattr(args, name) <= 0:
             p.error(f"--{name}={getattr(args, name)} must be positive")
     try:
@@ -39,10 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         p.error(str(e))
     settings = dataclasses.replace(DemoSettings(), budget_scale=args.budget_scale,
-                                   pretrain_scale=args.pretrain_scale,
-                                   bert_curve_points=args.bert_curve_points,
-                                   t5_max_tokens=args.t5_max_tokens,
-                                   beam_size=args.beam_size)
+                                   pretrain_scale=args.pretrain_scale, seeds=args.seeds,
+                                   tune=args.tune or args.full, **(FULL if args.full else {}))
     command = "python -m demo " + " ".join(sys.argv[1:] if argv is None else argv)
     run_demo(args.workdir, settings, [f.strip() for f in args.only.split(",") if f.strip()],
              overrides=overrides, out_dir=args.out, command=command.strip())

@@ -1,11 +1,12 @@
-"""Encoder-only demo: MLM pretraining, then sentiment fine-tuning from the pretrained checkpoint and
-from random init (same tokenizer, hyper-parameters and budget), on the full training split and on a
-low-resource split; the low-resource gap is traced against pretraining time with checkpoints of the
-one pretraining run.
+"""Encoder-only demo: MLM pretraining on unlabelled in-domain text, then sentiment fine-tuning
+with few labels (and with all of them) from the pretrained checkpoint and from random init — the
+same tokenizer, labelled sentences, steps and evaluation; each init's learning rate its own
+(`demo.compare`), every comparison over several seeds.
 
-The MLM corpus is the config's (``configs/bert_pretrain_tiny.py``: the sentiment training
-sentences *without labels* followed by Shakespeare — task-adaptive pretraining, Gururangan et al.
-2020). Validation and test sentences are never pretrained on.
+The MLM corpus is the config's (``configs/bert_pretrain_tiny.py``): the sentiment training
+sentences *without labels* and the VADER archive's Amazon / NYT / tweet snippets — task- and
+domain-adaptive pretraining (Gururangan et al. 2020). Validation and test sentences are never
+pretrained on.
 """
 
 from __future__ import annotations
@@ -13,19 +14,25 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from demo.baselines import ngram_logistic_regression
 from demo.common import (
     DemoSettings,
     Overrides,
     banner,
+    best_step,
+    checkpoint_params,
     count_params,
     curve,
-    finetune_classifier,
-    load_config,
+    evaluate_split,
+    pretrain_config,
+    regime_config,
     saved_steps,
     scale_budget,
     train_run,
     write_jsonl,
 )
+from demo.compare import compare_inits
+from demo.stats import fmt
 from jaxformer.data.builders.base import SPLITS
 from jaxformer.data.sources import get_source
 
@@ -47,72 +54,59 @@ def low_resource_records(n: int) -> list[dict]:
 
 def write_low_resource_split(directory: Path, n: int) -> dict:
     """``<directory>/{train,validation,test}.jsonl``: ``n`` training sentences, full evaluation
-    splits. Returns the data-config keys that read them."""
-    write_jsonl(directory / "train.jsonl", low_resource_records(n))
-    for split in SPLITS[1:]:
-        write_jsonl(directory / f"{split}.jsonl", sentiment_records(split))
+    splits (written once: the content depends on ``n`` only). Returns the data-config keys that
+    read them."""
+    if not (directory / "test.jsonl").exists():
+        write_jsonl(directory / "train.jsonl", low_resource_records(n))
+        for split in SPLITS[1:]:
+            write_jsonl(directory / f"{split}.jsonl", sentiment_records(split))
     return {"data.source": f"files:{directory}/{{split}}.jsonl", "data.format": "jsonl",
             "data.text_key": "text", "data.label_key": "label"}
 
 
+def measure_accuracy(trainer, run) -> dict:
+    """Validation and test accuracy of the checkpoint with the best validation accuracy."""
+    step = best_step(run.rows, "eval_accuracy", available=saved_steps(run.workdir))
+    params = checkpoint_params(run.workdir, step)
+    val, test = (evaluate_split(trainer, params, split) for split in ("validation", "test"))
+    return {"validation": val["accuracy"], "test": test["accuracy"], "best_step": step}
+
+
 def run_bert(workdir: Path, settings: DemoSettings, overrides: Overrides | None = None) -> dict:
     workdir = Path(workdir) / "bert"
-    s = settings.budget_scale
-    banner("BERT 1/3: masked-LM pretraining")
-    config = load_config("bert_pretrain_tiny", overrides)
-    scale_budget(config, s * settings.pretrain_scale, evals=10)
-    points = max(settings.bert_curve_points, 1)
-    config.checkpoint.every_steps = max(-(-config.num_train_steps // points), 1)  # ceil: the
-    # saved steps are every, 2·every, …, and the last step: `points` checkpoints in all
-    config.checkpoint.keep = points + 1
+    banner("BERT 1/2: masked-LM pretraining on unlabelled in-domain text")
+    config = pretrain_config("bert", "bert_pretrain_tiny", settings, overrides)
     trainer, pre = train_run("bert_pretrain", config, workdir / "pretrain")
-    ckpt_dir = workdir / "pretrain" / "checkpoints"
-    curve_steps = saved_steps(workdir / "pretrain")[-points:]
     tok = {"data.tokenizer.path": str(workdir / "pretrain" / "tokenizer.model")}
-    sec_per_step = pre.seconds / max(pre.steps, 1)
-    tok_per_step = pre.tokens / max(pre.steps, 1)
+    total = len(sentiment_records("train"))
 
-    def finetune(name, init_from, data=None, steps=None):
-        c = load_config("bert_finetune_tiny", overrides, init_from=init_from, **tok, **(data or {}))
-        if steps is not None:
-            c.num_train_steps = steps
-            c.optimizer.warmup_steps = max(steps // 10, 1)
-        scale_budget(c, s if steps is None else 1.0, evals=5)
-        out, run = finetune_classifier(name, c, workdir / name)
-        print(f"  {name}: test accuracy {100 * out['test_accuracy']:.1f}% (validation "
-              f"{100 * out['validation_accuracy']:.1f}%, step {out['best_step']})", flush=True)
-        return out, run
+    def make_config(size, init_from, lr, seed):
+        data = write_low_resource_split(workdir / f"sentiment_{size}", size)
+        steps = settings.steps("bert", size)
+        c = regime_config("bert_finetune_tiny", overrides, init_from=init_from, seed=seed, **tok,
+                          **data, **{"num_train_steps": steps, "optimizer.peak_lr": lr,
+                                     "optimizer.warmup_steps": max(steps // 10, 1)})
+        scale_budget(c, settings.budget_scale, evals=settings.evals)
+        return c
 
-    banner("BERT 2/3: sentiment fine-tuning on the full training split, pretrained vs scratch")
-    full = {}
-    curves = {"pretrain": pre.rows}
-    for kind, init in (("pretrained", str(workdir / "pretrain")), ("scratch", "")):
-        full[kind], run = finetune(f"full_{kind}", init)
-        curves[f"full_{kind}"] = run.rows
-
-    n = settings.low_resource_examples
-    banner(f"BERT 3/3: {n}-label split, scratch and from pretraining steps {curve_steps}")
-    data = write_low_resource_split(workdir / f"sentiment_{n}", n)
-    low_steps = max(int(round(settings.low_resource_steps * s)), 2)
-    low_scratch, run = finetune("low_scratch", "", data, low_steps)
-    curves["low_scratch"] = run.rows
-    gap = []
-    for step in curve_steps:
-        out, run = finetune(f"low_pretrained_{step}", str(ckpt_dir / str(step)), data, low_steps)
-        curves[f"low_pretrained_{step}"] = run.rows
-        gap.append({"pretrain_steps": step, "pretrain_tokens": int(round(step * tok_per_step)),
-                    "pretrain_minutes": round(step * sec_per_step / 60, 2),
-                    "pretrained_test_accuracy": out["test_accuracy"],
-                    "scratch_test_accuracy": low_scratch["test_accuracy"],
-                    "gap_points": 100 * (out["test_accuracy"] - low_scratch["test_accuracy"]),
-                    "finetune": out})
+    sizes = tuple(n if 0 < n < total else total for n in settings.bert_sizes)
+    banner(f"BERT 2/2: sentiment with {sizes} labels, pretrained vs scratch × {settings.seeds} "
+           "seeds")
+    rows = compare_inits("sentiment", workdir, sizes=sizes, seeds=settings.seeds,
+                         lr_grid=settings.lr_grid("bert"),
+                         init_paths={"pretrained": str(workdir / "pretrain"), "scratch": ""},
+                         make_config=make_config, measure=measure_accuracy, higher_is_better=True)
+    val, test = sentiment_records("validation"), sentiment_records("test")
+    for r in rows:
+        r["ngram_baseline"] = ngram_logistic_regression(low_resource_records(r["size"]), val, test)
+        t = r["test"]
+        print(f"  {r['size']:,} labels: test accuracy pretrained {fmt(t['pretrained'], 100)}%, "
+              f"scratch {fmt(t['scratch'], 100)}%, n-gram LR "
+              f"{100 * r['ngram_baseline']['test_accuracy']:.1f}%", flush=True)
     final_mlm = curve(pre.rows, "eval_loss")
     return {
         "pretrain": {**pre.summary(), "model_params": count_params(trainer.state.params),
                      "vocab_size": trainer.tokenizer.vocab_size, "corpus": config.data.source,
                      "final_validation_mlm_loss": final_mlm[-1][1] if final_mlm else None},
-        "full": full,
-        "low_resource": {"examples": n, "pretrained": gap[-1]["finetune"], "scratch": low_scratch,
-                         "gap_curve": gap},
-        "curves": curves,
+        "train_examples": total, "regimes": rows, "curves": {"pretrain": pre.rows},
     }

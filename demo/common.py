@@ -32,45 +32,76 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"  # demo/ sits be
 Overrides = Mapping[str, Mapping[str, Any]]
 
 
+# Learning rates per family and init, each init's best on validation over `LR_GRID` (seed 0, the
+# demo's regimes; docs/demo.md lists the searches). ``--tune`` searches again.
+CHOSEN_LR = {"gpt": {"pretrained": 2e-3, "scratch": 2e-3},
+             "bert": {"pretrained": 3e-4, "scratch": 1e-3},
+             "t5": {"pretrained": 3e-3, "scratch": 1e-3}}
+# The grids ``--tune`` searches (per init: the same grid for both).
+LR_GRID = {"gpt": (5e-4, 1e-3, 2e-3), "bert": (1e-4, 3e-4, 1e-3), "t5": (1e-3, 3e-3)}
+
+
 @dataclasses.dataclass(frozen=True)
 class DemoSettings:
     """Demo-level knobs that are not training-config keys.
 
     Attributes:
       budget_scale: multiplies every run's steps (and warmup, eval and checkpoint cadence).
-      pretrain_scale: further multiplies the pretraining runs' steps only (longer pretraining,
-        the same fine-tuning: how the fine-tuning results grow with pretraining).
-      low_resource_examples: labelled sentences of the low-resource sentiment split.
-      low_resource_steps: fine-tuning steps on the low-resource split (scaled by budget_scale).
-      bert_curve_points: pretraining checkpoints (evenly spaced, the last = end of pretraining)
-        from which the low-resource fine-tuning is repeated to trace gap vs pretraining time.
+      pretrain_scale: further multiplies the pretraining runs' steps only.
+      seeds: fine-tuning seeds per init and regime (mean ± standard error over them).
+      gpt_sizes / bert_sizes / t5_sizes: the regimes — KJV verses the GPT adapts to, sentiment
+        labels, translation pairs (0 = all of the training split).
+      tune: choose each init's learning rate on validation from `LR_GRID` (seed 0), else use
+        `CHOSEN_LR` (what an earlier ``--tune`` run chose).
+      min_steps / max_steps: a regime's fine-tuning steps are `EPOCHS` passes over its examples
+        at `EXAMPLES_PER_STEP`, clipped to [min_steps, max_steps].
+      evals: validation passes (and checkpoints) per fine-tuning run; the best is kept.
+      gpt_dropout: dropout of the KJV language-model fine-tuning.
       t5_max_tokens: translation pairs are kept when both sides fit in this many tokens (with EOS).
-      t5_test_verses: held-out verses decoded for BLEU, evenly spaced over the test verses within
-        the limit (0 = all of them).
-      t5_curve_verses: test verses decoded greedily at every checkpoint (BLEU against steps).
-      t5_select_verses: validation verses on which the translation decoding is chosen (greedy,
-        or beam search with one of ``t5_length_penalties``; `demo.t5.choose_decoding`).
-      beam_size: beam width tried for translation (1 = greedy only).
-      t5_length_penalties: GNMT length-penalty exponents tried with beam search.
-      t5_no_repeat_ngrams: no-repeat n-gram sizes tried with every search (0 = off).
+      t5_test_verses: held-out verses decoded for BLEU, evenly spaced (0 = all of them).
+      t5_select_verses: the first validation verses, decoded greedily at every evaluation: their
+        BLEU picks the checkpoint and the learning rate.
       decode_batch: sources decoded per call.
       show_verses: translated verses printed and stored.
     """
 
     budget_scale: float = 1.0
     pretrain_scale: float = 1.0
-    low_resource_examples: int = 1000
-    low_resource_steps: int = 750
-    bert_curve_points: int = 2
+    seeds: int = 3
+    gpt_sizes: tuple[int, ...] = (2000,)
+    bert_sizes: tuple[int, ...] = (250, 1000)
+    t5_sizes: tuple[int, ...] = (1000,)
+    tune: bool = False
+    max_steps: int = 1000
+    min_steps: int = 150
+    evals: int = 4
+    gpt_dropout: float = 0.1
     t5_max_tokens: int = 32
     t5_test_verses: int = 500
-    t5_curve_verses: int = 120
-    t5_select_verses: int = 200
-    beam_size: int = 4
-    t5_length_penalties: tuple[float, ...] = (1.3, 1.6)
-    t5_no_repeat_ngrams: tuple[int, ...] = (0, 3)
+    t5_select_verses: int = 100
     decode_batch: int = 64
-    show_verses: int = 4
+    show_verses: int = 3
+
+    def lr_grid(self, family: str) -> dict[str, tuple[float, ...]]:
+        """``{init: learning rates}`` of ``family``: the grid when tuning, else the chosen one."""
+        if self.tune:
+            return {init: LR_GRID[family] for init in ("pretrained", "scratch")}
+        return {init: (lr,) for init, lr in CHOSEN_LR[family].items()}
+
+    def steps(self, family: str, examples: int) -> int:
+        """Fine-tuning steps of a regime with ``examples`` training examples (before
+        ``budget_scale``)."""
+        steps = round(EPOCHS[family] * examples / EXAMPLES_PER_STEP[family])
+        return int(min(max(steps, self.min_steps), self.max_steps))
+
+
+# Training examples per step at the demo configs' row sizes (KJV verses packed 128 tokens a row,
+# one sentence per row, ~4 verse pairs per 128+128-token row; 8 rows a batch).
+EXAMPLES_PER_STEP = {"gpt": 28, "bert": 8, "t5": 32}
+# Passes over a regime's examples (validation picks the best of `DemoSettings.evals` checkpoints).
+EPOCHS = {"gpt": 3, "bert": 3, "t5": 6}
+# The demo's pretraining steps (the configs' own are longer; --pretrain_scale multiplies these).
+PRETRAIN_STEPS = {"gpt": 800, "bert": 1000, "t5": 800}
 
 
 @dataclasses.dataclass
@@ -109,8 +140,23 @@ def load_config(name: str, overrides: Overrides | None = None, **settings: Any
     return config
 
 
-DEMO_CONFIGS = tuple(f"{family}_{stage}_tiny" for family in ("gpt", "bert", "t5")
-                     for stage in ("pretrain", "finetune"))
+# The configs the demo reads (the GPT's KJV language modelling is gpt_pretrain_tiny with the
+# demo's data, steps and learning rate).
+def regime_config(name: str, overrides: Overrides | None, **keys: Any
+                  ) -> ml_collections.ConfigDict:
+    """A fine-tuning run's config: `load_config` with the regime's ``keys`` (dotted: data,
+    steps, learning rate, seed, init) applied *after* the caller's overrides, so that an override
+    aimed at a config's pretraining (``--set gpt_pretrain_tiny:data.source=...``) never replaces
+    the regime's data."""
+    overrides = dict(overrides or {})
+    overrides[name] = {**overrides.get(name, {}), **keys}
+    config = load_config(name, overrides)
+    config.progress_bar = False
+    return config
+
+
+DEMO_CONFIGS = ("gpt_pretrain_tiny", "bert_pretrain_tiny", "bert_finetune_tiny",
+                "t5_denoise_tiny", "t5_finetune_tiny")
 
 
 def _literal(text: str, current: Any) -> Any:
@@ -153,6 +199,17 @@ def parse_overrides(items: Collection[str], default: str = "*",
                 raise ValueError(f"--set {item!r}: config {name!r} has no key {key!r}") from None
         out.setdefault(target, {})[key] = _literal(value, parent[leaf])
     return out
+
+
+def pretrain_config(family: str, name: str, settings: DemoSettings,
+                    overrides: Overrides | None) -> ml_collections.ConfigDict:
+    """``configs/<name>.py`` for the demo's pretraining: `PRETRAIN_STEPS` × the scales (the
+    caller's overrides of ``num_train_steps`` win), 5 evaluations."""
+    config = load_config(name, {**(overrides or {}), name: {
+        "num_train_steps": PRETRAIN_STEPS[family],
+        **(overrides or {}).get("*", {}), **(overrides or {}).get(name, {})}})
+    scale_budget(config, settings.budget_scale * settings.pretrain_scale, evals=5)
+    return config
 
 
 def scale_budget(config: ml_collections.ConfigDict, scale: float, *, evals: int = 0) -> None:
@@ -286,19 +343,6 @@ def write_jsonl(path: Path, records) -> int:
 
 def count_params(params) -> int:
     return int(sum(x.size for x in jax.tree.leaves(params)))
-
-
-def finetune_classifier(name: str, config: ml_collections.ConfigDict, workdir: Path
-                        ) -> tuple[dict, RunResult]:
-    """Train a sequence classifier, keep the checkpoint with the best validation accuracy and
-    report its test accuracy (the same protocol for every sentiment run)."""
-    trainer, run = train_run(name, config, workdir)
-    step = best_step(run.rows, "eval_accuracy", available=saved_steps(workdir))
-    test = evaluate_split(trainer, checkpoint_params(workdir, step), "test")
-    val = max(r["eval_accuracy"] for r in run.rows if "eval_accuracy" in r)
-    run.extra.update(best_step=step, validation_accuracy=val, test_accuracy=test["accuracy"],
-                     model_params=count_params(trainer.state.params))
-    return run.summary(), run
 
 
 def xla_denormal_check(n: int = 384, repeats: int = 10) -> dict:

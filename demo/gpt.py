@@ -1,52 +1,98 @@
-"""Decoder-only demo: causal-LM pretraining on Shakespeare, perplexity against a unigram model on
-the same tokenization, then sentiment fine-tuning from the pretrained checkpoint."""
+"""Decoder-only demo, domain adaptation: causal-LM pretraining on Shakespeare, then language
+modelling of a *small* text from a domain pretraining never saw — a few thousand King James
+verses — from the pretrained checkpoint and from random init, scored by held-out KJV perplexity.
+
+Both inits use Shakespeare's tokenizer, the same KJV verses, steps and evaluation; each init's
+learning rate is its own (chosen on KJV validation perplexity, `demo.compare`). The fine-tuning
+set is the first ``size`` KJV training verses in sha256(id) order (spread over the whole Bible);
+validation and test are the corpus's whole hash-split validation and test verses, which neither
+pretraining nor fine-tuning reads.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import math
 from pathlib import Path
 
-from demo import baselines
 from demo.common import (
     DemoSettings,
     Overrides,
     banner,
+    best_step,
+    checkpoint_params,
     count_params,
-    finetune_classifier,
-    load_config,
+    evaluate_split,
+    pretrain_config,
+    regime_config,
+    saved_steps,
     scale_budget,
     train_run,
+    write_jsonl,
 )
+from demo.compare import compare_inits
+from jaxformer.data.builders.base import SPLITS
+from jaxformer.data.sources import get_source
+
+DOMAIN = "kjv_bible"
+
+
+def write_domain_split(directory: Path, size: int) -> dict:
+    """``<directory>/{split}.jsonl``: the first ``size`` training verses of `DOMAIN` in sha256(id)
+    order, and every validation / test verse (written once: the content depends on ``size``
+    only). Returns the data-config keys that read them."""
+    for split in SPLITS if not (directory / "test.jsonl").exists() else ():
+        src = get_source({"source": DOMAIN}, split)
+        records = [{"text": r["text"], "id": r["id"]} for r in (src[i] for i in range(len(src)))]
+        if split == "train":
+            if not 0 < size <= len(records):
+                raise ValueError(f"{size} verses: choose 1 … {len(records)}")
+            records = sorted(records, key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
+            records = records[:size]
+        write_jsonl(directory / f"{split}.jsonl", records)
+    return {"data.source": f"files:{directory}/{{split}}.jsonl", "data.format": "jsonl",
+            "data.text_key": "text"}
+
+
+def measure_perplexity(trainer, run) -> dict:
+    """Validation and test perplexity of the checkpoint with the lowest validation loss."""
+    step = best_step(run.rows, "eval_loss", "min", saved_steps(run.workdir))
+    params = checkpoint_params(run.workdir, step)
+    val, test = (evaluate_split(trainer, params, split) for split in ("validation", "test"))
+    return {"validation": math.exp(val["loss"]), "test": math.exp(test["loss"]),
+            "best_step": step}
 
 
 def run_gpt(workdir: Path, settings: DemoSettings, overrides: Overrides | None = None) -> dict:
-    """Pretrain, compare perplexity with the unigram baseline (validation and test), fine-tune."""
     workdir = Path(workdir) / "gpt"
     banner("GPT 1/2: causal-LM pretraining on Shakespeare")
-    config = load_config("gpt_pretrain_tiny", overrides)
-    scale_budget(config, settings.budget_scale * settings.pretrain_scale, evals=10)
+    config = pretrain_config("gpt", "gpt_pretrain_tiny", settings, overrides)
     trainer, pre = train_run("gpt_pretrain", config, workdir / "pretrain")
+    tok = {"data.tokenizer.path": str(workdir / "pretrain" / "tokenizer.model")}
 
-    banner("GPT: perplexity vs a unigram model on the same tokens")
-    log_probs = baselines.unigram_log_probs(trainer)
-    params = trainer.state.params
-    lm = {split: baselines.perplexity_vs_unigram(trainer, params, split, log_probs)
-          for split in ("validation", "test")}
-    for split, r in lm.items():
-        print(f"  {split}: model perplexity {r['model_perplexity']:.1f}, unigram "
-              f"{r['unigram_perplexity']:.1f} ({100 * r['ratio']:.1f}%) over {r['tokens']:,} "
-              "tokens", flush=True)
+    def make_config(size, init_from, lr, seed):
+        data = write_domain_split(workdir / f"{DOMAIN}_{size}", size)
+        c = regime_config("gpt_pretrain_tiny", overrides, init_from=init_from, seed=seed,
+                          **tok, **data, **{"model.dropout_rate": settings.gpt_dropout,
+                                            "num_train_steps": settings.steps("gpt", size),
+                                            "optimizer.peak_lr": lr,
+                                            "optimizer.end_lr": lr / 10,
+                                            "optimizer.warmup_steps": 20})
+        scale_budget(c, settings.budget_scale, evals=settings.evals)
+        return c
 
-    banner("GPT 2/2: sentiment fine-tuning from the pretrained checkpoint")
-    tok = str(workdir / "pretrain" / "tokenizer.model")
-    ft_config = load_config("gpt_finetune_tiny", overrides, init_from=str(workdir / "pretrain"),
-                            **{"data.tokenizer.path": tok})
-    scale_budget(ft_config, settings.budget_scale, evals=5)
-    ft, ft_run = finetune_classifier("gpt_sentiment", ft_config, workdir / "sentiment")
-    print(f"  test accuracy {100 * ft['test_accuracy']:.1f}% (checkpoint of the best validation "
-          f"accuracy, step {ft['best_step']})", flush=True)
-    return {
-        "pretrain": {**pre.summary(), "model_params": count_params(params),
-                     "vocab_size": trainer.tokenizer.vocab_size, **lm},
-        "sentiment": ft,
-        "curves": {"pretrain": pre.rows, "sentiment": ft_run.rows},
-    }
+    banner(f"GPT 2/2: language modelling on {settings.gpt_sizes} KJV verses, pretrained vs "
+           f"scratch × {settings.seeds} seeds")
+    rows = compare_inits("kjv", workdir, sizes=settings.gpt_sizes, seeds=settings.seeds,
+                         lr_grid=settings.lr_grid("gpt"),
+                         init_paths={"pretrained": str(workdir / "pretrain"), "scratch": ""},
+                         make_config=make_config, measure=measure_perplexity,
+                         higher_is_better=False)
+    for r in rows:
+        t = r["test"]
+        print(f"  {r['size']:,} verses: test perplexity pretrained {t['pretrained']['mean']:.1f}"
+              f" ± {t['pretrained']['se']:.1f}, scratch {t['scratch']['mean']:.1f} ± "
+              f"{t['scratch']['se']:.1f} (ratio {t['ratio']:.2f})", flush=True)
+    return {"pretrain": {**pre.summary(), "model_params": count_params(trainer.state.params),
+                         "vocab_size": trainer.tokenizer.vocab_size, "corpus": "shakespeare"},
+            "domain": DOMAIN, "regimes": rows, "curves": {"pretrain": pre.rows}}

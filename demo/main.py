@@ -1,7 +1,8 @@
-"""`run_demo`: every family in turn, the sentiment baseline, environment facts, the report."""
+"""`run_demo`: every family in turn, environment facts, the report."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import shutil
@@ -14,8 +15,7 @@ import jax
 from absl import logging
 
 from demo import report
-from demo.baselines import ngram_logistic_regression
-from demo.bert import low_resource_records, run_bert, sentiment_records
+from demo.bert import run_bert
 from demo.common import (
     DemoSettings,
     Overrides,
@@ -44,21 +44,13 @@ def _load() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
-def sentiment_baseline(settings: DemoSettings) -> dict:
-    """Bag-of-n-grams logistic regression on the full and the low-resource training split."""
-    val, test = sentiment_records("validation"), sentiment_records("test")
-    return {"full": ngram_logistic_regression(sentiment_records("train"), val, test),
-            "low": ngram_logistic_regression(
-                low_resource_records(settings.low_resource_examples), val, test)}
-
-
 def run_demo(workdir: str | os.PathLike = "runs/demo", settings: DemoSettings | None = None,
              only: Sequence[str] = FAMILIES, overrides: Overrides | None = None,
              out_dir: str | os.PathLike | None = "demo_results", command: str = "") -> dict:
     """Run the demo for the ``only`` families in ``workdir`` (their sub-folders are replaced).
 
     Args:
-      settings: `DemoSettings` (budget scale, low-resource size, decoding).
+      settings: `DemoSettings` (budget scale, seeds, regimes, tuning, decoding).
       overrides: ``{config name or "*": {dotted key: value}}`` applied to the configs, e.g.
         ``{"*": {"model.d_model": 32}, "gpt_pretrain_tiny": {"num_train_steps": 10}}``.
       out_dir: where results.json / results.md / curves.png go (None: nowhere).
@@ -86,23 +78,19 @@ def run_demo(workdir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
             continue
         shutil.rmtree(workdir / family, ignore_errors=True)
         results[family] = RUNNERS[family](workdir, settings, overrides)
-    if "bert" in only or "gpt" in only:
-        banner("Sentiment baseline: bag-of-n-grams logistic regression")
-        results["sentiment_baseline"] = sentiment_baseline(settings)
-        for k, v in results["sentiment_baseline"].items():
-            print(f"  {k}: test accuracy {100 * v['test_accuracy']:.1f}% "
-                  f"({v['train_examples']:,} training sentences)")
     results["checks"] = checks
     results["meta"] = {
-        "command": command or f"python -m demo --budget_scale {settings.budget_scale}",
+        "command": command or "python -m demo",
         "families": list(only), "total_minutes": round((time.perf_counter() - t0) / 60, 2),
         "cpu_count": os.cpu_count(), "cpu": _cpu_name(), "load_start": load_start,
         "load_end": _load(), "jax": jax.__version__, "python": sys.version.split()[0],
-        "settings": settings.__dict__,
+        "settings": dataclasses.asdict(settings),
     }
     if out_dir is not None:
         report.write(results, Path(out_dir))
         print(f"\nWrote {out_dir}/results.json, results.md, curves.png")
+    banner("Pretrained vs scratch")
+    print("\n".join(report.headline(results)))
     banner("Goals")
     for goal, measured, ok in report.goals(results):
         print(f"  [{'reached' if ok else 'NOT reached'}] {goal}: {measured}")

@@ -1,5 +1,6 @@
-"""The demo's outputs: ``results.json`` (everything measured), ``results.md`` (the tables for the
-README) and ``curves.png`` (learning curves read from each run's ``metrics.jsonl``)."""
+"""The demo's outputs: ``results.json`` (everything measured), ``results.md`` (the headline table,
+the goals, each family's regimes) and ``curves.png`` (pretraining curves; test metric against
+regime size, mean ± SE)."""
 
 from __future__ import annotations
 
@@ -7,218 +8,169 @@ import json
 from pathlib import Path
 
 from demo.common import curve
-from demo.t5 import describe_decoding
+from demo.stats import fmt
 
-GOALS = {
-    "gpt": "pretrained perplexity <= 20% of the unigram perplexity",
-    "bert_full": "sentiment test accuracy >= 75% on the full training split",
-    "bert_low": "pretrained >= scratch + 3 points on the low-resource split",
-    "t5": "test BLEU >= 5",
-}
-
-
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.1f}%"
+# family: (metric, scale, digits, higher is better, regime unit)
+METRICS = {"gpt": ("KJV test perplexity", 1, 1, False, "verses"),
+           "bert": ("sentiment test accuracy (%)", 100, 1, True, "labels"),
+           "t5": ("greedy test BLEU", 1, 2, True, "pairs")}
+TITLES = {"gpt": "Decoder-only (GPT): Shakespeare → King James Bible language modelling",
+          "bert": "Encoder-only (BERT): in-domain MLM → movie-review sentiment",
+          "t5": "Encoder-decoder (T5): span corruption → KJV → Reina-Valera translation"}
 
 
 def _budget(r: dict) -> str:
     return f"{r['steps']:,} steps / {r['tokens']:,} tokens / {r['minutes']:.1f} min"
 
 
+def _regime(family: str, result: dict, row: dict) -> str:
+    unit = METRICS[family][4]
+    size = f"{row['size']:,} {unit}"
+    if family == "gpt":
+        return f"{size} (pretrained on Shakespeare, which has no Bible text)"
+    if family == "bert":
+        full = " (all)" if row["size"] >= result["train_examples"] else ""
+        return f"{size}{full} (MLM on `{result['pretrain']['corpus']}`, unlabelled)"
+    return f"{size} (span corruption on `{result['pretrain']['corpus']}`, no pairs)"
+
+
+def _difference(family: str, row: dict) -> str:
+    t = row["test"]
+    _, scale, digits, _, _ = METRICS[family]
+    if family == "gpt":
+        return f"{t['ratio']:.2f}× scratch"
+    unit = " points" if family == "bert" else ""
+    return f"{scale * t['difference']:+.{digits}f} ± {scale * t['difference_se']:.{digits}f}{unit}"
+
+
 def goals(results: dict) -> list[tuple[str, str, bool]]:
-    """(goal, measured, reached) for each family that ran."""
+    """(goal, measured, reached) for each family that ran (issue 20's goals)."""
     out = []
     if "gpt" in results:
-        t = results["gpt"]["pretrain"]["test"]
-        out.append((GOALS["gpt"], f"{100 * t['ratio']:.1f}% ({t['model_perplexity']:.1f} vs "
-                    f"{t['unigram_perplexity']:.1f}, test)", t["ratio"] <= 0.20))
-    if "bert" in results:
-        b = results["bert"]
-        acc = max(b["full"]["pretrained"]["test_accuracy"], b["full"]["scratch"]["test_accuracy"])
-        out.append((GOALS["bert_full"], _pct(acc), acc >= 0.75))
-        gap = b["low_resource"]["gap_curve"][-1]["gap_points"]
-        out.append((GOALS["bert_low"], f"{gap:+.1f} points", gap >= 3.0))
+        for row in results["gpt"]["regimes"]:
+            r = row["test"]["ratio"]
+            out.append((f"GPT, {row['size']:,} KJV verses: held-out perplexity pretrained <= 0.7× "
+                        "scratch", f"{r:.2f}×", r <= 0.7))
     if "t5" in results:
-        best = max(r["bleu"] for r in results["t5"]["translate"].values())
-        out.append((GOALS["t5"], f"{best:.2f}", best >= 5.0))
+        for row in results["t5"]["regimes"]:
+            t = row["test"]
+            out.append((f"T5, {row['size']:,} pairs: BLEU pretrained > scratch, ±2 SE apart",
+                        f"{t['difference']:+.2f} ± {t['difference_se']:.2f}",
+                        t["intervals_apart"]))
+    if "bert" in results:
+        for row in results["bert"]["regimes"]:
+            t = row["test"]
+            out.append((f"BERT, {row['size']:,} labels: mean accuracy gap > 0",
+                        f"{100 * t['difference']:+.1f} ± {100 * t['difference_se']:.1f} points",
+                        t["difference"] > 0))
     return out
+
+
+def headline(results: dict) -> list[str]:
+    """One row per family and regime: pretrained vs scratch, mean ± SE over seeds."""
+    lines = ["| family | regime | metric | pretrained | scratch | pretrained vs scratch |",
+             "|---|---|---|---:|---:|---|"]
+    for family, (metric, scale, digits, higher, _) in METRICS.items():
+        if family not in results:
+            continue
+        arrow = "↑" if higher else "↓"
+        for row in results[family]["regimes"]:
+            t = row["test"]
+            lines.append(f"| {family.upper()} | {_regime(family, results[family], row)} | "
+                         f"{metric} {arrow} | {fmt(t['pretrained'], scale, digits)} | "
+                         f"{fmt(t['scratch'], scale, digits)} | {_difference(family, row)} |")
+    return lines
+
+
+def _family_section(family: str, result: dict) -> list[str]:
+    metric, scale, digits, _, unit = METRICS[family]
+    p = result["pretrain"]
+    lines = [f"## {TITLES[family]}", "",
+             f"{p['model_params']:,} parameters, vocabulary {p['vocab_size']:,}; pretraining on "
+             f"`{p['corpus']}`: {_budget(p)}.", "",
+             f"| {unit} | init | learning rate (validation of each tried) | {metric}: "
+             "validation | test | per seed (test) | fine-tuning budget (each) |",
+             "|---:|---|---|---:|---:|---|---|"]
+    for row in result["regimes"]:
+        for init, r in row["inits"].items():
+            tried = ", ".join(f"{t['lr']:g}: {scale * t['validation']:.{digits}f}"
+                              for t in r["tuning"])
+            seeds = ", ".join(f"{scale * x['test']:.{digits}f}" for x in r["runs"])
+            lines.append(f"| {row['size']:,} | {init} | {r['lr']:g} ({tried}) | "
+                         f"{fmt(row['validation'][init], scale, digits)} | "
+                         f"{fmt(row['test'][init], scale, digits)} | {seeds} | "
+                         f"{_budget(r['runs'][0])} |")
+        if "ngram_baseline" in row:
+            lines.append(f"| {row['size']:,} | n-gram LR (no pretraining) | – | "
+                         f"{100 * row['ngram_baseline']['validation_accuracy']:.1f} | "
+                         f"{100 * row['ngram_baseline']['test_accuracy']:.1f} | – | – |")
+    if family == "t5":
+        lim = result["length_limit"]
+        lines += ["", f"Verse-length limit {lim['source_tokens']} source / {lim['target_tokens']}"
+                  f" target tokens (EOS included): train {lim['train']['kept']:,} / "
+                  f"{lim['train']['total']:,} pairs; BLEU on {result['validation_verses']} "
+                  f"validation and {result['test_verses']} test verses (greedy decoding, "
+                  "sacrebleu defaults).", "", "Translated test verses (seed 0, largest regime):", ""]
+        for s in result["samples"]:
+            lines += [f"- **{s['id']}** EN: {s['source']}", f"  - reference: {s['reference']}",
+                      f"  - pretrained: {s['pretrained']}", f"  - scratch: {s['scratch']}"]
+    return lines + [""]
 
 
 def markdown(results: dict) -> str:
     meta = results["meta"]
+    s = meta["settings"]
     lines = ["# jaxformer demo results", "",
              f"Command: `{meta['command']}` — total {meta['total_minutes']:.1f} min on "
              f"{meta['cpu_count']} CPU cores ({meta['cpu']}); load average "
-             f"{meta['load_start']:.1f} at the start, {meta['load_end']:.1f} at the end (shared "
-             "machine: minutes vary, steps and tokens do not). Budgets: optimizer steps, "
-             "non-padding tokens seen (inputs + targets), wall minutes of the training loop "
-             "(compilation and periodic evaluation included).", ""]
-    if "gpt" in results:
-        g = results["gpt"]
-        p = g["pretrain"]
-        lines += ["## Decoder-only (GPT): causal LM on Shakespeare", "",
-                  f"{p['model_params']:,} parameters, vocabulary {p['vocab_size']:,} "
-                  f"(SentencePiece); pretraining {_budget(p)}.", "",
-                  "| split | tokens scored | model perplexity | unigram perplexity | ratio |",
-                  "|---|---:|---:|---:|---:|"]
-        for split in ("validation", "test"):
-            r = p[split]
-            lines.append(f"| {split} | {r['tokens']:,} | {r['model_perplexity']:.1f} | "
-                         f"{r['unigram_perplexity']:.1f} | {100 * r['ratio']:.1f}% |")
-        s = g["sentiment"]
-        lines += ["", f"Sentiment fine-tuning from this checkpoint: test accuracy "
-                  f"**{_pct(s['test_accuracy'])}** ({_budget(s)}).", ""]
-    if "bert" in results or "sentiment_baseline" in results:
-        lines += _bert_section(results)
-    if "t5" in results:
-        lines += _t5_section(results["t5"])
-    lines += ["## Goals", "", "| goal | measured | reached |", "|---|---|---|"]
+             f"{meta['load_start']:.1f} at the start, {meta['load_end']:.1f} at the end.", "",
+             "## Does pretraining pay off?", "",
+             *headline(results), "",
+             f"Mean ± standard error over {s['seeds']} fine-tuning seeds (initialisation of new "
+             "parameters, dropout, data order); both inits share the tokenizer, the labelled "
+             "data, the steps and the evaluation, and each init has its own learning rate, "
+             + ("chosen on validation in this run." if s["tune"] else
+                "chosen on validation by `python -m demo --full` (demo_results/full).")
+             + " Test figures come from the checkpoint with the best validation metric.", "",
+             "## Goals", "", "| goal | measured | reached |", "|---|---|---|"]
     lines += [f"| {g} | {m} | {'yes' if ok else '**no**'} |" for g, m, ok in goals(results)]
-    if "checks" in results:
-        c = results["checks"]
-        lines += ["", f"XLA CPU denormals: flush-to-zero {c['flush_to_zero']}, denormals-are-zero "
-                  f"{c['denormals_are_zero']}, denormal/normal time {c['denormal_slowdown']}x."]
+    lines.append("")
+    for family in METRICS:
+        if family in results:
+            lines += _family_section(family, results[family])
     return "\n".join(lines) + "\n"
 
 
-def _bert_section(results: dict) -> list[str]:
-    base = results.get("sentiment_baseline", {})
-    lines = ["## Encoder-only (BERT): MLM, then sentiment", ""]
-    if "bert" in results:
-        b = results["bert"]
-        p = b["pretrain"]
-        lines += [f"{p['model_params']:,} parameters, vocabulary {p['vocab_size']:,}; MLM corpus "
-                  f"`{p['corpus']}` (sentiment training sentences without labels, then "
-                  "Shakespeare); "
-                  f"pretraining {_budget(p)}.", ""]
-    lines += ["Movie-review sentences (train 8,495 / validation 1,034 / test 1,076 by our hash "
-              "split — not 9.5k). Test accuracy of the checkpoint with the best validation "
-              "accuracy; pretrained and scratch runs share tokenizer, hyper-parameters and steps.",
-              "", "| training labels | pretrained | scratch | gap | n-gram LR | "
-              "fine-tuning budget (each) |", "|---|---:|---:|---:|---:|---|"]
-    rows = []
-    if "bert" in results:
-        b = results["bert"]
-        rows.append(("full", b["full"]["pretrained"], b["full"]["scratch"]))
-        low = b["low_resource"]
-        rows.append(("low", low["pretrained"], low["scratch"]))
-    for name, pre, scr in rows:
-        n = "8,495 (full)" if name == "full" else f"{results['bert']['low_resource']['examples']:,}"
-        lr = base.get(name, {}).get("test_accuracy")
-        lines.append(f"| {n} | {_pct(pre['test_accuracy'])} | {_pct(scr['test_accuracy'])} | "
-                     f"{100 * (pre['test_accuracy'] - scr['test_accuracy']):+.1f} | {_pct(lr)} | "
-                     f"{_budget(pre)} |")
-    if not rows and base:
-        lines += [f"| {k} | – | – | – | {_pct(v['test_accuracy'])} | – |" for k, v in base.items()]
-    if "bert" in results:
-        lines += ["", "Low-resource gap against pretraining time (checkpoints of the one "
-                  "pretraining run):", "",
-                  "| pretraining steps | tokens | minutes | pretrained | scratch | gap |",
-                  "|---:|---:|---:|---:|---:|---:|"]
-        for g in results["bert"]["low_resource"]["gap_curve"]:
-            lines.append(f"| {g['pretrain_steps']:,} | {g['pretrain_tokens']:,} | "
-                         f"{g['pretrain_minutes']:.1f} | {_pct(g['pretrained_test_accuracy'])} | "
-                         f"{_pct(g['scratch_test_accuracy'])} | {g['gap_points']:+.1f} |")
-    if base:
-        lines += ["", "n-gram LR: TF-IDF word 1-2-grams + logistic regression, C chosen on "
-                  "validation (scikit-learn)."]
-    return lines + [""]
-
-
-def _decoding(r: dict) -> str:
-    """The chosen decoding and its validation BLEU."""
-    d = r["decoding"]
-    return (f"{describe_decoding(d)} (validation BLEU {d['validation_bleu']:.2f} on "
-            f"{d['validation_verses']} verses)")
-
-
-def _t5_section(t: dict) -> list[str]:
-    p, lim = t["pretrain"], t["length_limit"]
-    lines = ["## Encoder-decoder (T5): span corruption, then KJV → Reina-Valera", "",
-             f"{p['model_params']:,} parameters, shared EN/ES vocabulary {p['vocab_size']:,}; "
-             f"span-corruption pretraining {_budget(p)} ({p['seconds_per_step']} s/step). "
-             f"Verse-length limit "
-             f"{lim['source_tokens']} source / {lim['target_tokens']} target tokens (EOS "
-             f"included): train {lim['train']['kept']:,}/{lim['train']['total']:,} pairs, test "
-             f"{lim['test']['kept']:,}/{lim['test']['total']:,} verses.", "",
-             "| init | test BLEU | chrF | verses | fine-tuning budget | decoding |",
-             "|---|---:|---:|---:|---|---|"]
-    for kind, r in t["translate"].items():
-        lines.append(f"| {kind} | {r['bleu']:.2f} | {r['chrf']:.1f} | {r['test_verses']:,} | "
-                     f"{_budget(r)} | {_decoding(r)}, {r['decode_seconds']:.0f} s |")
-    curves = {k: r.get("bleu_curve", []) for k, r in t["translate"].items()}
-    if any(curves.values()):
-        first = next(c for c in curves.values() if c)
-        lines += ["", f"Greedy test BLEU ({first[0]['verses']} verses) against fine-tuning "
-                  "steps:", "", "| step | tokens | minutes | " + " | ".join(curves) + " |",
-                  "|---:|---:|---:|" + "---:|" * len(curves)]
-        for i, row in enumerate(first):
-            vals = [f"{c[i]['bleu_greedy']:.2f}" if i < len(c) else "–" for c in curves.values()]
-            lines.append(f"| {row['step']:,} | {row['tokens']:,} | {row['minutes']:.1f} | "
-                         + " | ".join(vals) + " |")
-    lines += ["", f"BLEU: sacrebleu `{next(iter(t['translate'].values()))['bleu_signature']}`.",
-              "", "Translated test verses:", ""]
-    for s in t["samples"]:
-        lines += [f"- **{s['id']}** EN: {s['source']}", f"  - reference: {s['reference']}",
-                  f"  - pretrained: {s['pretrained']}", f"  - scratch: {s['scratch']}"]
-    return lines + [""]
-
-
 def plot(results: dict, path: Path) -> None:
-    """Learning curves (validation metrics against steps) of every run, one panel per stage."""
+    """Per family: the pretraining validation loss, and the test metric against regime size
+    (mean ± SE, pretrained vs scratch)."""
     import matplotlib  # the plot's backend is chosen before pyplot loads
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = []
-    if "gpt" in results:
-        g = results["gpt"]["curves"]
-        uni = results["gpt"]["pretrain"]["validation"]["unigram_perplexity"]
-        panels.append(("GPT pretraining: validation perplexity",
-                       [("model", curve(g["pretrain"], "eval_perplexity"))], "perplexity",
-                       [("unigram", uni)], True))
-    if "bert" in results:
-        c = results["bert"]["curves"]
-        panels.append(("BERT MLM: validation loss", [("MLM", curve(c["pretrain"], "eval_loss"))],
-                       "loss", [], False))
-        runs = [(k.replace("_", " "), curve(v, "eval_accuracy")) for k, v in c.items()
-                if k != "pretrain"]
-        panels.append(("BERT sentiment: validation accuracy", runs, "accuracy", [], False))
-        gap = results["bert"]["low_resource"]["gap_curve"]
-        n = results["bert"]["low_resource"]["examples"]
-        panels.append((f"BERT {n} labels: test acc. vs pretraining steps",
-                       [("pretrained", [(g["pretrain_steps"], g["pretrained_test_accuracy"])
-                                        for g in gap])], "accuracy",
-                       [("scratch", gap[0]["scratch_test_accuracy"])], False))
-    if "t5" in results:
-        c = results["t5"]["curves"]
-        panels.append(("T5 span corruption: validation loss",
-                       [("span corruption", curve(c["pretrain"], "eval_loss"))], "loss", [], False))
-        panels.append(("T5 translation: validation loss",
-                       [(k, curve(v, "eval_loss")) for k, v in c.items() if k != "pretrain"],
-                       "loss", [], False))
-        bleu = [(k, [(r["step"], r["bleu_greedy"]) for r in v.get("bleu_curve", [])])
-                for k, v in results["t5"]["translate"].items()]
-        panels.append(("T5 translation: greedy test BLEU", bleu, "BLEU", [("goal", 5.0)], False))
-    if not panels:
+    families = [f for f in METRICS if f in results]
+    if not families:
         return
-    cols = min(3, len(panels))
-    rows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
-    for ax, (title, series, ylabel, hlines, logy) in zip(axes.flat, panels):
-        for label, pts in series:
-            if pts:
-                ax.plot(*zip(*pts), marker=".", label=label)
-        for label, y in hlines:
-            ax.axhline(y, ls="--", color="gray", label=label)
-        ax.set(title=title, xlabel="step", ylabel=ylabel)
-        if logy:
-            ax.set_yscale("log")
-        ax.grid(alpha=0.3)
+    fig, axes = plt.subplots(2, len(families), figsize=(5 * len(families), 7.2), squeeze=False)
+    for col, family in enumerate(families):
+        metric, scale, _, _, unit = METRICS[family]
+        r = results[family]
+        ax = axes[0, col]
+        ax.plot(*zip(*curve(r["curves"]["pretrain"], "eval_loss")), marker=".")
+        ax.set(title=f"{family.upper()} pretraining", xlabel="step", ylabel="validation loss")
+        ax = axes[1, col]
+        sizes = [row["size"] for row in r["regimes"]]
+        for init in ("pretrained", "scratch"):
+            m = [scale * row["test"][init]["mean"] for row in r["regimes"]]
+            e = [2 * scale * row["test"][init]["se"] for row in r["regimes"]]
+            ax.errorbar(sizes, m, yerr=e, marker="o", capsize=3, label=f"{init} (±2 SE)")
+        ax.set(title=f"{family.upper()} fine-tuning", xlabel=unit, ylabel=metric)
+        if len(sizes) > 1:
+            ax.set_xscale("log")
+        for a in axes[:, col]:
+            a.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -11,6 +11,8 @@ split that is.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from pathlib import Path
 
@@ -21,14 +23,18 @@ from demo.common import (
     DemoSettings,
     Overrides,
     banner,
+    best_step,
     checkpoint_params,
     count_params,
-    load_config,
+    pretrain_config,
+    regime_config,
     saved_steps,
     scale_budget,
     train_run,
     write_jsonl,
 )
+from demo.compare import compare_inits
+from demo.stats import fmt
 from jaxformer.data.builders.base import SPLITS
 from jaxformer.data.sources import get_source
 from jaxformer.decode import GenerationConfig, generate_padded
@@ -51,6 +57,21 @@ def write_translation_split(directory: Path, tokenizer, max_source: int, max_tar
     keys = {"data.source": f"files:{directory}/{{split}}.jsonl", "data.format": "jsonl",
             "data.source_key": "source", "data.target_key": "target"}
     return keys, counts
+
+
+def write_pair_subset(pairs: Path, directory: Path, size: int) -> dict:
+    """``<directory>/{split}.jsonl``: the first ``size`` training pairs of ``<pairs>/train.jsonl``
+    in sha256(id) order (spread over the whole Bible), every validation / test pair. Returns the
+    data-config keys that read them (written once: the content depends on ``size`` only)."""
+    for split in SPLITS if not (directory / "test.jsonl").exists() else ():
+        lines = (pairs / f"{split}.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        if split == "train":
+            records = sorted(records, key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
+            records = records[:size]
+        write_jsonl(directory / f"{split}.jsonl", records)
+    return {"data.source": f"files:{directory}/{{split}}.jsonl", "data.format": "jsonl",
+            "data.source_key": "source", "data.target_key": "target"}
 
 
 def spread(records, n: int) -> list:
@@ -172,55 +193,70 @@ def bleu_curve(trainer, run, tokenizer, pairs: list[dict], max_len: int, config,
 
 def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = None) -> dict:
     workdir = Path(workdir) / "t5"
-    s = settings.budget_scale
-    banner("T5 1/3: span-corruption pretraining on English + Spanish verses")
-    config = load_config("t5_pretrain_tiny", overrides)
-    scale_budget(config, s * settings.pretrain_scale, evals=10)
+    banner("T5 1/2: denoising pretraining on English + Spanish verses (no pairs)")
+    config = pretrain_config("t5", "t5_denoise_tiny", settings, overrides)
     trainer, pre = train_run("t5_pretrain", config, workdir / "pretrain")
     tokenizer = trainer.tokenizer
-
-    max_source = max_target = settings.t5_max_tokens
-    data, counts = write_translation_split(workdir / "pairs", tokenizer, max_source, max_target)
-    print(f"  verse-length limit {max_source}/{max_target} tokens keeps "
+    max_len = settings.t5_max_tokens
+    _, counts = write_translation_split(workdir / "pairs", tokenizer, max_len, max_len)
+    print(f"  verse-length limit {max_len}/{max_len} tokens keeps "
           + ", ".join(f"{k} {v['kept']:,}/{v['total']:,}" for k, v in counts.items()), flush=True)
     pairs = {"source": f"files:{workdir / 'pairs'}/{{split}}.jsonl", "format": "jsonl",
              "source_key": "source", "target_key": "target"}
     test = spread(get_source(pairs, "test"), settings.t5_test_verses)  # over the whole Bible
-    select = spread(get_source(pairs, "validation"), settings.t5_select_verses)
-    results, shown, curves = {}, {}, {"pretrain": pre.rows}
     tok = {"data.tokenizer.path": str(workdir / "pretrain" / "tokenizer.model")}
-    for step, (kind, init) in enumerate((("pretrained", str(workdir / "pretrain")),
-                                         ("scratch", ""))):
-        banner(f"T5 {2 + step}/3: translation fine-tuning, {kind}")
-        c = load_config("t5_finetune_tiny", overrides, init_from=init, **tok, **data)
-        scale_budget(c, s, evals=5)
-        c.checkpoint.keep = 6  # every evaluated step, for the BLEU curve
-        ft, run = train_run(f"t5_translate_{kind}", c, workdir / f"translate_{kind}")
-        curve = bleu_curve(ft, run, tokenizer, spread(test, settings.t5_curve_verses),
-                           max_source, c, settings.decode_batch)
-        decoding, hyps, scores, decode_s = decode_test(
-            ft.model, ft.state.params, tokenizer, select, test, max_len=max_source,
-            batch=settings.decode_batch, decoder_start_id=int(c.objective.decoder_start_id),
-            beam_size=settings.beam_size, length_penalties=settings.t5_length_penalties,
-            no_repeat_ngrams=settings.t5_no_repeat_ngrams)
-        run.extra.update(scores, test_verses=len(test), decode_seconds=round(decode_s, 1),
-                         decoding=decoding, model_params=count_params(ft.state.params),
-                         bleu_curve=curve)
-        print(f"  {kind}: test BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.1f} on "
-              f"{len(test)} verses ({describe_decoding(decoding)}, {decode_s:.0f} s)", flush=True)
-        results[kind] = run.summary()
-        shown[kind] = hyps[:settings.show_verses]
-        curves[kind] = run.rows
+    total = counts["train"]["kept"]
+
+    def make_config(size, init_from, lr, seed):
+        data = write_pair_subset(workdir / "pairs", workdir / f"pairs_{size}", size)
+        c = regime_config("t5_finetune_tiny", overrides, init_from=init_from, seed=seed, **tok,
+                          **data, **{"num_train_steps": settings.steps("t5", size),
+                                     "optimizer.peak_lr": lr, "optimizer.end_lr": lr / 10,
+                                     # greedy BLEU of the validation verses at every evaluation:
+                                     # the kept checkpoint is the best by BLEU, not by loss
+                                     "eval.generate_examples": settings.t5_select_verses,
+                                     "eval.generate_max_new_tokens": max_len,
+                                     "checkpoint.best_metric": "eval_bleu",
+                                     "checkpoint.best_mode": "max"})
+        scale_budget(c, settings.budget_scale, evals=settings.evals)
+        return c
+
+    def measure(ft, run):
+        """Validation BLEU (greedy, logged at every evaluation) of the best checkpoint by it, and
+        its greedy BLEU on the test verses. (Validation *loss* picks too early a checkpoint: a
+        pretrained model's loss is lowest after a few epochs while its BLEU still rises.)"""
+        step = best_step(run.rows, "eval_bleu", "max", saved_steps(run.workdir))
+        params = checkpoint_params(run.workdir, step)
+        hyps = translate(ft.model, params, tokenizer, [p["source"] for p in test],
+                         max_source=max_len, max_new_tokens=max_len, beam_size=1,
+                         batch=settings.decode_batch,
+                         decoder_start_id=int(ft.config.objective.decoder_start_id))
+        scores = bleu(hyps, [p["target"] for p in test])
+        val = next(r for r in run.rows if r["step"] == step)
+        return {"best_step": step, "validation": val["eval_bleu"], "test": scores["bleu"],
+                "validation_chrf": val["eval_chrf"], "test_chrf": scores["chrf"],
+                "samples": hyps[:settings.show_verses],
+                "bleu_signature": scores["bleu_signature"]}
+
+    sizes = tuple(n if 0 < n < total else total for n in settings.t5_sizes)
+    banner(f"T5 2/2: translation with {sizes} pairs, pretrained vs scratch × {settings.seeds} "
+           "seeds")
+    rows = compare_inits("translate", workdir, sizes=sizes, seeds=settings.seeds,
+                         lr_grid=settings.lr_grid("t5"),
+                         init_paths={"pretrained": str(workdir / "pretrain"), "scratch": ""},
+                         make_config=make_config, measure=measure, higher_is_better=True)
+    for r in rows:
+        t = r["test"]
+        print(f"  {r['size']:,} pairs: greedy test BLEU pretrained {fmt(t['pretrained'], 1, 2)}, "
+              f"scratch {fmt(t['scratch'], 1, 2)}", flush=True)
+    last = rows[-1]["inits"]
     samples = [{"id": r["id"], "source": r["source"], "reference": r["target"],
-                **{k: v[i] for k, v in shown.items()}}
+                **{init: last[init]["runs"][0]["samples"][i] for init in last}}
                for i, r in enumerate(test[:settings.show_verses])]
-    for smp in samples:
-        print(f"\n  [{smp['id']}] EN: {smp['source']}\n    reference: {smp['reference']}\n"
-              f"    pretrained: {smp['pretrained']}\n    scratch:    {smp['scratch']}")
     return {
         "pretrain": {**pre.summary(), "model_params": count_params(trainer.state.params),
-                     "vocab_size": tokenizer.vocab_size, "seconds_per_step": round(
-                         pre.seconds / max(pre.steps, 1), 3)},
-        "length_limit": {"source_tokens": max_source, "target_tokens": max_target, **counts},
-        "translate": results, "samples": samples, "curves": curves,
+                     "vocab_size": tokenizer.vocab_size, "corpus": config.data.source},
+        "length_limit": {"source_tokens": max_len, "target_tokens": max_len, **counts},
+        "test_verses": len(test), "validation_verses": settings.t5_select_verses, "regimes": rows,
+        "samples": samples, "curves": {"pretrain": pre.rows},
     }

@@ -3,18 +3,20 @@ its baselines against independent computations."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import re
 
 import numpy as np
 import pytest
 
-from demo import DemoSettings, run_demo, t5_budget
+from demo import DemoSettings, run_demo
 from demo.__main__ import main
 from demo.bert import low_resource_records, sentiment_records
-from demo.common import load_config, parse_overrides
-from demo.t5 import describe_decoding
+from demo.common import CHOSEN_LR, LR_GRID, load_config, parse_overrides
+from demo.compare import choose
+from demo.report import goals, headline
+from demo.stats import compare, mean_se
 from jaxformer.data.sources import get_source
 
 TINY = {"model.d_model": 32, "model.num_heads": 2, "model.d_ff": 64, "model.num_layers": 1,
@@ -35,22 +37,24 @@ def test_low_resource_split_is_a_balanced_hash_ordered_subset():
     assert low_resource_records(10) == subset[:10]
 
 
+SETTINGS = DemoSettings(seeds=2, gpt_sizes=(40,), bert_sizes=(64,), t5_sizes=(48,), min_steps=6,
+                        max_steps=6, evals=2, t5_max_tokens=40, t5_test_verses=12,
+                        t5_select_verses=8, decode_batch=8, show_verses=2)
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """The whole demo with 1-layer models, ~10 steps per run, pretraining on 600 Shakespeare
-    paragraphs (hash-split by line), 64 labels, 12 test verses."""
+    """The whole demo with 1-layer models: 12 pretraining steps (on 600 Shakespeare paragraphs),
+    one small regime per family, 2 seeds × 2 inits of 6 fine-tuning steps each."""
     tmp = tmp_path_factory.mktemp("demo")
     src = get_source({"source": "shakespeare"}, "train")
     lines = [src[i]["text"].replace("\n", " ") for i in range(600)]
     (tmp / "corpus.txt").write_text("\n".join(t for t in lines if t.strip()) + "\n")
     small = {**SHORT, "data.source": f"files:{tmp}/corpus.txt", "data.format": "text"}
-    settings = DemoSettings(low_resource_examples=64, low_resource_steps=8, bert_curve_points=2,
-                            t5_max_tokens=40, t5_test_verses=12, t5_curve_verses=4,
-                            t5_select_verses=8, beam_size=2, decode_batch=8, show_verses=2)
     overrides = {"*": TINY, "gpt_pretrain_tiny": small, "bert_pretrain_tiny": small,
-                 "t5_pretrain_tiny": small,
+                 "t5_denoise_tiny": small,
                  "t5_finetune_tiny": {"data.seq_len": 48, "data.target_len": 48}}
-    results = run_demo(tmp / "runs", settings, overrides=overrides, out_dir=tmp / "out")
+    results = run_demo(tmp / "runs", SETTINGS, overrides=overrides, out_dir=tmp / "out")
     return tmp, results
 
 
@@ -61,63 +65,76 @@ def test_demo_writes_report_with_every_family(demo):
     assert json.loads((out / "results.json").read_text())["meta"]["families"] == [
         "gpt", "bert", "t5"]
     md = (out / "results.md").read_text()
-    for heading in ("Decoder-only", "Encoder-only", "Encoder-decoder", "Goals"):
+    for heading in ("Does pretraining pay off?", "Goals", "Decoder-only", "Encoder-only",
+                    "Encoder-decoder"):
         assert heading in md
+    assert len(headline(results)) == 2 + 3  # header rows + one regime per family
+    assert [g[0].split(",")[0] for g in goals(results)] == ["GPT", "T5", "BERT"]
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert results["checks"]["flush_to_zero"] in (True, False)
 
 
 @pytest.mark.slow
-def test_demo_budgets_and_metrics_are_consistent(demo):
+def test_demo_regimes_are_seeded_fair_and_summarised(demo):
+    """Each family: one regime, both inits at their chosen learning rate, seeds 0 and 1, the
+    same budget for both; the summary is the float64 mean ± SE of the per-seed test metrics."""
     _, r = demo
-    gpt = r["gpt"]["pretrain"]
-    assert gpt["steps"] == 12 and gpt["tokens"] > 0
-    for split in ("validation", "test"):
-        m = gpt[split]
-        assert m["model_perplexity"] > 1 and m["unigram_perplexity"] > 1
-        assert math.isclose(m["ratio"], m["model_perplexity"] / m["unigram_perplexity"])
-    bert = r["bert"]
-    assert [g["pretrain_steps"] for g in bert["low_resource"]["gap_curve"]] == [6, 12]
-    low = bert["low_resource"]
-    for run in (bert["full"]["pretrained"], bert["full"]["scratch"], low["scratch"]):
-        assert 0.0 <= run["test_accuracy"] <= 1.0
-    assert bert["low_resource"]["scratch"]["steps"] == 8
+    assert r["gpt"]["pretrain"]["steps"] == 12
+    for family, size in (("gpt", 40), ("bert", 64), ("t5", 48)):
+        (row,) = r[family]["regimes"]
+        assert row["size"] == size
+        budgets = set()
+        for init, v in row["inits"].items():
+            assert v["lr"] == CHOSEN_LR[family][init] and len(v["tuning"]) == 1
+            assert [run["seed"] for run in v["runs"]] == [0, 1]
+            budgets |= {(run["steps"], run["tokens"]) for run in v["runs"]}
+            tests = np.array([run["test"] for run in v["runs"]], np.float64)
+            m = row["test"][init]
+            assert m["mean"] == pytest.approx(tests.mean())
+            assert m["se"] == pytest.approx(tests.std(ddof=1) / np.sqrt(2))
+        assert {b[0] for b in budgets} == {6}  # same steps for both inits and every seed
+        d = row["test"]
+        assert d["difference"] == pytest.approx(d["pretrained"]["mean"] - d["scratch"]["mean"])
+    gpt = r["gpt"]["regimes"][0]["inits"]
+    assert all(1 < run["test"] < 1e4 for v in gpt.values() for run in v["runs"])
+    bert = r["bert"]["regimes"][0]
+    assert bert["ngram_baseline"]["train_examples"] == 64
+    assert all(0 <= run["test"] <= 1 for v in bert["inits"].values() for run in v["runs"])
     t5 = r["t5"]
-    for v in t5["translate"].values():
-        assert v["test_verses"] == 12 and v["bleu"] >= 0
-        assert [c["step"] for c in v["bleu_curve"]][-1] == v["steps"]
-        tried = v["decoding"]["tried"]  # greedy, then beam 2 with each length penalty
-        searches = [(1, 0.0)] + [(2, a) for a in DemoSettings.t5_length_penalties]
-        assert [(t["beam_size"], t["length_penalty"], t["no_repeat_ngram_size"])
-                for t in tried] == [(*s, g) for s in searches
-                                    for g in DemoSettings.t5_no_repeat_ngrams]
-        assert v["decoding"]["validation_bleu"] == max(t["validation_bleu"] for t in tried)
+    assert t5["test_verses"] == 12 and len(t5["samples"]) == 2
+    assert all(run["test"] >= 0 for v in t5["regimes"][0]["inits"].values() for run in v["runs"])
     assert t5["length_limit"]["test"]["kept"] <= t5["length_limit"]["test"]["total"]
-    assert len(t5["samples"]) == 2
-    base = r["sentiment_baseline"]
-    assert base["full"]["train_examples"] == 8495 and base["low"]["train_examples"] == 64
 
 
-@pytest.mark.slow
-def test_t5_budget_run_reports_bleu_at_every_checkpoint(tmp_path):
-    """`python -m demo.t5_budget`'s path: tokenizer, pairs within the limit, one
-    scratch run with a greedy-BLEU row per checkpoint, beam BLEU at the end, the report."""
-    overrides = {"*": TINY, "t5_finetune_tiny": {"data.seq_len": 48, "data.target_len": 48}}
-    r = t5_budget.run_budget(tmp_path / "run", steps=6, every=3, max_tokens=40, test_verses=6,
-                             curve_verses=3, select_verses=8, beam_size=2, decode_batch=4,
-                             overrides=overrides)
-    assert [row["step"] for row in r["curve"]] == [3, 6]
-    assert r["curve"][0]["tokens"] * 2 == pytest.approx(r["curve"][1]["tokens"], abs=1)
-    assert all(row["validation_loss"] > 0 and row["bleu_greedy"] >= 0 for row in r["curve"])
-    assert r["test_verses"] == 6 and r["curve_verses"] == 3 and 0 <= r["final"]["bleu"] <= 100
-    assert r["length_limit"]["test"]["kept"] <= r["length_limit"]["test"]["total"]
-    md = t5_budget.markdown(r, "cmd")
-    assert len(r["decoding"]["tried"]) == 6 and r["decoding"]["validation_verses"] > 0
-    assert "| 3 |" in md and "| 6 |" in md and describe_decoding(r["decoding"]) in md
+def test_mean_se_and_compare_match_numpy():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(10, 1, 5), rng.normal(12, 2, 4)
+    c = compare(a, b, higher_is_better=False)
+    assert c["pretrained"]["mean"] == pytest.approx(a.mean())
+    assert c["scratch"]["se"] == pytest.approx(b.std(ddof=1) / 2)
+    assert c["difference_se"] == pytest.approx(np.hypot(a.std(ddof=1) / np.sqrt(5),
+                                                         b.std(ddof=1) / 2))
+    assert c["ratio"] == pytest.approx(a.mean() / b.mean())
+    assert mean_se([3.0])["se"] == 0.0
+    # ±2 SE (SE 0.1 here): [9.8, 10.2] vs [11.8, 12.2] are apart, vs [10.0, 10.4] they overlap
+    assert compare([9.9, 10.1], [11.9, 12.1], higher_is_better=False)["intervals_apart"]
+    assert not compare([9.9, 10.1], [10.1, 10.3], higher_is_better=False)["intervals_apart"]
+    assert not compare([9.9, 10.1], [11.9, 12.1])["intervals_apart"]  # apart, on the wrong side
 
 
-@pytest.mark.parametrize("flag", ["--budget_scale", "--pretrain_scale", "--bert_curve_points",
-                                  "--t5_max_tokens", "--beam_size"])
+def test_learning_rate_is_chosen_on_validation_per_init():
+    tried = [{"lr": 1e-3, "validation": 0.70}, {"lr": 3e-4, "validation": 0.72},
+             {"lr": 1e-4, "validation": 0.72}]
+    assert choose(tried, higher_is_better=True) == 2  # a tie goes to the smaller rate
+    assert choose(tried, higher_is_better=False) == 0
+    tune = dataclasses.replace(SETTINGS, tune=True)
+    assert tune.lr_grid("gpt") == {"pretrained": LR_GRID["gpt"], "scratch": LR_GRID["gpt"]}
+    assert SETTINGS.lr_grid("t5") == {k: (v,) for k, v in CHOSEN_LR["t5"].items()}
+    assert DemoSettings().steps("bert", 1000) == 375  # 3 epochs of 1,000 sentences, 8 a step
+    assert DemoSettings().steps("t5", 10) == DemoSettings.min_steps
+
+
+@pytest.mark.parametrize("flag", ["--budget_scale", "--pretrain_scale", "--seeds"])
 def test_demo_cli_rejects_non_positive_budgets(flag, capsys):
     with pytest.raises(SystemExit):
         main([flag, "0"])
@@ -148,7 +165,7 @@ def test_set_overrides_are_typed_targeted_and_applied():
 def test_set_rejects_bad_items(item, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         parse_overrides([item])
-    assert parse_overrides(["t5_pretrain_tiny:model.relative_num_buckets=8"])
+    assert parse_overrides(["t5_denoise_tiny:model.relative_num_buckets=8"])
 
 
 def test_demo_settings_change_keys_and_never_add_them():
