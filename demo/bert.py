@@ -11,6 +11,7 @@ pretrained on.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -64,11 +65,12 @@ def write_low_resource_split(directory: Path, n: int) -> dict:
             "data.text_key": "text", "data.label_key": "label"}
 
 
-def measure_accuracy(trainer, run) -> dict:
+def measure_accuracy(trainer, run, max_batches: int = 0) -> dict:
     """Validation and test accuracy of the checkpoint with the best validation accuracy."""
     step = best_step(run.rows, "eval_accuracy", available=saved_steps(run.workdir))
     params = checkpoint_params(run.workdir, step)
-    val, test = (evaluate_split(trainer, params, split) for split in ("validation", "test"))
+    val, test = (evaluate_split(trainer, params, split, max_batches)
+                 for split in ("validation", "test"))
     return {"validation": val["accuracy"], "test": test["accuracy"], "best_step": step}
 
 
@@ -95,7 +97,10 @@ def run_bert(workdir: Path, settings: DemoSettings, overrides: Overrides | None 
     rows = compare_inits("sentiment", workdir, sizes=sizes, seeds=settings.seeds,
                          lr_grid=settings.lr_grid("bert"),
                          init_paths={"pretrained": str(workdir / "pretrain"), "scratch": ""},
-                         make_config=make_config, measure=measure_accuracy, higher_is_better=True)
+                         make_config=make_config,
+                         measure=functools.partial(measure_accuracy,
+                                                   max_batches=settings.eval_batches),
+                         higher_is_better=True)
     val, test = sentiment_records("validation"), sentiment_records("test")
     for r in rows:
         r["ngram_baseline"] = ngram_logistic_regression(low_resource_records(r["size"]), val, test)

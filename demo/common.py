@@ -32,11 +32,11 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"  # demo/ sits be
 Overrides = Mapping[str, Mapping[str, Any]]
 
 
-# Learning rates per family and init, each init's best on validation over `LR_GRID` (seed 0, the
-# demo's regimes; docs/demo.md lists the searches). ``--tune`` searches again.
+# Learning rates per family and init for ``--no_tune`` (a quicker look): what the demo's search
+# over `LR_GRID` chose (seed 0; BERT at 1,000 labels) in demo_results/results.md.
 CHOSEN_LR = {"gpt": {"pretrained": 2e-3, "scratch": 2e-3},
-             "bert": {"pretrained": 3e-4, "scratch": 1e-3},
-             "t5": {"pretrained": 3e-3, "scratch": 1e-3}}
+             "bert": {"pretrained": 1e-3, "scratch": 3e-4},
+             "t5": {"pretrained": 3e-3, "scratch": 3e-3}}
 # The grids ``--tune`` searches (per init: the same grid for both).
 LR_GRID = {"gpt": (5e-4, 1e-3, 2e-3), "bert": (1e-4, 3e-4, 1e-3), "t5": (1e-3, 3e-3)}
 
@@ -51,11 +51,13 @@ class DemoSettings:
       seeds: fine-tuning seeds per init and regime (mean ± standard error over them).
       gpt_sizes / bert_sizes / t5_sizes: the regimes — KJV verses the GPT adapts to, sentiment
         labels, translation pairs (0 = all of the training split).
-      tune: choose each init's learning rate on validation from `LR_GRID` (seed 0), else use
-        `CHOSEN_LR` (what an earlier ``--tune`` run chose).
+      tune: choose each init's learning rate on validation from `LR_GRID` (seed 0, every
+        regime on its own), else use `CHOSEN_LR` (what an earlier search chose).
       min_steps / max_steps: a regime's fine-tuning steps are `EPOCHS` passes over its examples
         at `EXAMPLES_PER_STEP`, clipped to [min_steps, max_steps].
       evals: validation passes (and checkpoints) per fine-tuning run; the best is kept.
+      eval_batches: batches of the final validation / test scoring (0 = the whole split; tests
+        use a few).
       gpt_dropout: dropout of the KJV language-model fine-tuning.
       t5_max_tokens: translation pairs are kept when both sides fit in this many tokens (with EOS).
       t5_test_verses: held-out verses decoded for BLEU, evenly spaced (0 = all of them).
@@ -71,10 +73,11 @@ class DemoSettings:
     gpt_sizes: tuple[int, ...] = (2000,)
     bert_sizes: tuple[int, ...] = (250, 1000)
     t5_sizes: tuple[int, ...] = (1000,)
-    tune: bool = False
+    tune: bool = True
     max_steps: int = 1000
     min_steps: int = 150
     evals: int = 4
+    eval_batches: int = 0
     gpt_dropout: float = 0.1
     t5_max_tokens: int = 32
     t5_test_verses: int = 500
@@ -288,11 +291,12 @@ def eval_batches(trainer, split: str) -> Iterator[dict]:
             it.close()
 
 
-def evaluate_split(trainer, params, split: str) -> dict:
-    """`Trainer.evaluate` over the whole of ``split``: loss, accuracy, perplexity."""
+def evaluate_split(trainer, params, split: str, max_batches: int = 0) -> dict:
+    """`Trainer.evaluate` over the whole of ``split`` (its first ``max_batches`` batches when
+    > 0): loss, accuracy, perplexity."""
     eval_cfg = trainer.config.eval
     saved = (eval_cfg.split, eval_cfg.num_batches)
-    eval_cfg.split, eval_cfg.num_batches = split, 10**9
+    eval_cfg.split, eval_cfg.num_batches = split, max_batches if max_batches > 0 else 10**9
     try:
         out = trainer.evaluate(params)
     finally:

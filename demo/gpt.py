@@ -11,6 +11,7 @@ pretraining nor fine-tuning reads.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from pathlib import Path
@@ -54,11 +55,12 @@ def write_domain_split(directory: Path, size: int) -> dict:
             "data.text_key": "text"}
 
 
-def measure_perplexity(trainer, run) -> dict:
+def measure_perplexity(trainer, run, max_batches: int = 0) -> dict:
     """Validation and test perplexity of the checkpoint with the lowest validation loss."""
     step = best_step(run.rows, "eval_loss", "min", saved_steps(run.workdir))
     params = checkpoint_params(run.workdir, step)
-    val, test = (evaluate_split(trainer, params, split) for split in ("validation", "test"))
+    val, test = (evaluate_split(trainer, params, split, max_batches)
+                 for split in ("validation", "test"))
     return {"validation": math.exp(val["loss"]), "test": math.exp(test["loss"]),
             "best_step": step}
 
@@ -86,7 +88,9 @@ def run_gpt(workdir: Path, settings: DemoSettings, overrides: Overrides | None =
     rows = compare_inits("kjv", workdir, sizes=settings.gpt_sizes, seeds=settings.seeds,
                          lr_grid=settings.lr_grid("gpt"),
                          init_paths={"pretrained": str(workdir / "pretrain"), "scratch": ""},
-                         make_config=make_config, measure=measure_perplexity,
+                         make_config=make_config,
+                         measure=functools.partial(measure_perplexity,
+                                                   max_batches=settings.eval_batches),
                          higher_is_better=False)
     for r in rows:
         t = r["test"]

@@ -31,7 +31,7 @@ def _regime(family: str, result: dict, row: dict) -> str:
     if family == "bert":
         full = " (all)" if row["size"] >= result["train_examples"] else ""
         return f"{size}{full} (MLM on `{result['pretrain']['corpus']}`, unlabelled)"
-    return f"{size} (span corruption on `{result['pretrain']['corpus']}`, no pairs)"
+    return f"{size} (denoising pretraining on `{result['pretrain']['corpus']}`, no pairs)"
 
 
 def _difference(family: str, row: dict) -> str:
@@ -130,7 +130,7 @@ def markdown(results: dict) -> str:
              "parameters, dropout, data order); both inits share the tokenizer, the labelled "
              "data, the steps and the evaluation, and each init has its own learning rate, "
              + ("chosen on validation in this run." if s["tune"] else
-                "chosen on validation by `python -m demo --full` (demo_results/full).")
+                "the one an earlier search chose (`demo.common.CHOSEN_LR`, `--no_tune`).")
              + " Test figures come from the checkpoint with the best validation metric.", "",
              "## Goals", "", "| goal | measured | reached |", "|---|---|---|"]
     lines += [f"| {g} | {m} | {'yes' if ok else '**no**'} |" for g, m, ok in goals(results)]
