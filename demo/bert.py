@@ -92,11 +92,7 @@ def run_bert(workdir: Path, settings: DemoSettings, overrides: Overrides | None 
         return c
 
     sizes = tuple(n if 0 < n < total else total for n in settings.bert_sizes)
-    banner(f"BERT 2/2: sentiment with {sizes} labels, pretrained vs scratch × {settings.seeds} "
-           "seeds")
-    rows = compare_inits("sentiment", workdir, sizes=sizes, seeds=settings.seeds,
-                         lr_grid=settings.lr_grid("bert"),
-                         init_paths={"pretrained": str(workdir / "pretrain"), "scratch": ""},
+    rows = compare_inits("bert", "sentiment labels", workdir, settings, sizes=sizes,
                          make_config=make_config,
                          measure=functools.partial(measure_accuracy,
                                                    max_batches=settings.eval_batches),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import ml_collections
 
-from demo.common import train_run
+from demo.common import DemoSettings, banner, train_run
 from demo.stats import compare
 
 INITS = ("pretrained", "scratch")
@@ -30,19 +30,21 @@ MakeConfig = Callable[[int, str, float, int], ml_collections.ConfigDict]
 Measure = Callable[..., dict]
 
 
-def compare_inits(name: str, workdir: Path, *, sizes: Sequence[int], seeds: int,
-                  lr_grid: Mapping[str, Sequence[float]], init_paths: Mapping[str, str],
-                  make_config: MakeConfig, measure: Measure,
+def compare_inits(family: str, name: str, workdir: Path, settings: DemoSettings, *,
+                  sizes: Sequence[int], make_config: MakeConfig, measure: Measure,
                   higher_is_better: bool, keep_runs: bool = False) -> list[dict]:
     """One row per regime size: the chosen learning rate, every run's metrics and `stats.compare`
-    of the test metric over seeds.
+    of the test metric over seeds. The pretrained init is ``<workdir>/pretrain``; the rates are
+    ``settings.lr_grid(family)``, the seeds ``settings.seeds``.
 
     Args:
-      lr_grid: ``{init: (lr, ...)}``; with one rate per init nothing is chosen.
-      init_paths: ``{"pretrained": checkpoint or workdir, "scratch": ""}``.
       keep_runs: keep every run's workdir (else only the chosen rate's seed-0 run and the
         other seeds' runs stay; the tuning losers are deleted to save disk).
     """
+    seeds, lr_grid = settings.seeds, settings.lr_grid(family)
+    init_paths = {"pretrained": str(Path(workdir) / "pretrain"), "scratch": ""}
+    banner(f"{family.upper()} 2/2: {name} with {tuple(sizes)}, pretrained vs scratch × {seeds} "
+           "seeds")
     if seeds < 1:
         raise ValueError(f"seeds={seeds} must be >= 1")
     rows = []
@@ -51,7 +53,7 @@ def compare_inits(name: str, workdir: Path, *, sizes: Sequence[int], seeds: int,
         for init in INITS:
             tried = []
             for lr in lr_grid[init]:
-                wd = Path(workdir) / f"{name}_{size}_{init}_lr{lr:g}_seed0"
+                wd = Path(workdir) / f"{family}_{size}_{init}_lr{lr:g}_seed0"
                 tried.append({"lr": lr, "workdir": wd,
                               **_one(make_config(size, init_paths[init], lr, 0), wd, measure)})
             best = tried[choose(tried, higher_is_better)]
@@ -61,7 +63,7 @@ def compare_inits(name: str, workdir: Path, *, sizes: Sequence[int], seeds: int,
                         shutil.rmtree(t["workdir"], ignore_errors=True)
             runs = [best] + [
                 {"lr": best["lr"], **_one(make_config(size, init_paths[init], best["lr"], seed),
-                                          Path(workdir) / f"{name}_{size}_{init}_seed{seed}",
+                                          Path(workdir) / f"{family}_{size}_{init}_seed{seed}",
                                           measure)}
                 for seed in range(1, seeds)]
             row["inits"][init] = {

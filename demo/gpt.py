@@ -83,12 +83,8 @@ def run_gpt(workdir: Path, settings: DemoSettings, overrides: Overrides | None =
         scale_budget(c, settings.budget_scale, evals=settings.evals)
         return c
 
-    banner(f"GPT 2/2: language modelling on {settings.gpt_sizes} KJV verses, pretrained vs "
-           f"scratch × {settings.seeds} seeds")
-    rows = compare_inits("kjv", workdir, sizes=settings.gpt_sizes, seeds=settings.seeds,
-                         lr_grid=settings.lr_grid("gpt"),
-                         init_paths={"pretrained": str(workdir / "pretrain"), "scratch": ""},
-                         make_config=make_config,
+    rows = compare_inits("gpt", "language modelling of KJV verses", workdir, settings,
+                         sizes=settings.gpt_sizes, make_config=make_config,
                          measure=functools.partial(measure_perplexity,
                                                    max_batches=settings.eval_batches),
                          higher_is_better=False)

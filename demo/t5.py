@@ -239,11 +239,7 @@ def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = 
                 "bleu_signature": scores["bleu_signature"]}
 
     sizes = tuple(n if 0 < n < total else total for n in settings.t5_sizes)
-    banner(f"T5 2/2: translation with {sizes} pairs, pretrained vs scratch × {settings.seeds} "
-           "seeds")
-    rows = compare_inits("translate", workdir, sizes=sizes, seeds=settings.seeds,
-                         lr_grid=settings.lr_grid("t5"),
-                         init_paths={"pretrained": str(workdir / "pretrain"), "scratch": ""},
+    rows = compare_inits("t5", "translation pairs", workdir, settings, sizes=sizes,
                          make_config=make_config, measure=measure, higher_is_better=True)
     for r in rows:
         t = r["test"]
