@@ -1,12 +1,13 @@
-"""The end-to-end demo behind ``make demo``: for each family, pretrain on a text corpus, fine-tune
-from that checkpoint, and measure held-out results against baselines, CPU-sized.
+"""The end-to-end demo behind ``make demo``: for each family, pretrain on unlabelled text, then
+fine-tune on scarce labelled data from that checkpoint and from random init — each init's own
+learning rate, several seeds — and report pretrained vs scratch (mean ± SE), CPU-sized.
 
 Not part of the installed library: it lives beside ``configs/`` (which it reads) in the source
 tree and needs the ``[demo]`` extra (matplotlib, scikit-learn). From the repository
 root::
 
     pip install -e '.[demo]'
-    python -m demo [--workdir runs/demo] [--budget_scale 1.0] [--only gpt,bert,t5]
+    python -m demo [--workdir runs/demo] [--seeds 3] [--no_tune] [--full] [--only gpt,bert,t5]
 
 Writes ``demo_results/results.json``, ``results.md`` and ``curves.png``. `run_demo` is the same
 from Python, with config overrides (tests run it with tiny models).
