@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="every regime (GPT " + _sizes(FULL["gpt_sizes"]) + " verses, BERT "
                         + _sizes(FULL["bert_sizes"]) + " labels, T5 " + _sizes(FULL["t5_sizes"])
                         + " pairs), not only the headline ones: the longer command")
+    p.add_argument("--sizes", action="append", default=[], metavar="FAMILY=N[,N...]",
+                   help="a family's regimes, e.g. --sizes t5=1000,4000 (0 = every training "
+                        "example); repeatable")
     p.add_argument("--no_tune", action="store_true",
                    help="skip the learning-rate search: each init uses demo.common.CHOSEN_LR "
                         "(~14 instead of ~19 min)")
@@ -49,9 +52,18 @@ def main(argv: list[str] | None = None) -> None:
         overrides = parse_overrides(args.set)
     except ValueError as e:
         p.error(str(e))
+    sizes = dict(FULL if args.full else {})
+    for item in args.sizes:
+        family, _, values = item.partition("=")
+        try:
+            if family not in FAMILIES:
+                raise ValueError(family)
+            sizes[f"{family}_sizes"] = tuple(int(v) for v in values.split(","))
+        except ValueError:
+            p.error(f"--sizes {item!r}: expected FAMILY=N[,N...] with FAMILY one of {FAMILIES}")
     settings = dataclasses.replace(DemoSettings(), budget_scale=args.budget_scale,
                                    pretrain_scale=args.pretrain_scale, seeds=args.seeds,
-                                   tune=not args.no_tune, **(FULL if args.full else {}))
+                                   tune=not args.no_tune, **sizes)
     command = "python -m demo " + " ".join(sys.argv[1:] if argv is None else argv)
     run_demo(args.workdir, settings, [f.strip() for f in args.only.split(",") if f.strip()],
              overrides=overrides, out_dir=args.out, command=command.strip())

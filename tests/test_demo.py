@@ -141,6 +141,12 @@ def test_demo_cli_rejects_non_positive_budgets(flag, capsys):
     assert f"{flag}=0" in capsys.readouterr().err
 
 
+def test_demo_cli_rejects_bad_sizes(capsys):
+    with pytest.raises(SystemExit):
+        main(["--sizes", "t6=100"])
+    assert "expected FAMILY=N" in capsys.readouterr().err
+
+
 def test_set_overrides_are_typed_targeted_and_applied():
     o = parse_overrides(["model.d_model=256", "bert_finetune_tiny:data.seq_len=96",
                          "bert_pretrain_tiny:optimizer.peak_lr=5e-4",
