@@ -38,7 +38,7 @@ def test_low_resource_split_is_a_balanced_hash_ordered_subset():
 
 
 SETTINGS = DemoSettings(tune=False, seeds=2, gpt_sizes=(40,), bert_sizes=(64,), t5_sizes=(48,), min_steps=6,
-                        max_steps=6, evals=2, eval_batches=4, t5_max_tokens=40, t5_test_verses=12,
+                        max_steps=6, evals=1, eval_batches=4, t5_max_tokens=40, t5_test_verses=12,
                         t5_select_verses=8, decode_batch=8, show_verses=2)
 
 
