@@ -1,6 +1,7 @@
-"""Encoder-decoder demo: span corruption on English+Spanish verses, then KJV → Reina-Valera
-translation fine-tuning from the pretrained checkpoint and from random init (same tokenizer,
-hyper-parameters and budget); test BLEU and chrF (sacrebleu) of beam-search translations.
+"""Encoder-decoder demo: BART-style denoising on English+Spanish verses (no pairs), then KJV →
+Reina-Valera translation with few pairs from the pretrained checkpoint and from random init (same
+tokenizer, pairs, steps; each init's own learning rate; several seeds); greedy test BLEU and chrF
+(sacrebleu). The decoding helpers here also serve `demo.t5_budget`.
 
 Verse-length limit: translation pairs are kept when both sides fit in
 ``DemoSettings.t5_max_tokens`` tokens (EOS included) — dropped, not truncated, so no target is cut
