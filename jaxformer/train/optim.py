@@ -4,6 +4,8 @@
 
     clip_by_global_norm(clip_norm)                # clip_norm > 0
     → AdamW(schedule, b1, b2, eps, weight_decay, mask=decay_mask)
+    → scale_by_layer_decay(layer_lr_decay)        # layer_lr_decay < 1
+    → freeze_embeddings(freeze_embeddings_steps)  # freeze_embeddings_steps > 0
 
 Gradient accumulation (``grad_accum_steps``) is not an optimizer wrapper: the train step sums the
 micro-batches' gradients and token counts in a `lax.scan` and normalises once
@@ -21,6 +23,14 @@ Fine-tuning: ``head_lr_multiplier`` gives the head parameters (top-level modules
 every other update to zero (no optimizer state, no decay) and clips the head's gradients alone.
 Both use `optax.multi_transform` over `param_labels`.
 
+Per-depth groups (`jaxformer.train.param_groups`, which defines the depth of every parameter of
+each family): ``layer_lr_decay`` ξ < 1 multiplies the final update of a parameter at depth d by
+ξ^(D − d) (Clark et al. 2020 §A.3), so each depth trains at that fraction of the (backbone or
+head) learning rate, weight decay included; ``freeze_embeddings_steps`` zeroes the embeddings'
+updates for the first N updates. Both compose with the head group, ``freeze_backbone`` and LoRA
+(whose adapters take the depth of the kernel they adapt); at their defaults (1.0, 0) the optimizer
+is exactly the one above.
+
 LoRA (``lora.rank`` > 0, `jaxformer.train.lora`): the optimizer sees only the trainable tree
 (adapters + task heads), so its state exists only for them; the adapters (``lora_a``/``lora_b``)
 get no weight decay.
@@ -31,16 +41,22 @@ returns them); the mask and label functions handle both.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import flax.linen as nn
 import jax
 import ml_collections
 import optax
 
 from jaxformer.models.heads import HEAD_MODULE_NAMES
 from jaxformer.train.lora import check_lora_config
+from jaxformer.train.param_groups import (
+    EMBEDDING_MODULES,
+    check_param_group_config,
+    freeze_embeddings,
+    map_params_by_path,
+    scale_by_layer_decay,
+)
 from jaxformer.train.schedules import (
     constant,
     inverse_sqrt,
@@ -56,6 +72,7 @@ _DEFAULTS = dict(
     name="adamw", schedule="inverse_sqrt", peak_lr=1e-3, scale=1.0, warmup_steps=4000, end_lr=0.0,
     b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0, clip_norm=0.0, grad_accum_steps=1,
     freeze_backbone=False, head_lr_multiplier=1.0, head_param_prefixes=HEAD_PARAM_PREFIXES,
+    layer_lr_decay=1.0, freeze_embeddings_steps=0,
     lora=dict(rank=0, alpha=16.0, targets=("query", "value")))
 
 # One line per ``optimizer`` key (``train.py --print_config`` shows them).
@@ -77,6 +94,11 @@ OPTIMIZER_KEY_DOCS = {
     "freeze_backbone": "update only the head parameters (head_param_prefixes)",
     "head_lr_multiplier": "learning-rate multiplier of the head parameters",
     "head_param_prefixes": "top-level modules that are the head (fine-tuning groups)",
+    "layer_lr_decay": "layer-wise LR decay ξ in (0, 1] (ELECTRA §A.3): a parameter at depth d "
+                      "trains at lr·ξ^(D-d); embeddings d=0, layer i d=i+1, heads D (1.0 = off; "
+                      "train.param_groups)",
+    "freeze_embeddings_steps": "the embeddings (depth 0) get no update for this many first "
+                               "optimizer updates (ULMFiT-style; 0 = off)",
     "lora.rank": "LoRA rank r (Hu et al. 2021): train rank-r adapters on frozen init_from weights "
                  "(0 = off: every parameter trains)",
     "lora.alpha": "LoRA alpha: the adapters' update is scaled by alpha / rank",
@@ -119,34 +141,6 @@ def _check_keys(cfg) -> None:
 
 # ------------------------------------------------------------------------------------------------
 # Per-parameter decisions by path, on plain or LogicallyPartitioned trees.
-
-
-def _is_box(x) -> bool:
-    return isinstance(x, nn.meta.AxisMetadata)
-
-
-def _key_name(k) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
-
-
-def map_params_by_path(fn: Callable[[str, Any], Any], tree: Any) -> Any:
-    """Apply ``fn("a/b/kernel", array)`` to every parameter; a tree of the same structure.
-
-    Boxed parameters are unboxed for ``fn`` and the result re-boxed, so the output matches a
-    boxed input leaf for leaf. Entries without a shape (optax's ``MaskedNode`` inside a box, seen
-    under `optax.multi_transform`) are passed through unchanged.
-    """
-    def leaf(path, x):
-        value = x.unbox() if _is_box(x) else x
-        if not hasattr(value, "shape"):
-            return x
-        out = fn("/".join(_key_name(k) for k in path), value)
-        return x.replace_boxed(out) if _is_box(x) else out
-
-    return jax.tree_util.tree_map_with_path(leaf, tree, is_leaf=_is_box)
 
 
 def decay_mask(params: Any) -> Any:
@@ -197,6 +191,12 @@ def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = N
     if cfg.lora.rank and cfg.freeze_backbone:
         raise ValueError("optimizer.lora.rank > 0 already freezes the base weights; unset "
                          "optimizer.freeze_backbone")
+    check_param_group_config(cfg.layer_lr_decay, cfg.freeze_embeddings_steps)
+    if cfg.freeze_embeddings_steps and (cfg.lora.rank or cfg.freeze_backbone and not any(
+            p in EMBEDDING_MODULES for p in cfg.head_param_prefixes)):
+        raise ValueError(f"optimizer.freeze_embeddings_steps={cfg.freeze_embeddings_steps} has "
+                         "nothing to freeze: optimizer.lora.rank > 0 / freeze_backbone already "
+                         "keep the embeddings frozen; set it to 0")
     if int(cfg.grad_accum_steps) < 1:
         raise ValueError(f"optimizer.grad_accum_steps={cfg.grad_accum_steps} must be ≥ 1")
     schedule = make_schedule(cfg, d_model, total_steps)
@@ -226,7 +226,9 @@ def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = N
             {"head": adamw(head_schedule), "backbone": adamw(schedule)}, label_fn))
     else:
         tx = optax.chain(*clip, adamw(schedule))
-    return tx, schedule
+    by_depth = ([scale_by_layer_decay(cfg.layer_lr_decay)] if cfg.layer_lr_decay != 1.0 else []) \
+        + ([freeze_embeddings(cfg.freeze_embeddings_steps)] if cfg.freeze_embeddings_steps else [])
+    return (optax.chain(tx, *by_depth) if by_depth else tx), schedule
 
 
 __all__ = [
