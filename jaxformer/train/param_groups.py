@@ -152,10 +152,10 @@ def _depth(parts: list[str], sizes: dict[str, int]) -> int | np.ndarray:
 
 
 def layer_depths(params: Any) -> tuple[Any, int]:
-    """``(depths, D)``: each parameter's depth (an int; a ``[layers]`` int vector for a scanned
-    stack) in a tree like ``params``, and the top depth D = number of layers + 1."""
+    """``(depths, D)``: each parameter's depth (an int NumPy array: shape ``()``, or ``[layers]``
+    for a scanned stack) in a tree like ``params``, and the top depth D = number of layers + 1."""
     sizes = stack_sizes(params)
-    depths = map_params_by_path(lambda p, x: _depth(_parts(p), sizes), params)
+    depths = map_params_by_path(lambda p, x: np.asarray(_depth(_parts(p), sizes)), params)
     return depths, sum(sizes.values()) + 1
 
 
