@@ -12,6 +12,7 @@ bit-identical for the first 3 steps and moves them afterwards. Invalid settings 
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -28,7 +29,6 @@ from jaxformer.models import build_model
 from jaxformer.models.heads import HEAD_MODULE_NAMES
 from jaxformer.models.presets import preset
 from jaxformer.train import config as train_config
-from jaxformer.train import lora
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer
 from jaxformer.train.optim import decay_mask, default_optimizer_config, make_optimizer
@@ -38,7 +38,7 @@ from jaxformer.train.param_groups import (
     layer_depths,
     map_params_by_path,
 )
-from jaxformer.train.state import abstract_params, init_model_params
+from jaxformer.train.state import abstract_params, trainable_abstract
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(vocab_size=64, d_model=16, num_heads=2, d_ff=32, num_layers=3, max_len=16)
@@ -55,6 +55,15 @@ MODELS = {
 def _model_cfg(name: str, **overrides) -> ModelConfig:
     base, extra = MODELS[name]
     return ModelConfig.from_dict(preset(base, **{**TINY, **extra, **overrides}))
+
+
+@functools.cache
+def _params(name: str):
+    """Parameters of a tiny model's exact tree (`abstract_params`, unboxed), drawn N(0, 0.05²)
+    (the values do not matter to the optimizer's algebra; ``model.init`` would cost seconds)."""
+    cfg = _model_cfg(name)
+    return jax.tree.map(lambda g: 0.05 * g, _grads(nn.unbox(abstract_params(build_model(cfg),
+                                                                              cfg)), 99))
 
 
 def _flat(tree) -> dict[str, object]:
@@ -108,9 +117,8 @@ def test_depth_of_every_parameter(name, scanned):
 
 def test_lora_adapters_take_their_kernels_depth():
     cfg = _model_cfg("bert_classify")
-    params = init_model_params(build_model(cfg), cfg, jax.random.key(0))
     lora_cfg = ml_collections.ConfigDict(dict(rank=2, alpha=4.0, targets=("query", "ffn")))
-    trained = lora.trainable(params, jax.random.key(1), lora_cfg)
+    trained = trainable_abstract(abstract_params(build_model(cfg), cfg), lora_cfg)
     depths, total = layer_depths(trained)
     flat = _flat(depths)
     assert total == 4 and flat["classifier/kernel"] == 4
@@ -126,9 +134,9 @@ def _grads(params, seed):
 
 def _run(tx, params, steps=2):
     """Updates of ``steps`` optimizer steps on fixed random gradients (params advance)."""
-    state, out = tx.init(params), []
+    state, out, update = tx.init(params), [], jax.jit(tx.update)
     for t in range(steps):
-        updates, state = tx.update(_grads(params, t), state, params)
+        updates, state = update(_grads(params, t), state, params)
         out.append(updates)
         params = optax.apply_updates(params, updates)
     return out
@@ -139,8 +147,7 @@ OPT = dict(schedule="constant", peak_lr=1e-2, b1=0.9, b2=0.99, eps=1e-6, weight_
 
 @pytest.mark.parametrize("head_mult", [1.0, 3.0])
 def test_two_adamw_steps_match_float64_reference(head_mult):
-    cfg = _model_cfg("bert_classify")
-    params = init_model_params(build_model(cfg), cfg, jax.random.key(0))
+    cfg, params = _model_cfg("bert_classify"), _params("bert_classify")
     decay = 0.5
     opt = default_optimizer_config(**OPT, layer_lr_decay=decay, head_lr_multiplier=head_mult)
     tx, _ = make_optimizer(opt, cfg.d_model, 10, params)
@@ -178,8 +185,7 @@ def _stack_layers(unrolled: dict, stacks=("encoder", "decoder")) -> dict:
 
 
 def test_scanned_and_unrolled_get_equal_multipliers_and_updates():
-    cfg = _model_cfg("t5")
-    unrolled = init_model_params(build_model(cfg), cfg, jax.random.key(0))
+    cfg, unrolled = _model_cfg("t5"), _params("t5")
     scanned = _stack_layers(unrolled)
     scan_cfg = _model_cfg("t5", scan_layers=True)
     assert jax.tree.structure(scanned) == jax.tree.structure(
@@ -192,10 +198,10 @@ def test_scanned_and_unrolled_get_equal_multipliers_and_updates():
     opt = default_optimizer_config(**OPT, layer_lr_decay=0.7, freeze_embeddings_steps=1)
     tx, _ = make_optimizer(opt, cfg.d_model, 10)
     grads_like = [_stack_layers(g) for g in [_grads(unrolled, t) for t in range(2)]]
-    state, u_scanned = tx.init(scanned), []
+    state, u_scanned, update = tx.init(scanned), [], jax.jit(tx.update)
     p = scanned
     for g in grads_like:  # the scanned model sees the unrolled model's gradients, stacked
-        updates, state = tx.update(g, state, p)
+        updates, state = update(g, state, p)
         u_scanned.append(updates)
         p = optax.apply_updates(p, updates)
     for a, b in zip(_run(tx, unrolled), u_scanned):
@@ -205,8 +211,7 @@ def test_scanned_and_unrolled_get_equal_multipliers_and_updates():
 
 
 def test_defaults_give_the_unchanged_optimizer_bit_for_bit():
-    cfg = _model_cfg("bert_classify")
-    params = init_model_params(build_model(cfg), cfg, jax.random.key(0))
+    cfg, params = _model_cfg("bert_classify"), _params("bert_classify")
     opt = default_optimizer_config("bert", warmup_steps=2, head_lr_multiplier=2.0)
     tx, schedule = make_optimizer(opt, cfg.d_model, 10, params)
     explicit, _ = make_optimizer(dict(opt, layer_lr_decay=1.0, freeze_embeddings_steps=0),
@@ -228,15 +233,14 @@ def test_defaults_give_the_unchanged_optimizer_bit_for_bit():
 
 
 def test_freeze_zeroes_only_the_embeddings_and_only_for_n_steps():
-    cfg = _model_cfg("gpt")
-    params = init_model_params(build_model(cfg), cfg, jax.random.key(0))
+    cfg, params = _model_cfg("gpt"), _params("gpt")
     opt = default_optimizer_config(**OPT)
     plain, _ = make_optimizer(opt, cfg.d_model, 10)
     frozen, _ = make_optimizer(dict(opt, freeze_embeddings_steps=2), cfg.d_model, 10)
     plain_updates = _run(plain, params, 4)  # the same gradients; params differ after step 0
-    state, p = frozen.init(params), params
+    state, p, update = frozen.init(params), params, jax.jit(frozen.update)
     for t in range(4):
-        updates, state = frozen.update(_grads(params, t), state, p)
+        updates, state = update(_grads(params, t), state, p)
         p = optax.apply_updates(p, updates)
         for path, u in _flat(updates).items():
             if is_embedding(path) and t < 2:
@@ -249,9 +253,9 @@ def test_freeze_zeroes_only_the_embeddings_and_only_for_n_steps():
     moments = [s for s in jax.tree.leaves(state, is_leaf=lambda x: hasattr(x, "mu"))
                if hasattr(s, "mu")][0]
     emb = moments.mu["token_embed"]["embedding"]
-    plain_state = plain.init(params)
+    plain_state, plain_update = plain.init(params), jax.jit(plain.update)
     for t in range(4):
-        _, plain_state = plain.update(_grads(params, t), plain_state, params)
+        _, plain_state = plain_update(_grads(params, t), plain_state, params)
     plain_mu = [s for s in jax.tree.leaves(plain_state, is_leaf=lambda x: hasattr(x, "mu"))
                 if hasattr(s, "mu")][0].mu["token_embed"]["embedding"]
     np.testing.assert_array_equal(emb, plain_mu)
