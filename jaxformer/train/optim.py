@@ -25,7 +25,7 @@ Both use `optax.multi_transform` over `param_labels`.
 
 Per-depth groups (`jaxformer.train.param_groups`, which defines the depth of every parameter of
 each family): ``layer_lr_decay`` ξ < 1 multiplies the final update of a parameter at depth d by
-ξ^(D − d) (Clark et al. 2020 §A.3), so each depth trains at that fraction of the (backbone or
+ξ^(D − d) (Clark et al. 2020, ELECTRA), so each depth trains at that fraction of the (backbone or
 head) learning rate, weight decay included; ``freeze_embeddings_steps`` zeroes the embeddings'
 updates for the first N updates. Both compose with the head group, ``freeze_backbone`` and LoRA
 (whose adapters take the depth of the kernel they adapt); at their defaults (1.0, 0) the optimizer
@@ -94,7 +94,7 @@ OPTIMIZER_KEY_DOCS = {
     "freeze_backbone": "update only the head parameters (head_param_prefixes)",
     "head_lr_multiplier": "learning-rate multiplier of the head parameters",
     "head_param_prefixes": "top-level modules that are the head (fine-tuning groups)",
-    "layer_lr_decay": "layer-wise LR decay ξ in (0, 1] (ELECTRA §A.3): a parameter at depth d "
+    "layer_lr_decay": "layer-wise LR decay ξ in (0, 1] (Clark et al. 2020): a parameter at depth d "
                       "trains at lr·ξ^(D-d); embeddings d=0, layer i d=i+1, heads D (1.0 = off; "
                       "train.param_groups)",
     "freeze_embeddings_steps": "the embeddings (depth 0) get no update for this many first "

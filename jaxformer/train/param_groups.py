@@ -24,11 +24,12 @@ Two optax transforms use the depths; both act on the final updates (after AdamW)
 zero the weight decay with the learning rate, exactly as a per-group learning rate would:
 
 * `scale_by_layer_decay` (``optimizer.layer_lr_decay`` = ξ): the update of a parameter at depth
-  ``d`` is multiplied by ``ξ^(D − d)`` — layer-wise learning-rate decay (Clark et al. 2020, ELECTRA
-  §A.3; Bao et al. 2022, BEiT §2.5/§3). Heads and the final norm keep the full rate.
+  ``d`` is multiplied by ``ξ^(D − d)`` — layer-wise learning-rate decay (Clark et al. 2020, ELECTRA,
+  fine-tuning details; Bao et al. 2022, BEiT, fine-tuning; ULMFiT §3.2's "discriminative
+  fine-tuning" with ξ = 1/2.6). Heads and the final norm keep the full rate.
 * `freeze_embeddings` (``optimizer.freeze_embeddings_steps`` = N): the depth-0 parameters get a
   zero update for the first N optimizer updates (optax counts 0 … N − 1), then train normally — the
-  embedding part of gradual unfreezing (Howard & Ruder 2018, ULMFiT §3.2). Adam's moments keep
+  embedding part of gradual unfreezing (Howard & Ruder 2018, ULMFiT §3.3). Adam's moments keep
   accumulating their gradients meanwhile, so the first unfrozen update is an ordinary one.
 
 Pure functions of pytrees (plain arrays or Flax ``LogicallyPartitioned`` boxes); depths are computed
@@ -146,7 +147,7 @@ def _depth(parts: list[str], sizes: dict[str, int]) -> int | np.ndarray:
     if top.endswith("_norm") and stack in sizes:  # a stack's final norm: after its last layer
         last = stack == list(sizes)[-1]
         return total if last else offsets[stack] + sizes[stack]
-    raise ValueError(f"optimizer.layer_lr_decay / freeze_embeddings_steps: top-level module "
+    raise ValueError(f"optimizer.layer_lr_decay: top-level module "
                      f"{top!r} has no depth; known: embeddings {list(EMBEDDING_MODULES)}, stacks "
                      f"{list(STACKS)} and their _norm, heads {list(HEAD_MODULE_NAMES)}")
 
