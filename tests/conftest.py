@@ -33,22 +33,23 @@ import pytest  # noqa: E402
 # `make test` hands whole files to its 2 workers (--dist loadfile), in collection order, the next
 # file to whichever worker runs out first. Longest first (the classic LPT rule) leaves only short
 # files for the end, so neither worker idles for minutes while the other finishes a long file
-# (xdist's default, files with the most tests first, put these few-test long files last). Rough
-# seconds on 2 idle cores in brackets; the per-file summary at the end of a run gives new figures.
+# (xdist's default, files with the most tests first, put these few-test long files last). The
+# order comes from the slowest tests of a full run and file totals measured side by side; the
+# summary line at the end of a `make test` run ("longest files") gives new figures.
 LONGEST_FIRST = (
-    "test_train.py",  # [130] three pretraining runs, subprocesses killed and resumed
-    "test_demo.py",  # [105] the whole demo at tiny settings
-    "test_parallel.py",  # [60] sharded vs single-device runs
+    "test_train.py",  # three pretraining runs; killed, preempted and resumed subprocesses
+    "test_demo.py",  # the whole demo at tiny settings (~105 s)
     "test_nnx.py",
-    "test_multiprocess.py",  # [57] two-process runs
+    "test_multiprocess.py",  # two-process runs
+    "test_parallel.py",
     "test_evaluate.py",
-    "test_scheduled_sampling.py",
-    "test_qa.py",
     "test_distill.py",
+    "test_qa.py",
     "test_lora.py",
+    "test_scheduled_sampling.py",
     "test_checkpoint_select.py",
     "test_albert.py",
-    "test_learning.py",  # [25] one test
+    "test_learning.py",  # one test (~20 s)
     "test_decode.py",
     "test_models.py",
     "test_permutation_lm.py",
@@ -80,8 +81,8 @@ _SECONDS = collections.defaultdict(float)  # (worker, file) → setup + call + t
 
 
 def pytest_runtest_logreport(report):
-    _SECONDS[getattr(report, "node", None) and report.node.gateway.id, report.location[0]] += (
-        report.duration)
+    worker = report.node.gateway.id if hasattr(report, "node") else None  # xdist's controller
+    _SECONDS[worker, report.location[0]] += report.duration
 
 
 def pytest_terminal_summary(terminalreporter, config):
