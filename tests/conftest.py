@@ -25,14 +25,79 @@ if _OWN_CACHE:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxformer-test-jit-")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 
+import collections  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+# `make test` hands whole files to its 2 workers (--dist loadfile), in collection order, the next
+# file to whichever worker runs out first. Longest first (the classic LPT rule) leaves only short
+# files for the end, so neither worker idles for minutes while the other finishes a long file
+# (xdist's default, files with the most tests first, put these few-test long files last). The
+# order comes from the slowest tests of a full run and file totals measured side by side; the
+# summary line at the end of a `make test` run ("longest files") gives new figures.
+LONGEST_FIRST = (
+    "test_train.py",  # three pretraining runs; killed, preempted and resumed subprocesses
+    "test_demo.py",  # the whole demo at tiny settings (~105 s)
+    "test_nnx.py",
+    "test_multiprocess.py",  # two-process runs
+    "test_parallel.py",
+    "test_evaluate.py",
+    "test_distill.py",
+    "test_qa.py",
+    "test_lora.py",
+    "test_scheduled_sampling.py",
+    "test_checkpoint_select.py",
+    "test_albert.py",
+    "test_learning.py",  # one test (~20 s)
+    "test_decode.py",
+    "test_models.py",
+    "test_permutation_lm.py",
+    "test_beam.py",
+    "test_convert.py",
+    "test_reliability.py",
+    "test_nnx_train.py",
+)
 
 
 @pytest.fixture
 def rng() -> np.random.Generator:
     """A fresh, seeded NumPy generator per test (fresh random inputs, reproducible failures)."""
     return np.random.default_rng(0)
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist >= 3.8: keep the order below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files in `LONGEST_FIRST` order, then the others; a file's own tests keep their order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+_SECONDS = collections.defaultdict(float)  # (worker, file) → setup + call + teardown seconds
+
+
+def pytest_runtest_logreport(report):
+    worker = report.node.gateway.id if hasattr(report, "node") else None  # xdist's controller
+    _SECONDS[worker, report.location[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Under xdist, each worker's busy seconds and the longest files: how balanced the run was."""
+    workers = collections.defaultdict(float)
+    files = collections.defaultdict(float)
+    for (worker, path), seconds in _SECONDS.items():
+        workers[worker] += seconds
+        files[path] += seconds
+    if len(workers) < 2:
+        return
+    busy = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(workers.items()))
+    longest = ", ".join(f"{p.removeprefix('tests/')} {s:.0f}"
+                        for p, s in sorted(files.items(), key=lambda x: -x[1])[:12])
+    terminalreporter.write_line(f"busy seconds per worker: {busy}; longest files (s): {longest}")
 
 
 def pytest_sessionfinish(session):

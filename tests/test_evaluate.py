@@ -130,7 +130,8 @@ def test_classification_scores_equal_numpy_over_the_model_applied_by_hand(classi
     results = evaluate_run(workdir, split="test", progress=False)
     loaded = load_run(workdir)
     tok, seq_len = loaded.tokenizer, loaded.config.data.seq_len
-    examples = [get_source(loaded.config.data, "test")[i] for i in range(60)]
+    source = get_source(loaded.config.data, "test")
+    examples = [source[i] for i in range(60)]
     rows = [tok.encode(e["text"])[:seq_len - 1] + [tok.special.eos_id] for e in examples]  # text </s>
     logits = _apply_by_hand(loaded, rows)
     labels = np.array([e["label"] for e in examples])
@@ -199,8 +200,9 @@ def test_lm_loss_and_perplexity_equal_a_direct_computation(tmp_path):
     results = evaluate_run(tmp_path / "run", split="test", progress=False)
     loaded = load_run(tmp_path / "run")
     tok, seq_len = loaded.tokenizer, loaded.config.data.seq_len
+    source = get_source(loaded.config.data, "test")
     rows = [(tok.encode(e["text"]) + [tok.special.eos_id])[:seq_len]  # text </s>, truncated
-            for e in (get_source(loaded.config.data, "test")[i] for i in range(20))]
+            for e in (source[i] for i in range(20))]
     logits = _apply_by_hand(loaded, rows)  # unpacked: the run packs, with segment ids
     nll, correct = [], []
     for r, lg in zip(rows, logits):

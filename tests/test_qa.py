@@ -192,7 +192,8 @@ def test_tiny_qa_run_learns_beyond_chance(tmp_path):
     from jaxformer.train.config import load_config
     from jaxformer.train.loop import train_and_evaluate
 
-    texts = [get_source({"source": "movie_sentiment"}, "train")[i]["text"] for i in range(3000)]
+    source = get_source({"source": "movie_sentiment"}, "train")  # opened once, not per record
+    texts = [source[i]["text"] for i in range(3000)]
     rng = np.random.default_rng(0)
     rows = synthetic_qa([t for t in texts if len(t) < 160], rng, 1500)
     train, test = rows[:1300], rows[1300:1400]
@@ -200,11 +201,11 @@ def test_tiny_qa_run_learns_beyond_chance(tmp_path):
         (tmp_path / f"{split}.jsonl").write_text(
             "\n".join(json.dumps(r, ensure_ascii=False) for r in part) + "\n")
     cfg = load_config("configs/bert_qa_tiny.py", {
-        "num_train_steps": 300, "data.source": f"files:{tmp_path}/{{split}}.jsonl",
+        "num_train_steps": 200, "data.source": f"files:{tmp_path}/{{split}}.jsonl",
         "data.tokenizer.vocab_size": 600, "model.vocab_size": 600, "model.num_layers": 2,
         "model.dropout_rate": 0.0, "model.attention_dropout_rate": 0.0,
         "data.seq_len": 64, "optimizer.peak_lr": 1e-3, "optimizer.warmup_steps": 30,
-        "eval.every_steps": 300, "eval.num_batches": 2, "checkpoint.every_steps": 300,
+        "eval.every_steps": 200, "eval.num_batches": 2, "checkpoint.every_steps": 200,
         "progress_bar": False})
     workdir = tmp_path / "run"
     train_and_evaluate(cfg, workdir)
@@ -215,7 +216,7 @@ def test_tiny_qa_run_learns_beyond_chance(tmp_path):
     exact = np.mean([a.text == r["answer_text"] for a, r in zip(answers, test)])
     chance = np.mean([1 / len(r["context"].split()) for r in test])
     print(f"exact match {exact:.2f} vs chance {chance:.2f}")
-    assert exact > max(0.4, 4 * chance)  # measured: 0.55 vs 0.08
+    assert exact > max(0.4, 4 * chance)  # measured: 0.53-0.56 (seeds 0-2; 300 steps: 0.55) vs 0.08
 
 
 @pytest.mark.slow

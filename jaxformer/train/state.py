@@ -14,6 +14,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -95,18 +96,24 @@ def create_train_state(model: nn.Module, model_cfg, tx: optax.GradientTransforma
     ``params`` (`jaxformer.train.lora.trainable`).
     """
     _, shardings = state_shardings(model, model_cfg, tx, mesh, lora_cfg)
-    rng_data = jax.random.key_data(jax.random.fold_in(jax.random.key(seed), 1))
+    # The keys are arguments (host data, replicated), not constants: one compiled program per
+    # model serves every seed.
+    key_data = [np.asarray(jax.random.key_data(k)) for k in (
+        _init_key(seed), jax.random.fold_in(jax.random.key(seed), 1))]
+    rep = replicated(mesh)
 
-    def build(p):
+    def build(p, init_data, rng):
         if p is None:
-            p = init_model_params(model, model_cfg, _init_key(seed))
-        return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p), rng=rng_data)
+            p = init_model_params(model, model_cfg, jax.random.wrap_key_data(init_data))
+        return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p), rng=rng)
 
     if params is None:
-        state = jax.jit(lambda: build(None), out_shardings=shardings)()
+        state = jax.jit(lambda k, r: build(None, k, r), in_shardings=(rep, rep),
+                        out_shardings=shardings)(*key_data)
     else:
         params = jax.device_put(params, shardings.params)
-        state = jax.jit(build, in_shardings=(shardings.params,), out_shardings=shardings)(params)
+        state = jax.jit(lambda p, r: build(p, None, r), in_shardings=(shardings.params, rep),
+                        out_shardings=shardings)(params, key_data[1])
     return state, shardings
 
 
@@ -117,5 +124,7 @@ def _init_key(seed: int) -> jax.Array:
 def create_params(model: nn.Module, model_cfg, shardings: Any, seed: int) -> Any:
     """The fresh parameters `create_train_state` would start from, initialised directly into
     ``shardings`` (the ``params`` part of `state_shardings`), without optimizer state."""
-    return jax.jit(lambda: init_model_params(model, model_cfg, _init_key(seed)),
-                   out_shardings=shardings)()
+    key_data = np.asarray(jax.random.key_data(_init_key(seed)))  # an argument: one program
+    return jax.jit(lambda k: init_model_params(model, model_cfg, jax.random.wrap_key_data(k)),
+                   in_shardings=replicated(jax.tree.leaves(shardings)[0].mesh),
+                   out_shardings=shardings)(key_data)
