@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
                         "example); repeatable")
     p.add_argument("--no_tune", action="store_true",
                    help="skip the learning-rate search: each init uses demo.common.CHOSEN_LR "
-                        "(a quicker look; the full search takes ~23 min)")
+                        "(~19 instead of ~23 min)")
     p.add_argument("--only", default=",".join(FAMILIES), help="comma-separated families")
     p.add_argument("--out", default="demo_results", help="results.json / .md / curves.png here")
     p.add_argument("--set", action="append", default=[], metavar="[CONFIG:]KEY=VALUE",
