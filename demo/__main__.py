@@ -7,7 +7,7 @@ import dataclasses
 import sys
 
 from demo import FAMILIES, DemoSettings, run_demo
-from demo.common import DEMO_CONFIGS, parse_overrides
+from demo.common import BERT_HEAD_CONFIGS, DEMO_CONFIGS, parse_overrides
 
 # The regimes of ``--full`` (0: the whole training split).
 FULL = {"gpt_sizes": (500, 2000, 8000), "bert_sizes": (250, 1000, 0),
@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no_tune", action="store_true",
                    help="skip the learning-rate search: each init uses demo.common.CHOSEN_LR "
                         "(~19 instead of ~23 min)")
+    p.add_argument("--bert_head", choices=sorted(BERT_HEAD_CONFIGS),
+                   default=DemoSettings.bert_head,
+                   help="BERT's sentiment head for both inits: a fresh classifier on the mean state "
+                        "(classify) or the MLM head scoring label words at a [MASK] (cloze, PET)")
     p.add_argument("--only", default=",".join(FAMILIES), help="comma-separated families")
     p.add_argument("--out", default="demo_results", help="results.json / .md / curves.png here")
     p.add_argument("--set", action="append", default=[], metavar="[CONFIG:]KEY=VALUE",
@@ -63,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--sizes {item!r}: expected FAMILY=N[,N...] with FAMILY one of {FAMILIES}")
     settings = dataclasses.replace(DemoSettings(), budget_scale=args.budget_scale,
                                    pretrain_scale=args.pretrain_scale, seeds=args.seeds,
-                                   tune=not args.no_tune, **sizes)
+                                   tune=not args.no_tune, bert_head=args.bert_head,
+                                   **sizes)
     command = "python -m demo " + " ".join(sys.argv[1:] if argv is None else argv)
     run_demo(args.workdir, settings, [f.strip() for f in args.only.split(",") if f.strip()],
              overrides=overrides, out_dir=args.out, command=command.strip())

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from demo.baselines import ngram_logistic_regression
 from demo.common import (
+    BERT_HEAD_CONFIGS,
     DemoSettings,
     Overrides,
     banner,
@@ -85,9 +86,10 @@ def run_bert(workdir: Path, settings: DemoSettings, overrides: Overrides | None 
     def make_config(size, init_from, lr, seed):
         data = write_low_resource_split(workdir / f"sentiment_{size}", size)
         steps = settings.steps("bert", size)
-        c = regime_config("bert_finetune_tiny", overrides, init_from=init_from, seed=seed, **tok,
-                          **data, **{"num_train_steps": steps, "optimizer.peak_lr": lr,
-                                     "optimizer.warmup_steps": max(steps // 10, 1)})
+        c = regime_config(BERT_HEAD_CONFIGS[settings.bert_head], overrides, init_from=init_from,
+                          seed=seed, **tok, **data,
+                          **{"num_train_steps": steps, "optimizer.peak_lr": lr,
+                             "optimizer.warmup_steps": max(steps // 10, 1)})
         scale_budget(c, settings.budget_scale, evals=settings.evals)
         return c
 
@@ -109,5 +111,6 @@ def run_bert(workdir: Path, settings: DemoSettings, overrides: Overrides | None 
         "pretrain": {**pre.summary(), "model_params": count_params(trainer.state.params),
                      "vocab_size": trainer.tokenizer.vocab_size, "corpus": config.data.source,
                      "final_validation_mlm_loss": final_mlm[-1][1] if final_mlm else None},
-        "train_examples": total, "regimes": rows, "curves": {"pretrain": pre.rows},
+        "head": settings.bert_head, "train_examples": total, "regimes": rows,
+        "curves": {"pretrain": pre.rows},
     }

@@ -60,6 +60,9 @@ class DemoSettings:
       evals: validation passes (and checkpoints) per fine-tuning run; the best is kept.
       eval_batches: batches of the final validation / test scoring (0 = the whole split; tests
         use a few).
+      bert_head: how BERT classifies sentiment: "classify" (a fresh classifier on the mean of the
+        final states, configs/bert_finetune_tiny.py) or "cloze" (the pretrained MLM head scoring a
+        label word at a [MASK] pattern, PET; configs/bert_cloze_tiny.py). Both inits use it.
       gpt_dropout: dropout of the KJV language-model fine-tuning.
       t5_max_tokens: translation pairs are kept when both sides fit in this many tokens (with EOS).
       t5_test_verses: held-out verses decoded for BLEU, evenly spaced (0 = all of them).
@@ -80,6 +83,7 @@ class DemoSettings:
     min_steps: int = 150
     evals: int = 4
     eval_batches: int = 0
+    bert_head: str = "classify"
     gpt_dropout: float = 0.1
     t5_max_tokens: int = 32
     t5_test_verses: int = 500
@@ -163,7 +167,9 @@ def regime_config(name: str, overrides: Overrides | None, **keys: Any
     return config
 
 
-DEMO_CONFIGS = ("gpt_pretrain_tiny", "bert_pretrain_tiny", "bert_finetune_tiny",
+# The BERT fine-tuning config of each ``DemoSettings.bert_head``.
+BERT_HEAD_CONFIGS = {"classify": "bert_finetune_tiny", "cloze": "bert_cloze_tiny"}
+DEMO_CONFIGS = ("gpt_pretrain_tiny", "bert_pretrain_tiny", *BERT_HEAD_CONFIGS.values(),
                 "t5_denoise_tiny", "t5_finetune_tiny")
 
 

@@ -30,7 +30,8 @@ def _regime(family: str, result: dict, row: dict) -> str:
         return f"{size} (pretrained on Shakespeare, which has no Bible text)"
     if family == "bert":
         full = " (all)" if row["size"] >= result["train_examples"] else ""
-        return f"{size}{full} (MLM on `{result['pretrain']['corpus']}`, unlabelled)"
+        head = {"cloze": "; cloze through the MLM head"}.get(result.get("head"), "")
+        return f"{size}{full} (MLM on `{result['pretrain']['corpus']}`, unlabelled{head})"
     return f"{size} (denoising pretraining on `{result['pretrain']['corpus']}`, no pairs)"
 
 
