@@ -10,7 +10,8 @@ the field ``data.text_key`` (``data.source_key`` for seq2seq runs) of a JSONL ob
 (columns from ``data.columns`` or the header row). Every line is predicted (no split). One JSON
 object per line, in the input's order:
 
-- classification runs: ``{"id", "text", "label", "probabilities": {class: p}}``, classes named by
+- classification runs (a classifier head, or objective 'cloze': the MLM's label-word logits):
+  ``{"id", "text", "label", "probabilities": {class: p}}``, classes named by
   the run's ``data.label_names`` (else "0", "1", …); the text is framed and truncated as in
   training (`jaxformer.data.pipeline.make_dataset`);
 - language-model and seq2seq runs: ``{"id", "input", "output"}``, generated with the strategy
@@ -47,6 +48,7 @@ from jaxformer.generate import (
     note_ignored_options,
 )
 from jaxformer.models.transformer import build_model
+from jaxformer.objectives.cloze import class_logits, predicts_labels
 from jaxformer.objectives.registry import check_data_task
 from jaxformer.options import option
 from jaxformer.train.checkpoint import load_run_params, open_run
@@ -77,8 +79,9 @@ def classify(model: Any, params: Any, tokenizer: Tokenizer, run_config: dict,
 
     @jax.jit
     def probabilities(params, batch):
-        logits = model.apply({"params": params}, **prepare(batch, None)["model_inputs"],
-                             deterministic=True)
+        prepared = prepare(batch, None)
+        logits = model.apply({"params": params}, **prepared["model_inputs"], deterministic=True)
+        logits = class_logits(logits, prepared)  # a cloze run: its label words' logits
         return jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1)
 
     left = len(texts)
@@ -124,7 +127,7 @@ def predict(workdir: str, path: str, *, step: int | None = None, best: bool = Fa
     texts = [e["text"] for e in examples]
     bar = tqdm(total=len(texts), desc="predict", unit="example", disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
-    if model_cfg.head == "classify":
+    if predicts_labels(model_cfg, objective["name"]):
         names = list_option(data_cfg, "label_names") or ()
         names = [*names, *map(str, range(len(names), model_cfg.num_classes))]
         for ex, p in zip(examples, classify(model, params, tokenizer, run.run_config, texts,

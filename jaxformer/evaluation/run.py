@@ -47,6 +47,7 @@ from jaxformer.evaluation.decoding import (
 )
 from jaxformer.evaluation.metrics import classification_report
 from jaxformer.models import build_model
+from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.train.checkpoint import load_run_params, open_run, resolve_checkpoint
 from jaxformer.train.setup import wire_objective
 from jaxformer.train.step import make_eval_step, summarize_eval
@@ -124,7 +125,7 @@ def teacher_forced(loaded: LoadedRun, config: ml_collections.ConfigDict, split: 
                    progress: bool = True) -> dict[str, Any]:
     """Loss, accuracy, perplexity (not for classification) and, for classification, the
     `classification_report`, over every batch of ``split``."""
-    classify = loaded.model_cfg.head == "classify"
+    classify = predicts_labels(loaded.model_cfg, config.objective.name)
     step_fn = jax.jit(make_eval_step(loaded.model, wire_objective(config.objective,
                                                                   loaded.tokenizer),
                                      predictions=classify))

@@ -20,6 +20,7 @@ the trainer ``prepare(batch, rng)`` for the ``objective`` config section; the pi
 
 from jaxformer.objectives.causal import prepare_clm, prepare_sft
 from jaxformer.objectives.classify import prepare_classify
+from jaxformer.objectives.cloze import class_logits, prepare_cloze
 from jaxformer.objectives.denoise import denoise, poisson_span_lengths
 from jaxformer.objectives.mlm import prepare_mlm
 from jaxformer.objectives.permutation import prepare_plm
@@ -50,7 +51,7 @@ __all__ = [
     "register_objective", "get_objective", "bind_objective", "check_objective", "check_data_task",
     "host_transform",
     "prepare_clm", "prepare_mlm", "prepare_seq2seq", "prepare_classify", "prepare_sft", "prepare_qa",
-    "prepare_plm",
+    "prepare_plm", "prepare_cloze", "class_logits",
     "span_corruption",
     "reconstruct_span_corruption", "random_spans_noise_mask", "denoise", "poisson_span_lengths",
 ]

@@ -24,6 +24,7 @@ import numpy as np
 from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives.causal import prepare_clm, prepare_sft
 from jaxformer.objectives.classify import prepare_classify
+from jaxformer.objectives.cloze import CLOZE_OPTION_DOCS, CLOZE_OPTIONS, prepare_cloze, resolve_cloze
 from jaxformer.objectives.denoise import DENOISE_OPTION_DOCS, DENOISE_OPTIONS, denoise
 from jaxformer.objectives.mlm import (
     MLM_OPTION_DOCS,
@@ -80,6 +81,9 @@ class Objective:
       option_docs: a one-line description of each option (``train.py --print_config``).
       data_task_for: ``f(cfg) -> data task`` when an option chooses it (MLM's ``sentence_pairs``);
         None = always ``data_task``. `check_data_task` resolves it (`resolve`).
+      with_tokenizer: ``f(cfg, tokenizer) -> {keyword: value}``, extra ``prepare`` arguments
+        resolved on the host with the run's tokenizer (the cloze pattern's and label words' ids),
+        or None.
     """
 
     name: str
@@ -90,6 +94,7 @@ class Objective:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     option_docs: Mapping[str, str] = dataclasses.field(default_factory=dict)
     data_task_for: Callable[[Any], str] | None = None
+    with_tokenizer: Callable[[Any, Any], Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.data_task not in DATA_TASKS:
@@ -109,14 +114,21 @@ class Objective:
             return self
         return dataclasses.replace(self, data_task=self.data_task_for(cfg))
 
-    def bind(self, cfg: Any, special: SpecialTokens, word_initial: Any = None
-             ) -> Callable[[dict, Any], dict]:
+    def bind(self, cfg: Any, special: SpecialTokens, word_initial: Any = None,
+             tokenizer: Any = None) -> Callable[[dict, Any], dict]:
         """``prepare(batch, rng)`` bound to ``special`` and the options ``cfg`` (the ``objective``
         config section); MLM's ``whole_word_mask`` and span masking also take the tokenizer's
-        ``word_initial`` table (`Tokenizer.word_initial`)."""
+        ``word_initial`` table (`Tokenizer.word_initial`); an objective `with_tokenizer` takes
+        what it resolves with ``tokenizer`` (ValueError without one)."""
         if uses_word_initial(cfg):
             return functools.partial(self.prepare, special=special, cfg=cfg,
                                      word_initial=word_initial)
+        if self.with_tokenizer is not None:
+            if tokenizer is None:
+                raise ValueError(f"objective {self.name!r} needs the run's tokenizer: "
+                                 "bind_objective(..., tokenizer=tokenizer)")
+            return functools.partial(self.prepare, special=special, cfg=cfg,
+                                     **self.with_tokenizer(cfg, tokenizer))
         return functools.partial(self.prepare, special=special, cfg=cfg)
 
     def host_transform(self, special: SpecialTokens, cfg: Any = None) -> HostFn | None:
@@ -185,10 +197,10 @@ def check_objective(cfg: Any) -> str:
     return name
 
 
-def bind_objective(cfg: Any, special: SpecialTokens, word_initial: Any = None
-                   ) -> Callable[[dict, Any], dict]:
+def bind_objective(cfg: Any, special: SpecialTokens, word_initial: Any = None,
+                   tokenizer: Any = None) -> Callable[[dict, Any], dict]:
     """``prepare(batch, rng)`` of the objective section ``cfg`` (checked: `check_objective`)."""
-    return get_objective(check_objective(cfg)).bind(cfg, special, word_initial)
+    return get_objective(check_objective(cfg)).bind(cfg, special, word_initial, tokenizer)
 
 
 def host_transform(name: str, special: SpecialTokens, cfg: Any = None) -> HostFn | None:
@@ -227,6 +239,9 @@ register_objective(Objective("denoise", prepare_seq2seq, data_task="span_corrupt
                              corrupt=denoise, options=DENOISE_OPTIONS,
                              option_docs=DENOISE_OPTION_DOCS))
 register_objective(Objective("classify", prepare_classify, data_task="classify", framing=None))
+register_objective(Objective("cloze", prepare_cloze, data_task="classify", framing="cls_sep",
+                             options=CLOZE_OPTIONS, option_docs=CLOZE_OPTION_DOCS,
+                             with_tokenizer=resolve_cloze))
 register_objective(Objective("sft", prepare_sft, data_task="sft"))
 register_objective(Objective("qa", prepare_qa, data_task="qa", framing="cls_sep",
                              options=QA_OPTIONS, option_docs=QA_OPTION_DOCS))

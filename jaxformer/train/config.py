@@ -37,6 +37,7 @@ from jaxformer.data.pipeline import check_data_config, default_data_config
 from jaxformer.data.sources import list_option
 from jaxformer.evaluation.decoding import check_generation
 from jaxformer.objectives import OBJECTIVES, OPTION_DEFAULTS, check_objective, get_objective
+from jaxformer.objectives.cloze import check_cloze_config, predicts_labels
 from jaxformer.objectives.permutation import check_plm_model
 from jaxformer.objectives.scheduled_sampling import check_scheduled_sampling
 from jaxformer.ops.attention_kernels import check_backend
@@ -299,6 +300,7 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
         raise ValueError("eval.every_steps must be positive and eval.num_batches >= 0")
     check_objective(config.objective)
     check_plm_model(config.objective, model_cfg)
+    check_cloze_config(config, model_cfg)
     check_scheduled_sampling(config.objective)
     check_distill(config)
     check_generation(config, model_cfg)
@@ -348,7 +350,8 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig, resol
     if not tok.get("path") and (resolved or not config.init_from):  # else init_from's may be used
         check_vocabulary(tok.vocab_size, model_cfg, f"data.tokenizer.vocab_size={tok.vocab_size}")
     names = list_option(data, "label_names")
-    if names and model_cfg.head == "classify" and len(names) > model_cfg.num_classes:
+    if (names and predicts_labels(model_cfg, config.objective.name)
+            and len(names) > model_cfg.num_classes):
         raise ValueError(f"data.label_names has {len(names)} labels {names} but model.num_classes="
                          f"{model_cfg.num_classes}; set model.num_classes={len(names)}")
 

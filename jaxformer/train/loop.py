@@ -27,6 +27,7 @@ from absl import logging
 from jaxformer.config import ModelConfig
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
 from jaxformer.models import build_model
+from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.objectives.scheduled_sampling import scheduled_sampling_mixer
 from jaxformer.ops.embedding import check_token_ids
 from jaxformer.parallel import pmap, shard_map
@@ -57,12 +58,13 @@ def _to_global(batch: dict, mesh) -> dict:
             for k, v in batch.items()}
 
 
-def _check_batch(batch: dict, cfg: ModelConfig) -> None:
-    """Token ids within the vocabulary and labels within the classes (JAX would clamp or NaN)."""
+def _check_batch(batch: dict, cfg: ModelConfig, labels: bool) -> None:
+    """Token ids within the vocabulary and, when the model predicts ``labels``, labels within the
+    classes (JAX would clamp or NaN)."""
     for key in ("inputs", "targets"):
         if key in batch:
             check_token_ids(batch[key], cfg.vocab_size, f"batch[{key!r}]")
-    if "label" in batch and cfg.head == "classify":
+    if "label" in batch and labels:
         labels = np.asarray(batch["label"])
         if labels.size and (labels.min() < 0 or labels.max() >= cfg.num_classes):
             bad = labels[(labels < 0) | (labels >= cfg.num_classes)]
@@ -83,6 +85,7 @@ class Trainer:
         resolved = resolve_config(distill.with_teacher_tokenizer(config))
         self.config = config = resolved.config  # the resolved copy: what config.json records
         self.model_cfg, self.tx, self.schedule = resolved.model_cfg, resolved.tx, resolved.schedule
+        self.predicts_labels = predicts_labels(self.model_cfg, config.objective.name)
         self.workdir = workdir = Path(workdir)
         if workdir.exists() and not workdir.is_dir():
             raise ValueError(f"workdir {str(workdir)!r} exists and is not a directory")
@@ -183,13 +186,13 @@ class Trainer:
         it = iter(self.make_ds(c.eval.split, num_epochs=1))
         totals, key = None, jax.random.key(c.seed + 1)
         for i, batch in zip(range(c.eval.num_batches), it):
-            _check_batch(batch, self.model_cfg)
+            _check_batch(batch, self.model_cfg, self.predicts_labels)
             sums = self._eval_fn(params, _to_global(batch, self.mesh), jax.random.fold_in(key, i))
             totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
         if totals is None:
             return {}
         out = summarize_eval(totals)
-        if self.model_cfg.head == "classify":  # exp(cross-entropy) of a label is no perplexity
+        if self.predicts_labels:  # exp(cross-entropy) of a label is no perplexity
             out.pop("perplexity")
         if c.eval.get("generate_examples", 0) > 0:
             out.update(self._decoding_scores(params))
@@ -220,7 +223,7 @@ class Trainer:
                   "--split test)")
         step_fn = self._step_fn()
         pmap = not callable(step_fn) or hasattr(step_fn, "step")
-        writer = MetricWriter(self.workdir, count_name="examples" if self.model_cfg.head == "classify"
+        writer = MetricWriter(self.workdir, count_name="examples" if self.predicts_labels
                               else "tokens")  # one label per example
         progress = Progress(self.start_step, total, enabled=c.progress_bar)
         last, train_metrics, state = {}, {}, self.state
@@ -230,7 +233,7 @@ class Trainer:
         try:
             for step in range(self.start_step + 1, total + 1):
                 batch = next(self.train_iter)
-                _check_batch(batch, self.model_cfg)
+                _check_batch(batch, self.model_cfg, self.predicts_labels)
                 if pmap:
                     state, metrics = step_fn.step(batch)
                 else:

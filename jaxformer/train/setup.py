@@ -243,7 +243,7 @@ def wire_objective(objective_cfg: ml_collections.ConfigDict, tokenizer: Tokenize
     """The objective's ``prepare(batch, rng)`` for the train step, bound to the tokenizer's ids
     (its host-side per-example step, if any, is applied by the pipeline: `open_data`)."""
     return bind_objective(objective_cfg, tokenizer.special, word_initial=tokenizer.word_initial()
-                          if uses_word_initial(objective_cfg) else None)
+                          if uses_word_initial(objective_cfg) else None, tokenizer=tokenizer)
 
 
 def open_data(config: ml_collections.ConfigDict, tokenizer: Tokenizer

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxformer.objectives.cloze import class_logits
 from jaxformer.ops.losses import weighted_accuracy, weighted_cross_entropy
 from jaxformer.train import lora
 from jaxformer.train.state import TrainState
@@ -38,7 +39,8 @@ def _forward(model: nn.Module, params, prepared: dict, deterministic: bool,
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
     out = model.apply({"params": params}, **prepared["model_inputs"], deterministic=deterministic,
                       rngs=rngs)
-    return out if isinstance(out, tuple) else (out, None)
+    logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
+    return class_logits(logits, prepared), nsp_logits  # cloze: the label words' logits [B, C]
 
 
 def _sums(logits: jax.Array, nsp_logits: jax.Array | None, prepared: dict,
