@@ -35,6 +35,9 @@ $(STAMP): pyproject.toml | $(PY)
 install: $(STAMP)
 
 # The demo is demo/ in this source tree (not part of the installed package): run from the root.
+# Each init fine-tunes at the learning rate the full search chose (demo.common.CHOSEN_LR, from
+# `python -m demo`, the longer command whose report is demo_results/full_search/); ~19 min.
+DEMO_ARGS ?= --no_tune
 demo: $(STAMP)
 	$(PY) -m demo $(DEMO_ARGS)
 

@@ -32,10 +32,11 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"  # demo/ sits be
 Overrides = Mapping[str, Mapping[str, Any]]
 
 
-# Learning rates per family and init for ``--no_tune`` (a quicker look): what the demo's search
-# over `LR_GRID` chose (seed 0; BERT at 1,000 labels) in demo_results/results.md.
+# Learning rates per family and init for ``--no_tune`` (`make demo`): what the full search over
+# `LR_GRID` chose on validation (seed 0), per regime size where the choice differed
+# (demo_results/full_search/results.md); a size not listed takes the nearest listed one's.
 CHOSEN_LR = {"gpt": {"pretrained": 2e-3, "scratch": 2e-3},
-             "bert": {"pretrained": 1e-3, "scratch": 3e-4},
+             "bert": {"pretrained": {250: 3e-4, 1000: 1e-3}, "scratch": {250: 1e-3, 1000: 3e-4}},
              "t5": {"pretrained": 1e-3, "scratch": 3e-3}}
 # The grids ``--tune`` searches (per init: the same grid for both). GPT's 5e-4 and BERT's 1e-4 were
 # the worst rate of every init and regime in the earlier 3-rate search (demo_results/results.md
@@ -91,17 +92,27 @@ class DemoSettings:
     decode_batch: int = 64
     show_verses: int = 3
 
-    def lr_grid(self, family: str) -> dict[str, tuple[float, ...]]:
-        """``{init: learning rates}`` of ``family``: the grid when tuning, else the chosen one."""
+    def lr_grid(self, family: str, size: int) -> dict[str, tuple[float, ...]]:
+        """``{init: learning rates}`` of ``family``'s regime of ``size`` examples: the grid when
+        tuning, else the chosen one (`chosen_lr`)."""
         if self.tune:
             return {init: LR_GRID[family] for init in ("pretrained", "scratch")}
-        return {init: (lr,) for init, lr in CHOSEN_LR[family].items()}
+        return {init: (chosen_lr(family, init, size),) for init in CHOSEN_LR[family]}
 
     def steps(self, family: str, examples: int) -> int:
         """Fine-tuning steps of a regime with ``examples`` training examples (before
         ``budget_scale``)."""
         steps = round(EPOCHS[family] * examples / EXAMPLES_PER_STEP[family])
         return int(min(max(steps, self.min_steps), self.max_steps))
+
+
+def chosen_lr(family: str, init: str, size: int) -> float:
+    """`CHOSEN_LR` of ``family`` and ``init`` for a regime of ``size`` examples: the entry of the
+    nearest listed size (by ratio) where the rate depends on the size."""
+    rate = CHOSEN_LR[family][init]
+    if not isinstance(rate, Mapping):
+        return rate
+    return rate[min(rate, key=lambda n: abs(np.log(max(size, 1) / n)))]
 
 
 # Training examples per step at the demo configs' row sizes (KJV verses packed 128 tokens a row,

@@ -35,13 +35,13 @@ def compare_inits(family: str, name: str, workdir: Path, settings: DemoSettings,
                   higher_is_better: bool, keep_runs: bool = False) -> list[dict]:
     """One row per regime size: the chosen learning rate, every run's metrics and `stats.compare`
     of the test metric over seeds. The pretrained init is ``<workdir>/pretrain``; the rates are
-    ``settings.lr_grid(family)``, the seeds ``settings.seeds``.
+    ``settings.lr_grid(family, size)``, the seeds ``settings.seeds``.
 
     Args:
       keep_runs: keep every run's workdir (else only the chosen rate's seed-0 run and the
         other seeds' runs stay; the tuning losers are deleted to save disk).
     """
-    seeds, lr_grid = settings.seeds, settings.lr_grid(family)
+    seeds = settings.seeds
     init_paths = {"pretrained": str(Path(workdir) / "pretrain"), "scratch": ""}
     banner(f"{family.upper()} 2/2: {name} with {tuple(sizes)}, pretrained vs scratch × {seeds} "
            "seeds")
@@ -50,6 +50,7 @@ def compare_inits(family: str, name: str, workdir: Path, settings: DemoSettings,
     rows = []
     for size in sizes:
         row: dict = {"size": size, "inits": {}}
+        lr_grid = settings.lr_grid(family, size)
         for init in INITS:
             tried = []
             for lr in lr_grid[init]:

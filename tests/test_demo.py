@@ -13,7 +13,7 @@ import pytest
 from demo import DemoSettings, run_demo
 from demo.__main__ import main
 from demo.bert import low_resource_records, sentiment_records
-from demo.common import CHOSEN_LR, LR_GRID, load_config, parse_overrides
+from demo.common import CHOSEN_LR, LR_GRID, chosen_lr, load_config, parse_overrides
 from demo.compare import choose
 from demo.report import goals, headline
 from demo.stats import compare, mean_se
@@ -85,7 +85,7 @@ def test_demo_regimes_are_seeded_fair_and_summarised(demo):
         assert row["size"] == size
         budgets = set()
         for init, v in row["inits"].items():
-            assert v["lr"] == CHOSEN_LR[family][init] and len(v["tuning"]) == 1
+            assert v["lr"] == chosen_lr(family, init, size) and len(v["tuning"]) == 1
             assert [run["seed"] for run in v["runs"]] == [0, 1]
             budgets |= {(run["steps"], run["tokens"]) for run in v["runs"]}
             tests = np.array([run["test"] for run in v["runs"]], np.float64)
@@ -128,8 +128,14 @@ def test_learning_rate_is_chosen_on_validation_per_init():
     assert choose(tried, higher_is_better=True) == 2  # a tie goes to the smaller rate
     assert choose(tried, higher_is_better=False) == 0
     tune = dataclasses.replace(SETTINGS, tune=True)
-    assert tune.lr_grid("gpt") == {"pretrained": LR_GRID["gpt"], "scratch": LR_GRID["gpt"]}
-    assert SETTINGS.lr_grid("t5") == {k: (v,) for k, v in CHOSEN_LR["t5"].items()}
+    assert tune.lr_grid("gpt", 2000) == {"pretrained": LR_GRID["gpt"], "scratch": LR_GRID["gpt"]}
+    assert SETTINGS.lr_grid("t5", 1000) == {k: (v,) for k, v in CHOSEN_LR["t5"].items()}
+    # BERT's chosen rates depend on the regime: a size takes the nearest listed size's rate
+    bert = CHOSEN_LR["bert"]["scratch"]
+    assert SETTINGS.lr_grid("bert", 300)["scratch"] == (bert[250],)
+    assert SETTINGS.lr_grid("bert", 64)["scratch"] == (bert[250],)
+    assert SETTINGS.lr_grid("bert", 8544)["scratch"] == (bert[1000],)
+    assert bert[250] != bert[1000]  # else the lookup above cannot fail
     assert DemoSettings().steps("bert", 1000) == 375  # 3 epochs of 1,000 sentences, 8 a step
     assert DemoSettings().steps("t5", 10) == DemoSettings.min_steps
 
