@@ -64,14 +64,16 @@ def count(tree) -> int:
     return sum(x.size for x in jax.tree_util.tree_leaves(tree))
 
 
-def jitted_step(family: str, apply, tx):
-    """The pure jitted AdamW step of ``apply(params, batch) -> logits``; params, state donated."""
+def jitted_step(family: str, apply, tx, name: str = "step"):
+    """The pure jitted AdamW step of ``apply(params, batch) -> logits``; params, state donated.
+    ``name`` names the compiled HLO module (``jit_<name>``), which tells systems apart in a trace."""
 
     def step(params, opt_state, batch):
         loss, grads = jax.value_and_grad(lambda p: mean_loss(family, apply(p, batch), batch))(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
+    step.__name__ = step.__qualname__ = name
     return jax.jit(step, donate_argnums=(0, 1))
 
 

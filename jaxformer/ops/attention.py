@@ -122,10 +122,12 @@ def _plain(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDv, bias, mask, scale, dropout_rate
     front of the lengths first so that both products are plain batched matmuls (XLA:CPU runs
     `[B, L, H, Dh]`-strided operands 2-3x slower), the max is a constant for the gradient (softmax
     does not depend on it) and the normaliser divides the `[.., L, Dv]` output rather than the
-    `[.., L, S]` weights (dropout is linear, so the same). Masked logits are the dtype's lowest
-    finite value, not −∞: the row max then needs no `isfinite` guard (which kept XLA:CPU from
+    `[.., L, S]` weights (dropout is linear, so the same). Masked logits get half the dtype's lowest
+    finite value added, not −∞: the row max then needs no `isfinite` guard (which kept XLA:CPU from
     fusing the softmax with its neighbours: forward GPT step 2630 → 2225 MB accessed), and rows
-    with no visible key are zeroed from the mask afterwards."""
+    with no visible key are zeroed from the mask afterwards. The mask is added (visible logits + 0
+    are unchanged; exp(masked − max) is 0 as with a select) because XLA:CPU fuses an add, not a
+    select, into the QKᵀ matmul with the softmax (`bench/op_profile.py`)."""
     acc = _acc_dtype(q_BxLxKxGxDh)
     q_BxKxGxLxDh = jnp.transpose(q_BxLxKxGxDh, (0, 2, 3, 1, 4))
     k_BxKxSxDh = jnp.transpose(k_BxSxKxDh, (0, 2, 1, 3))
@@ -142,8 +144,8 @@ def _plain(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDv, bias, mask, scale, dropout_rate
     logits_BxKxGxLxS = logits_BxKxGxLxS * scale
     if bias is not None:
         logits_BxKxGxLxS = logits_BxKxGxLxS + bias.astype(acc)
-    if mask is not None:  # finite: exp(lowest - max) is 0 all the same, with no inf to guard
-        logits_BxKxGxLxS = jnp.where(mask, logits_BxKxGxLxS, jnp.finfo(acc).min)
+    if mask is not None:  # finite: exp(masked - max) is 0 all the same, with no inf to guard
+        logits_BxKxGxLxS = logits_BxKxGxLxS + jnp.where(mask, 0.0, jnp.finfo(acc).min / 2).astype(acc)
     max_BxKxGxLx1 = jnp.max(logits_BxKxGxLxS, axis=-1, keepdims=True)
     if bias is not None:  # an additive −inf bias may still hide a whole row: its output is 0
         max_BxKxGxLx1 = jnp.where(jnp.isfinite(max_BxKxGxLx1), max_BxKxGxLx1, 0.0)
