@@ -39,8 +39,8 @@ CHOSEN_LR = {"gpt": {"pretrained": 2e-3, "scratch": 2e-3},
              "bert": {"pretrained": {250: 3e-4, 1000: 1e-3}, "scratch": {250: 1e-3, 1000: 3e-4}},
              "t5": {"pretrained": 1e-3, "scratch": 3e-3}}
 # The grids ``--tune`` searches (per init: the same grid for both). GPT's 5e-4 and BERT's 1e-4 were
-# the worst rate of every init and regime in the earlier 3-rate search (demo_results/results.md
-# before the T5 pretraining grew), so they were dropped to keep `make demo` within 20 minutes.
+# the worst rate of every init and regime in the earlier 3-rate search (before the T5 pretraining
+# grew), so they were dropped to keep the search near 20 minutes.
 LR_GRID = {"gpt": (1e-3, 2e-3), "bert": (3e-4, 1e-3), "t5": (1e-3, 3e-3)}
 
 
