@@ -39,23 +39,23 @@ import pytest  # noqa: E402
 LONGEST_FIRST = (
     "test_train.py",  # three pretraining runs; killed, preempted and resumed subprocesses
     "test_demo.py",  # the whole demo at tiny settings (~105 s)
+    "test_lora.py",
     "test_nnx.py",
     "test_multiprocess.py",  # two-process runs
-    "test_parallel.py",
-    "test_evaluate.py",
     "test_distill.py",
-    "test_qa.py",
-    "test_lora.py",
+    "test_evaluate.py",
+    "test_decode.py",
+    "test_parallel.py",
+    "test_models.py",
+    "test_reliability.py",
     "test_scheduled_sampling.py",
+    "test_qa.py",
     "test_checkpoint_select.py",
+    "test_permutation_lm.py",
     "test_albert.py",
     "test_learning.py",  # one test (~20 s)
-    "test_decode.py",
-    "test_models.py",
-    "test_permutation_lm.py",
     "test_beam.py",
     "test_convert.py",
-    "test_reliability.py",
     "test_nnx_train.py",
 )
 

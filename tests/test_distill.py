@@ -139,7 +139,7 @@ def test_no_gradient_reaches_the_teacher():
     def total(s, t):
         return loss(student, s, t, batch, dropout_rng=None, hard_sums=_hard)["loss"]
 
-    g_student, g_teacher = jax.grad(total, argnums=(0, 1))(sp, tp)
+    g_student, g_teacher = jax.jit(jax.grad(total, argnums=(0, 1)))(sp, tp)  # eager: 2x slower
     assert all(not np.any(np.asarray(g)) for g in jax.tree.leaves(g_teacher))
     assert sum(float(jnp.abs(g).sum()) for g in jax.tree.leaves(g_student)) > 0
 

@@ -166,7 +166,8 @@ def test_task_heads_are_the_fine_tuning_heads():
 # ------------------------------------------------------------------------------------------------
 # The trainer: LoRA fine-tuning of a tiny pretraining run and of a random-weight HF GPT-2.
 
-TINY_RUN = dict(d_model=32, num_heads=2, d_ff=64, num_layers=2, max_len=64, vocab_size=512)
+TINY_RUN = dict(d_model=32, num_heads=2, d_ff=64, num_layers=1, max_len=64, vocab_size=512)  # as
+# tests/test_train.py's TINY_MODEL: the same programs (the suite's compilation cache serves both)
 LORA_KEYS = {"optimizer.lora.rank": 4, "optimizer.lora.alpha": 8.0,
              "optimizer.lora.targets": ("query", "value", "out", "ffn")}
 
@@ -255,7 +256,7 @@ def test_lora_finetunes_an_imported_random_gpt2(tmp_path):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=512, n_positions=64, n_embd=32, n_layer=2, n_head=2))
+        vocab_size=512, n_positions=64, n_embd=32, n_layer=1, n_head=2))
     hf.eval().save_pretrained(tmp_path / "hf", safe_serialization=True)
     config = _run_config("gpt_pretrain_tiny", 30, init_from=str(tmp_path / "hf"), **LORA_KEYS)
     config.optimizer.peak_lr = 1e-2

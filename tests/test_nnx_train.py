@@ -19,7 +19,7 @@ from jaxformer.train.loop import Trainer
 from jaxformer.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_MODEL = dict(d_model=32, num_heads=2, d_ff=64, num_layers=2, max_len=64, vocab_size=512)
+TINY_MODEL = dict(d_model=32, num_heads=2, d_ff=64, num_layers=1, max_len=64, vocab_size=512)
 # dropout off, so that the two front ends compute the same steps (their masks differ)
 SETTINGS = {"num_train_steps": 4, "log_every_steps": 1, "eval.num_batches": 0,
             "optimizer.schedule": "constant", "optimizer.peak_lr": 3e-3, "progress_bar": False,
@@ -97,7 +97,7 @@ def test_init_from_hugging_face_directory_with_nnx(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=64, n_embd=32, n_layer=2, n_head=2))
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=64, n_embd=32, n_layer=1, n_head=2))
     hf.save_pretrained(tmp_path / "hf")
     config = load_config("gpt_finetune_tiny", init_from=str(tmp_path / "hf"), module_api="nnx",
                          num_train_steps=2, **{"eval.num_batches": 1, "progress_bar": False,

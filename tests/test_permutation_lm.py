@@ -225,8 +225,9 @@ def test_bad_settings_are_refused_by_name():
 
 @pytest.fixture(scope="module")
 def plm_run(tmp_path_factory):
+    """30 steps of a 1-layer GPT (as tests/test_train.py): the loss drops 0.76-0.85 (seeds 0-2)."""
     c = train_config.load_config(ROOT / "configs" / "gpt_plm_tiny.py")
-    c.model.update(dict(d_model=32, num_heads=2, d_ff=64, num_layers=2, max_len=64,
+    c.model.update(dict(d_model=32, num_heads=2, d_ff=64, num_layers=1, max_len=64,
                         vocab_size=512))
     c.data.tokenizer.vocab_size, c.data.tokenizer.max_train_texts = 512, 1500
     c.data.seq_len, c.data.batch_size, c.num_train_steps = 32, 8, 30

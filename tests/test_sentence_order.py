@@ -161,7 +161,8 @@ def test_pair_settings_are_refused_naming_the_field():
 @pytest.fixture(scope="module")
 def span_sop_run(tmp_path_factory):
     """configs/bert_pretrain_tiny.py at test size (the model of tests/test_train.py), 30 steps,
-    with SpanBERT masking (15%) and SOP."""
+    with SpanBERT masking (15%) and SOP. Seeds 0-2: train loss 6.8 -> 5.8-5.9, eval MLM loss
+    5.7 -> 5.1."""
     workdir = tmp_path_factory.mktemp("span_sop")
     config = load_config(ROOT / "configs" / "bert_pretrain_tiny.py", {
         "num_train_steps": 30, "objective.masking": "span", "objective.mask_rate": 0.15,
@@ -170,7 +171,7 @@ def span_sop_run(tmp_path_factory):
         "eval.num_batches": 4, "checkpoint.every_steps": 30, "progress_bar": False,
         "data.tokenizer.max_train_texts": 1500, "data.tokenizer.vocab_size": 512,
         "data.seq_len": 64, "model.vocab_size": 512, "model.d_model": 32, "model.num_heads": 2,
-        "model.d_ff": 64, "model.num_layers": 2, "model.max_len": 64,
+        "model.d_ff": 64, "model.num_layers": 1, "model.max_len": 64,
         "optimizer.peak_lr": 3e-3, "optimizer.warmup_steps": 5})
     train_and_evaluate(config, workdir)
     return read_metrics(workdir)
