@@ -240,8 +240,8 @@ def poisoned(trainer: Trainer, bad_steps: set[int], monkeypatch) -> Trainer:
     count = iter(range(trainer.start_step + 1, 10**6))
     check = loop._check_batch
 
-    def mark(batch, cfg):
-        check(batch, cfg)
+    def mark(batch, cfg, labels):
+        check(batch, cfg, labels)
         batch["poison"] = np.full(len(batch["inputs"]), next(count) in bad_steps, np.float32)
 
     prepare = trainer.prepare

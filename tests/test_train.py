@@ -361,9 +361,11 @@ def test_labels_outside_the_classes_are_refused():
     from jaxformer.train.loop import _check_batch
 
     cfg = ModelConfig(family="encoder", head="classify", num_classes=2, vocab_size=16)
-    _check_batch({"inputs": np.ones((2, 4), np.int32), "label": np.array([0, 1])}, cfg)
+    _check_batch({"inputs": np.ones((2, 4), np.int32), "label": np.array([0, 1])}, cfg, True)
     with pytest.raises(ValueError, match=r"label 2 is outside \[0, model.num_classes=2\)"):
-        _check_batch({"inputs": np.ones((2, 4), np.int32), "label": np.array([0, 2])}, cfg)
+        _check_batch({"inputs": np.ones((2, 4), np.int32), "label": np.array([0, 2])}, cfg, True)
+    # a model that predicts no labels (an LM reading a labelled file) leaves them unchecked
+    _check_batch({"inputs": np.ones((2, 4), np.int32), "label": np.array([0, 2])}, cfg, False)
 
 
 def test_an_empty_eval_split_fails_at_set_up_not_after_training(tmp_path):
