@@ -8,34 +8,17 @@ evaluation are configs/bert_finetune_tiny.py's.
         --config.init_from=runs/bert_pretrain
 """
 
-from jaxformer.models.presets import preset
-from jaxformer.train.config import base_config
-from jaxformer.train.optim import default_optimizer_config
+import pathlib
 
-VOCAB = 2048
+from jaxformer.train.config import load_config
 
 
 def get_config():
-    c = base_config()
+    c = load_config(pathlib.Path(__file__).with_name("bert_finetune_tiny.py"))
     c.name = "bert_cloze_tiny"
-    c.num_train_steps = 1600
-    c.init_from = ""
-    c.model.update(preset("bert_mini", vocab_size=VOCAB, head="mlm", num_classes=2,
-                          dropout_rate=0.1))
+    c.model.head = "mlm"  # the pretraining head scores the label words: no fresh classifier
+    c.model.pooling = "first"  # the default: an MLM head pools nothing
     c.objective.name = "cloze"
     c.objective.cloze_pattern = "It was <mask>."
     c.objective.verbalizers = "bad,good"  # label 0 = negative, 1 = positive
-    c.data.source = "movie_sentiment"
-    c.data.framing = "cls_sep"
-    c.data.packing = False
-    c.data.seq_len = 64
-    c.data.batch_size = 8
-    c.data.tokenizer.vocab_size = VOCAB
-    c.optimizer = default_optimizer_config("bert", peak_lr=3e-4, warmup_steps=160)
-    c.eval.every_steps = 200
-    c.eval.num_batches = 130
-    c.checkpoint.every_steps = 200
-    c.checkpoint.best_metric = "eval_accuracy"
-    c.checkpoint.best_mode = "max"
-    c.log_every_steps = 20
     return c
