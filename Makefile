@@ -30,7 +30,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' || { echo "$(VENV) is $$($(PY) -V): jaxformer needs Python 3.12+; run 'make clean' and retry"; exit 1; }
 	$(PY) -m pip install --no-cache-dir -e '.[test]' || { df -h . "$${TMPDIR:-/tmp}"; \
-	  echo "pip install failed. If the disk is full: the [test] extra needs about 12 GB free while it installs"; \
+	  echo "pip install failed. If the disk is full: the [test] extra needs about 10 GB free while it installs"; \
 	  echo "(PyTorch from PyPI brings ~4 GB of CUDA libraries even on a CPU machine)."; exit 1; }
 	touch $(STAMP)
 
