@@ -19,7 +19,9 @@ if _DEVICES_FLAG.split("=")[0] not in os.environ["XLA_FLAGS"]:
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One compilation cache per test run, shared by the xdist workers and the train.py subprocesses the
 # tests start (they compile the same tiny programs again and again): ~12% off the suite's time. The
-# controller process creates it (workers inherit the variable) and removes it at the end.
+# controller process creates it (workers inherit the variable) and removes it at the end. Every
+# program is kept, however quick to compile: a tiny training process compiles ~80 small ones
+# (slices, eval step, RNG), and a rerun reading them from the cache takes 3.6 s of CPU, not 6.0 s.
 _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not in os.environ
 if _OWN_CACHE:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxformer-test-jit-")
