@@ -40,13 +40,13 @@ import pytest  # noqa: E402
 # summary line at the end of a `make test` run ("longest files") gives new figures.
 LONGEST_FIRST = (
     "test_train.py",  # three pretraining runs; killed, preempted and resumed subprocesses
-    "test_demo.py",  # the whole demo at tiny settings (~105 s)
+    "test_demo.py",  # the whole demo at tiny settings (~80 s)
     "test_lora.py",
     "test_nnx.py",
-    "test_multiprocess.py",  # two-process runs
     "test_distill.py",
     "test_evaluate.py",
     "test_decode.py",
+    "test_multiprocess.py",  # two-process runs (~35 s alone since their small programs are cached)
     "test_parallel.py",
     "test_models.py",
     "test_reliability.py",
