@@ -12,12 +12,31 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import jax
-from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
+
+
+def _import_summary_writer() -> type:
+    """tensorboardX's ``SummaryWriter``, imported without torch: tensorboardX imports torch (when
+    installed) only to recognise torch tensors, which are never logged here, and that import costs
+    ~1.5 s of CPU in every training process. torch is hidden from that one import (unless already
+    loaded), then visible again."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
+SummaryWriter = _import_summary_writer()
 
 COUNT_NAMES = ("tokens", "examples")
 
