@@ -9,6 +9,7 @@ LoRA run is the adapters' size (compiled ``memory_analysis``: rank 4 < rank 8 < 
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -55,9 +56,25 @@ def _model(family, **overrides):
     return cfg, build_model(cfg)
 
 
+@functools.cache
+def _forward(model, cfg):
+    """The jitted forward of ``model``: one compiled program (eagerly each of its ~170 operations
+    compiles alone, ~3x slower for these tiny models); ``params`` stay arguments, never constants."""
+    def logits(params):
+        out = model.apply({"params": params}, **dummy_model_inputs(cfg, 2, 8), deterministic=True)
+        return out[0] if isinstance(out, tuple) else out
+
+    return jax.jit(logits, compiler_options={"xla_backend_optimization_level": 0})
+
+
 def _logits(model, cfg, params):
-    out = model.apply({"params": params}, **dummy_model_inputs(cfg, 2, 8), deterministic=True)
-    return out[0] if isinstance(out, tuple) else out
+    return _forward(model, cfg)(params)
+
+
+def _init(model, cfg, seed: int = 0):
+    """`init_model_params` as one compiled program."""
+    return jax.jit(lambda key: init_model_params(model, cfg, key),
+                   compiler_options={"xla_backend_optimization_level": 0})(jax.random.key(seed))
 
 
 @pytest.mark.parametrize("family,scan", [("gpt", False)] + [
@@ -65,7 +82,7 @@ def _logits(model, cfg, params):
     if (f, s) != ("gpt", False)])
 def test_adapted_model_equals_base_at_init(family, scan):
     cfg, model = _model(family, scan_layers=scan)
-    params = init_model_params(model, cfg, jax.random.key(0))
+    params = _init(model, cfg)
     trained = lora.trainable(params, jax.random.key(1), _lora_cfg())
     adapted = lora.model_params(params, trained, lora.lora_scale(_lora_cfg()))
     np.testing.assert_array_equal(_logits(model, cfg, adapted), _logits(model, cfg, params))
@@ -78,7 +95,7 @@ def test_adapted_model_equals_base_at_init(family, scan):
 @pytest.mark.parametrize("scan", [False, True])
 def test_merge_is_w_plus_scaled_ab_by_hand(scan):
     cfg, model = _model("gpt", scan_layers=scan)
-    params = init_model_params(model, cfg, jax.random.key(0))
+    params = _init(model, cfg)
     adapters = lora.init_adapters(jax.random.key(1), params, 3, ("out", "query", "ffn"))
     adapters = jax.tree.map(lambda x: x + 0.1, adapters)  # B ≠ 0
     merged = lora.merge(params, adapters, 0.5)
@@ -157,7 +174,7 @@ def test_task_heads_are_the_fine_tuning_heads():
     assert set(lora.TASK_HEADS) >= {"classifier", "token_classifier"}
     assert not set(lora.TASK_HEADS) & {"lm_head", "mlm_head", "pooler", "nsp_head"}
     cfg, model = _model("bert", head="classify", num_classes=3)
-    params = init_model_params(model, cfg, jax.random.key(0))
+    params = _init(model, cfg)
     trained = lora.trainable(params, jax.random.key(1), _lora_cfg(targets=("query", "value")))
     assert set(trained) == {"lora", "classifier"}
     assert jnp.all(trained["lora"]["encoder"]["layer_0"]["self_attn"]["value"]["lora_b"] == 0)

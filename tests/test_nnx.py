@@ -55,6 +55,10 @@ TREES = {
 }
 
 
+# Test-local programs compile at XLA's fast level (~2x quicker; as tests/test_parallel.py).
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
 def cfg_of(name: str, **kw) -> ModelConfig:
     return ModelConfig.from_dict(dict(TREES[name], **kw))
 
@@ -157,7 +161,7 @@ def test_jitted_values_and_gradients_equal_linen_with_scan_and_remat(name, overr
     model = jnnx.from_params(cfg.replace(**overrides), params)
     graphdef, state = nnx.split(model)
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
     def nnx_loss(state):
         out = nnx.merge(graphdef, state)(*args, **kw)
         return _loss(out), out
@@ -169,8 +173,8 @@ def test_jitted_values_and_gradients_equal_linen_with_scan_and_remat(name, overr
     linen = build_linen(cfg)
     (v, out), g = jax.value_and_grad(nnx_loss, has_aux=True)(state)
     (v_ref, out_ref), g_ref = jax.jit(jax.value_and_grad(
-        lambda p: (_loss(o := linen.apply({"params": p}, *args, **kw)), o), has_aux=True))(
-        linen_params)
+        lambda p: (_loss(o := linen.apply({"params": p}, *args, **kw)), o), has_aux=True),
+        compiler_options=FAST_COMPILE)(linen_params)
     np.testing.assert_allclose(v, v_ref, rtol=1e-5)
     assert_trees_equal(out, out_ref, atol=1e-5, rtol=1e-5)
     if "layers" in g["decoder"]:

@@ -46,7 +46,7 @@ from jax.experimental import multihost_utils
 from jaxformer.config import ModelConfig
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.models import build_model
-from jaxformer.train import lora
+from jaxformer.train import lora, orbax_arrays
 from jaxformer.train.checkpoint_select import best_step, committed_steps, retention_policy
 from jaxformer.train.state import abstract_params
 from jaxformer.train.verify import (
@@ -100,6 +100,7 @@ class Checkpointer:
     @property
     def manager(self) -> ocp.CheckpointManager:
         if self._manager is None:
+            orbax_arrays.register_array_handler()  # small arrays: no per-device slice programs
             self._manager = ocp.CheckpointManager(self.directory, options=self._options)
         return self._manager
 
