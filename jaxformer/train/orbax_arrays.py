@@ -12,14 +12,24 @@ from __future__ import annotations
 
 import jax
 import orbax.checkpoint as ocp
-from orbax.checkpoint._src.metadata import array_metadata_store  # Orbax's default handler has one
+
+try:  # Orbax's default handler is built with a metadata store; it has no public name (0.12)
+    from orbax.checkpoint._src.metadata import array_metadata_store
+except ImportError:  # another Orbax layout: keep Orbax's default handler
+    array_metadata_store = None
 
 MIN_SLICE_BYTES = 1 << 20  # per replica: an array replicated 8 ways is split from 8 MiB up
 
 
 def register_array_handler() -> None:
-    """Orbax's default ``jax.Array`` handler, replica-parallel only from `MIN_SLICE_BYTES` up."""
-    handler = ocp.type_handlers.ArrayHandler(
-        array_metadata_store=array_metadata_store.Store(),
-        min_slice_bytes_for_replica_parallel=MIN_SLICE_BYTES)
+    """Orbax's default ``jax.Array`` handler, replica-parallel only from `MIN_SLICE_BYTES` up
+    (where this Orbax has the store and the option; otherwise its default stays)."""
+    if array_metadata_store is None:
+        return
+    try:
+        handler = ocp.type_handlers.ArrayHandler(
+            array_metadata_store=array_metadata_store.Store(),
+            min_slice_bytes_for_replica_parallel=MIN_SLICE_BYTES)
+    except TypeError:  # an Orbax without `min_slice_bytes_for_replica_parallel`
+        return
     ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
