@@ -56,6 +56,9 @@ def _model(family, **overrides):
     return cfg, build_model(cfg)
 
 
+FAST_COMPILE = {"xla_backend_optimization_level": 0}  # as tests/test_parallel.py
+
+
 @functools.cache
 def _forward(model, cfg):
     """The jitted forward of ``model``: one compiled program (eagerly each of its ~170 operations
@@ -64,7 +67,7 @@ def _forward(model, cfg):
         out = model.apply({"params": params}, **dummy_model_inputs(cfg, 2, 8), deterministic=True)
         return out[0] if isinstance(out, tuple) else out
 
-    return jax.jit(logits, compiler_options={"xla_backend_optimization_level": 0})
+    return jax.jit(logits, compiler_options=FAST_COMPILE)
 
 
 def _logits(model, cfg, params):
@@ -74,7 +77,7 @@ def _logits(model, cfg, params):
 def _init(model, cfg, seed: int = 0):
     """`init_model_params` as one compiled program."""
     return jax.jit(lambda key: init_model_params(model, cfg, key),
-                   compiler_options={"xla_backend_optimization_level": 0})(jax.random.key(seed))
+                   compiler_options=FAST_COMPILE)(jax.random.key(seed))
 
 
 @pytest.mark.parametrize("family,scan", [("gpt", False)] + [
