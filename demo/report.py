@@ -16,7 +16,7 @@ METRICS = {"gpt": ("KJV test perplexity", 1, 1, False, "verses"),
            "t5": ("greedy test BLEU", 1, 2, True, "pairs")}
 TITLES = {"gpt": "Decoder-only (GPT): Shakespeare → King James Bible language modelling",
           "bert": "Encoder-only (BERT): in-domain MLM → movie-review sentiment",
-          "t5": "Encoder-decoder (T5): span corruption → KJV → Reina-Valera translation"}
+          "t5": "Encoder-decoder (T5): denoising → KJV → Reina-Valera translation"}
 
 
 def _budget(r: dict) -> str:

@@ -127,9 +127,6 @@ def base_config() -> ml_collections.ConfigDict:
     c.optimizer = default_optimizer_config()
     c.checkpoint = ml_collections.ConfigDict(dict(every_steps=500, keep=3, best_metric="",
                                                   best_mode="min", async_save=True))
-    # generate_*: decoding scores (eval_bleu, eval_chrf, eval_exact_match) on the first
-    # generate_examples examples of eval.split (0 = off; jaxformer.evaluation.decoding);
-    # generate_max_new_tokens 0 = data.target_len; generate_strategy "greedy" or "beam".
     c.eval = ml_collections.ConfigDict(dict(
         every_steps=500, num_batches=20, split="validation", generate_examples=0,
         generate_max_new_tokens=0, generate_strategy="greedy", generate_beam_size=4))
