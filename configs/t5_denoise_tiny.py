@@ -20,8 +20,9 @@ from jaxformer.train.config import load_config
 def get_config():
     c = load_config(pathlib.Path(__file__).with_name("t5_pretrain_tiny.py"))
     c.name = "t5_denoise_tiny"
-    # What the demo runs. 800 steps did not transfer at 4,000 pairs; 1,600 with a 120-step warmup
-    # (7.5%) gave +1.65 +- 0.23 BLEU at 1,000 pairs, 3,200 with warmup 60 +0.78 ... +1.71 (DIAGNOSIS 7-9).
+    # What `make demo` runs: with a 120-step warmup (7.5%), +1.65 +- 0.23 BLEU over scratch at 1,000
+    # pairs. At 4,000 pairs only twice as long transfers (--pretrain_scale 2: +4.21 +- 0.32; 1,600
+    # steps: +0.12 +- 0.26; 800: -0.59 +- 0.39); demo_results/DIAGNOSIS.md, items 7-9.
     c.num_train_steps = 1600
     c.optimizer.warmup_steps = 120
     c.objective.name = "denoise"
