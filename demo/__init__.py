@@ -9,7 +9,7 @@ root::
     pip install -e '.[demo]'
     python -m demo [--workdir runs/demo] [--seeds 3] [--no_tune] [--full] [--only gpt,bert,t5]
 
-(`make demo` is ``python -m demo --no_tune --sizes bert=250``.)
+(`make demo` runs it with the Makefile's ``DEMO_ARGS``.)
 
 Writes ``demo_results/results.json``, ``results.md`` and ``curves.png``. `run_demo` is the same
 from Python, with config overrides (tests run it with tiny models).

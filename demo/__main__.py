@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> None:
                         "example); repeatable")
     p.add_argument("--no_tune", action="store_true",
                    help="skip the learning-rate search: each init uses the rate the search chose "
-                        "for the regime, demo.common.CHOSEN_LR (`make demo` runs it with "
-                        "--sizes bert=250)")
+                        "for the regime, demo.common.CHOSEN_LR (`make demo`: the Makefile's "
+                        "DEMO_ARGS)")
     p.add_argument("--bert_head", choices=sorted(BERT_HEAD_CONFIGS),
                    default=DemoSettings.bert_head,
                    help="BERT's sentiment head for both inits: a fresh classifier on the mean state "
