@@ -31,11 +31,18 @@ import numpy as np
 import optax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import format_table, measure_matmul_peak  # noqa: E402
+from common import (  # noqa: E402
+    format_table,
+    measure_copy_bandwidth,
+    measure_matmul_peak,
+    time_calls,
+)
+from gpu_profile import print_profile, profile_step  # noqa: E402
 from train_step import time_round_robin  # noqa: E402
 
 from jaxformer.config import ModelConfig  # noqa: E402
 from jaxformer.data.vocab import SpecialTokens  # noqa: E402
+from jaxformer.decode import GenerationConfig, generate_padded  # noqa: E402
 from jaxformer.models.presets import preset  # noqa: E402
 from jaxformer.models.transformer import build_model  # noqa: E402
 from jaxformer.objectives import bind_objective  # noqa: E402
@@ -47,8 +54,8 @@ from jaxformer.train.step import make_train_step  # noqa: E402
 
 # model → (preset, its --tiny stand-in, objective)
 MODELS = {
-    "gpt2_small": ("gpt2_small_bf16", "gpt_tiny", "clm"),
     "gpt2_medium": ("gpt2_medium_bf16", "gpt_tiny", "clm"),
+    "gpt2_small": ("gpt2_small_bf16", "gpt_tiny", "clm"),
     "bert_base": ("bert_base_bf16", "bert_tiny", "mlm"),
     "t5_base": ("t5_base_bf16", "t5_tiny", "seq2seq"),
 }
@@ -106,12 +113,67 @@ def prepare(name: str, impl: str, args) -> dict:
 
     target = batch["targets"].shape[1] if "targets" in batch else args.seq_len
     flops = model_flops(cfg, params, args.batch, args.seq_len, target)
-    mem = compiled.memory_analysis()
     row = {"model": name, "impl": impl, "flops": flops["model_flops_per_step"],
            "tokens": flops["tokens_per_step"],
            "params_m": sum(x.size for x in jax.tree.leaves(params)) / 1e6,
-           "temp_gib": getattr(mem, "temp_size_in_bytes", 0) / 2**30 if mem is not None else None}
-    return {"row": row, "run": run}
+           **compiled_memory(compiled)}
+    return {"row": row, "run": run, "compiled": compiled}
+
+
+def compiled_memory(compiled) -> dict:
+    """GiB of the compiled step's temporaries and its high-water mark (arguments + outputs +
+    temporaries − donated buffers the outputs reuse), from XLA's buffer assignment."""
+    mem = compiled.memory_analysis()
+    if mem is None:
+        return {"temp_gib": None, "hbm_gib": None}
+    total = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+             - mem.alias_size_in_bytes)
+    return {"temp_gib": mem.temp_size_in_bytes / 2**30, "hbm_gib": total / 2**30}
+
+
+def decode_row(batch: int, args, bandwidth: float) -> dict:
+    """Cached greedy decoding of GPT-2 small (bfloat16 parameters and compute, the trainer's
+    ``generate_padded``): ``--decode_new`` tokens after a ``--decode_prompt``-token prompt, every
+    row to the end (no EOS). Beside it the HBM roofline: each step must read every weight once and
+    the keys and values written so far (on average prompt + new / 2 positions), so
+    ``tokens/s ≤ batch · bandwidth / (weight bytes + cache bytes)`` at the bandwidth measured in
+    this run."""
+    prompt_len, new = args.decode_prompt, args.decode_new
+    cfg = ModelConfig.from_dict(preset(
+        "gpt2_small_bf16" if not args.tiny else "gpt_tiny", dtype="bfloat16",
+        param_dtype="bfloat16", dropout_rate=0.0, attention_dropout_rate=0.0,
+        max_len=prompt_len + new))
+    model = build_model(cfg)
+    params = jax.jit(lambda: init_model_params(model, cfg, jax.random.key(0)))()
+    prompts = jnp.asarray(np.random.default_rng(1).integers(
+        200, cfg.vocab_size, (batch, prompt_len)), jnp.int32)
+    lengths = jnp.full((batch,), prompt_len, jnp.int32)
+    gen = GenerationConfig(max_new_tokens=new, eos_id=None)
+    t = time_calls(lambda: generate_padded(model, params, prompts, lengths, gen).tokens,
+                   steps=args.decode_repeats, warmup=1)
+    weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    kv_heads = cfg.num_kv_heads or cfg.num_heads
+    cache_bytes = (2 * cfg.num_layers * batch * (prompt_len + new / 2) * kv_heads
+                   * (cfg.head_dim or cfg.d_model // cfg.num_heads) * 2)
+    roofline = batch * bandwidth / (weight_bytes + cache_bytes)
+    tokens_per_s = batch * new / t["median"]
+    return {"model": "gpt2_small" if not args.tiny else "gpt_tiny", "batch": batch,
+            "prompt": prompt_len, "new_tokens": new, "tokens_per_s": tokens_per_s,
+            "step_ms": t["median"] / new * 1e3, "roofline_tokens_per_s": roofline,
+            "of_roofline": tokens_per_s / roofline, "weight_mib": weight_bytes / 2**20,
+            "cache_mib": cache_bytes / 2**20}
+
+
+def profile_of(entry: dict, args, name: str) -> dict:
+    """``{"profile": ...}`` of the entry's compiled step (`gpu_profile.profile_step`), or
+    ``{"profile_error": ...}``: a failed trace must not cost the benchmark's figures."""
+    try:
+        os.makedirs(args.profile, exist_ok=True)
+        return {"profile": profile_step(entry["run"], entry["compiled"], steps=args.profile_steps,
+                                        out=args.profile, name=name)}
+    except Exception as e:  # noqa: BLE001 (reported in the row and printed)
+        print(f"profile of {name} failed: {type(e).__name__}: {e}", flush=True)
+        return {"profile_error": f"{type(e).__name__}: {e}"}
 
 
 def implementations(name: str, args) -> list[str]:
@@ -132,6 +194,15 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=10, help="timed steps per implementation")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps after the first call")
     p.add_argument("--matmul_n", type=int, default=8192, help="side of the bf16 peak matmul")
+    p.add_argument("--profile", default="", metavar="DIR",
+                   help="after timing, trace --profile_steps steps of each model / implementation "
+                   "and print where the device time goes (bench/gpu_profile.py); traces under DIR")
+    p.add_argument("--profile_steps", type=int, default=3)
+    p.add_argument("--decode_batches", default="1,32",
+                   help="batch sizes of the cached-decoding rows (GPT-2 small, bf16); '' for none")
+    p.add_argument("--decode_prompt", type=int, default=128, help="prompt tokens per row")
+    p.add_argument("--decode_new", type=int, default=256, help="generated tokens per row")
+    p.add_argument("--decode_repeats", type=int, default=3, help="timed generate calls")
     p.add_argument("--tiny", action="store_true",
                    help="tiny models (gpt_tiny, bert_tiny, t5_tiny in bf16), batch 4, length 64, "
                    "256² peak matmul: a CPU smoke run (under a minute of CPU, mostly compiling)")
@@ -142,6 +213,11 @@ def main(argv=None) -> dict:
     if args.tiny:
         args.matmul_n = min(args.matmul_n, 256)
     peak = measure_matmul_peak(args.matmul_n, jnp.bfloat16)
+    bandwidth = measure_copy_bandwidth(2**22 if args.tiny else 2**30)
+    decode = []
+    for b in (b for b in args.decode_batches.split(",") if b):
+        decode.append(decode_row(int(b), args, bandwidth["bytes_per_s"]))
+        print(json.dumps({"partial_decode": decode[-1]}), flush=True)
     rows, refused = [], []
     for name in names:
         local = argparse.Namespace(**vars(args))
@@ -157,6 +233,10 @@ def main(argv=None) -> dict:
         for e in entries:
             e["row"].update(batch=local.batch, seq_len=local.seq_len)
             rows.append(e["row"])
+            if args.profile:
+                e["row"].update(profile_of(e, args, f"{name}_{e['row']['impl']}"))
+            print(json.dumps({"partial": {k: v for k, v in e["row"].items() if k != "profile"}}),
+                  flush=True)
         del entries
     peak_after = measure_matmul_peak(args.matmul_n, jnp.bfloat16)
     peak["peak_flops"] = max(peak["peak_flops"], peak_after["peak_flops"])
@@ -166,16 +246,28 @@ def main(argv=None) -> dict:
     report = {"benchmark": "accelerator", "backend": jax.default_backend(),
               "devices": [str(d) for d in jax.devices()],
               "device_kind": jax.devices()[0].device_kind, "tiny": args.tiny,
-              "matmul_peak": peak, "results": rows, "refused": refused}
+              "matmul_peak": peak, "copy_bandwidth": bandwidth, "results": rows,
+              "decode": decode, "refused": refused}
     print(json.dumps(report))
     print(f"\n{report['device_kind']} ({report['backend']})  bf16 matmul peak "
           f"{peak['peak_flops'] / 1e12:.2f} TFLOP/s ({args.matmul_n}²)")
     print(format_table(rows, [("model", "model", ""), ("impl", "attention", ""),
                               ("batch", "batch", "d"), ("seq_len", "length", "d"),
                               ("tokens_per_s", "tokens/s", ".0f"), ("step_s", "step s", ".4f"),
-                              ("mfu", "MFU", ".1%"), ("temp_gib", "temp GiB", ".2f")]))
+                              ("mfu", "MFU", ".1%"), ("temp_gib", "temp GiB", ".2f"),
+                              ("hbm_gib", "step GiB", ".2f")]))
+    if decode:
+        print(f"\ncached greedy decoding; HBM copy bandwidth {bandwidth['bytes_per_s'] / 1e9:.0f} GB/s")
+        print(format_table(decode, [("model", "model", ""), ("batch", "batch", "d"),
+                                    ("prompt", "prompt", "d"), ("new_tokens", "new", "d"),
+                                    ("tokens_per_s", "tokens/s", ".0f"), ("step_ms", "step ms", ".2f"),
+                                    ("roofline_tokens_per_s", "roofline tok/s", ".0f"),
+                                    ("of_roofline", "of roofline", ".1%")]))
     for r in refused:
         print(f"refused: {r['model']} / {r['impl']}: {r['reason']}")
+    for r in rows:
+        if "profile" in r:
+            print_profile(f"{r['model']} / {r['impl']}", r["profile"], top=12)
     return report
 
 

@@ -80,6 +80,16 @@ def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 10) -> 
             "median_flops": flops / t["median"]}
 
 
+def measure_copy_bandwidth(n_bytes: int = 2**30, repeats: int = 10) -> dict[str, float]:
+    """Device-memory bandwidth of a jitted elementwise pass over ``n_bytes`` of random bfloat16
+    (each element read once and written once: ``2 · n_bytes`` moved), best of ``repeats`` calls."""
+    x = jax.random.normal(jax.random.key(0), (n_bytes // 2,), jnp.bfloat16)
+    f = jax.jit(lambda x: x * jnp.bfloat16(1.5))
+    t = time_calls(lambda: f(x), steps=repeats, warmup=1)
+    return {"n_bytes": n_bytes, "bytes_per_s": 2.0 * n_bytes / t["min"],
+            "median_bytes_per_s": 2.0 * n_bytes / t["median"]}
+
+
 def train_step_flops(cfg, params, *, batch: int, seq_len: int) -> dict[str, float]:
     """Model FLOPs of one forward + backward step (`jaxformer.plan.model_flops`, the accounting
     above) of a decoder-only or encoder model with ``params`` (its ``"params"`` tree)."""
