@@ -67,12 +67,23 @@ def model_config(name: str, impl: str, args) -> ModelConfig:
     ValueError (naming the field) where the kernel cannot compute the model."""
     full, tiny, _ = MODELS[name]
     overrides = dict(attention_impl=impl, max_len=max(args.seq_len, 128))
+    if args.scan_layers:
+        overrides["scan_layers"] = True
     if name.startswith("t5"):
         overrides.pop("max_len")  # relative positions: no table to size
     if impl == "chunked":
         overrides["attention_chunk_size"] = min(512, args.seq_len)
     return ModelConfig.from_dict(preset(tiny, **TINY_OVERRIDES, **overrides) if args.tiny
                                  else preset(full, **overrides))
+
+
+def init_on_host(cfg: ModelConfig):
+    """Fresh parameters made by the host CPU, then put on the default device. Jitting the
+    initialiser for the GPU took over 4 minutes to compile for gpt2_medium (XLA's slow-compile
+    alarm; H100, jax 0.11.2); the CPU compiles it in seconds, and the values do not matter here."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        params = jax.jit(lambda: init_model_params(build_model(cfg), cfg, jax.random.key(0)))()
+    return jax.device_put(params, jax.devices()[0])
 
 
 def packed_batch(cfg: ModelConfig, objective: str, args) -> dict:
@@ -100,7 +111,7 @@ def prepare(name: str, impl: str, args) -> dict:
     step_fn = make_train_step(build_model(cfg), tx,
                               bind_objective(objective, SpecialTokens(cfg.vocab_size)),
                               optax.constant_schedule(1e-4))
-    params = jax.jit(lambda: init_model_params(build_model(cfg), cfg, jax.random.key(0)))()
+    params = init_on_host(cfg)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
                        opt_state=jax.jit(tx.init)(params), rng=jax.random.key_data(jax.random.key(1)))
     batch = packed_batch(cfg, MODELS[name][2], args)
@@ -144,7 +155,7 @@ def decode_row(batch: int, args, bandwidth: float) -> dict:
         param_dtype="bfloat16", dropout_rate=0.0, attention_dropout_rate=0.0,
         max_len=prompt_len + new))
     model = build_model(cfg)
-    params = jax.jit(lambda: init_model_params(model, cfg, jax.random.key(0)))()
+    params = init_on_host(cfg)
     prompts = jnp.asarray(np.random.default_rng(1).integers(
         200, cfg.vocab_size, (batch, prompt_len)), jnp.int32)
     lengths = jnp.full((batch,), prompt_len, jnp.int32)
@@ -194,6 +205,8 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=10, help="timed steps per implementation")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps after the first call")
     p.add_argument("--matmul_n", type=int, default=8192, help="side of the bf16 peak matmul")
+    p.add_argument("--scan_layers", action="store_true",
+                   help="scan over the layers (one compiled layer: compiles several times faster)")
     p.add_argument("--profile", default="", metavar="DIR",
                    help="after timing, trace --profile_steps steps of each model / implementation "
                    "and print where the device time goes (bench/gpu_profile.py); traces under DIR")

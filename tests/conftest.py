@@ -17,6 +17,10 @@ os.environ.setdefault("XLA_FLAGS", _DEVICES_FLAG)
 if _DEVICES_FLAG.split("=")[0] not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + _DEVICES_FLAG
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# On a GPU (JAX_PLATFORMS=cuda), XLA computes float32 matmuls in TF32 by default (10-bit mantissa,
+# errors ~1e-3): the suite's float32 tolerances are for full float32, as on CPU and TPU tests.
+if os.environ["JAX_PLATFORMS"] != "cpu":
+    os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 # One compilation cache per test run, shared by the xdist workers and the train.py subprocesses the
 # tests start (they compile the same tiny programs again and again): ~12% off the suite's time. The
 # controller process creates it (workers inherit the variable) and removes it at the end. Every

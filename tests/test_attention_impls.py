@@ -146,8 +146,10 @@ def test_cudnn_mapping_puts_segments_in_the_mask_and_zeroes_blind_rows():
     kwargs, visible = cudnn_arguments(q, k, v, mask=None, causal=True, q_segment_ids=seg,
                                       kv_segment_ids=seg, scale=D ** -0.5)
     assert kwargs["is_causal"] and kwargs["mask"].shape == (B, 1, L, L)
-    np.testing.assert_array_equal(kwargs["mask"][:, 0], allowed_keys(seg, seg, causal=False))
-    np.testing.assert_array_equal(visible[:, 0], np.asarray(seg) != 0)
+    blind = np.asarray(seg) == 0  # padding queries: every key (cuDNN's backward NaNs otherwise)
+    np.testing.assert_array_equal(kwargs["mask"][:, 0],
+                                  allowed_keys(seg, seg, causal=False) | blind[:, :, None])
+    np.testing.assert_array_equal(visible[:, 0], ~blind)
     # without the zeroing, padding queries would average values (cuDNN masks with a finite value)
     raw = np.asarray(jax.nn.dot_product_attention(**kwargs, implementation="xla"))
     assert np.abs(raw[0, 30:]).max() > 1e-2

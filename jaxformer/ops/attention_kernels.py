@@ -10,8 +10,9 @@ attention (Dao et al. 2022) on CUDA GPUs. Its public signature has no segment id
 must arrive as the boolean ``mask`` (here: `jaxformer.ops.masks.segment_mask` AND the user's mask,
 `[B, 1|H, L, S]`; cuDNN adds it as a bias) with ``is_causal`` for causality. Passing only
 ``is_causal`` — the mistake MaxText users hit — lets packed documents attend to each other.
-cuDNN fills masked logits with a large negative number, not −∞, so a fully masked row (a padding
-query) would average the values: those rows are zeroed here. Limits: bf16/fp16 inputs, head_dim a
+cuDNN fills masked logits with a large negative number, not −∞, and its backward pass gives NaN
+for a fully masked row (a padding query) of a bidirectional mask: such rows are given every key
+(no fully masked row reaches cuDNN) and their outputs are zeroed here. Limits: bf16/fp16 inputs, head_dim a
 multiple of 8 and ≤ 256 (≤ 128 before Hopper), no dropout and no bias here (jax's API has no dropout
 argument; the gradient of an additive bias is computed by cuDNN only for some bias shapes, which
 this project could not check on a GPU: T5's learned relative-position bias stays on ``xla`` /
@@ -154,7 +155,12 @@ def cudnn_arguments(q: Array, k: Array, v: Array, *, mask: Array | None, causal:
     if full is None:
         return kwargs, None
     seen = combine_masks(full, causal_mask(q.shape[1], k.shape[1])) if causal else full
-    return kwargs, jnp.any(seen, axis=-1)
+    visible = jnp.any(seen, axis=-1)
+    # A row that sees no key (padding queries) is given every key instead: cuDNN's backward pass
+    # returns NaN gradients for fully masked rows without a causal mask (seen on an H100, cuDNN
+    # 9.19, jax 0.11.2). Its output is zeroed by the caller, so nothing flows through it.
+    kwargs["mask"] = full | ~visible[..., None]
+    return kwargs, visible
 
 
 def cudnn_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: Array | None,
