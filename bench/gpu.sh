@@ -44,7 +44,7 @@ fi
 if has tests; then
   stage tests
   # tests/conftest.py defaults JAX_PLATFORMS to cpu (8 simulated devices): name the GPU.
-  JAX_PLATFORMS=cuda timeout ${TESTS_TIMEOUT:-150} $PY -m pytest -q -rs -p no:cacheprovider tests/test_attention_impls.py 2>&1 \
+  JAX_PLATFORMS=cuda timeout ${TESTS_TIMEOUT:-150} $PY -m pytest -q -rs -p no:cacheprovider ${TESTS_ARGS:-tests/test_attention_impls.py} 2>&1 \
     | tee "$OUT/test_attention_impls.log" | tail -15
 fi
 
