@@ -41,6 +41,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import jax
@@ -166,26 +167,46 @@ def _setup(config, mesh):
     return model_cfg, abstract, shardings, step
 
 
-def compile_step(config, mesh) -> dict:
-    """Compile the train step for ``mesh`` from abstract inputs; XLA's memory and FLOP figures."""
+def compile_train_step(config, mesh) -> tuple[jax.stages.Compiled, float]:
+    """(the train step of ``config`` compiled for ``mesh`` from abstract inputs, seconds to lower
+    and compile it). The devices may be compile-only (`jaxformer.parallel.topology`)."""
     model_cfg, abstract, shardings, step = _setup(config, mesh)
     task = check_data_task(config.objective, config.data).data_task
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(mesh, len(v.shape)))
              for k, v in abstract_batch(config.data, model_cfg, task).items()}
     fn = sharded_jit(step, mesh, in_shardings=(shardings, None), out_shardings=(shardings, None),
                      donate_argnums=(0,))
+    start = time.perf_counter()
     compiled = fn.lower(with_shardings(abstract, shardings), batch).compile()
+    return compiled, time.perf_counter() - start
+
+
+def compiled_memory(compiled) -> dict[str, int]:
+    """Per-device bytes of a compiled program (XLA's buffer assignment) and the live peak."""
     mem = compiled.memory_analysis()
     out = {k: int(getattr(mem, k + "_in_bytes")) for k in
            ("argument_size", "output_size", "alias_size", "temp_size")}
     # Live at once: inputs, temporaries, and outputs that do not reuse (alias) a donated input.
     out["peak_estimate"] = (out["argument_size"] + out["temp_size"] + out["output_size"]
                             - out["alias_size"])
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    out["xla_flops_per_device"] = float(cost.get("flops", 0.0)) if cost else 0.0
-    out["platform"] = mesh.devices.flat[0].platform
     return out
+
+
+def compiled_cost(compiled) -> dict[str, float]:
+    """FLOPs and bytes accessed per device as the backend reports them (absent where it does
+    not). With ``scan_layers`` a loop body is counted once, not once per layer."""
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if cost else {}) if isinstance(cost, list) else (cost or {})
+    return {k: float(cost[key]) for k, key in (("flops", "flops"), ("bytes", "bytes accessed"))
+            if cost.get(key, -1) > 0}
+
+
+def compile_step(config, mesh) -> dict:
+    """Compile the train step for ``mesh`` from abstract inputs; XLA's memory and FLOP figures."""
+    compiled, _ = compile_train_step(config, mesh)
+    return {**compiled_memory(compiled),
+            "xla_flops_per_device": compiled_cost(compiled).get("flops", 0.0),
+            "platform": mesh.devices.flat[0].platform}
 
 
 def plan_devices(mesh_cfg, requested: int = 0) -> int:

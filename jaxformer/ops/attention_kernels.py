@@ -33,6 +33,11 @@ same kernel through the Pallas interpreter: any backend, slow — for tests on C
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator
+
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
@@ -75,11 +80,29 @@ def unsupported(impl: str, *, dtype: str, head_dim: int, relative_bias: bool,
     return None
 
 
+_TARGET: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "jaxformer_target_platform", default=None)
+
+
+@contextlib.contextmanager
+def target_platform(platform: str, version: str = "") -> Iterator[None]:
+    """Within this context the kernels are checked against ``platform`` ("tpu", "cuda", "cpu"),
+    the platform a program is compiled for (`jaxformer.compile`), not this process's backend."""
+    token = _TARGET.set((platform, version or platform))
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
+
+
 def backend_problem(impl: str, platform: str | None = None, version: str | None = None
                     ) -> str | None:
-    """Why the backend (default: jax's) cannot run ``impl``, or None."""
+    """Why the backend cannot run ``impl``, or None. The backend: ``platform`` if given, else the
+    `target_platform` in context, else jax's default backend."""
     if impl not in ("cudnn", "splash"):
         return None
+    if platform is None and _TARGET.get() is not None:
+        platform, version = _TARGET.get()
     if platform is None:
         backend = jax_backend.get_backend()
         platform, version = backend.platform, backend.platform_version
@@ -200,6 +223,52 @@ def _default_segments(q_seg, kv_seg, q, k):
 
 
 # --------------------------------------------------------------------------------------------------
+# Kernels on a device mesh. XLA cannot partition a Pallas (Mosaic) kernel ("Mosaic kernels cannot
+# be automatically partitioned"): inside a sharded program the kernel runs per device under
+# `jax.shard_map`, rows split as the batch is and heads as the attention heads are.
+
+_MESH: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("jaxformer_kernel_mesh",
+                                                                     default=None)
+
+
+@contextlib.contextmanager
+def kernel_mesh(mesh, batch_axes, head_axes) -> Iterator[None]:
+    """Within this context the Pallas kernels run per device of ``mesh`` (`jax.shard_map`): rows
+    split over ``batch_axes`` and heads over ``head_axes`` (mesh axis names, a tuple or None: the
+    logical rules' ``batch`` and ``heads``). `jaxformer.parallel.partition.sharded_jit` enters it."""
+    token = _MESH.set((mesh, batch_axes, head_axes))
+    try:
+        yield
+    finally:
+        _MESH.reset(token)
+
+
+def _axes_size(mesh, axes) -> int:
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def _per_device(fn, q_BxHxLxD: Array, k_BxKxSxD: Array, v_BxKxSxD: Array, q_seg: Array,
+                kv_seg: Array) -> Array:
+    """``fn(q, k, v, q_seg, kv_seg)`` (head-major layouts, `[B, L]` segment ids), run per device
+    under `kernel_mesh` when one is active: a dimension that its mesh axes do not divide stays
+    whole (replicated), and grouped kv heads split with the query heads (the rules refuse a kv
+    head count the tensor axis does not divide)."""
+    ctx = _MESH.get()
+    if ctx is None or ctx[0].size == 1:
+        return fn(q_BxHxLxD, k_BxKxSxD, v_BxKxSxD, q_seg, kv_seg)
+    mesh, batch_axes, head_axes = ctx
+    rows = batch_axes if q_BxHxLxD.shape[0] % _axes_size(mesh, batch_axes) == 0 else None
+    n_heads = _axes_size(mesh, head_axes)
+    heads = head_axes if q_BxHxLxD.shape[1] % n_heads == 0 and k_BxKxSxD.shape[1] % n_heads == 0 \
+        else None
+    spec = jax.sharding.PartitionSpec(rows, heads, None, None)
+    seg = jax.sharding.PartitionSpec(rows, None)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec, spec, seg, seg), out_specs=spec,
+                         check_vma=False)(q_BxHxLxD, k_BxKxSxD, v_BxKxSxD, q_seg, kv_seg)
+
+
+# --------------------------------------------------------------------------------------------------
 # TPU splash attention.
 
 
@@ -248,10 +317,16 @@ def splash_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: 
         block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv, block_q_dkv=block_q,
         block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv, block_q_dq=block_q,
         block_kv_dq=block_kv)
-    kernel = splash.make_splash_mha(splash.MultiHeadMask([head_mask] * h), block_sizes=blocks,
-                                    head_shards=1, q_seq_shards=1, interpret=interpret)
-    one_row = lambda qq, kk, vv, sq, sk: kernel(qq, kk, vv, segment_ids=splash.SegmentIds(sq, sk))
-    out_BxHxLxDv = jax.vmap(one_row)(q_BxHxLxDh, k_BxKxSxDh, v_BxKxSxDv, q_seg, kv_seg)
+
+    def rows(q_BxHxLxDh, k_BxKxSxDh, v_BxKxSxDv, q_seg, kv_seg):  # the heads this device holds
+        kernel = splash.make_splash_mha(
+            splash.MultiHeadMask([head_mask] * q_BxHxLxDh.shape[1]), block_sizes=blocks,
+            head_shards=1, q_seq_shards=1, interpret=interpret)
+        one_row = lambda qq, kk, vv, sq, sk: kernel(qq, kk, vv,
+                                                    segment_ids=splash.SegmentIds(sq, sk))
+        return jax.vmap(one_row)(q_BxHxLxDh, k_BxKxSxDh, v_BxKxSxDv, q_seg, kv_seg)
+
+    out_BxHxLxDv = _per_device(rows, q_BxHxLxDh, k_BxKxSxDh, v_BxKxSxDv, q_seg, kv_seg)
     visible_Bx1xL = jax.vmap(_sees_a_key, in_axes=(0, 0, None))(q_seg, kv_seg, causal)[:, None]
     out = _zero_blind_rows(jnp.swapaxes(out_BxHxLxDv, 1, 2), visible_Bx1xL)
     return out[:, :lq].astype(q.dtype)
@@ -267,4 +342,5 @@ def fused_attention(implementation: str, q: Array, k: Array, v: Array, *, block:
 
 
 __all__ = ["KERNELS", "unsupported", "backend_problem", "fastest_attention", "check_backend",
+           "target_platform", "kernel_mesh",
            "cudnn_arguments", "cudnn_attention", "splash_attention", "fused_attention"]

@@ -21,7 +21,6 @@ import math
 from collections.abc import Mapping, Sequence
 
 import jax
-import numpy as np
 from jax.sharding import AxisType, Mesh
 
 from jaxformer.parallel.rules import batch_shards
@@ -68,10 +67,11 @@ def make_mesh(mesh_cfg: Mapping[str, int] | None = None,
     # Auto axes: shardings are propagated by the compiler from the jit in/out shardings and the
     # logical constraints (recent `jax.make_mesh` defaults to Explicit axes, which type-check
     # every op instead).
+    # `jax.make_mesh` lays the axes out along the chips' physical topology (ICI rings on a TPU
+    # slice), also for a subset of devices or compile-only devices of another machine
+    # (`jaxformer.parallel.topology`); a naive reshape would not.
     auto = (AxisType.Auto,) * len(MESH_AXES)
-    if len(devices) == len(jax.devices()):
-        return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=auto)
-    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=auto)
+    return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=auto)
 
 
 def describe(mesh: Mesh) -> str:

@@ -19,13 +19,18 @@ import flax.linen as nn
 import jax
 from jax.sharding import Mesh
 
+from jaxformer.ops.attention_kernels import kernel_mesh
 from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, Rules, check_rules
 
 
 @contextlib.contextmanager
 def mesh_rules(mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES) -> Iterator[None]:
-    """Context in which the layers' logical activation constraints bind to ``mesh``."""
-    with jax.set_mesh(mesh), nn.logical_axis_rules(check_rules(rules)):
+    """Context in which the layers' logical activation constraints bind to ``mesh``, and the
+    Pallas attention kernels run per device of it (`jaxformer.ops.attention_kernels.kernel_mesh`:
+    rows over the rules' ``batch`` axes, heads over their ``heads`` axes)."""
+    batch_axes, head_axes = nn.logical_to_mesh_axes(("batch", "heads"), check_rules(rules))
+    with (jax.set_mesh(mesh), nn.logical_axis_rules(rules),
+          kernel_mesh(mesh, batch_axes, head_axes)):
         yield
 
 

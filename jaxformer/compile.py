@@ -1,0 +1,197 @@
+"""Compile the trainer's real step for an accelerator topology this machine does not have.
+
+    python -m jaxformer.compile --preset gpt2_medium_bf16 --topology v5p:4x4x4 --mesh fsdp=64
+    python -m jaxformer.compile --config configs/gpt_pretrain_tiny.py --topology v5e:2x2 \\
+        --config.mesh.fsdp=4 --config.model.attention_impl=splash
+    python -m jaxformer.compile --preset t5_base_bf16 --topology v5e:2x2 --num_slices 2 \\
+        --mesh dcn_data=2,fsdp=4 --json t5.json
+
+The step is the one `train.py` runs — same config resolution and checks, mesh rules, optimizer,
+remat, scan, attention implementation, objective and gradient accumulation (`jaxformer.plan`'s
+`_setup`) — lowered from abstract inputs onto compile-only devices of the topology
+(`jaxformer.parallel.topology`: libtpu on a CPU host, as MaxText's ``train_compile``). Nothing is
+allocated. Kernel choices are checked against the topology's platform, not this machine's. The
+report (a table, then one JSON line):
+
+* compile time;
+* per-chip HBM from XLA's buffer assignment — arguments (state + batch), temporaries, outputs
+  not aliased to donated inputs, their sum — against the chip's capacity (`topology.CHIPS`);
+* model FLOPs per step (`jaxformer.plan.model_flops`) and, where the backend reports them, XLA's
+  FLOPs and bytes accessed per chip;
+* the collectives of the compiled HLO by kind (all-gather, reduce-scatter, all-reduce,
+  all-to-all, collective-permute): instructions and bytes of their results, counted as they
+  appear in the program text (an instruction inside a scanned layer's loop body runs once per
+  layer and is counted once);
+* a roofline: the step cannot be faster than its model FLOPs at the chip's peak, nor than its
+  bytes accessed at the HBM bandwidth, nor than its collective bytes at the ICI bandwidth; the
+  largest of the three bounds the step time, and model-FLOPs time / that bound bounds the MFU.
+
+A plan that does not fit the chip's HBM is refused with one line naming the largest part and what
+to change (exit status 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+
+from absl import app, flags, logging
+
+from jaxformer.ops.attention_kernels import target_platform
+from jaxformer.parallel.mesh import make_mesh, mesh_shape
+from jaxformer.parallel.topology import Topology, parse_topology, topology_devices
+from jaxformer.plan import _config, compile_train_step, compiled_cost, compiled_memory, plan
+
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "f8e4m3fn": 1, "f8e5m2": 1}
+
+
+def _shape_bytes(text: str) -> list[int]:
+    """Bytes of each array type in an HLO result type, e.g. ``(bf16[8,128]{1,0}, f32[4])``."""
+    out = []
+    for dtype, dims in re.findall(r"\b([a-z]+\d*(?:e\dm\d(?:fn)?)?)\[([\d,]*)\]", text):
+        if dtype in _DTYPE_BYTES:
+            out.append(_DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d))
+    return out
+
+
+def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
+    """``{kind: {"count", "bytes"}}`` of the collectives in compiled HLO text. An asynchronous
+    pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``, whose result tuple
+    ends with the output buffer; a synchronous instruction's bytes are its results'."""
+    stats = {k: {"count": 0, "bytes": 0} for k in COLLECTIVES}
+    pattern = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.+?) (" + "|".join(COLLECTIVES)
+                         + r")(-start)?\(", re.M)
+    for m in pattern.finditer(hlo_text):
+        sizes = _shape_bytes(m.group(1))
+        if not sizes:
+            continue
+        stats[m.group(2)]["count"] += 1
+        stats[m.group(2)]["bytes"] += sizes[-1] if m.group(3) else sum(sizes)
+    return stats
+
+
+def roofline(topo: Topology, model_flops_per_device: float, xla: dict, comm_bytes: float,
+             devices_per_chip: int = 1) -> dict:
+    """Lower bounds on the step time from each resource of one device (a chip, or one of its
+    ``devices_per_chip`` TensorCores), the largest, and the MFU it allows."""
+    chip, share = topo.chip, 1.0 / devices_per_chip
+    bounds = {"compute_s": model_flops_per_device / (chip.bf16_flops * share),
+              "hbm_s": xla["bytes"] / (chip.hbm_bytes_per_s * share) if "bytes" in xla else None,
+              "ici_s": comm_bytes / (chip.ici_bytes_per_s * share)}
+    step = max(v for v in bounds.values() if v is not None)
+    bound = max(bounds, key=lambda k: bounds[k] or 0.0)
+    return {**bounds, "step_s": step, "bound_by": bound.removesuffix("_s"),
+            "mfu_bound": bounds["compute_s"] / step if step else None}
+
+
+def compile_report(config, topo: Topology) -> dict:
+    """The report of the module docstring for ``config`` on ``topo`` (ValueError if it cannot
+    be built: a mesh that does not fit the chips, a kernel the platform cannot run, ...)."""
+    devices = topology_devices(topo)
+    sizes = mesh_shape(dict(config.mesh), len(devices))
+    with target_platform(topo.chip.platform):
+        report = plan(config, devices=len(devices), compile=False)
+        compiled, seconds = compile_train_step(config, make_mesh(sizes, devices))
+    mem, xla = compiled_memory(compiled), compiled_cost(compiled)
+    comm = collectives(compiled.as_text())
+    per_chip = max(1, len(devices) // topo.num_chips)  # 1: v4 and v5p in megacore mode
+    capacity = topo.chip.hbm_bytes / per_chip
+    report.update(
+        topology=topo.name, num_slices=topo.num_slices, chip=topo.chip.name,
+        chip_source=topo.chip.source, devices_per_chip=per_chip, compile_s=seconds, memory=mem,
+        hbm_capacity=capacity, fits=mem["peak_estimate"] <= capacity, xla=xla, collectives=comm,
+        roofline=roofline(topo, report["model_flops_per_step"] / len(devices), xla,
+                          sum(c["bytes"] for c in comm.values()), per_chip))
+    return report
+
+
+def refusal(report: dict) -> str | None:
+    """One line saying why the plan does not fit the chip, or None when it fits."""
+    if report["fits"]:
+        return None
+    m, cap = report["memory"], report["hbm_capacity"]
+    parts = {"state + batch (arguments)": m["argument_size"],
+             "activations + temporaries": m["temp_size"]}
+    largest = max(parts, key=parts.get)
+    fix = ("shard the state further (a larger mesh.fsdp), bfloat16 parameters or fewer of them"
+           if largest.startswith("state") else
+           "model.remat_policy='full' (or 'dots'), a smaller data.batch_size with "
+           "optimizer.grad_accum_steps, or more chips on the batch axes")
+    return (f"does not fit {report['chip']}: {_gib(m['peak_estimate'])} per chip of "
+            f"{_gib(cap)} ({largest} {_gib(parts[largest])} is the largest part); try {fix}")
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.2f} GiB"
+
+
+def format_report(r: dict) -> str:
+    mesh = " ".join(f"{a}={s}" for a, s in r["mesh"].items())
+    m, roof = r["memory"], r["roofline"]
+    rows = [f"compiled {r['name']} ({r['family']}) for {r['topology']}"
+            f"{f' × {r['num_slices']} slices' if r['num_slices'] > 1 else ''} ({r['chip']}, "
+            f"{r['devices']} chips), mesh {mesh}, batch {r['batch']} × {r['seq_len']}, "
+            f"in {r['compile_s']:.1f} s",
+            f"  per chip: arguments {_gib(m['argument_size'])}, temporaries {_gib(m['temp_size'])}, "
+            f"outputs {_gib(m['output_size'] - m['alias_size'])}; total {_gib(m['peak_estimate'])}"
+            f" of {_gib(r['hbm_capacity'])} ({m['peak_estimate'] / r['hbm_capacity']:.0%})",
+            f"  model FLOPs / step {r['model_flops_per_step']:.4e}"
+            f" ({r['model_flops_per_step'] / r['devices']:.4e} per chip)"
+            + (f"; XLA per chip: {r['xla']['flops']:.4e} FLOPs" if "flops" in r["xla"] else "")
+            + (f", {r['xla']['bytes'] / 2**30:.2f} GiB accessed" if "bytes" in r["xla"] else ""),
+            "  collectives (instructions in the program, bytes of their results):"]
+    for kind, c in r["collectives"].items():
+        if c["count"]:
+            rows.append(f"    {kind:20} {c['count']:6d}  {c['bytes'] / 2**20:12.2f} MiB")
+    if not any(c["count"] for c in r["collectives"].values()):
+        rows.append("    none")
+    terms = ", ".join(f"{k[:-2]} {v * 1e3:.2f} ms" for k, v in roof.items()
+                      if k.endswith("_s") and k != "step_s" and v is not None)
+    rows.append(f"  roofline: {terms} → step ≥ {roof['step_s'] * 1e3:.2f} ms ({roof['bound_by']}"
+                f"-bound), MFU ≤ {roof['mfu_bound']:.1%}  [peaks: {r['chip_source']}]")
+    return "\n".join(rows)
+
+
+def main(argv) -> None:
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    f = flags.FLAGS
+    if (f.config is None) == (not f.preset):
+        raise app.UsageError("give either --config configs/<name>.py or --preset <name>")
+    try:
+        report = compile_report(_config(f), parse_topology(f.topology, f.num_slices))
+    except (ValueError, KeyError) as e:
+        sys.exit(f"python -m jaxformer.compile: error: {e.args[0] if e.args else e}")
+    print(format_report(report))
+    text = json.dumps(report)
+    print(text)
+    if f.json:
+        with open(f.json, "w") as fh:
+            fh.write(text + "\n")
+    why = refusal(report)
+    if why:
+        sys.exit(f"python -m jaxformer.compile: {why}")
+
+
+def _define_flags() -> None:
+    from jaxformer.plan import _define_flags as plan_flags
+
+    plan_flags()
+    flags.DEFINE_string("topology", "v5e:2x2", "Chips to compile for: v5e:2x2, v5p:4x4x4, "
+                        "v6e:16x16, v4:2x2x1 (jaxformer.parallel.topology).")
+    flags.DEFINE_integer("num_slices", 1, "Slices of the topology (multi-slice over DCN).")
+
+
+if __name__ == "__main__":
+    # Compile-only: this process needs no accelerator of its own (and must not wait for one).
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    _define_flags()
+    app.run(main)
+
+
+__all__ = ["COLLECTIVES", "collectives", "compile_report", "refusal", "roofline"]
