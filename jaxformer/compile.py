@@ -40,10 +40,8 @@ import sys
 
 from absl import app, flags, logging
 
-from jaxformer.ops.attention_kernels import target_platform
-from jaxformer.parallel.mesh import make_mesh, mesh_shape
-from jaxformer.parallel.topology import Topology, parse_topology, topology_devices
-from jaxformer.plan import _config, compile_train_step, compiled_cost, compiled_memory, plan
+from jaxformer.parallel.topology import Topology, parse_topology
+from jaxformer.plan import _config, compile_on_topology, compiled_cost, compiled_memory, plan
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
@@ -92,20 +90,17 @@ def roofline(topo: Topology, model_flops_per_device: float, xla: dict, comm_byte
 def compile_report(config, topo: Topology) -> dict:
     """The report of the module docstring for ``config`` on ``topo`` (ValueError if it cannot
     be built: a mesh that does not fit the chips, a kernel the platform cannot run, ...)."""
-    devices = topology_devices(topo)
-    sizes = mesh_shape(dict(config.mesh), len(devices))
-    with target_platform(topo.chip.platform):
-        report = plan(config, devices=len(devices), compile=False)
-        compiled, seconds = compile_train_step(config, make_mesh(sizes, devices))
+    report = plan(config, compile=False, topology=topo)
+    compiled, seconds, n_devices = compile_on_topology(config, topo)
     mem, xla = compiled_memory(compiled), compiled_cost(compiled)
     comm = collectives(compiled.as_text())
-    per_chip = max(1, len(devices) // topo.num_chips)  # 1: v4 and v5p in megacore mode
+    per_chip = max(1, n_devices // topo.num_chips)  # 1: v4 and v5p in megacore mode
     capacity = topo.chip.hbm_bytes / per_chip
     report.update(
         topology=topo.name, num_slices=topo.num_slices, chip=topo.chip.name,
         chip_source=topo.chip.source, devices_per_chip=per_chip, compile_s=seconds, memory=mem,
         hbm_capacity=capacity, fits=mem["peak_estimate"] <= capacity, xla=xla, collectives=comm,
-        roofline=roofline(topo, report["model_flops_per_step"] / len(devices), xla,
+        roofline=roofline(topo, report["model_flops_per_step"] / n_devices, xla,
                           sum(c["bytes"] for c in comm.values()), per_chip))
     return report
 
@@ -163,6 +158,8 @@ def main(argv) -> None:
     f = flags.FLAGS
     if (f.config is None) == (not f.preset):
         raise app.UsageError("give either --config configs/<name>.py or --preset <name>")
+    if not f.topology:
+        raise app.UsageError("give --topology, e.g. v5e:2x2, v5p:4x4x4 or v6e:16x16")
     try:
         report = compile_report(_config(f), parse_topology(f.topology, f.num_slices))
     except (ValueError, KeyError) as e:
@@ -179,12 +176,10 @@ def main(argv) -> None:
 
 
 def _define_flags() -> None:
+    """`jaxformer.plan`'s flags (config or preset, sizes, mesh, ``--topology``, ``--json``)."""
     from jaxformer.plan import _define_flags as plan_flags
 
     plan_flags()
-    flags.DEFINE_string("topology", "v5e:2x2", "Chips to compile for: v5e:2x2, v5p:4x4x4, "
-                        "v6e:16x16, v4:2x2x1 (jaxformer.parallel.topology).")
-    flags.DEFINE_integer("num_slices", 1, "Slices of the topology (multi-slice over DCN).")
 
 
 if __name__ == "__main__":

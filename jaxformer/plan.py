@@ -25,6 +25,10 @@ Prints a table and a JSON line (``--json PATH`` also writes it) with
   (``jax.jit(step).lower(...).compile().memory_analysis()``) and its temp bytes, argument/output
   bytes and the compiled FLOP count (`cost_analysis`, per device) are reported.
 
+``--topology v5e:2x2`` (etc.): the step is compiled for that TPU slice's chips by libtpu on this
+host (`jaxformer.parallel.topology`), so the activation bytes are the TPU compiler's;
+`python -m jaxformer.compile` reports more of that program (collectives, roofline).
+
 Devices: the plan is for ``--devices`` devices (default: this machine's count if the mesh fits it,
 else the product of the mesh sizes). Parameter/optimizer bytes need no devices (an `AbstractMesh`).
 When the mesh's devices exist here the step is compiled for them (real GPU/TPU numbers); when they
@@ -36,6 +40,7 @@ allocates (fusion and layout choices differ). ``--nocompile`` skips that step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -56,9 +61,11 @@ from jaxformer.models import build_model
 from jaxformer.models.heads import PER_ROW_MODULES
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective, check_data_task
+from jaxformer.ops.attention_kernels import target_platform
 from jaxformer.parallel.mesh import MESH_AXES, check_batch_size, make_mesh, mesh_shape
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
+from jaxformer.parallel.topology import Topology, parse_topology, topology_devices
 from jaxformer.train.checkpoint import with_shardings
 from jaxformer.train.config import base_config, define_config_flag
 from jaxformer.train.setup import resolve_config
@@ -221,15 +228,30 @@ def plan_devices(mesh_cfg, requested: int = 0) -> int:
     return explicit
 
 
-def plan(config, *, devices: int = 0, compile: bool = True, argv: list[str] | None = None) -> dict:
-    """The planning report (a JSON-able dict) for ``config``."""
+def compile_on_topology(config, topology: Topology) -> tuple[jax.stages.Compiled, float, int]:
+    """(train step compiled for the compile-only devices of ``topology``, seconds, devices);
+    kernel choices are checked against the topology's platform, not this machine's."""
+    devices = topology_devices(topology)
+    with target_platform(topology.chip.platform):
+        compiled, seconds = compile_train_step(
+            config, make_mesh(mesh_shape(dict(config.mesh), len(devices)), devices))
+    return compiled, seconds, len(devices)
+
+
+def plan(config, *, devices: int = 0, compile: bool = True, argv: list[str] | None = None,
+         topology: Topology | None = None) -> dict:
+    """The planning report (a JSON-able dict) for ``config``; with ``topology``, for its chips
+    (compiled by the accelerator's own compiler, `jaxformer.parallel.topology`)."""
+    if topology is not None:
+        devices = len(topology_devices(topology))
     n = plan_devices(config.mesh, devices)
     sizes = mesh_shape(dict(config.mesh), n)
     abstract_mesh = AbstractMesh(tuple(sizes.values()), tuple(sizes),
                                  axis_types=(AxisType.Auto,) * len(sizes))
     check_batch_size(abstract_mesh, config.data.batch_size,
                      config.optimizer.get("grad_accum_steps", 1))
-    model_cfg, abstract, shardings, _ = _setup(config, abstract_mesh)
+    with target_platform(topology.chip.platform) if topology else contextlib.nullcontext():
+        model_cfg, abstract, shardings, _ = _setup(config, abstract_mesh)
     params = abstract.params
     report = {
         "name": config.get("name", ""), "family": model_cfg.family, "mesh": sizes,
@@ -242,7 +264,12 @@ def plan(config, *, devices: int = 0, compile: bool = True, argv: list[str] | No
         "params_bytes": state_bytes(params, shardings.params),
         "opt_state_bytes": state_bytes(abstract.opt_state, shardings.opt_state),
     }
-    if compile:
+    if compile and topology is not None:
+        compiled, seconds, _ = compile_on_topology(config, topology)
+        report["compiled"] = {**compiled_memory(compiled), "simulated": False,
+                              "xla_flops_per_device": compiled_cost(compiled).get("flops", 0.0),
+                              "platform": topology.chip.platform, "compile_s": seconds}
+    elif compile:
         if n <= jax.device_count():
             mesh = make_mesh(sizes, jax.devices()[:n])
             report["compiled"] = {**compile_step(config, mesh), "simulated": False}
@@ -286,7 +313,7 @@ def format_table(r: dict) -> str:
         rows.append(f"  {label:20}  {_gb(r[key]['total']):>18}  {_gb(r[key]['per_device']):>14}")
     c = r.get("compiled")
     if c:
-        kind = "simulated " if c["simulated"] else ""
+        kind = "simulated " if c["simulated"] else "compile-only " if "compile_s" in c else ""
         rows += [f"  XLA, step compiled for {r['devices']} {kind}{c['platform']} devices, per device:",
                  f"    state + batch (arguments)     {_gb(c['argument_size']):>14}",
                  f"    activations + temporaries     {_gb(c['temp_size']):>14}",
@@ -310,7 +337,9 @@ def main(argv) -> None:
         return
     try:
         config = _config(f)
-        report = plan(config, devices=f.devices, compile=f.compile, argv=sys.argv[1:])
+        topology = parse_topology(f.topology, f.num_slices) if f.topology else None
+        report = plan(config, devices=f.devices, compile=f.compile, argv=sys.argv[1:],
+                      topology=topology)
     except (ValueError, KeyError) as e:  # a bad preset, mesh, size: the message says which
         sys.exit(f"python -m jaxformer.plan: error: {e.args[0] if e.args else e}")
     print(format_table(report))
@@ -338,6 +367,10 @@ def _define_flags() -> None:
     flags.DEFINE_integer("devices", 0, "Devices to plan for (0: see the module docstring).")
     flags.DEFINE_bool("compile", True, "Compile the step for XLA's activation/temp bytes.")
     flags.DEFINE_string("json", "", "Also write the JSON report to this path.")
+    flags.DEFINE_string("topology", "", "Plan for a TPU slice, compiled by its own compiler on "
+                        "compile-only devices: v5e:2x2, v5p:4x4x4, v6e:16x16, v4:2x2x1 "
+                        "(jaxformer.parallel.topology; needs the [tpu] extra).")
+    flags.DEFINE_integer("num_slices", 1, "With --topology: slices of it.")
     flags.DEFINE_bool(_CHILD_FLAG[2:], False, "Internal: compile on simulated devices, print JSON.")
 
 

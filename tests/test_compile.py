@@ -15,10 +15,9 @@ import jax
 import pytest
 
 from jaxformer.compile import collectives, compile_report, refusal
-from jaxformer.ops.attention_kernels import target_platform
 from jaxformer.parallel.mesh import make_mesh, mesh_shape
 from jaxformer.parallel.topology import parse_topology, topology_devices
-from jaxformer.plan import _setup, compile_train_step, preset_config
+from jaxformer.plan import _setup, compile_on_topology, plan, preset_config
 from jaxformer.train.config import check_config
 from jaxformer.train.setup import resolve_config
 
@@ -36,8 +35,7 @@ def compiled_for(config, topology: str = "v5e:2x2"):
     topo = parse_topology(topology)
     devices = topology_devices(topo)
     mesh = make_mesh(mesh_shape(dict(config.mesh), len(devices)), devices)
-    with target_platform("tpu"):
-        compiled, _ = compile_train_step(config, mesh)
+    compiled, _, _ = compile_on_topology(config, topo)
     return compiled, mesh
 
 
@@ -55,8 +53,9 @@ def test_every_family_compiles_for_a_tpu_slice_with_the_rules_shardings(name, me
     _, _, want, _ = _setup(config, tpu_mesh)
     got = compiled.input_shardings[0][0].params
     pairs = zip(jax.tree.leaves(want.params), jax.tree.leaves(got), strict=True)
-    for w, g in pairs:
-        assert g.is_equivalent_to(w, len(w.spec) or 1), (w.spec, g)
+    for w, g in pairs:  # same spec on the compiled program's own (compile-only) devices
+        assert g.is_equivalent_to(jax.sharding.NamedSharding(g.mesh, w.spec), len(w.spec) or 1), \
+            (w.spec, g)
     memory = compiled.memory_analysis()
     assert memory.temp_size_in_bytes > 0 and memory.argument_size_in_bytes > 0
 
@@ -86,6 +85,19 @@ def test_splash_compiles_inside_the_sharded_step_with_packed_rows(mesh):
         check_config(resolve_config(config), resolve_config(config).model_cfg, resolved=True)
     compiled, _ = compiled_for(config)
     assert "tpu_custom_call" in compiled.as_text()  # the Mosaic kernel itself, per device
+
+
+def test_plan_with_a_topology_takes_the_tpu_compilers_memory():
+    """`jaxformer.plan --topology`: the activation bytes are the TPU compiler's, the same program
+    as `jaxformer.compile` builds; parameter bytes (exact, from the shardings) agree with it."""
+    config = tiny("bert_tiny", "fsdp=4")
+    report = plan(config, topology=parse_topology("v5e:2x2"))
+    c = report["compiled"]
+    assert c["platform"] == "tpu" and not c["simulated"] and report["devices"] == 4
+    compiled, _ = compiled_for(config)
+    assert c["temp_size"] == compiled.memory_analysis().temp_size_in_bytes
+    state = report["params_bytes"]["per_device"] + report["opt_state_bytes"]["per_device"]
+    assert state <= c["argument_size"] <= 1.3 * state + 2**20  # + the batch, TPU tile padding
 
 
 def test_compile_report_has_memory_collectives_and_roofline():
