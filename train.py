@@ -14,6 +14,7 @@ import sys
 from absl import app, flags, logging
 
 from jaxformer.parallel.distributed import maybe_initialize_distributed
+from jaxformer.train.checkpoint import SaveFailed
 from jaxformer.train.config import define_config_flag
 from jaxformer.train.config_keys import format_config
 from jaxformer.train.lock import WorkdirBusy
@@ -42,8 +43,8 @@ def main(argv):
         sys.exit(f"train.py: error: {e}")
     try:
         metrics = trainer.run()
-    except FloatingPointError as e:  # the nonfinite policy stopped the run (or a NaN checkpoint)
-        sys.exit(f"train.py: error: {e}")
+    except (FloatingPointError, SaveFailed) as e:  # the nonfinite policy stopped the run (or a
+        sys.exit(f"train.py: error: {e}")  # NaN checkpoint), or a checkpoint could not be written
     print({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
     if "preempted_at_step" in metrics:
         sys.exit(128 + 15)  # "terminated by SIGTERM", after the checkpoint: not a finished run
