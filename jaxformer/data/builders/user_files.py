@@ -115,7 +115,8 @@ class FileSource:
         # the glob read, as messages name it; a pattern of just "{split}" takes the whole glob as
         # its split (`jaxformer.evaluation.run.with_data`: every line of the files)
         glob = pattern.replace("{split}", split)
-        named = glob if hashed or pattern == "{split}" else f"{glob} (split {split!r} of {pattern})"
+        named = repr(glob) + ("" if hashed or pattern == "{split}" else
+                              f" (split {split!r} of {pattern!r})")
         if not hashed and tuple(split_fractions) != (0.9, 0.05, 0.05):
             raise ValueError(f"files {pattern!r}: data.split_fractions applies to globs without "
                              "'{split}' (lines split by hash); this glob names each split's files")
