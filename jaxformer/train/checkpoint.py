@@ -146,6 +146,7 @@ class Checkpointer:
         self.directory = self.workdir / "checkpoints"
         self._manager, self._sealing, self._pending = None, None, False
         self._save_bytes: int | None = None  # the size of the last save (process 0)
+        self._state_bytes = 0  # the train state's array bytes, before a save has been measured
 
     @property
     def manager(self) -> ocp.CheckpointManager:
@@ -184,6 +185,8 @@ class Checkpointer:
         self.wait()  # the previous step's manifest is written (`SaveFailed` if it failed)
         self._check_space(step)
         self._sealing, self._pending = step, True
+        if self._save_bytes is None:  # no save measured yet: the arrays' bytes, for messages
+            self._state_bytes = sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(state))
         if self.best_metric:  # {}: saved without evaluation, ranked last (kept as a latest step)
             metrics = dict(metrics or {})
         try:
@@ -228,12 +231,12 @@ class Checkpointer:
             for tmp in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
                 shutil.rmtree(tmp, ignore_errors=True)
         free = shutil.disk_usage(self.workdir).free if self.workdir.is_dir() else None
+        size = (_megabytes(self._save_bytes) if self._save_bytes else
+                f"about {_megabytes(self._state_bytes)} (the train state's arrays)")
         return SaveFailed(
-            f"checkpoint step {step} could not be saved: {_why(error)}; a save takes "
-            f"{_megabytes(self._save_bytes)}" + ("" if self._save_bytes else " (no save finished "
-                                                                            "yet to measure)")
-            + f", {_megabytes(free)} free on the disk of {self.directory}; {self.resume_point()};"
-            " free some space (or fix the cause) and rerun the same command")
+            f"checkpoint step {step} could not be saved: {_why(error)}; a save takes {size}, "
+            f"{_megabytes(free)} free on the disk of {self.directory}; {self.resume_point()}; "
+            "free some space (or fix the cause) and rerun the same command")
 
     def _seal(self) -> None:
         """Orbax's post-finalization callback: every file of the step is written, the temporary
