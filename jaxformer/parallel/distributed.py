@@ -17,6 +17,17 @@ After initialisation `jax.devices()` lists the devices of all processes (the mes
 `jax.process_index()`/`jax.process_count()` tell the data pipeline which slice of the global batch
 this process feeds, and Orbax writes each checkpoint collectively (every process writes its own
 shards; the directory must be on storage all hosts share, e.g. GCS or NFS).
+
+A process that dies (SIGKILL, a crash, a lost host) would leave the others waiting forever in their
+next collective. JAX's coordination service (hosted by process 0) counts a process as dead once it
+has sent no heartbeat for ``JAXFORMER_HEARTBEAT_TIMEOUT`` seconds (default `HEARTBEAT_TIMEOUT_S`,
+JAX's ``heartbeat_timeout_seconds``), and `watch_peers` asks it every second which processes are
+alive: when one is gone, the others print one line naming it and exit with code 1 (the run is
+initialised "recoverable", so that JAX itself does not abort them with a stack trace first). A
+process that ends waits at most ``JAXFORMER_SHUTDOWN_TIMEOUT`` seconds (default
+`SHUTDOWN_TIMEOUT_S`, JAX's ``shutdown_timeout_seconds``) for the others to end too. If process 0
+itself dies, JAX ends the others at once with its own message ("Terminating process because the JAX
+distributed service detected fatal errors. This most likely indicates that another task died").
 """
 
 from __future__ import annotations
@@ -24,9 +35,15 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import sys
+import threading
+import time
 from collections.abc import Mapping
 
 import jax
+
+HEARTBEAT_TIMEOUT_S = 100  # JAX's default: a process silent this long is dead
+SHUTDOWN_TIMEOUT_S = 300  # JAX's default: how long an ending process waits for the others
 
 
 def distributed_requested(env: Mapping[str, str] | None = None) -> str | None:
@@ -60,6 +77,12 @@ def maybe_initialize_distributed() -> bool:
     if trigger is None or jax.distributed.is_initialized():
         return False
     env = os.environ
+    timeouts = {"heartbeat_timeout_seconds": _seconds(env, "JAXFORMER_HEARTBEAT_TIMEOUT",
+                                                      HEARTBEAT_TIMEOUT_S),
+                "shutdown_timeout_seconds": _seconds(env, "JAXFORMER_SHUTDOWN_TIMEOUT",
+                                                     SHUTDOWN_TIMEOUT_S)}
+    # a dead process is reported by `watch_peers` (one line), not by JAX aborting the others
+    jax.config.update("jax_enable_recoverability", True)
     if trigger == "JAX_COORDINATOR_ADDRESS":
         missing = [k for k in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if k not in env]
         if missing:
@@ -71,10 +94,55 @@ def maybe_initialize_distributed() -> bool:
             num_processes=int(env["JAX_NUM_PROCESSES"]),
             process_id=int(env["JAX_PROCESS_ID"]),
             local_device_ids=_local_ids(env.get("JAX_LOCAL_DEVICE_IDS")),
+            **timeouts,
         )
-    else:
-        jax.distributed.initialize()  # auto-detects coordinator, process count and id
+    else:  # auto-detects coordinator, process count and id
+        jax.distributed.initialize(**timeouts)
+    watch_peers(timeouts["heartbeat_timeout_seconds"])
     return True
+
+
+def _seconds(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name, str(default))
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{name}={value!r} must be a whole number of seconds >= 1 (default "
+                         f"{default})")
+    return int(value)
+
+
+def watch_peers(heartbeat_timeout_s: int, interval_s: float = 1.0) -> threading.Thread:
+    """A daemon thread asking JAX's coordination service every ``interval_s`` which processes are
+    alive; when one is gone (no heartbeat for ``heartbeat_timeout_s``), or the service itself (process
+    0), it prints one line to stderr and ends this process with exit code 1, instead of leaving it
+    waiting in a collective that will never complete."""
+    from jax._src import distributed as jax_distributed  # the client `initialize` made: no public handle
+
+    state = jax_distributed.global_state
+    client, me, everyone = state.client, state.process_id, list(range(state.num_processes))
+
+    def stop(why: str) -> None:
+        sys.stderr.write(f"{os.path.basename(sys.argv[0])}: error: process {me}: {why}; this "
+                         "process stops too. Rerun the same "
+                         "command on every host: the run resumes from its last checkpoint\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            try:
+                live = client.get_live_nodes(everyone)
+            except Exception as e:  # the service (on process 0) cannot be reached
+                stop("the coordination service on process 0 cannot be reached "
+                     f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]})")
+            gone = sorted(set(everyone) - set(live))
+            if gone:
+                stop(f"process {', '.join(map(str, gone))} of {len(everyone)} is gone (no "
+                     f"heartbeat for {heartbeat_timeout_s} s: killed, crashed or preempted)")
+            time.sleep(interval_s)
+
+    thread = threading.Thread(target=watch, name="jaxformer_watch_peers", daemon=True)
+    thread.start()
+    return thread
 
 
 def _on_cloud_tpu_vm() -> bool:
