@@ -125,7 +125,14 @@ def watch_peers(timeout_s: int, interval_s: float = 1.0) -> threading.Thread:
     client, me = state.client, state.process_id
     others = [p for p in range(state.num_processes) if p != me]
     ended = threading.Event()
-    atexit.register(lambda: (ended.set(), client.key_value_set(f"jaxformer/ended/{me}", "1")))
+
+    @atexit.register  # before JAX's own clean-up (registered earlier, so run later)
+    def end() -> None:
+        ended.set()
+        try:
+            client.key_value_set(f"jaxformer/ended/{me}", "1")
+        except Exception:  # the service is gone already: nobody is left to tell
+            pass
 
     def stop(why: str) -> None:
         sys.stderr.write(f"{os.path.basename(sys.argv[0])}: error: process {me}: {why}; this "
