@@ -11,9 +11,11 @@ included, e.g. ``--config.data.seq_len=64``).
 
 import sys
 
+import jax
 from absl import app, flags, logging
 
-from jaxformer.parallel.distributed import maybe_initialize_distributed
+from jaxformer.parallel.distributed import await_lost_peer, maybe_initialize_distributed
+from jaxformer.train.checkpoint import SaveFailed
 from jaxformer.train.config import define_config_flag
 from jaxformer.train.config_keys import format_config
 from jaxformer.train.lock import WorkdirBusy
@@ -36,14 +38,18 @@ def main(argv):
         sys.exit("train.py: error: --workdir is required (or --print_config to list the keys)")
     logging.set_verbosity(logging.WARNING)  # Orbax/Grain log every file operation at INFO
     maybe_initialize_distributed()
-    try:  # a bad config, input, or checkpoint, or a busy workdir, found during set-up: the
-        trainer = Trainer(flags.FLAGS.config, flags.FLAGS.workdir)  # message names it, no traceback
-    except (ValueError, FileNotFoundError, WorkdirBusy) as e:
-        sys.exit(f"train.py: error: {e}")
     try:
-        metrics = trainer.run()
-    except FloatingPointError as e:  # the nonfinite policy stopped the run (or a NaN checkpoint)
-        sys.exit(f"train.py: error: {e}")
+        try:  # a bad config, input, or checkpoint, or a busy workdir, found during set-up: the
+            trainer = Trainer(flags.FLAGS.config, flags.FLAGS.workdir)  # message names it
+        except (ValueError, FileNotFoundError, WorkdirBusy) as e:
+            sys.exit(f"train.py: error: {e}")
+        try:
+            metrics = trainer.run()
+        except (FloatingPointError, SaveFailed) as e:  # the nonfinite policy stopped the run (or
+            sys.exit(f"train.py: error: {e}")  # a NaN checkpoint), or a save failed
+    except jax.errors.JaxRuntimeError:  # with several processes: a collective whose peer died?
+        await_lost_peer()  # if so, the watchdog ends the process with one line naming it
+        raise
     print({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
     if "preempted_at_step" in metrics:
         sys.exit(128 + 15)  # "terminated by SIGTERM", after the checkpoint: not a finished run

@@ -1,5 +1,6 @@
 """Runs in other processes: multi-host training simulated on one machine (two processes joined by
-`jax.distributed`), and the memory planner compiling for a mesh this process does not have.
+`jax.distributed`), one of them killed or preempted, and the memory planner compiling for a mesh
+this process does not have.
 
 Each process runs ``train.py`` with 4 simulated CPU devices (collectives over Gloo), so the mesh
 ``data=2,fsdp=2,tensor=2`` spans 8 devices in 2 processes. The run is launched exactly as on
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -48,8 +51,8 @@ def _corpus(path: Path, lines: int = 400) -> None:
 MESH = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
 
 
-def _launch(workdir: Path, corpus: Path, num_processes: int = 2,
-            parallel: list[str] = MESH, steps: int = STEPS) -> list[subprocess.CompletedProcess]:
+def _start(workdir: Path, corpus: Path, num_processes: int = 2, parallel: list[str] = MESH,
+           steps: int = STEPS, extra: tuple[str, ...] = ()) -> list[subprocess.Popen]:
     port = _free_port()
     args = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/gpt_pretrain_tiny.py"),
             "--workdir", str(workdir), f"--config.data.source=files:{corpus}",
@@ -60,25 +63,34 @@ def _launch(workdir: Path, corpus: Path, num_processes: int = 2,
             *parallel, f"--config.num_train_steps={steps}", "--config.checkpoint.every_steps=2",
             f"--config.eval.every_steps={STEPS}", "--config.eval.num_batches=1",
             "--config.log_every_steps=1", "--config.progress_bar=False",
-            "--config.optimizer.warmup_steps=1"]
+            "--config.optimizer.warmup_steps=1", *extra]
     procs = []
     for pid in range(num_processes):
         env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                   JAXFORMER_HEARTBEAT_TIMEOUT="5",
                    JAX_NUM_PROCESSES=str(num_processes), JAX_PROCESS_ID=str(pid),
                    XLA_FLAGS="--xla_force_host_platform_device_count=4 "
                              "--xla_backend_optimization_level=0")
         procs.append(subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float = 240) -> list[subprocess.CompletedProcess]:
     results = []
     try:
         for p in procs:
-            out, err = p.communicate(timeout=240)
+            out, err = p.communicate(timeout=timeout)
             results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
     return results
+
+
+def _launch(workdir: Path, corpus: Path, **kwargs) -> list[subprocess.CompletedProcess]:
+    return _wait(_start(workdir, corpus, **kwargs))
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +159,78 @@ def test_two_process_data_parallel_trains_one_model(jit_run, tmp_path):
             assert a["step"] == b["step"] and a["tokens"] == b["tokens"], name
             np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-5, err_msg=name)
             np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-4, err_msg=name)
+
+
+LONG = 40  # steps of the runs that one process's death or preemption interrupts
+
+
+def _rows(workdir: Path) -> list[dict]:
+    """The metrics rows of a run, but their wall-time rates."""
+    return [{k: v for k, v in r.items() if not k.endswith("_per_s")} for r in read_metrics(workdir)]
+
+
+@pytest.fixture(scope="module")
+def straight(jit_run, tmp_path_factory) -> Path:
+    """An uninterrupted two-process run of `LONG` steps: what the interrupted ones must equal."""
+    workdir = tmp_path_factory.mktemp("straight") / "run"
+    for r in _launch(workdir, jit_run[0], steps=LONG):
+        assert r.returncode == 0, r.stderr[-4000:]
+    return workdir
+
+
+def _signal_mid_training(workdir: Path, corpus: Path, process: int, sig: int
+                         ) -> tuple[list[subprocess.CompletedProcess], float]:
+    """Start a `LONG`-step run, send ``sig`` to ``process`` once 6 steps are logged; the results
+    and the seconds from the signal until process 0 ended."""
+    procs = _start(workdir, corpus, steps=LONG)
+    deadline = time.time() + 240
+    while (len(read_metrics(workdir)) < 6 and time.time() < deadline
+           and all(p.poll() is None for p in procs)):
+        time.sleep(0.05)
+    procs[process].send_signal(sig)
+    sent = time.time()
+    survivor = procs[0].communicate(timeout=120)  # the other process: not waiting forever
+    ended = time.time() - sent
+    rest = _wait(procs[1:], timeout=120)
+    first = subprocess.CompletedProcess(procs[0].args, procs[0].returncode, *survivor)
+    return [first, *rest], ended
+
+
+def test_a_killed_process_stops_the_other_in_one_line_and_a_rerun_resumes_bitwise(
+        jit_run, straight, tmp_path):
+    corpus, workdir = jit_run[0], tmp_path / "killed"
+    (survivor, killed), seconds = _signal_mid_training(workdir, corpus, 1, signal.SIGKILL)
+    assert killed.returncode == -signal.SIGKILL
+    assert survivor.returncode == 1 and "Traceback" not in survivor.stderr, survivor.stderr[-3000:]
+    last = survivor.stderr.strip().splitlines()[-1]
+    assert last.startswith("train.py: error: process 0: process 1 of 2 is gone (no heartbeat for "
+                           "5 s: killed, crashed or preempted)"), last
+    assert seconds < 60, seconds  # JAXFORMER_HEARTBEAT_TIMEOUT=5, and one look per second
+    assert len(read_metrics(workdir)) < LONG
+    for r in _launch(workdir, corpus, steps=LONG):
+        assert r.returncode == 0, r.stderr[-4000:]
+    assert _rows(workdir) == _rows(straight)
+
+
+def test_a_sigterm_to_one_process_checkpoints_one_step_of_both(jit_run, straight, tmp_path):
+    """A preemption notice on one host of a pod: JAX's preemption sync point has every process
+    save the same step and stop (143); the rerun resumes there bit for bit."""
+    from jaxformer.train.verify import verify_step
+
+    corpus, workdir = jit_run[0], tmp_path / "preempted"
+    results, _ = _signal_mid_training(workdir, corpus, 1, signal.SIGTERM)
+    assert [r.returncode for r in results] == [143, 143], [r.stderr[-2000:] for r in results]
+    said = {line for r in results for line in r.stdout.splitlines() if line.startswith("Preempted")}
+    assert len(said) == 1, said  # the same step in both processes
+    step = int(said.pop().split(" at step ")[1].split(":")[0])
+    ckpt_dir, latest = resolve_checkpoint(workdir)
+    assert latest == step < LONG
+    verify_step(ckpt_dir / str(step), ("state", "data"))
+    assert {"process_0-of-2.json", "process_1-of-2.json"} <= {
+        p.name for p in (ckpt_dir / str(step) / "data").iterdir()}
+    for r in _launch(workdir, corpus, steps=LONG):
+        assert r.returncode == 0 and f"checkpoints/{step}" in r.stdout, r.stderr[-4000:]
+    assert _rows(workdir) == _rows(straight)
 
 
 def test_plan_cli_compiles_on_simulated_devices(tmp_path):

@@ -1,6 +1,7 @@
-"""Fault injection on a tiny GPT run (issue 25): damaged checkpoints fall back to the newest intact
-one, two writers on one workdir, refusals that leave the workdir byte-identical, the nonfinite
-policy, metrics.jsonl across crashes, the checkpoint limit, and one-line errors.
+"""Fault injection on a tiny GPT run (issues 25, 44): damaged checkpoints fall back to the newest
+intact one, two writers on one workdir, refusals that leave the workdir byte-identical (``.lock``
+included), the nonfinite policy, metrics.jsonl and TensorBoard across crashes, the checkpoint limit,
+a full disk during a background save, the checkpoint listing, and one-line errors.
 
 The base run trains 4 steps and checkpoints steps 2 and 4; each test damages a copy of it.
 ``JAXFORMER_LONG_TESTS=1`` also runs a SIGKILL loop over random moments (minutes).
@@ -8,6 +9,8 @@ The base run trains 4 steps and checkpoints steps 2 and 4; each test damages a c
 
 from __future__ import annotations
 
+import collections
+import errno
 import hashlib
 import os
 import random
@@ -21,13 +24,14 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
-from jaxformer.train.checkpoint import load_checkpoint_params
+from jaxformer.train.checkpoint import SaveFailed, load_checkpoint_params
 from jaxformer.train.config import load_config
 from jaxformer.train.lock import WorkdirBusy
 from jaxformer.train.loop import Trainer
-from jaxformer.train.metrics import read_metrics
+from jaxformer.train.metrics import MetricWriter, read_events, read_metrics
 
 pytestmark = pytest.mark.slow  # trains a base run, then train.py subprocesses on copies of it
 
@@ -56,9 +60,9 @@ def release(trainer: Trainer) -> None:
 
 
 def digest(workdir: Path) -> dict[str, str]:
-    """Every file of a workdir but the lock, by content."""
+    """Every file of a workdir, ``.lock`` included, by content (the tree hash)."""
     return {str(p.relative_to(workdir)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(workdir.rglob("*")) if p.is_file() and p.name != ".lock"}
+            for p in sorted(workdir.rglob("*")) if p.is_file()}
 
 
 def steps(workdir: Path) -> list[int]:
@@ -199,6 +203,9 @@ def test_a_second_writer_exits_at_once_naming_the_holder(run):
 
 
 def test_the_lock_of_a_killed_run_is_not_stale(tmp_path):
+    """The holder is named by its live PID (the kernel's lock table), not by the stale PID in
+    ``.lock``: a run holds the lock before it writes its PID, after its checks."""
+    (tmp_path / ".lock").write_text("999999\n")  # a run long gone
     code = ("import sys, time; from jaxformer.train.lock import WorkdirLock; "
             f"lock = WorkdirLock({str(tmp_path)!r}).acquire(); print('locked', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
@@ -211,6 +218,7 @@ def test_the_lock_of_a_killed_run_is_not_stale(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     WorkdirLock(tmp_path).acquire().release()
+    assert (tmp_path / ".lock").read_text() == "999999\n"  # neither run claimed the workdir
 
 
 # 3. Refusals before any write ---------------------------------------------------------------------
@@ -223,11 +231,39 @@ def test_the_lock_of_a_killed_run_is_not_stale(tmp_path):
     ({"data.tokenizer.vocab_size": 360}, r"data.tokenizer.vocab_size: 384 -> 360"),
 ])
 def test_refused_resumes_leave_the_workdir_byte_identical(run, change, message):
+    (run / ".lock").write_text("999999\n")  # the last holder's PID: not rewritten by a refusal
     before = digest(run)
     with pytest.raises(ValueError, match=message) as e:
         Trainer(config(6, **change), run)
     assert "\n" not in str(e.value)
     assert digest(run) == before
+
+
+@pytest.mark.parametrize("data, message", [
+    ("missing.txt", r"files '.*missing.txt': no file matches it"),
+    ("garbage.txt", r"garbage.txt:1 .*not UTF-8"),
+])
+def test_a_run_refused_for_its_data_leaves_no_workdir(tmp_path, data, message):
+    (tmp_path / "garbage.txt").write_bytes(b"\xff\xfe\x00 not text \x80\x81\n" * 50)
+    with pytest.raises(ValueError, match=message):
+        Trainer(config(4, **{"data.source": f"files:{tmp_path / data}"}), tmp_path / "new" / "wd")
+    assert not (tmp_path / "new" / "wd").exists()
+
+
+def test_a_run_that_fails_before_its_first_step_removes_the_workdir_it_created(tmp_path,
+                                                                                monkeypatch):
+    import jaxformer.train.loop as loop
+
+    def bad_record(batch, cfg, labels):  # e.g. a token id the model cannot embed
+        raise ValueError("batch['inputs'] holds token id 999 >= model.vocab_size=384")
+
+    trainer = Trainer(config(4), tmp_path / "wd")
+    assert (tmp_path / "wd" / "config.json").is_file()  # written once the checks had passed
+    monkeypatch.setattr(loop, "_check_batch", bad_record)
+    with pytest.raises(ValueError, match="token id 999"):
+        trainer.run()
+    assert not (tmp_path / "wd").exists()
+    assert tmp_path.exists()
 
 
 # 4. The nonfinite policy --------------------------------------------------------------------------
@@ -265,6 +301,15 @@ def test_nonfinite_stop_names_the_step_and_the_last_good_checkpoint(tmp_path, mo
     jax.tree.map(lambda x: np.testing.assert_(np.isfinite(x).all()), load_checkpoint_params(tmp_path))
 
 
+def test_a_nonfinite_stop_before_any_checkpoint_says_so(tmp_path, monkeypatch):
+    trainer = poisoned(Trainer(config(6), tmp_path), {1}, monkeypatch)
+    with pytest.raises(FloatingPointError, match=r"training stopped at step 1: non-finite .*; no "
+                                                 r"checkpoint was saved yet \(rerunning the command "
+                                                 r"starts from scratch\)") as e:
+        trainer.run()
+    assert "None" not in str(e.value)
+
+
 def test_nonfinite_skip_leaves_the_update_out_and_counts_it(tmp_path, monkeypatch):
     c = config(4, nonfinite="skip", **{"checkpoint.every_steps": 1, "checkpoint.keep": 5})
     poisoned(Trainer(c, tmp_path), {3}, monkeypatch).run()
@@ -291,9 +336,18 @@ def test_nonfinite_skip_stops_after_the_limit_in_a_row(tmp_path, monkeypatch):
 def test_metrics_keep_one_row_per_step_across_a_crash(run):
     with (run / "metrics.jsonl").open("a") as f:  # rows a killed run wrote after its checkpoint
         f.write('{"step": 5, "loss": 1.0}\n{"step": 6, "loss": 1.0}\n{"step": 7, "lo')
+    killed = MetricWriter(run)  # and its TensorBoard events, in an event file of its own
+    for step in (5, 6, 7):
+        killed.write(step, {"loss": 1.0})
+    killed.close()
     Trainer(config(6), run).run()
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4, 5, 6]
     assert all(r["loss"] != 1.0 for r in read_metrics(run))
+    losses = [(step, value) for tag, step, value in read_events(run) if tag == "loss"]
+    assert [step for step, _ in losses] == [1, 2, 3, 4, 5, 6]  # no step twice, none after 6
+    assert 1.0 not in [value for _, value in losses]
+    counts = collections.Counter((tag, step) for tag, step, _ in read_events(run))
+    assert max(counts.values()) == 1, counts
 
 
 def test_the_checkpoint_limit_holds_after_kills(run):
@@ -307,7 +361,126 @@ def test_the_checkpoint_limit_holds_after_kills(run):
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["6"]
 
 
-# 6. One-line errors from the command line --------------------------------------------------------
+# 6. A full disk during a background save ---------------------------------------------------------
+
+class _FailedWrite:
+    """A commit future whose write failed, as TensorStore's does on a full disk."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def result(self, timeout=None):
+        raise self.error
+
+
+def full_disk_at(step: int, monkeypatch) -> None:
+    """Orbax's array writes of ``step``'s save fail with ENOSPC (in its background thread, where a
+    real full disk makes TensorStore's writes fail); other steps are written as usual."""
+    serialize = ocp.type_handlers.ArrayHandler.serialize
+
+    async def failing(self, values, infos, args=None):
+        futures = await serialize(self, values, infos, args)
+        where = str(infos[0].parent_dir)
+        if f"{os.sep}{step}.orbax-checkpoint-tmp" in where:
+            futures = [*futures, _FailedWrite(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
+                                                      where))]
+        return futures
+
+    monkeypatch.setattr(ocp.type_handlers.ArrayHandler, "serialize", failing)
+
+
+def test_a_failed_background_save_stops_the_run_and_a_rerun_resumes_bitwise(tmp_path,
+                                                                               monkeypatch):
+    c = config(8, **{"checkpoint.async_save": True})
+    wd = tmp_path / "full"
+    full_disk_at(4, monkeypatch)
+    with pytest.raises(SaveFailed, match=r"^checkpoint step 4 could not be saved: No space left "
+                                         r"on device \(ENOSPC\); a save takes \d+\.\d MB, .* MB "
+                                         r"free on the disk of .*; the last good checkpoint is "
+                                         r"step 2 \(rerunning the command resumes there\)") as e:
+        Trainer(c, wd).run()
+    assert "\n" not in str(e.value)
+    assert os.listdir(wd / "checkpoints") == ["2"]  # no temporary directory of step 4 left
+    assert [r["step"] for r in read_metrics(wd)][-1] <= 6  # stopped before the step-6 save
+    monkeypatch.undo()  # space freed
+    Trainer(c, wd).run()
+    Trainer(c, tmp_path / "straight").run()
+    def rows(workdir):  # every metric but the wall-time rates
+        return [{k: v for k, v in r.items() if not k.endswith("_per_s")}
+                for r in read_metrics(workdir)]
+
+    assert rows(wd) == rows(tmp_path / "straight")  # one row per step, the same bits
+    jax.tree.map(np.testing.assert_array_equal, load_checkpoint_params(wd),
+                 load_checkpoint_params(tmp_path / "straight"))
+
+
+def test_a_save_that_cannot_fit_is_refused_before_it_starts(tmp_path, monkeypatch):
+    """The free space is checked against the previous save's size (the disk reports 1 kB free)."""
+    import jaxformer.train.checkpoint as checkpoint
+
+    trainer = Trainer(config(4), tmp_path)
+    usage = checkpoint.shutil.disk_usage
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(p)._replace(free=1000))
+    with pytest.raises(SaveFailed, match=r"^checkpoint step 4 was not saved: 0.0 MB free on the "
+                                         r"disk of .*checkpoints, the previous save took \d+\.\d "
+                                         r"MB; the last good checkpoint is step 2"):
+        trainer.run()
+    assert steps(tmp_path) == [2]
+
+
+@pytest.mark.skipif(not os.environ.get("JAXFORMER_LONG_TESTS"),
+                    reason="opt-in (mounts a tmpfs, ~1 min): set JAXFORMER_LONG_TESTS=1")
+def test_train_py_on_a_full_tmpfs(tmp_path):
+    """A real full disk (a tmpfs, as root). 200 kB: the first save (~330 kB) fails in Orbax's
+    background thread: one line, rc 1. 600 kB: step 2 is saved, step 4 is refused before it starts
+    (less free space than step 2 took). 8 MB: the rerun finishes, one metrics row per step."""
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(fs)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    cmd = [sys.executable, str(ROOT / "train.py"), "--config",
+           str(ROOT / "configs/gpt_pretrain_tiny.py"), "--workdir", str(fs / "wd"),
+           *flags(8, **{"checkpoint.async_save": True})]
+    try:
+        for size, expected in (("200k", "checkpoint step 2 could not be saved: No space left on "
+                                        "device (ENOSPC)"),
+                               ("600k", "checkpoint step 4 was not saved")):
+            subprocess.run(["mount", "-o", f"remount,size={size}", str(fs)], check=True)
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+            errors = [x for x in proc.stderr.splitlines() if "error" in x.lower()]
+            assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+            assert len(errors) == 1 and expected in errors[0], errors
+            assert not list((fs / "wd" / "checkpoints").glob("*tmp*"))
+        subprocess.run(["mount", "-o", "remount,size=8m", str(fs)], check=True)
+        assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=300).returncode == 0
+        assert [r["step"] for r in read_metrics(fs / "wd")] == list(range(1, 9))
+    finally:
+        subprocess.run(["umount", str(fs)])
+
+
+# 7. Listing checkpoints ---------------------------------------------------------------------------
+
+def test_the_checkpoint_listing_verifies_steps_and_removes_damaged_ones(run, capsys):
+    from jaxformer.checkpoints import main as checkpoints
+
+    shutil.copytree(run / "checkpoints" / "4", run / "checkpoints" / "4.damaged")
+    flip(largest_state_file(run / "checkpoints" / "4.damaged"))
+    before = digest(run)
+    assert checkpoints(["--workdir", str(run)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert digest(run) == before  # listing writes nothing
+    rows = {line.split()[0]: line for line in out[1:]}
+    assert set(rows) == {"2", "4", "4.damaged"}, out
+    loss = {r["step"]: r["loss"] for r in read_metrics(run)}
+    for step in ("2", "4"):
+        assert "intact (" in rows[step] and f"loss={loss[int(step)]:.4g}" in rows[step]
+    assert "never read" in rows["4.damaged"] and "does not match its sha256" in rows["4.damaged"]
+    assert checkpoints(["--workdir", str(run), "--remove-damaged"]) == 0
+    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]
+    assert not (run / ".lock").exists()  # the lock it took left nothing behind
+
+
+# 8. One-line errors from the command line --------------------------------------------------------
 
 def test_train_py_reports_a_workdir_without_intact_checkpoints_in_one_line(run):
     for step in (2, 4):
@@ -320,6 +493,33 @@ def test_train_py_reports_a_workdir_without_intact_checkpoints_in_one_line(run):
         f"train.py: error: no intact checkpoint in {run}/checkpoints: 4: data/ (the data iterator "
         "state) is missing; 2: data/ (the data iterator state) is missing. Restore the files from "
         "a copy, or move the checkpoints folder away to train from scratch")
+
+
+def test_convert_onto_an_existing_file_is_one_line(run, tmp_path, capsys):
+    from jaxformer.convert.__main__ import main as convert
+
+    (tmp_path / "model.bin").write_text("keep me")
+    assert convert(["--from", str(run), "--to-hf", str(tmp_path / "model.bin")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --to-hf {tmp_path / 'model.bin'} exists and is not a directory; give a "
+                   "new directory (nothing is overwritten)"], err
+    assert (tmp_path / "model.bin").read_text() == "keep me"
+
+
+def test_evaluate_names_the_file_it_cannot_read(run, tmp_path):
+    from jaxformer.evaluation.run import evaluate_run
+
+    (tmp_path / "x.bin").write_bytes(os.urandom(64))
+    with pytest.raises(ValueError, match=rf"^files '{tmp_path / 'x.bin'}': cannot tell the format"):
+        evaluate_run(run, data=f"files:{tmp_path / 'x.bin'}", progress=False)
+    with pytest.raises(ValueError, match=rf"^files '{tmp_path / 'none.txt'}': no file matches it$"):
+        evaluate_run(run, data=f"files:{tmp_path / 'none.txt'}", progress=False)
+
+
+def test_a_config_directory_is_named_as_one():
+    with pytest.raises(ValueError, match=r"config file '.*configs' is a directory; give one of its "
+                                         r"config files"):
+        load_config(ROOT / "configs")
 
 
 # Opt-in: SIGKILL at random moments ---------------------------------------------------------------

@@ -56,6 +56,7 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.from_hf:
         if not args.to or args.to_hf:
             ap.error("--from-hf needs --to (a jaxformer checkpoint directory)")
+        _check_output("--to", args.to)
         cfg, params, spm = load_hf(args.from_hf, scan_layers=args.scan_layers, head=args.head,
                                    num_classes=args.num_classes)
         save_params(args.to, cfg, params, tokenizer=spm)  # as <workdir>/tokenizer.model, which
@@ -66,6 +67,7 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     else:
         if not args.to_hf or args.to:
             ap.error("--from needs --to-hf (a Hugging Face directory)")
+        _check_output("--to-hf", args.to_hf, empty=True)
         cfg, params = _load(args.from_ckpt)
         tok = os.path.join(args.from_ckpt, TOKENIZER_DIR)
         spm = os.path.join(args.from_ckpt, "tokenizer.model")
@@ -79,9 +81,6 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             tokenizer, special = spm, Tokenizer.load(spm).special
             extra = {"pad_token_id": special.pad_id, "eos_token_id": special.eos_id,
                      "bos_token_id": special.bos_id, **(extra or {})}
-        if os.path.isdir(args.to_hf) and os.listdir(args.to_hf):
-            raise ValueError(f"--to-hf {args.to_hf} exists and is not empty; choose a new "
-                             "directory (nothing is overwritten)")
         save_hf(cfg, params, args.to_hf, tokenizer_path=tokenizer, extra_config=extra)
         print(f"wrote {args.to_hf}" + (f" with the tokenizer of {args.from_ckpt}" if tokenizer else ""))
         if tokenizer == spm and cfg["family"] != "encoder_decoder":
@@ -93,6 +92,17 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                       "transformers' GPT-2/BERT tokenizer classes cannot read it: encode with "
                       f"jaxformer.data.tokenizer.Tokenizer.load('{args.to_hf}/spiece.model') "
                       "and pass input_ids")
+
+
+def _check_output(flag: str, path: str, *, empty: bool = False) -> None:
+    """``path`` can be written as a directory: it is none yet, or a directory (``empty``: with
+    nothing in it); checked before anything is read."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag} {path} exists and is not a directory; give a new directory "
+                         "(nothing is overwritten)")
+    if empty and os.path.isdir(path) and os.listdir(path):
+        raise ValueError(f"{flag} {path} exists and is not empty; choose a new directory "
+                         "(nothing is overwritten)")
 
 
 def _load(path: str) -> tuple[dict, dict]:

@@ -273,20 +273,21 @@ class Tokenizer:
         return f"Tokenizer(vocab_size={self.vocab_size}, special={self.special})"
 
 
-def load_or_train_tokenizer(tok_cfg: ml_collections.ConfigDict, workdir: str | os.PathLike,
+def load_or_train_tokenizer(tok_cfg: ml_collections.ConfigDict, workdir: str | os.PathLike | None,
                             texts_fn: Callable[[], Iterable[str]], *, reuse_saved: bool = True
                             ) -> Tokenizer:
     """``tok_cfg.path`` if set; else ``<workdir>/tokenizer.model`` if present and ``reuse_saved``;
     else train on the first ``tok_cfg.max_train_texts`` texts of ``texts_fn()`` and save it there
     (the trainer reuses a saved one only when resuming: a run that failed before its first
-    checkpoint must not leave a tokenizer that overrides the next run's config).
+    checkpoint must not leave a tokenizer that overrides the next run's config). ``workdir`` None:
+    trained and returned only (the trainer saves it once the run's checks have passed).
 
     Training is deterministic, so several processes may each train and save the same model.
     """
     if tok_cfg.get("path"):
         return Tokenizer.load(tok_cfg.path)
-    path = os.path.join(os.fspath(workdir), "tokenizer.model")
-    if reuse_saved and os.path.exists(path):
+    path = None if workdir is None else os.path.join(os.fspath(workdir), "tokenizer.model")
+    if path and reuse_saved and os.path.exists(path):
         logging.info("tokenizer: loading %s", path)
         return Tokenizer.load(path)
     if tok_cfg.max_train_texts <= 0:
@@ -300,5 +301,6 @@ def load_or_train_tokenizer(tok_cfg: ml_collections.ConfigDict, workdir: str | o
         character_coverage=tok_cfg.character_coverage,
         normalization=tok_cfg.get("normalization", "identity"))
     tok = Tokenizer(proto)
-    tok.save(path)
+    if path:
+        tok.save(path)
     return tok

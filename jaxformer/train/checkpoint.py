@@ -28,8 +28,12 @@ same step and stops after a multi-host preemption. Checkpoints written by jaxfor
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import logging as pylogging
 import os
+import re
+import shutil
 import signal
 import threading
 from collections.abc import Iterable
@@ -63,6 +67,45 @@ from jaxformer.train.verify import (
 )
 
 
+class SaveFailed(RuntimeError):
+    """A checkpoint that could not be written (disk full, permissions, an I/O error), or that would
+    not fit on the disk: one line naming the step, why, the space a save needs, and the step a
+    rerun resumes from."""
+
+
+def _why(error: BaseException) -> str:
+    """The cause of a failed write in a few words: the OS error (Python's, or the code that
+    TensorStore reports as ``os_error_code='28'``), else the error's first line."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return f"{os.strerror(seen.errno)} ({errno.errorcode.get(seen.errno, seen.errno)})"
+        code = re.search(r"os_error_code='?(\d+)", str(seen))
+        if code:
+            n = int(code.group(1))
+            return f"{os.strerror(n)} ({errno.errorcode.get(n, n)})"
+        seen = seen.__cause__ or seen.__context__
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+
+
+def _megabytes(n: int | None) -> str:
+    return "an unknown amount" if n is None else f"{n / 1e6:.1f} MB"
+
+
+def _tree_bytes(path: Path) -> int:
+    """The disk space the files under ``path`` take (allocated blocks, not their lengths)."""
+    return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
+
+
+class _OrbaxSaveErrors(pylogging.Filter):
+    """Orbax logs a failed background save, traceback included, from each thread that sees it;
+    the `Checkpointer` reports it once, as `SaveFailed` (its cause chained)."""
+
+    def filter(self, record: pylogging.LogRecord) -> bool:
+        return not (record.exc_info and record.levelno >= pylogging.ERROR
+                    and f"{os.sep}orbax{os.sep}" in record.pathname)
+
+
 @jax.jit
 def _all_finite(tree) -> jax.Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
@@ -78,6 +121,12 @@ class Checkpointer:
 
     Reading (`latest_step`, `steps`, `restore`) never writes; Orbax's manager (which creates the
     directory and removes the temporary directories of killed saves) starts at the first save.
+
+    A save that fails in Orbax's background thread (disk full, permissions, I/O) raises
+    `SaveFailed` at the next `check` (the trainer calls it at every step boundary), `save`,
+    `wait` or `close`, its temporary directory removed; before each save the free space is
+    checked against the size of the previous save (one ``statvfs``), so a save that cannot fit
+    is refused before it starts.
     """
 
     def __init__(self, workdir: str | os.PathLike, *, keep: int = 3, best_metric: str | None = None,
@@ -95,12 +144,17 @@ class Checkpointer:
         self.async_save = async_save
         self.workdir = Path(workdir).absolute()
         self.directory = self.workdir / "checkpoints"
-        self._manager, self._sealing = None, None
+        self._manager, self._sealing, self._pending = None, None, False
+        self._save_bytes: int | None = None  # the size of the last save (process 0)
+        self._state_bytes = 0  # the train state's array bytes, before a save has been measured
 
     @property
     def manager(self) -> ocp.CheckpointManager:
         if self._manager is None:
             orbax_arrays.register_array_handler()  # small arrays: no per-device slice programs
+            absl_logger = pylogging.getLogger("absl")
+            if not any(isinstance(f, _OrbaxSaveErrors) for f in absl_logger.filters):
+                absl_logger.addFilter(_OrbaxSaveErrors())
             self._manager = ocp.CheckpointManager(self.directory, options=self._options)
         return self._manager
 
@@ -111,24 +165,78 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return (self.steps() or [None])[-1]
 
+    def resume_point(self) -> str:
+        """Where rerunning the command starts, for messages: the newest committed step, or none."""
+        step = self.latest_step()
+        if step is None:
+            return "no checkpoint was saved yet (rerunning the command starts from scratch)"
+        return f"the last good checkpoint is step {step} (rerunning the command resumes there)"
+
     def save(self, step: int, state, data_iter=None, metrics: dict | None = None) -> None:
         params = state["params"] if isinstance(state, dict) else state.params
         if not bool(_all_finite(params)):
             raise FloatingPointError(
                 f"refusing to checkpoint step {step}: parameters contain NaN/Inf (training diverged; "
-                f"the last good checkpoint is step {self.latest_step()}). Lower the learning rate or "
-                "enable clipping (optimizer.clip_norm).")
+                f"{self.resume_point()}). Lower the learning rate or enable clipping "
+                "(optimizer.clip_norm).")
         items = {"state": ocp.args.StandardSave(state)}
         if data_iter is not None and hasattr(data_iter, "get_state"):
             items["data"] = grain.checkpoint.CheckpointSave(data_iter)
-        self.manager.wait_until_finished()  # the previous step's manifest is written
-        self._sealing = step
+        self.wait()  # the previous step's manifest is written (`SaveFailed` if it failed)
+        self._check_space(step)
+        self._sealing, self._pending = step, True
+        if self._save_bytes is None:  # no save measured yet: the arrays' bytes, for messages
+            self._state_bytes = sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(state))
         if self.best_metric:  # {}: saved without evaluation, ranked last (kept as a latest step)
             metrics = dict(metrics or {})
-        self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
-                          custom_metadata={MARKER: MANIFEST})
+        try:
+            self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
+                              custom_metadata={MARKER: MANIFEST})
+        except OSError as e:  # a write before Orbax's background thread (its directories)
+            self._pending = False
+            raise self._failure(step, e) from e
         if not self.async_save:
-            self.manager.wait_until_finished()
+            self.wait()
+
+    def check(self) -> None:
+        """Raise `SaveFailed` if the save in the background has failed; returns at once while it
+        is still writing. With several processes only `save`, `wait` and `close` check (each
+        process would see the failure at its own step, the others waiting in a collective)."""
+        if (self._pending and jax.process_count() == 1
+                and not self.manager.is_saving_in_progress()):
+            self.wait()
+
+    def _check_space(self, step: int) -> None:
+        """Refuse ``step``'s save when the disk has less free space than the previous save took
+        (process 0 decides for all)."""
+        free = -1  # -1: enough space, or nothing to compare with (no save yet)
+        if jax.process_index() == 0:
+            if self._save_bytes is None and self.latest_step() is not None:
+                self._save_bytes = _tree_bytes(self.directory / str(self.latest_step()))
+            left = shutil.disk_usage(self.directory if self.directory.is_dir() else self.workdir)
+            if self._save_bytes is not None and left.free < self._save_bytes:
+                free = left.free
+        if jax.process_count() > 1:
+            free = int(multihost_utils.broadcast_one_to_all(np.int64(free)))
+        if free >= 0:
+            raise SaveFailed(
+                f"checkpoint step {step} was not saved: {_megabytes(free)} free on the disk of "
+                f"{self.directory}, the previous save took {_megabytes(self._save_bytes)}; "
+                f"{self.resume_point()}; free some space and rerun the same command")
+
+    def _failure(self, step: int, error: BaseException) -> SaveFailed:
+        """`SaveFailed` for ``step``'s save, which raised ``error``; its temporary directory is
+        removed first (process 0)."""
+        if jax.process_index() == 0:
+            for tmp in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(self.workdir).free if self.workdir.is_dir() else None
+        size = (_megabytes(self._save_bytes) if self._save_bytes else
+                f"about {_megabytes(self._state_bytes)} (the train state's arrays)")
+        return SaveFailed(
+            f"checkpoint step {step} could not be saved: {_why(error)}; a save takes {size}, "
+            f"{_megabytes(free)} free on the disk of {self.directory}; {self.resume_point()}; "
+            "free some space (or fix the cause) and rerun the same command")
 
     def _seal(self) -> None:
         """Orbax's post-finalization callback: every file of the step is written, the temporary
@@ -142,6 +250,7 @@ class Checkpointer:
             raise FileNotFoundError(f"no directory for step {step} under {self.directory} to write "
                                     f"{MANIFEST} into (has Orbax's temporary naming changed?)")
         write_manifest(target, self.workdir)
+        self._save_bytes = _tree_bytes(target)
 
     def newest_intact(self, need=("state", "data")) -> tuple[int | None, dict | None, list]:
         """Verify from the newest step down: (the newest intact step or None, its manifest, the
@@ -216,13 +325,22 @@ class Checkpointer:
         return signalled
 
     def wait(self) -> None:
-        if self._manager is not None:
+        """Wait for the save in the background; `SaveFailed` if it failed."""
+        if self._manager is None or not self._pending:
+            return
+        try:
             self._manager.wait_until_finished()
+        except Exception as e:  # e.g. RESOURCE_EXHAUSTED from TensorStore: the disk is full
+            raise self._failure(self._sealing, e) from e
+        finally:
+            self._pending = False
 
     def close(self) -> None:
         if self._manager is not None:
-            self._manager.wait_until_finished()
-            self._manager.close()
+            try:
+                self.wait()
+            finally:
+                self._manager.close()
 
 
 class PreemptionWatch:

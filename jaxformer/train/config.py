@@ -194,6 +194,9 @@ def load_config(path: str | os.PathLike, overrides: Mapping[str, Any] | None = N
     (setting a key it lacks is an error, not a new key)."""
     path = os.fspath(path)
     file, _, arg = path.partition(":")
+    if os.path.isdir(file):
+        raise ValueError(f"config file {file!r} is a directory; give one of its config files "
+                         f"(e.g. {os.path.join(file, 'gpt_pretrain_tiny.py')!r})")
     if not os.path.isfile(file):
         raise ValueError(f"config file {file!r} does not exist")
     name = "jaxformer_config_" + os.path.splitext(os.path.basename(file))[0]

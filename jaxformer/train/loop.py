@@ -5,8 +5,9 @@
 1. resolve the config against ``init_from`` and validate it, before anything compiles; build the
    model and the mesh (`jaxformer.train.setup`);
 2. lock the workdir; find the newest intact (checksum-verified) step of ``<workdir>/checkpoints``
-   if any (every refusal before any write); load or train the tokenizer (saved in the workdir);
-   build the Grain train iterator;
+   if any; load or train the tokenizer; build the Grain train iterator — every check that can
+   refuse the run, before any write (a refused run, or one that fails before its first step,
+   removes the workdir or ``.lock`` it created: `jaxformer.train.lock`);
 3. resume from that step (state *and* data iterator), else initialise — from ``init_from``
    (backbone of a pretraining run or a Hugging Face model) when given;
 4. run jit-compiled steps sharded over the mesh (or shard_map / pmap), evaluating, logging and
@@ -93,19 +94,16 @@ class Trainer:
         self.model, self.mesh, self.shardings = built.model, built.mesh, built.shardings
         self.param_shardings, self.base = built.param_shardings, None  # base: LoRA's frozen params
         self.teacher = distill.open_teacher(resolved)  # distill.teacher, checked; params read below
-        self.lock = WorkdirLock(workdir).acquire()  # creates the workdir; a second run stops here
-        try:
+        self.lock = WorkdirLock(workdir).acquire()  # a second run stops here; nothing written
+        try:  # every check that can refuse the run, reading only: a refusal leaves no trace
             self.ckpt = Checkpointer(workdir, keep=config.checkpoint.keep,
                                      best_metric=config.checkpoint.best_metric or None,
                                      best_mode=config.checkpoint.best_mode,
                                      async_save=config.checkpoint.async_save)
-            resume = plan_resume(self.ckpt, workdir, config)  # reads, never writes
+            resume = plan_resume(self.ckpt, workdir, config)
             if jax.process_index() == 0:
                 print(f"Mesh {describe(self.mesh)}, parallel={config.parallel}")
             self.tokenizer = open_tokenizer(resolved, workdir, resuming=resume is not None)
-            if jax.process_index() == 0 and resume is None:  # a resumed run keeps its own
-                save_run_config(workdir, config)
-                self.tokenizer.save(str(workdir / "tokenizer.model"))
             self.prepare = wire_objective(config.objective, self.tokenizer)
             self.make_ds, self.train_iter = open_data(config, self.tokenizer)
             if lora.is_lora(config):
@@ -119,16 +117,18 @@ class Trainer:
                 self.state, self.start_step = init_lora_state(resolved, built, self.base), 0
             elif resume is None:
                 self.state, self.start_step = init_state(resolved, built), 0
-            else:
+            else:  # sets damaged newer steps aside once the restore has succeeded
                 self.state, self.start_step = restore_state(self.ckpt, built, self.train_iter,
                                                             resume, workdir)
-                if jax.process_index() == 0:
-                    save_run_config(workdir, config)
-            if jax.process_index() == 0:
-                truncate_metrics(workdir, self.start_step)  # one row per step across crashes
         except BaseException:
-            self.lock.release()
+            self.lock.release(undo=True)
             raise
+        self.lock.claim()  # the checks have passed: the run writes the workdir from here on
+        if jax.process_index() == 0:
+            save_run_config(workdir, config)
+            if resume is None:  # a resumed run keeps its own
+                self.tokenizer.save(str(workdir / "tokenizer.model"))
+            truncate_metrics(workdir, self.start_step)  # one row per step across crashes
 
     def model_params(self, state):
         """The parameters the model applies: ``state.params``, or a LoRA run's merged with its
@@ -227,9 +227,10 @@ class Trainer:
                               else "tokens")  # one label per example
         progress = Progress(self.start_step, total, enabled=c.progress_bar)
         last, train_metrics, state = {}, {}, self.state
+        stepped = self.start_step >= total  # False until a step has run: `WorkdirLock.release`
         watch = PreemptionWatch()
         guard = NonfiniteGuard(c.nonfinite, c.nonfinite_limit,
-                               lambda: (self.ckpt.wait(), self.ckpt.latest_step())[1])
+                               lambda: (self.ckpt.wait(), self.ckpt.resume_point())[1])
         try:
             for step in range(self.start_step + 1, total + 1):
                 batch = next(self.train_iter)
@@ -238,7 +239,9 @@ class Trainer:
                     state, metrics = step_fn.step(batch)
                 else:
                     state, metrics = step_fn(state, _to_global(batch, self.mesh))
+                stepped = True
                 guard.push(step, metrics)  # checks the step before: the nonfinite policy
+                self.ckpt.check()  # a background save that failed stops the run here
                 log_now = step % c.log_every_steps == 0 or step == total
                 eval_now = step % c.eval.every_steps == 0 or step == total
                 if log_now or eval_now:
@@ -278,11 +281,15 @@ class Trainer:
         finally:
             watch.restore()
             progress.close()
-            self.ckpt.close()
-            writer.close()
-            if hasattr(self.train_iter, "close"):
-                self.train_iter.close()
-            self.lock.release()  # the last save is committed: another run may take the workdir
+            try:
+                self.ckpt.close()  # waits for the last save (`SaveFailed` if it failed)
+            finally:
+                writer.close()
+                if hasattr(self.train_iter, "close"):
+                    self.train_iter.close()
+                # the last save is committed: another run may take the workdir; a run that
+                # failed before its first step removes the workdir it created
+                self.lock.release(undo=not stepped)
         return last
 
 

@@ -6,14 +6,19 @@ over is named for what it counts: ``tokens`` for token-level objectives, ``examp
 classification (one label per example); ``tokens_per_s`` / ``examples_per_s`` is that count times
 the steps since the previous row, over the wall time since it (evaluation and checkpoints
 included; absent from a run's first row, whose time includes compilation).
+
+A resumed run first cuts both back to the step it resumes from (`truncate_metrics`): the rows and
+events a killed run wrote after its last checkpoint are written again, once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -91,8 +96,10 @@ def _py(v):
 
 
 def truncate_metrics(workdir: str | os.PathLike, step: int) -> None:
-    """Drop the rows of steps after ``step`` (written by a run killed after its last checkpoint,
-    which the resumed run writes again) and any torn last line; replaces the file atomically."""
+    """Drop the rows and TensorBoard events of steps after ``step`` (written by a run killed after
+    its last checkpoint, which the resumed run writes again) and any torn last line or record;
+    each file changed is replaced atomically."""
+    _truncate_events(Path(workdir), step)
     path = Path(workdir) / "metrics.jsonl"
     if not path.exists():
         return
@@ -109,6 +116,52 @@ def truncate_metrics(workdir: str | os.PathLike, step: int) -> None:
         tmp = path.with_name("metrics.jsonl.tmp")
         tmp.write_text("".join(kept))
         os.replace(tmp, path)
+
+
+def _event_records(path: Path) -> tuple[list[bytes], bool]:
+    """The records of a TensorBoard event file (TFRecord framing: uint64 length, its masked
+    crc32c, the bytes, their masked crc32c) and whether a torn record follows them."""
+    data, records, i = path.read_bytes(), [], 0
+    while i + 12 <= len(data):
+        (n,) = struct.unpack_from("<Q", data, i)
+        if i + 16 + n > len(data):
+            break
+        records.append(data[i + 12:i + 12 + n])
+        i += 16 + n
+    return records, i != len(data)
+
+
+def _event_files(workdir: Path) -> list[Path]:
+    return sorted((workdir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def _truncate_events(workdir: Path, step: int) -> None:
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.record_writer import masked_crc32c
+
+    for path in _event_files(workdir):
+        records, torn = _event_records(path)
+        kept = [r for r in records if Event.FromString(r).step <= step]
+        if len(kept) == len(records) and not torn:
+            continue
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("wb") as f:
+            for r in kept:
+                header = struct.pack("<Q", len(r))
+                f.write(header + struct.pack("<I", masked_crc32c(header)) + r
+                        + struct.pack("<I", masked_crc32c(r)))
+        os.replace(tmp, path)
+
+
+def read_events(workdir: str | os.PathLike) -> Iterator[tuple[str, int, float]]:
+    """(tag, step, value) of every scalar in ``<workdir>/tensorboard``'s event files, in order."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    for path in _event_files(Path(workdir)):
+        for record in _event_records(path)[0]:
+            event = Event.FromString(record)
+            for value in event.summary.value:
+                yield value.tag, event.step, value.simple_value
 
 
 def read_metrics(workdir: str | os.PathLike) -> list[dict]:

@@ -3,8 +3,8 @@
 ``nonfinite="stop"`` ends training at the first such step; ``"skip"`` has the jitted step leave
 the update out (`make_train_step(skip_nonfinite=True)` keeps params and optimizer state with
 `jnp.where`), counts it, and stops after ``nonfinite_limit`` in a row. Either way the error
-names the step and the last good checkpoint; checkpoints never hold non-finite parameters
-(`Checkpointer.save` refuses them).
+names the step and the last good checkpoint (or that none was saved yet); checkpoints never hold
+non-finite parameters (`Checkpointer.save` refuses them).
 
 Each step is checked one step late, when the next has been dispatched (its scalars are ready by
 then, so the host does not stall the device), and right away before a checkpoint is written.
@@ -26,8 +26,9 @@ class NonFiniteError(FloatingPointError):
 
 
 class NonfiniteGuard:
-    def __init__(self, policy: str, limit: int, last_checkpoint: Callable[[], int | None]):
-        self.policy, self.limit, self.last_checkpoint = policy, limit, last_checkpoint
+    def __init__(self, policy: str, limit: int, resume_point: Callable[[], str]):
+        """``resume_point``: where a rerun would start, as a phrase (`Checkpointer.resume_point`)."""
+        self.policy, self.limit, self.resume_point = policy, limit, resume_point
         self.skipped, self.in_a_row, self._pending = 0, 0, None
 
     def push(self, step: int, metrics: dict) -> None:
@@ -59,5 +60,4 @@ class NonfiniteGuard:
                 return
             what += f": {self.in_a_row} non-finite steps in a row (nonfinite_limit={self.limit})"
         raise NonFiniteError(
-            f"training stopped at step {step}: non-finite {what}; the last good checkpoint is step "
-            f"{self.last_checkpoint()} (rerunning the command resumes there); {fix}")
+            f"training stopped at step {step}: non-finite {what}; {self.resume_point()}; {fix}")

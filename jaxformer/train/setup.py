@@ -229,7 +229,7 @@ def open_tokenizer(resolved: ResolvedConfig, workdir: Path, resuming: bool) -> T
     elif config.data.tokenizer.get("path"):
         path = Path(config.data.tokenizer.path)
     else:
-        return load_or_train_tokenizer(config.data.tokenizer, workdir,
+        return load_or_train_tokenizer(config.data.tokenizer, None,  # the trainer saves it
                                        lambda: source_texts(get_source(config.data, "train")),
                                        reuse_saved=False)
     tokenizer = Tokenizer.load(str(path))

@@ -112,26 +112,29 @@ class FileSource:
                  columns: Sequence[str] | None = None,
                  split_fractions: tuple[float, float, float] = (0.9, 0.05, 0.05)) -> None:
         hashed = "{split}" not in pattern
+        # the glob read, as messages name it; a pattern of just "{split}" takes the whole glob as
+        # its split (`jaxformer.evaluation.run.with_data`: every line of the files)
+        glob = pattern.replace("{split}", split)
+        named = repr(glob) + ("" if hashed or pattern == "{split}" else
+                              f" (split {split!r} of {pattern!r})")
         if not hashed and tuple(split_fractions) != (0.9, 0.05, 0.05):
             raise ValueError(f"files {pattern!r}: data.split_fractions applies to globs without "
                              "'{split}' (lines split by hash); this glob names each split's files")
         if hashed and split not in SPLITS:
             raise ValueError(f"files {pattern!r}: split {split!r} must be one of {SPLITS} when "
                              f"the glob has no '{{split}}' (lines are split by hash of their id)")
-        self.paths = sorted(globlib.glob(os.path.expanduser(pattern.replace("{split}", split)),
-                                         recursive=True))
+        self.paths = sorted(globlib.glob(os.path.expanduser(glob), recursive=True))
         self.paths = [p for p in self.paths if os.path.isfile(p)]
-        root = _glob_root(os.path.expanduser(pattern.replace("{split}", split)))
+        root = _glob_root(os.path.expanduser(glob))
         self.names = [_without_compression(os.path.relpath(p, root) if root else
                                            os.path.basename(p)) for p in self.paths]
         if not self.paths:
-            fix = "" if hashed or split == "train" else (
+            fix = "" if hashed or split == "train" or pattern == "{split}" else (
                 f"; add that file, or drop '{{split}}' from the glob and let the splits come by "
                 f"hash (e.g. data.source='files:{pattern.replace('{split}', 'train')}' with "
                 "data.split_fractions, default 0.9/0.05/0.05)")
-            raise ValueError(f"files {pattern!r}: no file matches "
-                             f"{pattern.replace('{split}', split)!r} (split {split!r}){fix}")
-        self.fmt = fmt or _infer_format(self.paths, pattern)
+            raise ValueError(f"files {named}: no file matches it{fix}")
+        self.fmt = fmt or _infer_format(self.paths, glob)
         if self.fmt not in FORMATS:
             raise ValueError(f"data.format {self.fmt!r} is not one of {FORMATS}")
         self.columns: list[tuple[str, ...] | None] = []
