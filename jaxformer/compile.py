@@ -59,8 +59,10 @@ def _shape_bytes(text: str) -> list[int]:
 
 def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
     """``{kind: {"count", "bytes"}}`` of the collectives in compiled HLO text. An asynchronous
-    pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``, whose result tuple
-    ends with the output buffer; a synchronous instruction's bytes are its results'."""
+    pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``: an all-reduce's result
+    is its outputs (summed); the others' result tuples hold the input and output buffers and
+    scalar sync flags, of which the output is the largest. A synchronous instruction's bytes are
+    its results'."""
     stats = {k: {"count": 0, "bytes": 0} for k in COLLECTIVES}
     pattern = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.+?) (" + "|".join(COLLECTIVES)
                          + r")(-start)?\(", re.M)
@@ -69,7 +71,8 @@ def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
         if not sizes:
             continue
         stats[m.group(2)]["count"] += 1
-        stats[m.group(2)]["bytes"] += sizes[-1] if m.group(3) else sum(sizes)
+        one_output = m.group(3) and m.group(2) != "all-reduce"
+        stats[m.group(2)]["bytes"] += max(sizes) if one_output else sum(sizes)
     return stats
 
 

@@ -118,7 +118,9 @@ HLO = """
   %all-gather-done.1 = bf16[64,64]{1,0} all-gather-done(%all-gather-start.1)
   %reduce-scatter.2 = f32[16,64]{1,0} reduce-scatter(%g), dimensions={0}
   %all-reduce.3 = (f32[], f32[128]{0}) all-reduce(%a, %b), to_apply=%add
-  ROOT %collective-permute.4 = bf16[8,8]{1,0} collective-permute(%x), source_target_pairs={{0,1}}
+  %collective-permute.4 = bf16[8,8]{1,0} collective-permute(%x), source_target_pairs={{0,1}}
+  %collective-permute-start.5 = (f32[4,8]{1,0}, f32[4,8]{1,0}, u32[], u32[]) collective-permute-start(%y)
+  ROOT %all-reduce-start.6 = (bf16[16]{0}, bf16[32]{0}) all-reduce-start(%c, %d), to_apply=%add
 """
 
 
@@ -126,8 +128,8 @@ def test_collectives_counts_async_pairs_once_and_sizes_results():
     stats = collectives(HLO)
     assert stats["all-gather"] == {"count": 1, "bytes": 64 * 64 * 2}  # the -start's output
     assert stats["reduce-scatter"] == {"count": 1, "bytes": 16 * 64 * 4}
-    assert stats["all-reduce"] == {"count": 1, "bytes": 4 + 128 * 4}
-    assert stats["collective-permute"] == {"count": 1, "bytes": 8 * 8 * 2}
+    assert stats["all-reduce"] == {"count": 2, "bytes": 4 + 128 * 4 + (16 + 32) * 2}
+    assert stats["collective-permute"] == {"count": 2, "bytes": 8 * 8 * 2 + 4 * 8 * 4}
     assert stats["all-to-all"] == {"count": 0, "bytes": 0}
 
 
