@@ -38,6 +38,7 @@ import os
 import re
 import sys
 
+import numpy as np
 from absl import app, flags, logging
 
 from jaxformer.parallel.topology import Topology, parse_topology
@@ -57,23 +58,66 @@ def _shape_bytes(text: str) -> list[int]:
     return out
 
 
-def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
-    """``{kind: {"count", "bytes"}}`` of the collectives in compiled HLO text. An asynchronous
+def _groups(line: str) -> list[list[int]]:
+    """Device groups of a collective's HLO line: ``replica_groups={{0,1},{2,3}}``, the iota form
+    ``replica_groups=[2,4]<=[4,2]T(1,0)``, or a permute's ``source_target_pairs={{0,1},{1,2}}``
+    (each pair a group); [] when the line names none."""
+    m = re.search(r"(?:replica_groups|source_target_pairs)=\{((?:\{[\d,]*\},?)*)\}", line)
+    if m:
+        return [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}",
+                                                                        m.group(1))]
+    m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
+    if not m:
+        return []
+    shape, dims = [int(x) for x in m.group(1).split(",")], [int(x) for x in m.group(2).split(",")]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if m.group(3):
+        ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+    return ids.reshape(shape).tolist()
+
+
+def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, dict[str, int]]:
+    """``{kind: {"count", "bytes", "dcn_count", "dcn_bytes"}}`` of the collectives in compiled HLO
+    text; ``dcn_*``: those that cross slices — a device group spanning several slices
+    (``slice_of[i]``: the slice of the program's device ``i``), or the TPU's transfers to the
+    data-center network (``_xla_megascale_*`` sends, bytes summed over their chunks). An asynchronous
     pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``: an all-reduce's result
     is its outputs (summed); the others' result tuples hold the input and output buffers and
     scalar sync flags, of which the output is the largest. A synchronous instruction's bytes are
     its results'."""
-    stats = {k: {"count": 0, "bytes": 0} for k in COLLECTIVES}
+    stats = {k: {"count": 0, "bytes": 0, "dcn_count": 0, "dcn_bytes": 0} for k in COLLECTIVES}
     pattern = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.+?) (" + "|".join(COLLECTIVES)
-                         + r")(-start)?\(", re.M)
+                         + r")(-start)?\(.*$", re.M)
     for m in pattern.finditer(hlo_text):
         sizes = _shape_bytes(m.group(1))
         if not sizes:
             continue
-        stats[m.group(2)]["count"] += 1
         one_output = m.group(3) and m.group(2) != "all-reduce"
-        stats[m.group(2)]["bytes"] += max(sizes) if one_output else sum(sizes)
+        moved = max(sizes) if one_output else sum(sizes)
+        stat = stats[m.group(2)]
+        stat["count"] += 1
+        stat["bytes"] += moved
+        if slice_of and any(len({slice_of[d] for d in g}) > 1 for g in _groups(m.group(0))):
+            stat["dcn_count"] += 1
+            stat["dcn_bytes"] += moved
+    # TPU multi-slice: the compiler splits a collective over slices into an ICI part (above,
+    # within a slice) and host transfers to the DCN runtime ("megascale" sends, one or more
+    # chunks per collective, named by a rendezvous key).
+    sends = re.finditer(r"^\s*%?[\w.\-]+ = (.+?) send\(.*?_xla_host_transfer_rendezvous="
+                        r"\"([^\"]+)\".*?_xla_megascale_transfer_type=\"(\w+)\"", hlo_text, re.M)
+    seen = set()
+    for m in sends:
+        kind = _MEGASCALE_KINDS.get(m.group(3), "collective-permute")
+        stats[kind]["dcn_bytes"] += max(_shape_bytes(m.group(1)) or [0])
+        key = m.group(2).rsplit("_", 1)[0]
+        if key not in seen:
+            seen.add(key)
+            stats[kind]["dcn_count"] += 1
     return stats
+
+
+_MEGASCALE_KINDS = {"ALL_REDUCE": "all-reduce", "ALL_GATHER": "all-gather",
+                    "REDUCE_SCATTER": "reduce-scatter", "ALL_TO_ALL": "all-to-all"}
 
 
 def roofline(topo: Topology, model_flops_per_device: float, xla: dict, comm_bytes: float,
@@ -94,9 +138,12 @@ def compile_report(config, topo: Topology) -> dict:
     """The report of the module docstring for ``config`` on ``topo`` (ValueError if it cannot
     be built: a mesh that does not fit the chips, a kernel the platform cannot run, ...)."""
     report = plan(config, compile=False, topology=topo)
-    compiled, seconds, n_devices = compile_on_topology(config, topo)
+    compiled, seconds, mesh = compile_on_topology(config, topo)
     mem, xla = compiled_memory(compiled), compiled_cost(compiled)
-    comm = collectives(compiled.as_text())
+    n_devices = mesh.size
+    # The program's device i is the mesh's i-th device (its device assignment).
+    comm = collectives(compiled.as_text(),
+                       [getattr(d, "slice_index", 0) or 0 for d in mesh.devices.flat])
     per_chip = max(1, n_devices // topo.num_chips)  # 1: v4 and v5p in megacore mode
     capacity = topo.chip.hbm_bytes / per_chip
     report.update(
@@ -145,7 +192,9 @@ def format_report(r: dict) -> str:
             "  collectives (instructions in the program, bytes of their results):"]
     for kind, c in r["collectives"].items():
         if c["count"]:
-            rows.append(f"    {kind:20} {c['count']:6d}  {c['bytes'] / 2**20:12.2f} MiB")
+            dcn = (f"   ({c['dcn_count']} across slices, {c['dcn_bytes'] / 2**20:.2f} MiB)"
+                   if r["num_slices"] > 1 else "")
+            rows.append(f"    {kind:20} {c['count']:6d}  {c['bytes'] / 2**20:12.2f} MiB{dcn}")
     if not any(c["count"] for c in r["collectives"].values()):
         rows.append("    none")
     terms = ", ".join(f"{k[:-2]} {v * 1e3:.2f} ms" for k, v in roof.items()

@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from absl import app, flags, logging
-from jax.sharding import AbstractMesh, AxisType
+from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.vocab import SpecialTokens
@@ -62,7 +62,7 @@ from jaxformer.models.heads import PER_ROW_MODULES
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective, check_data_task
 from jaxformer.ops.attention_kernels import target_platform
-from jaxformer.parallel.mesh import MESH_AXES, check_batch_size, make_mesh, mesh_shape
+from jaxformer.parallel.mesh import DCN_AXES, MESH_AXES, check_batch_size, make_mesh, mesh_shape
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.parallel.topology import Topology, parse_topology, topology_devices
@@ -88,8 +88,9 @@ def preset_config(name: str, *, batch: int, seq_len: int, target_len: int | None
     c.data.tokenizer.vocab_size = min(c.data.tokenizer.vocab_size, c.model.vocab_size)  # fits
     for part in filter(None, (p.strip() for p in mesh.split(","))):
         axis, _, size = part.partition("=")
-        if axis not in MESH_AXES or not size.lstrip("-").isdigit():
-            raise ValueError(f"--mesh {mesh!r}: expected 'axis=size,…' with axes {MESH_AXES}")
+        if axis not in MESH_AXES + DCN_AXES or not size.lstrip("-").isdigit():
+            raise ValueError(f"--mesh {mesh!r}: expected 'axis=size,…' with axes "
+                             f"{MESH_AXES + DCN_AXES}")
         c.mesh[axis] = int(size)
     return c
 
@@ -228,14 +229,13 @@ def plan_devices(mesh_cfg, requested: int = 0) -> int:
     return explicit
 
 
-def compile_on_topology(config, topology: Topology) -> tuple[jax.stages.Compiled, float, int]:
-    """(train step compiled for the compile-only devices of ``topology``, seconds, devices);
+def compile_on_topology(config, topology: Topology) -> tuple[jax.stages.Compiled, float, Mesh]:
+    """(train step compiled for the compile-only devices of ``topology``, seconds, its mesh);
     kernel choices are checked against the topology's platform, not this machine's."""
-    devices = topology_devices(topology)
+    mesh = make_mesh(dict(config.mesh), topology_devices(topology))
     with target_platform(topology.chip.platform):
-        compiled, seconds = compile_train_step(
-            config, make_mesh(mesh_shape(dict(config.mesh), len(devices)), devices))
-    return compiled, seconds, len(devices)
+        compiled, seconds = compile_train_step(config, mesh)
+    return compiled, seconds, mesh
 
 
 def plan(config, *, devices: int = 0, compile: bool = True, argv: list[str] | None = None,

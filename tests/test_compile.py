@@ -15,8 +15,7 @@ import jax
 import pytest
 
 from jaxformer.compile import collectives, compile_report, refusal
-from jaxformer.parallel.mesh import make_mesh, mesh_shape
-from jaxformer.parallel.topology import parse_topology, topology_devices
+from jaxformer.parallel.topology import parse_topology
 from jaxformer.plan import _setup, compile_on_topology, plan, preset_config
 from jaxformer.train.config import check_config
 from jaxformer.train.setup import resolve_config
@@ -31,11 +30,8 @@ def tiny(name: str, mesh: str, **model):
     return c
 
 
-def compiled_for(config, topology: str = "v5e:2x2"):
-    topo = parse_topology(topology)
-    devices = topology_devices(topo)
-    mesh = make_mesh(mesh_shape(dict(config.mesh), len(devices)), devices)
-    compiled, _, _ = compile_on_topology(config, topo)
+def compiled_for(config, topology: str = "v5e:2x2", num_slices: int = 1):
+    compiled, _, mesh = compile_on_topology(config, parse_topology(topology, num_slices))
     return compiled, mesh
 
 
@@ -113,6 +109,41 @@ def test_compile_report_has_memory_collectives_and_roofline():
     assert "does not fit TPU v5e" in refusal(report)
 
 
+def test_two_slices_only_the_data_parallel_gradient_reduction_crosses_the_dcn():
+    """Multi-slice (``mesh.dcn_data=2``, FSDP within each slice): the hybrid mesh keeps every
+    FSDP all-gather inside a slice; what crosses the data-center network is the all-reduce of
+    the gradients over the data axis (MaxText's layout)."""
+    report = compile_report(tiny("gpt_tiny", "fsdp=4,dcn_data=2"), parse_topology("v5e:2x2", 2))
+    assert report["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1} and report["devices"] == 8
+    comm = report["collectives"]
+    assert comm["all-gather"]["count"] > 0 and comm["all-gather"]["dcn_count"] == 0
+    crossing = {k: c["dcn_count"] for k, c in comm.items() if c["dcn_count"]}
+    assert set(crossing) == {"all-reduce"}, crossing
+
+
+def test_dcn_sizes_multiply_the_slice_sizes_and_slices_hold_contiguous_blocks():
+    from jaxformer.parallel.mesh import make_mesh, mesh_shape
+
+    cfg = {"data": -1, "fsdp": 2, "dcn_data": 2}
+    assert mesh_shape(cfg, 8) == {"data": 4, "fsdp": 2, "tensor": 1}
+    with pytest.raises(ValueError, match="do not split into"):
+        mesh_shape({"dcn_data": 3}, 8)
+    mesh = make_mesh(cfg, jax.devices()[:8])  # CPU: consecutive devices stand in for a slice
+    ids = [[d.id for d in row] for row in mesh.devices[:, :, 0]]
+    assert sorted(sum(ids[:2], [])) == [0, 1, 2, 3] and sorted(sum(ids[2:], [])) == [4, 5, 6, 7]
+
+
+def test_device_groups_of_the_hlo_forms():
+    from jaxformer.compile import _groups
+
+    assert _groups("x replica_groups={{0,1},{2,3}}, y") == [[0, 1], [2, 3]]
+    assert _groups("replica_groups=[2,2]<=[4]") == [[0, 1], [2, 3]]
+    assert _groups("replica_groups=[2,2]<=[2,2]T(1,0)") == [[0, 2], [1, 3]]
+    assert _groups("source_target_pairs={{0,1},{1,0}}") == [[0, 1], [1, 0]]
+    assert collectives("  %ar = f32[4]{0} all-reduce(%x), replica_groups={{0,4},{1,5}}",
+                       [0, 0, 0, 0, 1, 1, 1, 1])["all-reduce"]["dcn_count"] == 1
+
+
 HLO = """
   %all-gather-start.1 = (bf16[64,16]{1,0}, bf16[64,64]{1,0}) all-gather-start(%p), dimensions={1}
   %all-gather-done.1 = bf16[64,64]{1,0} all-gather-done(%all-gather-start.1)
@@ -126,11 +157,12 @@ HLO = """
 
 def test_collectives_counts_async_pairs_once_and_sizes_results():
     stats = collectives(HLO)
-    assert stats["all-gather"] == {"count": 1, "bytes": 64 * 64 * 2}  # the -start's output
-    assert stats["reduce-scatter"] == {"count": 1, "bytes": 16 * 64 * 4}
-    assert stats["all-reduce"] == {"count": 2, "bytes": 4 + 128 * 4 + (16 + 32) * 2}
-    assert stats["collective-permute"] == {"count": 2, "bytes": 8 * 8 * 2 + 4 * 8 * 4}
-    assert stats["all-to-all"] == {"count": 0, "bytes": 0}
+    counts = {k: (v["count"], v["bytes"]) for k, v in stats.items()}
+    assert counts["all-gather"] == (1, 64 * 64 * 2)  # the -start's output
+    assert counts["reduce-scatter"] == (1, 16 * 64 * 4)
+    assert counts["all-reduce"] == (2, 4 + 128 * 4 + (16 + 32) * 2)
+    assert counts["collective-permute"] == (2, 8 * 8 * 2 + 4 * 8 * 4)
+    assert counts["all-to-all"] == (0, 0)
 
 
 @pytest.mark.parametrize("name,match", [("v9x:2x2", "chip one of"), ("v5e", "expected"),

@@ -13,6 +13,13 @@ fsdp=N                 the batch, and every parameter/moment with a d_model axis
 tensor=N               heads, FFN hidden units and the vocabulary (Megatron); batch replicated
 data=a,fsdp=b,tensor=c any combination; a·b·c = number of devices
 =====================  =========================================================================
+
+Several TPU slices (multi-slice: chips within a slice talk over ICI, slices over the slower
+data-center network, DCN): ``mesh.dcn_data=S`` puts S slices along the data axis, ``mesh.dcn_fsdp``
+along fsdp; ``data``, ``fsdp`` and ``tensor`` are then sizes within one slice. The mesh keeps the
+three axes (``data`` of size ``data · dcn_data``), built by `jax`'s hybrid device mesh so that each
+slice holds a contiguous block of every axis: only the outer (data / fsdp) collectives cross the
+DCN, and with ``dcn_data`` alone only the data-parallel gradient reduction does (MaxText's layout).
 """
 
 from __future__ import annotations
@@ -21,23 +28,49 @@ import math
 from collections.abc import Mapping, Sequence
 
 import jax
+import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
 from jaxformer.parallel.rules import batch_shards
 
 MESH_AXES = ("data", "fsdp", "tensor")
+DCN_AXES = ("dcn_data", "dcn_fsdp")  # slices along data / fsdp (multi-slice)
+
+
+def dcn_shape(mesh_cfg: Mapping[str, int]) -> dict[str, int]:
+    """Slices along each mesh axis: ``{"data": dcn_data, "fsdp": dcn_fsdp, "tensor": 1}``."""
+    out = {"data": int(mesh_cfg.get("dcn_data", 1)), "fsdp": int(mesh_cfg.get("dcn_fsdp", 1)),
+           "tensor": 1}
+    for a in ("data", "fsdp"):
+        if out[a] < 1:
+            raise ValueError(f"mesh.dcn_{a}={out[a]} is invalid: use a positive number of slices")
+    return out
 
 
 def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> dict[str, int]:
     """Resolve sizes (at most one −1) so that their product is ``num_devices``.
 
     Default (empty config): everything on ``data``. ``data``'s −1 (its default) gives way to
-    another axis set to −1: ``{"data": -1, "fsdp": -1}`` is all devices on ``fsdp``.
+    another axis set to −1: ``{"data": -1, "fsdp": -1}`` is all devices on ``fsdp``. With DCN
+    slices (`dcn_shape`) the sizes given are within a slice and the result is the whole mesh
+    (``data · dcn_data``, ...).
     """
-    sizes = {a: int(mesh_cfg.get(a, 1 if a != "data" else -1)) for a in MESH_AXES}
-    unknown = set(mesh_cfg) - set(MESH_AXES)
+    unknown = set(mesh_cfg) - set(MESH_AXES) - set(DCN_AXES)
     if unknown:
-        raise ValueError(f"unknown mesh axes {sorted(unknown)}; valid axes are {MESH_AXES}")
+        raise ValueError(f"unknown mesh axes {sorted(unknown)}; valid axes are "
+                         f"{MESH_AXES + DCN_AXES}")
+    dcn = dcn_shape(mesh_cfg)
+    slices = math.prod(dcn.values())
+    if num_devices % slices:
+        raise ValueError(f"mesh: {num_devices} devices do not split into dcn_data × dcn_fsdp = "
+                         f"{slices} slices")
+    ici = _ici_shape(mesh_cfg, num_devices // slices)
+    return {a: ici[a] * dcn[a] for a in MESH_AXES}
+
+
+def _ici_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> dict[str, int]:
+    sizes = {a: int(mesh_cfg.get(a, 1 if a != "data" else -1)) for a in MESH_AXES}
     if sizes["data"] == -1 and any(sizes[a] == -1 for a in MESH_AXES if a != "data"):
         sizes["data"] = 1
     fill = [a for a, s in sizes.items() if s == -1]
@@ -64,6 +97,9 @@ def make_mesh(mesh_cfg: Mapping[str, int] | None = None,
     devices = list(jax.devices() if devices is None else devices)
     sizes = mesh_shape(dict(mesh_cfg or {}), len(devices))
     shape = tuple(sizes[a] for a in MESH_AXES)
+    dcn = tuple(dcn_shape(dict(mesh_cfg or {})).values())
+    if math.prod(dcn) > 1:
+        return _hybrid_mesh(shape, dcn, devices)
     # Auto axes: shardings are propagated by the compiler from the jit in/out shardings and the
     # logical constraints (recent `jax.make_mesh` defaults to Explicit axes, which type-check
     # every op instead).
@@ -72,6 +108,22 @@ def make_mesh(mesh_cfg: Mapping[str, int] | None = None,
     # (`jaxformer.parallel.topology`); a naive reshape would not.
     auto = (AxisType.Auto,) * len(MESH_AXES)
     return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=auto)
+
+
+def _hybrid_mesh(shape: tuple[int, ...], dcn: tuple[int, ...], devices: list) -> Mesh:
+    """The mesh of several slices: `mesh_utils.create_hybrid_device_mesh` (ICI axes within a
+    slice, DCN axes across). Devices without a slice index (CPU, GPU) stand in one slice per block
+    of consecutive devices, in order: same shardings, no physical meaning."""
+    ici = tuple(s // d for s, d in zip(shape, dcn))
+    auto = (AxisType.Auto,) * len(MESH_AXES)
+    if all(hasattr(d, "slice_index") for d in devices):
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+    else:
+        blocks = np.asarray(devices).reshape(*dcn, *ici)  # [dcn axes..., ici axes...]
+        n = len(MESH_AXES)
+        grid = blocks.transpose([i for pair in zip(range(n), range(n, 2 * n)) for i in pair]
+                                ).reshape(shape)
+    return Mesh(grid, MESH_AXES, axis_types=auto)
 
 
 def describe(mesh: Mesh) -> str:

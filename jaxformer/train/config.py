@@ -83,6 +83,9 @@ KEY_DOCS = {
     "mesh.data": "data-parallel mesh axis size (-1 = the devices the other axes leave)",
     "mesh.fsdp": "FSDP mesh axis size (parameters sharded over it)",
     "mesh.tensor": "tensor-parallel mesh axis size",
+    "mesh.dcn_data": "slices (TPU multi-slice, over the data-center network) along mesh.data; "
+                     "mesh.data, mesh.fsdp and mesh.tensor are then sizes within one slice",
+    "mesh.dcn_fsdp": "slices along mesh.fsdp (FSDP across slices: its gathers cross the DCN)",
     "parallel": "'jit' (sharded over the mesh), 'shard_map' or 'pmap' (data parallel, replicated "
                 "state)",
     "module_api": "'linen' (jaxformer.models) or 'nnx' (jaxformer.nnx): same parameters, same "
@@ -130,7 +133,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict(dict(
         every_steps=500, num_batches=20, split="validation", generate_examples=0,
         generate_max_new_tokens=0, generate_strategy="greedy", generate_beam_size=4))
-    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, dcn_data=1, dcn_fsdp=1))
     c.parallel = "jit"
     c.module_api = "linen"
     c.log_every_steps = 50
