@@ -32,7 +32,6 @@ to change (exit status 1).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -42,7 +41,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from jaxformer.parallel.topology import Topology, parse_topology
-from jaxformer.plan import _config, compile_on_topology, compiled_cost, compiled_memory, plan
+from jaxformer.plan import _config, compile_on_topology, compiled_cost, compiled_memory, emit, plan
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
@@ -216,12 +215,7 @@ def main(argv) -> None:
         report = compile_report(_config(f), parse_topology(f.topology, f.num_slices))
     except (ValueError, KeyError) as e:
         sys.exit(f"python -m jaxformer.compile: error: {e.args[0] if e.args else e}")
-    print(format_report(report))
-    text = json.dumps(report)
-    print(text)
-    if f.json:
-        with open(f.json, "w") as fh:
-            fh.write(text + "\n")
+    emit(format_report(report), report, f.json)
     why = refusal(report)
     if why:
         sys.exit(f"python -m jaxformer.compile: {why}")

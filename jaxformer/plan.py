@@ -342,11 +342,16 @@ def main(argv) -> None:
                       topology=topology)
     except (ValueError, KeyError) as e:  # a bad preset, mesh, size: the message says which
         sys.exit(f"python -m jaxformer.plan: error: {e.args[0] if e.args else e}")
-    print(format_table(report))
+    emit(format_table(report), report, f.json)
+
+
+def emit(table: str, report: dict, json_path: str = "") -> None:
+    """Print the table, then the report as one JSON line (also written to ``json_path``)."""
+    print(table)
     text = json.dumps(report)
     print(text)
-    if f.json:
-        with open(f.json, "w") as fh:
+    if json_path:
+        with open(json_path, "w") as fh:
             fh.write(text + "\n")
 
 
