@@ -100,8 +100,8 @@ def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, d
             stat["dcn_count"] += 1
             stat["dcn_bytes"] += moved
     # TPU multi-slice: the compiler splits a collective over slices into an ICI part (above,
-    # within a slice) and host transfers to the DCN runtime ("megascale" sends, one or more
-    # chunks per collective, named by a rendezvous key).
+    # within a slice) and host transfers to the DCN runtime ("megascale" sends, named by a
+    # rendezvous key, counted once per key: about one per tensor, so more than the ICI count).
     sends = re.finditer(r"^\s*%?[\w.\-]+ = (.+?) send\(.*?_xla_host_transfer_rendezvous="
                         r"\"([^\"]+)\".*?_xla_megascale_transfer_type=\"(\w+)\"", hlo_text, re.M)
     seen = set()
@@ -191,7 +191,7 @@ def format_report(r: dict) -> str:
             "  collectives (instructions in the program, bytes of their results):"]
     for kind, c in r["collectives"].items():
         if c["count"]:
-            dcn = (f"   ({c['dcn_count']} across slices, {c['dcn_bytes'] / 2**20:.2f} MiB)"
+            dcn = (f"   (across slices: {c['dcn_count']}, {c['dcn_bytes'] / 2**20:.2f} MiB)"
                    if r["num_slices"] > 1 else "")
             rows.append(f"    {kind:20} {c['count']:6d}  {c['bytes'] / 2**20:12.2f} MiB{dcn}")
     if not any(c["count"] for c in r["collectives"].values()):
