@@ -89,6 +89,30 @@ def test_every_parameter_std_matches_hf_pytorch_fresh_init(name, tmp_path):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.parametrize("name", ["gpt_tiny", "t5_tiny", "albert_tiny", "transformer_tiny"])
+def test_linen_nnx_and_both_stack_layouts_initialise_alike(name):
+    """One rule table: the unrolled and scanned Linen stacks and the NNX model draw each tensor with
+    the same distribution (the scanned ``layers/…`` tensor pools the unrolled ``layer_i/…``)."""
+    from jaxformer.convert.mapping import unstack_layers
+    from jaxformer.nnx import build_model as build_nnx
+    from jaxformer.nnx.params import param_dict
+
+    cfg = ModelConfig.from_dict(preset(name, num_layers=4, d_ff=512))
+    layouts = {
+        "unrolled": _fresh(cfg),
+        "scanned": flatten(unstack_layers(unflatten(_fresh(cfg.replace(scan_layers=True))))),
+        "nnx": flatten(param_dict(build_nnx(cfg, rngs=0))),
+    }
+    ref = layouts["unrolled"]
+    for layout, flat in layouts.items():
+        assert sorted(flat) == sorted(ref), layout
+        for path, x in flat.items():
+            want = np.std(ref[path])
+            got = np.std(np.asarray(x))
+            assert got == pytest.approx(want, rel=max(0.1, 4 / math.sqrt(2 * ref[path].size)),
+                                        abs=1e-7), (layout, path)
+
+
 def test_the_rules_are_the_published_ones():
     """The scales HF's ``_init_weights`` names, stated once (the test above checks the tensors)."""
     t5 = ModelConfig.from_dict(preset("t5_small"))
