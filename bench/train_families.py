@@ -21,9 +21,9 @@ MiB`` is the compiled step's temporary memory (`memory_analysis`).
 Each system starts from its own fresh initialisation (jaxformer's ``init_scheme`` of the preset,
 HF's ``_init_weights``: the same rules, other draws) and trains on one fixed batch; ``loss 0`` is
 the loss at initialisation, ``loss N`` the one the last step computes (after ``1 + warmup + steps -
-1`` updates). With the same rules the three curves agree: T5's last losses within 2% (before
-``init_scheme``, jaxformer's flat 0.02 kernels started T5 at 17.8 nats and ended at 9.14 against HF
-Flax's 7.54).
+1`` updates). With the same rules the curves agree: T5 at the defaults 9.62 -> 8.01 (HF Flax 9.63 ->
+8.10, PyTorch 9.55 -> 7.84); jaxformer's former flat 0.02 kernels gave 17.84 -> 9.22
+(docs/benchmarks.md).
 
 ``--scan_compile 2,24`` also times compiling the jaxformer GPT step with ``scan_layers`` at 2 and 24
 layers (the ratio should stay near 1: the scanned body is compiled once).
