@@ -73,42 +73,45 @@ def initializer_of(cfg: ModelConfig, role: str, fan_in: int, residuals: int = 0)
     ``residuals`` the residual sublayers of its stack (`residual_sublayers`, the N of GPT-2).
     Norm scales start at 1 and biases at 0 in every scheme (their specs say so directly).
 
-    =======  ======================  ============================================================
-    scheme   weight                  rule (source)
-    =======  ======================  ============================================================
-    normal   kernels / tables        N(0, init_std) / N(0, embed_init_std): jaxformer's own init
-                                     before issue 37, kept for the Vaswani presets and for configs
-                                     saved without the field (their fresh parts start as before)
-    gpt2     out, ffn_out            N(0, init_std / sqrt(N)), N = 2·n_layer residual sublayers
-                                     (Radford et al. 2019 §2.3; HF GPT2PreTrainedModel._init_weights
-                                     on ``c_proj``); N = 3 per layer with cross-attention
-             other kernels / tables  N(0, init_std) / N(0, embed_init_std) (HF: every Conv1D,
-                                     Linear and Embedding at initializer_range, ``wpe`` included;
-                                     OpenAI's released model.py draws wpe at 0.01, not followed)
-    bert     kernels / tables        truncated normal, std init_std / embed_init_std before the
-                                     cut at ±2 std (actual std 0.88×): Google's BERT and ALBERT
-                                     ``modeling.py`` ``create_initializer`` =
-                                     ``tf.truncated_normal_initializer(initializer_range)``, used
-                                     for every dense, embedding, pooler and classifier (HF PyTorch
-                                     draws normal_(initializer_range) instead: a port's shortcut)
-    t5       query                   N(0, init_std · (d_model·head_dim)^-1/2): the 1/sqrt(head_dim)
-                                     attention scale T5 leaves out is folded into q's init (Mesh
-                                     TensorFlow; HF T5PreTrainedModel._init_weights)
-             relative_bias           N(0, init_std · d_model^-1/2) (HF ``relative_attention_bias``)
-             other kernels           N(0, init_std · fan_in^-1/2): k, v, wi d_model; o H·Dh; wo d_ff
-                                     (HF); heads and ALBERT's projection by the same fan-in rule
-                                     (HF's T5ClassificationHead, qa_outputs; Mesh TF's dense layers)
-             embedding               N(0, embed_init_std), = init_std = initializer_factor 1.0 (HF
-                                     ``shared``)
-    transf-  kernels                 uniform on ±init_std·sqrt(3 / fan_in), std init_std·fan_in^-1/2
-    ormer                            (tensor2tensor transformer_base: initializer
-                                     "uniform_unit_scaling", initializer_gain 1.0; the paper names
-                                     no init)
-             tables                  N(0, embed_init_std), d_model^-1/2 in the presets (t2t's
-                                     symbol modality; inputs are scaled by sqrt(d_model), §3.4)
-    =======  ======================  ============================================================
+    ===========  ======================  ============================================================
+    scheme       weight                  rule (source)
+    ===========  ======================  ============================================================
+    normal       kernels / tables        N(0, init_std) / N(0, embed_init_std): jaxformer's own init
+                                         before issue 37, kept for configs saved without the field
+                                         (their fresh parts start as before)
+    gpt2         out, ffn_out            N(0, init_std / sqrt(N)), N = 2·n_layer residual sublayers
+                                         (Radford et al. 2019 §2.3; HF GPT2PreTrainedModel._init_weights
+                                         on ``c_proj``); N = 3 per layer with cross-attention
+                 other kernels / tables  N(0, init_std) / N(0, embed_init_std) (HF: every Conv1D,
+                                         Linear and Embedding at initializer_range, ``wpe`` included;
+                                         OpenAI's released model.py draws wpe at 0.01, not followed)
+    bert         kernels / tables        truncated normal, std init_std / embed_init_std before the
+                                         cut at ±2 std (actual std 0.88×): Google's BERT and ALBERT
+                                         ``modeling.py`` ``create_initializer`` =
+                                         ``tf.truncated_normal_initializer(initializer_range)``, used
+                                         for every dense, embedding, pooler and classifier (HF PyTorch
+                                         draws normal_(initializer_range) instead: a port's shortcut)
+    t5           query                   N(0, init_std · (d_model·head_dim)^-1/2): the 1/sqrt(head_dim)
+                                         attention scale T5 leaves out is folded into q's init (Mesh
+                                         TensorFlow; HF T5PreTrainedModel._init_weights)
+                 relative_bias           N(0, init_std · d_model^-1/2) (HF ``relative_attention_bias``)
+                 other kernels           N(0, init_std · fan_in^-1/2): k, v, wi d_model; o H·Dh; wo d_ff
+                                         (HF); heads and ALBERT's projection by the same fan-in rule
+                                         (HF's T5ClassificationHead, qa_outputs; Mesh TF's dense layers;
+                                         HF draws an untied lm_head at init_std·1, logits of std
+                                         sqrt(d_model) at init: not followed)
+                 embedding               N(0, embed_init_std), = init_std = initializer_factor 1.0 (HF
+                                         ``shared``)
+    transformer  kernels                 uniform on ±init_std·sqrt(3 / fan_in), std init_std·fan_in^-1/2
+                                         (tensor2tensor transformer_base: initializer
+                                         "uniform_unit_scaling", initializer_gain 1.0; the paper names
+                                         no init)
+                 tables                  N(0, embed_init_std), d_model^-1/2 in the presets (t2t's
+                                         symbol modality; inputs are scaled by sqrt(d_model), §3.4)
+    ===========  ======================  ============================================================
 
-    ``init_std`` is the base scale: the kernels' std, or T5's factor (HF ``initializer_factor``).
+    ``init_std`` is the base scale: the kernels' std, or the factor of the fan-in rules of t5 (HF
+    ``initializer_factor``) and transformer (t2t's ``initializer_gain``).
     """
     if role not in ROLES:
         raise ValueError(f"role={role!r} is invalid: choose one of {ROLES}")
