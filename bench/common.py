@@ -125,10 +125,11 @@ def program_fingerprint(compiled: Any) -> str:
 
 def time_round_robin(entries: list[dict], *, steps: int, warmup: int) -> None:
     """One step of each entry per round, so that every entry sees the same machine load; fills
-    ``step_s`` (median), ``step_min_s``, ``first_s`` and ``final_loss`` of each row."""
+    ``step_s`` (median), ``step_min_s``, ``first_s``, ``first_loss`` (the loss the first step
+    computes, at the fresh parameters) and ``final_loss`` (the last step's) of each row."""
     for e in entries:
         t0 = time.perf_counter()
-        block(e["run"]())
+        e["row"]["first_loss"] = float(block(e["run"]()))
         e["row"]["first_s"] = time.perf_counter() - t0
         for _ in range(warmup):
             block(e["run"]())

@@ -42,6 +42,8 @@ POOLINGS = ("first", "last", "mean", "max")
 REMAT_POLICIES = ("none", *_REMAT)  # "none": no activation checkpointing
 ATTENTION_IMPLS = IMPLEMENTATIONS
 DTYPES = ("float32", "bfloat16", "float16")
+# Fresh-initialisation rules per family (`jaxformer.layers.params.initializer_of` holds them).
+INIT_SCHEMES = ("normal", "gpt2", "bert", "t5", "transformer")
 
 ARCHITECTURE, HEAD, REGULARIZATION, INIT, COMPUTE, LAYOUT = (
     "architecture", "head", "regularization", "init", "compute", "layout")
@@ -140,7 +142,14 @@ class ModelConfig:
         REGULARIZATION, 0.0, "encoder_decoder, training only: zero each decoder input token's embedding with "
         "this probability (Gal & Ghahramani 2016; Sennrich & Zhang 2019)")
     # initialization: only parameters that start fresh
-    init_std: float = _field(INIT, 0.02, "std of the normal initialiser of fresh weights")
+    init_scheme: str = _field(
+        INIT, "normal", 'rules of fresh weights: "normal" (every kernel N(0, init_std)), "gpt2" '
+        '(residual output kernels / sqrt(2 n_layer)), "bert" (truncated normal), "t5" (init_std * '
+        'fan_in^-1/2), "transformer" (tensor2tensor\'s uniform unit scaling): '
+        "jaxformer.layers.params.initializer_of")
+    init_std: float = _field(
+        INIT, 0.02, "base scale of fresh weights: the kernels' std, or the factor of fan_in^-1/2 "
+        'with init_scheme="t5" (HF\'s initializer_factor, 1.0) or "transformer" (t2t\'s gain)')
     embed_init_std: float | None = _field(INIT, None, "std of fresh embedding tables; unset = init_std")
     # compute: how the same function is computed
     dtype: str = _field(COMPUTE, "float32", 'compute dtype: "float32", "bfloat16" or "float16"')
@@ -183,7 +192,7 @@ class ModelConfig:
         for f, choices in [("family", FAMILIES), ("position", POSITIONS), ("norm", NORMS),
                            ("norm_position", NORM_POSITIONS), ("head", HEADS), ("pooling", POOLINGS),
                            ("remat_policy", REMAT_POLICIES), ("attention_impl", ATTENTION_IMPLS),
-                           ("dtype", DTYPES), ("param_dtype", DTYPES),
+                           ("dtype", DTYPES), ("param_dtype", DTYPES), ("init_scheme", INIT_SCHEMES),
                            ("activation", tuple(ACTIVATIONS))]:
             if getattr(self, f) not in choices:
                 bad(f, getattr(self, f), f"choose one of {choices}")
@@ -201,6 +210,10 @@ class ModelConfig:
             v = getattr(self, f)
             if not 0.0 <= v < 1.0:
                 bad(f, v, "must be in [0, 1)")
+        for f in ["init_std", "embed_init_std"]:
+            v = getattr(self, f)
+            if not v > 0:
+                bad(f, v, "must be > 0 (the scale of freshly initialised weights)")
         if self.type_vocab_size < 0:
             bad("type_vocab_size", self.type_vocab_size, "must be >= 0")
         if self.position == "sinusoidal" and self.d_model % 2:

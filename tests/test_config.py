@@ -105,7 +105,7 @@ def test_every_field_declares_its_kind_and_the_lists_derive_from_it():
     # a resume may change what neither shapes the parameters nor changes their function
     assert config.resumable_fields() == (
         "dropout_rate", "attention_dropout_rate", "ffn_dropout_rate", "target_token_dropout_rate",
-        "init_std", "embed_init_std", "dtype", "remat_policy", "attention_impl",
+        "init_scheme", "init_std", "embed_init_std", "dtype", "remat_policy", "attention_impl",
         "attention_chunk_size")
     assert set(config.exported_fields()) <= fine
     with pytest.raises(ValueError, match="unknown field kinds"):

@@ -95,7 +95,7 @@ def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str 
                                f"{prefix}embeddings.word_embeddings.weight"),
         num_classes=num_labels(hf, num_classes), dropout_rate=hf.get("hidden_dropout_prob", 0.0),
         attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.0),
-        init_std=hf.get("initializer_range", 0.02))
+        init_scheme="bert", init_std=hf.get("initializer_range", 0.02))
     return cfg, prefix
 
 

@@ -61,7 +61,7 @@ def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str 
         use_bias=True, attention_scale=None if hf.get("scale_attn_weights", True) else 1.0,
         tie_embeddings=is_tied(tensors, "lm_head.weight", prefix + "wte.weight"),
         dropout_rate=hf.get("resid_pdrop", 0.1), attention_dropout_rate=hf.get("attn_pdrop", 0.1),
-        init_std=hf.get("initializer_range", 0.02), head=head, pooling="last",
+        init_scheme="gpt2", init_std=hf.get("initializer_range", 0.02), head=head, pooling="last",
         num_classes=num_labels(hf, num_classes))
     return cfg, prefix
 

@@ -82,7 +82,7 @@ def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str 
         norm_position="pre", norm_eps=hf.get("layer_norm_epsilon", 1e-6), activation=activation,
         gated_ffn=gated, use_bias=False, attention_scale=1.0, tie_embeddings=tied,
         rescale_tied_logits=rescale, dropout_rate=rate, attention_dropout_rate=rate,
-        ffn_dropout_rate=rate, head="lm", embed_init_std=hf.get("initializer_factor", 1.0))
+        ffn_dropout_rate=rate, head="lm", init_scheme="t5", init_std=hf.get("initializer_factor", 1.0))
     return cfg, ""
 
 
@@ -158,7 +158,8 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
         "relative_attention_num_buckets": cfg.relative_num_buckets,
         "relative_attention_max_distance": cfg.relative_max_distance,
         "dropout_rate": cfg.dropout_rate, "layer_norm_epsilon": cfg.norm_eps,
-        "initializer_factor": 1.0, "feed_forward_proj": _feed_forward_proj(cfg),
+        "initializer_factor": cfg.init_std if cfg.init_scheme == "t5" else 1.0,
+        "feed_forward_proj": _feed_forward_proj(cfg),
         "is_encoder_decoder": True, "tie_word_embeddings": rescale,
         "scale_decoder_outputs": rescale, "n_positions": cfg.max_len, "pad_token_id": 0,
         "eos_token_id": 1, "decoder_start_token_id": 0, "dtype": "float32",

@@ -28,27 +28,131 @@ import jax.numpy as jnp
 
 from jaxformer.config import ModelConfig
 
+DISTRIBUTIONS = ("normal", "truncated_normal", "uniform", "zeros", "ones")
+
 
 @dataclasses.dataclass(frozen=True)
 class ParamSpec:
+    """One parameter: its shape, logical axes and initialiser (one of `DISTRIBUTIONS`; ``std`` is
+    its standard deviation; for ``truncated_normal`` the one before truncation; ``uniform`` is
+    symmetric, on ±std·sqrt(3))."""
+
     shape: tuple[int, ...]
     axes: tuple[str | None, ...]
-    init: str = "normal"  # "normal" | "zeros" | "ones"
+    init: str = "normal"
     std: float = 0.02
 
     def initializer(self):
         if self.init == "normal":
             return nn.initializers.normal(self.std)
+        if self.init == "truncated_normal":  # cut at ±2 std, not rescaled: TF's truncated_normal
+            return nn.initializers.truncated_normal(self.std, lower=-2.0, upper=2.0)
+        if self.init == "uniform":
+            limit = self.std * 3 ** 0.5
+            return lambda key, shape, dtype=jnp.float32: jax.random.uniform(
+                key, shape, dtype, -limit, limit)
         if self.init == "zeros":
             return nn.initializers.zeros_init()
         if self.init == "ones":
             return nn.initializers.ones_init()
-        raise ValueError(f"unknown initializer {self.init!r}")
+        raise ValueError(f"ParamSpec.init={self.init!r} is invalid: choose one of {DISTRIBUTIONS}")
 
 
-def _dense(cfg: ModelConfig, shape, axes, bias_shape, bias_axes, *, bias: bool | None = None) -> dict:
-    out = {"kernel": ParamSpec(tuple(shape), tuple(axes), "normal", cfg.init_std)}
-    if cfg.use_bias if bias is None else bias:
+# --------------------------------------------------------------------------------------------------
+# Fresh initialisation by family (`ModelConfig.init_scheme`): every weight's rule is decided here.
+
+ROLES = ("query", "key", "value", "out", "ffn_in", "ffn_out", "head", "projection", "embedding",
+         "relative_bias")
+_RESIDUAL_OUTPUTS = ("out", "ffn_out")  # kernels whose output is added to the residual stream
+
+
+def initializer_of(cfg: ModelConfig, role: str, fan_in: int, residuals: int = 0) -> tuple[str, float]:
+    """(distribution, std) of a fresh weight of ``role`` (one of `ROLES`) under ``cfg.init_scheme``.
+
+    ``fan_in`` is the kernel's input width (prod of its input dims: ``out`` `[H, Dh, D]` has H·Dh);
+    ``residuals`` the residual sublayers of its stack (`residual_sublayers`, the N of GPT-2).
+    Norm scales start at 1 and biases at 0 in every scheme (their specs say so directly).
+
+    ===========  ======================  ============================================================
+    scheme       weight                  rule (source)
+    ===========  ======================  ============================================================
+    normal       kernels / tables        N(0, init_std) / N(0, embed_init_std): jaxformer's own init
+                                         before issue 37, kept for configs saved without the field
+                                         (their fresh parts start as before)
+    gpt2         out, ffn_out            N(0, init_std / sqrt(N)), N = 2·n_layer residual sublayers
+                                         (Radford et al. 2019 §2.3; HF GPT2PreTrainedModel._init_weights
+                                         on ``c_proj``); N = 3 per layer with cross-attention
+                 other kernels / tables  N(0, init_std) / N(0, embed_init_std) (HF: every Conv1D,
+                                         Linear and Embedding at initializer_range, ``wpe`` included;
+                                         OpenAI's released model.py draws wpe at 0.01, not followed)
+    bert         kernels / tables        truncated normal, std init_std / embed_init_std before the
+                                         cut at ±2 std (actual std 0.88×): Google's BERT and ALBERT
+                                         ``modeling.py`` ``create_initializer`` =
+                                         ``tf.truncated_normal_initializer(initializer_range)``, used
+                                         for every dense, embedding, pooler and classifier (HF PyTorch
+                                         draws normal_(initializer_range) instead: a port's shortcut)
+    t5           query                   N(0, init_std · (d_model·head_dim)^-1/2): the 1/sqrt(head_dim)
+                                         attention scale T5 leaves out is folded into q's init (Mesh
+                                         TensorFlow; HF T5PreTrainedModel._init_weights)
+                 relative_bias           N(0, init_std · d_model^-1/2) (HF ``relative_attention_bias``)
+                 other kernels           N(0, init_std · fan_in^-1/2): k, v, wi d_model; o H·Dh; wo d_ff
+                                         (HF); heads and ALBERT's projection by the same fan-in rule
+                                         (HF's T5ClassificationHead, qa_outputs; Mesh TF's dense layers;
+                                         HF draws an untied lm_head at init_std·1, logits of std
+                                         sqrt(d_model) at init: not followed)
+                 embedding               N(0, embed_init_std), = init_std = initializer_factor 1.0 (HF
+                                         ``shared``)
+    transformer  kernels                 uniform on ±init_std·sqrt(3 / fan_in), std init_std·fan_in^-1/2
+                                         (tensor2tensor transformer_base: initializer
+                                         "uniform_unit_scaling", initializer_gain 1.0; the paper names
+                                         no init)
+                 tables                  N(0, embed_init_std), d_model^-1/2 in the presets (t2t's
+                                         symbol modality; inputs are scaled by sqrt(d_model), §3.4)
+    ===========  ======================  ============================================================
+
+    ``init_std`` is the base scale: the kernels' std, or the factor of the fan-in rules of t5 (HF
+    ``initializer_factor``) and transformer (t2t's ``initializer_gain``).
+    """
+    if role not in ROLES:
+        raise ValueError(f"role={role!r} is invalid: choose one of {ROLES}")
+    scheme, table = cfg.init_scheme, role in ("embedding", "relative_bias")
+    if scheme == "t5" and role != "embedding":
+        fan = {"query": cfg.d_model * cfg.head_dim, "relative_bias": cfg.d_model}.get(role, fan_in)
+        return "normal", cfg.init_std * fan ** -0.5
+    if scheme == "transformer" and not table:
+        return "uniform", cfg.init_std * fan_in ** -0.5
+    std = cfg.embed_init_std if table else cfg.init_std
+    if scheme == "gpt2" and role in _RESIDUAL_OUTPUTS:
+        if residuals <= 0:
+            raise ValueError(f"init_scheme='gpt2' scales {role!r} by its stack's residual sublayers; "
+                             f"got residuals={residuals} (pass residual_sublayers(cfg, ...))")
+        std /= residuals ** 0.5
+    return ("truncated_normal" if scheme == "bert" else "normal"), std
+
+
+def residual_sublayers(cfg: ModelConfig, *, cross_attention: bool = False) -> int:
+    """Residual sublayers of the stack a block belongs to (GPT-2's N): 2 per layer (attention, FFN),
+    3 in the decoder of an encoder-decoder (cross-attention), times that stack's layer count."""
+    if cross_attention:
+        return 3 * cfg.num_decoder_layers
+    return 2 * (cfg.num_encoder_layers if cfg.family == "encoder_decoder" else cfg.num_layers)
+
+
+def lora_a_std(fan_in: int) -> float:
+    """Std of LoRA's fresh ``A`` (`jaxformer.train.lora`), in every scheme: fan_in^-1/2, so ``x A``
+    has unit-scale entries. Hu et al. 2021 §4.1 say only "random Gaussian"; loralib and PEFT draw
+    kaiming_uniform(a=√5), std (3·fan_in)^-1/2. The adapters' product starts at 0 either way (B = 0)."""
+    return fan_in ** -0.5
+
+
+def _kernel(cfg: ModelConfig, shape, axes, role: str, fan_in: int, residuals: int = 0) -> ParamSpec:
+    return ParamSpec(tuple(shape), tuple(axes), *initializer_of(cfg, role, fan_in, residuals))
+
+
+def _dense(cfg: ModelConfig, shape, axes, bias_shape, bias_axes, role: str, fan_in: int,
+           residuals: int = 0) -> dict:
+    out = {"kernel": _kernel(cfg, shape, axes, role, fan_in, residuals)}
+    if cfg.use_bias:
         out["bias"] = ParamSpec(tuple(bias_shape), tuple(bias_axes), "zeros")
     return out
 
@@ -73,40 +177,44 @@ def norm_spec(cfg: ModelConfig, width: int | None = None, axis: str = "embed") -
     return out
 
 
-def attention_spec(cfg: ModelConfig) -> dict:
+def attention_spec(cfg: ModelConfig, residuals: int) -> dict:
+    """q, k, v `[D, H(kv), Dh]` and out `[H, Dh, D]` of a stack of ``residuals`` sublayers."""
     d, h, k, dh = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     heads, kv_heads = ("heads", "head_dim"), ("kv_heads", "head_dim")
     return {
-        "query": _dense(cfg, (d, h, dh), ("embed", *heads), (h, dh), heads),
-        "key": _dense(cfg, (d, k, dh), ("embed", *kv_heads), (k, dh), kv_heads),
-        "value": _dense(cfg, (d, k, dh), ("embed", *kv_heads), (k, dh), kv_heads),
-        "out": _dense(cfg, (h, dh, d), (*heads, "embed"), (d,), ("embed",)),
+        "query": _dense(cfg, (d, h, dh), ("embed", *heads), (h, dh), heads, "query", d),
+        "key": _dense(cfg, (d, k, dh), ("embed", *kv_heads), (k, dh), kv_heads, "key", d),
+        "value": _dense(cfg, (d, k, dh), ("embed", *kv_heads), (k, dh), kv_heads, "value", d),
+        "out": _dense(cfg, (h, dh, d), (*heads, "embed"), (d,), ("embed",), "out", h * dh, residuals),
     }
 
 
-def ffn_spec(cfg: ModelConfig) -> dict:
+def ffn_spec(cfg: ModelConfig, residuals: int) -> dict:
+    """wi (and wi_gate) `[D, F]`, wo `[F, D]` of a stack of ``residuals`` sublayers."""
     d, f = cfg.d_model, cfg.d_ff
-    out = {"wi": _dense(cfg, (d, f), ("embed", "mlp"), (f,), ("mlp",))}
+    out = {"wi": _dense(cfg, (d, f), ("embed", "mlp"), (f,), ("mlp",), "ffn_in", d)}
     if cfg.gated_ffn:
-        out["wi_gate"] = _dense(cfg, (d, f), ("embed", "mlp"), (f,), ("mlp",))
-    out["wo"] = _dense(cfg, (f, d), ("mlp", "embed"), (d,), ("embed",))
+        out["wi_gate"] = _dense(cfg, (d, f), ("embed", "mlp"), (f,), ("mlp",), "ffn_in", d)
+    out["wo"] = _dense(cfg, (f, d), ("mlp", "embed"), (d,), ("embed",), "ffn_out", f, residuals)
     return out
 
 
 def block_spec(cfg: ModelConfig, *, cross_attention: bool = False) -> dict:
     """Spec of one `jaxformer.ops.blocks.transformer_block`."""
-    spec = {"self_attn": attention_spec(cfg), "self_attn_norm": norm_spec(cfg)}
+    n = residual_sublayers(cfg, cross_attention=cross_attention)
+    spec = {"self_attn": attention_spec(cfg, n), "self_attn_norm": norm_spec(cfg)}
     if cross_attention:
-        spec["cross_attn"] = attention_spec(cfg)
+        spec["cross_attn"] = attention_spec(cfg, n)
         spec["cross_attn_norm"] = norm_spec(cfg)
-    spec["ffn"] = ffn_spec(cfg)
+    spec["ffn"] = ffn_spec(cfg, n)
     spec["ffn_norm"] = norm_spec(cfg)
     return spec
 
 
-def _table(cfg: ModelConfig, rows: int, axes: tuple[str, str], cols: int | None = None) -> ParamSpec:
-    """A `[rows, cols]` lookup table (cols default d_model), initialised with ``embed_init_std``."""
-    return ParamSpec((rows, cols or cfg.d_model), axes, "normal", cfg.embed_init_std)
+def _table(cfg: ModelConfig, rows: int, axes: tuple[str, str], cols: int | None = None,
+           role: str = "embedding") -> ParamSpec:
+    """A `[rows, cols]` lookup table (cols default d_model), initialised as ``role``."""
+    return ParamSpec((rows, cols or cfg.d_model), axes, *initializer_of(cfg, role, rows))
 
 
 def token_embed_spec(cfg: ModelConfig) -> dict:
@@ -129,18 +237,20 @@ def input_embedding_spec(cfg: ModelConfig) -> dict:
         spec["norm"] = norm_spec(cfg, width, axis)
     if cfg.embedding_size is not None:
         d = cfg.d_model
-        spec["projection"] = _dense(cfg, (width, d), (axis, "embed"), (d,), ("embed",))
+        spec["projection"] = _dense(cfg, (width, d), (axis, "embed"), (d,), ("embed",), "projection",
+                                    width)
     return spec
 
 
 def relative_bias_spec(cfg: ModelConfig) -> dict:
     """T5's `[buckets, heads]` relative position table, one per stack."""
-    return {"embedding": _table(cfg, cfg.relative_num_buckets, ("relpos", "heads"), cfg.num_heads)}
+    return {"embedding": _table(cfg, cfg.relative_num_buckets, ("relpos", "heads"), cfg.num_heads,
+                                "relative_bias")}
 
 
 def head_dense_spec(cfg: ModelConfig, d_out: int, axes: tuple[str, str], bias: bool) -> dict:
     """A `[d_model, d_out]` kernel (+ `[d_out]` bias) of an output head."""
-    out = {"kernel": ParamSpec((cfg.d_model, d_out), axes, "normal", cfg.init_std)}
+    out = {"kernel": _kernel(cfg, (cfg.d_model, d_out), axes, "head", cfg.d_model)}
     if bias:
         out["bias"] = ParamSpec((d_out,), axes[1:], "zeros")
     return out
@@ -162,7 +272,7 @@ def mlm_head_spec(cfg: ModelConfig) -> dict:
         spec = {"dense": head_dense_spec(cfg, width, axes, True), "norm": norm_spec(cfg, width, axis)}
     decoder = lm_head_spec(cfg)
     if cfg.embedding_size is not None and not cfg.tie_embeddings:  # decodes the E-wide transform
-        decoder["kernel"] = ParamSpec((width, cfg.vocab_size), (axis, "vocab"), "normal", cfg.init_std)
+        decoder["kernel"] = _kernel(cfg, (width, cfg.vocab_size), (axis, "vocab"), "head", width)
     return {**spec, "decoder": decoder} if decoder else spec
 
 

@@ -8,6 +8,11 @@ T5-small v1.0 60,506,624; ALBERT-base v2 11,683,584 (Lan et al. 2019: E = 128 fa
 one block shared by the 12 layers; with pooler, without MLM head); GPT-2 medium 354,823,168;
 T5-base v1.0 222,903,552.
 
+Each family initialises as its reference does (``init_scheme``, rules in
+`jaxformer.layers.params.initializer_of`): GPT-2 "gpt2", BERT and ALBERT "bert", T5 "t5" (with
+``init_std`` = 1.0, T5's factor), the Vaswani presets "transformer" (tensor2tensor's; embeddings
+at d_model^-1/2).
+
 ``<name>_bf16`` (gpt2_small, gpt2_medium, bert_base, t5_base): the same model computing in bfloat16
 with float32 parameters, for GPUs and TPUs, and without attention dropout so that the fused kernels
 can run it. They state ``attention_impl="xla"`` (a preset validates on any machine); pick the
@@ -23,11 +28,11 @@ from jaxformer.config import ModelConfig
 
 _GPT2 = dict(family="decoder", position="learned", norm="layer", norm_position="pre", norm_eps=1e-5,
              activation="gelu_tanh", use_bias=True, tie_embeddings=True, dropout_rate=0.1,
-             attention_dropout_rate=0.1)
+             attention_dropout_rate=0.1, init_scheme="gpt2")
 _BERT = dict(family="encoder", position="learned", norm="layer", norm_position="post", norm_eps=1e-12,
              activation="gelu", use_bias=True, embedding_norm=True, type_vocab_size=2, head="mlm",
              mlm_transform=True, lm_head_bias=True, pooler=True, pooling="first",
-             dropout_rate=0.1, attention_dropout_rate=0.1)
+             dropout_rate=0.1, attention_dropout_rate=0.1, init_scheme="bert")
 # ALBERT v2: BERT's layout with a factorised embedding, one shared block, gelu_new and no dropout.
 _ALBERT = dict(_BERT, activation="gelu_tanh", share_layers=True, dropout_rate=0.0,
                attention_dropout_rate=0.0)
@@ -35,12 +40,12 @@ _T5_V1_0 = dict(family="encoder_decoder", position="relative", norm="rms", norm_
                 norm_eps=1e-6, activation="relu", use_bias=False, attention_scale=1.0,
                 tie_embeddings=True, rescale_tied_logits=True, relative_num_buckets=32,
                 relative_max_distance=128, dropout_rate=0.1, attention_dropout_rate=0.1,
-                ffn_dropout_rate=0.1, embed_init_std=1.0)
+                ffn_dropout_rate=0.1, init_scheme="t5", init_std=1.0)
 _BF16 = dict(dtype="bfloat16", param_dtype="float32", attention_dropout_rate=0.0, attention_impl="xla")
 _VASWANI = dict(family="encoder_decoder", position="sinusoidal", norm="layer", norm_position="post",
                 norm_eps=1e-6, activation="relu", use_bias=True, tie_embeddings=True,
                 scale_embeddings=True, dropout_rate=0.1, attention_dropout_rate=0.0,
-                embed_init_std=512 ** -0.5)
+                init_scheme="transformer", init_std=1.0, embed_init_std=512 ** -0.5)
 
 # The configs' CPU-sized models: minutes per thousand steps on a laptop CPU.
 _MINI = dict(vocab_size=2048, d_model=128, num_heads=4, d_ff=512, num_layers=4, max_len=128,
@@ -69,10 +74,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                     max_len=512),
     "t5_tiny": dict(_T5_V1_0, vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_layers=2,
                     max_len=128),
-    # init_std 0.05, not 0.02: closer to T5's own d^-0.5 scaling; with unscaled attention, 0.02
-    # left cross-attention near-uniform for hundreds of steps (validation loss 6.07 vs 5.30 at
-    # step 300 of configs/t5_pretrain_tiny.py).
-    "t5_mini": dict(_T5_V1_0, **dict(_MINI, num_layers=3, ffn_dropout_rate=0.0, init_std=0.05)),
+    "t5_mini": dict(_T5_V1_0, **dict(_MINI, num_layers=3, ffn_dropout_rate=0.0)),
     "transformer_base": dict(_VASWANI, vocab_size=37000, d_model=512, num_heads=8, d_ff=2048,
                              num_layers=6, max_len=512),
     "transformer_tiny": dict(_VASWANI, vocab_size=512, d_model=64, num_heads=4, d_ff=256,

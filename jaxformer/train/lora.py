@@ -26,6 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxformer.layers.params import lora_a_std
 from jaxformer.models.heads import HEAD_MODULES
 
 # ``optimizer.lora.targets`` → (parent module names, kernel module names) in the parameter tree
@@ -113,7 +114,7 @@ def target_paths(params: Any, targets: tuple[str, ...]) -> list[tuple[str, ...]]
 def init_adapters(rng: jax.Array, params: Any, rank: int, targets: tuple[str, ...]) -> dict:
     """``{module path: {"lora_a": A, "lora_b": B}}`` for every target kernel of ``params``.
 
-    ``A`` ~ N(0, 1/prod(in_dims)) ``[*b, *in, r]``, ``B`` = 0 ``[*b, r, *out]``, in the kernel's
+    ``A`` ~ N(0, `lora_a_std`(prod(in_dims))²) ``[*b, *in, r]``, ``B`` = 0 ``[*b, r, *out]``, in the kernel's
     dtype. Boxed (logically partitioned) kernels give boxed adapters with the axes above.
     """
     out = {}
@@ -126,7 +127,7 @@ def init_adapters(rng: jax.Array, params: Any, rank: int, targets: tuple[str, ..
         for d in ins:
             fan_in *= d
         a = jax.random.normal(jax.random.fold_in(rng, i), (*batch, *ins, rank), jnp.float32)
-        a = (a * fan_in ** -0.5).astype(w.dtype)
+        a = (a * lora_a_std(fan_in)).astype(w.dtype)
         b = jnp.zeros((*batch, rank, *outs), w.dtype)
         if isinstance(boxed, nn.LogicallyPartitioned):
             names = boxed.names
