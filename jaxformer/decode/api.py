@@ -130,11 +130,13 @@ def _program(config: GenerationConfig) -> GenerationConfig:
 def _generate_impl(model: nn.Module, program: GenerationConfig, params: Any, inputs: jax.Array,
                    lengths: jax.Array, rng: jax.Array | None, temperature: jax.Array,
                    top_p: jax.Array) -> DecodeResult | BeamResult:
+    beam = program.strategy == "beam"
     s = steps.start(model, params, inputs, lengths, max_new_tokens=program.max_new_tokens,
-                    decoder_start_id=program.decoder_start_id)
+                    decoder_start_id=program.decoder_start_id,
+                    tokens_per_step=program.beam_size if beam else 1)
     step_fn = partial(steps.step, model, params)
-    if program.strategy == "beam":
-        return beam_search(step_fn, s.logits, s.state, s.positions, s.axes,
+    if beam:
+        return beam_search(step_fn, s.logits, s.state, s.positions, prefix_slots=s.prefix_slots,
                            beam_size=program.beam_size, max_new_tokens=program.max_new_tokens,
                            alpha=program.length_penalty, eos_id=program.eos_id,
                            pad_id=program.pad_id,

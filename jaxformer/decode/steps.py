@@ -13,8 +13,7 @@ the same for GPT-style and T5-style models:
   cross-attention keys/values in the cache; later steps pass ``encoder_out=None`` and the source
   segment ids (the padding mask), carried in the decode state.
 
-The decode state is ``{"cache": ..., "source_segment_ids"?: [B, S]}``; `DecodeStart.axes` gives the
-batch axis of each of its leaves (see `jaxformer.decode.cache`).
+The decode state is ``{"cache": ..., "source_segment_ids"?: [B, S]}``.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxformer.decode.cache import cache_batch_axes, init_cache
+from jaxformer.decode.cache import init_cache
 
 Array = jnp.ndarray
 
@@ -36,24 +35,28 @@ class DecodeStart(NamedTuple):
       logits: `[B, V]` float32 logits of the first token to generate.
       state: decode state pytree (cache, and source segment ids for encoder-decoder models).
       positions: `[B]` int32 position of the next token fed to the model.
-      axes: pytree like ``state``: the batch axis of each leaf (``-1``: none).
+      prefix_slots: cache slots before the first generated token's (the padded prompt's length, or
+        1: the encoder-decoder start token).
     """
 
     logits: Array
     state: dict[str, Any]
     positions: Array
-    axes: dict[str, Any]
+    prefix_slots: int
 
 
 def start(model: nn.Module, params: Any, inputs: Array, lengths: Array, *, max_new_tokens: int,
-          decoder_start_id: int = 0) -> DecodeStart:
+          decoder_start_id: int = 0, tokens_per_step: int = 1) -> DecodeStart:
     """Run the prompt (decoder-only) or the source + start token (encoder-decoder).
 
     Args:
       inputs: `[B, L]` int32 right-padded prompts or sources.
       lengths: `[B]` int32 number of real tokens per row (prompts need ≥ 1).
-      max_new_tokens: tokens to generate; sizes the cache.
+      max_new_tokens: tokens to generate; with ``tokens_per_step`` sizes the cache.
       decoder_start_id: first decoder input of encoder-decoder models.
+      tokens_per_step: tokens each row appends per step (beam search: one per beam, all in the
+        example's one cache, `jaxformer.decode.beam`); the cache holds the prompt (or start
+        token) and ``tokens_per_step · max_new_tokens`` slots after it.
     """
     b, length = inputs.shape
     slot = jnp.arange(length, dtype=jnp.int32)[None, :]
@@ -65,38 +68,41 @@ def start(model: nn.Module, params: Any, inputs: Array, lengths: Array, *, max_n
         seg = (slot >= shift).astype(jnp.int32)
         tokens = jnp.where(seg == 1, tokens, 0)
         positions = jnp.maximum(slot - shift, 0)
-        cache_len = length + max_new_tokens
+        cache_len = length + tokens_per_step * max_new_tokens
         cache = init_cache(model, b, cache_len)
         logits, mut = model.apply({**variables, "cache": cache}, tokens, positions=positions,
                                   segment_ids=seg, decode=True, mutable=["cache"])
-        state = {"cache": mut["cache"]}
-        axes = {"cache": cache_batch_axes(model, cache_len)}
-        return DecodeStart(logits[:, -1].astype(jnp.float32), state, lengths, axes)
+        return DecodeStart(logits[:, -1].astype(jnp.float32), {"cache": mut["cache"]}, lengths,
+                           length)
     seg = (slot < lengths[:, None]).astype(jnp.int32)
     encoder_out = model.apply(variables, inputs, inputs_segment_ids=seg, method="encode")
-    cache_len = max_new_tokens + 1
+    cache_len = 1 + tokens_per_step * max_new_tokens
     cache = init_cache(model, b, cache_len, source_length=length)
     first = jnp.full((b, 1), decoder_start_id, jnp.int32)
     logits, mut = model.apply({**variables, "cache": cache}, encoder_out, first,
                               inputs_segment_ids=seg, targets_positions=jnp.zeros_like(first),
                               decode=True, mutable=["cache"], method="decode")
     state = {"cache": mut["cache"], "source_segment_ids": seg}
-    axes = {"cache": cache_batch_axes(model, cache_len, length), "source_segment_ids": 0}
-    return DecodeStart(logits[:, -1].astype(jnp.float32), state, jnp.ones((b,), jnp.int32), axes)
+    return DecodeStart(logits[:, -1].astype(jnp.float32), state, jnp.ones((b,), jnp.int32), 1)
 
 
 def step(model: nn.Module, params: Any, state: dict[str, Any], tokens: Array,
-         positions: Array) -> tuple[Array, dict[str, Any]]:
+         positions: Array, mask: Array | None = None) -> tuple[Array, dict[str, Any]]:
     """Append one token per row: tokens `[B]` at positions `[B]` → (`[B, V]` float32 logits,
-    state)."""
+    state); or ``L`` per row: `[B, L]`, `[B, L]` → `[B, L, V]`, each seeing the cache slots
+    ``mask`` `[B, L, S]` allows (besides causality and validity)."""
     variables = {"params": params, "cache": state["cache"]}
-    tokens, positions = tokens[:, None].astype(jnp.int32), positions[:, None]
+    one = tokens.ndim == 1
+    if one:
+        tokens, positions = tokens[:, None], positions[:, None]
+    tokens = tokens.astype(jnp.int32)
     if model.cfg.family == "decoder":
         logits, mut = model.apply(variables, tokens, positions=positions, decode=True,
-                                  mutable=["cache"])
+                                  decode_mask=mask, mutable=["cache"])
     else:
         logits, mut = model.apply(variables, None, tokens,
                                   inputs_segment_ids=state["source_segment_ids"],
-                                  targets_positions=positions, decode=True, mutable=["cache"],
-                                  method="decode")
-    return logits[:, 0].astype(jnp.float32), {**state, "cache": mut["cache"]}
+                                  targets_positions=positions, decode=True, decode_mask=mask,
+                                  mutable=["cache"], method="decode")
+    logits = logits.astype(jnp.float32)
+    return logits[:, 0] if one else logits, {**state, "cache": mut["cache"]}
