@@ -19,11 +19,14 @@ of ``--repeats`` calls).
     python bench/decode.py                       # both models, batch 1 and 2, 256 new tokens
     python bench/decode.py --models gpt_d512 --batch 4 --new_tokens 128
     .venv-peers/bin/python bench/decode.py --peers     # vs Hugging Face Flax and PyTorch generate
+    .venv-peers/bin/python bench/decode.py --peers --models t5_d512 --batch 8
 
 With ``--peers`` (default then: ``gpt_d512``, batch 1 and 8, greedy and beam-4) the cached path is
 timed against Hugging Face ``generate`` of the same weights (exported with
 `jaxformer.convert.save_hf`): ``FlaxGPT2LMHeadModel`` (jitted; transformers 4.57.6, `make peers`)
-and PyTorch ``GPT2LMHeadModel`` (eager, inference mode). No EOS: every row decodes all
+and PyTorch ``GPT2LMHeadModel`` (eager, inference mode); ``--models t5_d512`` (T5 v1.0 small's
+shape at vocab 8192, 6 + 6 layers; the prompt is the source) against ``FlaxT5ForConditionalGeneration``
+and ``T5ForConditionalGeneration``. No EOS: every row decodes all
 ``--new_tokens``. Calls alternate round-robin; ``same tokens`` is the fraction of generated tokens
 equal to jaxformer's (greedy must agree up to float near-ties; beams may differ where scores tie).
 
@@ -64,15 +67,20 @@ NO_DROPOUT = dict(dropout_rate=0.0, attention_dropout_rate=0.0, ffn_dropout_rate
 def model_config(name: str, max_len: int) -> ModelConfig:
     if name == "gpt_tiny":
         return ModelConfig.from_dict(preset("gpt_tiny", max_len=max_len, **NO_DROPOUT))
+    sizes = dict(vocab_size=8192, d_model=512, num_heads=8, d_ff=2048, num_layers=6,
+                 max_len=max_len, **NO_DROPOUT)
     if name == "gpt_d512":
-        return ModelConfig.from_dict(preset("gpt2_small", vocab_size=8192, d_model=512, num_heads=8,
-                                            d_ff=2048, num_layers=6, max_len=max_len, **NO_DROPOUT))
-    raise ValueError(f"unknown model {name!r}; choose gpt_tiny or gpt_d512")
+        return ModelConfig.from_dict(preset("gpt2_small", **sizes))
+    if name == "t5_d512":  # T5 (v1.0 small's shape): 6 encoder and 6 decoder layers
+        return ModelConfig.from_dict(preset("t5_small", **sizes))
+    raise ValueError(f"unknown model {name!r}; choose gpt_tiny, gpt_d512 or t5_d512 (--peers)")
 
 
 def random_params(model, seed: int = 0):
     """N(0, 0.02²) weights (norm scales 1, biases 0) on the abstract shapes: no init compile."""
-    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32)))
+    tokens = jnp.ones((1, 4), jnp.int32)
+    inputs = (tokens,) if model.cfg.family == "decoder" else (tokens, tokens)  # T5: source, target
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))
     rng = np.random.default_rng(seed)
 
     def draw(path, s):
@@ -199,7 +207,8 @@ def main_peers(args) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--peers", action="store_true", help="against Hugging Face generate (see above)")
-    ap.add_argument("--models", default=None, help="default gpt_tiny,gpt_d512 (--peers: gpt_d512)")
+    ap.add_argument("--models", default=None,
+                    help="default gpt_tiny,gpt_d512 (--peers: gpt_d512; t5_d512 with --peers only)")
     ap.add_argument("--batch", default=None, help="comma-separated; default 1,2 (--peers: 1,8)")
     ap.add_argument("--strategies", default="greedy,beam", help="with --peers")
     ap.add_argument("--prompt_len", type=int, default=16)
