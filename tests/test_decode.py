@@ -214,6 +214,25 @@ def test_greedy_matches_reference_loop_and_single_prompts(name):
     np.testing.assert_allclose(alone.log_probs[0], res.log_probs[1], atol=1e-5)
 
 
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+@pytest.mark.parametrize("name", ["gpt_tiny", "t5_tiny"])
+def test_long_generation_across_cache_growth(name, strategy):
+    """70 new tokens: the cache grows twice on the way (after 32 and 64 steps,
+    `steps.segment_ends`). Each generated token's log-prob equals the uncached forward's on the
+    generated prefix (1e-4), so no step lost sight of its history; greedy tokens are its argmax."""
+    model, params = tiny(name)
+    n = 70
+    assert steps.segment_ends(n) == (32, 64, 70)
+    res = generate(model, params, PROMPTS, strategy=strategy, beam_size=3, length_penalty=0.0,
+                   max_new_tokens=n, eos_id=None)
+    tokens = np.asarray(res.tokens)
+    logp = log_softmax64(teacher_forced_logits(model, params, PROMPTS, tokens[:, :-1]))
+    want = np.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+    np.testing.assert_allclose(res.log_probs, want, atol=1e-4)
+    if strategy == "greedy":  # the argmax, up to float near-ties
+        assert np.all(want >= logp.max(axis=-1) - 1e-4)
+
+
 def test_repeated_ngram_mask_matches_python(rng):
     """Every prefix length of random rows over 4 symbols (repeats are frequent), n = 0..4."""
     from jaxformer.decode import repeated_ngram_mask

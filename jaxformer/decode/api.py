@@ -140,7 +140,8 @@ def _generate_impl(model: nn.Module, program: GenerationConfig, params: Any, inp
                            beam_size=program.beam_size, max_new_tokens=program.max_new_tokens,
                            alpha=program.length_penalty, eos_id=program.eos_id,
                            pad_id=program.pad_id,
-                           no_repeat_ngram_size=program.no_repeat_ngram_size)
+                           no_repeat_ngram_size=program.no_repeat_ngram_size,
+                           ends=s.ends, grow=s.grow)
     if program.strategy == "greedy":
         choose = partial(sample, temperature=0.0)
     else:
@@ -149,7 +150,8 @@ def _generate_impl(model: nn.Module, program: GenerationConfig, params: Any, inp
     return decode_loop(step_fn, s.logits, s.state, s.positions, choose,
                        max_new_tokens=program.max_new_tokens, eos_id=program.eos_id,
                        pad_id=program.pad_id, rng=rng,
-                       no_repeat_ngram_size=program.no_repeat_ngram_size)
+                       no_repeat_ngram_size=program.no_repeat_ngram_size, ends=s.ends,
+                       grow=s.grow)
 
 
 _generate_jit = jax.jit(_generate_impl, static_argnums=(0, 1))

@@ -26,6 +26,7 @@ the worst of them: log-probs only decrease, so an alive beam's best reachable sc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -33,7 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxformer.decode.ngram import block_repeated_ngrams
-from jaxformer.decode.search import DecodeResult, StepFn
+from jaxformer.decode.search import DecodeResult, GrowFn, StepFn, segmented_loop
 
 Array = jnp.ndarray
 NEG_INF = -jnp.inf
@@ -100,6 +101,8 @@ def beam_search(
     eos_id: int | None = 1,
     pad_id: int = 0,
     no_repeat_ngram_size: int = 0,
+    ends: Sequence[int] | None = None,
+    grow: GrowFn | None = None,
 ) -> BeamResult:
     """Beam search from the first-token logits `[B, V]` and the decode state of ``B`` rows.
 
@@ -115,6 +118,8 @@ def beam_search(
       eos_id: id that finishes a hypothesis (None: all hypotheses run to ``max_new_tokens``).
       no_repeat_ngram_size: no expansion repeats an n-gram of its own beam's generated tokens
         (`jaxformer.decode.ngram`; 0 = off). Log-probs stay the model's.
+      ends, grow: the cache's growth, as in `jaxformer.decode.search.decode_loop` (the state's
+        cache then fits the steps before ``ends[0]``).
     """
     b, vocab = logits.shape
     k, n = beam_size, max_new_tokens
@@ -138,7 +143,10 @@ def beam_search(
         settled = jnp.logical_and(settled, jnp.isfinite(c["fin_score"][:, -1]))
         return jnp.logical_and(c["i"] < n, ~jnp.all(settled))
 
-    def body(c):
+    def body_for(end):  # steps before ``end``: the cache has P + k·end slots
+        return lambda c: body(c, end)
+
+    def body(c, end):
         i = c["i"]
         logp = jax.nn.log_softmax(c["logits"], axis=-1)  # [B·k, V]
         allowed = block_repeated_ngrams(logp, c["alive_tokens"].reshape(b * k, n), i,
@@ -169,7 +177,7 @@ def beam_search(
         ancestry = lax.dynamic_update_slice_in_dim(
             _take(c["ancestry"], _take(parent, alive_idx)),
             jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))[:, :, None], i, axis=2)
-        mask = path_mask(ancestry, i, prefix_slots)
+        mask = path_mask(ancestry[:, :, :end], i, prefix_slots)
         logits, state = step_fn(c["state"], alive_tokens[:, :, i], c["positions"], mask)
         return dict(i=i + 1, logits=logits.reshape(b * k, vocab), state=state,
                     positions=c["positions"] + 1, ancestry=ancestry, alive_tokens=alive_tokens,
@@ -177,7 +185,7 @@ def beam_search(
                     fin_tokens=fin_tokens, fin_log_probs=fin_log_probs, fin_lengths=fin_lengths,
                     fin_score=fin_score)
 
-    out = lax.while_loop(cond, body, carry)
+    out = segmented_loop(cond, body_for, carry, ends or (n,), grow)
     return BeamResult(out["fin_tokens"][:, 0], out["fin_log_probs"][:, 0], out["fin_lengths"][:, 0],
                       out["fin_score"][:, 0], out["fin_tokens"], out["fin_log_probs"],
                       out["fin_lengths"], out["fin_score"])
