@@ -23,12 +23,15 @@ from jaxformer.decode import (
     GenerationConfig,
     apply_temperature,
     generate,
+    generate_batches,
     generate_text,
     sample,
     steps,
     top_k_filter,
     top_p_filter,
 )
+from jaxformer.decode.api import bucket_width
+from jaxformer.decode.sampling import top_k_top_p_filter
 from jaxformer.models.presets import preset
 from jaxformer.models.transformer import build_model
 
@@ -233,6 +236,22 @@ def test_long_generation_across_cache_growth(name, strategy):
         assert np.all(want >= logp.max(axis=-1) - 1e-4)
 
 
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_generate_batches_equals_each_prompt_alone(strategy):
+    """Ragged prompts in batches of 2 (sorted by length, each batch padded to its own bucket,
+    the last one filled up) give, in input order, what each prompt gives alone."""
+    model, params = tiny("gpt_tiny")
+    prompts = [[30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40], [20], [11, 12, 13], [5, 6], [9]]
+    gen = GenerationConfig(strategy=strategy, beam_size=2, max_new_tokens=5, eos_id=None)
+    got = generate_batches(model, params, prompts, gen, batch_size=2)
+    for p, g in zip(prompts, got):
+        alone = generate(model, params, [p], strategy=strategy, beam_size=2, max_new_tokens=5,
+                         eos_id=None)
+        assert g == alone.sequences()[0]
+    assert [bucket_width(n, 11) for n in (1, 3, 8, 9, 11)] == [8, 8, 8, 11, 11]
+    assert bucket_width(9, 40) == 16
+
+
 def test_repeated_ngram_mask_matches_python(rng):
     """Every prefix length of random rows over 4 symbols (repeats are frequent), n = 0..4."""
     from jaxformer.decode import repeated_ngram_mask
@@ -316,6 +335,16 @@ def test_top_p_filter_keeps_the_nucleus(rng):
         out = np.asarray(top_p_filter(jnp.asarray(logits), p))
         for row, orow in zip(logits.astype(np.float64), out):
             np.testing.assert_array_equal(np.isfinite(orow), np_nucleus(row, p))
+
+
+def test_top_k_top_p_filter_equals_the_two_filters_in_turn(rng):
+    """The fused filter (the nucleus among the top k, no sort of the vocabulary) keeps the same
+    tokens with the same logits as top-k then top-p, including ties (lower id first)."""
+    logits = rng.normal(size=(6, 300)).astype(np.float32)
+    logits[0, :40] = 1.5  # a tie straddling the top-k boundary
+    for k, p in ((1, 0.5), (10, 0.3), (50, 0.9), (50, 1.0), (300, 0.7)):
+        want = top_p_filter(top_k_filter(jnp.asarray(logits), k), p)
+        np.testing.assert_array_equal(top_k_top_p_filter(jnp.asarray(logits), k, p), want)
 
 
 def test_samples_follow_the_filtered_distribution(rng):
