@@ -337,6 +337,25 @@ def test_top_p_filter_keeps_the_nucleus(rng):
             np.testing.assert_array_equal(np.isfinite(orow), np_nucleus(row, p))
 
 
+@pytest.mark.parametrize("scale", [2.0, 8.0])
+def test_top_p_filter_on_a_large_vocabulary(rng, scale):
+    """Vocabulary 1,000 > `NUCLEUS_CANDIDATES` (256), flat (the nucleus reaches past the top 256:
+    the vocabulary is sorted) and peaked (it does not: no sort). Against float64 NumPy, leaving
+    out tokens whose mass ranked above lies within 1e-4 of p (float32 sums of 1,000 terms)."""
+    logits = rng.normal(size=(6, 1000)).astype(np.float32) * scale
+    for p in (0.05, 0.5, 0.9):
+        out = np.asarray(top_p_filter(jnp.asarray(logits), p))
+        for row, orow in zip(logits.astype(np.float64), out):
+            probs = np.exp(row - row.max())
+            probs /= probs.sum()
+            order = np.argsort(-row, kind="stable")
+            above = np.empty_like(probs)
+            above[order] = np.cumsum(probs[order]) - probs[order]
+            sure = np.abs(above - p) > 1e-4
+            np.testing.assert_array_equal(np.isfinite(orow)[sure], (above < p)[sure])
+            np.testing.assert_array_equal(orow[np.isfinite(orow)], row[np.isfinite(orow)])
+
+
 def test_top_k_top_p_filter_equals_the_two_filters_in_turn(rng):
     """The fused filter (the nucleus among the top k, no sort of the vocabulary) keeps the same
     tokens with the same logits as top-k then top-p, including ties (lower id first)."""
