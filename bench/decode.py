@@ -192,8 +192,12 @@ def bench_peers(name: str, batch: int, strategy: str, args) -> list[dict]:
 
 
 def main_peers(args) -> None:
-    rows = [r for m in args.models.split(",") for b in args.batch.split(",")
-            for s in args.strategies.split(",") for r in bench_peers(m, int(b), s, args)]
+    rows = []
+    for m in args.models.split(","):
+        for b in args.batch.split(","):
+            for s in args.strategies.split(","):
+                rows += bench_peers(m, int(b), s, args)
+                print(json.dumps({"partial": rows[-3:]}), file=sys.stderr, flush=True)
     print(json.dumps({"benchmark": "decode_peers", "backend": jax.default_backend(),
                       "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
                       "results": rows}))
