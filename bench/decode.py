@@ -196,8 +196,9 @@ def main_peers(args) -> None:
     for m in args.models.split(","):
         for b in args.batch.split(","):
             for s in args.strategies.split(","):
-                rows += bench_peers(m, int(b), s, args)
-                print(json.dumps({"partial": rows[-3:]}), file=sys.stderr, flush=True)
+                done = bench_peers(m, int(b), s, args)
+                print(json.dumps({"partial": done}), file=sys.stderr, flush=True)
+                rows += done
     print(json.dumps({"benchmark": "decode_peers", "backend": jax.default_backend(),
                       "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
                       "results": rows}))
