@@ -19,11 +19,15 @@ of ``--repeats`` calls).
     python bench/decode.py                       # both models, batch 1 and 2, 256 new tokens
     python bench/decode.py --models gpt_d512 --batch 4 --new_tokens 128
     .venv-peers/bin/python bench/decode.py --peers     # vs Hugging Face Flax and PyTorch generate
+    .venv-peers/bin/python bench/decode.py --peers --models t5_d512 --batch 8
+    python bench/decode.py --scaling --models gpt_d512    # throughput at batch 1, 8, 32
 
 With ``--peers`` (default then: ``gpt_d512``, batch 1 and 8, greedy and beam-4) the cached path is
 timed against Hugging Face ``generate`` of the same weights (exported with
 `jaxformer.convert.save_hf`): ``FlaxGPT2LMHeadModel`` (jitted; transformers 4.57.6, `make peers`)
-and PyTorch ``GPT2LMHeadModel`` (eager, inference mode). No EOS: every row decodes all
+and PyTorch ``GPT2LMHeadModel`` (eager, inference mode); ``--models t5_d512`` (T5 v1.0 small's
+shape at vocab 8192, 6 + 6 layers; the prompt is the source) against ``FlaxT5ForConditionalGeneration``
+and ``T5ForConditionalGeneration``. No EOS: every row decodes all
 ``--new_tokens``. Calls alternate round-robin; ``same tokens`` is the fraction of generated tokens
 equal to jaxformer's (greedy must agree up to float near-ties; beams may differ where scores tie).
 
@@ -64,15 +68,20 @@ NO_DROPOUT = dict(dropout_rate=0.0, attention_dropout_rate=0.0, ffn_dropout_rate
 def model_config(name: str, max_len: int) -> ModelConfig:
     if name == "gpt_tiny":
         return ModelConfig.from_dict(preset("gpt_tiny", max_len=max_len, **NO_DROPOUT))
+    sizes = dict(vocab_size=8192, d_model=512, num_heads=8, d_ff=2048, num_layers=6,
+                 max_len=max_len, **NO_DROPOUT)
     if name == "gpt_d512":
-        return ModelConfig.from_dict(preset("gpt2_small", vocab_size=8192, d_model=512, num_heads=8,
-                                            d_ff=2048, num_layers=6, max_len=max_len, **NO_DROPOUT))
-    raise ValueError(f"unknown model {name!r}; choose gpt_tiny or gpt_d512")
+        return ModelConfig.from_dict(preset("gpt2_small", **sizes))
+    if name == "t5_d512":  # T5 (v1.0 small's shape): 6 encoder and 6 decoder layers
+        return ModelConfig.from_dict(preset("t5_small", **sizes))
+    raise ValueError(f"unknown model {name!r}; choose gpt_tiny, gpt_d512 or t5_d512 (--peers)")
 
 
 def random_params(model, seed: int = 0):
     """N(0, 0.02²) weights (norm scales 1, biases 0) on the abstract shapes: no init compile."""
-    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32)))
+    tokens = jnp.ones((1, 4), jnp.int32)
+    inputs = (tokens,) if model.cfg.family == "decoder" else (tokens, tokens)  # T5: source, target
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))
     rng = np.random.default_rng(seed)
 
     def draw(path, s):
@@ -184,8 +193,13 @@ def bench_peers(name: str, batch: int, strategy: str, args) -> list[dict]:
 
 
 def main_peers(args) -> None:
-    rows = [r for m in args.models.split(",") for b in args.batch.split(",")
-            for s in args.strategies.split(",") for r in bench_peers(m, int(b), s, args)]
+    rows = []
+    for m in args.models.split(","):
+        for b in args.batch.split(","):
+            for s in args.strategies.split(","):
+                done = bench_peers(m, int(b), s, args)
+                print(json.dumps({"partial": done}), file=sys.stderr, flush=True)
+                rows += done
     print(json.dumps({"benchmark": "decode_peers", "backend": jax.default_backend(),
                       "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
                       "results": rows}))
@@ -196,10 +210,43 @@ def main_peers(args) -> None:
         ("same_tokens", "same tokens", ".3f")]))
 
 
+def main_scaling(args) -> None:
+    """jaxformer's greedy throughput at each ``--batch``, timed round-robin in one run, and its
+    ratio to the first batch size's (how throughput grows with the batch)."""
+    cfg = model_config(args.models.split(",")[0], max_len=args.prompt_len + args.new_tokens)
+    model = build_model(cfg)
+    params = random_params(model)
+    gen = GenerationConfig(max_new_tokens=args.new_tokens, eos_id=None)
+    calls = {}
+    for b in map(int, args.batch.split(",")):
+        prompt = jnp.asarray(np.random.default_rng(1).integers(7, cfg.vocab_size,
+                                                               (b, args.prompt_len)), jnp.int32)
+        lengths = jnp.full((b,), args.prompt_len, jnp.int32)
+        calls[b] = lambda p=prompt, n=lengths: generate_padded(model, params, p, n, gen).tokens
+        block(calls[b]())  # compiles
+    times = {b: [] for b in calls}
+    for _ in range(args.repeats):
+        for b, f in calls.items():
+            t0 = time.perf_counter()
+            block(f())
+            times[b].append(time.perf_counter() - t0)
+    rows = [{"model": cfg.family, "batch": b,
+             "tokens_per_s": b * args.new_tokens / statistics.median(t)} for b, t in times.items()]
+    for r in rows:
+        r["vs_first_batch"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
+    print(json.dumps({"benchmark": "decode_scaling", "new_tokens": args.new_tokens,
+                      "results": rows}))
+    print(format_table(rows, [("batch", "B", "d"), ("tokens_per_s", "tok/s", ".1f"),
+                              ("vs_first_batch", "vs first batch", ".2f")]))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--peers", action="store_true", help="against Hugging Face generate (see above)")
-    ap.add_argument("--models", default=None, help="default gpt_tiny,gpt_d512 (--peers: gpt_d512)")
+    ap.add_argument("--scaling", action="store_true",
+                    help="jaxformer's greedy tokens/s per --batch, round-robin (default 1,8,32)")
+    ap.add_argument("--models", default=None,
+                    help="default gpt_tiny,gpt_d512 (--peers: gpt_d512; t5_d512 with --peers only)")
     ap.add_argument("--batch", default=None, help="comma-separated; default 1,2 (--peers: 1,8)")
     ap.add_argument("--strategies", default="greedy,beam", help="with --peers")
     ap.add_argument("--prompt_len", type=int, default=16)
@@ -208,7 +255,9 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed calls of the cached path")
     args = ap.parse_args(argv)
     args.models = args.models or ("gpt_d512" if args.peers else "gpt_tiny,gpt_d512")
-    args.batch = args.batch or ("1,8" if args.peers else "1,2")
+    args.batch = args.batch or ("1,8" if args.peers else "1,8,32" if args.scaling else "1,2")
+    if args.scaling:
+        return main_scaling(args)
     if args.peers:
         return main_peers(args)
     rows = [bench_model(m, int(b), args) for m in args.models.split(",")

@@ -142,33 +142,41 @@ def torch_step(family: str, cfg: ModelConfig, batch: dict[str, np.ndarray], lr: 
 
 
 def hf_generators(cfg: ModelConfig, params, directory: str, *, new_tokens: int, beams: int):
-    """``{"hf-flax": fn, "torch": fn}`` with ``fn(prompt [B, P] int32 NumPy) -> [B, new_tokens]``:
+    """``{"hf-flax": fn, "torch": fn}`` with ``fn(inputs [B, P] int32 NumPy) -> [B, new_tokens]``:
     Hugging Face ``generate`` (greedy when ``beams == 1``, else beam search; no EOS, so every row
-    runs ``new_tokens`` steps) of the GPT ``cfg`` with jaxformer's ``params``, exported to
+    runs ``new_tokens`` steps) of the GPT or T5 ``cfg`` with jaxformer's ``params``, exported to
     ``directory`` (`jaxformer.convert.save_hf`) so that all three systems hold the same weights.
-    The Flax ``generate`` is jitted (one compile per prompt shape, outside the timing)."""
+    The inputs are GPT prompts (continued) or T5 sources (the decoder starts from id 0). The Flax
+    ``generate`` is jitted (one compile per input shape, outside the timing)."""
     import torch
     import transformers
 
+    family = "gpt" if cfg.family == "decoder" else "t5"
     save_hf(cfg, params, directory)
     opts = dict(max_new_tokens=new_tokens, num_beams=beams, do_sample=False, pad_token_id=0,
                 length_penalty=0.0)
+    if family == "t5":
+        opts["decoder_start_token_id"] = 0
+
+    def generated(seq, ids):  # GPT returns the prompt first, T5 the decoder start token
+        return seq[:, ids.shape[1]:] if family == "gpt" else seq[:, 1:]
+
     out = {}
-    flax_cls = getattr(transformers, "FlaxGPT2LMHeadModel", None)
+    flax_cls = getattr(transformers, "Flax" + HF_CLASSES[family], None)
     if flax_cls is not None:
         flax_model = flax_cls.from_pretrained(directory, from_pt=True, dtype=jnp.float32)
         # Flax generate needs an EOS id: one past the vocabulary, which argmax never picks
         flax_model.generation_config.eos_token_id = cfg.vocab_size
         flax_gen = jax.jit(lambda p, ids: flax_model.generate(ids, params=p, **opts).sequences)
-        out["hf-flax"] = lambda ids: flax_gen(flax_model.params, jnp.asarray(ids))[:, ids.shape[1]:]
-    torch_model = transformers.GPT2LMHeadModel.from_pretrained(directory).eval()
+        out["hf-flax"] = lambda ids: generated(flax_gen(flax_model.params, jnp.asarray(ids)), ids)
+    torch_model = getattr(transformers, HF_CLASSES[family]).from_pretrained(directory).eval()
     torch_model.generation_config.eos_token_id = None
 
     def torch_gen(ids):
         with torch.inference_mode():
             seq = torch_model.generate(torch.from_numpy(ids.astype(np.int64)), **opts,
                                        attention_mask=torch.ones(ids.shape, dtype=torch.long))
-        return seq[:, ids.shape[1]:].numpy()
+        return generated(seq, ids).numpy()
 
     out["torch"] = torch_gen
     return out

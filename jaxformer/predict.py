@@ -17,8 +17,10 @@ object per line, in the input's order:
 - language-model and seq2seq runs: ``{"id", "input", "output"}``, generated with the strategy
   flags of ``python -m jaxformer.generate``.
 
-Batches have a fixed shape (``--batch_size`` rows; the last one padded), so each program is
-compiled once.
+Batches have ``--batch_size`` rows (the last one padded). Generation sorts the inputs by length and
+pads each batch to its longest rounded up to a power of two (`jaxformer.decode.generate_batches`):
+short inputs do not pay for the longest one, and a few programs are compiled (one per width);
+classification batches have one shape.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from jaxformer.data.builders.user_files import FileSource
 from jaxformer.data.pipeline import example_framing, make_dataset
 from jaxformer.data.sources import Fields, list_option
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.decode.api import encode_prompts, generate
+from jaxformer.decode.api import GenerationConfig, encode_prompts, generate_batches
 from jaxformer.generate import (
     add_checkpoint_flags,
     add_generation_flags,
@@ -94,19 +96,16 @@ def classify(model: Any, params: Any, tokenizer: Tokenizer, run_config: dict,
 
 
 def continue_texts(model: Any, params: Any, tokenizer: Tokenizer, texts: Sequence[str],
-                   batch_size: int, add_bos: bool, **kwargs) -> Iterator[str]:
-    """`jaxformer.decode.generate_text` of each text, in order, in batches of ``batch_size`` padded
-    to the longest input (the last batch filled with copies of its first row), so one program is
-    compiled. Sampling folds the batch index into ``kwargs["rng"]``."""
+                   batch_size: int, add_bos: bool, *, rng: jax.Array | None = None,
+                   progress: bool = False, **kwargs) -> list[str]:
+    """The generated text of each of ``texts``, in order, decoded ``batch_size`` inputs of similar
+    lengths at a time (`jaxformer.decode.generate_batches`); ``kwargs``: `GenerationConfig`
+    fields (EOS and padding are the tokenizer's)."""
+    special = tokenizer.special
+    config = GenerationConfig(eos_id=special.eos_id, pad_id=special.pad_id, **kwargs)
     ids = encode_prompts(tokenizer, texts, model.cfg.family, add_bos=add_bos)
-    width, rng = max(len(i) for i in ids), kwargs.pop("rng", None)
-    eos, pad = tokenizer.special.eos_id, tokenizer.special.pad_id
-    for n, start in enumerate(range(0, len(ids), batch_size)):
-        rows = ids[start:start + batch_size]
-        filled = rows + [rows[0]] * (batch_size - len(rows))
-        result = generate(model, params, filled, eos_id=eos, pad_id=pad, pad_to=width,
-                          rng=None if rng is None else jax.random.fold_in(rng, n), **kwargs)
-        yield from (tokenizer.decode(s) for s in result.sequences(eos)[:len(rows)])
+    return [tokenizer.decode(s) for s in generate_batches(
+        model, params, ids, config, batch_size=batch_size, rng=rng, progress=progress)]
 
 
 def predict(workdir: str, path: str, *, step: int | None = None, best: bool = False,
@@ -140,7 +139,7 @@ def predict(workdir: str, path: str, *, step: int | None = None, best: bool = Fa
     else:
         add_bos = model_cfg.family == "decoder" and example_framing(data_cfg, objective) == "bos_eos"
         for ex, out in zip(examples, continue_texts(model, params, tokenizer, texts, batch_size,
-                                                    add_bos, **generation)):
+                                                    add_bos, progress=progress, **generation)):
             bar.update(1)
             yield {"id": ex["id"], "input": ex["text"], "output": out}
     bar.close()

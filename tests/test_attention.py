@@ -131,6 +131,20 @@ def test_matches_numpy_reference(rng, shape, kind):
         np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=2e-5, err_msg=impl)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_heads_major_keys_and_values(rng, impl):
+    """``kv_layout="bksd"`` (keys/values `[B, K, S, Dh]`, the decoding cache's layout) gives the
+    reference result, with a key-padding mask and grouped heads."""
+    b, lq, lk, h, kvh, d = SHAPES["gqa_cross"]
+    q, k, v = random_qkv(rng, b, lq, lk, h, kvh, d)
+    valid = rng.random((b, lk)) > 0.3
+    valid[:, 0] = True
+    want = np_attention(q, k, v, mask=np.broadcast_to(valid[:, None, None, :], (b, h, lq, lk)))
+    got = attn(impl, kv_layout="bksd")(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2),
+                                       mask=jnp.asarray(valid[:, None, None, :]))
+    np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=2e-5)
+
+
 def _packed_case(rng, b=2, n=16, h=4, kvh=2, d=8):
     q, k, v = random_qkv(rng, b, n, n, h, kvh, d)
     seg = random_segments(rng, b, n)
@@ -270,6 +284,8 @@ def test_bad_arguments_raise_value_error(rng):
     q, k, v = random_qkv(rng, 1, 8, 8, 4, 2, 8)
     with pytest.raises(ValueError, match="implementation"):
         dot_product_attention(q, k, v, implementation="flash")
+    with pytest.raises(ValueError, match="kv_layout"):
+        dot_product_attention(q, k, v, kv_layout="bhsd")
     with pytest.raises(ValueError, match=r"\[batch, length, heads, head_dim\]"):
         dot_product_attention(q[0], k, v)
     with pytest.raises(ValueError, match=r"mask of shape \(1, 3, 8, 8\) does not broadcast to "

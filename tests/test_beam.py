@@ -21,6 +21,7 @@ from test_decode import (
 
 from jaxformer.config import ModelConfig
 from jaxformer.decode import generate, length_penalty
+from jaxformer.decode.beam import path_mask
 from jaxformer.models.presets import preset
 from jaxformer.models.transformer import build_model
 from jaxformer.ops.losses import cross_entropy_with_integer_labels
@@ -34,6 +35,22 @@ def test_length_penalty_is_gnmt():
     for n in (1, 4, 17):
         for alpha in (0.0, 0.6, 1.0):
             np.testing.assert_allclose(length_penalty(n, alpha), gnmt(n, alpha), rtol=1e-6)
+
+
+def test_path_mask_follows_each_beams_ancestry():
+    """Slot P + t·k + c is visible to beam j at step i iff t <= i and beam j's token of step t
+    was appended in column c; the P prompt slots always are (checked by loops)."""
+    rng = np.random.default_rng(0)
+    b, k, n, p, i = 2, 3, 5, 4, 2
+    ancestry = rng.integers(0, k, (b, k, n)).astype(np.int32)
+    got = np.asarray(path_mask(jnp.asarray(ancestry), jnp.int32(i), p))
+    want = np.zeros((b, k, p + n * k), bool)
+    want[:, :, :p] = True
+    for bb in range(b):
+        for j in range(k):
+            for t in range(i + 1):
+                want[bb, j, p + t * k + ancestry[bb, j, t]] = True
+    np.testing.assert_array_equal(got, want)
 
 
 def reference_beam(model, params, prompt, k, n, alpha, eos, no_repeat=0):
@@ -65,9 +82,9 @@ def reference_beam(model, params, prompt, k, n, alpha, eos, no_repeat=0):
 @pytest.mark.slow
 @pytest.mark.parametrize("name,scan,batch,k", [("gpt_tiny", True, 1, 2), ("t5_tiny", False, 2, 2)])
 def test_beam_matches_python_reference(name, scan, batch, k):
-    """EOS and length penalty 0.6; cache reordering on scanned layers (leaves `[layers, B·k, ...]`;
-    here B·k == num_layers == 2, so only the structure-agnostic batch-axis detection gets it
-    right) and unrolled ones. Pools equal: tokens exact, scores to 1e-4."""
+    """EOS and length penalty 0.6; the beams' shared cache (each beam a path of slots,
+    `beam.path_mask`) on scanned layers (leaves `[layers, B, ...]`) and unrolled ones, for a
+    decoder-only and an encoder-decoder model. Pools equal: tokens exact, scores to 1e-4."""
     model, params = tiny(name, scan_layers=scan)
     n, alpha = 5, 0.6
     prompts = PROMPTS[:batch]

@@ -97,7 +97,7 @@ def test_decoder_block_kv_cache_matches_full_pass(rng):
     x = rng.normal(size=(B, L, cfg.d_model)).astype(np.float32)
     pos = np.broadcast_to(np.arange(L, dtype=np.int32), (B, L))
     full, _ = jax.jit(functools.partial(decoder_block, cfg=cfg))(params, x, positions=pos)
-    cache = {"key": jnp.zeros((B, L, 2, cfg.head_dim)), "value": jnp.zeros((B, L, 2, cfg.head_dim)),
+    cache = {"key": jnp.zeros((B, 2, L, cfg.head_dim)), "value": jnp.zeros((B, 2, L, cfg.head_dim)),
              "valid": jnp.zeros((B, L), bool)}
     step = jax.jit(lambda c, xs, ps, i: decoder_block(params, xs, cfg=cfg, positions=ps, cache=c,
                                                       cache_index=i))

@@ -23,12 +23,15 @@ from jaxformer.decode import (
     GenerationConfig,
     apply_temperature,
     generate,
+    generate_batches,
     generate_text,
     sample,
     steps,
     top_k_filter,
     top_p_filter,
 )
+from jaxformer.decode.api import bucket_width
+from jaxformer.decode.sampling import top_k_top_p_filter
 from jaxformer.models.presets import preset
 from jaxformer.models.transformer import build_model
 
@@ -214,6 +217,41 @@ def test_greedy_matches_reference_loop_and_single_prompts(name):
     np.testing.assert_allclose(alone.log_probs[0], res.log_probs[1], atol=1e-5)
 
 
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+@pytest.mark.parametrize("name", ["gpt_tiny", "t5_tiny"])
+def test_long_generation_across_cache_growth(name, strategy):
+    """70 new tokens: the cache grows twice on the way (after 32 and 64 steps,
+    `steps.segment_ends`). Each generated token's log-prob equals the uncached forward's on the
+    generated prefix (1e-4), so no step lost sight of its history; greedy tokens are its argmax."""
+    model, params = tiny(name)
+    n = 70
+    assert steps.segment_ends(n) == (32, 64, 70)
+    res = generate(model, params, PROMPTS, strategy=strategy, beam_size=3, length_penalty=0.0,
+                   max_new_tokens=n, eos_id=None)
+    tokens = np.asarray(res.tokens)
+    logp = log_softmax64(teacher_forced_logits(model, params, PROMPTS, tokens[:, :-1]))
+    want = np.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+    np.testing.assert_allclose(res.log_probs, want, atol=1e-4)
+    if strategy == "greedy":  # the argmax, up to float near-ties
+        assert np.all(want >= logp.max(axis=-1) - 1e-4)
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_generate_batches_equals_each_prompt_alone(strategy):
+    """Ragged prompts in batches of 2 (sorted by length, each batch padded to its own bucket,
+    the last one filled up) give, in input order, what each prompt gives alone."""
+    model, params = tiny("gpt_tiny")
+    prompts = [[30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40], [20], [11, 12, 13], [5, 6], [9]]
+    gen = GenerationConfig(strategy=strategy, beam_size=2, max_new_tokens=5, eos_id=None)
+    got = generate_batches(model, params, prompts, gen, batch_size=2)
+    for p, g in zip(prompts, got):
+        alone = generate(model, params, [p], strategy=strategy, beam_size=2, max_new_tokens=5,
+                         eos_id=None)
+        assert g == alone.sequences()[0]
+    assert [bucket_width(n, 11) for n in (1, 3, 8, 9, 11)] == [8, 8, 8, 11, 11]
+    assert bucket_width(9, 40) == 16
+
+
 def test_repeated_ngram_mask_matches_python(rng):
     """Every prefix length of random rows over 4 symbols (repeats are frequent), n = 0..4."""
     from jaxformer.decode import repeated_ngram_mask
@@ -297,6 +335,35 @@ def test_top_p_filter_keeps_the_nucleus(rng):
         out = np.asarray(top_p_filter(jnp.asarray(logits), p))
         for row, orow in zip(logits.astype(np.float64), out):
             np.testing.assert_array_equal(np.isfinite(orow), np_nucleus(row, p))
+
+
+@pytest.mark.parametrize("scale", [2.0, 8.0])
+def test_top_p_filter_on_a_large_vocabulary(rng, scale):
+    """Vocabulary 1,000 > `NUCLEUS_CANDIDATES` (256), flat (the nucleus reaches past the top 256:
+    the vocabulary is sorted) and peaked (it does not: no sort). Against float64 NumPy, leaving
+    out tokens whose mass ranked above lies within 1e-4 of p (float32 sums of 1,000 terms)."""
+    logits = rng.normal(size=(6, 1000)).astype(np.float32) * scale
+    for p in (0.05, 0.5, 0.9):
+        out = np.asarray(top_p_filter(jnp.asarray(logits), p))
+        for row, orow in zip(logits.astype(np.float64), out):
+            probs = np.exp(row - row.max())
+            probs /= probs.sum()
+            order = np.argsort(-row, kind="stable")
+            above = np.empty_like(probs)
+            above[order] = np.cumsum(probs[order]) - probs[order]
+            sure = np.abs(above - p) > 1e-4
+            np.testing.assert_array_equal(np.isfinite(orow)[sure], (above < p)[sure])
+            np.testing.assert_array_equal(orow[np.isfinite(orow)], row[np.isfinite(orow)])
+
+
+def test_top_k_top_p_filter_equals_the_two_filters_in_turn(rng):
+    """The fused filter (the nucleus among the top k, no sort of the vocabulary) keeps the same
+    tokens with the same logits as top-k then top-p, including ties (lower id first)."""
+    logits = rng.normal(size=(6, 300)).astype(np.float32)
+    logits[0, :40] = 1.5  # a tie straddling the top-k boundary
+    for k, p in ((1, 0.5), (10, 0.3), (50, 0.9), (50, 1.0), (300, 0.7)):
+        want = top_p_filter(top_k_filter(jnp.asarray(logits), k), p)
+        np.testing.assert_array_equal(top_k_top_p_filter(jnp.asarray(logits), k, p), want)
 
 
 def test_samples_follow_the_filtered_distribution(rng):

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from tqdm.auto import tqdm
 
 from jaxformer.decode import steps
 from jaxformer.decode.beam import BeamResult, beam_search
@@ -130,15 +131,18 @@ def _program(config: GenerationConfig) -> GenerationConfig:
 def _generate_impl(model: nn.Module, program: GenerationConfig, params: Any, inputs: jax.Array,
                    lengths: jax.Array, rng: jax.Array | None, temperature: jax.Array,
                    top_p: jax.Array) -> DecodeResult | BeamResult:
+    beam = program.strategy == "beam"
     s = steps.start(model, params, inputs, lengths, max_new_tokens=program.max_new_tokens,
-                    decoder_start_id=program.decoder_start_id)
+                    decoder_start_id=program.decoder_start_id,
+                    tokens_per_step=program.beam_size if beam else 1)
     step_fn = partial(steps.step, model, params)
-    if program.strategy == "beam":
-        return beam_search(step_fn, s.logits, s.state, s.positions, s.axes,
+    if beam:
+        return beam_search(step_fn, s.logits, s.state, s.positions, prefix_slots=s.prefix_slots,
                            beam_size=program.beam_size, max_new_tokens=program.max_new_tokens,
                            alpha=program.length_penalty, eos_id=program.eos_id,
                            pad_id=program.pad_id,
-                           no_repeat_ngram_size=program.no_repeat_ngram_size)
+                           no_repeat_ngram_size=program.no_repeat_ngram_size,
+                           ends=s.ends, grow=s.grow)
     if program.strategy == "greedy":
         choose = partial(sample, temperature=0.0)
     else:
@@ -147,7 +151,8 @@ def _generate_impl(model: nn.Module, program: GenerationConfig, params: Any, inp
     return decode_loop(step_fn, s.logits, s.state, s.positions, choose,
                        max_new_tokens=program.max_new_tokens, eos_id=program.eos_id,
                        pad_id=program.pad_id, rng=rng,
-                       no_repeat_ngram_size=program.no_repeat_ngram_size)
+                       no_repeat_ngram_size=program.no_repeat_ngram_size, ends=s.ends,
+                       grow=s.grow)
 
 
 _generate_jit = jax.jit(_generate_impl, static_argnums=(0, 1))
@@ -241,26 +246,79 @@ def generate(
     floats = [x for r in rows for x in r if not isinstance(x, int) or isinstance(x, bool)]
     if floats:
         raise ValueError(f"prompts must hold integer token ids, got e.g. {floats[:3]}")
+    inputs, lengths = _pad_rows(cfg, rows, config, max(1, pad_to))
+    return generate_padded(model, _unwrap(params), jnp.asarray(inputs), jnp.asarray(lengths),
+                           config, rng)
+
+
+def _pad_rows(cfg, rows: Sequence[Sequence[int]], config: GenerationConfig,
+              width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(`[B, W]` right-padded int32 inputs, `[B]` lengths) of token-id lists, ``W`` = the longest
+    or ``width`` if more; ValueError for an empty prompt, an id outside the vocabulary, or a
+    length the learned position table cannot hold."""
     lengths = np.array([len(r) for r in rows], np.int32)
     decoder_only = cfg.family == "decoder"
     if decoder_only and lengths.min() == 0:
         raise ValueError(f"prompt {int(np.argmin(lengths))} is empty: a decoder-only model needs "
                          "at least one token to continue from (e.g. the BOS id)")
-    width = max(1, int(lengths.max()), pad_to)
-    inputs = np.full((len(rows), width), pad_id, np.int32)
+    inputs = np.full((len(rows), max(width, int(lengths.max()))), config.pad_id, np.int32)
     for i, r in enumerate(rows):
         inputs[i, :len(r)] = r
     check_token_ids(inputs, cfg.vocab_size, "prompts" if decoder_only else "sources")
     if cfg.position == "learned":
-        need = (int(lengths.max()) + max_new_tokens if decoder_only
-                else max(int(lengths.max()), max_new_tokens))
+        new = config.max_new_tokens
+        need = int(lengths.max()) + new if decoder_only else max(int(lengths.max()), new)
         if need > cfg.max_len:
             what = ("longest prompt + max_new_tokens" if decoder_only
                     else "max(source length, max_new_tokens)")
             raise ValueError(f"{what} = {need} exceeds model.max_len={cfg.max_len} (the learned "
                              "position table); shorten the input or lower max_new_tokens")
-    return generate_padded(model, _unwrap(params), jnp.asarray(inputs), jnp.asarray(lengths),
-                           config, rng)
+    return inputs, lengths
+
+
+def bucket_width(longest: int, cap: int, smallest: int = 8) -> int:
+    """The padded width of a batch whose longest input has ``longest`` tokens: the next power of
+    two (at least ``smallest``), at most ``cap`` (the longest input of the whole set, if more)."""
+    return max(longest, min(cap, max(smallest, 1 << max(longest - 1, 0).bit_length())))
+
+
+def generate_batches(model: nn.Module | nnx.Module, params: Any,
+                     prompts: Sequence[Sequence[int]], config: GenerationConfig, *,
+                     batch_size: int, rng: jax.Array | None = None,
+                     progress: bool = False) -> list[list[int]]:
+    """Generated ids (EOS and what follows removed) for each of ``prompts``, in their order,
+    decoded ``batch_size`` at a time (what `predict` and `evaluate` decode with).
+
+    The prompts are sorted by length and each batch is padded to its longest rounded up to a power
+    of two (`bucket_width`), so that a batch of short prompts does not pay, in prefill and in every
+    step's attention over the cache, for the longest prompt of the set, and a handful of programs
+    is compiled (one per width). The last batch is filled up with copies of its first prompt
+    (their outputs are dropped). Greedy and beam results do not depend on the batching (each row
+    equals generating it alone); sampling draws the ``n``-th batch (in length order) from
+    ``fold_in(rng, n)``. An NNX model holds its parameters (pass None).
+    """
+    model, params = _as_linen(model, params)
+    config.check_model(model.cfg)
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be at least 1")
+    rows = [list(p) for p in prompts]
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    cap = max(len(r) for r in rows)
+    out: list[list[int]] = [[] for _ in rows]
+    starts = range(0, len(order), batch_size)
+    for n, start in enumerate(tqdm(starts, desc=f"decode ({config.strategy})", unit="batch",
+                                   disable=not progress, leave=False)):
+        idx = order[start:start + batch_size]
+        batch = [rows[i] for i in idx]
+        batch += [batch[0]] * (batch_size - len(batch))
+        inputs, lengths = _pad_rows(model.cfg, batch, config,
+                                    bucket_width(max(len(r) for r in batch), cap))
+        result = generate_padded(model, _unwrap(params), jnp.asarray(inputs),
+                                 jnp.asarray(lengths), config,
+                                 None if rng is None else jax.random.fold_in(rng, n))
+        for i, seq in zip(idx, result.sequences(config.eos_id)):
+            out[i] = seq
+    return out
 
 
 def generate_text(model: nn.Module | nnx.Module, params: Any = None, tokenizer: Any = None,

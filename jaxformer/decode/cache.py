@@ -8,10 +8,12 @@ holds, for a batch ``B`` and maximum target length ``S``:
   ``scan_layers=True`` each of these gets a leading ``layers`` axis (`[layers, B, ...]`);
 * model-level ``index`` (a scalar: the next slot) and ``positions`` `[B, S]`.
 
-Beam search must repeat and reorder every leaf along its *batch* axis, which is axis 0 or 1
-depending on the stack, and must leave scalars alone. Rather than hard-coding that structure,
-`cache_batch_axes` compares the abstract caches of batch 1 and batch 2 (`jax.eval_shape`, no
-computation): the one axis whose size changes is the batch axis, leaves that do not change have none
+Repeating or reordering rows acts on every leaf's *batch* axis, which is axis 0 or 1 depending on
+the stack, and must leave scalars alone; growing the cache (`grow_slots`: the decoding loops
+allocate the slots they reach, so that attention does not read empty ones) acts on every leaf's
+*slot* axis. Rather than hard-coding that structure, `cache_batch_axes` compares the abstract caches
+of batch 1 and batch 2 (`jax.eval_shape`, no computation), `cache_slot_axes` those of 1 and 2 slots:
+the one axis whose size changes is the batch (slot) axis, leaves that do not change have none
 (marked ``-1``). This stays correct if the cache layout changes, and when ``batch == num_layers``.
 """
 
@@ -64,19 +66,42 @@ def init_cache(model: nn.Module, batch_size: int, max_length: int,
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def cache_batch_axes(model: nn.Module, max_length: int, source_length: int | None = None) -> PyTree:
-    """Pytree like the cache with, per leaf, the index of its batch axis (``-1``: no batch axis)."""
-    one = _abstract_cache(model, 1, max_length, source_length)
-    two = _abstract_cache(model, 2, max_length, source_length)
-
+def _changing_axes(one: PyTree, two: PyTree, what: str) -> PyTree:
+    """Per leaf, the one axis whose size differs between abstract caches ``one`` and ``two``."""
     def axis(a, b):
         diff = [i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
         if len(diff) > 1:
             raise ValueError(f"cache leaf {a.shape} vs {b.shape} changes on several axes with "
-                             "the batch size; cannot tell its batch axis")
+                             f"the {what}; cannot tell its {what} axis")
         return diff[0] if diff else NO_BATCH_AXIS
 
     return jax.tree.map(axis, one, two)
+
+
+def cache_batch_axes(model: nn.Module, max_length: int, source_length: int | None = None) -> PyTree:
+    """Pytree like the cache with, per leaf, the index of its batch axis (``-1``: no batch axis)."""
+    return _changing_axes(_abstract_cache(model, 1, max_length, source_length),
+                          _abstract_cache(model, 2, max_length, source_length), "batch")
+
+
+def cache_slot_axes(model: nn.Module, batch_size: int, source_length: int | None = None) -> PyTree:
+    """Pytree like the cache with, per leaf, the index of its slot axis (the one sized by the
+    maximum target length; ``-1``: none, e.g. the cross-attention keys and the index)."""
+    return _changing_axes(_abstract_cache(model, batch_size, 1, source_length),
+                          _abstract_cache(model, batch_size, 2, source_length), "slot")
+
+
+def grow_slots(tree: PyTree, axes: PyTree, slots: int) -> PyTree:
+    """Pad each leaf's slot axis (``axes``, see `cache_slot_axes`) to ``slots`` with zeros: empty
+    slots, which attention never sees (their validity is False)."""
+    def pad(x, ax):
+        if ax == NO_BATCH_AXIS or x.shape[ax] >= slots:
+            return x
+        widths = [(0, 0)] * x.ndim
+        widths[ax] = (0, slots - x.shape[ax])
+        return jnp.pad(x, widths)
+
+    return jax.tree.map(pad, tree, axes)
 
 
 def expand_beams(tree: PyTree, axes: PyTree, beam_size: int) -> PyTree:

@@ -8,7 +8,7 @@ when every row is finished or after ``max_new_tokens`` tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -18,7 +18,8 @@ from jax import lax
 from jaxformer.decode.ngram import block_repeated_ngrams
 
 Array = jnp.ndarray
-StepFn = Callable[[Any, Array, Array], tuple[Array, Any]]
+StepFn = Callable[..., tuple[Array, Any]]
+GrowFn = Callable[[Any, int], Any]
 
 
 class DecodeResult(NamedTuple):
@@ -55,6 +56,20 @@ def token_log_probs(logits: Array, tokens: Array) -> Array:
     return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
 
 
+def segmented_loop(cond: Callable[[dict], Array], body_for: Callable[[int], Callable[[dict], dict]],
+                   carry: dict, ends: Sequence[int], grow: GrowFn | None) -> dict:
+    """``lax.while_loop(cond, body, carry)`` over steps ``carry["i"]``, cut at ``ends``: before the
+    steps up to ``end``, ``grow(carry["state"], end)`` makes room for them in the cache, and
+    ``body_for(end)`` runs them (one compiled loop per segment; the cache's size is static in
+    each). ``grow`` None: one segment, the state as it is."""
+    for end in ends:
+        if grow is not None:
+            carry = {**carry, "state": grow(carry["state"], end)}
+        carry = lax.while_loop(lambda c, end=end: jnp.logical_and(c["i"] < end, cond(c)),
+                               body_for(end), carry)
+    return carry
+
+
 def decode_loop(
     step_fn: StepFn,
     logits: Array,
@@ -67,6 +82,8 @@ def decode_loop(
     pad_id: int,
     rng: jax.Array | None = None,
     no_repeat_ngram_size: int = 0,
+    ends: Sequence[int] | None = None,
+    grow: GrowFn | None = None,
 ) -> DecodeResult:
     """Generate up to ``max_new_tokens`` tokens per row.
 
@@ -80,6 +97,8 @@ def decode_loop(
       rng: key for ``choose``; step ``i`` uses ``fold_in(rng, i)``.
       no_repeat_ngram_size: ``choose`` never picks a token that repeats an n-gram of the row's
         generated tokens (`jaxformer.decode.ngram`; 0 = off). Log-probs stay the model's.
+      ends, grow: the cache's growth (`jaxformer.decode.steps.DecodeStart`, `segmented_loop`);
+        None: the state's cache already fits all ``max_new_tokens`` steps.
     """
     b = logits.shape[0]
     rng = jax.random.key(0) if rng is None else rng
@@ -108,6 +127,6 @@ def decode_loop(
         return dict(i=i + 1, logits=logits, state=state, positions=c["positions"] + 1,
                     tokens=tokens, log_probs=log_probs, lengths=lengths, done=done)
 
-    out = lax.while_loop(cond, body, carry)
+    out = segmented_loop(cond, lambda _: body, carry, ends or (max_new_tokens,), grow)
     return DecodeResult(out["tokens"], out["log_probs"], out["lengths"],
                         jnp.sum(out["log_probs"], axis=-1))

@@ -13,18 +13,23 @@ the same for GPT-style and T5-style models:
   cross-attention keys/values in the cache; later steps pass ``encoder_out=None`` and the source
   segment ids (the padding mask), carried in the decode state.
 
-The decode state is ``{"cache": ..., "source_segment_ids"?: [B, S]}``; `DecodeStart.axes` gives the
-batch axis of each of its leaves (see `jaxformer.decode.cache`).
+The decode state is ``{"cache": ..., "source_segment_ids"?: [B, S]}``.
+
+The cache grows as the loops go (`segment_ends`): it is allocated for the first 32 generated tokens
+and doubled in steps (32, 64, 128, … tokens; `DecodeStart.grow`), so that attention, which reads
+every slot of the cache, reads the filled slots rounded up to the next step rather than the whole
+``max_new_tokens`` from the first token (each segment is a loop of its own, compiled once).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxformer.decode.cache import cache_batch_axes, init_cache
+from jaxformer.decode.cache import cache_slot_axes, grow_slots, init_cache
 
 Array = jnp.ndarray
 
@@ -36,24 +41,42 @@ class DecodeStart(NamedTuple):
       logits: `[B, V]` float32 logits of the first token to generate.
       state: decode state pytree (cache, and source segment ids for encoder-decoder models).
       positions: `[B]` int32 position of the next token fed to the model.
-      axes: pytree like ``state``: the batch axis of each leaf (``-1``: none).
+      prefix_slots: cache slots before the first generated token's (the padded prompt's length, or
+        1: the encoder-decoder start token).
+      ends: `segment_ends`: the loops run steps ``[0, ends[0])``, ``[ends[0], ends[1])``, ….
+      grow: ``grow(state, end)``: ``state`` with its cache padded to fit steps before ``end``
+        (the cache ``start`` returns fits those before ``ends[0]``).
     """
 
     logits: Array
     state: dict[str, Any]
     positions: Array
-    axes: dict[str, Any]
+    prefix_slots: int
+    ends: tuple[int, ...]
+    grow: Callable[[dict[str, Any], int], dict[str, Any]]
+
+
+def segment_ends(max_new_tokens: int, first: int = 32) -> tuple[int, ...]:
+    """Step counts at which the decoding loops stop to grow the cache: ``first``, doubled until
+    ``max_new_tokens`` (the last end). E.g. 256 → (32, 64, 128, 256); 20 → (20,)."""
+    ends = [min(first, max_new_tokens)]
+    while ends[-1] < max_new_tokens:
+        ends.append(min(2 * ends[-1], max_new_tokens))
+    return tuple(ends)
 
 
 def start(model: nn.Module, params: Any, inputs: Array, lengths: Array, *, max_new_tokens: int,
-          decoder_start_id: int = 0) -> DecodeStart:
+          decoder_start_id: int = 0, tokens_per_step: int = 1) -> DecodeStart:
     """Run the prompt (decoder-only) or the source + start token (encoder-decoder).
 
     Args:
       inputs: `[B, L]` int32 right-padded prompts or sources.
       lengths: `[B]` int32 number of real tokens per row (prompts need ≥ 1).
-      max_new_tokens: tokens to generate; sizes the cache.
+      max_new_tokens: tokens to generate (`segment_ends` of it size the cache).
       decoder_start_id: first decoder input of encoder-decoder models.
+      tokens_per_step: tokens each row appends per step (beam search: one per beam, all in the
+        example's one cache, `jaxformer.decode.beam`); the cache holds the prompt (or start
+        token) and ``tokens_per_step`` slots per step after it.
     """
     b, length = inputs.shape
     slot = jnp.arange(length, dtype=jnp.int32)[None, :]
@@ -65,38 +88,55 @@ def start(model: nn.Module, params: Any, inputs: Array, lengths: Array, *, max_n
         seg = (slot >= shift).astype(jnp.int32)
         tokens = jnp.where(seg == 1, tokens, 0)
         positions = jnp.maximum(slot - shift, 0)
-        cache_len = length + max_new_tokens
-        cache = init_cache(model, b, cache_len)
+        source_length, prefix = None, length
+    else:
+        seg = (slot < lengths[:, None]).astype(jnp.int32)
+        encoder_out = model.apply(variables, inputs, inputs_segment_ids=seg, method="encode")
+        tokens = jnp.full((b, 1), decoder_start_id, jnp.int32)
+        positions = jnp.zeros_like(tokens)
+        source_length, prefix = length, 1
+    ends = segment_ends(max_new_tokens)
+
+    def slots(end):  # the prompt (or start token), then tokens_per_step per step
+        return prefix + tokens_per_step * end
+
+    cache = init_cache(model, b, slots(ends[0]), source_length=source_length)
+    if model.cfg.family == "decoder":
         logits, mut = model.apply({**variables, "cache": cache}, tokens, positions=positions,
                                   segment_ids=seg, decode=True, mutable=["cache"])
-        state = {"cache": mut["cache"]}
-        axes = {"cache": cache_batch_axes(model, cache_len)}
-        return DecodeStart(logits[:, -1].astype(jnp.float32), state, lengths, axes)
-    seg = (slot < lengths[:, None]).astype(jnp.int32)
-    encoder_out = model.apply(variables, inputs, inputs_segment_ids=seg, method="encode")
-    cache_len = max_new_tokens + 1
-    cache = init_cache(model, b, cache_len, source_length=length)
-    first = jnp.full((b, 1), decoder_start_id, jnp.int32)
-    logits, mut = model.apply({**variables, "cache": cache}, encoder_out, first,
-                              inputs_segment_ids=seg, targets_positions=jnp.zeros_like(first),
-                              decode=True, mutable=["cache"], method="decode")
-    state = {"cache": mut["cache"], "source_segment_ids": seg}
-    axes = {"cache": cache_batch_axes(model, cache_len, length), "source_segment_ids": 0}
-    return DecodeStart(logits[:, -1].astype(jnp.float32), state, jnp.ones((b,), jnp.int32), axes)
+        state, next_positions = {"cache": mut["cache"]}, lengths
+    else:
+        logits, mut = model.apply({**variables, "cache": cache}, encoder_out, tokens,
+                                  inputs_segment_ids=seg, targets_positions=positions,
+                                  decode=True, mutable=["cache"], method="decode")
+        state = {"cache": mut["cache"], "source_segment_ids": seg}
+        next_positions = jnp.ones((b,), jnp.int32)
+    axes = cache_slot_axes(model, b, source_length)
+
+    def grow(state, end):
+        return {**state, "cache": grow_slots(state["cache"], axes, slots(end))}
+
+    return DecodeStart(logits[:, -1].astype(jnp.float32), state, next_positions, prefix, ends,
+                       grow)
 
 
 def step(model: nn.Module, params: Any, state: dict[str, Any], tokens: Array,
-         positions: Array) -> tuple[Array, dict[str, Any]]:
+         positions: Array, mask: Array | None = None) -> tuple[Array, dict[str, Any]]:
     """Append one token per row: tokens `[B]` at positions `[B]` → (`[B, V]` float32 logits,
-    state)."""
+    state); or ``L`` per row: `[B, L]`, `[B, L]` → `[B, L, V]`, each seeing the cache slots
+    ``mask`` `[B, L, S]` allows (besides causality and validity)."""
     variables = {"params": params, "cache": state["cache"]}
-    tokens, positions = tokens[:, None].astype(jnp.int32), positions[:, None]
+    one = tokens.ndim == 1
+    if one:
+        tokens, positions = tokens[:, None], positions[:, None]
+    tokens = tokens.astype(jnp.int32)
     if model.cfg.family == "decoder":
         logits, mut = model.apply(variables, tokens, positions=positions, decode=True,
-                                  mutable=["cache"])
+                                  decode_mask=mask, mutable=["cache"])
     else:
         logits, mut = model.apply(variables, None, tokens,
                                   inputs_segment_ids=state["source_segment_ids"],
-                                  targets_positions=positions, decode=True, mutable=["cache"],
-                                  method="decode")
-    return logits[:, 0].astype(jnp.float32), {**state, "cache": mut["cache"]}
+                                  targets_positions=positions, decode=True, decode_mask=mask,
+                                  mutable=["cache"], method="decode")
+    logits = logits.astype(jnp.float32)
+    return logits[:, 0] if one else logits, {**state, "cache": mut["cache"]}

@@ -1,5 +1,5 @@
 """Sequence-level evaluation by real decoding: prompts and references from a split, generations in
-fixed-shape batches, scored by `jaxformer.evaluation.metrics.sequence_scores`.
+batches of similar lengths, scored by `jaxformer.evaluation.metrics.sequence_scores`.
 
 What is decoded, per data task (``objective.name`` decides it):
 
@@ -25,14 +25,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
-import numpy as np
-from tqdm.auto import tqdm
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import example_framing
 from jaxformer.data.sources import get_source
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.decode.api import GenerationConfig, generate_padded
+from jaxformer.decode.api import GenerationConfig, generate_batches
 from jaxformer.evaluation.metrics import sequence_scores
 from jaxformer.objectives.registry import check_data_task
 from jaxformer.options import option
@@ -140,8 +138,7 @@ def decode_prompts(model: nn.Module, params: Any, prompts: Sequence[Sequence[int
                    gen: GenerationConfig, *, batch_size: int, progress: bool = False
                    ) -> list[list[int]]:
     """Generated token ids (EOS and what follows removed) for each prompt, decoded in batches of
-    the one shape `[batch_size, longest prompt]` (one compilation; the last batch is filled up with
-    copies of its first prompt, whose outputs are dropped).
+    ``batch_size`` prompts of similar lengths (`jaxformer.decode.generate_batches`).
 
     A decoder with learned positions keeps the last ``model.max_len - max_new_tokens`` tokens of a
     longer prompt (its position table ends there).
@@ -150,20 +147,7 @@ def decode_prompts(model: nn.Module, params: Any, prompts: Sequence[Sequence[int
     if cfg.family == "decoder" and cfg.position == "learned":
         room = cfg.max_len - gen.max_new_tokens
         prompts = [p[-room:] if room > 0 else p for p in prompts]
-    width = max(len(p) for p in prompts)
-    out: list[list[int]] = []
-    starts = range(0, len(prompts), batch_size)
-    for start in tqdm(starts, desc=f"decode ({gen.strategy})", unit="batch", disable=not progress,
-                      leave=False):
-        chunk = list(prompts[start:start + batch_size])
-        rows = chunk + [chunk[0]] * (batch_size - len(chunk))
-        inputs = np.full((batch_size, width), gen.pad_id, np.int32)
-        for i, row in enumerate(rows):
-            inputs[i, :len(row)] = row
-        lengths = np.array([len(r) for r in rows], np.int32)
-        result = generate_padded(model, params, inputs, lengths, gen)
-        out += result.sequences(gen.eos_id)[:len(chunk)]
-    return out
+    return generate_batches(model, params, prompts, gen, batch_size=batch_size, progress=progress)
 
 
 def score_decoding(model: nn.Module, params: Any, tokenizer: Tokenizer,

@@ -50,7 +50,7 @@ class Block(nn.Module):
             return stack_block(params, x, two_stream=two_stream, **kwargs)[0], None
         x = nn.with_logical_constraint(x.astype(jnp.dtype(cfg.dtype)), ACTIVATION_AXES)
         b, slots = x.shape[:2]  # the cache holds as many slots as the initialising input has tokens
-        kv_shape = (b, slots, cfg.num_kv_heads, cfg.head_dim)
+        kv_shape = (b, cfg.num_kv_heads, slots, cfg.head_dim)  # heads-major (`ops.blocks`)
         dtype = jnp.dtype(cfg.dtype)
         initializing = not self.has_variable("cache", "self")
         self_cache = self.variable("cache", "self", lambda: {
@@ -59,7 +59,7 @@ class Block(nn.Module):
         cross = None
         if self.cross_attention:
             s = encoder_out.shape[1] if encoder_out is not None else 1
-            ckv = (b, s, cfg.num_kv_heads, cfg.head_dim)
+            ckv = (b, cfg.num_kv_heads, s, cfg.head_dim)
             cross = self.variable("cache", "cross", lambda: (jnp.zeros(ckv, dtype), jnp.zeros(ckv, dtype)))
         if initializing:  # cache shapes come from this call's (maximum-length) input
             return transformer_block(params, x, **kwargs)[0], None

@@ -118,8 +118,10 @@ def embed(parts: Parts, name: str, ids, positions, token_types=None, *, word_dro
 def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bool,
                num_layers: int | None = None, decode: bool = False, cache_index=None,
                kv_positions=None, cross_attention: bool = False, encoder_out=None,
-               encoder_segment_ids=None):
-    """Relative bias (if any) → the stack ``name`` → final norm (pre-LN). `[B, L, D]` → `[B, L, D]`."""
+               encoder_segment_ids=None, decode_mask=None):
+    """Relative bias (if any) → the stack ``name`` → final norm (pre-LN). `[B, L, D]` → `[B, L, D]`.
+    ``decode_mask`` `[B, L, S]` (decoding): the cache slots each query may see, added to the
+    self-attention bias as 0 / −∞."""
     cfg = parts.cfg
     bias = None
     if cfg.position == "relative":
@@ -127,6 +129,9 @@ def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bo
         bias = relative_position_bias(
             parts.params(f"{name}_relative_bias")["embedding"], positions, kv_pos,
             bidirectional=not causal, max_distance=cfg.relative_max_distance).astype(cfg.dtype)
+    if decode_mask is not None:
+        hidden_Bx1xLxS = jnp.where(decode_mask[:, None], 0.0, -jnp.inf).astype(cfg.dtype)
+        bias = hidden_Bx1xLxS if bias is None else bias + hidden_Bx1xLxS
     x = parts.stack(name, x, num_layers=num_layers or cfg.num_layers, causal=causal,
                     cross_attention=cross_attention, decode=decode, cache_index=cache_index,
                     positions=positions, segment_ids=segment_ids, bias=bias,
@@ -177,9 +182,11 @@ def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, toke
 
 
 def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, decode: bool = False,
-                 factorization_rank=None, return_hidden: bool = False):
+                 factorization_rank=None, return_hidden: bool = False, decode_mask=None):
     """GPT (Radford et al. 2019): tokens `[B, L]` → logits `[B, L, V]` (or the head's output).
-    With ``decode`` the call appends ``L`` tokens at the cache's current index. With
+    With ``decode`` the call appends ``L`` tokens at the cache's current index; ``decode_mask``
+    `[B, L, S]` bool then limits the cache slots each of them sees (besides causality by slot and
+    the slots' validity; beam search's hypotheses sharing one cache, `jaxformer.decode.beam`). With
     ``factorization_rank`` `[B, L]` (``cfg.permutation_lm``): `permutation_lm`'s query-stream logits.
     ``return_hidden``: (that output, the last hidden states `[B, L, D]`), as `encoder_only`.
     """
@@ -196,7 +203,7 @@ def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, deco
     positions = default_positions(tokens, positions)
     x = embed(parts, "embed", tokens, positions)
     x = stack_pass(parts, "decoder", x, positions, segment_ids, causal=True, decode=decode,
-                   cache_index=cache_index, kv_positions=kv_positions)
+                   cache_index=cache_index, kv_positions=kv_positions, decode_mask=decode_mask)
     return (head(parts, x, segment_ids), x) if return_hidden else head(parts, x, segment_ids)
 
 
@@ -233,10 +240,10 @@ def permutation_lm(parts: Parts, tokens, rank, *, positions=None, segment_ids=No
 
 def encoder_decoder(parts: Parts, inputs=None, targets_in=None, *, encoder_out=None,
                     inputs_positions=None, inputs_segment_ids=None, targets_positions=None,
-                    targets_segment_ids=None, decode: bool = False):
+                    targets_segment_ids=None, decode: bool = False, decode_mask=None):
     """Vaswani et al. 2017 / T5 (Raffel et al. 2020): inputs `[B, S]`, targets_in `[B, L]` (targets
     shifted right) → logits `[B, L, V]`; ``targets_in=None`` returns the encoder output `[B, S, D]`;
-    a given ``encoder_out`` skips the encoder."""
+    a given ``encoder_out`` skips the encoder. ``decode_mask``: as in `decoder_only`."""
     cfg = parts.cfg
     if inputs is not None and encoder_out is None:
         check_tokens(cfg, inputs, "inputs", default_positions=inputs_positions is None)
@@ -263,7 +270,8 @@ def encoder_decoder(parts: Parts, inputs=None, targets_in=None, *, encoder_out=N
     y = stack_pass(parts, "decoder", y, pos, targets_segment_ids, causal=True, decode=decode,
                    cache_index=cache_index, kv_positions=kv_positions,
                    num_layers=cfg.num_decoder_layers, cross_attention=True,
-                   encoder_out=encoder_out, encoder_segment_ids=inputs_segment_ids)
+                   encoder_out=encoder_out, encoder_segment_ids=inputs_segment_ids,
+                   decode_mask=decode_mask)
     return lm_logits(parts.params("lm_head"), y, parts.params("token_embed")["embedding"], cfg=cfg)
 
 

@@ -90,18 +90,20 @@ class DecoderOnly(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, *, positions=None, segment_ids=None, deterministic: bool = True,
-                 decode: bool = False, factorization_rank=None, return_hidden: bool = False):
+                 decode: bool = False, factorization_rank=None, return_hidden: bool = False,
+                 decode_mask=None):
         """tokens `[B, L]` → logits `[B, L, V]` (or `[B, C]` with the classify head).
 
         In decode mode the call appends ``L`` tokens at the cache's current index (``L`` may be a
-        whole left-padded prompt with ``segment_ids`` 0 on the padding, then 1 per step). With
+        whole left-padded prompt with ``segment_ids`` 0 on the padding, then 1 per step, or one
+        per beam); ``decode_mask`` `[B, L, S]` limits the cache slots each sees. With
         ``factorization_rank`` `[B, L]`: XLNet's query-stream logits (`forward.permutation_lm`).
         ``return_hidden``: (that output, the last hidden states `[B, L, D]`).
         """
         return forward.decoder_only(_LinenParts(self, deterministic), tokens, positions=positions,
                                     segment_ids=segment_ids, decode=decode,
                                     factorization_rank=factorization_rank,
-                                    return_hidden=return_hidden)
+                                    return_hidden=return_hidden, decode_mask=decode_mask)
 
 
 class EncoderDecoder(nn.Module):
@@ -112,18 +114,19 @@ class EncoderDecoder(nn.Module):
     @nn.compact
     def __call__(self, inputs=None, targets_in=None, *, encoder_out=None, inputs_positions=None,
                  inputs_segment_ids=None, targets_positions=None, targets_segment_ids=None,
-                 deterministic: bool = True, decode: bool = False):
+                 deterministic: bool = True, decode: bool = False, decode_mask=None):
         """inputs `[B, S]`, targets_in `[B, L]` (targets shifted right) → logits `[B, L, V]`.
 
         With ``targets_in=None`` returns the encoder output `[B, S, D]`; with ``encoder_out`` given
         the encoder is skipped. ``decode=True`` uses the cache (cross-attention keys/values are
-        computed on the call that passes ``encoder_out`` and reused when it is None).
+        computed on the call that passes ``encoder_out`` and reused when it is None;
+        ``decode_mask`` as in `DecoderOnly`).
         """
         return forward.encoder_decoder(
             _LinenParts(self, deterministic), inputs, targets_in, encoder_out=encoder_out,
             inputs_positions=inputs_positions, inputs_segment_ids=inputs_segment_ids,
             targets_positions=targets_positions, targets_segment_ids=targets_segment_ids,
-            decode=decode)
+            decode=decode, decode_mask=decode_mask)
 
     def encode(self, inputs, **kwargs):
         """inputs `[B, S]` → encoder output `[B, S, D]`."""

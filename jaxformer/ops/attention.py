@@ -38,6 +38,7 @@ from jaxformer.ops.masks import causal_mask_from_positions, combine_masks, segme
 
 Array = jnp.ndarray
 IMPLEMENTATIONS = ("xla", "chunked", *KERNELS)  # kernels: `jaxformer.ops.attention_kernels`
+KV_LAYOUTS = ("bskd", "bksd")  # keys/values [B, S, K, Dh] or heads-major [B, K, S, Dh]
 
 
 def _to_5d(x: Array | None, kv_heads: int, groups: int) -> Array | None:
@@ -53,13 +54,14 @@ def _to_5d(x: Array | None, kv_heads: int, groups: int) -> Array | None:
     return x.reshape(x.shape[0], kv_heads, groups, *x.shape[2:])
 
 
-def _check_shapes(q: Array, k: Array, v: Array) -> tuple[int, int]:
+def _check_shapes(q: Array, k: Array, v: Array, heads_major: bool = False) -> tuple[int, int]:
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(
             f"q, k, v must be [batch, length, heads, head_dim]; got {q.shape}, {k.shape}, {v.shape}"
         )
-    heads, kv_heads = q.shape[2], k.shape[2]
-    if v.shape[2] != kv_heads or k.shape[1] != v.shape[1]:
+    heads_axis, length_axis = (1, 2) if heads_major else (2, 1)
+    heads, kv_heads = q.shape[2], k.shape[heads_axis]
+    if v.shape[heads_axis] != kv_heads or k.shape[length_axis] != v.shape[length_axis]:
         raise ValueError(f"k {k.shape} and v {v.shape} must agree on length and heads")
     if not q.shape[0] == k.shape[0] == v.shape[0]:
         raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} must have the same batch size")
@@ -116,11 +118,13 @@ def _acc_dtype(x: Array):
     return jnp.promote_types(x.dtype, jnp.float32)
 
 
-def _plain(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDv, bias, mask, scale, dropout_rate, dropout_rng,
+def _plain(q_BxLxKxGxDh, k_BxKxSxDh, v_BxKxSxDv, bias, mask, scale, dropout_rate, dropout_rng,
            precision):
-    """Materialised logits; ``bias`` and ``mask`` broadcast to `[B, K, G, L, S]`. Heads are moved in
-    front of the lengths first so that both products are plain batched matmuls (XLA:CPU runs
-    `[B, L, H, Dh]`-strided operands 2-3x slower), the max is a constant for the gradient (softmax
+    """Materialised logits; ``bias`` and ``mask`` broadcast to `[B, K, G, L, S]`; keys and values
+    come heads-major (`[B, K, S, Dh]`). Heads are moved in front of the lengths so that both
+    products are plain batched matmuls (XLA:CPU runs `[B, L, H, Dh]`-strided operands 2-3x slower;
+    a decoding cache is stored heads-major, so that its keys and values are not copied at every
+    step: `bench/decode_profile.py`), the max is a constant for the gradient (softmax
     does not depend on it) and the normaliser divides the `[.., L, Dv]` output rather than the
     `[.., L, S]` weights (dropout is linear, so the same). Masked logits get half the dtype's lowest
     finite value added, not −∞: the row max then needs no `isfinite` guard (which kept XLA:CPU from
@@ -130,8 +134,6 @@ def _plain(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDv, bias, mask, scale, dropout_rate
     select, into the QKᵀ matmul with the softmax (`bench/op_profile.py`)."""
     acc = _acc_dtype(q_BxLxKxGxDh)
     q_BxKxGxLxDh = jnp.transpose(q_BxLxKxGxDh, (0, 2, 3, 1, 4))
-    k_BxKxSxDh = jnp.transpose(k_BxSxKxDh, (0, 2, 1, 3))
-    v_BxKxSxDv = jnp.transpose(v_BxSxKxDv, (0, 2, 1, 3))
     # Without grouping (G = 1: plain multi-head attention) the unit group axis is dropped: XLA:CPU
     # otherwise adds layout copies around the batched matmuls (14% more bytes in fwd + bwd)
     g = "g" if q_BxKxGxLxDh.shape[2] > 1 else ""
@@ -154,14 +156,14 @@ def _plain(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDv, bias, mask, scale, dropout_rate
     if bias is not None:
         denom_BxKxGxLx1 = jnp.where(denom_BxKxGxLx1 == 0, 1.0, denom_BxKxGxLx1)
     p_BxKxGxLxS = dropout(p_BxKxGxLxS, dropout_rate, dropout_rng)
-    out_BxKxGxLxDv = jnp.einsum(f"bk{g}ls,bksd->bk{g}ld", p_BxKxGxLxS.astype(v_BxSxKxDv.dtype),
+    out_BxKxGxLxDv = jnp.einsum(f"bk{g}ls,bksd->bk{g}ld", p_BxKxGxLxS.astype(v_BxKxSxDv.dtype),
                                 v_BxKxSxDv, precision=precision, preferred_element_type=acc)
     out_BxKxGxLxDv = out_BxKxGxLxDv / denom_BxKxGxLx1
     if mask is not None:  # a row with no visible key (all logits lowest: uniform weights) is 0
         out_BxKxGxLxDv = jnp.where(jnp.any(mask, axis=-1, keepdims=True), out_BxKxGxLxDv, 0.0)
     if not g:
         out_BxKxGxLxDv = out_BxKxGxLxDv[:, :, None]
-    return jnp.transpose(out_BxKxGxLxDv, (0, 3, 1, 2, 4)).astype(v_BxSxKxDv.dtype)  # [B, L, K, G, Dv]
+    return jnp.transpose(out_BxKxGxLxDv, (0, 3, 1, 2, 4)).astype(v_BxKxSxDv.dtype)  # [B, L, K, G, Dv]
 
 
 def _slice_last(x: Array | None, start: Array, size: int) -> Array | None:
@@ -276,6 +278,7 @@ def dot_product_attention(
     q_chunk_size: int = 512,
     kv_chunk_size: int = 512,
     precision: lax.PrecisionLike = None,
+    kv_layout: str = "bskd",
 ) -> Array:
     """softmax(q kᵀ · scale + bias + mask) v.
 
@@ -301,20 +304,28 @@ def dot_product_attention(
       q_chunk_size, kv_chunk_size: chunk sizes of the chunked path (other lengths are padded to
         a multiple and the padding masked); ``kv_chunk_size`` is splash's block length.
       precision: matmul precision passed to `jnp.einsum`.
+      kv_layout: ``"bskd"`` (``k``/``v`` as above) or ``"bksd"``: heads-major
+        `[batch, kv_heads, kv_len, head_dim]`, the layout of the decoding cache, which the plain
+        path reads without a copy (the others transpose it first).
 
     Returns:
       `[batch, q_len, heads, v_head_dim]` in ``v.dtype``.
     """
-    kv_heads, groups = _check_shapes(q, k, v)
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+    if kv_layout == "bksd" and implementation != "xla":
+        k, v, kv_layout = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), "bskd"
+    heads_major = kv_layout == "bksd"
+    kv_heads, groups = _check_shapes(q, k, v, heads_major)
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    b, lq, h, d = q.shape
+    lk = k.shape[2 if heads_major else 1]
     if (q_segment_ids is None) != (kv_segment_ids is None):
-        if kv_segment_ids is None and q.shape[1] == k.shape[1]:
+        if kv_segment_ids is None and lq == lk:
             kv_segment_ids = q_segment_ids
         else:
             raise ValueError("pass both q_segment_ids and kv_segment_ids (or neither)")
-    b, lq, h, d = q.shape
-    lk = k.shape[1]
     _check_operand("mask", mask, (b, h, lq, lk))
     _check_operand("bias", bias, (b, h, lq, lk))
     _check_segments(q_segment_ids, kv_segment_ids, lq, lk, b)
@@ -334,6 +345,8 @@ def dot_product_attention(
     else:
         mask_BxKxGxLxS = _block_mask(jnp.arange(lq), jnp.arange(lk), causal=causal,
                                      mask5=mask_BxKxGxLxS, q_seg=q_segment_ids, kv_seg=kv_segment_ids)
-        out_BxLxKxGxDv = _plain(q_BxLxKxGxDh, k, v, bias_BxKxGxLxS, mask_BxKxGxLxS, scale,
-                                dropout_rate, dropout_rng, precision)
+        k_BxKxSxDh, v_BxKxSxDv = (k, v) if heads_major else (jnp.swapaxes(k, 1, 2),
+                                                              jnp.swapaxes(v, 1, 2))
+        out_BxLxKxGxDv = _plain(q_BxLxKxGxDh, k_BxKxSxDh, v_BxKxSxDv, bias_BxKxGxLxS,
+                                mask_BxKxGxLxS, scale, dropout_rate, dropout_rng, precision)
     return out_BxLxKxGxDv.reshape(b, lq, h, v.shape[-1])

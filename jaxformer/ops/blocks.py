@@ -22,10 +22,13 @@ Parameter tree of one block::
     ffn: wi {kernel [D, F], bias? [F]}, wi_gate? {kernel [D, F]}, wo {kernel [F, D], bias? [D]}
     ffn_norm: {scale [D], bias? [D]}
 
-Decoding cache (self-attention): ``{"key": [B, S, K, Dh], "value": [B, S, K, Dh], "valid": [B, S]}``
+Decoding cache (self-attention): ``{"key": [B, K, S, Dh], "value": [B, K, S, Dh], "valid": [B, S]}``
 with ``S`` the maximum length; new keys are written at ``cache_index`` and each query sees the valid
 slots up to its own. Cross-attention keys/values are computed once from the encoder output and
-passed back in as ``cross_kv``.
+passed back in as ``cross_kv`` (`[B, K, S_src, Dh]` each). Cached keys and values are heads-major,
+the layout attention's matmuls read (`jaxformer.ops.attention`, ``kv_layout="bksd"``): stored
+`[B, S, K, Dh]`, the whole cache was transposed at every step, which made a batch-32 decoding step
+of a d512 GPT spend more time copying the cache than in all its matmuls (`docs/generation.md`).
 
 Sharding hook: ``constrain(x, names)``, when given, is called on intermediate activations with their
 logical axis names — ``("batch", "act_length", "heads", "head_dim")`` for queries/keys/values and the
@@ -71,11 +74,20 @@ def project_kv(params: dict, x: Array) -> tuple[Array, Array]:
     return dense(params["key"], x), dense(params["value"], x)
 
 
+def heads_major(x_BxSxKxDh: Array) -> Array:
+    """`[B, S, K, Dh]` → `[B, K, S, Dh]`, the decoding cache's layout."""
+    return jnp.swapaxes(x_BxSxKxDh, 1, 2)
+
+
 def update_cache(cache: dict, k: Array, v: Array, valid: Array, index: Array) -> dict:
-    """Write `[B, L, K, Dh]` keys/values and `[B, L]` validity at slot ``index`` of the cache."""
-    upd = lambda buf, new: lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), index, axis=1)
-    return {"key": upd(cache["key"], k), "value": upd(cache["value"], v),
-            "valid": upd(cache["valid"], valid)}
+    """Write `[B, L, K, Dh]` keys/values and `[B, L]` validity at slot ``index`` of the cache
+    (keys/values `[B, K, S, Dh]`, validity `[B, S]`)."""
+    def upd(buf, new, axis):
+        return lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), index, axis=axis)
+
+    return {"key": upd(cache["key"], heads_major(k), 2),
+            "value": upd(cache["value"], heads_major(v), 2),
+            "valid": upd(cache["valid"], valid, 1)}
 
 
 def attention_sublayer(
@@ -96,12 +108,14 @@ def attention_sublayer(
     cache_index: Array | None = None,
     dropout_rng: jax.Array | None = None,
     constrain: Constrain | None = None,
+    kv_layout: str = "bskd",
 ) -> tuple[Array, dict | None]:
     """Multi-head attention of `[B, L, D]` queries over ``kv_input`` `[B, S, D]` (self-attention when
     None).
 
-    ``kv`` passes precomputed keys/values (cached cross-attention). With ``cache`` (self-attention
-    decoding) the new keys are written at ``cache_index`` and attention runs over all cached slots.
+    ``kv`` passes precomputed keys/values (cached cross-attention), `[B, S, K, Dh]` or heads-major
+    `[B, K, S, Dh]` by ``kv_layout``. With ``cache`` (self-attention decoding) the new keys are
+    written at ``cache_index`` and attention runs over all cached slots.
     RoPE (``cfg.position == "rope"``) rotates queries and keys of self-attention by ``positions``;
     with ``kv_input`` and ``kv_positions`` `[B, S]` (XLNet's query stream over the content stream)
     queries by ``positions`` and keys by ``kv_positions``.
@@ -126,14 +140,15 @@ def attention_sublayer(
     if cache is not None:
         valid_new = (jnp.ones(x.shape[:2], bool) if segment_ids is None else segment_ids != 0)
         new_cache = update_cache(cache, k_BxSxKxDh, v_BxSxKxDh, valid_new, cache_index)
-        k_BxSxKxDh, v_BxSxKxDh = new_cache["key"], new_cache["value"]  # S: all the cache's slots
+        # heads-major, S: all the cache's slots
+        k_BxSxKxDh, v_BxSxKxDh, kv_layout = new_cache["key"], new_cache["value"], "bksd"
         visible_Bx1xLxS = combine_masks(
-            causal_mask(x.shape[1], k_BxSxKxDh.shape[1], offset=cache_index),  # causal by slot
+            causal_mask(x.shape[1], new_cache["valid"].shape[1], offset=cache_index),  # by slot
             key_padding_mask(new_cache["valid"]))
         mask = combine_masks(mask, visible_Bx1xLxS)
         causal, segment_ids, kv_segment_ids = False, None, None
     out_BxLxHxDh = dot_product_attention(
-        q_BxLxHxDh, k_BxSxKxDh, v_BxSxKxDh, bias=bias, mask=mask, causal=causal,
+        q_BxLxHxDh, k_BxSxKxDh, v_BxSxKxDh, bias=bias, mask=mask, causal=causal, kv_layout=kv_layout,
         q_segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
         scale=cfg.attention_scale, dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng,
         implementation=cfg.attention_impl if cache is None else "xla",
@@ -202,7 +217,8 @@ def transformer_block(
       positions: `[B, L]` token positions (RoPE).
       segment_ids: `[B, L]` packing ids (0 = padding) for self-attention.
       mask, bias: extra self-attention mask / additive bias (e.g. T5 relative bias `[B|1, H, L, L]`).
-      encoder_out: `[B, S, D]` memory for cross-attention (or ``cross_kv`` precomputed).
+      encoder_out: `[B, S, D]` memory for cross-attention (or ``cross_kv`` precomputed: keys and
+        values `[B, K, S, Dh]`, decoding only).
       encoder_segment_ids: `[B, S]` segment ids of the memory.
       cache, cache_index: self-attention decoding cache (see module docstring).
       dropout_rng: enables dropout when given.
@@ -229,6 +245,8 @@ def transformer_block(
             if encoder_out is None:
                 raise ValueError("a block with cross-attention needs encoder_out or cross_kv")
             cross_kv = project_kv(params["cross_attn"], encoder_out)
+            if cache is not None:  # kept for later steps in the cache's layout
+                cross_kv = tuple(heads_major(t) for t in cross_kv)
         cross_out_kv = cross_kv
         q_seg = None
         if encoder_segment_ids is not None:
@@ -237,7 +255,8 @@ def transformer_block(
         cross = lambda h: attention_sublayer(
             params["cross_attn"], h, cfg=cfg, kv=cross_kv, mask=cross_mask, bias=cross_bias,
             segment_ids=q_seg, kv_segment_ids=encoder_segment_ids if q_seg is not None else None,
-            dropout_rng=rngs[2], constrain=constrain)[0]
+            dropout_rng=rngs[2], constrain=constrain,
+            kv_layout="bksd" if cache is not None else "bskd")[0]
         x = _residual(cfg, params["cross_attn_norm"], x, cross, rngs[3])
     x = _ffn_residual(params, x, cfg=cfg, rngs=rngs[4:], constrain=constrain)
     if cache is not None:
