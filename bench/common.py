@@ -123,6 +123,18 @@ def program_fingerprint(compiled: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def round_robin_times(calls: dict[Any, Callable[[], Any]], repeats: int) -> dict[Any, list[float]]:
+    """Seconds of each of ``repeats`` calls of every (already compiled) function, one call of each
+    per round, so that every function sees the same machine load."""
+    times = {k: [] for k in calls}
+    for _ in range(repeats):
+        for k, f in calls.items():
+            t0 = time.perf_counter()
+            block(f())
+            times[k].append(time.perf_counter() - t0)
+    return times
+
+
 def time_round_robin(entries: list[dict], *, steps: int, warmup: int) -> None:
     """One step of each entry per round, so that every entry sees the same machine load; fills
     ``step_s`` (median), ``step_min_s``, ``first_s``, ``first_loss`` (the loss the first step

@@ -54,7 +54,7 @@ import numpy as np
 from jax import lax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import block, format_table, time_calls  # noqa: E402
+from common import block, format_table, round_robin_times, time_calls  # noqa: E402
 from peer_models import hf_generators  # noqa: E402
 
 from jaxformer.config import ModelConfig  # noqa: E402
@@ -172,12 +172,7 @@ def bench_peers(name: str, batch: int, strategy: str, args) -> list[dict]:
         peers = hf_generators(cfg, params, tmp, new_tokens=args.new_tokens, beams=beams)
     systems.update({k: (lambda f=f: f(prompt)) for k, f in peers.items()})
     outputs = {k: np.asarray(block(f())) for k, f in systems.items()}  # compiles
-    times = {k: [] for k in systems}
-    for _ in range(args.repeats):
-        for k, f in systems.items():
-            t0 = time.perf_counter()
-            block(f())
-            times[k].append(time.perf_counter() - t0)
+    times = round_robin_times(systems, args.repeats)
     rows = []
     for k in systems:
         step_s = statistics.median(times[k])
@@ -224,12 +219,7 @@ def main_scaling(args) -> None:
         lengths = jnp.full((b,), args.prompt_len, jnp.int32)
         calls[b] = lambda p=prompt, n=lengths: generate_padded(model, params, p, n, gen).tokens
         block(calls[b]())  # compiles
-    times = {b: [] for b in calls}
-    for _ in range(args.repeats):
-        for b, f in calls.items():
-            t0 = time.perf_counter()
-            block(f())
-            times[b].append(time.perf_counter() - t0)
+    times = round_robin_times(calls, args.repeats)
     rows = [{"model": cfg.family, "batch": b,
              "tokens_per_s": b * args.new_tokens / statistics.median(t)} for b, t in times.items()]
     for r in rows:
