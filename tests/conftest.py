@@ -78,26 +78,23 @@ def _torch_installed() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked ``hf`` need live PyTorch models: skipped, saying why, where torch is absent
-    (the default install; `make test-hf` installs the [hf] extra and runs them)."""
-    if _torch_installed():
-        return
-    skip = pytest.mark.skip(reason="needs torch (the [hf] extra): run `make test-hf`")
-    for item in items:
-        if "hf" in item.keywords:
-            item.add_marker(skip)
-
-
 def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist >= 3.8: keep the order below
         config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files in `LONGEST_FIRST` order, then the others; a file's own tests keep their order."""
+    """Files in `LONGEST_FIRST` order, then the others; a file's own tests keep their order.
+
+    Tests marked ``hf`` need live PyTorch models: skipped, saying why, where torch is absent (the
+    default install; `make test-hf` installs the [hf] extra and runs them)."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    if not _torch_installed():
+        skip = pytest.mark.skip(reason="needs torch (the [hf] extra): run `make test-hf`")
+        for item in items:
+            if "hf" in item.keywords:
+                item.add_marker(skip)
 
 
 _SECONDS = collections.defaultdict(float)  # (worker, file) → setup + call + teardown seconds
