@@ -1,7 +1,9 @@
-"""Hugging Face GPT-2 / BERT / T5 ↔ jaxformer: logit parity with PyTorch, export round trips.
+"""Hugging Face GPT-2 / BERT / T5 ↔ jaxformer: logit and greedy parity, export round trips.
 
-The references are randomly initialised transformers models (PyTorch, CPU, float32, eager
-attention) saved with ``save_pretrained``; nothing is downloaded.
+The references are tiny random transformers models (PyTorch, CPU, float32, eager attention) saved
+with ``save_pretrained`` and their outputs, committed as golden files (`tests/golden.py`, made by
+`tests/make_golden.py`): these tests need no torch. The ``hf`` tests load exports back into live
+PyTorch (`make test-hf`). Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import torch
-import transformers
+from golden import golden_copy, golden_dir, reference, rel_err
 from safetensors.numpy import load_file, save_file
 
 from jaxformer.config import ModelConfig
@@ -27,125 +28,138 @@ from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.models.transformer import build_model
 from jaxformer.ops import weighted_cross_entropy
 
-V, B, L = 128, 2, 12
+V = 128
 RTOL = 1e-4
-SMALL = dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-             intermediate_size=128, max_position_embeddings=64)
-
-
-def rel_err(ours, ref) -> float:
-    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
-    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
-
-
-def _save(model, path) -> str:
-    model.eval().save_pretrained(path, safe_serialization=True)
-    return str(path)
-
-
-def _hf(cls, path):
-    return cls.from_pretrained(path, attn_implementation="eager").eval()
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    """Tiny random HF models saved as safetensors: {name: directory}."""
-    torch.manual_seed(0)
-    tmp = tmp_path_factory.mktemp("hf")
-    out = {
-        "gpt2": _save(transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            n_layer=2, n_embd=64, n_head=4, vocab_size=V, n_positions=64, bos_token_id=1,
-            eos_token_id=1)), tmp / "gpt2"),
-        "bert_mlm": _save(transformers.BertForMaskedLM(transformers.BertConfig(**SMALL)),
-                          tmp / "bert_mlm"),
-        "bert_cls": _save(transformers.BertForSequenceClassification(
-            transformers.BertConfig(**SMALL, num_labels=3)), tmp / "bert_cls"),
-    }
-    t5 = dict(vocab_size=V, d_model=64, d_kv=8, d_ff=96, num_layers=2, num_decoder_layers=3,
-              num_heads=4, relative_attention_num_buckets=16, relative_attention_max_distance=20)
-    out["t5_v1_0"] = _save(transformers.T5ForConditionalGeneration(
-        transformers.T5Config(**t5, feed_forward_proj="relu")), tmp / "t5_v1_0")
-    v11 = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        **t5, feed_forward_proj="gated-gelu", tie_word_embeddings=False))
-    # transformers 5 ties lm_head to `shared` regardless; give it its own weights like the
-    # published v1.1 checkpoints (transformers 4 already made it untied).
-    v11.lm_head.weight = torch.nn.Parameter(torch.randn(V, 64))
-    out["t5_v1_1"] = _save(v11, tmp / "t5_v1_1")
-    return out
-
-
-def _tokens(seed, shape=(B, L)):
-    return np.random.default_rng(seed).integers(0, V, shape).astype(np.int32)
-
-
-def _bert_batch():
-    x = _tokens(1)
-    types = np.zeros_like(x)
-    types[:, L // 2:] = 1
-    mask = np.ones_like(x)
-    mask[1, L - 4:] = 0  # padding in the second row
-    return x, types, mask
-
-
-def _ours(cfg_dict, params, name):
-    """jaxformer logits on the batch used for ``name``; padded positions dropped for BERT MLM."""
-    apply = jax.jit(build_model(ModelConfig.from_dict(cfg_dict)).apply)
-    if name == "gpt2":
-        return np.asarray(apply({"params": params}, _tokens(0)))
-    if name.startswith("bert"):
-        x, types, mask = _bert_batch()
-        out = np.asarray(apply({"params": params}, x, token_types=types, segment_ids=mask))
-        return out[mask == 1] if out.ndim == 3 else out
-    x, y = _tokens(2), _tokens(3, (B, 7))
-    mask = np.ones_like(x)
-    mask[0, L - 3:] = 0
-    return np.asarray(apply({"params": params}, x, y, inputs_segment_ids=mask))
-
-
+LOGIT_CASES = ("gpt2", "bert_mlm", "bert_cls", "t5_v1_0", "t5_v1_1", "t5_tied")
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "bert_mlm": "BertForMaskedLM",
               "bert_cls": "BertForSequenceClassification", "t5_v1_0": "T5ForConditionalGeneration",
               "t5_v1_1": "T5ForConditionalGeneration", "t5_tied": "T5ForConditionalGeneration"}
+# config.json entries an export writes otherwise than transformers saved them, with the same meaning
+# (HF reads None as the value on the right) or deliberately (reason).
+SAME_MEANING = {"n_inner": "None = 4 * n_embd", "position_embedding_type": 'None = "absolute"',
+                "decoder_start_token_id": "None = pad_token_id (0)",
+                "n_positions": "T5: informational, relative positions"}
+DELIBERATE = {"tie_word_embeddings": "transformers 5 saves True for T5 v1.1 with an untied lm_head; "
+              "the export states what the weights are",
+              "classifier_dropout_prob": "ALBERT: jaxformer's one dropout_rate"}
 
 
-def _theirs(name, path):
-    model = _hf(getattr(transformers, HF_CLASSES[name]), path)
-    with torch.no_grad():
-        if name == "gpt2":
-            return model(torch.tensor(_tokens(0))).logits.numpy()
-        if name.startswith("bert"):
-            x, types, mask = _bert_batch()
-            out = model(torch.tensor(x), token_type_ids=torch.tensor(types),
-                        attention_mask=torch.tensor(mask)).logits.numpy()
-            return out[mask == 1] if out.ndim == 3 else out
-        x, y = _tokens(2), _tokens(3, (B, 7))
-        mask = np.ones_like(x)
-        mask[0, L - 3:] = 0
-        return model(input_ids=torch.tensor(x), attention_mask=torch.tensor(mask),
-                     decoder_input_ids=torch.tensor(y)).logits.numpy()
+@pytest.fixture(scope="module")
+def dirs():
+    """The golden HF model directories: {name: directory} (read-only)."""
+    return {name: golden_dir(name) for name in LOGIT_CASES}
+
+
+def _ours(cfg_dict, params, name):
+    """jaxformer logits on the inputs of golden case ``name``; BERT MLM: padded positions dropped."""
+    ref = reference(name)
+    apply = jax.jit(build_model(ModelConfig.from_dict(cfg_dict)).apply)
+    if name.startswith("gpt2"):
+        return np.asarray(apply({"params": params}, ref["input_ids"]))
+    if name.startswith("bert"):
+        mask = ref["attention_mask"]
+        out = np.asarray(apply({"params": params}, ref["input_ids"], token_types=ref["token_type_ids"],
+                               segment_ids=mask))
+        return out[mask == 1] if out.ndim == 3 else out
+    return np.asarray(apply({"params": params}, ref["input_ids"], ref["decoder_input_ids"],
+                            inputs_segment_ids=ref["attention_mask"]))
+
+
+def _theirs(name):
+    """HF PyTorch's logits on those inputs (golden)."""
+    ref = reference(name)
+    out = ref["logits"]
+    return out[ref["attention_mask"] == 1] if name.startswith("bert") and out.ndim == 3 else out
+
+
+def assert_same_safetensors(src_dir, dst_dir, explicit_head=False):
+    """Key for key and tensor for tensor (bit-exact). ``explicit_head``: a tied T5 saved without
+    ``lm_head.weight`` exports it, equal to ``shared.weight`` (`test_t5_tied_without_rescale`)."""
+    src = load_file(os.path.join(src_dir, "model.safetensors"))
+    dst = load_file(os.path.join(dst_dir, "model.safetensors"))
+    if explicit_head:
+        src["lm_head.weight"] = src["shared.weight"]
+    assert sorted(dst) == sorted(src)
+    for k in src:
+        assert dst[k].dtype == src[k].dtype, k
+        np.testing.assert_array_equal(dst[k], src[k], err_msg=k)
+
+
+def assert_same_config(src_dir, dst_dir):
+    """The exported config.json has every entry transformers saved, with its value, but for the
+    `SAME_MEANING` and `DELIBERATE` entries (and the version stamp)."""
+    src = json.loads(open(os.path.join(src_dir, "config.json")).read())
+    dst = json.loads(open(os.path.join(dst_dir, "config.json")).read())
+    differ = {k: (src.get(k), dst.get(k)) for k in (set(src) | set(dst)) - {"jaxformer_config"}
+              if src.get(k) != dst.get(k)}
+    unexplained = {k: v for k, v in differ.items()
+                   if k not in SAME_MEANING and k not in DELIBERATE and k != "transformers_version"}
+    assert not unexplained, unexplained
+
+
+def export_like_the_cli(cfg, params, src_dir, out):
+    """`save_hf` with the source's config.json entries carried over, as ``--to-hf`` does."""
+    save_hf(cfg, params, out, extra_config=json.loads(open(os.path.join(src_dir, "config.json")).read()))
 
 
 # --------------------------------------------------------------------------------------------------
-@pytest.mark.slow
 @pytest.mark.parametrize("name,scan", [("gpt2", False), ("bert_mlm", False), ("bert_cls", True),
-                                       ("t5_v1_0", False), ("t5_v1_1", True)])
-def test_import_matches_pytorch_logits(dirs, name, scan, tmp_path):
+                                       ("t5_v1_0", False), ("t5_v1_1", True), ("t5_tied", False)])
+def test_import_matches_pytorch_logits_and_exports_the_same_files(dirs, name, scan, tmp_path):
     cfg, params, tok = load_hf(dirs[name], scan_layers=scan)
     assert cfg["scan_layers"] is scan
-    ref = _theirs(name, dirs[name])
+    ref = _theirs(name)
     ours = _ours(cfg, params, name)
     assert ours.shape == ref.shape
     err = rel_err(ours, ref)
     print(f"{name}: max relative logit error {err:.2e}")
     assert err <= RTOL
-    # Export → from_pretrained gives the same logits, and import → export the same tensors.
+    # import → export: the same tensors and config; read back, the same model
     out = tmp_path / "exported"
-    save_hf(cfg, params, out)
-    assert rel_err(_theirs(name, out), ref) <= RTOL
-    src, dst = load_file(os.path.join(dirs[name], "model.safetensors")), load_file(
-        out / "model.safetensors")
-    assert sorted(dst) == sorted(src)
-    for k in src:
-        np.testing.assert_array_equal(dst[k], src[k], err_msg=k)
+    export_like_the_cli(cfg, params, dirs[name], out)
+    assert_same_safetensors(dirs[name], out, explicit_head=name == "t5_tied")
+    assert_same_config(dirs[name], out)
+    back, again, _ = load_hf(out, scan_layers=scan)
+    assert back == cfg
+    jax.tree.map(np.testing.assert_array_equal, again, params)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5_v1_0", "t5_v1_1"])
+def test_greedy_generation_equals_pytorch(name):
+    """Cached greedy decoding of the imported model gives HF ``generate``'s tokens (6 new tokens,
+    no EOS stop; T5 from decoder start 0, GPT-2 continuing the prompt)."""
+    from jaxformer.decode import generate
+
+    ref = reference(name)
+    cfg, params, _ = load_hf(golden_dir(name))
+    model = build_model(ModelConfig.from_dict(cfg))
+    prompts = ref["prompt" if name == "gpt2" else "input_ids"]
+    if name != "gpt2":  # the sources without their padding
+        prompts = [row[mask == 1] for row, mask in zip(prompts, ref["attention_mask"])]
+    result = generate(model, params, [list(map(int, p)) for p in prompts], max_new_tokens=6,
+                      eos_id=None)
+    np.testing.assert_array_equal(np.asarray(result.tokens)[:, -6:] if name == "gpt2"
+                                  else np.asarray(result.tokens)[:, :6], ref["greedy"])
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LOGIT_CASES)
+def test_export_loads_in_pytorch_with_the_same_logits(dirs, name, tmp_path):
+    """Live: export → transformers ``from_pretrained`` → the golden logits."""
+    import torch
+    import transformers
+
+    cfg, params, _ = load_hf(dirs[name])
+    save_hf(cfg, params, tmp_path)
+    model = getattr(transformers, HF_CLASSES[name]).from_pretrained(
+        tmp_path, attn_implementation="eager").eval()
+    ref = reference(name)
+    keys = {"gpt2": ("input_ids",), "bert": ("input_ids", "token_type_ids", "attention_mask")}.get(
+        name.split("_")[0], ("input_ids", "attention_mask", "decoder_input_ids"))
+    with torch.no_grad():
+        out = model(**{k: torch.tensor(ref[k].astype(np.int64)) for k in keys}).logits.numpy()
+    assert rel_err(out, ref["logits"]) <= RTOL
 
 
 def test_configs_and_layouts(dirs):
@@ -177,23 +191,11 @@ def test_configs_and_layouts(dirs):
         assert jax.tree.map(np.shape, params) == want
 
 
-def test_t5_tied_without_rescale_round_trip(tmp_path):
-    """transformers 5's default v1.1 (tied lm_head, no d_model^-0.5): exported with an explicit
-    ``lm_head.weight`` so every transformers version reads it the same. The head is set equal to
-    the shared table by hand, as transformers 4 does not tie it when ``tie_word_embeddings=False``."""
-    torch.manual_seed(1)
-    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
-        feed_forward_proj="gated-gelu", tie_word_embeddings=False))
-    with torch.no_grad():
-        model.lm_head.weight.copy_(model.shared.weight)
-    path = _save(model, tmp_path / "t5")
-    cfg, params, _ = load_hf(path)
+def test_t5_tied_without_rescale(dirs):
+    """transformers 5's default v1.1 (tied lm_head, no d_model^-0.5): the export writes an explicit
+    ``lm_head.weight`` so every transformers version reads it the same (logits and files: above)."""
+    cfg, _, _ = load_hf(dirs["t5_tied"])
     assert (cfg["tie_embeddings"], cfg["rescale_tied_logits"]) == (True, False)
-    ref = _theirs("t5_tied", path)
-    assert rel_err(_ours(cfg, params, "t5_tied"), ref) <= RTOL
-    save_hf(cfg, params, tmp_path / "out")
-    assert rel_err(_theirs("t5_tied", tmp_path / "out"), ref) <= RTOL
 
 
 @pytest.mark.slow
@@ -220,8 +222,13 @@ def test_export_import_keeps_settings_hf_configs_lack(name, settings, tmp_path):
     assert hf_cfg["jaxformer_config"]["init_std"] == cfg.init_std
 
 
+@pytest.mark.hf
 def test_pytorch_bin_and_legacy_names_match_safetensors(dirs, tmp_path):
-    model = _hf(transformers.BertForMaskedLM, dirs["bert_mlm"])
+    """Reading ``pytorch_model.bin`` needs torch (as it does for users)."""
+    import torch
+    import transformers
+
+    model = transformers.BertForMaskedLM.from_pretrained(dirs["bert_mlm"]).eval()
     state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias",
                                                                       "LayerNorm.beta"): v
              for k, v in model.state_dict().items()}
@@ -235,12 +242,12 @@ def test_pytorch_bin_and_legacy_names_match_safetensors(dirs, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
-def test_sharded_bfloat16_checkpoint(dirs, tmp_path):
-    """bfloat16 tensors (which safetensors.numpy cannot hold) in an indexed, sharded checkpoint."""
-    model = _hf(transformers.GPT2LMHeadModel, dirs["gpt2"]).to(torch.bfloat16)
-    model.save_pretrained(tmp_path, max_shard_size="40KB")
-    assert os.path.isfile(tmp_path / "model.safetensors.index.json")
-    _, params, _ = load_hf(tmp_path)
+def test_sharded_bfloat16_checkpoint(dirs):
+    """bfloat16 tensors (which safetensors.numpy cannot hold) in an indexed, sharded checkpoint
+    (the golden gpt2 model saved by transformers in bfloat16, 40 KB shards)."""
+    shards = golden_dir("gpt2_bf16_shards")
+    assert os.path.isfile(os.path.join(shards, "model.safetensors.index.json"))
+    _, params, _ = load_hf(shards)
     _, ref, _ = load_hf(dirs["gpt2"])
     rounded = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32), ref)
     jax.tree.map(np.testing.assert_array_equal, params, rounded)
@@ -268,7 +275,7 @@ def test_finetune_imported_gpt2_then_export(dirs, tmp_path):
     cfg_dict, params, _ = load_hf(dirs["gpt2"])
     cfg = ModelConfig.from_dict(cfg_dict)
     model = build_model(cfg)
-    x = jnp.asarray(_tokens(7, (4, 16)))
+    x = jnp.asarray(np.random.default_rng(7).integers(0, V, (4, 16)), jnp.int32)
 
     def loss_fn(p):
         logits = model.apply({"params": p}, x[:, :-1])
@@ -289,14 +296,14 @@ def test_finetune_imported_gpt2_then_export(dirs, tmp_path):
         params, state, loss = step(params, state)
         losses.append(float(loss))
     assert losses[-1] < losses[0] - 0.5, losses
-    save_hf(cfg, params, tmp_path / "tuned")
-    ref = _theirs("gpt2", tmp_path / "tuned")
-    assert rel_err(_ours(cfg_dict, jax.device_get(params), "gpt2"), ref) <= RTOL
+    save_hf(cfg, params, tmp_path / "tuned")  # read back: the tuned model, tensor for tensor
+    _, back, _ = load_hf(tmp_path / "tuned")
+    jax.tree.map(np.testing.assert_array_equal, back, jax.device_get(params))
 
 
 def test_cli_round_trip(dirs, tmp_path):
     src = tmp_path / "src"
-    shutil.copytree(dirs["t5_v1_0"], src)
+    golden_copy("t5_v1_0", src)
     (src / "spiece.model").write_bytes(b"not a real model")  # copied as is
     hf_cfg = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps(dict(hf_cfg, finetuning_task="translation")))
@@ -306,10 +313,7 @@ def test_cli_round_trip(dirs, tmp_path):
     cfg, params = load_params(ckpt)
     assert cfg["scan_layers"] and "layers" in params["encoder"]
     assert convert_main(["--from", str(ckpt), "--to-hf", str(back)]) == 0
-    a, b = load_file(src / "model.safetensors"), load_file(back / "model.safetensors")
-    assert sorted(a) == sorted(b)
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert_same_safetensors(src, back)
     assert (back / "spiece.model").read_bytes() == b"not a real model"
     assert load_hf(back)[2] == str(back / "spiece.model")
     assert json.loads((back / "config.json").read_text())["finetuning_task"] == "translation"
@@ -321,38 +325,33 @@ def test_cli_round_trip(dirs, tmp_path):
 
 
 VARIANTS = {  # architectures whose shared parts the logit tests cover: tensors and loading only
-    "GPT2Model": lambda: transformers.GPT2Model(transformers.GPT2Config(
-        n_layer=1, n_embd=32, n_head=2, vocab_size=V, n_positions=16)),
-    "GPT2LMHeadModel-untied": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        n_layer=1, n_embd=32, n_head=2, vocab_size=V, n_positions=16, tie_word_embeddings=False)),
-    "BertForPreTraining": lambda: transformers.BertForPreTraining(transformers.BertConfig(
-        **dict(SMALL, num_hidden_layers=1))),
-    "BertForTokenClassification": lambda: transformers.BertForTokenClassification(
-        transformers.BertConfig(**dict(SMALL, num_hidden_layers=1), num_labels=4)),
-    "BertModel": lambda: transformers.BertModel(transformers.BertConfig(
-        **dict(SMALL, num_hidden_layers=1))),
-}
-EXPECTED = {"GPT2Model": ("none", True), "GPT2LMHeadModel-untied": ("lm", False),
-            "BertForPreTraining": ("mlm", True),
-            "BertForTokenClassification": ("token_classify", True), "BertModel": ("none", True)}
+    "GPT2Model": ("none", True), "GPT2LMHeadModel-untied": ("lm", False),
+    "BertForPreTraining": ("mlm", True), "BertForTokenClassification": ("token_classify", True),
+    "BertModel": ("none", True)}
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_variants_round_trip(name, tmp_path):
-    torch.manual_seed(2)
-    model = VARIANTS[name]()
-    path = _save(model, tmp_path / "src")
-    cfg, params, _ = load_hf(path)
-    assert (cfg["head"], cfg["tie_embeddings"]) == EXPECTED[name]
-    save_hf(cfg, params, tmp_path / "out")
-    src, dst = load_file(tmp_path / "src" / "model.safetensors"), load_file(
-        tmp_path / "out" / "model.safetensors")
-    assert sorted(dst) == sorted(src)
-    for k in src:
-        np.testing.assert_array_equal(dst[k], src[k], err_msg=k)
-    back, info = type(model).from_pretrained(tmp_path / "out", output_loading_info=True)
+    src = golden_dir(name)
+    cfg, params, _ = load_hf(src)
+    assert (cfg["head"], cfg["tie_embeddings"]) == VARIANTS[name]
+    export_like_the_cli(cfg, params, src, tmp_path)
+    assert_same_safetensors(src, tmp_path)
+    assert_same_config(src, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [name.split("-")[0]]
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variants_load_in_pytorch_without_missing_keys(name, tmp_path):
+    import transformers
+
+    cfg, params, _ = load_hf(golden_dir(name))
+    save_hf(cfg, params, tmp_path)
+    cls = getattr(transformers, name.split("-")[0])
+    back, info = cls.from_pretrained(tmp_path, output_loading_info=True)
     assert not any(info.values()), info
-    assert type(back) is type(model)
+    assert type(back) is cls
 
 
 # --------------------------------------------------------------------------------------------------
