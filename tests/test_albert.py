@@ -1,8 +1,9 @@
 """ALBERT (Lan et al. 2019): the factorised embedding and cross-layer sharing, against hand
 computations, the BERT layout they reduce to, the NNX twin, and Hugging Face PyTorch ALBERT.
 
-The references are randomly initialised transformers models built from configs (PyTorch, CPU,
-float32, eager attention); nothing is downloaded.
+The references are tiny random transformers models (PyTorch, CPU, float32, eager attention) and
+their outputs, committed as golden files (`tests/golden.py`, made by `tests/make_golden.py`), so
+these tests need no torch; nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import transformers
+from golden import golden_dir, reference, rel_err
 from jax.sharding import PartitionSpec
 from safetensors.numpy import load_file
 
@@ -54,13 +54,11 @@ def n_params(tree) -> int:
 
 # --------------------------------------------------------------------------------------------------
 def test_parameter_count_equals_hf_albert_base_v2():
+    """11,683,584: ``sum(p.numel() for p in transformers.AlbertModel(AlbertConfig(hidden_size=768,
+    num_attention_heads=12, intermediate_size=3072)).parameters())`` (albert-base-v2's "11M")."""
     cfg = ModelConfig.from_dict(preset("albert_base_v2", head="none"))
     shapes = jax.eval_shape(build_model(cfg).init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
-    hf = transformers.AlbertModel(transformers.AlbertConfig(
-        hidden_size=768, num_attention_heads=12, intermediate_size=3072))
-    want = sum(p.numel() for p in hf.parameters())
-    assert want == 11_683_584
-    assert n_params(shapes["params"]) == want
+    assert n_params(shapes["params"]) == 11_683_584
 
 
 def test_factorised_embedding_and_shared_block_by_hand():
@@ -167,78 +165,53 @@ def test_invalid_settings_name_the_field(overrides, match):
 
 
 # --------------------------------------------------------------------------------------------------
-# Hugging Face ALBERT: import parity with PyTorch, export → from_pretrained.
+# Hugging Face ALBERT: import parity with PyTorch (golden outputs), export of the same files.
 RTOL = 1e-5
-HF_SMALL = dict(vocab_size=V, embedding_size=8, hidden_size=32, num_attention_heads=4,
-                intermediate_size=64, num_hidden_layers=3, max_position_embeddings=16)
+HF_OUTPUTS = {"albert_mlm": ("logits",), "albert_groups": ("last_hidden_state",),
+              "albert_pretraining": ("prediction_logits", "sop_logits")}
 
 
-def rel_err(ours, ref) -> float:
-    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
-    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
-
-
-def hf_batch():
-    x = tokens(4)
-    types = np.zeros_like(x)
-    types[:, L // 2:] = 1
-    mask = np.ones_like(x)
-    mask[1, L - 3:] = 0  # padding in the second row
-    return x, types, mask
-
-
-def theirs(cls, path) -> np.ndarray:
-    model = cls.from_pretrained(path, attn_implementation="eager").eval()
-    x, types, mask = hf_batch()
-    with torch.no_grad():
-        out = model(torch.tensor(x), token_type_ids=torch.tensor(types),
-                    attention_mask=torch.tensor(mask))
-    out = out.logits if hasattr(out, "logits") else out.last_hidden_state
-    return out.numpy()[mask == 1]
-
-
-def ours(cfg: dict, params) -> np.ndarray:
-    x, types, mask = hf_batch()
+def ours(name: str, cfg: dict, params) -> list[np.ndarray]:
+    """Our outputs on the golden case's inputs, as `HF_OUTPUTS` names them (per-token outputs at the
+    unpadded positions; the encoder-only head gives the hidden states, not the pooled vector)."""
+    ref = reference(name)
+    mask = ref["attention_mask"]
     model = build_model(ModelConfig.from_dict(cfg))
-    out = model.apply({"params": params}, x, token_types=types, segment_ids=mask)
-    return np.asarray(out[0] if isinstance(out, tuple) else out)[mask == 1]  # hidden, not pooled
+    out = model.apply({"params": params}, ref["input_ids"], token_types=ref["token_type_ids"],
+                      segment_ids=mask)
+    if name == "albert_groups":
+        out = out[:1]
+    out = out if isinstance(out, tuple) else (out,)
+    return [np.asarray(o)[mask == 1] if o.ndim == 3 else np.asarray(o) for o in out]
 
 
-@pytest.fixture(scope="module")
-def hf_dirs(tmp_path_factory):
-    """Random local HF ALBERTs: {name: (class, directory)}; one shared group, or one per layer."""
-    torch.manual_seed(0)
-    tmp = tmp_path_factory.mktemp("albert")
-    models = {"mlm": transformers.AlbertForMaskedLM(transformers.AlbertConfig(**HF_SMALL)),
-              "model_groups": transformers.AlbertModel(transformers.AlbertConfig(
-                  **HF_SMALL, num_hidden_groups=3))}
-    out = {}
-    for name, model in models.items():
-        model.eval().save_pretrained(tmp / name, safe_serialization=True)
-        out[name] = (type(model), str(tmp / name))
-    return out
+def theirs(name: str) -> list[np.ndarray]:
+    ref = reference(name)
+    mask = ref["attention_mask"]
+    return [ref[k][mask == 1] if ref[k].ndim == 3 else ref[k] for k in HF_OUTPUTS[name]]
 
 
-@pytest.mark.slow  # HF PyTorch interop
-@pytest.mark.parametrize("name,scan", [("mlm", False), ("mlm", True), ("model_groups", False)])
-def test_import_matches_pytorch(hf_dirs, name, scan):
-    cls, path = hf_dirs[name]
-    cfg, params, _ = load_hf(path, scan_layers=scan)
+@pytest.mark.parametrize("name,scan", [("albert_mlm", False), ("albert_mlm", True),
+                                       ("albert_groups", False), ("albert_pretraining", True)])
+def test_import_matches_pytorch(name, scan):
+    cfg, params, _ = load_hf(golden_dir(name), scan_layers=scan)
     assert (cfg["embedding_size"], cfg["share_layers"], cfg["activation"]) == (
-        8, name == "mlm", "gelu_tanh")
-    err = rel_err(ours(cfg, params), theirs(cls, path))
-    print(f"albert {name}: max relative error {err:.2e}")
-    assert err <= RTOL
+        8, name != "albert_groups", "gelu_tanh")
+    if name == "albert_pretraining":  # the sentence-order head and an untied E-wide decoder
+        assert cfg["nsp_head"] and not cfg["tie_embeddings"]
+    for a, b in zip(ours(name, cfg, params), theirs(name), strict=True):
+        assert a.shape == b.shape
+        err = rel_err(a, b)
+        print(f"{name}: max relative error {err:.2e}")
+        assert err <= RTOL
 
 
-@pytest.mark.slow  # HF PyTorch interop
-@pytest.mark.parametrize("name", ["mlm", "model_groups"])
-def test_export_round_trips_through_from_pretrained(hf_dirs, name, tmp_path):
-    """import → export: the same tensors, and from_pretrained gives the same outputs."""
-    cls, path = hf_dirs[name]
+@pytest.mark.parametrize("name", sorted(HF_OUTPUTS))
+def test_export_writes_the_same_tensors(name, tmp_path):
+    """import → export: the same tensors; read back, the same config and parameters."""
+    path = golden_dir(name)
     cfg, params, _ = load_hf(path)
     save_hf(cfg, params, tmp_path)
-    assert rel_err(theirs(cls, tmp_path), theirs(cls, path)) <= RTOL
     src = load_file(f"{path}/model.safetensors")
     dst = load_file(tmp_path / "model.safetensors")
     assert sorted(dst) == sorted(src)
@@ -249,24 +222,29 @@ def test_export_round_trips_through_from_pretrained(hf_dirs, name, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, again, params)
 
 
-@pytest.mark.slow  # HF PyTorch interop
+def test_export_of_a_model_without_a_factorised_embedding_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="embedding_size"):
+        save_hf(tiny(embedding_size=None), init(tiny(embedding_size=None)), tmp_path / "no")
+
+
+@pytest.mark.hf
+@pytest.mark.slow
 def test_export_of_a_jaxformer_model_with_sop_and_untied_decoder(tmp_path):
-    """Our own ALBERT (scanned, sentence-order head, untied E-wide decoder) → AlbertForPreTraining
-    with logits equal to ours."""
+    """Live: our own ALBERT (scanned, sentence-order head, untied E-wide decoder) →
+    AlbertForPreTraining with logits equal to ours."""
+    import torch
+    import transformers
+
     cfg = tiny(head="mlm", nsp_head=True, tie_embeddings=False, scan_layers=True)
     params = init(cfg)
     params["mlm_head"]["decoder"]["bias"] = np.random.default_rng(5).normal(size=V).astype(np.float32)
     save_hf(cfg, params, tmp_path)
-    x, types, mask = hf_batch()
+    ref = reference("albert_mlm")
+    x, types, mask = ref["input_ids"], ref["token_type_ids"], ref["attention_mask"]
     model = transformers.AlbertForPreTraining.from_pretrained(tmp_path, attn_implementation="eager")
     with torch.no_grad():
-        ref = model.eval()(torch.tensor(x), token_type_ids=torch.tensor(types),
-                           attention_mask=torch.tensor(mask))
+        out = model.eval()(torch.tensor(x.astype(np.int64)), token_type_ids=torch.tensor(types.astype(np.int64)),
+                           attention_mask=torch.tensor(mask.astype(np.int64)))
     mlm, sop = build_model(cfg).apply({"params": params}, x, token_types=types, segment_ids=mask)
-    assert rel_err(np.asarray(mlm)[mask == 1], ref.prediction_logits.numpy()[mask == 1]) <= RTOL
-    assert rel_err(sop, ref.sop_logits.numpy()) <= RTOL
-    back, again, _ = load_hf(tmp_path, scan_layers=True)
-    assert back == cfg.to_dict()
-    jax.tree.map(np.testing.assert_array_equal, again, params)
-    with pytest.raises(ValueError, match="embedding_size"):
-        save_hf(tiny(embedding_size=None), init(tiny(embedding_size=None)), tmp_path / "no")
+    assert rel_err(np.asarray(mlm)[mask == 1], out.prediction_logits.numpy()[mask == 1]) <= RTOL
+    assert rel_err(sop, out.sop_logits.numpy()) <= RTOL

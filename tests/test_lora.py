@@ -272,13 +272,10 @@ def test_lora_finetune_trains_only_adapters_and_exports_merged(gpt_run, tmp_path
 
 @pytest.mark.slow
 def test_lora_finetunes_an_imported_random_gpt2(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=512, n_positions=64, n_embd=32, n_layer=1, n_head=2))
-    hf.eval().save_pretrained(tmp_path / "hf", safe_serialization=True)
-    config = _run_config("gpt_pretrain_tiny", 30, init_from=str(tmp_path / "hf"), **LORA_KEYS)
+    from golden import golden_dir
+
+    # a tiny random HF GPT-2 (tests/golden.py)
+    config = _run_config("gpt_pretrain_tiny", 30, init_from=golden_dir("gpt2_v512"), **LORA_KEYS)
     config.optimizer.peak_lr = 1e-2
     trainer = Trainer(config, tmp_path / "run")
     assert set(trainer.state.params) == {"lora"}  # the LM head is pretrained: frozen

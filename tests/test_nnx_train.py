@@ -93,20 +93,18 @@ def test_checkpoints_resume_across_module_apis_and_train_alike(tmp_path):
 
 @pytest.mark.slow
 def test_init_from_hugging_face_directory_with_nnx(tmp_path):
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from golden import golden_dir
+    from safetensors.numpy import load_file
 
-    torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=64, n_embd=32, n_layer=1, n_head=2))
-    hf.save_pretrained(tmp_path / "hf")
-    config = load_config("gpt_finetune_tiny", init_from=str(tmp_path / "hf"), module_api="nnx",
+    hf = golden_dir("gpt2_v512")  # a tiny random HF GPT-2 (tests/golden.py)
+    config = load_config("gpt_finetune_tiny", init_from=hf, module_api="nnx",
                          num_train_steps=2, **{"eval.num_batches": 1, "progress_bar": False,
                                                "optimizer.warmup_steps": 1,
                                                "data.tokenizer.max_train_texts": 500,
                                                "data.tokenizer.vocab_size": 512})
     trainer = Trainer(config, tmp_path / "run")
     assert isinstance(trainer.model, FunctionalModel)
-    wte = hf.transformer.wte.weight.detach().numpy()
+    wte = load_file(f"{hf}/model.safetensors")["transformer.wte.weight"]
     params = jax.device_get(trainer.state.params)
     np.testing.assert_array_equal(params["token_embed"]["embedding"], wte)
     assert "classifier" in params  # the new head (load_hf initialises heads the checkpoint lacks)

@@ -256,18 +256,17 @@ def test_sigterm_checkpoints_the_current_step_and_the_rerun_continues_exactly(tm
 
 @pytest.mark.slow
 def test_init_from_hugging_face_directory(tmp_path):
-    """``init_from`` a local HF GPT-2 directory: its architecture and weights are used, the new
-    classification head is fresh, and fine-tuning lowers the loss."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+    """``init_from`` a local HF GPT-2 directory (a golden tiny one, `tests/golden.py`): its
+    architecture and weights are used, the new classification head is fresh, and fine-tuning
+    lowers the loss."""
+    from golden import golden_dir
+    from safetensors.numpy import load_file
 
-    torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=64, n_embd=32, n_layer=1, n_head=2))
-    hf.save_pretrained(tmp_path / "hf")
-    config = load_config("gpt_finetune_tiny", init_from=str(tmp_path / "hf"), num_train_steps=30)
+    hf = golden_dir("gpt2_v512")
+    config = load_config("gpt_finetune_tiny", init_from=hf, num_train_steps=30)
     trainer = Trainer(config, tmp_path / "run")
     assert trainer.model_cfg.activation == "gelu_tanh" and trainer.model_cfg.norm_eps == 1e-5
-    wte = hf.transformer.wte.weight.detach().numpy()
+    wte = load_file(f"{hf}/model.safetensors")["transformer.wte.weight"]
     np.testing.assert_array_equal(jax.device_get(trainer.state.params["token_embed"]["embedding"]), wte)
     trainer.run()
     first, last = first_last(tmp_path / "run")
