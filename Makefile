@@ -1,5 +1,6 @@
 # Two commands: `make demo` and `make test`. Both create .venv if missing and install the project
-# with its [test] extra (which includes the [demo] extra). `make test-fast` is the inner-loop tier.
+# with its [test] extra (which includes the [demo] extra; no PyTorch). `make test-fast` is the
+# inner-loop tier; `make test-hf` the live Hugging Face PyTorch tier (in .venv-hf).
 # Python 3.12+ (jax >= 0.11 needs it): python3.12 / python3.13 on PATH, else pyenv's, else say so.
 PYTHON ?= $(shell r=$$(pyenv root 2>/dev/null); \
             for p in python3.12 python3.13 $$(ls -d $$r/versions/3.1[23].*/bin/python3 2>/dev/null | sort -V); do \
@@ -15,12 +16,14 @@ PYTEST_ARGS ?= -n 2 -q --durations=15
 # fixture, and test-by-test balancing is quicker there.
 WHOLE_FILES = --dist loadfile
 FLOORS  = .venv-floors
+HF      = .venv-hf
+HF_STAMP = $(HF)/.install-stamp
 PEERS   = .venv-peers
 PEERS_STAMP = $(PEERS)/.install-stamp
 BENCH_ARGS ?=
 BENCH_ARGS_DECODE ?=
 
-.PHONY: install demo test test-fast test-floors lint bench peers clean
+.PHONY: install demo test test-fast test-hf test-floors lint bench peers clean
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "jaxformer needs Python 3.12 or 3.13: install one (e.g. 'pyenv install 3.12') or run make PYTHON=/path/to/python3.12"; exit 1; }
@@ -30,8 +33,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' || { echo "$(VENV) is $$($(PY) -V): jaxformer needs Python 3.12+; run 'make clean' and retry"; exit 1; }
 	$(PY) -m pip install --no-cache-dir -e '.[test]' || { df -h . "$${TMPDIR:-/tmp}"; \
-	  echo "pip install failed. If the disk is full: the [test] extra needs about 10 GB free while it installs"; \
-	  echo "(PyTorch from PyPI brings ~4 GB of CUDA libraries even on a CPU machine)."; exit 1; }
+	  echo "pip install failed. If the disk is full: the [test] extra needs about 3 GB free while it installs."; exit 1; }
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -45,13 +47,28 @@ DEMO_ARGS ?= --no_tune --sizes bert=250
 demo: $(STAMP)
 	$(PY) -m demo $(DEMO_ARGS)
 
-# The full suite, what CI runs (.ci/run).
+# The full suite, what CI runs (.ci/run): torch-free (the tests marked hf are `make test-hf`'s).
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) tests
+	$(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) -m "not hf" tests
 
 # Everything but the tests marked slow (end-to-end runs): about 2.5 minutes on 2 cores.
 test-fast: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow" tests
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow and not hf" tests
+
+# Live Hugging Face PyTorch: the [hf] extra (torch, transformers) in .venv-hf, layered on .venv (a
+# .pth file adds .venv's site-packages after its own, so jax and the project are .venv's). Runs the
+# tests marked hf, then checks the committed golden references (tests/data/golden/) against the
+# installed transformers; `$(HF)/bin/python tests/make_golden.py` regenerates them after a
+# deliberate change. PyTorch from PyPI brings ~5 GB of CUDA libraries even on a CPU machine.
+$(HF_STAMP): pyproject.toml | $(STAMP)
+	test -x $(HF)/bin/python || $$($(PY) -c 'import sys; print(sys._base_executable)') -m venv $(HF)
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > $$($(HF)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_project_venv.pth
+	$(HF)/bin/python -m pip install -q --no-cache-dir $$($(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["hf"])')
+	touch $(HF_STAMP)
+
+test-hf: $(HF_STAMP)
+	$(HF)/bin/python -m pytest $(PYTEST_ARGS) -m hf tests
+	$(HF)/bin/python tests/make_golden.py --check
 
 # The suite at every dependency's lowest allowed version (pyproject's floors), resolved by uv.
 test-floors:
@@ -65,12 +82,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxformer demo tests bench configs train.py
 
 # The benchmarks' peers: transformers 4.57.6 (the last with Flax models) in .venv-peers, layered on
-# .venv (a .pth file adds .venv's site-packages after its own), so jax, flax and torch are the
-# project's. HF Flax T5 calls jnp.clip(a_max=), removed in jax 0.12: renamed to max= (same meaning).
-$(PEERS_STAMP): bench/peers-requirements.txt | $(STAMP)
+# .venv-hf and .venv (a .pth file adds their site-packages after its own), so jax, flax and torch
+# are the project's. HF Flax T5 calls jnp.clip(a_max=), removed in jax 0.12: renamed to max= (same
+# meaning).
+$(PEERS_STAMP): bench/peers-requirements.txt | $(HF_STAMP)
 	test -x $(PEERS)/bin/python || $$($(PY) -c 'import sys; print(sys._base_executable)') -m venv $(PEERS)
 	$(PEERS)/bin/python -m pip install -q --no-deps -r bench/peers-requirements.txt
-	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > $$($(PEERS)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_project_venv.pth
+	{ $(HF)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; \
+	  $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; } > $$($(PEERS)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_project_venv.pth
 	sed -i 's/jnp.clip(\(.*\), a_max=/jnp.clip(\1, max=/' $$($(PEERS)/bin/python -c 'import transformers.models.t5 as m, os; print(os.path.dirname(m.__file__))')/modeling_flax_t5.py
 	touch $(PEERS_STAMP)
 
@@ -82,4 +101,4 @@ bench: $(PEERS_STAMP)
 	PYTHONPATH=. $(PEERS)/bin/python bench/decode.py --peers $(BENCH_ARGS_DECODE)
 
 clean:
-	rm -rf $(VENV) $(FLOORS) $(PEERS) .pytest_cache
+	rm -rf $(VENV) $(FLOORS) $(HF) $(PEERS) .pytest_cache

@@ -1,5 +1,6 @@
 """What the package promises about itself: the library imports without the demo's dependencies
-(the ``[demo]`` extra), and the test tiers' marker cannot be misspelt."""
+(the ``[demo]`` extra) and without PyTorch (the ``[hf]`` extra), the default test install has no
+torch, and the test tiers' markers cannot be misspelt."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_ONLY = ("matplotlib", "sklearn")  # import names of the [demo] extra's packages
+HF_ONLY = ("torch",)  # the [hf] extra's (transformers is in [test]: no library module imports it)
 
 # Run in a fresh interpreter: a finder ahead of every other one makes the demo's dependencies
 # look uninstalled, then every module of the package is imported. Prints the modules imported.
@@ -42,8 +44,8 @@ def _import_every_module(blocked: tuple[str, ...]) -> subprocess.CompletedProces
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-def test_library_imports_without_the_demo_dependencies():
-    proc = _import_every_module(DEMO_ONLY)
+def test_library_imports_without_the_demo_dependencies_or_torch():
+    proc = _import_every_module(DEMO_ONLY + HF_ONLY + ("transformers",))
     assert proc.returncode == 0, proc.stderr[-3000:]
     imported = set(proc.stdout.split())
     expected = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
@@ -71,8 +73,25 @@ def test_demo_dependencies_are_an_extra_not_core_dependencies():
     assert "jaxformer[demo]" in extras["test"]  # `make test` runs tests/test_demo.py
 
 
+def test_the_default_test_install_has_no_torch():
+    """`make test` installs [test]: PyTorch's Linux wheel brings ~5 GB (CUDA libraries, triton)
+    even on a CPU machine; the Hugging Face references are committed golden files instead, and the
+    live comparisons are the [hf] extra's tier (`make test-hf`)."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def flat(extra):  # the extra's requirements, with the extras it names expanded
+        out = []
+        for spec in extras[extra]:
+            out += flat(spec[len("jaxformer["):-1]) if spec.startswith("jaxformer[") else [spec]
+        return out
+
+    assert not any(spec.startswith("torch") for spec in flat("test"))
+    assert any(spec.startswith("torch") for spec in extras["hf"])
+
+
 def test_slow_marker_is_registered_and_markers_are_strict(pytestconfig):
     """`make test-fast` deselects ``-m "not slow"``: a misspelt ``@pytest.mark.slwo`` would
     silently keep a slow test in the fast tier, so unknown markers are errors."""
     assert pytestconfig.option.strict_markers
     assert any(line.startswith("slow:") for line in pytestconfig.getini("markers"))
+    assert any(line.startswith("hf:") for line in pytestconfig.getini("markers"))
