@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-
 import os
 import shutil
 import sys
@@ -230,6 +229,7 @@ def write_case(name: str, case: Case, root: Path) -> None:
 # tests/test_init.py: HF PyTorch's fresh initialisation, in jaxformer's parameter names
 def init_statistics() -> dict:
     import test_init  # noqa: PLC0415 (tests/ is on sys.path)
+
     from jaxformer.config import ModelConfig
     from jaxformer.convert import load_hf, save_hf
     from jaxformer.convert.mapping import flatten, unflatten

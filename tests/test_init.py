@@ -20,7 +20,7 @@ import pytest
 from golden import init_stats
 
 from jaxformer.config import ModelConfig
-from jaxformer.convert.mapping import flatten
+from jaxformer.convert.mapping import flatten, unflatten
 from jaxformer.layers.params import initializer_of, residual_sublayers
 from jaxformer.models.presets import PRESETS, preset
 from jaxformer.models.transformer import build_model
