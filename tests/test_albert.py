@@ -243,7 +243,8 @@ def test_export_of_a_jaxformer_model_with_sop_and_untied_decoder(tmp_path):
     x, types, mask = ref["input_ids"], ref["token_type_ids"], ref["attention_mask"]
     model = transformers.AlbertForPreTraining.from_pretrained(tmp_path, attn_implementation="eager")
     with torch.no_grad():
-        out = model.eval()(*(torch.tensor(a.astype(np.int64)) for a in (x, types, mask)))
+        out = model.eval()(**{k: torch.tensor(v.astype(np.int64)) for k, v in (
+            ("input_ids", x), ("token_type_ids", types), ("attention_mask", mask))})
     mlm, sop = build_model(cfg).apply({"params": params}, x, token_types=types, segment_ids=mask)
     assert rel_err(np.asarray(mlm)[mask == 1], out.prediction_logits.numpy()[mask == 1]) <= RTOL
     assert rel_err(sop, out.sop_logits.numpy()) <= RTOL
