@@ -23,6 +23,7 @@ import ml_collections
 import numpy as np
 
 from jaxformer.train.checkpoint import load_checkpoint_params
+from jaxformer.train.checkpoint_select import best_of, committed_steps
 from jaxformer.train.config import config_node
 from jaxformer.train.config import load_config as load_training_config
 from jaxformer.train.loop import Trainer
@@ -329,19 +330,19 @@ def evaluate_split(trainer, params, split: str, max_batches: int = 0) -> dict:
 
 def best_step(rows: list[dict], metric: str, mode: str = "max",
               available: Collection[int] | None = None) -> int:
-    """The step of the best ``metric`` row among ``available`` steps (earliest on ties)."""
-    scored = [(r[metric], r["step"]) for r in rows
-              if metric in r and (available is None or r["step"] in available)]
-    if not scored:
+    """The step of the best ``metric`` row among ``available`` steps (earliest on ties; the rule of
+    the trainer's best checkpoint, `jaxformer.train.checkpoint_select.best_of`)."""
+    logged = {r["step"]: r for r in rows
+              if metric in r and (available is None or r["step"] in available)}
+    step = best_of(logged, metric, mode)
+    if step is None:
         raise ValueError(f"no row logged {metric!r} at a kept checkpoint {sorted(available or [])}")
-    sign = 1 if mode == "max" else -1
-    return max(scored, key=lambda x: (sign * x[0], -x[1]))[1]
+    return step
 
 
 def saved_steps(workdir: Path) -> list[int]:
     """Steps with a checkpoint under ``<workdir>/checkpoints``."""
-    d = Path(workdir) / "checkpoints"
-    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+    return committed_steps(Path(workdir) / "checkpoints")
 
 
 def checkpoint_params(workdir: Path, step: int):

@@ -73,6 +73,16 @@ def saved_metrics(ckpt_dir: Path, steps: Sequence[int]) -> dict[int, dict]:
     return out
 
 
+def best_of(metrics: Mapping[int, Mapping], metric: str, mode: str) -> int | None:
+    """The step whose ``metrics[step][metric]`` is best by ``mode`` ("min" / "max"), the earliest
+    on ties; None when no step has ``metric``."""
+    ranked = [s for s in sorted(metrics) if metric in metrics[s]]
+    if not ranked:
+        return None
+    pick = min if mode == "min" else max
+    return pick(ranked, key=lambda s: (score(metrics[s], metric, mode), -s if mode == "max" else s))
+
+
 def best_step(ckpt_dir: Path, steps: Sequence[int], checkpoint_cfg: Mapping) -> int:
     """The best of ``steps`` by the run's ``checkpoint`` section (``best_metric``, ``best_mode``);
     ValueError when the run kept no best metric or no step has it."""
@@ -85,11 +95,9 @@ def best_step(ckpt_dir: Path, steps: Sequence[int], checkpoint_cfg: Mapping) -> 
                          f"{list(steps)}")
     if mode not in BEST_MODES:
         raise ValueError(f"{run}: checkpoint.best_mode={mode!r} must be one of {BEST_MODES}")
-    metrics = saved_metrics(ckpt_dir, steps)
-    ranked = [s for s in steps if metric in metrics[s]]
-    if not ranked:
+    step = best_of(saved_metrics(ckpt_dir, steps), metric, mode)
+    if step is None:
         raise ValueError(f"no checkpoint of {run} was evaluated: none of its steps {list(steps)} "
                          f"has {metric} (checkpoint.best_metric); choose a step instead (--step N, or "
                          "init_from_step=N)")
-    pick = min if mode == "min" else max
-    return pick(ranked, key=lambda s: (score(metrics[s], metric, mode), -s if mode == "max" else s))
+    return step
