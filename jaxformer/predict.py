@@ -6,8 +6,9 @@
 The checkpoint is the latest, ``--step N`` or the ``--best`` by the run's ``checkpoint.best_metric``.
 The input is read as a ``files:`` source of the run (`jaxformer.data.builders.user_files`): text (one
 example per non-blank line), JSONL or TSV, by its extension or the run's ``data.format``; the text is
-the field ``data.text_key`` (``data.source_key`` for seq2seq runs) of a JSONL object or of a TSV row
-(columns from ``data.columns`` or the header row). Every line is predicted (no split). One JSON
+the field ``data.text_key`` (``data.source_key`` for seq2seq runs; unset: the usual names,
+`jaxformer.data.field_names`) of a JSONL object or of a TSV row (columns from ``data.columns`` or
+the header row). Every line is predicted (no split). One JSON
 object per line, in the input's order:
 
 - classification runs (a classifier head, or objective 'cloze': the MLM's label-word logits):
@@ -39,6 +40,7 @@ from tqdm import tqdm
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.builders.user_files import FileSource
+from jaxformer.data.field_names import input_field
 from jaxformer.data.pipeline import example_framing, make_dataset
 from jaxformer.data.sources import Fields, list_option
 from jaxformer.data.tokenizer import Tokenizer
@@ -62,8 +64,9 @@ def read_inputs(path: str, data_cfg: dict, task: str) -> list[dict[str, str]]:
     ``files:`` sources are; ``text`` is the field the run's model reads (see module docstring)."""
     files = FileSource(path, "train", fmt=option(data_cfg, "format"),
                        columns=list_option(data_cfg, "columns"), split_fractions=(1.0, 0.0, 0.0))
-    key = ("text" if files.fmt == "text" else option(data_cfg, "source_key", "source")
-           if task == "seq2seq" else option(data_cfg, "text_key", "text"))
+    key = "text" if files.fmt == "text" or not len(files) else input_field(
+        list(files[0]), text_key=option(data_cfg, "text_key"),
+        source_key=option(data_cfg, "source_key"), task=task)
     fields = Fields(text_key=key, where=f"--input {path!r}")
     return [fields(files[i]) for i in range(len(files))]
 

@@ -455,3 +455,55 @@ def test_a_missing_split_file_names_both_remedies(tmp_path):
     remedy = re.search(r"data.source='([^']+)' with data.split_fractions", message).group(1)
     splits = {s: len(get_source({"source": remedy}, s)) for s in ("train", "validation", "test")}
     assert sum(splits.values()) == 200 and min(splits.values()) > 0
+
+
+def test_conventional_column_names_take_their_roles(tmp_path):
+    """Unset roles take the usual names (issue 45): ``columns=text,label`` (as the command line
+    parses it) makes ``label`` the label of a classifier; a ``sentence``/``label`` header reads
+    the same; ``source``/``target`` and ``input``/``output`` are pairs; ``question``/``context``
+    /``answer`` is extractive QA. A text task ignores the label column; a stated key wins."""
+    from jaxformer.data.qa import QA_KEYS, qa_example
+
+    rows = ["What is a fjord ?\tDESC", "Who wrote Hamlet ?\tHUM"]
+    _write(tmp_path / "plain.tsv", rows)
+    cfg = {"source": f"files:{tmp_path}/plain.tsv", "split_fractions": (1.0, 0.0, 0.0),
+           "columns": ("text,label",), "label_names": ("DESC,HUM",)}
+    got = _records(get_source(cfg, "train", task="classify"))
+    assert [(r["text"], r["label"]) for r in got] == [("What is a fjord ?", 0),
+                                                     ("Who wrote Hamlet ?", 1)]
+    assert [set(r) for r in _records(get_source(cfg, "train", task="lm"))] == [{"text", "id"}] * 2
+    _write(tmp_path / "glue.tsv", ["sentence\tlabel", *rows])
+    glue = {"source": f"files:{tmp_path}/glue.tsv", "split_fractions": (1.0, 0.0, 0.0),
+            "label_names": ("DESC", "HUM")}
+    assert [(r["text"], r["label"]) for r in _records(get_source(glue, "train", task="classify"))
+            ] == [(r["text"], r["label"]) for r in got]
+    for header in ("source\ttarget", "input\toutput"):
+        _write(tmp_path / "pairs.tsv", [header, "hello\thola", "good night\tbuenas noches"])
+        pairs = {"source": f"files:{tmp_path}/pairs.tsv", "split_fractions": (1.0, 0.0, 0.0)}
+        for task in (None, "seq2seq"):
+            assert [(r["source"], r["target"]) for r in _records(get_source(pairs, "train",
+                                                                            task=task))] == [
+                ("hello", "hola"), ("good night", "buenas noches")]
+    stated = {**pairs, "source_key": "output", "target_key": "input"}
+    assert _records(get_source(stated, "train", task="seq2seq"))[0]["source"] == "hola"
+    _write(tmp_path / "qa.tsv", ["question\tcontext\tanswer",
+                                 "Who wrote it ?\tIt was written by Ann in 1990 .\tAnn"])
+    qa = get_source({"source": f"files:{tmp_path}/qa.tsv", "split_fractions": (1.0, 0.0, 0.0)},
+                    "train", keep=QA_KEYS, task="qa")
+    example = qa_example(qa[0])
+    assert (example["answer_text"], example["answer_start"]) == ("Ann", 18)
+    assert example["context"][18:21] == "Ann"
+    with pytest.raises(ValueError, match="has no field 'label'; its fields are"):
+        get_source({**cfg, "columns": ("text,tag",)}, "train", task="classify")
+    with pytest.raises(ValueError, match="has no field 'source'"):
+        get_source({**cfg, "columns": ("a,b",)}, "train", task="seq2seq")
+
+
+def test_predict_reads_the_input_field_by_the_usual_names():
+    from jaxformer.data.field_names import input_field
+
+    assert input_field(["sentence", "label", "id"], text_key=None, source_key=None,
+                       task="classify") == "sentence"
+    assert input_field(["input", "id"], text_key=None, source_key=None, task="seq2seq") == "input"
+    assert input_field(["en", "es"], text_key=None, source_key="en", task="seq2seq") == "en"
+    assert input_field(["text", "sentence"], text_key="text", source_key=None, task="lm") == "text"

@@ -335,7 +335,7 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     if transform is None:
         transform = spec.example_transform(special, None if isinstance(objective, str) else objective)
     if source is None:
-        source = get_source(data_cfg, split, keep=QA_KEYS if task == "qa" else ())
+        source = get_source(data_cfg, split, keep=QA_KEYS if task == "qa" else (), task=task)
 
     ds = grain.MapDataset.source(source)[process_index::process_count]
     if len(ds) == 0:

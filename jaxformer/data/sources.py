@@ -46,6 +46,7 @@ import numpy as np
 
 from jaxformer.data import builders
 from jaxformer.data.builders import user_files
+from jaxformer.data.field_names import infer_roles
 from jaxformer.data.tfds_source import tfds_name, tfds_source
 from jaxformer.options import option
 
@@ -269,15 +270,19 @@ def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
     return tuple(n.strip() for n in names)
 
 
-def _fields(data_cfg: Any, where: str) -> Fields:
-    names = list_option(data_cfg, "label_names")
-    return Fields(text_key=option(data_cfg, "text_key", _SOURCE_DEFAULTS["text_key"]),
-                  label_key=option(data_cfg, "label_key"), source_key=option(data_cfg, "source_key"),
-                  target_key=option(data_cfg, "target_key"),
-                  label_names=names, where=where)
+def _fields(data_cfg: Any, where: str, available: Sequence[str] | None = None,
+            task: str | None = None) -> Fields:
+    """The `Fields` of ``data_cfg``; with the record fields ``available`` known, the roles it
+    leaves unset are taken by their conventional names (`jaxformer.data.field_names`)."""
+    roles = {k: option(data_cfg, k, _SOURCE_DEFAULTS.get(k))
+             for k in ("text_key", "label_key", "source_key", "target_key")}
+    if available is not None:
+        roles = infer_roles(available, task=task, **roles)
+    return Fields(**roles, label_names=list_option(data_cfg, "label_names"), where=where)
 
 
-def get_source(data_cfg: Any, split: str, keep: Sequence[str] = ()) -> Sequence[dict[str, Any]]:
+def get_source(data_cfg: Any, split: str, keep: Sequence[str] = (), task: str | None = None
+               ) -> Sequence[dict[str, Any]]:
     """The random-access source named by ``data_cfg.source`` for ``split``.
 
     Args:
@@ -287,6 +292,9 @@ def get_source(data_cfg: Any, split: str, keep: Sequence[str] = ()) -> Sequence[
         TFDS split expressions such as ``"train[:1%]"``; TFDS datasets use their own names).
       keep: fields of TFDS and file records to pass through besides the schema's (the question and
         answer of extractive QA, `jaxformer.data.qa.QA_KEYS`).
+      task: the data task that reads the records (`jaxformer.objectives.Objective.data_task`):
+        roles the config leaves unset are found by their usual names for it
+        (`jaxformer.data.field_names`); None = only the text is read (the tokenizer's).
 
     Raises:
       ValueError: unknown source, bad option, missing field.
@@ -297,7 +305,7 @@ def get_source(data_cfg: Any, split: str, keep: Sequence[str] = ()) -> Sequence[
         raise ValueError(f"data.source must be a non-empty string, one of {SOURCE_KINDS}; "
                          f"got {spec!r}")
     _check_options(data_cfg, spec)
-    source = _from_spec(spec, data_cfg, split, tuple(keep))
+    source = _from_spec(spec, data_cfg, split, tuple(keep), task)
     view = option(data_cfg, "pair_view")
     return PairsAsText(source, view) if view else source
 
@@ -322,30 +330,36 @@ def _check_options(data_cfg: Any, spec: str) -> None:
                              f"data.source={spec!r}; leave it unset")
 
 
-def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = ()
-               ) -> Sequence[dict[str, Any]]:
+def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = (),
+               task: str | None = None) -> Sequence[dict[str, Any]]:
     kind, _, rest = spec.partition(":")
     if kind == "concat":
         parts = [p.strip() for p in rest.split(",") if p.strip()]
         if not parts:
             raise ValueError(f"data.source {spec!r}: 'concat:' needs comma-separated sources")
-        return ConcatSource([_from_spec(p, data_cfg, split, keep) for p in parts])
+        return ConcatSource([_from_spec(p, data_cfg, split, keep, task) for p in parts])
     if kind == "tfds":
         name = tfds_name(rest)
-        fields = dataclasses.replace(_fields(data_cfg, f"TFDS dataset {name!r}"), keep=keep)
         base = tfds_source(name, split, data_dir=option(data_cfg, "tfds_data_dir"),
                            download=option(data_cfg, "tfds_download"))
         features = getattr(getattr(base, "dataset_info", None), "features", None)
-        if features is not None:
-            fields.check(list(features.keys()))
+        available = None if features is None else list(features.keys())
+        fields = dataclasses.replace(_fields(data_cfg, f"TFDS dataset {name!r}", available, task),
+                                     keep=keep)
+        if available is not None:
+            fields.check(available)
         return MappedSource(base, fields)
     if kind == "files":
-        fields = dataclasses.replace(_fields(data_cfg, f"files {rest!r}"), keep=keep)
         fmt = option(data_cfg, "format")
         base = user_files.FileSource(
             rest, split, fmt=fmt, columns=list_option(data_cfg, "columns"),
             split_fractions=tuple(option(data_cfg, "split_fractions",
                                                 _SOURCE_DEFAULTS["split_fractions"])))
+        available = (list(base[0]) if len(base) else
+                     list(base.columns[0] or ("text",)) if base.columns else None)
+        fields = dataclasses.replace(
+            _fields(data_cfg, f"files {rest!r}", None if base.fmt == "text" else available, task),
+            keep=keep)
         if base.fmt == "text" and fields.schema != "text":
             raise ValueError(f"files {rest!r}: format 'text' holds only text; use 'jsonl' or "
                              f"'tsv' for {fields.schema} data (label_key/source_key set)")

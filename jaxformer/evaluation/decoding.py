@@ -113,7 +113,7 @@ def decoding_examples(config: Any, tokenizer: Tokenizer, split: str, *, limit: i
     framing = example_framing(config.data, config.objective)
     special, seq_len = tokenizer.special, config.data.seq_len
     prefix = {"bos_eos": [special.bos_id], "cls_sep": [special.cls_id]}.get(framing, [])
-    source = get_source(config.data, split) if source is None else source
+    source = get_source(config.data, split, task=task) if source is None else source
     out = []
     for i in range(len(source) if not limit else min(limit, len(source))):
         ex = source[i]
