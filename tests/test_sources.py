@@ -451,7 +451,9 @@ def test_a_missing_split_file_names_both_remedies(tmp_path):
     with pytest.raises(ValueError) as e:
         get_source({"source": f"files:{tmp_path}/{{split}}.txt"}, "validation")
     message = str(e.value)
-    assert "no file matches" in message and "add that file, or drop '{split}' from the glob" in message
+    assert "no file matches" in message and "the glob's files hold the splits ['train']" in message
+    assert "add that file, or hold out part of train with data.validation_from_train=0.1, or drop " \
+           "'{split}' from the glob" in message
     remedy = re.search(r"data.source='([^']+)' with data.split_fractions", message).group(1)
     splits = {s: len(get_source({"source": remedy}, s)) for s in ("train", "validation", "test")}
     assert sum(splits.values()) == 200 and min(splits.values()) > 0
@@ -507,3 +509,25 @@ def test_predict_reads_the_input_field_by_the_usual_names():
     assert input_field(["input", "id"], text_key=None, source_key=None, task="seq2seq") == "input"
     assert input_field(["en", "es"], text_key=None, source_key="en", task="seq2seq") == "en"
     assert input_field(["text", "sentence"], text_key="text", source_key=None, task="lm") == "text"
+
+
+def test_validation_from_train_holds_out_texts_by_hash(tmp_path):
+    """``data.validation_from_train``: with train and test files only, validation is the part of
+    train whose text hashes into the fraction (the documented rule, written out here); train is the
+    rest; a repeated text lands on one side only; test is untouched."""
+    texts = [f"question {i % 150} ?" for i in range(300)]  # every text twice
+    _write(tmp_path / "train.tsv", [f"{t}\t{i % 3}" for i, t in enumerate(texts)])
+    _write(tmp_path / "test.tsv", ["a test question ?\t1"])
+    cfg = {"source": f"files:{tmp_path}/{{split}}.tsv", "columns": ("text", "label"),
+           "validation_from_train": 0.1}
+    got = {s: _records(get_source(cfg, s, task="classify")) for s in SPLITS}
+    assert sorted(r["id"] for s in ("train", "validation") for r in got[s]) == sorted(
+        f"train.tsv:{n}" for n in range(1, 301))
+    held = {t for t in set(texts) if _reference_split(t, (0.9, 0.1, 0.0)) == "validation"}
+    assert {r["text"] for r in got["validation"]} == held and 5 < len(held) < 30
+    assert not held & {r["text"] for r in got["train"]}
+    assert [r["text"] for r in got["test"]] == ["a test question ?"]
+    with pytest.raises(ValueError, match=r"data.validation_from_train=1.5 must be a fraction"):
+        get_source({**cfg, "validation_from_train": 1.5}, "train")
+    with pytest.raises(ValueError, match="has no '{split}', so its lines are already split"):
+        get_source({**cfg, "source": f"files:{tmp_path}/train.tsv"}, "validation")

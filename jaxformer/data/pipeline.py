@@ -67,7 +67,7 @@ from jaxformer.data.closed_at_exit import ClosedAtExit
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
 from jaxformer.data.qa import QA_KEYS, QAFeatures, qa_options
 from jaxformer.data.sentence_pairs import SentencePairs, check_pair_data, pair_rows
-from jaxformer.data.sources import default_source_config, get_source
+from jaxformer.data.sources import check_held_out, default_source_config, get_source
 from jaxformer.data.sources import source_texts as source_texts  # re-exported
 from jaxformer.data.tokenizer import Tokenizer, default_tokenizer_config
 from jaxformer.data.vocab import SpecialTokens
@@ -283,6 +283,7 @@ def check_data_config(cfg: ml_collections.ConfigDict, process_count: int = 1, *,
         bad("packing", f"{task} rows hold one example (one label); set data.packing=False")
     if task == "sentence_pairs":
         check_pair_data(example_framing(cfg, objective), cfg.packing)
+    check_held_out(option(cfg, "validation_from_train", 0.0), option(cfg, "source", ""))
 
 
 def example_framing(cfg: Any, objective: Any = "clm") -> str:

@@ -30,7 +30,11 @@ plus ``"id": str`` where the source has one (built-in corpora, user files).
 
 Field options (TFDS feature names, JSONL keys, TSV columns): ``text_key`` (default "text"),
 ``label_key`` (set → classification), ``source_key`` + ``target_key`` (set → pairs),
-``label_names`` (maps string labels to their index). TFDS options: ``tfds_data_dir``,
+``label_names`` (maps string labels to their index); unset roles take their usual names
+(``sentence``/``label``, ``source``/``target``, ``input``/``output``, … :
+`jaxformer.data.field_names`). ``validation_from_train`` (any source, e.g. 0.1): the validation
+split is that fraction of the train split, chosen by the hash of each example's text (`held_out`),
+and train is the rest. TFDS options: ``tfds_data_dir``,
 ``tfds_download`` (default: True unless ``JAXFORMER_OFFLINE`` is set).
 """
 
@@ -62,7 +66,8 @@ _BUILTIN_FIELDS = {"shakespeare": ("text", None, None, None),
 
 # Defaults of the source options that have one (the others default to None = unset); a plain dict
 # data config without them gets the same values (`jaxformer.options.option` with these defaults).
-_SOURCE_DEFAULTS = {"source": "", "text_key": "text", "split_fractions": (0.9, 0.05, 0.05)}
+_SOURCE_DEFAULTS = {"source": "", "text_key": "text", "split_fractions": (0.9, 0.05, 0.05),
+                    "validation_from_train": 0.0}
 
 
 # One line per source key of ``config.data`` (``train.py --print_config`` shows them).
@@ -83,6 +88,9 @@ SOURCE_KEY_DOCS = {
     "target_key": "field holding the target text (with source_key: pairs for seq2seq)",
     "label_names": "string labels in class order, e.g. \"--config.data.label_names=('neg','pos')\" "
                    "(or neg,pos); a label's index is its class; sets model.num_classes when unset",
+    "validation_from_train": "hold out this fraction of the train split as the validation split "
+                             "(e.g. 0.1; 0 = the source's own), by a hash of each example's text "
+                             "so that duplicates stay on one side",
     "tfds_data_dir": "TFDS data directory (unset = TFDS's default)",
     "tfds_download": "let TFDS download and prepare a dataset (unset = unless JAXFORMER_OFFLINE)",
 }
@@ -256,6 +264,54 @@ class PairsAsText:
         return out
 
 
+class Subset:
+    """The records of ``base`` at ``indices`` (a ``[N]`` int64 array), in that order."""
+
+    def __init__(self, base: Sequence[dict[str, Any]], indices: np.ndarray) -> None:
+        self.base, self.indices = base, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for a source of length {len(self)}")
+        return self.base[int(self.indices[index])]
+
+    def __repr__(self) -> str:
+        return f"Subset({self.base!r}, len={len(self)})"
+
+
+def check_held_out(fraction: Any, spec: str = "") -> None:
+    """ValueError unless ``data.validation_from_train`` is a fraction in [0, 1) that ``spec`` can
+    use (a ``files:`` glob without ``{split}`` holds out validation by ``data.split_fractions``)."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 <= fraction < 1:
+        raise ValueError(f"data.validation_from_train={fraction!r} must be a fraction in [0, 1), "
+                         "e.g. 0.1 (0 = the source's own validation split)")
+    hashed = [p for p in spec.removeprefix("concat:").split(",")
+              if p.strip().startswith("files:") and "{split}" not in p]
+    if fraction and hashed:
+        raise ValueError(f"data.validation_from_train={fraction} applies to sources with a train "
+                         f"split of their own; {hashed[0].strip()!r} has no '{{split}}', so its "
+                         "lines are already split by hash with data.split_fractions; leave "
+                         "data.validation_from_train at 0")
+
+
+def held_out(train: Sequence[dict[str, Any]], split: str, fraction: float) -> Subset:
+    """The ``"train"`` or ``"validation"`` part of ``train`` when ``fraction`` of it is held out
+    for validation: each example goes by `jaxformer.data.builders.hash_split` of its text
+    (``text``, else ``source``), so equal texts (a corpus's repeated questions) fall on the same
+    side, whatever the order or the number of the lines."""
+    fractions = (1.0 - fraction, fraction, 0.0)
+    keep = [i for i in range(len(train))
+            if builders.hash_split(_text_of(train[i]), fractions) == split]
+    return Subset(train, np.array(keep, np.int64))
+
+
+def _text_of(record: Mapping[str, Any]) -> str:
+    return str(record.get("text", record.get("source", "")))
+
+
 def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
     """The list option ``data.<key>`` (``label_names``, ``columns``) as a tuple (None if unset);
     ``neg,pos`` — what an unquoted ``--config.data.label_names=neg,pos`` parses to, one string — is
@@ -274,8 +330,9 @@ def _fields(data_cfg: Any, where: str, available: Sequence[str] | None = None,
             task: str | None = None) -> Fields:
     """The `Fields` of ``data_cfg``; with the record fields ``available`` known, the roles it
     leaves unset are taken by their conventional names (`jaxformer.data.field_names`)."""
-    roles = {k: option(data_cfg, k, _SOURCE_DEFAULTS.get(k))
-             for k in ("text_key", "label_key", "source_key", "target_key")}
+    roles = dict(text_key=option(data_cfg, "text_key", _SOURCE_DEFAULTS["text_key"]),
+                 label_key=option(data_cfg, "label_key"), source_key=option(data_cfg, "source_key"),
+                 target_key=option(data_cfg, "target_key"))
     if available is not None:
         roles = infer_roles(available, task=task, **roles)
     return Fields(**roles, label_names=list_option(data_cfg, "label_names"), where=where)
@@ -305,7 +362,12 @@ def get_source(data_cfg: Any, split: str, keep: Sequence[str] = (), task: str | 
         raise ValueError(f"data.source must be a non-empty string, one of {SOURCE_KINDS}; "
                          f"got {spec!r}")
     _check_options(data_cfg, spec)
-    source = _from_spec(spec, data_cfg, split, tuple(keep), task)
+    held = option(data_cfg, "validation_from_train", 0.0)
+    if held and split in ("train", "validation"):
+        check_held_out(held, spec)
+        source = held_out(_from_spec(spec, data_cfg, "train", tuple(keep), task), split, held)
+    else:
+        source = _from_spec(spec, data_cfg, split, tuple(keep), task)
     view = option(data_cfg, "pair_view")
     return PairsAsText(source, view) if view else source
 

@@ -28,6 +28,7 @@ compressing a file keeps every line in its split.
 from __future__ import annotations
 
 import bz2
+import fnmatch
 import glob as globlib
 import gzip
 import hashlib
@@ -35,6 +36,7 @@ import json
 import lzma
 import os
 import pathlib
+import re
 import shutil
 from collections.abc import Sequence
 from typing import Any
@@ -97,6 +99,18 @@ def decompressed(path: str) -> str:
     return str(out)
 
 
+def available_splits(pattern: str) -> list[str]:
+    """The names that the files matching ``pattern`` (a glob with ``{split}``) give ``{split}``."""
+    pattern = os.path.expanduser(pattern)
+    head, _, tail = pattern.partition("{split}")
+    marker = "\x00"  # a character no path holds, translated as itself
+    regex = re.compile(fnmatch.translate(head + marker + tail.replace("{split}", "*"))
+                       .replace(marker, "(?P<split>[^/]+?)", 1))
+    matches = (regex.match(p) for p in globlib.glob(pattern.replace("{split}", "*"),
+                                                    recursive=True))
+    return sorted({m.group("split") for m in matches if m})
+
+
 def _glob_root(pattern: str) -> str:
     """The directory of ``pattern`` before its first wildcard ("" = use base names)."""
     cut = min((i for i, ch in enumerate(pattern) if ch in "*?["), default=None)
@@ -129,11 +143,16 @@ class FileSource:
         self.names = [_without_compression(os.path.relpath(p, root) if root else
                                            os.path.basename(p)) for p in self.paths]
         if not self.paths:
+            found = "" if hashed or pattern == "{split}" else (
+                f"; the glob's files hold the splits {available_splits(pattern) or 'none'}")
             fix = "" if hashed or split == "train" or pattern == "{split}" else (
-                f"; add that file, or drop '{{split}}' from the glob and let the splits come by "
+                "; add that file" + (", or hold out part of train with "
+                                     "data.validation_from_train=0.1" if split == "validation"
+                                     else "") +
+                f", or drop '{{split}}' from the glob and let the splits come by "
                 f"hash (e.g. data.source='files:{pattern.replace('{split}', 'train')}' with "
                 "data.split_fractions, default 0.9/0.05/0.05)")
-            raise ValueError(f"files {named}: no file matches it{fix}")
+            raise ValueError(f"files {named}: no file matches it{found}{fix}")
         self.fmt = fmt or _infer_format(self.paths, glob)
         if self.fmt not in FORMATS:
             raise ValueError(f"data.format {self.fmt!r} is not one of {FORMATS}")
