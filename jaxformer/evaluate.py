@@ -8,8 +8,10 @@
 Loss, accuracy and perplexity over the whole split (the trainer's eval step); per-class precision,
 recall, F1 and the confusion matrix for classification; BLEU, chrF and exact match of real decoding
 for seq2seq and sft runs (``--decode`` for plain clm runs: the first half of each example is the
-prompt, its second half the reference). Results go to ``<workdir>/eval/<split>_step<N>.json``
-(``--out`` to choose); `jaxformer.evaluation.run` is the library side.
+prompt, its second half the reference). Results go to ``<workdir>/eval/<split>_step<N>.json``,
+with the decoding settings appended when it decodes (``test_step1000_beam4_new64.json``: another
+strategy never overwrites a result; `jaxformer.evaluation.run.results_path`); ``--out`` to choose.
+`jaxformer.evaluation.run` is the library side.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ flags.DEFINE_integer("max_new_tokens", None,
                      "data.target_len).")
 flags.DEFINE_integer("max_decode", 0, "Decode only the first N examples (0 = all).")
 flags.DEFINE_integer("batch_size", None, "Rows per decoding batch (default: data.batch_size).")
-flags.DEFINE_string("out", None, "Results JSON path (default <workdir>/eval/<split>_step<N>.json).")
+flags.DEFINE_string("out", None, "Results JSON path (default <workdir>/eval/<split>_step<N>"
+                    "[_<strategy><beams>_new<max_new_tokens>].json).")
 flags.mark_flags_as_required(["workdir"])
 
 

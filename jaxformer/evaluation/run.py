@@ -179,8 +179,9 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
       batch_size: rows per decoding batch (default ``data.batch_size``).
 
     Returns:
-      ``{"workdir", "step", "split", "data", "objective", "metrics": {...}, "generation": {...}}``
-      (``generation`` only when decoding), JSON-serialisable.
+      ``{"workdir", "step", "split", "data", "run_data", "objective", "metrics": {...},
+      "generation": {...}}`` (``run_data``: the run's own ``data.source``; ``generation`` only
+      when decoding), JSON-serialisable.
     """
     loaded = load_run(workdir, step=step, best=best)
     config = loaded.config
@@ -188,6 +189,7 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
         config, split = with_data(config, data, split)
     results: dict[str, Any] = {"workdir": str(workdir), "step": loaded.step, "split": split,
                                "data": data or config.data.source,
+                               "run_data": loaded.config.data.source,
                                "objective": config.objective.name,
                                "metrics": teacher_forced(loaded, config, split, progress=progress)}
     can_decode = decodes(config, loaded.model_cfg)
@@ -204,16 +206,28 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
                                    progress=progress)
         results["generation"] = {"strategy": gen.strategy, "max_new_tokens": gen.max_new_tokens,
                                  **({"beam_size": gen.beam_size} if gen.strategy == "beam" else {}),
-                                 "examples": len(examples), **scores}
+                                 "max_decode": max_decode, "examples": len(examples), **scores}
     return results
 
 
 def results_path(workdir: str | os.PathLike, results: dict[str, Any]) -> Path:
-    """``<workdir>/eval/<split or file name>_step<N>.json``."""
+    """``<workdir>/eval/<data>_step<N>[_<decoding>].json``, named by everything that changes the
+    result, so no evaluation overwrites another's: the split (a ``--data`` file's name, or
+    ``<source>_<split>`` for other data), the step and, when it decoded, the strategy with its
+    beam size, ``max_new_tokens`` and ``max_decode`` (e.g. ``test_step1000_beam4_new64.json``)."""
+    def slug(text: str) -> str:
+        return re.sub(r"[^\w.-]+", "_", text).strip("_") or "data"
+
     glob = _whole_files(results["data"])
-    name = results["split"] if glob is None else Path(glob).name
-    name = re.sub(r"[^\w.-]+", "_", name).strip("_") or "data"
-    return Path(workdir) / "eval" / f"{name}_step{results['step']}.json"
+    name = slug(results["split"] if glob is None else Path(glob).name)
+    if glob is None and results["data"] != results.get("run_data", results["data"]):
+        name = f"{slug(results['data'])}_{name}"
+    name += f"_step{results['step']}"
+    g = results.get("generation")
+    if g:
+        name += f"_{g['strategy']}{g.get('beam_size', '')}_new{g['max_new_tokens']}"
+        name += f"_first{g['max_decode']}" if g.get("max_decode") else ""
+    return Path(workdir) / "eval" / f"{name}.json"
 
 
 def write_results(results: dict[str, Any], path: str | os.PathLike) -> Path:
