@@ -27,6 +27,7 @@ classification batches have one shape.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -72,14 +73,17 @@ def read_inputs(path: str, data_cfg: dict, task: str) -> list[dict[str, str]]:
 
 
 def classify(model: Any, params: Any, tokenizer: Tokenizer, run_config: dict,
-             texts: Sequence[str], batch_size: int) -> Iterator[np.ndarray]:
+             texts: Sequence[str], batch_size: int, name: str = "the input"
+             ) -> Iterator[np.ndarray]:
     """Class probabilities `[C]` float32 of each text, in order: the texts framed and truncated by
-    the run's data pipeline (unshuffled, unpacked), softmax of the model's logits."""
+    the run's data pipeline (unshuffled, unpacked), softmax of the model's logits. ``name``: what
+    the pipeline's log lines call the texts."""
     data_cfg = {**run_config["data"], "batch_size": batch_size, "shuffle": False,
                 "worker_count": 0}
     source = [{"text": t, "label": 0} for t in texts]
     batches = make_dataset(data_cfg, "predict", tokenizer, seed=0, objective=run_config["objective"],
-                           process_index=0, process_count=1, num_epochs=1, source=source)
+                           process_index=0, process_count=1, num_epochs=1, source=source,
+                           source_name=name)
     prepare = wire_objective(run_config["objective"], tokenizer)
 
     @jax.jit
@@ -133,7 +137,7 @@ def predict(workdir: str, path: str, *, step: int | None = None, best: bool = Fa
         names = list_option(data_cfg, "label_names") or ()
         names = [*names, *map(str, range(len(names), model_cfg.num_classes))]
         for ex, p in zip(examples, classify(model, params, tokenizer, run.run_config, texts,
-                                            batch_size)):
+                                            batch_size, name=f"--input {path!r}")):
             bar.update(1)
             label = int(np.argmax(p))
             yield {"id": ex["id"], "text": ex["text"],
@@ -165,20 +169,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     note_ignored_options(args)
-    out = sys.stdout if args.output == "-" else None
-    try:
-        rows = predict(args.workdir, args.input, step=args.step, best=args.best,
-                       batch_size=args.batch_size, **generation_kwargs(args))
-        if out is None:
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            out = open(args.output, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
-        for row in rows:
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    stdout = sys.stdout
+    out = stdout if args.output == "-" else None
+    try:  # log lines (the data pipeline's included) go to stderr, never between the JSONL rows
+        with contextlib.redirect_stdout(sys.stderr):
+            rows = predict(args.workdir, args.input, step=args.step, best=args.best,
+                           batch_size=args.batch_size, **generation_kwargs(args))
+            if out is None:
+                Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+                out = open(args.output, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
+            for row in rows:
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
     except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why
         print(f"python -m jaxformer.predict: error: {e}", file=sys.stderr)
         return 2
     finally:
-        if out is not None and out is not sys.stdout:
+        if out is not None and out is not stdout:
             out.close()
     return 0
 
