@@ -23,6 +23,7 @@ from absl import app, flags, logging
 
 from jaxformer.evaluation.decoding import DECODING_STRATEGIES
 from jaxformer.evaluation.run import evaluate_run, results_path, write_results
+from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP
 
 flags.DEFINE_string("workdir", None, "Training workdir (config.json, tokenizer.model, checkpoints/).")
 flags.DEFINE_string("split", "test", "Split of the run's data source to score.")
@@ -40,6 +41,7 @@ flags.DEFINE_integer("max_new_tokens", None,
                      "data.target_len).")
 flags.DEFINE_integer("max_decode", 0, "Decode only the first N examples (0 = all).")
 flags.DEFINE_integer("batch_size", None, "Rows per decoding batch (default: data.batch_size).")
+flags.DEFINE_enum("progress_bar", "auto", list(PROGRESS_CHOICES), PROGRESS_HELP)
 flags.DEFINE_string("out", None, "Results JSON path (default <workdir>/eval/<split>_step<N>"
                     "[_<strategy><beams>_new<max_new_tokens>].json).")
 flags.mark_flags_as_required(["workdir"])
@@ -79,7 +81,7 @@ def main(argv):
                                decode={"auto": None, "yes": True, "no": False}[f.decode],
                                strategy=f.strategy, beam_size=f.beam_size,
                                max_new_tokens=f.max_new_tokens, max_decode=f.max_decode,
-                               batch_size=f.batch_size)
+                               batch_size=f.batch_size, progress=f.progress_bar)
     except (ValueError, FileNotFoundError) as e:  # the message says what and why (damage included)
         sys.exit(f"python -m jaxformer.evaluate: error: {e}")
     path = write_results(results, f.out or results_path(f.workdir, results))

@@ -56,6 +56,7 @@ from jaxformer.models.transformer import build_model
 from jaxformer.objectives.cloze import class_logits, predicts_labels
 from jaxformer.objectives.registry import check_data_task
 from jaxformer.options import option
+from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP, bar_disabled
 from jaxformer.train.checkpoint import load_run_params, open_run
 from jaxformer.train.setup import wire_objective
 
@@ -104,7 +105,7 @@ def classify(model: Any, params: Any, tokenizer: Tokenizer, run_config: dict,
 
 def continue_texts(model: Any, params: Any, tokenizer: Tokenizer, texts: Sequence[str],
                    batch_size: int, add_bos: bool, *, rng: jax.Array | None = None,
-                   progress: bool = False, **kwargs) -> list[str]:
+                   progress: bool | str | None = False, **kwargs) -> list[str]:
     """The generated text of each of ``texts``, in order, decoded ``batch_size`` inputs of similar
     lengths at a time (`jaxformer.decode.generate_batches`); ``kwargs``: `GenerationConfig`
     fields (EOS and padding are the tokenizer's)."""
@@ -116,7 +117,8 @@ def continue_texts(model: Any, params: Any, tokenizer: Tokenizer, texts: Sequenc
 
 
 def predict(workdir: str, path: str, *, step: int | None = None, best: bool = False,
-            batch_size: int = 32, progress: bool = True, **generation) -> Iterator[dict]:
+            batch_size: int = 32, progress: bool | str | None = None, **generation
+            ) -> Iterator[dict]:
     """The prediction rows (module docstring) for the examples of ``path``, in order.
     ``generation``: `jaxformer.decode.generate` options (LM and seq2seq runs)."""
     run = open_run(workdir, step=step, best=best)
@@ -131,7 +133,7 @@ def predict(workdir: str, path: str, *, step: int | None = None, best: bool = Fa
     if not examples:
         raise ValueError(f"--input {path!r} holds no example (every line is blank)")
     texts = [e["text"] for e in examples]
-    bar = tqdm(total=len(texts), desc="predict", unit="example", disable=not progress,
+    bar = tqdm(total=len(texts), desc="predict", unit="example", disable=bar_disabled(progress),
                file=sys.stderr, dynamic_ncols=True)
     if predicts_labels(model_cfg, objective["name"]):
         names = list_option(data_cfg, "label_names") or ()
@@ -159,6 +161,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input", required=True, help="text / JSONL / TSV file (or a glob) to predict")
     p.add_argument("--output", default="-", help="JSONL file to write (default: stdout)")
     p.add_argument("--batch_size", type=int, default=32, help="examples per compiled batch")
+    p.add_argument("--progress_bar", choices=PROGRESS_CHOICES, default="auto", help=PROGRESS_HELP)
     add_generation_flags(p)
     args = p.parse_args(argv)
     if args.batch_size < 1:
@@ -174,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:  # log lines (the data pipeline's included) go to stderr, never between the JSONL rows
         with contextlib.redirect_stdout(sys.stderr):
             rows = predict(args.workdir, args.input, step=args.step, best=args.best,
-                           batch_size=args.batch_size, **generation_kwargs(args))
+                           batch_size=args.batch_size, progress=args.progress_bar,
+                           **generation_kwargs(args))
             if out is None:
                 Path(args.output).parent.mkdir(parents=True, exist_ok=True)
                 out = open(args.output, "w", encoding="utf-8")  # noqa: SIM115 (closed below)

@@ -102,6 +102,10 @@ def test_stdout_holds_only_rows_and_the_log_names_the_input(runs, tmp_path, caps
     assert [json.loads(line)["id"] for line in captured.out.splitlines()] == ["my.txt:1", "my.txt:2"]
     assert f"data predict: 2 examples in --input {str(path)!r}" in captured.err
     assert "labelled.tsv" not in captured.err
+    assert "example/s" not in captured.err  # stderr is no terminal: no bar (--progress_bar=auto)
+    assert main(["--workdir", str(runs / "clf"), "--input", str(path), "--progress_bar",
+                 "true"]) == 0
+    assert "predict: 100%" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -48,6 +48,7 @@ from jaxformer.evaluation.decoding import (
 from jaxformer.evaluation.metrics import classification_report
 from jaxformer.models import build_model
 from jaxformer.objectives.cloze import predicts_labels
+from jaxformer.progress import bar_disabled
 from jaxformer.train.checkpoint import load_run_params, open_run, resolve_checkpoint
 from jaxformer.train.setup import wire_objective
 from jaxformer.train.step import make_eval_step, summarize_eval
@@ -122,7 +123,7 @@ def with_data(config: ml_collections.ConfigDict, data: str, split: str
 
 
 def teacher_forced(loaded: LoadedRun, config: ml_collections.ConfigDict, split: str, *,
-                   progress: bool = True) -> dict[str, Any]:
+                   progress: bool | None = None) -> dict[str, Any]:
     """Loss, accuracy, perplexity (not for classification) and, for classification, the
     `classification_report`, over every batch of ``split``."""
     classify = predicts_labels(loaded.model_cfg, config.objective.name)
@@ -136,7 +137,7 @@ def teacher_forced(loaded: LoadedRun, config: ml_collections.ConfigDict, split: 
     labels, predicted = [], []
     key = jax.random.key(config.seed + 1)  # the trainer's eval keys (`Trainer.evaluate`)
     for i, batch in enumerate(tqdm(batches, desc=f"evaluate {split}", unit="batch",
-                                   disable=not progress)):
+                                   disable=bar_disabled(progress))):
         out = step_fn(loaded.params, batch, jax.random.fold_in(key, i))
         sums, rows = out if classify else (out, None)
         for k, v in jax.device_get(sums).items():
@@ -169,7 +170,8 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
                  step: int | None = None, best: bool = False, decode: bool | None = None,
                  strategy: str | None = None, beam_size: int | None = None,
                  max_new_tokens: int | None = None, max_decode: int = 0,
-                 batch_size: int | None = None, progress: bool = True) -> dict[str, Any]:
+                 batch_size: int | None = None, progress: bool | None = None
+                 ) -> dict[str, Any]:
     """Score one checkpoint of ``workdir`` on ``split`` (or ``data``); see the module docstring.
 
     Args:
@@ -177,6 +179,7 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
       strategy, beam_size, max_new_tokens: decoding (default: the run's ``eval.generate_*``).
       max_decode: decode the first ``max_decode`` examples only (0 = all).
       batch_size: rows per decoding batch (default ``data.batch_size``).
+      progress: progress bars (None: only when stderr is a terminal, `jaxformer.progress`).
 
     Returns:
       ``{"workdir", "step", "split", "data", "run_data", "objective", "metrics": {...},

@@ -93,7 +93,8 @@ KEY_DOCS = {
     "log_every_steps": "metrics.jsonl / TensorBoard cadence",
     "nonfinite": "'stop' at the first non-finite loss or grad norm, or 'skip' the update",
     "nonfinite_limit": "with nonfinite='skip': stop after this many non-finite steps in a row",
-    "progress_bar": "show a tqdm progress bar",
+    "progress_bar": "tqdm progress bar: unset = only when stderr is a terminal (none in a "
+                    "redirected log), true = always, false = never",
 }
 
 
@@ -139,7 +140,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.log_every_steps = 50
     c.nonfinite = "stop"
     c.nonfinite_limit = 10
-    c.progress_bar = True
+    c.progress_bar = ml_collections.config_dict.placeholder(bool)  # unset: auto (TTY only)
     c.distill = default_distill_config()  # knowledge distillation (jaxformer.train.distill)
     return c
 
