@@ -199,7 +199,7 @@ def test_check_resume_refuses_architecture_changes_and_notes_the_rest():
 def test_a_misspelt_override_key_is_named_with_a_suggestion():
     from absl import flags
 
-    from jaxformer.train.config import define_config_flag
+    from jaxformer.train.config import HF_NAMES, base_config, config_node, define_config_flag
 
     argv = ["train.py", "--config", str(ROOT / "configs" / "gpt_pretrain_tiny.py"),
             "--config.model.num_layer=2"]
@@ -209,6 +209,18 @@ def test_a_misspelt_override_key_is_named_with_a_suggestion():
                        match=r"'model.num_layer': model has no key 'num_layer'; did you mean "
                              r"'model.num_layers'\?"):
         fv(argv)
+    for override, meant in (("optimizer.learning_rate=1e-3", "optimizer.peak_lr"),
+                            ("model.num_labels=6", "model.num_classes"),
+                            ("max_steps=10", "num_train_steps")):
+        argv = ["train.py", "--config", str(ROOT / "configs" / "gpt_pretrain_tiny.py"),
+                f"--config.{override}"]
+        fv = flags.FlagValues()
+        define_config_flag("config", flag_values=fv, sys_argv=argv)
+        with pytest.raises(flags.IllegalFlagValueError, match=f"did you mean '{meant}'"):
+            fv(argv)
+    for wrong, meant in HF_NAMES.items():  # every suggestion names a key that exists
+        config_node(base_config(), meant)
+        assert "." in wrong or wrong not in base_config()
     argv = ["train.py", "--config", "configs/no_such_config.py"]
     fv = flags.FlagValues()
     define_config_flag("config", flag_values=fv, sys_argv=argv)

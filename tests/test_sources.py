@@ -531,3 +531,29 @@ def test_validation_from_train_holds_out_texts_by_hash(tmp_path):
         get_source({**cfg, "validation_from_train": 1.5}, "train")
     with pytest.raises(ValueError, match="has no '{split}', so its lines are already split"):
         get_source({**cfg, "source": f"files:{tmp_path}/train.tsv"}, "validation")
+
+
+def test_messages_name_the_file_and_the_fix(tmp_path):
+    """Issue 45: an empty train file is named; a mistyped path gets the near name or the missing
+    directory; a path without 'files:' gets the spelling that reads it; the splits are listed."""
+    from jaxformer.data.sources import source_splits
+
+    (tmp_path / "train.tsv").write_text("\n\n")
+    _write(tmp_path / "test.tsv", ["a question ?\t0"])
+    cfg = {"source": f"files:{tmp_path}/{{split}}.tsv", "columns": ("text", "label")}
+    with pytest.raises(ValueError, match=f"{tmp_path}/train.tsv has no non-blank line: no example"):
+        get_source(cfg, "train")
+    (tmp_path / "train.tsv").write_text("text\tlabel\n")
+    with pytest.raises(ValueError, match="has only a header row"):
+        get_source({"source": cfg["source"]}, "train")
+    with pytest.raises(ValueError, match=f"no file matches it; did you mean '{tmp_path}/test.tsv'"):
+        get_source({"source": f"files:{tmp_path}/tset.tsv"}, "train")
+    with pytest.raises(ValueError, match=f"the directory '{tmp_path}/nope' does not exist"):
+        get_source({"source": f"files:{tmp_path}/nope/test.tsv"}, "train")
+    with pytest.raises(ValueError, match=f"for your own files write 'files:{tmp_path}/test.tsv'"):
+        get_source({"source": f"{tmp_path}/test.tsv", "columns": ("text", "label")}, "train")
+    assert source_splits(cfg) == ["train", "test"]
+    assert source_splits({**cfg, "validation_from_train": 0.1}) == ["train", "validation", "test"]
+    assert source_splits({"source": f"files:{tmp_path}/*.tsv"}) == list(SPLITS)
+    assert source_splits({"source": "movie_sentiment"}) == list(SPLITS)
+    assert source_splits({"source": "tfds:trec"}) is None

@@ -357,7 +357,8 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     ds = grain.MapDataset.source(source)[process_index::process_count]
     if len(ds) == 0:
         fix = ("; give that split more data (data.split_fractions for a files: glob without "
-               "'{split}'), or set eval.num_batches=0 to train without evaluation"
+               "'{split}')" + ("" if split == "train" else
+                               ", or set eval.num_batches=0 to train without evaluation")
                if len(source) == 0 else "")
         raise ValueError(f"process {process_index} of {process_count} has no examples: split "
                          f"{split!r} of {source_name or 'the given source'} holds {len(source)}"

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -361,6 +362,7 @@ def get_source(data_cfg: Any, split: str, keep: Sequence[str] = (), task: str | 
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"data.source must be a non-empty string, one of {SOURCE_KINDS}; "
                          f"got {spec!r}")
+    _check_kinds(spec)
     _check_options(data_cfg, spec)
     held = option(data_cfg, "validation_from_train", 0.0)
     if held and split in ("train", "validation"):
@@ -379,9 +381,45 @@ _KIND_OPTIONS = {"files": ("format", "columns", "split_fractions", *_FIELD_OPTIO
                  "tfds": ("tfds_data_dir", "tfds_download", *_FIELD_OPTIONS)}
 
 
+def source_splits(data_cfg: Any) -> list[str] | None:
+    """The split names ``data_cfg.source`` can be read at (None: not known without opening it, as
+    for TFDS): built-in corpora and hash-split files have train/validation/test; a ``{split}``
+    glob has those its files name, plus validation when ``validation_from_train`` is set."""
+    spec = option(data_cfg, "source", "")
+    found: set[str] = set()
+    for part in (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec]):
+        kind, _, rest = part.strip().partition(":")
+        if kind == "files" and "{split}" in rest:
+            found |= set(user_files.available_splits(rest))
+        elif kind == "files" or kind in builders.BUILDERS:
+            found |= set(user_files.SPLITS)
+        else:
+            return None
+    if option(data_cfg, "validation_from_train", 0.0) and "train" in found:
+        found.add("validation")
+    return sorted(found, key=lambda s: (user_files.SPLITS + (s,)).index(s))
+
+
+def _kinds(spec: str) -> list[str]:
+    """The kind (the part before ':') of each source of ``spec`` (each part of a concat)."""
+    return [p.strip().partition(":")[0] for p in
+            (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec])]
+
+
+def _check_kinds(spec: str) -> None:
+    """ValueError for a source of unknown kind, before its options are checked (a path given
+    without 'files:' would otherwise be refused for its options)."""
+    known = {*builders.BUILDERS, "tfds", "files", "concat"}
+    for part in (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec]):
+        part = part.strip()
+        if part.partition(":")[0] not in known:
+            looks_like_path = "/" in part or "." in part or os.path.exists(part)
+            hint = f"; for your own files write 'files:{part}'" if looks_like_path else ""
+            raise ValueError(f"unknown data.source {part!r}; choose one of {SOURCE_KINDS}{hint}")
+
+
 def _check_options(data_cfg: Any, spec: str) -> None:
-    kinds = [p.strip().partition(":")[0] for p in
-             (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec])]
+    kinds = _kinds(spec)
     used = {key for kind in kinds for key in _KIND_OPTIONS.get(kind, ())}
     for key in sorted({k for keys in _KIND_OPTIONS.values() for k in keys} - used):
         value = option(data_cfg, key, _SOURCE_DEFAULTS.get(key))

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import make_dataset
-from jaxformer.data.sources import list_option
+from jaxformer.data.sources import list_option, source_splits
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.evaluation.decoding import (
     decodes,
@@ -190,6 +190,10 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
     config = loaded.config
     if data:
         config, split = with_data(config, data, split)
+    splits = None if config.data.source == "files:{split}" else source_splits(config.data)
+    if splits is not None and split not in splits:
+        raise ValueError(f"--split {split!r} is not a split of data.source="
+                         f"{config.data.source!r}; its splits are {splits}")
     results: dict[str, Any] = {"workdir": str(workdir), "step": loaded.step, "split": split,
                                "data": data or config.data.source,
                                "run_data": loaded.config.data.source,
