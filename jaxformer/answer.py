@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
+from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.data.qa import qa_options
 from jaxformer.decode.span import best_answer
 from jaxformer.generate import add_checkpoint_flags
@@ -63,6 +64,7 @@ def read_records(path: str) -> list[dict]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    enable_compilation_cache()
     try:
         _answer(args)
     except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why

@@ -21,6 +21,7 @@ from typing import Any
 
 from absl import app, flags, logging
 
+from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.evaluation.decoding import DECODING_STRATEGIES
 from jaxformer.evaluation.run import evaluate_run, results_path, write_results
 from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP
@@ -75,6 +76,7 @@ def format_results(results: dict[str, Any]) -> str:
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # Orbax/Grain log every file operation at INFO
+    enable_compilation_cache()
     f = flags.FLAGS
     try:
         results = evaluate_run(f.workdir, split=f.split, data=f.data, step=f.step, best=f.best,

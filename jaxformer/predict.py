@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.config import ModelConfig
 from jaxformer.data.builders.user_files import FileSource
 from jaxformer.data.field_names import input_field
@@ -172,6 +173,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     note_ignored_options(args)
+    enable_compilation_cache()
     stdout = sys.stdout
     out = stdout if args.output == "-" else None
     try:  # log lines (the data pipeline's included) go to stderr, never between the JSONL rows
