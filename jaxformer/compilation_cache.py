@@ -31,5 +31,6 @@ def enable_compilation_cache() -> str | None:
         return jax.config.jax_compilation_cache_dir
     path = cache_dir() / "xla"
     jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     return str(path)
