@@ -527,6 +527,10 @@ def test_validation_from_train_holds_out_texts_by_hash(tmp_path):
     assert {r["text"] for r in got["validation"]} == held and 5 < len(held) < 30
     assert not held & {r["text"] for r in got["train"]}
     assert [r["text"] for r in got["test"]] == ["a test question ?"]
+    _write(tmp_path / "train.tsv", [f"{t}\t{i % 3}" for i, t in enumerate(texts[:100])])
+    again = _records(get_source(cfg, "validation", task="classify"))  # a changed file: hashed anew
+    assert sorted(r["text"] for r in again) == sorted(
+        t for t in texts[:100] if t in held)
     with pytest.raises(ValueError, match=r"data.validation_from_train=1.5 must be a fraction"):
         get_source({**cfg, "validation_from_train": 1.5}, "train")
     with pytest.raises(ValueError, match="has no '{split}', so its lines are already split"):

@@ -303,10 +303,36 @@ def held_out(train: Sequence[dict[str, Any]], split: str, fraction: float) -> Su
     for validation: each example goes by `jaxformer.data.builders.hash_split` of its text
     (``text``, else ``source``), so equal texts (a corpus's repeated questions) fall on the same
     side, whatever the order or the number of the lines."""
+    held = _held_out_mask(train, fraction)
+    return Subset(train, np.flatnonzero(held if split == "validation" else ~held))
+
+
+# (files read, fields, fraction) → the held-out mask: each evaluation reopens its split, and
+# hashing every train text again would cost ~20 µs an example each time
+_HELD_OUT_MASKS: dict[Any, np.ndarray] = {}
+
+
+def _held_out_mask(train: Sequence[dict[str, Any]], fraction: float) -> np.ndarray:
+    """``[N]`` bool: which examples of ``train`` are held out for validation."""
+    key = _fingerprint(train, fraction)
+    if key is not None and key in _HELD_OUT_MASKS:
+        return _HELD_OUT_MASKS[key]
     fractions = (1.0 - fraction, fraction, 0.0)
-    keep = [i for i in range(len(train))
-            if builders.hash_split(_text_of(train[i]), fractions) == split]
-    return Subset(train, np.array(keep, np.int64))
+    mask = np.array([builders.hash_split(_text_of(train[i]), fractions) == "validation"
+                     for i in range(len(train))], dtype=bool)
+    if key is not None:
+        _HELD_OUT_MASKS[key] = mask
+    return mask
+
+
+def _fingerprint(source: Sequence[dict[str, Any]], fraction: float) -> Any:
+    """A key that changes whenever the examples of a ``files:`` source may (its files' sizes and
+    modification times, its format, columns and fields); None for other sources (not cached)."""
+    base = getattr(source, "base", None)
+    if not isinstance(source, MappedSource) or not isinstance(base, user_files.FileSource):
+        return None
+    stats = tuple((p, os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in base.paths)
+    return stats, base.fmt, tuple(base.columns), source.fn, len(source), fraction
 
 
 def _text_of(record: Mapping[str, Any]) -> str:
