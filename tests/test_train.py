@@ -384,7 +384,7 @@ def test_progress_bar_shows_no_loss_until_one_is_logged(capsys):
     diverged run); they show only the token rate."""
     from jaxformer.train.metrics import Progress
 
-    progress = Progress(0, 4)
+    progress = Progress(0, 4, enabled=True)  # stderr under pytest is no terminal
     progress.update(1, loss=None, lr=None, tokens=64)
     progress.bar.refresh()
     first = capsys.readouterr().err
