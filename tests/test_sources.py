@@ -561,3 +561,20 @@ def test_messages_name_the_file_and_the_fix(tmp_path):
     assert source_splits({"source": f"files:{tmp_path}/*.tsv"}) == list(SPLITS)
     assert source_splits({"source": "movie_sentiment"}) == list(SPLITS)
     assert source_splits({"source": "tfds:trec"}) is None
+
+
+def test_string_labels_without_names_are_named_by_the_train_split_sorted(tmp_path):
+    """As ``run_glue.py``'s ``label_list``: the distinct train labels, sorted (held-out examples
+    included); integer labels, given names and built-in corpora need none."""
+    from jaxformer.data.sources import label_names_from_data
+
+    rows = [f"q{i}\t{('NUM', 'HUM', 'LOC', 'ABBR')[i % 4]}" for i in range(40)]
+    _write(tmp_path / "train.tsv", rows)
+    cfg = {"source": f"files:{tmp_path}/{{split}}.tsv", "columns": ("text", "label")}
+    assert label_names_from_data(cfg) == ("ABBR", "HUM", "LOC", "NUM")
+    assert label_names_from_data({**cfg, "validation_from_train": 0.5}) == (
+        "ABBR", "HUM", "LOC", "NUM")
+    assert label_names_from_data({**cfg, "label_names": ("NUM", "HUM", "LOC", "ABBR")}) is None
+    _write(tmp_path / "train.tsv", [f"q{i}\t{i % 3}" for i in range(30)])
+    assert label_names_from_data(cfg) is None
+    assert label_names_from_data({"source": "movie_sentiment"}) is None

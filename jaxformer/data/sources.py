@@ -132,6 +132,7 @@ class Fields:
     label_names: tuple[str, ...] | None = None
     where: str = "source"
     keep: tuple[str, ...] = ()  # other fields passed through as they are (extractive QA's)
+    raw_labels: bool = False  # labels as the data holds them, not mapped to a class index
 
     @property
     def schema(self) -> str:
@@ -175,7 +176,8 @@ class Fields:
         else:
             out = {"text": self._text(record, self.text_key, where)}
             if self.label_key:
-                out["label"] = self._label(_python(record[self.label_key]), where)
+                value = _python(record[self.label_key])
+                out["label"] = value if self.raw_labels else self._label(value, where)
         out.update({k: record[k] for k in self.keep if k in record})
         if "id" in record:
             out["id"] = str(_python(record["id"]))
@@ -365,8 +367,8 @@ def _fields(data_cfg: Any, where: str, available: Sequence[str] | None = None,
     return Fields(**roles, label_names=list_option(data_cfg, "label_names"), where=where)
 
 
-def get_source(data_cfg: Any, split: str, keep: Sequence[str] = (), task: str | None = None
-               ) -> Sequence[dict[str, Any]]:
+def get_source(data_cfg: Any, split: str, keep: Sequence[str] = (), task: str | None = None,
+               raw_labels: bool = False) -> Sequence[dict[str, Any]]:
     """The random-access source named by ``data_cfg.source`` for ``split``.
 
     Args:
@@ -379,6 +381,8 @@ def get_source(data_cfg: Any, split: str, keep: Sequence[str] = (), task: str | 
       task: the data task that reads the records (`jaxformer.objectives.Objective.data_task`):
         roles the config leaves unset are found by their usual names for it
         (`jaxformer.data.field_names`); None = only the text is read (the tokenizer's).
+      raw_labels: keep the labels of files and TFDS records as the data holds them (strings
+        included), not mapped to class indices (`label_names_from_data`).
 
     Raises:
       ValueError: unknown source, bad option, missing field.
@@ -393,9 +397,10 @@ def get_source(data_cfg: Any, split: str, keep: Sequence[str] = (), task: str | 
     held = option(data_cfg, "validation_from_train", 0.0)
     if held and split in ("train", "validation"):
         check_held_out(held, spec)
-        source = held_out(_from_spec(spec, data_cfg, "train", tuple(keep), task), split, held)
+        source = held_out(_from_spec(spec, data_cfg, "train", tuple(keep), task, raw_labels),
+                          split, held)
     else:
-        source = _from_spec(spec, data_cfg, split, tuple(keep), task)
+        source = _from_spec(spec, data_cfg, split, tuple(keep), task, raw_labels)
     view = option(data_cfg, "pair_view")
     return PairsAsText(source, view) if view else source
 
@@ -457,13 +462,14 @@ def _check_options(data_cfg: Any, spec: str) -> None:
 
 
 def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = (),
-               task: str | None = None) -> Sequence[dict[str, Any]]:
+               task: str | None = None, raw_labels: bool = False) -> Sequence[dict[str, Any]]:
     kind, _, rest = spec.partition(":")
     if kind == "concat":
         parts = [p.strip() for p in rest.split(",") if p.strip()]
         if not parts:
             raise ValueError(f"data.source {spec!r}: 'concat:' needs comma-separated sources")
-        return ConcatSource([_from_spec(p, data_cfg, split, keep, task) for p in parts])
+        return ConcatSource([_from_spec(p, data_cfg, split, keep, task, raw_labels)
+                             for p in parts])
     if kind == "tfds":
         name = tfds_name(rest)
         base = tfds_source(name, split, data_dir=option(data_cfg, "tfds_data_dir"),
@@ -471,7 +477,7 @@ def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = (),
         features = getattr(getattr(base, "dataset_info", None), "features", None)
         available = None if features is None else list(features.keys())
         fields = dataclasses.replace(_fields(data_cfg, f"TFDS dataset {name!r}", available, task),
-                                     keep=keep)
+                                     keep=keep, raw_labels=raw_labels)
         if available is not None:
             fields.check(available)
         return MappedSource(base, fields)
@@ -485,7 +491,7 @@ def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = (),
                      list(base.columns[0] or ("text",)) if base.columns else None)
         fields = dataclasses.replace(
             _fields(data_cfg, f"files {rest!r}", None if base.fmt == "text" else available, task),
-            keep=keep)
+            keep=keep, raw_labels=raw_labels)
         if base.fmt == "text" and fields.schema != "text":
             raise ValueError(f"files {rest!r}: format 'text' holds only text; use 'jsonl' or "
                              f"'tsv' for {fields.schema} data (label_key/source_key set)")
@@ -505,6 +511,23 @@ def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = (),
             return PairsAsText(source, rest)
         return source
     raise ValueError(f"unknown data.source {spec!r}; choose one of {SOURCE_KINDS}")
+
+
+def label_names_from_data(data_cfg: Any) -> tuple[str, ...] | None:
+    """The distinct labels of the train split, sorted, when they are strings and
+    ``data.label_names`` is unset (Hugging Face ``run_glue.py``'s ``label_list``); None when names
+    are given, the labels are class indices, or the source is a built-in corpus (integer labels).
+    Reads every train example once."""
+    spec = option(data_cfg, "source", "")
+    if list_option(data_cfg, "label_names") or not set(_kinds(spec)) & {"files", "tfds"}:
+        return None
+    source = get_source(data_cfg, "train", task="classify", raw_labels=True)
+    source = source.base if isinstance(source, Subset) else source  # held-out examples too
+    values = {source[i]["label"] for i in range(len(source))}
+    if all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())
+           for v in values):
+        return None
+    return tuple(sorted(str(v) for v in values))
 
 
 def source_texts(source: Sequence[Mapping[str, Any]]) -> Iterator[str]:

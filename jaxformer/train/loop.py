@@ -52,6 +52,7 @@ from jaxformer.train.setup import (
     resolve_config,
     restore_state,
     wire_objective,
+    with_label_names_from_data,
 )
 from jaxformer.train.step import make_eval_step, make_train_step, summarize_eval
 
@@ -85,6 +86,7 @@ class Trainer:
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike):
+        config = with_label_names_from_data(config)  # string labels, no names: sorted
         resolved = resolve_config(distill.with_teacher_tokenizer(config))
         self.config = config = resolved.config  # the resolved copy: what config.json records
         self.model_cfg, self.tx, self.schedule = resolved.model_cfg, resolved.tx, resolved.schedule
