@@ -486,6 +486,8 @@ def test_conventional_column_names_take_their_roles(tmp_path):
             assert [(r["source"], r["target"]) for r in _records(get_source(pairs, "train",
                                                                             task=task))] == [
                 ("hello", "hola"), ("good night", "buenas noches")]
+    with pytest.raises(ValueError, match="has no field 'body'"):  # a stated key is not replaced
+        get_source({**glue, "text_key": "body"}, "train", task="classify")
     stated = {**pairs, "source_key": "output", "target_key": "input"}
     assert _records(get_source(stated, "train", task="seq2seq"))[0]["source"] == "hola"
     _write(tmp_path / "qa.tsv", ["question\tcontext\tanswer",

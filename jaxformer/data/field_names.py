@@ -41,7 +41,7 @@ def infer_roles(available: Collection[str], *, text_key: str | None, label_key: 
                  target_key=target_key)
     if source_key or target_key:
         return roles
-    if roles["text_key"] not in names:
+    if roles["text_key"] == "text" and "text" not in names:  # the default: not a stated key
         roles["text_key"] = _first(names, TEXT_NAMES) or roles["text_key"]
     if roles["text_key"] not in names and task not in ("classify", "qa"):
         pair = next((p for p in PAIR_NAMES if set(p) <= names), None)
