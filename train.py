@@ -14,6 +14,7 @@ import sys
 import jax
 from absl import app, flags, logging
 
+from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.parallel.distributed import await_lost_peer, maybe_initialize_distributed
 from jaxformer.train.checkpoint import SaveFailed
 from jaxformer.train.config import define_config_flag
@@ -37,6 +38,7 @@ def main(argv):
     if flags.FLAGS.workdir is None:
         sys.exit("train.py: error: --workdir is required (or --print_config to list the keys)")
     logging.set_verbosity(logging.WARNING)  # Orbax/Grain log every file operation at INFO
+    enable_compilation_cache()  # a rerun skips XLA compilation (jaxformer.compilation_cache)
     maybe_initialize_distributed()
     try:
         try:  # a bad config, input, or checkpoint, or a busy workdir, found during set-up: the

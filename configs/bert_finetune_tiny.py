@@ -16,7 +16,7 @@ def get_config():
     c.name = "bert_finetune_tiny"
     c.num_train_steps = 1600
     c.init_from = ""
-    c.model.update(preset("bert_mini", vocab_size=VOCAB, head="classify", num_classes=2,
+    c.model.update(preset("bert_mini", vocab_size=VOCAB, head="classify",
                           pooling="mean", dropout_rate=0.1))
     c.objective.name = "classify"
     c.data.source = "movie_sentiment"

@@ -19,7 +19,7 @@ def get_config():
     c.name = "gpt_finetune_tiny"
     c.num_train_steps = 400
     c.init_from = ""
-    c.model.update(preset("gpt_mini", vocab_size=VOCAB, head="classify", num_classes=2,
+    c.model.update(preset("gpt_mini", vocab_size=VOCAB, head="classify",
                           pooling="mean", dropout_rate=0.1))
     c.objective.name = "classify"
     c.data.source = "movie_sentiment"

@@ -20,12 +20,14 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
+from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.data.qa import qa_options
 from jaxformer.decode.span import best_answer
 from jaxformer.generate import add_checkpoint_flags
 from jaxformer.models.transformer import build_model
 from jaxformer.objectives.qa import QA_OPTIONS
 from jaxformer.options import option
+from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP, bar_disabled
 from jaxformer.train.checkpoint import load_for_inference, open_run
 
 
@@ -38,6 +40,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input", help="JSONL file of {context, question} records")
     p.add_argument("--max_answer_len", type=int, default=0,
                    help="longest answer in tokens (0 = the run's objective.max_answer_len)")
+    p.add_argument("--progress_bar", choices=PROGRESS_CHOICES, default="auto", help=PROGRESS_HELP)
     args = p.parse_args(argv)
     if bool(args.input) == bool(args.context is not None or args.question is not None):
         p.error("give either --context and --question, or --input FILE.jsonl")
@@ -61,6 +64,7 @@ def read_records(path: str) -> list[dict]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    enable_compilation_cache()
     try:
         _answer(args)
     except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why
@@ -87,7 +91,8 @@ def _answer(args: argparse.Namespace) -> None:
         print(answer.text)
         print(f"characters {answer.start}:{answer.end}, score {answer.score:.3f}", file=sys.stderr)
         return
-    for record in tqdm(read_records(args.input), desc="answering", file=sys.stderr):
+    for record in tqdm(read_records(args.input), desc="answering", file=sys.stderr,
+                       disable=bar_disabled(args.progress_bar)):
         answer = best_answer(model, params, tokenizer, record, **lengths)
         print(json.dumps({"answer": answer.text, "start": answer.start, "end": answer.end,
                           "score": round(answer.score, 4)}, ensure_ascii=False))

@@ -8,8 +8,10 @@
 Loss, accuracy and perplexity over the whole split (the trainer's eval step); per-class precision,
 recall, F1 and the confusion matrix for classification; BLEU, chrF and exact match of real decoding
 for seq2seq and sft runs (``--decode`` for plain clm runs: the first half of each example is the
-prompt, its second half the reference). Results go to ``<workdir>/eval/<split>_step<N>.json``
-(``--out`` to choose); `jaxformer.evaluation.run` is the library side.
+prompt, its second half the reference). Results go to ``<workdir>/eval/<split>_step<N>.json``,
+with the decoding settings appended when it decodes (``test_step1000_beam4_new64.json``: another
+strategy never overwrites a result; `jaxformer.evaluation.run.results_path`); ``--out`` to choose.
+`jaxformer.evaluation.run` is the library side.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from typing import Any
 
 from absl import app, flags, logging
 
+from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.evaluation.decoding import DECODING_STRATEGIES
 from jaxformer.evaluation.run import evaluate_run, results_path, write_results
+from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP
 
 flags.DEFINE_string("workdir", None, "Training workdir (config.json, tokenizer.model, checkpoints/).")
 flags.DEFINE_string("split", "test", "Split of the run's data source to score.")
@@ -38,7 +42,9 @@ flags.DEFINE_integer("max_new_tokens", None,
                      "data.target_len).")
 flags.DEFINE_integer("max_decode", 0, "Decode only the first N examples (0 = all).")
 flags.DEFINE_integer("batch_size", None, "Rows per decoding batch (default: data.batch_size).")
-flags.DEFINE_string("out", None, "Results JSON path (default <workdir>/eval/<split>_step<N>.json).")
+flags.DEFINE_enum("progress_bar", "auto", list(PROGRESS_CHOICES), PROGRESS_HELP)
+flags.DEFINE_string("out", None, "Results JSON path (default <workdir>/eval/<split>_step<N>"
+                    "[_<strategy><beams>_new<max_new_tokens>].json).")
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -70,13 +76,14 @@ def format_results(results: dict[str, Any]) -> str:
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # Orbax/Grain log every file operation at INFO
+    enable_compilation_cache()
     f = flags.FLAGS
     try:
         results = evaluate_run(f.workdir, split=f.split, data=f.data, step=f.step, best=f.best,
                                decode={"auto": None, "yes": True, "no": False}[f.decode],
                                strategy=f.strategy, beam_size=f.beam_size,
                                max_new_tokens=f.max_new_tokens, max_decode=f.max_decode,
-                               batch_size=f.batch_size)
+                               batch_size=f.batch_size, progress=f.progress_bar)
     except (ValueError, FileNotFoundError) as e:  # the message says what and why (damage included)
         sys.exit(f"python -m jaxformer.evaluate: error: {e}")
     path = write_results(results, f.out or results_path(f.workdir, results))

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import jax
 
+from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.decode.api import STRATEGIES, encode_prompts, generate
 from jaxformer.models.transformer import build_model
 from jaxformer.train.checkpoint import load_for_inference
@@ -108,6 +109,7 @@ class CompileClock:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     note_ignored_options(args)
+    enable_compilation_cache()
     try:
         _generate(args)
     except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why

@@ -6,8 +6,9 @@
 The checkpoint is the latest, ``--step N`` or the ``--best`` by the run's ``checkpoint.best_metric``.
 The input is read as a ``files:`` source of the run (`jaxformer.data.builders.user_files`): text (one
 example per non-blank line), JSONL or TSV, by its extension or the run's ``data.format``; the text is
-the field ``data.text_key`` (``data.source_key`` for seq2seq runs) of a JSONL object or of a TSV row
-(columns from ``data.columns`` or the header row). Every line is predicted (no split). One JSON
+the field ``data.text_key`` (``data.source_key`` for seq2seq runs; unset: the usual names,
+`jaxformer.data.field_names`) of a JSONL object or of a TSV row (columns from ``data.columns`` or
+the header row). Every line is predicted (no split). One JSON
 object per line, in the input's order:
 
 - classification runs (a classifier head, or objective 'cloze': the MLM's label-word logits):
@@ -26,6 +27,7 @@ classification batches have one shape.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -37,8 +39,10 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.config import ModelConfig
 from jaxformer.data.builders.user_files import FileSource
+from jaxformer.data.field_names import input_field
 from jaxformer.data.pipeline import example_framing, make_dataset
 from jaxformer.data.sources import Fields, list_option
 from jaxformer.data.tokenizer import Tokenizer
@@ -53,6 +57,7 @@ from jaxformer.models.transformer import build_model
 from jaxformer.objectives.cloze import class_logits, predicts_labels
 from jaxformer.objectives.registry import check_data_task
 from jaxformer.options import option
+from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP, bar_disabled
 from jaxformer.train.checkpoint import load_run_params, open_run
 from jaxformer.train.setup import wire_objective
 
@@ -62,21 +67,25 @@ def read_inputs(path: str, data_cfg: dict, task: str) -> list[dict[str, str]]:
     ``files:`` sources are; ``text`` is the field the run's model reads (see module docstring)."""
     files = FileSource(path, "train", fmt=option(data_cfg, "format"),
                        columns=list_option(data_cfg, "columns"), split_fractions=(1.0, 0.0, 0.0))
-    key = ("text" if files.fmt == "text" else option(data_cfg, "source_key", "source")
-           if task == "seq2seq" else option(data_cfg, "text_key", "text"))
+    key = "text" if files.fmt == "text" or not len(files) else input_field(
+        list(files[0]), text_key=option(data_cfg, "text_key"),
+        source_key=option(data_cfg, "source_key"), task=task)
     fields = Fields(text_key=key, where=f"--input {path!r}")
     return [fields(files[i]) for i in range(len(files))]
 
 
 def classify(model: Any, params: Any, tokenizer: Tokenizer, run_config: dict,
-             texts: Sequence[str], batch_size: int) -> Iterator[np.ndarray]:
+             texts: Sequence[str], batch_size: int, name: str = "the input"
+             ) -> Iterator[np.ndarray]:
     """Class probabilities `[C]` float32 of each text, in order: the texts framed and truncated by
-    the run's data pipeline (unshuffled, unpacked), softmax of the model's logits."""
+    the run's data pipeline (unshuffled, unpacked), softmax of the model's logits. ``name``: what
+    the pipeline's log lines call the texts."""
     data_cfg = {**run_config["data"], "batch_size": batch_size, "shuffle": False,
                 "worker_count": 0}
     source = [{"text": t, "label": 0} for t in texts]
     batches = make_dataset(data_cfg, "predict", tokenizer, seed=0, objective=run_config["objective"],
-                           process_index=0, process_count=1, num_epochs=1, source=source)
+                           process_index=0, process_count=1, num_epochs=1, source=source,
+                           source_name=name)
     prepare = wire_objective(run_config["objective"], tokenizer)
 
     @jax.jit
@@ -97,7 +106,7 @@ def classify(model: Any, params: Any, tokenizer: Tokenizer, run_config: dict,
 
 def continue_texts(model: Any, params: Any, tokenizer: Tokenizer, texts: Sequence[str],
                    batch_size: int, add_bos: bool, *, rng: jax.Array | None = None,
-                   progress: bool = False, **kwargs) -> list[str]:
+                   progress: bool | str | None = False, **kwargs) -> list[str]:
     """The generated text of each of ``texts``, in order, decoded ``batch_size`` inputs of similar
     lengths at a time (`jaxformer.decode.generate_batches`); ``kwargs``: `GenerationConfig`
     fields (EOS and padding are the tokenizer's)."""
@@ -109,7 +118,8 @@ def continue_texts(model: Any, params: Any, tokenizer: Tokenizer, texts: Sequenc
 
 
 def predict(workdir: str, path: str, *, step: int | None = None, best: bool = False,
-            batch_size: int = 32, progress: bool = True, **generation) -> Iterator[dict]:
+            batch_size: int = 32, progress: bool | str | None = None, **generation
+            ) -> Iterator[dict]:
     """The prediction rows (module docstring) for the examples of ``path``, in order.
     ``generation``: `jaxformer.decode.generate` options (LM and seq2seq runs)."""
     run = open_run(workdir, step=step, best=best)
@@ -124,13 +134,13 @@ def predict(workdir: str, path: str, *, step: int | None = None, best: bool = Fa
     if not examples:
         raise ValueError(f"--input {path!r} holds no example (every line is blank)")
     texts = [e["text"] for e in examples]
-    bar = tqdm(total=len(texts), desc="predict", unit="example", disable=not progress,
+    bar = tqdm(total=len(texts), desc="predict", unit="example", disable=bar_disabled(progress),
                file=sys.stderr, dynamic_ncols=True)
     if predicts_labels(model_cfg, objective["name"]):
         names = list_option(data_cfg, "label_names") or ()
         names = [*names, *map(str, range(len(names), model_cfg.num_classes))]
         for ex, p in zip(examples, classify(model, params, tokenizer, run.run_config, texts,
-                                            batch_size)):
+                                            batch_size, name=f"--input {path!r}")):
             bar.update(1)
             label = int(np.argmax(p))
             yield {"id": ex["id"], "text": ex["text"],
@@ -152,6 +162,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input", required=True, help="text / JSONL / TSV file (or a glob) to predict")
     p.add_argument("--output", default="-", help="JSONL file to write (default: stdout)")
     p.add_argument("--batch_size", type=int, default=32, help="examples per compiled batch")
+    p.add_argument("--progress_bar", choices=PROGRESS_CHOICES, default="auto", help=PROGRESS_HELP)
     add_generation_flags(p)
     args = p.parse_args(argv)
     if args.batch_size < 1:
@@ -162,20 +173,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     note_ignored_options(args)
-    out = sys.stdout if args.output == "-" else None
-    try:
-        rows = predict(args.workdir, args.input, step=args.step, best=args.best,
-                       batch_size=args.batch_size, **generation_kwargs(args))
-        if out is None:
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            out = open(args.output, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
-        for row in rows:
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    enable_compilation_cache()
+    stdout = sys.stdout
+    out = stdout if args.output == "-" else None
+    try:  # log lines (the data pipeline's included) go to stderr, never between the JSONL rows
+        with contextlib.redirect_stdout(sys.stderr):
+            rows = predict(args.workdir, args.input, step=args.step, best=args.best,
+                           batch_size=args.batch_size, progress=args.progress_bar,
+                           **generation_kwargs(args))
+            if out is None:
+                Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+                out = open(args.output, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
+            for row in rows:
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
     except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why
         print(f"python -m jaxformer.predict: error: {e}", file=sys.stderr)
         return 2
     finally:
-        if out is not None and out is not sys.stdout:
+        if out is not None and out is not stdout:
             out.close()
     return 0
 

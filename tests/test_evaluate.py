@@ -72,6 +72,26 @@ def test_classification_report_equals_a_hand_count():
         classification_report([0, 3], [0, 1], 3)
 
 
+def test_result_files_are_named_by_what_changes_the_result(tmp_path):
+    """Issue 45: ``--strategy beam`` overwrote the greedy result. Strategy, beam size,
+    max_new_tokens, max_decode and the data each give their own file."""
+    run = {"step": 1000, "split": "test", "data": "files:d/{split}.tsv", "run_data": "files:d/{split}.tsv"}
+    greedy = {"strategy": "greedy", "max_new_tokens": 64, "max_decode": 0}
+    variants = [run, {**run, "generation": greedy},
+                {**run, "generation": {**greedy, "strategy": "beam", "beam_size": 4}},
+                {**run, "generation": {**greedy, "strategy": "beam", "beam_size": 8}},
+                {**run, "generation": {**greedy, "max_new_tokens": 32}},
+                {**run, "generation": {**greedy, "max_decode": 100}},
+                {**run, "data": "files:other.tsv", "split": "other.tsv"},
+                {**run, "data": "tfds:trec"}, {**run, "split": "validation"}]
+    names = [results_path(tmp_path, r).name for r in variants]
+    assert len(set(names)) == len(names)
+    assert names[:4] == ["test_step1000.json", "test_step1000_greedy_new64.json",
+                         "test_step1000_beam4_new64.json", "test_step1000_beam8_new64.json"]
+    assert names[5:8] == ["test_step1000_greedy_new64_first100.json", "other.tsv_step1000.json",
+                          "tfds_trec_test_step1000.json"]
+
+
 def test_generation_keys_are_checked_with_the_config():
     path = ROOT / "configs" / "bert_pretrain_tiny.py"
     with pytest.raises(ValueError, match="eval.generate_examples=4 decodes text"):
@@ -167,6 +187,7 @@ def test_the_command_writes_json_and_a_finished_run_points_to_it(classifier, cap
                            "--split=validation", "--step=15"], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "evaluate validation" not in proc.stderr  # stderr is a pipe: no bar by default
     written = json.loads((workdir / "eval" / "validation_step15.json").read_text())
     assert written["step"] == 15 and written["metrics"]["examples"] == 40
     assert "confusion (row = true" in proc.stdout and "pos" in proc.stdout

@@ -243,6 +243,11 @@ def test_config_errors(classifier):
         (dict(name="sgd"), "optimizer.name 'sgd'"),
         (dict(grad_accum_steps=0), "grad_accum_steps=0"),
         (dict(clip_norm=-1.0), "must be ≥ 0"),
+        (dict(schedule="warmup_linear", peak_lr=-3e-4), r"optimizer.peak_lr=-0.0003 must be pos"),
+        (dict(schedule="constant", peak_lr=0.0), r"optimizer.peak_lr=0.0 must be positive"),
+        (dict(scale=-1.0), r"optimizer.scale=-1.0 must be positive"),
+        (dict(schedule="warmup_cosine", end_lr=-1e-5), r"optimizer.end_lr=-1e-05 must be >= 0"),
+        (dict(b2=1.0), r"optimizer.b1=0.9 and b2=1.0 must lie in \[0, 1\)"),
         (dict(freeze_backbone=True, head_param_prefixes=("nope",)), "head_param_prefixes"),
     ]
     for overrides, match in cases:

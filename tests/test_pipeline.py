@@ -408,7 +408,7 @@ def test_a_split_reports_its_size_and_one_line_of_cuts_per_epoch(tok, capsys):
     cut = [max(len(tok.encode(d)) + 1 - 16, 0) for d in docs if d]  # +1: the EOS; rows of 16
     ds = _make(tok, "lm", source=ListSource({"text": d} for d in docs), num_epochs=3,
                packing=False, seq_len=16, shuffle=False)
-    assert capsys.readouterr().out == "data train: 10 examples in data.source='a given source'\n"
+    assert capsys.readouterr().out == "data train: 10 examples in a given source\n"
     it = iter(ds)
     first_epoch = [next(it) for _ in range(3)]  # 9 rows in batches of 4 (the 10th doc is empty)
     del first_epoch

@@ -91,6 +91,24 @@ def test_classification_rows_are_the_softmax_of_the_logits_in_input_order(runs, 
 
 
 @pytest.mark.slow
+def test_stdout_holds_only_rows_and_the_log_names_the_input(runs, tmp_path, capsys):
+    """Issue 45: the data log named the run's training source, and went to stdout between the
+    JSONL rows. It goes to stderr and names the input file."""
+    path = tmp_path / "my.txt"
+    path.write_text("the good dog\nthe bad cat\n")
+    capsys.readouterr()
+    assert main(["--workdir", str(runs / "clf"), "--input", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert [json.loads(line)["id"] for line in captured.out.splitlines()] == ["my.txt:1", "my.txt:2"]
+    assert f"data predict: 2 examples in --input {str(path)!r}" in captured.err
+    assert "labelled.tsv" not in captured.err
+    assert "example/s" not in captured.err  # stderr is no terminal: no bar (--progress_bar=auto)
+    assert main(["--workdir", str(runs / "clf"), "--input", str(path), "--progress_bar",
+                 "true"]) == 0
+    assert "predict: 100%" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_language_model_rows_equal_generate_text_in_input_order(runs, tmp_path, capsys):
     rnd = random.Random(2)
     texts = [sentence(rnd) for _ in range(7)]

@@ -68,6 +68,11 @@ def test_qa_example_accepts_flat_nested_and_tsv_records():
                       )["answer_start"] == -1
     with pytest.raises(ValueError, match="is not at answer_start=1"):
         qa_example({"context": "ab cd", "question": "q", "answer_text": "cd", "answer_start": 1})
+    # a question/context/answer table (no offset): the answer's first occurrence
+    found = qa_example({"context": "ab cd cd", "question": "q", "answer": "cd"})
+    assert (found["answer_text"], found["answer_start"]) == ("cd", 3)
+    with pytest.raises(ValueError, match="answer 'xy' does not occur in the context"):
+        qa_example({"context": "ab cd", "question": "q", "answer": "xy"})
 
 
 @pytest.mark.parametrize("seq_len,doc_stride", [(24, 5), (24, 13), (40, 7), (200, 50)])

@@ -451,7 +451,132 @@ def test_a_missing_split_file_names_both_remedies(tmp_path):
     with pytest.raises(ValueError) as e:
         get_source({"source": f"files:{tmp_path}/{{split}}.txt"}, "validation")
     message = str(e.value)
-    assert "no file matches" in message and "add that file, or drop '{split}' from the glob" in message
+    assert "no file matches" in message and "the glob's files hold the splits ['train']" in message
+    assert "add that file, or hold out part of train with data.validation_from_train=0.1, or drop " \
+           "'{split}' from the glob" in message
     remedy = re.search(r"data.source='([^']+)' with data.split_fractions", message).group(1)
     splits = {s: len(get_source({"source": remedy}, s)) for s in ("train", "validation", "test")}
     assert sum(splits.values()) == 200 and min(splits.values()) > 0
+
+
+def test_conventional_column_names_take_their_roles(tmp_path):
+    """Unset roles take the usual names (issue 45): ``columns=text,label`` (as the command line
+    parses it) makes ``label`` the label of a classifier; a ``sentence``/``label`` header reads
+    the same; ``source``/``target`` and ``input``/``output`` are pairs; ``question``/``context``
+    /``answer`` is extractive QA. A text task ignores the label column; a stated key wins."""
+    from jaxformer.data.qa import QA_KEYS, qa_example
+
+    rows = ["What is a fjord ?\tDESC", "Who wrote Hamlet ?\tHUM"]
+    _write(tmp_path / "plain.tsv", rows)
+    cfg = {"source": f"files:{tmp_path}/plain.tsv", "split_fractions": (1.0, 0.0, 0.0),
+           "columns": ("text,label",), "label_names": ("DESC,HUM",)}
+    got = _records(get_source(cfg, "train", task="classify"))
+    assert [(r["text"], r["label"]) for r in got] == [("What is a fjord ?", 0),
+                                                     ("Who wrote Hamlet ?", 1)]
+    assert [set(r) for r in _records(get_source(cfg, "train", task="lm"))] == [{"text", "id"}] * 2
+    _write(tmp_path / "glue.tsv", ["sentence\tlabel", *rows])
+    glue = {"source": f"files:{tmp_path}/glue.tsv", "split_fractions": (1.0, 0.0, 0.0),
+            "label_names": ("DESC", "HUM")}
+    assert [(r["text"], r["label"]) for r in _records(get_source(glue, "train", task="classify"))
+            ] == [(r["text"], r["label"]) for r in got]
+    for header in ("source\ttarget", "input\toutput"):
+        _write(tmp_path / "pairs.tsv", [header, "hello\thola", "good night\tbuenas noches"])
+        pairs = {"source": f"files:{tmp_path}/pairs.tsv", "split_fractions": (1.0, 0.0, 0.0)}
+        for task in (None, "seq2seq"):
+            assert [(r["source"], r["target"]) for r in _records(get_source(pairs, "train",
+                                                                            task=task))] == [
+                ("hello", "hola"), ("good night", "buenas noches")]
+    with pytest.raises(ValueError, match="has no field 'body'"):  # a stated key is not replaced
+        get_source({**glue, "text_key": "body"}, "train", task="classify")
+    stated = {**pairs, "source_key": "output", "target_key": "input"}
+    assert _records(get_source(stated, "train", task="seq2seq"))[0]["source"] == "hola"
+    _write(tmp_path / "qa.tsv", ["question\tcontext\tanswer",
+                                 "Who wrote it ?\tIt was written by Ann in 1990 .\tAnn"])
+    qa = get_source({"source": f"files:{tmp_path}/qa.tsv", "split_fractions": (1.0, 0.0, 0.0)},
+                    "train", keep=QA_KEYS, task="qa")
+    example = qa_example(qa[0])
+    assert (example["answer_text"], example["answer_start"]) == ("Ann", 18)
+    assert example["context"][18:21] == "Ann"
+    with pytest.raises(ValueError, match="has no field 'label'; its fields are"):
+        get_source({**cfg, "columns": ("text,tag",)}, "train", task="classify")
+    with pytest.raises(ValueError, match="has no field 'source'"):
+        get_source({**cfg, "columns": ("a,b",)}, "train", task="seq2seq")
+
+
+def test_predict_reads_the_input_field_by_the_usual_names():
+    from jaxformer.data.field_names import input_field
+
+    assert input_field(["sentence", "label", "id"], text_key=None, source_key=None,
+                       task="classify") == "sentence"
+    assert input_field(["input", "id"], text_key=None, source_key=None, task="seq2seq") == "input"
+    assert input_field(["en", "es"], text_key=None, source_key="en", task="seq2seq") == "en"
+    assert input_field(["text", "sentence"], text_key="text", source_key=None, task="lm") == "text"
+
+
+def test_validation_from_train_holds_out_texts_by_hash(tmp_path):
+    """``data.validation_from_train``: with train and test files only, validation is the part of
+    train whose text hashes into the fraction (the documented rule, written out here); train is the
+    rest; a repeated text lands on one side only; test is untouched."""
+    texts = [f"question {i % 150} ?" for i in range(300)]  # every text twice
+    _write(tmp_path / "train.tsv", [f"{t}\t{i % 3}" for i, t in enumerate(texts)])
+    _write(tmp_path / "test.tsv", ["a test question ?\t1"])
+    cfg = {"source": f"files:{tmp_path}/{{split}}.tsv", "columns": ("text", "label"),
+           "validation_from_train": 0.1}
+    got = {s: _records(get_source(cfg, s, task="classify")) for s in SPLITS}
+    assert sorted(r["id"] for s in ("train", "validation") for r in got[s]) == sorted(
+        f"train.tsv:{n}" for n in range(1, 301))
+    held = {t for t in set(texts) if _reference_split(t, (0.9, 0.1, 0.0)) == "validation"}
+    assert {r["text"] for r in got["validation"]} == held and 5 < len(held) < 30
+    assert not held & {r["text"] for r in got["train"]}
+    assert [r["text"] for r in got["test"]] == ["a test question ?"]
+    _write(tmp_path / "train.tsv", [f"{t}\t{i % 3}" for i, t in enumerate(texts[:100])])
+    again = _records(get_source(cfg, "validation", task="classify"))  # a changed file: hashed anew
+    assert sorted(r["text"] for r in again) == sorted(
+        t for t in texts[:100] if t in held)
+    with pytest.raises(ValueError, match=r"data.validation_from_train=1.5 must be a fraction"):
+        get_source({**cfg, "validation_from_train": 1.5}, "train")
+    with pytest.raises(ValueError, match="has no '{split}', so its lines are already split"):
+        get_source({**cfg, "source": f"files:{tmp_path}/train.tsv"}, "validation")
+
+
+def test_messages_name_the_file_and_the_fix(tmp_path):
+    """Issue 45: an empty train file is named; a mistyped path gets the near name or the missing
+    directory; a path without 'files:' gets the spelling that reads it; the splits are listed."""
+    from jaxformer.data.sources import source_splits
+
+    (tmp_path / "train.tsv").write_text("\n\n")
+    _write(tmp_path / "test.tsv", ["a question ?\t0"])
+    cfg = {"source": f"files:{tmp_path}/{{split}}.tsv", "columns": ("text", "label")}
+    with pytest.raises(ValueError, match=f"{tmp_path}/train.tsv has no non-blank line: no example"):
+        get_source(cfg, "train")
+    (tmp_path / "train.tsv").write_text("text\tlabel\n")
+    with pytest.raises(ValueError, match="has only a header row"):
+        get_source({"source": cfg["source"]}, "train")
+    with pytest.raises(ValueError, match=f"no file matches it; did you mean '{tmp_path}/test.tsv'"):
+        get_source({"source": f"files:{tmp_path}/tset.tsv"}, "train")
+    with pytest.raises(ValueError, match=f"the directory '{tmp_path}/nope' does not exist"):
+        get_source({"source": f"files:{tmp_path}/nope/test.tsv"}, "train")
+    with pytest.raises(ValueError, match=f"for your own files write 'files:{tmp_path}/test.tsv'"):
+        get_source({"source": f"{tmp_path}/test.tsv", "columns": ("text", "label")}, "train")
+    assert source_splits(cfg) == ["train", "test"]
+    assert source_splits({**cfg, "validation_from_train": 0.1}) == ["train", "validation", "test"]
+    assert source_splits({"source": f"files:{tmp_path}/*.tsv"}) == list(SPLITS)
+    assert source_splits({"source": "movie_sentiment"}) == list(SPLITS)
+    assert source_splits({"source": "tfds:trec"}) is None
+
+
+def test_string_labels_without_names_are_named_by_the_train_split_sorted(tmp_path):
+    """As ``run_glue.py``'s ``label_list``: the distinct train labels, sorted (held-out examples
+    included); integer labels, given names and built-in corpora need none."""
+    from jaxformer.data.sources import label_names_from_data
+
+    rows = [f"q{i}\t{('NUM', 'HUM', 'LOC', 'ABBR')[i % 4]}" for i in range(40)]
+    _write(tmp_path / "train.tsv", rows)
+    cfg = {"source": f"files:{tmp_path}/{{split}}.tsv", "columns": ("text", "label")}
+    assert label_names_from_data(cfg) == ("ABBR", "HUM", "LOC", "NUM")
+    assert label_names_from_data({**cfg, "validation_from_train": 0.5}) == (
+        "ABBR", "HUM", "LOC", "NUM")
+    assert label_names_from_data({**cfg, "label_names": ("NUM", "HUM", "LOC", "ABBR")}) is None
+    _write(tmp_path / "train.tsv", [f"q{i}\t{i % 3}" for i in range(30)])
+    assert label_names_from_data(cfg) is None
+    assert label_names_from_data({"source": "movie_sentiment"}) is None

@@ -383,7 +383,7 @@ def test_progress_bar_shows_no_loss_until_one_is_logged(capsys):
     diverged run); they show only the token rate."""
     from jaxformer.train.metrics import Progress
 
-    progress = Progress(0, 4)
+    progress = Progress(0, 4, enabled=True)  # stderr under pytest is no terminal
     progress.update(1, loss=None, lr=None, tokens=64)
     progress.bar.refresh()
     first = capsys.readouterr().err
@@ -436,3 +436,20 @@ def test_a_headerless_tsv_classifier_runs_with_one_override_per_fact(tmp_path, c
     rows = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
     assert rows and all(r["examples"] == 8 and "tokens" not in r for r in rows)
     assert all(r["examples_per_s"] > 0 for r in rows[1:])
+
+
+def test_progress_bars_follow_the_terminal_unless_asked(capsys):
+    """Issue 45: bars flooded redirected logs. Unset (auto) = tqdm's disable=None, off when
+    stderr is no terminal (as under pytest); true / false force it; the same values everywhere."""
+    from jaxformer.progress import bar_disabled
+    from jaxformer.train.metrics import Progress
+
+    assert [bar_disabled(v) for v in (None, "auto", True, "true", False, "false")] == [
+        None, None, False, False, True, True]
+    with pytest.raises(ValueError, match="progress_bar='yes' must be one of"):
+        bar_disabled("yes")
+    for enabled, shown in ((None, False), (True, True), (False, False)):
+        bar = Progress(0, 3, enabled=enabled)
+        bar.update(3, loss=1.0, lr=1e-3, tokens=10.0)
+        bar.close()
+        assert ("train: 100%" in capsys.readouterr().err) == shown

@@ -67,7 +67,7 @@ from jaxformer.data.closed_at_exit import ClosedAtExit
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
 from jaxformer.data.qa import QA_KEYS, QAFeatures, qa_options
 from jaxformer.data.sentence_pairs import SentencePairs, check_pair_data, pair_rows
-from jaxformer.data.sources import default_source_config, get_source
+from jaxformer.data.sources import check_held_out, default_source_config, get_source
 from jaxformer.data.sources import source_texts as source_texts  # re-exported
 from jaxformer.data.tokenizer import Tokenizer, default_tokenizer_config
 from jaxformer.data.vocab import SpecialTokens
@@ -283,6 +283,7 @@ def check_data_config(cfg: ml_collections.ConfigDict, process_count: int = 1, *,
         bad("packing", f"{task} rows hold one example (one label); set data.packing=False")
     if task == "sentence_pairs":
         check_pair_data(example_framing(cfg, objective), cfg.packing)
+    check_held_out(option(cfg, "validation_from_train", 0.0), option(cfg, "source", ""))
 
 
 def example_framing(cfg: Any, objective: Any = "clm") -> str:
@@ -297,11 +298,25 @@ def example_framing(cfg: Any, objective: Any = "clm") -> str:
     return chosen
 
 
+def describe_source(cfg: Any, split: str) -> str:
+    """How logs and errors name the source of ``split``: ``data.source='…'``, the files of a
+    ``files:{split}`` source (`jaxformer.evaluation.run.with_data`), and a held-out validation
+    split's origin."""
+    spec = option(cfg, "source", "")
+    if spec == "files:{split}":
+        return f"files {split!r}"
+    held = option(cfg, "validation_from_train", 0.0)
+    if held and split in ("train", "validation"):
+        side = "held out from" if split == "validation" else "the rest of"
+        return f"data.source={spec!r} ({side} its train split: data.validation_from_train={held})"
+    return f"data.source={spec!r}"
+
+
 def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tokenizer, *,
                  seed: int, objective: Any = "clm", transform: Transform | None = None,
                  process_index: int | None = None, process_count: int | None = None,
                  num_epochs: int | None = None, source: Sequence[Mapping[str, Any]] | None = None,
-                 report: bool = True) -> grain.IterDataset:
+                 source_name: str | None = None, report: bool = True) -> grain.IterDataset:
     """This process's batches of ``split`` (see the module docstring).
 
     Args:
@@ -318,6 +333,7 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
       num_epochs: None repeats forever (training); an int makes a finite pass whose last batch is
         padded with all-padding rows (segment ids 0) to the full batch size.
       source: a random-access source (``__len__``, ``__getitem__`` → dict) to use instead.
+      source_name: what the reports call ``source`` (e.g. ``"--input 'my.txt'"``).
       report: print (process 0) the split's size now, and one line counting the examples cut to
         fit or skipped as empty once an epoch has been read (else when the iterator is closed).
 
@@ -335,20 +351,23 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     if transform is None:
         transform = spec.example_transform(special, None if isinstance(objective, str) else objective)
     if source is None:
-        source = get_source(data_cfg, split, keep=QA_KEYS if task == "qa" else ())
+        source = get_source(data_cfg, split, keep=QA_KEYS if task == "qa" else (), task=task)
+        source_name = describe_source(cfg, split)
 
     ds = grain.MapDataset.source(source)[process_index::process_count]
     if len(ds) == 0:
         fix = ("; give that split more data (data.split_fractions for a files: glob without "
-               "'{split}'), or set eval.num_batches=0 to train without evaluation"
+               "'{split}')" + ("" if split == "train" else
+                               ", or set eval.num_batches=0 to train without evaluation")
                if len(source) == 0 else "")
         raise ValueError(f"process {process_index} of {process_count} has no examples: split "
-                         f"{split!r} of data.source={cfg.get('source')!r} holds {len(source)}{fix}")
+                         f"{split!r} of {source_name or 'the given source'} holds {len(source)}"
+                         f"{fix}")
     report = report and process_index == 0
     if report:
         shard = f" ({len(ds):,} in this process's shard)" if process_count > 1 else ""
         tqdm.write(f"data {split}: {len(source):,} examples{shard} in "
-                   f"data.source={cfg.get('source') or 'a given source'!r}")
+                   f"{source_name or 'a given source'}")
     counter = TruncationCounter(f"{split}/{task}", len(ds), report=report)
     after = TruncationCounter(f"{split}/{task} after transform", report=report)
     ds = ds.seed(seed)

@@ -1,7 +1,8 @@
 """Extractive question answering examples → BERT features (Devlin et al. 2019 §4.2, SQuAD).
 
 A source record (`qa_example`) holds a ``context``, a ``question`` and the answer as
-``answer_text`` + ``answer_start`` (a character offset into the context), or SQuAD's nested
+``answer_text`` + ``answer_start`` (a character offset into the context; without it, ``answer`` or
+``answer_text`` is looked up as its first occurrence in the context), or SQuAD's nested
 ``answers: {"text": [...], "answer_start": [...]}`` (the first answer is used; TFDS ``squad``
 records have this form). ``text`` stands in for ``context`` (what ``data.text_key`` maps the
 context field to). An empty answer (or ``answer_start`` -1) marks an unanswerable question
@@ -36,7 +37,7 @@ from jaxformer.options import option
 
 # Source fields the QA task needs besides the context (``data.text_key``), passed through as they
 # are by `jaxformer.data.sources.get_source`.
-QA_KEYS = ("question", "answer_text", "answer_start", "answers")
+QA_KEYS = ("question", "answer_text", "answer_start", "answers", "answer")
 FEATURE_KEYS = ("inputs", "inputs_token_types", "start_position", "end_position")
 
 
@@ -67,9 +68,16 @@ def qa_example(record: Mapping[str, Any]) -> dict:
         text, start = (texts[0], starts[0]) if len(texts) and len(starts) else ("", -1)
     elif "answer_text" in record and "answer_start" in record:
         text, start = _plain(record["answer_text"]), _plain(record["answer_start"])
+    elif "answer" in record or "answer_text" in record:  # no offset: the first occurrence
+        text = _plain(record.get("answer_text", record.get("answer")))
+        start = context.find(text) if text else -1
+        if text and start < 0:
+            raise ValueError(f"{where}: answer {text!r} does not occur in the context; give "
+                             "'answer_start' (empty answer = unanswerable)")
     else:
-        raise ValueError(f"{where}: needs 'answer_text' and 'answer_start', or SQuAD's 'answers' "
-                         f"{{'text': [...], 'answer_start': [...]}}; got fields {sorted(record)}")
+        raise ValueError(f"{where}: needs 'answer_text' (or 'answer') and 'answer_start', or "
+                         "SQuAD's 'answers' {'text': [...], 'answer_start': [...]}; got fields "
+                         f"{sorted(record)}")
     try:
         start = int(start)
     except (TypeError, ValueError):

@@ -30,7 +30,11 @@ plus ``"id": str`` where the source has one (built-in corpora, user files).
 
 Field options (TFDS feature names, JSONL keys, TSV columns): ``text_key`` (default "text"),
 ``label_key`` (set → classification), ``source_key`` + ``target_key`` (set → pairs),
-``label_names`` (maps string labels to their index). TFDS options: ``tfds_data_dir``,
+``label_names`` (maps string labels to their index); unset roles take their usual names
+(``sentence``/``label``, ``source``/``target``, ``input``/``output``, … :
+`jaxformer.data.field_names`). ``validation_from_train`` (any source, e.g. 0.1): the validation
+split is that fraction of the train split, chosen by the hash of each example's text (`held_out`),
+and train is the rest. TFDS options: ``tfds_data_dir``,
 ``tfds_download`` (default: True unless ``JAXFORMER_OFFLINE`` is set).
 """
 
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -46,6 +51,7 @@ import numpy as np
 
 from jaxformer.data import builders
 from jaxformer.data.builders import user_files
+from jaxformer.data.field_names import infer_roles
 from jaxformer.data.tfds_source import tfds_name, tfds_source
 from jaxformer.options import option
 
@@ -61,7 +67,8 @@ _BUILTIN_FIELDS = {"shakespeare": ("text", None, None, None),
 
 # Defaults of the source options that have one (the others default to None = unset); a plain dict
 # data config without them gets the same values (`jaxformer.options.option` with these defaults).
-_SOURCE_DEFAULTS = {"source": "", "text_key": "text", "split_fractions": (0.9, 0.05, 0.05)}
+_SOURCE_DEFAULTS = {"source": "", "text_key": "text", "split_fractions": (0.9, 0.05, 0.05),
+                    "validation_from_train": 0.0}
 
 
 # One line per source key of ``config.data`` (``train.py --print_config`` shows them).
@@ -82,6 +89,9 @@ SOURCE_KEY_DOCS = {
     "target_key": "field holding the target text (with source_key: pairs for seq2seq)",
     "label_names": "string labels in class order, e.g. \"--config.data.label_names=('neg','pos')\" "
                    "(or neg,pos); a label's index is its class; sets model.num_classes when unset",
+    "validation_from_train": "hold out this fraction of the train split as the validation split "
+                             "(e.g. 0.1; 0 = the source's own), by a hash of each example's text "
+                             "so that duplicates stay on one side",
     "tfds_data_dir": "TFDS data directory (unset = TFDS's default)",
     "tfds_download": "let TFDS download and prepare a dataset (unset = unless JAXFORMER_OFFLINE)",
 }
@@ -122,6 +132,7 @@ class Fields:
     label_names: tuple[str, ...] | None = None
     where: str = "source"
     keep: tuple[str, ...] = ()  # other fields passed through as they are (extractive QA's)
+    raw_labels: bool = False  # labels as the data holds them, not mapped to a class index
 
     @property
     def schema(self) -> str:
@@ -165,7 +176,8 @@ class Fields:
         else:
             out = {"text": self._text(record, self.text_key, where)}
             if self.label_key:
-                out["label"] = self._label(_python(record[self.label_key]), where)
+                value = _python(record[self.label_key])
+                out["label"] = value if self.raw_labels else self._label(value, where)
         out.update({k: record[k] for k in self.keep if k in record})
         if "id" in record:
             out["id"] = str(_python(record["id"]))
@@ -255,6 +267,80 @@ class PairsAsText:
         return out
 
 
+class Subset:
+    """The records of ``base`` at ``indices`` (a ``[N]`` int64 array), in that order."""
+
+    def __init__(self, base: Sequence[dict[str, Any]], indices: np.ndarray) -> None:
+        self.base, self.indices = base, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for a source of length {len(self)}")
+        return self.base[int(self.indices[index])]
+
+    def __repr__(self) -> str:
+        return f"Subset({self.base!r}, len={len(self)})"
+
+
+def check_held_out(fraction: Any, spec: str = "") -> None:
+    """ValueError unless ``data.validation_from_train`` is a fraction in [0, 1) that ``spec`` can
+    use (a ``files:`` glob without ``{split}`` holds out validation by ``data.split_fractions``)."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 <= fraction < 1:
+        raise ValueError(f"data.validation_from_train={fraction!r} must be a fraction in [0, 1), "
+                         "e.g. 0.1 (0 = the source's own validation split)")
+    hashed = [p for p in spec.removeprefix("concat:").split(",")
+              if p.strip().startswith("files:") and "{split}" not in p]
+    if fraction and hashed:
+        raise ValueError(f"data.validation_from_train={fraction} applies to sources with a train "
+                         f"split of their own; {hashed[0].strip()!r} has no '{{split}}', so its "
+                         "lines are already split by hash with data.split_fractions; leave "
+                         "data.validation_from_train at 0")
+
+
+def held_out(train: Sequence[dict[str, Any]], split: str, fraction: float) -> Subset:
+    """The ``"train"`` or ``"validation"`` part of ``train`` when ``fraction`` of it is held out
+    for validation: each example goes by `jaxformer.data.builders.hash_split` of its text
+    (``text``, else ``source``), so equal texts (a corpus's repeated questions) fall on the same
+    side, whatever the order or the number of the lines."""
+    held = _held_out_mask(train, fraction)
+    return Subset(train, np.flatnonzero(held if split == "validation" else ~held))
+
+
+# (files read, fields, fraction) → the held-out mask: each evaluation reopens its split, and
+# hashing every train text again would cost ~20 µs an example each time
+_HELD_OUT_MASKS: dict[Any, np.ndarray] = {}
+
+
+def _held_out_mask(train: Sequence[dict[str, Any]], fraction: float) -> np.ndarray:
+    """``[N]`` bool: which examples of ``train`` are held out for validation."""
+    key = _fingerprint(train, fraction)
+    if key is not None and key in _HELD_OUT_MASKS:
+        return _HELD_OUT_MASKS[key]
+    fractions = (1.0 - fraction, fraction, 0.0)
+    mask = np.array([builders.hash_split(_text_of(train[i]), fractions) == "validation"
+                     for i in range(len(train))], dtype=bool)
+    if key is not None:
+        _HELD_OUT_MASKS[key] = mask
+    return mask
+
+
+def _fingerprint(source: Sequence[dict[str, Any]], fraction: float) -> Any:
+    """A key that changes whenever the examples of a ``files:`` source may (its files' sizes and
+    modification times, its format, columns and fields); None for other sources (not cached)."""
+    base = getattr(source, "base", None)
+    if not isinstance(source, MappedSource) or not isinstance(base, user_files.FileSource):
+        return None
+    stats = tuple((p, os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in base.paths)
+    return stats, base.fmt, tuple(base.columns), source.fn, len(source), fraction
+
+
+def _text_of(record: Mapping[str, Any]) -> str:
+    return str(record.get("text", record.get("source", "")))
+
+
 def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
     """The list option ``data.<key>`` (``label_names``, ``columns``) as a tuple (None if unset);
     ``neg,pos`` — what an unquoted ``--config.data.label_names=neg,pos`` parses to, one string — is
@@ -269,15 +355,20 @@ def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
     return tuple(n.strip() for n in names)
 
 
-def _fields(data_cfg: Any, where: str) -> Fields:
-    names = list_option(data_cfg, "label_names")
-    return Fields(text_key=option(data_cfg, "text_key", _SOURCE_DEFAULTS["text_key"]),
-                  label_key=option(data_cfg, "label_key"), source_key=option(data_cfg, "source_key"),
-                  target_key=option(data_cfg, "target_key"),
-                  label_names=names, where=where)
+def _fields(data_cfg: Any, where: str, available: Sequence[str] | None = None,
+            task: str | None = None) -> Fields:
+    """The `Fields` of ``data_cfg``; with the record fields ``available`` known, the roles it
+    leaves unset are taken by their conventional names (`jaxformer.data.field_names`)."""
+    roles = dict(text_key=option(data_cfg, "text_key", _SOURCE_DEFAULTS["text_key"]),
+                 label_key=option(data_cfg, "label_key"), source_key=option(data_cfg, "source_key"),
+                 target_key=option(data_cfg, "target_key"))
+    if available is not None:
+        roles = infer_roles(available, task=task, **roles)
+    return Fields(**roles, label_names=list_option(data_cfg, "label_names"), where=where)
 
 
-def get_source(data_cfg: Any, split: str, keep: Sequence[str] = ()) -> Sequence[dict[str, Any]]:
+def get_source(data_cfg: Any, split: str, keep: Sequence[str] = (), task: str | None = None,
+               raw_labels: bool = False) -> Sequence[dict[str, Any]]:
     """The random-access source named by ``data_cfg.source`` for ``split``.
 
     Args:
@@ -287,6 +378,11 @@ def get_source(data_cfg: Any, split: str, keep: Sequence[str] = ()) -> Sequence[
         TFDS split expressions such as ``"train[:1%]"``; TFDS datasets use their own names).
       keep: fields of TFDS and file records to pass through besides the schema's (the question and
         answer of extractive QA, `jaxformer.data.qa.QA_KEYS`).
+      task: the data task that reads the records (`jaxformer.objectives.Objective.data_task`):
+        roles the config leaves unset are found by their usual names for it
+        (`jaxformer.data.field_names`); None = only the text is read (the tokenizer's).
+      raw_labels: keep the labels of files and TFDS records as the data holds them (strings
+        included), not mapped to class indices (`label_names_from_data`).
 
     Raises:
       ValueError: unknown source, bad option, missing field.
@@ -296,8 +392,15 @@ def get_source(data_cfg: Any, split: str, keep: Sequence[str] = ()) -> Sequence[
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"data.source must be a non-empty string, one of {SOURCE_KINDS}; "
                          f"got {spec!r}")
+    _check_kinds(spec)
     _check_options(data_cfg, spec)
-    source = _from_spec(spec, data_cfg, split, tuple(keep))
+    held = option(data_cfg, "validation_from_train", 0.0)
+    if held and split in ("train", "validation"):
+        check_held_out(held, spec)
+        source = held_out(_from_spec(spec, data_cfg, "train", tuple(keep), task, raw_labels),
+                          split, held)
+    else:
+        source = _from_spec(spec, data_cfg, split, tuple(keep), task, raw_labels)
     view = option(data_cfg, "pair_view")
     return PairsAsText(source, view) if view else source
 
@@ -309,9 +412,45 @@ _KIND_OPTIONS = {"files": ("format", "columns", "split_fractions", *_FIELD_OPTIO
                  "tfds": ("tfds_data_dir", "tfds_download", *_FIELD_OPTIONS)}
 
 
+def source_splits(data_cfg: Any) -> list[str] | None:
+    """The split names ``data_cfg.source`` can be read at (None: not known without opening it, as
+    for TFDS): built-in corpora and hash-split files have train/validation/test; a ``{split}``
+    glob has those its files name, plus validation when ``validation_from_train`` is set."""
+    spec = option(data_cfg, "source", "")
+    found: set[str] = set()
+    for part in (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec]):
+        kind, _, rest = part.strip().partition(":")
+        if kind == "files" and "{split}" in rest:
+            found |= set(user_files.available_splits(rest))
+        elif kind == "files" or kind in builders.BUILDERS:
+            found |= set(user_files.SPLITS)
+        else:
+            return None
+    if option(data_cfg, "validation_from_train", 0.0) and "train" in found:
+        found.add("validation")
+    return sorted(found, key=lambda s: (user_files.SPLITS + (s,)).index(s))
+
+
+def _kinds(spec: str) -> list[str]:
+    """The kind (the part before ':') of each source of ``spec`` (each part of a concat)."""
+    return [p.strip().partition(":")[0] for p in
+            (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec])]
+
+
+def _check_kinds(spec: str) -> None:
+    """ValueError for a source of unknown kind, before its options are checked (a path given
+    without 'files:' would otherwise be refused for its options)."""
+    known = {*builders.BUILDERS, "tfds", "files", "concat"}
+    for part in (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec]):
+        part = part.strip()
+        if part.partition(":")[0] not in known:
+            looks_like_path = "/" in part or "." in part or os.path.exists(part)
+            hint = f"; for your own files write 'files:{part}'" if looks_like_path else ""
+            raise ValueError(f"unknown data.source {part!r}; choose one of {SOURCE_KINDS}{hint}")
+
+
 def _check_options(data_cfg: Any, spec: str) -> None:
-    kinds = [p.strip().partition(":")[0] for p in
-             (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec])]
+    kinds = _kinds(spec)
     used = {key for kind in kinds for key in _KIND_OPTIONS.get(kind, ())}
     for key in sorted({k for keys in _KIND_OPTIONS.values() for k in keys} - used):
         value = option(data_cfg, key, _SOURCE_DEFAULTS.get(key))
@@ -322,30 +461,37 @@ def _check_options(data_cfg: Any, spec: str) -> None:
                              f"data.source={spec!r}; leave it unset")
 
 
-def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = ()
-               ) -> Sequence[dict[str, Any]]:
+def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = (),
+               task: str | None = None, raw_labels: bool = False) -> Sequence[dict[str, Any]]:
     kind, _, rest = spec.partition(":")
     if kind == "concat":
         parts = [p.strip() for p in rest.split(",") if p.strip()]
         if not parts:
             raise ValueError(f"data.source {spec!r}: 'concat:' needs comma-separated sources")
-        return ConcatSource([_from_spec(p, data_cfg, split, keep) for p in parts])
+        return ConcatSource([_from_spec(p, data_cfg, split, keep, task, raw_labels)
+                             for p in parts])
     if kind == "tfds":
         name = tfds_name(rest)
-        fields = dataclasses.replace(_fields(data_cfg, f"TFDS dataset {name!r}"), keep=keep)
         base = tfds_source(name, split, data_dir=option(data_cfg, "tfds_data_dir"),
                            download=option(data_cfg, "tfds_download"))
         features = getattr(getattr(base, "dataset_info", None), "features", None)
-        if features is not None:
-            fields.check(list(features.keys()))
+        available = None if features is None else list(features.keys())
+        fields = dataclasses.replace(_fields(data_cfg, f"TFDS dataset {name!r}", available, task),
+                                     keep=keep, raw_labels=raw_labels)
+        if available is not None:
+            fields.check(available)
         return MappedSource(base, fields)
     if kind == "files":
-        fields = dataclasses.replace(_fields(data_cfg, f"files {rest!r}"), keep=keep)
         fmt = option(data_cfg, "format")
         base = user_files.FileSource(
             rest, split, fmt=fmt, columns=list_option(data_cfg, "columns"),
             split_fractions=tuple(option(data_cfg, "split_fractions",
                                                 _SOURCE_DEFAULTS["split_fractions"])))
+        available = (list(base[0]) if len(base) else
+                     list(base.columns[0] or ("text",)) if base.columns else None)
+        fields = dataclasses.replace(
+            _fields(data_cfg, f"files {rest!r}", None if base.fmt == "text" else available, task),
+            keep=keep, raw_labels=raw_labels)
         if base.fmt == "text" and fields.schema != "text":
             raise ValueError(f"files {rest!r}: format 'text' holds only text; use 'jsonl' or "
                              f"'tsv' for {fields.schema} data (label_key/source_key set)")
@@ -365,6 +511,23 @@ def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = ()
             return PairsAsText(source, rest)
         return source
     raise ValueError(f"unknown data.source {spec!r}; choose one of {SOURCE_KINDS}")
+
+
+def label_names_from_data(data_cfg: Any) -> tuple[str, ...] | None:
+    """The distinct labels of the train split, sorted, when they are strings and
+    ``data.label_names`` is unset (Hugging Face ``run_glue.py``'s ``label_list``); None when names
+    are given, the labels are class indices, or the source is a built-in corpus (integer labels).
+    Reads every train example once."""
+    spec = option(data_cfg, "source", "")
+    if list_option(data_cfg, "label_names") or not set(_kinds(spec)) & {"files", "tfds"}:
+        return None
+    source = get_source(data_cfg, "train", task="classify", raw_labels=True)
+    source = source.base if isinstance(source, Subset) else source  # held-out examples too
+    values = {source[i]["label"] for i in range(len(source))}
+    if all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())
+           for v in values):
+        return None
+    return tuple(sorted(str(v) for v in values))
 
 
 def source_texts(source: Sequence[Mapping[str, Any]]) -> Iterator[str]:

@@ -36,6 +36,7 @@ from jaxformer.decode.sampling import sample
 from jaxformer.decode.search import DecodeResult, decode_loop
 from jaxformer.nnx import to_linen
 from jaxformer.ops.embedding import check_token_ids
+from jaxformer.progress import bar_disabled
 
 STRATEGIES = ("greedy", "sample", "beam")
 
@@ -285,7 +286,7 @@ def bucket_width(longest: int, cap: int, smallest: int = 8) -> int:
 def generate_batches(model: nn.Module | nnx.Module, params: Any,
                      prompts: Sequence[Sequence[int]], config: GenerationConfig, *,
                      batch_size: int, rng: jax.Array | None = None,
-                     progress: bool = False) -> list[list[int]]:
+                     progress: bool | None = False) -> list[list[int]]:
     """Generated ids (EOS and what follows removed) for each of ``prompts``, in their order,
     decoded ``batch_size`` at a time (what `predict` and `evaluate` decode with).
 
@@ -307,7 +308,7 @@ def generate_batches(model: nn.Module | nnx.Module, params: Any,
     out: list[list[int]] = [[] for _ in rows]
     starts = range(0, len(order), batch_size)
     for n, start in enumerate(tqdm(starts, desc=f"decode ({config.strategy})", unit="batch",
-                                   disable=not progress, leave=False)):
+                                   disable=bar_disabled(progress), leave=False)):
         idx = order[start:start + batch_size]
         batch = [rows[i] for i in idx]
         batch += [batch[0]] * (batch_size - len(batch))

@@ -113,7 +113,7 @@ def decoding_examples(config: Any, tokenizer: Tokenizer, split: str, *, limit: i
     framing = example_framing(config.data, config.objective)
     special, seq_len = tokenizer.special, config.data.seq_len
     prefix = {"bos_eos": [special.bos_id], "cls_sep": [special.cls_id]}.get(framing, [])
-    source = get_source(config.data, split) if source is None else source
+    source = get_source(config.data, split, task=task) if source is None else source
     out = []
     for i in range(len(source) if not limit else min(limit, len(source))):
         ex = source[i]
@@ -135,7 +135,7 @@ def decoding_examples(config: Any, tokenizer: Tokenizer, split: str, *, limit: i
 
 
 def decode_prompts(model: nn.Module, params: Any, prompts: Sequence[Sequence[int]],
-                   gen: GenerationConfig, *, batch_size: int, progress: bool = False
+                   gen: GenerationConfig, *, batch_size: int, progress: bool | None = False
                    ) -> list[list[int]]:
     """Generated token ids (EOS and what follows removed) for each prompt, decoded in batches of
     ``batch_size`` prompts of similar lengths (`jaxformer.decode.generate_batches`).
@@ -152,7 +152,7 @@ def decode_prompts(model: nn.Module, params: Any, prompts: Sequence[Sequence[int
 
 def score_decoding(model: nn.Module, params: Any, tokenizer: Tokenizer,
                    examples: Sequence[DecodingExample], gen: GenerationConfig, *, batch_size: int,
-                   progress: bool = False) -> tuple[dict[str, Any], list[str]]:
+                   progress: bool | None = False) -> tuple[dict[str, Any], list[str]]:
     """(`sequence_scores` of the generations against the references, the generated texts)."""
     ids = decode_prompts(model, params, [e.prompt for e in examples], gen, batch_size=batch_size,
                          progress=progress)

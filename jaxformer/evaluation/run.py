@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import make_dataset
-from jaxformer.data.sources import list_option
+from jaxformer.data.sources import list_option, source_splits
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.evaluation.decoding import (
     decodes,
@@ -48,6 +48,7 @@ from jaxformer.evaluation.decoding import (
 from jaxformer.evaluation.metrics import classification_report
 from jaxformer.models import build_model
 from jaxformer.objectives.cloze import predicts_labels
+from jaxformer.progress import bar_disabled
 from jaxformer.train.checkpoint import load_run_params, open_run, resolve_checkpoint
 from jaxformer.train.setup import wire_objective
 from jaxformer.train.step import make_eval_step, summarize_eval
@@ -122,7 +123,7 @@ def with_data(config: ml_collections.ConfigDict, data: str, split: str
 
 
 def teacher_forced(loaded: LoadedRun, config: ml_collections.ConfigDict, split: str, *,
-                   progress: bool = True) -> dict[str, Any]:
+                   progress: bool | None = None) -> dict[str, Any]:
     """Loss, accuracy, perplexity (not for classification) and, for classification, the
     `classification_report`, over every batch of ``split``."""
     classify = predicts_labels(loaded.model_cfg, config.objective.name)
@@ -136,7 +137,7 @@ def teacher_forced(loaded: LoadedRun, config: ml_collections.ConfigDict, split: 
     labels, predicted = [], []
     key = jax.random.key(config.seed + 1)  # the trainer's eval keys (`Trainer.evaluate`)
     for i, batch in enumerate(tqdm(batches, desc=f"evaluate {split}", unit="batch",
-                                   disable=not progress)):
+                                   disable=bar_disabled(progress))):
         out = step_fn(loaded.params, batch, jax.random.fold_in(key, i))
         sums, rows = out if classify else (out, None)
         for k, v in jax.device_get(sums).items():
@@ -169,7 +170,8 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
                  step: int | None = None, best: bool = False, decode: bool | None = None,
                  strategy: str | None = None, beam_size: int | None = None,
                  max_new_tokens: int | None = None, max_decode: int = 0,
-                 batch_size: int | None = None, progress: bool = True) -> dict[str, Any]:
+                 batch_size: int | None = None, progress: bool | None = None
+                 ) -> dict[str, Any]:
     """Score one checkpoint of ``workdir`` on ``split`` (or ``data``); see the module docstring.
 
     Args:
@@ -177,17 +179,24 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
       strategy, beam_size, max_new_tokens: decoding (default: the run's ``eval.generate_*``).
       max_decode: decode the first ``max_decode`` examples only (0 = all).
       batch_size: rows per decoding batch (default ``data.batch_size``).
+      progress: progress bars (None: only when stderr is a terminal, `jaxformer.progress`).
 
     Returns:
-      ``{"workdir", "step", "split", "data", "objective", "metrics": {...}, "generation": {...}}``
-      (``generation`` only when decoding), JSON-serialisable.
+      ``{"workdir", "step", "split", "data", "run_data", "objective", "metrics": {...},
+      "generation": {...}}`` (``run_data``: the run's own ``data.source``; ``generation`` only
+      when decoding), JSON-serialisable.
     """
     loaded = load_run(workdir, step=step, best=best)
     config = loaded.config
     if data:
         config, split = with_data(config, data, split)
+    splits = None if config.data.source == "files:{split}" else source_splits(config.data)
+    if splits is not None and split not in splits:
+        raise ValueError(f"--split {split!r} is not a split of data.source="
+                         f"{config.data.source!r}; its splits are {splits}")
     results: dict[str, Any] = {"workdir": str(workdir), "step": loaded.step, "split": split,
                                "data": data or config.data.source,
+                               "run_data": loaded.config.data.source,
                                "objective": config.objective.name,
                                "metrics": teacher_forced(loaded, config, split, progress=progress)}
     can_decode = decodes(config, loaded.model_cfg)
@@ -204,16 +213,28 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
                                    progress=progress)
         results["generation"] = {"strategy": gen.strategy, "max_new_tokens": gen.max_new_tokens,
                                  **({"beam_size": gen.beam_size} if gen.strategy == "beam" else {}),
-                                 "examples": len(examples), **scores}
+                                 "max_decode": max_decode, "examples": len(examples), **scores}
     return results
 
 
 def results_path(workdir: str | os.PathLike, results: dict[str, Any]) -> Path:
-    """``<workdir>/eval/<split or file name>_step<N>.json``."""
+    """``<workdir>/eval/<data>_step<N>[_<decoding>].json``, named by everything that changes the
+    result, so no evaluation overwrites another's: the split (a ``--data`` file's name, or
+    ``<source>_<split>`` for other data), the step and, when it decoded, the strategy with its
+    beam size, ``max_new_tokens`` and ``max_decode`` (e.g. ``test_step1000_beam4_new64.json``)."""
+    def slug(text: str) -> str:
+        return re.sub(r"[^\w.-]+", "_", text).strip("_") or "data"
+
     glob = _whole_files(results["data"])
-    name = results["split"] if glob is None else Path(glob).name
-    name = re.sub(r"[^\w.-]+", "_", name).strip("_") or "data"
-    return Path(workdir) / "eval" / f"{name}_step{results['step']}.json"
+    name = slug(results["split"] if glob is None else Path(glob).name)
+    if glob is None and results["data"] != results.get("run_data", results["data"]):
+        name = f"{slug(results['data'])}_{name}"
+    name += f"_step{results['step']}"
+    g = results.get("generation")
+    if g:
+        name += f"_{g['strategy']}{g.get('beam_size', '')}_new{g['max_new_tokens']}"
+        name += f"_first{g['max_decode']}" if g.get("max_decode") else ""
+    return Path(workdir) / "eval" / f"{name}.json"
 
 
 def write_results(results: dict[str, Any], path: str | os.PathLike) -> Path:

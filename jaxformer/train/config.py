@@ -93,7 +93,8 @@ KEY_DOCS = {
     "log_every_steps": "metrics.jsonl / TensorBoard cadence",
     "nonfinite": "'stop' at the first non-finite loss or grad norm, or 'skip' the update",
     "nonfinite_limit": "with nonfinite='skip': stop after this many non-finite steps in a row",
-    "progress_bar": "show a tqdm progress bar",
+    "progress_bar": "tqdm progress bar: unset = only when stderr is a terminal (none in a "
+                    "redirected log), true = always, false = never",
 }
 
 
@@ -139,14 +140,32 @@ def base_config() -> ml_collections.ConfigDict:
     c.log_every_steps = 50
     c.nonfinite = "stop"
     c.nonfinite_limit = 10
-    c.progress_bar = True
+    c.progress_bar = ml_collections.config_dict.placeholder(bool)  # unset: auto (TTY only)
     c.distill = default_distill_config()  # knowledge distillation (jaxformer.train.distill)
     return c
 
 
+# Names a user of Hugging Face's Trainer (TrainingArguments, run_glue.py, run_translation.py) may
+# type, and the key that means the same here: offered (before a close spelling) for an unknown key.
+HF_NAMES = {"learning_rate": "optimizer.peak_lr", "lr": "optimizer.peak_lr",
+            "max_steps": "num_train_steps", "num_labels": "model.num_classes",
+            "max_seq_length": "data.seq_len", "max_source_length": "data.seq_len",
+            "max_target_length": "data.target_len", "per_device_train_batch_size": "data.batch_size",
+            "batch_size": "data.batch_size", "warmup": "optimizer.warmup_steps",
+            "warmup_steps": "optimizer.warmup_steps", "weight_decay": "optimizer.weight_decay",
+            "max_grad_norm": "optimizer.clip_norm", "label_smoothing_factor":
+            "objective.label_smoothing", "eval_steps": "eval.every_steps",
+            "save_steps": "checkpoint.every_steps", "save_total_limit": "checkpoint.keep",
+            "logging_steps": "log_every_steps", "metric_for_best_model": "checkpoint.best_metric",
+            "gradient_accumulation_steps": "optimizer.grad_accum_steps",
+            "model_name_or_path": "init_from", "num_beams": "eval.generate_beam_size",
+            "validation_split_percentage": "data.validation_from_train"}
+
+
 def config_node(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, str]:
     """(parent, leaf name) of the existing key ``dotted = "a.b.c"``; KeyError naming the first
-    missing part (overrides change keys, never add them)."""
+    missing part (overrides change keys, never add them) and the key meant: the key of the same
+    meaning (`HF_NAMES`, e.g. ``learning_rate``), else a close spelling (`difflib`)."""
     parts = dotted.split(".")
     node: Any = config
     for i, part in enumerate(parts):
@@ -155,6 +174,9 @@ def config_node(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, st
             close = difflib.get_close_matches(part, list(node.keys()) if isinstance(
                 node, ml_collections.ConfigDict) else [], n=1)
             hint = f"; did you mean {'.'.join([*parts[:i], close[0]])!r}?" if close else ""
+            if part in HF_NAMES and HF_NAMES[part] != dotted:
+                hint = (f"; did you mean {HF_NAMES[part]!r}? (what Hugging Face calls "
+                        f"{part!r})")
             raise KeyError(f"{dotted!r}: {where} has no key {part!r}{hint}")
         if i < len(parts) - 1:
             node = node[part]

@@ -26,6 +26,7 @@ import numpy as np
 from absl import logging
 
 from jaxformer.config import ModelConfig
+from jaxformer.data.sources import list_option
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
 from jaxformer.models import build_model
 from jaxformer.objectives.cloze import predicts_labels
@@ -37,6 +38,7 @@ from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train import distill, lora
 from jaxformer.train.checkpoint import Checkpointer, PreemptionWatch, save_run_config
+from jaxformer.train.collapse import CollapseWatch, with_prediction_counts
 from jaxformer.train.lock import WorkdirLock
 from jaxformer.train.lora_run import init_lora_state, load_base
 from jaxformer.train.metrics import MetricWriter, Progress, truncate_metrics
@@ -50,6 +52,7 @@ from jaxformer.train.setup import (
     resolve_config,
     restore_state,
     wire_objective,
+    with_label_names_from_data,
 )
 from jaxformer.train.step import make_eval_step, make_train_step, summarize_eval
 
@@ -83,6 +86,7 @@ class Trainer:
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike):
+        config = with_label_names_from_data(config)  # string labels, no names: sorted
         resolved = resolve_config(distill.with_teacher_tokenizer(config))
         self.config = config = resolved.config  # the resolved copy: what config.json records
         self.model_cfg, self.tx, self.schedule = resolved.model_cfg, resolved.tx, resolved.schedule
@@ -174,14 +178,20 @@ class Trainer:
         return sharded_jit(step_fn, self.mesh, in_shardings=(self.shardings, None),
                            out_shardings=(self.shardings, None), donate_argnums=(0,))
 
-    def evaluate(self, params) -> dict:
+    def evaluate(self, params, step: int | None = None) -> dict:
         """Loss, accuracy and perplexity over ``eval.num_batches`` batches of ``eval.split``, and
-        decoding scores with ``eval.generate_examples``."""
+        decoding scores with ``eval.generate_examples``. A sequence classifier's evaluations at
+        ``step`` are watched for a collapse to one class (`jaxformer.train.collapse`)."""
         c = self.config
         if c.eval.num_batches == 0:
             return {}
         if not hasattr(self, "_eval_fn"):
-            self._eval_fn = sharded_jit(make_eval_step(self.model, self.prepare), self.mesh,
+            counts = self.predicts_labels and self.model_cfg.head == "classify"
+            eval_step = make_eval_step(self.model, self.prepare, predictions=counts)
+            if counts:
+                eval_step = with_prediction_counts(eval_step, self.model_cfg.num_classes)
+                self._collapse = CollapseWatch(list_option(c.data, "label_names"))
+            self._eval_fn = sharded_jit(eval_step, self.mesh,
                                         in_shardings=(self.param_shardings, None, None))
         it = iter(self.make_ds(c.eval.split, num_epochs=1))
         totals, key = None, jax.random.key(c.seed + 1)
@@ -191,6 +201,9 @@ class Trainer:
             totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
         if totals is None:
             return {}
+        predicted = totals.pop("predicted", None)
+        if predicted is not None and step is not None and jax.process_index() == 0:
+            self._collapse.push(step, predicted)
         out = summarize_eval(totals)
         if self.predicts_labels:  # exp(cross-entropy) of a label is no perplexity
             out.pop("perplexity")
@@ -255,7 +268,7 @@ class Trainer:
                 if eval_now:
                     current = step_fn.state() if pmap else state
                     try:
-                        eval_metrics = self.evaluate(self.model_params(current))
+                        eval_metrics = self.evaluate(self.model_params(current), step)
                     except Exception:  # e.g. a bad record further into the eval split: keep the
                         self.ckpt.save(step, current, self.train_iter)  # training done so far
                         logging.error("evaluation failed at step %d; the step is checkpointed", step)

@@ -24,6 +24,8 @@ from pathlib import Path
 import jax
 from tqdm.auto import tqdm
 
+from jaxformer.progress import bar_disabled
+
 
 def _import_summary_writer() -> type:
     """tensorboardX's ``SummaryWriter``, imported without torch: tensorboardX imports torch (when
@@ -177,11 +179,14 @@ def read_metrics(workdir: str | os.PathLike) -> list[dict]:
 
 
 class Progress:
-    """tqdm bar showing step, loss, tokens/s, learning rate and ETA (process 0, TTY or not)."""
+    """tqdm bar showing step, loss, tokens/s, learning rate and ETA (process 0; ``enabled``:
+    `jaxformer.progress.bar_disabled`, None = only when stderr is a terminal)."""
 
-    def __init__(self, start: int, total: int, *, enabled: bool = True, desc: str = "train"):
+    def __init__(self, start: int, total: int, *, enabled: bool | None = None,
+                 desc: str = "train"):
         self.bar = tqdm(total=total, initial=start, desc=desc, unit="step", dynamic_ncols=True,
-                        disable=not enabled or jax.process_index() != 0, mininterval=1.0)
+                        disable=True if jax.process_index() != 0 else bar_disabled(enabled),
+                        mininterval=1.0)
         self._t0, self._tokens, self._steps = None, 0.0, 0
 
     def update(self, n: int, *, loss: float | None, lr: float | None, tokens: float) -> None:

@@ -164,6 +164,20 @@ def param_labels(params: Any, head_prefixes: Sequence[str] = HEAD_PARAM_PREFIXES
 # ------------------------------------------------------------------------------------------------
 
 
+def _check_rates(cfg: ml_collections.ConfigDict) -> None:
+    """ValueError naming a learning rate (or Adam constant) that would train backwards or not at
+    all: a negative rate is gradient ascent, and optax accepts it silently."""
+    key = "scale" if cfg.schedule == "inverse_sqrt" else "peak_lr"
+    if not cfg[key] > 0:
+        raise ValueError(f"optimizer.{key}={cfg[key]} must be positive (the learning rate; a "
+                         "negative one climbs the loss)")
+    if cfg.end_lr < 0:
+        raise ValueError(f"optimizer.end_lr={cfg.end_lr} must be >= 0")
+    if not (0 <= cfg.b1 < 1 and 0 <= cfg.b2 < 1 and cfg.eps > 0):
+        raise ValueError(f"optimizer.b1={cfg.b1} and b2={cfg.b2} must lie in [0, 1) and "
+                         f"optimizer.eps={cfg.eps} be positive")
+
+
 def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """The gradient transformation and its (backbone) learning-rate schedule.
@@ -187,6 +201,7 @@ def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = N
     if cfg.clip_norm < 0 or cfg.weight_decay < 0 or cfg.head_lr_multiplier < 0:
         raise ValueError("optimizer.clip_norm, weight_decay and head_lr_multiplier must be ≥ 0, "
                          f"got {cfg.clip_norm}, {cfg.weight_decay}, {cfg.head_lr_multiplier}")
+    _check_rates(cfg)
     check_lora_config(cfg.lora)
     if cfg.lora.rank and cfg.freeze_backbone:
         raise ValueError("optimizer.lora.rank > 0 already freezes the base weights; unset "

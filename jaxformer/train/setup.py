@@ -37,7 +37,7 @@ from jaxformer.config import ModelConfig, architecture_fields, changed_fields, f
 from jaxformer.convert.hf import hf_model_config, load_hf
 from jaxformer.convert.hf_io import find_sentencepiece, is_hf_directory
 from jaxformer.data.pipeline import make_dataset, source_texts
-from jaxformer.data.sources import get_source
+from jaxformer.data.sources import get_source, label_names_from_data
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from jaxformer.models import build_model
 from jaxformer.models.heads import HEAD_MODULE_NAMES
@@ -158,6 +158,26 @@ def resolve_model(stated: dict[str, Any], pretrained: Pretrained | None) -> dict
                          f"changed: {'; '.join(changes)}. Set these fields as the pretrained run "
                          "has them (or leave them unset to take its values)")
     return merged
+
+
+def with_label_names_from_data(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``config``, or for a classifier (objective ``classify``) whose ``files:`` / ``tfds:``
+    labels are strings and whose ``data.label_names`` is unset, a copy naming the train split's
+    labels in sorted order (`jaxformer.data.sources.label_names_from_data`, as Hugging Face's
+    ``run_glue.py`` does), said in one line; the run's ``config.json`` records them, so
+    ``evaluate`` and ``predict`` use the same classes."""
+    if config.objective.name != "classify":
+        return config
+    names = label_names_from_data(config.data)
+    if names is None:
+        return config
+    if jax.process_index() == 0:
+        print(f"data.label_names unset: the train split's labels, sorted: {','.join(names)} "
+              "(set --config.data.label_names to choose the order)")
+    named = copy.deepcopy(config)
+    with named.unlocked():
+        named.data.label_names = names
+    return named
 
 
 def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:

@@ -28,6 +28,8 @@ compressing a file keeps every line in its split.
 from __future__ import annotations
 
 import bz2
+import difflib
+import fnmatch
 import glob as globlib
 import gzip
 import hashlib
@@ -35,6 +37,7 @@ import json
 import lzma
 import os
 import pathlib
+import re
 import shutil
 from collections.abc import Sequence
 from typing import Any
@@ -97,6 +100,31 @@ def decompressed(path: str) -> str:
     return str(out)
 
 
+def available_splits(pattern: str) -> list[str]:
+    """The names that the files matching ``pattern`` (a glob with ``{split}``) give ``{split}``."""
+    pattern = os.path.expanduser(pattern)
+    head, _, tail = pattern.partition("{split}")
+    marker = "\x00"  # a character no path holds, translated as itself
+    regex = re.compile(fnmatch.translate(head + marker + tail.replace("{split}", "*"))
+                       .replace(marker, "(?P<split>[^/]+?)", 1))
+    matches = (regex.match(p) for p in globlib.glob(pattern.replace("{split}", "*"),
+                                                    recursive=True))
+    return sorted({m.group("split") for m in matches if m})
+
+
+def _near_misses(glob: str) -> str:
+    """For a glob that matches nothing: its directory's files of a close name (a typo), or that
+    the directory does not exist ("" when neither helps)."""
+    folder, name = os.path.split(os.path.expanduser(glob))
+    if any(ch in folder for ch in "*?["):
+        return ""
+    if folder and not os.path.isdir(folder):
+        return f"; the directory {folder!r} does not exist"
+    close = difflib.get_close_matches(name, sorted(os.listdir(folder or ".")), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(os.path.join(folder, c)) for c in close)}?" if close \
+        else ""
+
+
 def _glob_root(pattern: str) -> str:
     """The directory of ``pattern`` before its first wildcard ("" = use base names)."""
     cut = min((i for i, ch in enumerate(pattern) if ch in "*?["), default=None)
@@ -129,21 +157,28 @@ class FileSource:
         self.names = [_without_compression(os.path.relpath(p, root) if root else
                                            os.path.basename(p)) for p in self.paths]
         if not self.paths:
+            splits = [] if hashed or pattern == "{split}" else available_splits(pattern)
+            found = _near_misses(glob) if not splits else (
+                f"; the glob's files hold the splits {splits}")
             fix = "" if hashed or split == "train" or pattern == "{split}" else (
-                f"; add that file, or drop '{{split}}' from the glob and let the splits come by "
+                "; add that file" + (", or hold out part of train with "
+                                     "data.validation_from_train=0.1" if split == "validation"
+                                     else "") +
+                f", or drop '{{split}}' from the glob and let the splits come by "
                 f"hash (e.g. data.source='files:{pattern.replace('{split}', 'train')}' with "
                 "data.split_fractions, default 0.9/0.05/0.05)")
-            raise ValueError(f"files {named}: no file matches it{fix}")
+            raise ValueError(f"files {named}: no file matches it{found}{fix}")
         self.fmt = fmt or _infer_format(self.paths, glob)
         if self.fmt not in FORMATS:
             raise ValueError(f"data.format {self.fmt!r} is not one of {FORMATS}")
         self.columns: list[tuple[str, ...] | None] = []
         self.read_paths = [decompressed(p) for p in self.paths]
-        file_ids, offsets, lengths, lines = [], [], [], []
+        file_ids, offsets, lengths, lines, total_lines = [], [], [], [], 0
         for k, path in enumerate(self.read_paths):
             header = self.fmt == "tsv" and not columns
             starts, sizes, numbers, first = _index_lines(path, skip_first=header,
                                                          name=self.paths[k])
+            total_lines += len(numbers)
             if self.fmt == "tsv":
                 self.columns.append(tuple(columns) if columns else
                                     tuple(first.rstrip("\r\n").split("\t")))
@@ -158,6 +193,13 @@ class FileSource:
             offsets.append(starts)
             lengths.append(sizes)
             lines.append(numbers)
+        if not total_lines:  # e.g. an empty train file: say which, not "no text" later
+            header = self.fmt == "tsv" and not columns
+            what = ("only a header row (if that row is an example, name the columns with "
+                    "data.columns)") if header and any(any(c) for c in self.columns if c) else (
+                "no non-blank line")
+            raise ValueError(f"files {named}: {', '.join(self.paths)} "
+                             f"{'has' if len(self.paths) == 1 else 'have'} {what}: no example")
         self.file_ids = np.concatenate(file_ids)
         self.offsets, self.lengths = np.concatenate(offsets), np.concatenate(lengths)
         self.line_numbers = np.concatenate(lines)
