@@ -1,4 +1,4 @@
-"""Import and export Hugging Face GPT-2, BERT, ALBERT and T5 checkpoints.
+"""Import and export Hugging Face GPT-2, BERT, ALBERT, T5 and Llama / Mistral / Qwen2 checkpoints.
 
     cfg_dict, params, tokenizer = load_hf("path/to/hf_model")           # → jaxformer
     save_hf(cfg_dict, params, "path/to/out")                              # → from_pretrained-able
@@ -6,8 +6,8 @@
 ``params`` is the ``params`` collection exactly as ``build_model(cfg).init(...)["params"]``
 structures it (unboxed, host NumPy float32 arrays; place them with ``jax.device_put``), in the
 unrolled (``layer_0 …``) or, with ``scan_layers=True``, the scanned (``layers`` with a leading layer
-axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert`, `hf_albert` and
-`hf_t5`.
+axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert`, `hf_albert`,
+`hf_t5` and `hf_llama`.
 
 Tokenizers are not converted: ``load_hf`` returns the path of a SentencePiece model in the directory
 (T5's ``spiece.model``) or None; GPT-2 (byte-level BPE) and BERT (WordPiece) tokenizer files stay
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.config import ModelConfig, exported_fields
-from jaxformer.convert import hf_albert, hf_bert, hf_gpt2, hf_t5
+from jaxformer.convert import hf_albert, hf_bert, hf_gpt2, hf_llama, hf_t5
 from jaxformer.convert.hf_io import (
     copy_tokenizer_files,
     find_sentencepiece,
@@ -52,16 +52,18 @@ from jaxformer.models.transformer import build_model
 
 log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert": hf_albert,
-                                     "t5": hf_t5}
+                                     "t5": hf_t5, **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama)}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
 
 
 def export_converter(cfg: ModelConfig) -> ModuleType:
     """The converter a model exports with: by family, ALBERT for an encoder with ALBERT's options
-    (``embedding_size`` or ``share_layers``)."""
+    (``embedding_size`` or ``share_layers``), Llama / Mistral / Qwen2 for a decoder with RoPE."""
     if cfg.family == "encoder" and (cfg.embedding_size is not None or cfg.share_layers):
         return hf_albert
+    if cfg.family == "decoder" and cfg.position == "rope":
+        return hf_llama
     return BY_FAMILY[cfg.family]
 # The ModelConfig fields a Hugging Face config cannot express (`jaxformer.config.exported_fields`:
 # HF T5 has one dropout rate, no init scale of ours, no attention implementation): exports store
@@ -197,8 +199,10 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     """Write ``config.json`` + ``model.safetensors`` (float32) that ``from_pretrained`` loads:
     GPT2LMHeadModel / GPT2Model, BertForMaskedLM / BertForPreTraining /
     BertForSequenceClassification / BertForTokenClassification / BertModel, the Albert twins of
-    these (encoders with ``embedding_size`` or ``share_layers``), or
-    T5ForConditionalGeneration, chosen by ``model_cfg.family`` and ``head``.
+    these (encoders with ``embedding_size`` or ``share_layers``),
+    T5ForConditionalGeneration, or {Llama,Mistral,Qwen2}ForCausalLM / ForSequenceClassification /
+    Model (decoders with RoPE, `hf_llama.model_type_of`), chosen by ``model_cfg.family`` and
+    ``head``.
 
     ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``; for GPT-2 / BERT also
     written as an equivalent ``tokenizer.json``, `jaxformer.convert.hf_tokenizer`) or a directory
