@@ -52,7 +52,8 @@ from jaxformer.models.transformer import build_model
 
 log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert": hf_albert,
-                                     "t5": hf_t5, **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama)}
+                                     "t5": hf_t5, "mt5": hf_t5,  # mT5: T5 v1.1's graph
+                                     **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama)}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
 
