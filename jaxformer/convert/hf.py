@@ -9,9 +9,10 @@ unrolled (``layer_0 …``) or, with ``scan_layers=True``, the scanned (``layers`
 axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert`, `hf_albert`,
 `hf_t5` and `hf_llama`.
 
-Tokenizers are not converted: ``load_hf`` returns the path of a SentencePiece model in the directory
-(T5's ``spiece.model``) or None; GPT-2 (byte-level BPE) and BERT (WordPiece) tokenizer files stay
-where they are, and ``save_hf(..., tokenizer_path=dir)`` copies them next to the exported weights.
+Tokenizers are not converted: ``load_hf`` returns the path of the directory's SentencePiece model
+(T5's ``spiece.model``, Llama 2's ``tokenizer.model``), else of its ``tokenizer.json`` (read by
+`jaxformer.data.fast_tokenizer.FastTokenizer`), or None; ``save_hf(..., tokenizer_path=dir)``
+copies a directory's tokenizer files next to the exported weights.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from jaxformer.config import ModelConfig, exported_fields
 from jaxformer.convert import hf_albert, hf_bert, hf_gpt2, hf_llama, hf_t5
 from jaxformer.convert.hf_io import (
     copy_tokenizer_files,
-    find_sentencepiece,
+    find_tokenizer,
     read_config,
     read_tensors,
     write_model,
@@ -141,7 +142,8 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
       num_classes: classes of a classification head (default: the checkpoint's ``num_labels``).
 
     Returns:
-      (ModelConfig fields as a dict, params pytree of NumPy arrays, SentencePiece path or None).
+      (ModelConfig fields as a dict, params pytree of NumPy arrays, the tokenizer file or None:
+      `jaxformer.convert.hf_io.find_tokenizer`, which `Tokenizer.load` reads).
     """
     model_type, conv, tensors, fields, prefix = _read_hf(directory, head, num_classes)
     model_cfg = ModelConfig.from_dict(fields)
@@ -177,7 +179,7 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
     params = unflatten(flat)
     if scan_layers:
         params = stack_layers(params)
-    return (model_cfg.replace(scan_layers=scan_layers).to_dict(), params, find_sentencepiece(directory))
+    return model_cfg.replace(scan_layers=scan_layers).to_dict(), params, find_tokenizer(directory)
 
 
 def _host_params(params: Mapping) -> dict[str, np.ndarray]:

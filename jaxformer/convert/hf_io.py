@@ -150,6 +150,15 @@ def find_sentencepiece(directory: str | os.PathLike) -> str | None:
     return None
 
 
+def find_tokenizer(directory: str | os.PathLike) -> str | None:
+    """The file that becomes a run's tokenizer: the SentencePiece model (T5, Llama 2, Mistral),
+    else ``tokenizer.json`` (Llama 3, Qwen2, GPT-2, BERT: `jaxformer.data.fast_tokenizer`), else
+    None."""
+    path = find_sentencepiece(directory)
+    json_path = os.path.join(os.fspath(directory), "tokenizer.json")
+    return path or (json_path if os.path.isfile(json_path) else None)
+
+
 def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:
     """Copy the tokenizer files of `TOKENIZER_FILES` found in ``src`` to ``dst``; their names.
 
