@@ -27,8 +27,8 @@ from jaxformer.ops.dropout import token_dropout
 from jaxformer.ops.embedding import check_token_ids
 from jaxformer.ops.heads import classify, lm_logits, mlm_logits, pooled, span_logits
 from jaxformer.ops.inputs import embed_inputs, embed_tokens
-from jaxformer.ops.norms import normalize
 from jaxformer.ops.masks import sliding_window_mask
+from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import relative_position_bias
 
 Array = jnp.ndarray
