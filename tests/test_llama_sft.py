@@ -24,8 +24,8 @@ from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.train import config as train_config
 from jaxformer.train.config import set_key
-from jaxformer.train.lora_run import load_merged
 from jaxformer.train.loop import Trainer
+from jaxformer.train.lora_run import load_merged
 from jaxformer.train.metrics import read_metrics
 from jaxformer.train.state import init_model_params
 
