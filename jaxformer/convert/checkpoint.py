@@ -13,11 +13,12 @@ so ``train.py --config.init_from=<directory>``, ``python -m jaxformer.generate -
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from jaxformer.config import ModelConfig
-from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.data.fast_tokenizer import FastTokenizer, is_saved_fast_tokenizer
 from jaxformer.train.checkpoint import (
     Checkpointer,
     load_checkpoint_params,
@@ -29,7 +30,7 @@ from jaxformer.train.checkpoint import (
 def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str, Any],
                 params: dict, tokenizer: str | os.PathLike | None = None) -> None:
     """Write ``config.json``, ``tokenizer.model`` (``tokenizer``, a SentencePiece model or a
-    ``tokenizer.json``, as `jaxformer.data.tokenizer.Tokenizer.save` writes it) and a
+    ``tokenizer.json``, as `jaxformer.data.fast_tokenizer.FastTokenizer.save` writes it) and a
     verified ``checkpoints/0`` under ``directory`` (which must not hold a run)."""
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     d = Path(directory).absolute()
@@ -38,7 +39,10 @@ def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str,
     d.mkdir(parents=True, exist_ok=True)
     save_run_config(d, {"name": "converted", "model": cfg.to_dict()})
     if tokenizer:  # before the checkpoint, whose manifest records its checksum
-        Tokenizer.load(tokenizer).save(d / "tokenizer.model")  # a SentencePiece model: a copy
+        if is_saved_fast_tokenizer(tokenizer):  # a tokenizer.json: with its special ids
+            FastTokenizer.load(tokenizer).save(d / "tokenizer.model")
+        else:  # a SentencePiece model, copied as it is
+            shutil.copyfile(tokenizer, d / "tokenizer.model")
     ckpt = Checkpointer(d, async_save=False)
     try:
         ckpt.save(0, {"params": params})
