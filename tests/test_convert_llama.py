@@ -15,11 +15,16 @@ import jax
 import numpy as np
 import pytest
 
+from jaxformer import nnx as jnnx
 from jaxformer.config import ModelConfig
 from jaxformer.convert import hf_llama, load_hf, save_hf
+from jaxformer.convert.__main__ import main as convert_main
+from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode import generate
+from jaxformer.models.presets import preset
 from jaxformer.models.transformer import build_model
 from jaxformer.ops.positions import RopeScaling, rope_frequencies
+from jaxformer.train.state import init_model_params
 
 V = 96
 TOKENS = np.random.default_rng(0).integers(3, V, (2, 20)).astype(np.int32)
@@ -140,6 +145,9 @@ def test_logits_greedy_export_and_byte_identical_round_trip(name, scan, tmp_path
     print(f"{name}: max relative logit error {err:.2e}")
     assert err <= RTOL
     np.testing.assert_array_equal(_our_greedy(cfg, params), ref["greedy"])
+    if name == "llama":  # the NNX front end reads the same directory
+        nnx_logits = np.asarray(jnnx.from_hf(path)(TOKENS, segment_ids=MASK))
+        assert rel_err(nnx_logits[valid], ref["logits"][valid]) <= RTOL
     # export → from_pretrained: the same logits; import → export: the same file, byte for byte
     out = tmp_path / "exported"
     save_hf(cfg, params, out)
@@ -168,6 +176,26 @@ def test_configs_read_from_each_variant(tmp_path):
             "rope", "rms", True, "silu")
         assert hf_llama.model_type_of(ModelConfig.from_dict(cfg)) == (
             "llama" if name.startswith("llama") else name)
+
+
+def test_cli_round_trip_with_a_tokenizer_json(tmp_path):
+    """``--from-hf`` → a jaxformer directory holding the weights and the checkpoint's
+    tokenizer.json; ``--to-hf`` → the same model.safetensors, byte for byte, and the tokenizer."""
+    from test_fast_tokenizer import SAMPLE, build_llama3_tokenizer
+
+    cfg = ModelConfig.from_dict(preset("llama_tiny", vocab_size=V, rope_scaling="llama3",
+                                       rope_scaling_factor=8.0, rope_original_max_len=32))
+    params = jax.jit(lambda k: init_model_params(build_model(cfg), cfg, k))(jax.random.key(0))
+    src, ckpt, back = tmp_path / "src", tmp_path / "ckpt", tmp_path / "back"
+    save_hf(cfg, params, src)
+    tok_dir = build_llama3_tokenizer(src)
+    assert convert_main(["--from-hf", str(src), "--to", str(ckpt)]) == 0
+    assert Tokenizer.load(ckpt / "tokenizer.model").encode(SAMPLE) == Tokenizer.load(
+        f"{tok_dir}/tokenizer.json").encode(SAMPLE)
+    assert convert_main(["--from", str(ckpt), "--to-hf", str(back)]) == 0
+    assert (back / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+    assert (back / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
+    assert load_hf(back)[0] == load_hf(src)[0]
 
 
 # --------------------------------------------------------------------------------------------------
