@@ -88,6 +88,13 @@ def build_qwen2():
     return _randomized(transformers.Qwen2ForCausalLM(cfg), 3)
 
 
+def build_llama_classifier():
+    """LlamaForSequenceClassification (3 classes; HF reads the last token that is not pad)."""
+    import transformers
+    cfg = transformers.LlamaConfig(**dict(SMALL, pad_token_id=0), num_labels=3)
+    return _randomized(transformers.LlamaForSequenceClassification(cfg), 4)
+
+
 BUILDERS = {"llama": build_llama, "llama_tied_bias": build_llama_tied_bias,
             "mistral": build_mistral, "qwen2": build_qwen2}
 
@@ -196,6 +203,29 @@ def test_cli_round_trip_with_a_tokenizer_json(tmp_path):
     assert (back / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
     assert (back / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
     assert load_hf(back)[0] == load_hf(src)[0]
+
+
+@pytest.mark.hf
+def test_sequence_classifier_imports_with_pytorch_logits(tmp_path):
+    import torch
+    import transformers
+
+    path = _save(build_llama_classifier(), tmp_path / "hf")
+
+    def theirs(directory):
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            directory, attn_implementation="eager").eval()
+        with torch.no_grad():  # no pad id in TOKENS (ids >= 3): HF pools the last token
+            return model(torch.tensor(TOKENS).long()).logits.numpy()
+
+    ref = theirs(path)
+    cfg, params, _ = load_hf(path)
+    assert (cfg["head"], cfg["num_classes"], cfg["pooling"]) == ("classify", 3, "last")
+    ours = jax.jit(build_model(ModelConfig.from_dict(cfg)).apply)({"params": params}, TOKENS)
+    assert ours.shape == (2, 3) and rel_err(ours, ref) <= RTOL
+    assert not params["classifier"]["bias"].any()  # HF's score has no bias
+    with pytest.raises(ValueError, match="Llama equivalent: head='classify'"):
+        save_hf(cfg, params, tmp_path / "out")
 
 
 # --------------------------------------------------------------------------------------------------

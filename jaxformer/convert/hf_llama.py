@@ -5,7 +5,8 @@ One graph with three sets of options. HF names (``LlamaForCausalLM`` prefixes th
 ``self_attn.{q,k,v,o}_proj`` (``nn.Linear``, `[out, in]`; K/V with ``num_key_value_heads``, GQA) →
 ``post_attention_layernorm`` → ``mlp.down_proj(act(gate_proj x) ⊙ up_proj x)`` (SwiGLU, Shazeer
 2020: our ``wi`` = gate, ``wi_gate`` = up); final ``norm``; ``lm_head`` (untied unless
-``tie_word_embeddings``; a ``ForSequenceClassification``'s ``score`` is our ``classifier``). RoPE in
+``tie_word_embeddings``). A ``ForSequenceClassification``'s ``score`` imports as our
+``classifier`` (pooling "last"; its bias, which HF's lacks, starts at 0); it is not exported. RoPE in
 the half-split layout of `jaxformer.ops.positions.apply_rope` (HF's ``rotate_half``), so q/k weights
 are copied as they are; attention scaled by 1/√Dh.
 
@@ -36,7 +37,6 @@ from jaxformer.convert.mapping import (
     copy,
     from_hf_activation,
     is_tied,
-    labels_config,
     linear,
     num_labels,
     require,
@@ -228,16 +228,16 @@ def _rope_to_hf(cfg: ModelConfig) -> dict:
 def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
     """ModelConfig → (``config.json`` dict, tensor-name prefix); ValueError if not Llama-shaped."""
     model_type = model_type_of(cfg)
+    # head "classify" imports (``score`` → our classifier, its bias 0) but does not export: our
+    # classifier has a bias, HF's score none.
     want = dict(family="decoder", position="rope", norm="rms", norm_position="pre",
                 embedding_norm=False, gated_ffn=True, attention_scale=None, scale_embeddings=False,
                 rescale_tied_logits=False, lm_head_bias=False, type_vocab_size=0,
-                permutation_lm=False, head=HEADS, activation=tuple(TO_HF_ACTIVATIONS))
+                permutation_lm=False, head=("lm", "none"), activation=tuple(TO_HF_ACTIVATIONS))
     if model_type != "llama":  # Qwen2 and Mistral have no bias options
         want.update(use_bias=False, sliding_window=None if model_type == "qwen2" else
                     cfg.sliding_window)
     require(cfg, CLASS_PREFIX[model_type], **want)
-    if cfg.head == "classify" and cfg.pooling != "last":
-        require(cfg, f"{CLASS_PREFIX[model_type]}ForSequenceClassification", pooling="last")
     rope = _rope_to_hf(cfg)
     hf = {
         "model_type": model_type,
@@ -259,6 +259,4 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
     if model_type == "qwen2":
         hf.update(use_sliding_window=False, sliding_window=None,
                   max_window_layers=cfg.num_layers)
-    if cfg.head == "classify":
-        hf.update(labels_config(cfg.num_classes))
-    return hf, "model." if cfg.head != "none" else ""
+    return hf, "model." if cfg.head == "lm" else ""
