@@ -5,8 +5,8 @@ continued pretraining of a Llama 2 checkpoint with ``--config.init_from=path/to/
     python -m jaxformer.compile --config configs/llama2_7b_clm.py --topology v5p:4x4x4
     python train.py --config configs/llama2_7b_clm.py --workdir runs/llama2_7b
 
-One compiled layer (``scan_layers``) and full rematerialisation: 8.2 GiB of a v5p chip's HBM at
-batch 64 × 4096 on 64 chips (``jaxformer.compile``, docs/huggingface.md).
+One compiled layer (``scan_layers``) and full rematerialisation: 8.5 GiB of a v5p chip's 88.5 GiB
+at batch 64 × 4096 on 64 chips (``jaxformer.compile``, docs/huggingface.md).
 """
 
 from jaxformer.models.presets import preset
