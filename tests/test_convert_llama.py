@@ -313,6 +313,26 @@ def test_rope_scaling_frequencies_match_float64_reference(scaling):
         assert want[0] == unscaled[0]
 
 
+def test_sliding_window_invariants_and_chunked_attention():
+    """A window as long as the rows is the plain causal model; a shorter one changes only the
+    positions past it; the chunked kernel computes the same windowed attention as XLA."""
+    cfg = ModelConfig.from_dict(preset("llama_tiny", vocab_size=V, attention_chunk_size=4))
+    params = jax.jit(lambda k: init_model_params(build_model(cfg), cfg, k))(jax.random.key(1))
+
+    def logits(**kw):
+        c = cfg.replace(**kw)
+        return np.asarray(jax.jit(build_model(c).apply)({"params": params}, TOKENS,
+                                                        segment_ids=MASK))
+
+    full = logits()
+    np.testing.assert_array_equal(logits(sliding_window=TOKENS.shape[1]), full)
+    windowed = logits(sliding_window=5)
+    np.testing.assert_allclose(windowed[:, :5], full[:, :5], rtol=1e-6, atol=1e-6)
+    assert rel_err(windowed[:, 5:], full[:, 5:]) > 1e-3
+    chunked = logits(sliding_window=5, attention_impl="chunked")
+    assert rel_err(chunked[MASK == 1], windowed[MASK == 1]) <= 1e-6
+
+
 def test_yarn_scales_cos_and_sin_by_its_attention_factor():
     assert RopeScaling("yarn", 4.0, 128).cos_sin_scale == pytest.approx(0.1 * math.log(4) + 1)
     assert RopeScaling("yarn", 4.0, 128, attention_factor=1.5).cos_sin_scale == 1.5

@@ -121,7 +121,7 @@ def _read_hf(directory: str | os.PathLike, head: str | None, num_classes: int | 
 
 def hf_model_config(directory: str | os.PathLike, *, head: str | None = None,
                     num_classes: int | None = None) -> dict[str, Any]:
-    """The ModelConfig fields of a local Hugging Face GPT-2 / BERT / T5 directory (``head`` and
+    """The ModelConfig fields of a local Hugging Face model directory (``head`` and
     ``num_classes`` as in `load_hf`), without reading its weights."""
     return _read_hf(directory, head, num_classes)[3]
 
@@ -129,14 +129,15 @@ def hf_model_config(directory: str | os.PathLike, *, head: str | None = None,
 def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: str | None = None,
             num_classes: int | None = None, seed: int = 0
             ) -> tuple[dict[str, Any], dict, str | None]:
-    """Read a local Hugging Face GPT-2 / BERT / T5 directory.
+    """Read a local Hugging Face model directory (GPT-2, BERT, ALBERT, T5, Llama family).
 
     Args:
       directory: holds ``config.json`` and ``model.safetensors`` (or sharded safetensors, or
         ``pytorch_model.bin``, which needs torch).
       scan_layers: return the scanned layout (and ``scan_layers=True`` in the config).
       head: jaxformer head to build; default from the checkpoint's architecture (GPT-2 "lm" or
-        "none"; BERT "mlm" / "classify" / "token_classify" / "none"; T5 "lm"). A head the
+        "none"; BERT "mlm" / "classify" / "token_classify" / "none"; T5 "lm"; Llama "lm" /
+        "classify" / "none"). A head the
         checkpoint lacks (e.g. "classify" on a BertForMaskedLM checkpoint) is initialised as
         ``build_model(model_cfg).init(jax.random.key(seed))`` would; unused checkpoint heads are dropped.
       num_classes: classes of a classification head (default: the checkpoint's ``num_labels``).
