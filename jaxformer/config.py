@@ -90,12 +90,12 @@ class ModelConfig:
         'buckets, one table per stack) or "none"')
     rope_theta: float = _field(ARCHITECTURE, 10_000.0, "RoPE base wavelength (Su et al. 2021)")
     rope_scaling: str = _field(
-        ARCHITECTURE, "none", 'RoPE frequency scaling for long contexts: "none", "linear", "llama3" or '
-        '"yarn" (jaxformer.ops.positions.RopeScaling; HF config.json rope_scaling / rope_parameters)')
+        ARCHITECTURE, "none", 'RoPE frequency scaling for long contexts: "none", "linear", "dynamic", '
+        '"llama3" or "yarn" (jaxformer.ops.positions.RopeScaling; HF rope_scaling / rope_parameters)')
     rope_scaling_factor: float = _field(
         ARCHITECTURE, 1.0, "rope_scaling: how many times the pre-training context is stretched")
     rope_original_max_len: int | None = _field(
-        ARCHITECTURE, None, 'rope_scaling "llama3" / "yarn": the pre-training context length')
+        ARCHITECTURE, None, 'rope_scaling "dynamic" / "llama3" / "yarn": the pre-training context length')
     rope_low_freq_factor: float = _field(
         ARCHITECTURE, 1.0, 'rope_scaling "llama3": wavelengths > rope_original_max_len / this are scaled')
     rope_high_freq_factor: float = _field(
@@ -295,7 +295,7 @@ class ModelConfig:
         if not self.rope_scaling_factor > 0:
             bad("rope_scaling_factor", self.rope_scaling_factor, "must be > 0")
         m = self.rope_original_max_len
-        if kind in ("llama3", "yarn") and (not isinstance(m, int) or isinstance(m, bool) or m <= 0):
+        if kind != "linear" and (not isinstance(m, int) or isinstance(m, bool) or m <= 0):
             bad("rope_original_max_len", m, f"rope_scaling={kind!r} needs the pre-training "
                 "context length (a positive integer)")
         if kind == "llama3" and not self.rope_high_freq_factor > self.rope_low_freq_factor > 0:

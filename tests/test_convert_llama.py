@@ -95,8 +95,16 @@ def build_llama_classifier():
     return _randomized(transformers.LlamaForSequenceClassification(cfg), 4)
 
 
-BUILDERS = {"llama": build_llama, "llama_tied_bias": build_llama_tied_bias,
-            "mistral": build_mistral, "qwen2": build_qwen2}
+def build_llama_dynamic():
+    """Dynamic NTK RoPE scaling, active: `TOKENS` (20) are longer than max_position_embeddings."""
+    import transformers
+    cfg = transformers.LlamaConfig(**dict(SMALL, max_position_embeddings=16), rope_scaling=dict(
+        rope_type="dynamic", factor=2.0))
+    return _randomized(transformers.LlamaForCausalLM(cfg), 5)
+
+
+BUILDERS = {"llama": build_llama, "llama_dynamic": build_llama_dynamic,
+            "llama_tied_bias": build_llama_tied_bias, "mistral": build_mistral, "qwen2": build_qwen2}
 
 
 def reference_outputs(model) -> dict[str, np.ndarray]:
@@ -141,7 +149,8 @@ def _our_greedy(cfg: dict, params) -> np.ndarray:
 
 
 @pytest.mark.hf
-@pytest.mark.parametrize("name,scan", [("llama", False), ("llama_tied_bias", False),
+@pytest.mark.parametrize("name,scan", [("llama", False), ("llama_dynamic", False),
+                                       ("llama_tied_bias", False),
                                        ("mistral", False), ("qwen2", True)])
 def test_logits_greedy_export_and_byte_identical_round_trip(name, scan, tmp_path):
     path = _save(BUILDERS[name](), tmp_path / "hf")
@@ -236,7 +245,7 @@ BASE = {"model_type": "llama", "vocab_size": V, "hidden_size": 64, "intermediate
 
 
 @pytest.mark.parametrize("extra,field", [
-    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "rope_scaling type 'dynamic'"),
+    (dict(rope_scaling={"rope_type": "su", "factor": 2.0}), "rope_scaling type 'su'"),
     (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}), "'longrope'"),
     (dict(partial_rotary_factor=0.5), "partial_rotary_factor=0.5"),
     (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0, "truncate": False}), "truncate=False"),
@@ -331,6 +340,17 @@ def test_sliding_window_invariants_and_chunked_attention():
     assert rel_err(windowed[:, 5:], full[:, 5:]) > 1e-3
     chunked = logits(sliding_window=5, attention_impl="chunked")
     assert rel_err(chunked[MASK == 1], windowed[MASK == 1]) <= 1e-6
+
+
+def test_dynamic_ntk_scales_the_base_beyond_the_context_only():
+    s, dim = RopeScaling("dynamic", 2.0, 16), 32
+    plain = np.asarray(rope_frequencies(dim, theta=1e4))
+    for n in (None, 5, 16):
+        np.testing.assert_array_equal(rope_frequencies(dim, theta=1e4, scaling=s, seq_len=n), plain)
+    base = 1e4 * (2.0 * 40 / 16 - 1.0) ** (dim / (dim - 2))  # n = 40
+    want = base ** (-2.0 * np.arange(dim // 2) / dim)
+    np.testing.assert_allclose(rope_frequencies(dim, theta=1e4, scaling=s, seq_len=40), want,
+                               rtol=2e-6)
 
 
 def test_yarn_scales_cos_and_sin_by_its_attention_factor():

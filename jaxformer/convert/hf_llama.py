@@ -19,8 +19,9 @@ qwen2       q/k/v biases only (= our ``qkv_bias``); its per-layer ``use_sliding_
 ==========  ========================================================================================
 
 RoPE scaling (``rope_scaling``, in transformers 5 ``rope_parameters`` with ``rope_theta`` inside):
-"default", "linear", "llama3" and "yarn" are imported (`jaxformer.ops.positions.RopeScaling`);
-anything else is refused naming the field. Exports write both spellings.
+"default", "linear", "dynamic", "llama3" and "yarn" are imported
+(`jaxformer.ops.positions.RopeScaling`); anything else is refused naming the field. Exports write
+both spellings.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ ARCHITECTURES = {"lm": "ForCausalLM", "classify": "ForSequenceClassification", "
 CLASS_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
 BUFFERS = re.compile(r"\.rotary_emb\.inv_freq$")  # RoPE tables saved by old transformers
 HEAD_TENSORS = re.compile(r"^(lm_head|score)\.")
-# HF rope_type → ours; "dynamic" (NTK) is refused: HF recomputes its frequencies from the longest
-# sequence seen so far, a state of the module rather than a function of the input.
-ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3", "yarn": "yarn"}
+# HF rope_type → ours. HF's "dynamic" keeps the frequencies of the longest call so far (a state of
+# the module); ours are those of each call, the same for one forward or one generation from start.
+ROPE_TYPES = {"default": "none", "linear": "linear", "dynamic": "dynamic", "llama3": "llama3",
+              "yarn": "yarn"}
 
 
 def _prefix(keys) -> str:
@@ -79,6 +81,8 @@ def _rope_fields(hf: Mapping) -> dict:
         return out
     original = params.get("original_max_position_embeddings") or hf.get(
         "original_max_position_embeddings") or hf.get("max_position_embeddings")
+    if kind == "dynamic":  # HF scales beyond max_position_embeddings, whatever else is stated
+        original = hf.get("max_position_embeddings", 2048)
     factor = params.get("factor")
     if factor is None and kind == "yarn":  # HF: the ratio of the context lengths
         factor = hf["max_position_embeddings"] / original
@@ -234,6 +238,8 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
                 embedding_norm=False, gated_ffn=True, attention_scale=None, scale_embeddings=False,
                 rescale_tied_logits=False, lm_head_bias=False, type_vocab_size=0,
                 permutation_lm=False, head=("lm", "none"), activation=tuple(TO_HF_ACTIVATIONS))
+    if cfg.rope_scaling == "dynamic":  # HF scales beyond max_position_embeddings
+        want["rope_original_max_len"] = cfg.max_len
     if model_type != "llama":  # Qwen2 and Mistral have no bias options
         want.update(use_bias=False, sliding_window=None if model_type == "qwen2" else
                     cfg.sliding_window)

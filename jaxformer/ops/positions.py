@@ -55,7 +55,7 @@ def lookup_positions(table: Array, positions: Array) -> Array:
 
 
 # RoPE frequency scalings for contexts longer than pre-training's (`RopeScaling.kind`).
-ROPE_SCALINGS = ("none", "linear", "llama3", "yarn")
+ROPE_SCALINGS = ("none", "linear", "dynamic", "llama3", "yarn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +63,10 @@ class RopeScaling:
     """How RoPE's frequencies are stretched beyond the pre-training context ``original_max_len``.
 
     * ``linear`` (position interpolation, Chen et al. 2023): every frequency / ``factor``.
+    * ``dynamic`` (NTK-aware, bloc97 / emozilla 2023, as HF's "dynamic"): for a call whose longest
+      position is ``n > original_max_len``, the base ``theta`` becomes
+      ``theta · (factor · n / original_max_len − (factor − 1))^(dim / (dim − 2))``; shorter calls
+      are unscaled. Keys cached by an earlier call keep the frequencies they were rotated with.
     * ``llama3`` (Meta's Llama 3.1 recipe): wavelengths above ``original_max_len / low_freq_factor``
       / ``factor``, below ``original_max_len / high_freq_factor`` unchanged, a linear blend in
       ``original_max_len / wavelength`` between.
@@ -93,13 +97,17 @@ class RopeScaling:
 
 
 def rope_frequencies(dim: int, *, theta: float = 10_000.0, scaling: RopeScaling | None = None,
-                     dtype=jnp.float32) -> Array:
+                     dtype=jnp.float32, seq_len: int | Array | None = None) -> Array:
     """RoPE's angular frequencies ``theta^(-2i/dim)``, ``i < dim/2`` (Su et al. 2021, eq. 15), with
-    ``scaling`` applied (`RopeScaling`): `[dim // 2]` in ``dtype``."""
+    ``scaling`` applied (`RopeScaling`; ``seq_len``, the call's longest position + 1, for
+    "dynamic"): `[dim // 2]` in ``dtype``."""
     half = dim // 2
-    inv = theta ** (-jnp.arange(half, dtype=dtype) * 2.0 / dim)
     s = scaling or RopeScaling()
-    if s.kind == "none":
+    if s.kind == "dynamic" and seq_len is not None:
+        n = jnp.maximum(jnp.asarray(seq_len, dtype), s.original_max_len)
+        theta = theta * (s.factor * n / s.original_max_len - (s.factor - 1)) ** (dim / (dim - 2))
+    inv = theta ** (-jnp.arange(half, dtype=dtype) * 2.0 / dim)
+    if s.kind in ("none", "dynamic"):
         return inv
     if s.kind == "linear":
         return inv / s.factor
@@ -153,7 +161,8 @@ def apply_rope(x: Array, positions: Array, *, theta: float = 10_000.0,
                          f"{tuple(positions.shape)}")
     half = d // 2
     ct = jnp.promote_types(x.dtype, jnp.float32)  # rotate in float32 (float64 for float64 x)
-    inv = rope_frequencies(d, theta=theta, scaling=scaling, dtype=ct)
+    seq_len = jnp.max(positions) + 1 if scaling is not None and scaling.kind == "dynamic" else None
+    inv = rope_frequencies(d, theta=theta, scaling=scaling, dtype=ct, seq_len=seq_len)
     ang = positions.astype(ct)[..., None, None] * inv  # [b, l, 1, half]
     sin, cos = jnp.sin(ang), jnp.cos(ang)
     if scaling is not None and scaling.cos_sin_scale != 1.0:
