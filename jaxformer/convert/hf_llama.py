@@ -46,7 +46,7 @@ from jaxformer.convert.mapping import (
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 HEADS = ("lm", "classify", "none")
-ARCHITECTURES = {"lm": "ForCausalLM", "classify": "ForSequenceClassification", "none": "Model"}
+ARCHITECTURES = {"lm": "ForCausalLM", "none": "Model"}  # the heads that export
 CLASS_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
 BUFFERS = re.compile(r"\.rotary_emb\.inv_freq$")  # RoPE tables saved by old transformers
 HEAD_TENSORS = re.compile(r"^(lm_head|score)\.")
@@ -241,8 +241,9 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
     if cfg.rope_scaling == "dynamic":  # HF scales beyond max_position_embeddings
         want["rope_original_max_len"] = cfg.max_len
     if model_type != "llama":  # Qwen2 and Mistral have no bias options
-        want.update(use_bias=False, sliding_window=None if model_type == "qwen2" else
-                    cfg.sliding_window)
+        want["use_bias"] = False
+    if model_type == "qwen2":  # its window is per layer (use_sliding_window), not exported
+        want["sliding_window"] = None
     require(cfg, CLASS_PREFIX[model_type], **want)
     rope = _rope_to_hf(cfg)
     hf = {
