@@ -31,6 +31,7 @@ from typing import Any
 from jaxformer.ops.activations import ACTIVATIONS
 from jaxformer.ops.attention import IMPLEMENTATIONS
 from jaxformer.ops.attention_kernels import unsupported as _kernel_cannot_run
+from jaxformer.ops.positions import ROPE_SCALINGS, RopeScaling
 from jaxformer.ops.stack import REMAT_POLICIES as _REMAT
 
 FAMILIES = ("encoder", "decoder", "encoder_decoder")
@@ -88,6 +89,23 @@ class ModelConfig:
         ARCHITECTURE, "learned", '"sinusoidal" (Vaswani), "learned" (BERT/GPT-2), "rope", "relative" (T5 '
         'buckets, one table per stack) or "none"')
     rope_theta: float = _field(ARCHITECTURE, 10_000.0, "RoPE base wavelength (Su et al. 2021)")
+    rope_scaling: str = _field(
+        ARCHITECTURE, "none", 'RoPE frequency scaling for long contexts: "none", "linear", "dynamic", '
+        '"llama3" or "yarn" (jaxformer.ops.positions.RopeScaling; HF rope_scaling / rope_parameters)')
+    rope_scaling_factor: float = _field(
+        ARCHITECTURE, 1.0, "rope_scaling: how many times the pre-training context is stretched")
+    rope_original_max_len: int | None = _field(
+        ARCHITECTURE, None, 'rope_scaling "dynamic" / "llama3" / "yarn": the pre-training context length')
+    rope_low_freq_factor: float = _field(
+        ARCHITECTURE, 1.0, 'rope_scaling "llama3": wavelengths > rope_original_max_len / this are scaled')
+    rope_high_freq_factor: float = _field(
+        ARCHITECTURE, 4.0, 'rope_scaling "llama3": wavelengths < rope_original_max_len / this are kept')
+    rope_beta_fast: float = _field(
+        ARCHITECTURE, 32.0, 'rope_scaling "yarn": dimensions turning more often than this are kept')
+    rope_beta_slow: float = _field(
+        ARCHITECTURE, 1.0, 'rope_scaling "yarn": dimensions turning less often than this are scaled')
+    rope_attention_factor: float | None = _field(
+        ARCHITECTURE, None, 'rope_scaling "yarn": factor on cos/sin; unset = 0.1 ln(factor) + 1')
     relative_num_buckets: int = _field(ARCHITECTURE, 32, "T5 relative-position buckets")
     relative_max_distance: int = _field(
         ARCHITECTURE, 128, "T5: distance beyond which relative positions share the last bucket")
@@ -102,6 +120,11 @@ class ModelConfig:
     gated_ffn: bool = _field(
         ARCHITECTURE, False, 'GLU-style FFN: SwiGLU with activation="silu", GEGLU with "gelu"/"gelu_tanh"')
     use_bias: bool = _field(ARCHITECTURE, True, "biases on the dense layers")
+    qkv_bias: bool = _field(
+        ARCHITECTURE, False, "biases on the query/key/value projections even with use_bias=False (Qwen2)")
+    sliding_window: int | None = _field(
+        ARCHITECTURE, None, "decoder: each query sees only the last this many positions, itself "
+        "included (Mistral; Beltagy et al. 2020 §3.1); unset = all earlier positions")
     attention_scale: float | None = _field(
         ARCHITECTURE, None, "attention logits multiplier; unset = 1/sqrt(head_dim), T5 uses 1.0")
     tie_embeddings: bool = _field(ARCHITECTURE, True, "output projection = token embedding transposed")
@@ -238,6 +261,15 @@ class ModelConfig:
         if self.nsp_head and not (self.family == "encoder" and self.head == "mlm"):
             bad("nsp_head", True, "next-sentence prediction needs family='encoder', head='mlm'")
         self._validate_albert(bad)
+        self._validate_rope_scaling(bad)
+        w = self.sliding_window
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w <= 0):
+            bad("sliding_window", w, "must be a positive integer (or unset: full causal attention)")
+        if w is not None and self.family != "decoder":
+            bad("sliding_window", w, f"is a causal decoder's option, not {self.family!r}'s")
+        if w is not None and self.attention_impl not in ("xla", "chunked"):
+            bad("attention_impl", self.attention_impl, "the sliding window is an additive bias; "
+                "use 'xla' or 'chunked'")
         if self.permutation_lm and self.family != "decoder":
             bad("permutation_lm", True, "XLNet's two-stream attention runs on family='decoder', "
                 f"not {self.family!r}")
@@ -250,6 +282,28 @@ class ModelConfig:
             attention_dropout_rate=self.attention_dropout_rate, chunk_size=self.attention_chunk_size)
         if kernel_problem:
             bad(kernel_problem[0], getattr(self, kernel_problem[0]), kernel_problem[1])
+
+    def _validate_rope_scaling(self, bad) -> None:
+        """RoPE's long-context scalings (`jaxformer.ops.positions.RopeScaling`)."""
+        kind = self.rope_scaling
+        if kind not in ROPE_SCALINGS:
+            bad("rope_scaling", kind, f"choose one of {ROPE_SCALINGS}")
+        if kind == "none":
+            return
+        if self.position != "rope":
+            bad("rope_scaling", kind, f"scales RoPE; position={self.position!r}")
+        if not self.rope_scaling_factor > 0:
+            bad("rope_scaling_factor", self.rope_scaling_factor, "must be > 0")
+        m = self.rope_original_max_len
+        if kind != "linear" and (not isinstance(m, int) or isinstance(m, bool) or m <= 0):
+            bad("rope_original_max_len", m, f"rope_scaling={kind!r} needs the pre-training "
+                "context length (a positive integer)")
+        if kind == "llama3" and not self.rope_high_freq_factor > self.rope_low_freq_factor > 0:
+            bad("rope_high_freq_factor", self.rope_high_freq_factor,
+                f"must exceed rope_low_freq_factor={self.rope_low_freq_factor} > 0")
+        if kind == "yarn" and not self.rope_beta_fast > self.rope_beta_slow > 0:
+            bad("rope_beta_fast", self.rope_beta_fast,
+                f"must exceed rope_beta_slow={self.rope_beta_slow} > 0")
 
     def _validate_albert(self, bad) -> None:
         """ALBERT's options (factorised embedding, shared layers) exist on the encoder family."""
@@ -283,6 +337,15 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def rope(self) -> RopeScaling | None:
+        """The `RopeScaling` of ``rope_scaling`` and its parameters (None: unscaled)."""
+        if self.rope_scaling == "none":
+            return None
+        return RopeScaling(self.rope_scaling, self.rope_scaling_factor, self.rope_original_max_len,
+                           self.rope_low_freq_factor, self.rope_high_freq_factor,
+                           self.rope_beta_fast, self.rope_beta_slow, self.rope_attention_factor)
 
     @property
     def causal(self) -> bool:

@@ -136,7 +136,7 @@ def _generate(args: argparse.Namespace) -> None:
                              "from: add --add_bos to start it from the BOS token")
         ids = encode_prompts(tokenizer, args.prompt, model_cfg.family, add_bos=args.add_bos)
         eos = tokenizer.special.eos_id
-        result = generate(model, params, ids, eos_id=eos, pad_id=tokenizer.special.pad_id,
+        result = generate(model, params, ids, eos_id=eos, pad_id=max(tokenizer.special.pad_id, 0),
                           **kwargs)
         new_tokens += int(jax.device_get(result.lengths).sum())
         for prompt, seq in zip(args.prompt, result.sequences(eos)):

@@ -111,7 +111,7 @@ def continue_texts(model: Any, params: Any, tokenizer: Tokenizer, texts: Sequenc
     lengths at a time (`jaxformer.decode.generate_batches`); ``kwargs``: `GenerationConfig`
     fields (EOS and padding are the tokenizer's)."""
     special = tokenizer.special
-    config = GenerationConfig(eos_id=special.eos_id, pad_id=special.pad_id, **kwargs)
+    config = GenerationConfig(eos_id=special.eos_id, pad_id=max(special.pad_id, 0), **kwargs)
     ids = encode_prompts(tokenizer, texts, model.cfg.family, add_bos=add_bos)
     return [tokenizer.decode(s) for s in generate_batches(
         model, params, ids, config, batch_size=batch_size, rng=rng, progress=progress)]

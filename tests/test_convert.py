@@ -358,10 +358,10 @@ def test_variants_load_in_pytorch_without_missing_keys(name, tmp_path):
 def test_errors(dirs, tmp_path):
     with pytest.raises(ValueError, match="config.json is missing"):
         load_hf(tmp_path)
-    bad = tmp_path / "llama"
+    bad = tmp_path / "falcon"
     os.makedirs(bad)
-    (bad / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ValueError, match=r"model_type='llama'.*supported: \['albert', 'bert', 'gpt2'"):
+    (bad / "config.json").write_text(json.dumps({"model_type": "falcon"}))
+    with pytest.raises(ValueError, match=r"model_type='falcon'.*supported: \['albert', 'bert', 'gpt2'"):
         load_hf(bad)
     (bad / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ValueError, match="no weights"):
@@ -389,7 +389,9 @@ def test_errors(dirs, tmp_path):
             {"transformer.h.0.attn.rotary": np.zeros(3, np.float32)})))
     # Exports without a Hugging Face equivalent, and params that do not fit the config.
     cfg, params, _ = load_hf(src)
-    with pytest.raises(ValueError, match="GPT-2 equivalent: position='rope'"):
+    with pytest.raises(ValueError, match="GPT-2 equivalent: position='sinusoidal'"):
+        save_hf(dict(cfg, position="sinusoidal"), params, tmp_path / "x")
+    with pytest.raises(ValueError, match="Llama equivalent: norm='layer'"):  # RoPE: Llama's
         save_hf(dict(cfg, position="rope"), params, tmp_path / "x")
     with pytest.raises(ValueError, match="T5 equivalent:.*use_bias=True"):
         save_hf(dict(cfg, family="encoder_decoder", position="relative", norm="rms"), params,

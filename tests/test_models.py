@@ -139,7 +139,8 @@ def forward(name: str):
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name,want", [("gpt2_small", 124_439_808),
                                        ("bert_base", 109_482_240),
-                                       ("t5_small", 60_506_624)])
+                                       ("t5_small", 60_506_624),
+                                       ("llama2_7b", 6_738_415_616)])
 def test_parameter_counts_match_published_models(name, want):
     overrides = dict(head="none") if name == "bert_base" else {}
     cfg = ModelConfig.from_dict(preset(name, **overrides))

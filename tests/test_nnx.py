@@ -34,6 +34,11 @@ TREES = {
     "gpt_rope_gqa_gated_rms_nobias": GPT(position="rope", num_kv_heads=2, gated_ffn=True,
                                          activation="silu", norm="rms", use_bias=False),
     "gpt_relative_scan": GPT(position="relative", scan_layers=True),
+    # Qwen2's q/k/v-only biases, Mistral's sliding window, YaRN-scaled RoPE (tests/test_convert_llama.py)
+    "llama_qkv_bias_window_yarn": GPT(
+        position="rope", num_kv_heads=2, gated_ffn=True, activation="silu", norm="rms",
+        use_bias=False, qkv_bias=True, tie_embeddings=False, sliding_window=3, rope_scaling="yarn",
+        rope_scaling_factor=4.0, rope_original_max_len=8),
     "gpt_classify_pooler": GPT(head="classify", pooling="last", pooler=True),
     "gpt_token_classify": GPT(head="token_classify"),
     "gpt_none": GPT(head="none"),
@@ -130,7 +135,8 @@ def test_parameter_tree_and_logical_axes_equal_linen(name):
     assert flat(jnnx.param_dict(model)).keys() == flat(nnx.to_pure_dict(nnx.state(model))).keys()
 
 
-EQUAL_OUTPUTS = ["gpt_untied_bias", "gpt_rope_gqa_gated_rms_nobias", "gpt_relative_scan",
+EQUAL_OUTPUTS = ["gpt_untied_bias", "gpt_rope_gqa_gated_rms_nobias", "llama_qkv_bias_window_yarn",
+                 "gpt_relative_scan",
                  "gpt_classify_pooler", "gpt_token_classify", "bert_nsp_scan", "bert_classify",
                  "bert_none_pooler", "t5", "transformer_post_ln_sinusoidal"]
 

@@ -8,8 +8,9 @@ A LoRA run (``optimizer.lora.rank`` > 0) exports its adapters merged into the ba
 
 Tokenizer files found in HF_DIR are copied to CKPT_DIR/tokenizer/, and HF_DIR/config.json to
 CKPT_DIR/hf_config.json; the export copies them back (token ids, label names survive the trip).
-Exporting a training workdir writes its ``tokenizer.model`` as HF_DIR/spiece.model and its special
-token ids into config.json, so ``--config.init_from=HF_DIR`` fine-tunes with the same tokenizer;
+Exporting a training workdir writes its ``tokenizer.model`` as HF_DIR/spiece.model (a run on a
+``tokenizer.json``: that file and a ``tokenizer_config.json``) and its special token ids into
+config.json, so ``--config.init_from=HF_DIR`` fine-tunes with the same tokenizer;
 GPT-2 / BERT exports also get an equivalent ``tokenizer.json`` for ``AutoTokenizer``.
 """
 
@@ -24,6 +25,7 @@ import sys
 from jaxformer.convert.checkpoint import load_params, save_params
 from jaxformer.convert.hf import load_hf, save_hf
 from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files
+from jaxformer.data.fast_tokenizer import FastTokenizer
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.train.lora import is_lora
 from jaxformer.train.lora_run import load_merged
@@ -71,17 +73,26 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         cfg, params = _load(args.from_ckpt)
         tok = os.path.join(args.from_ckpt, TOKENIZER_DIR)
         spm = os.path.join(args.from_ckpt, "tokenizer.model")
-        extra, tokenizer = None, None
+        extra, tokenizer, fast = None, None, None
         if os.path.isfile(os.path.join(args.from_ckpt, HF_CONFIG)):  # an imported model
             with open(os.path.join(args.from_ckpt, HF_CONFIG)) as f:
                 extra = json.load(f)
         if os.path.isdir(tok):
             tokenizer = tok
-        elif os.path.isfile(spm):  # a training workdir: its sentencepiece model and special ids
-            tokenizer, special = spm, Tokenizer.load(spm).special
+        elif os.path.isfile(spm):  # a training workdir: its tokenizer and special ids
+            run_tokenizer = Tokenizer.load(spm)
+            special = run_tokenizer.special
+            if isinstance(run_tokenizer, FastTokenizer):  # a Hugging Face tokenizer.json
+                fast = run_tokenizer
+            else:
+                tokenizer = spm
             extra = {"pad_token_id": special.pad_id, "eos_token_id": special.eos_id,
                      "bos_token_id": special.bos_id, **(extra or {})}
         save_hf(cfg, params, args.to_hf, tokenizer_path=tokenizer, extra_config=extra)
+        if fast is not None:
+            fast.write_hf_files(args.to_hf)
+            print(f"tokenizer: AutoTokenizer.from_pretrained('{args.to_hf}') loads this run's "
+                  "tokenizer.json")
         print(f"wrote {args.to_hf}" + (f" with the tokenizer of {args.from_ckpt}" if tokenizer else ""))
         if tokenizer == spm and cfg["family"] != "encoder_decoder":
             if os.path.isfile(os.path.join(args.to_hf, "tokenizer.json")):

@@ -4,7 +4,7 @@
 
     config.json                 {"model": ModelConfig fields, ...}
     checkpoints/0/state/        Orbax: {"params": ...}
-    tokenizer.model             when the source model ships a sentencepiece model (T5)
+    tokenizer.model             the source's sentencepiece model (T5, Llama 2) or tokenizer.json
 
 so ``train.py --config.init_from=<directory>``, ``python -m jaxformer.generate --workdir
 <directory>`` and ``--from <any training workdir>`` all work without another format.
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxformer.config import ModelConfig
+from jaxformer.data.fast_tokenizer import FastTokenizer, is_saved_fast_tokenizer
 from jaxformer.train.checkpoint import (
     Checkpointer,
     load_checkpoint_params,
@@ -28,7 +29,8 @@ from jaxformer.train.checkpoint import (
 
 def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str, Any],
                 params: dict, tokenizer: str | os.PathLike | None = None) -> None:
-    """Write ``config.json``, ``tokenizer.model`` (a copy of ``tokenizer``, when given) and a
+    """Write ``config.json``, ``tokenizer.model`` (``tokenizer``, a SentencePiece model or a
+    ``tokenizer.json``, as `jaxformer.data.fast_tokenizer.FastTokenizer.save` writes it) and a
     verified ``checkpoints/0`` under ``directory`` (which must not hold a run)."""
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     d = Path(directory).absolute()
@@ -37,7 +39,10 @@ def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str,
     d.mkdir(parents=True, exist_ok=True)
     save_run_config(d, {"name": "converted", "model": cfg.to_dict()})
     if tokenizer:  # before the checkpoint, whose manifest records its checksum
-        shutil.copyfile(tokenizer, d / "tokenizer.model")
+        if is_saved_fast_tokenizer(tokenizer):  # a tokenizer.json: with its special ids
+            FastTokenizer.load(tokenizer).save(d / "tokenizer.model")
+        else:  # a SentencePiece model, copied as it is
+            shutil.copyfile(tokenizer, d / "tokenizer.model")
     ckpt = Checkpointer(d, async_save=False)
     try:
         ckpt.save(0, {"params": params})

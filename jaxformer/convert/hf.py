@@ -1,4 +1,4 @@
-"""Import and export Hugging Face GPT-2, BERT, ALBERT and T5 checkpoints.
+"""Import and export Hugging Face GPT-2, BERT, ALBERT, T5 and Llama / Mistral / Qwen2 checkpoints.
 
     cfg_dict, params, tokenizer = load_hf("path/to/hf_model")           # → jaxformer
     save_hf(cfg_dict, params, "path/to/out")                              # → from_pretrained-able
@@ -6,12 +6,13 @@
 ``params`` is the ``params`` collection exactly as ``build_model(cfg).init(...)["params"]``
 structures it (unboxed, host NumPy float32 arrays; place them with ``jax.device_put``), in the
 unrolled (``layer_0 …``) or, with ``scan_layers=True``, the scanned (``layers`` with a leading layer
-axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert`, `hf_albert` and
-`hf_t5`.
+axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert`, `hf_albert`,
+`hf_t5` and `hf_llama`.
 
-Tokenizers are not converted: ``load_hf`` returns the path of a SentencePiece model in the directory
-(T5's ``spiece.model``) or None; GPT-2 (byte-level BPE) and BERT (WordPiece) tokenizer files stay
-where they are, and ``save_hf(..., tokenizer_path=dir)`` copies them next to the exported weights.
+Tokenizers are not converted: ``load_hf`` returns the path of the directory's SentencePiece model
+(T5's ``spiece.model``, Llama 2's ``tokenizer.model``), else of its ``tokenizer.json`` (read by
+`jaxformer.data.fast_tokenizer.FastTokenizer`), or None; ``save_hf(..., tokenizer_path=dir)``
+copies a directory's tokenizer files next to the exported weights.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.config import ModelConfig, exported_fields
-from jaxformer.convert import hf_albert, hf_bert, hf_gpt2, hf_t5
+from jaxformer.convert import hf_albert, hf_bert, hf_gpt2, hf_llama, hf_t5
 from jaxformer.convert.hf_io import (
     copy_tokenizer_files,
-    find_sentencepiece,
+    find_tokenizer,
     read_config,
     read_tensors,
     write_model,
@@ -52,16 +53,19 @@ from jaxformer.models.transformer import build_model
 
 log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert": hf_albert,
-                                     "t5": hf_t5}
+                                     "t5": hf_t5, "mt5": hf_t5,  # mT5: T5 v1.1's graph
+                                     **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama)}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
 
 
 def export_converter(cfg: ModelConfig) -> ModuleType:
     """The converter a model exports with: by family, ALBERT for an encoder with ALBERT's options
-    (``embedding_size`` or ``share_layers``)."""
+    (``embedding_size`` or ``share_layers``), Llama / Mistral / Qwen2 for a decoder with RoPE."""
     if cfg.family == "encoder" and (cfg.embedding_size is not None or cfg.share_layers):
         return hf_albert
+    if cfg.family == "decoder" and cfg.position == "rope":
+        return hf_llama
     return BY_FAMILY[cfg.family]
 # The ModelConfig fields a Hugging Face config cannot express (`jaxformer.config.exported_fields`:
 # HF T5 has one dropout rate, no init scale of ours, no attention implementation): exports store
@@ -117,7 +121,7 @@ def _read_hf(directory: str | os.PathLike, head: str | None, num_classes: int | 
 
 def hf_model_config(directory: str | os.PathLike, *, head: str | None = None,
                     num_classes: int | None = None) -> dict[str, Any]:
-    """The ModelConfig fields of a local Hugging Face GPT-2 / BERT / T5 directory (``head`` and
+    """The ModelConfig fields of a local Hugging Face model directory (``head`` and
     ``num_classes`` as in `load_hf`), without reading its weights."""
     return _read_hf(directory, head, num_classes)[3]
 
@@ -125,20 +129,22 @@ def hf_model_config(directory: str | os.PathLike, *, head: str | None = None,
 def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: str | None = None,
             num_classes: int | None = None, seed: int = 0
             ) -> tuple[dict[str, Any], dict, str | None]:
-    """Read a local Hugging Face GPT-2 / BERT / T5 directory.
+    """Read a local Hugging Face model directory (GPT-2, BERT, ALBERT, T5, Llama family).
 
     Args:
       directory: holds ``config.json`` and ``model.safetensors`` (or sharded safetensors, or
         ``pytorch_model.bin``, which needs torch).
       scan_layers: return the scanned layout (and ``scan_layers=True`` in the config).
       head: jaxformer head to build; default from the checkpoint's architecture (GPT-2 "lm" or
-        "none"; BERT "mlm" / "classify" / "token_classify" / "none"; T5 "lm"). A head the
+        "none"; BERT "mlm" / "classify" / "token_classify" / "none"; T5 "lm"; Llama "lm" /
+        "classify" / "none"). A head the
         checkpoint lacks (e.g. "classify" on a BertForMaskedLM checkpoint) is initialised as
         ``build_model(model_cfg).init(jax.random.key(seed))`` would; unused checkpoint heads are dropped.
       num_classes: classes of a classification head (default: the checkpoint's ``num_labels``).
 
     Returns:
-      (ModelConfig fields as a dict, params pytree of NumPy arrays, SentencePiece path or None).
+      (ModelConfig fields as a dict, params pytree of NumPy arrays, the tokenizer file or None:
+      `jaxformer.convert.hf_io.find_tokenizer`, which `Tokenizer.load` reads).
     """
     model_type, conv, tensors, fields, prefix = _read_hf(directory, head, num_classes)
     model_cfg = ModelConfig.from_dict(fields)
@@ -174,7 +180,7 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
     params = unflatten(flat)
     if scan_layers:
         params = stack_layers(params)
-    return (model_cfg.replace(scan_layers=scan_layers).to_dict(), params, find_sentencepiece(directory))
+    return model_cfg.replace(scan_layers=scan_layers).to_dict(), params, find_tokenizer(directory)
 
 
 def _host_params(params: Mapping) -> dict[str, np.ndarray]:
@@ -197,8 +203,10 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     """Write ``config.json`` + ``model.safetensors`` (float32) that ``from_pretrained`` loads:
     GPT2LMHeadModel / GPT2Model, BertForMaskedLM / BertForPreTraining /
     BertForSequenceClassification / BertForTokenClassification / BertModel, the Albert twins of
-    these (encoders with ``embedding_size`` or ``share_layers``), or
-    T5ForConditionalGeneration, chosen by ``model_cfg.family`` and ``head``.
+    these (encoders with ``embedding_size`` or ``share_layers``),
+    T5ForConditionalGeneration, or {Llama,Mistral,Qwen2}ForCausalLM / ForSequenceClassification /
+    Model (decoders with RoPE, `hf_llama.model_type_of`), chosen by ``model_cfg.family`` and
+    ``head``.
 
     ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``; for GPT-2 / BERT also
     written as an equivalent ``tokenizer.json``, `jaxformer.convert.hf_tokenizer`) or a directory

@@ -50,7 +50,8 @@ def read_config(directory: str | os.PathLike) -> dict:
     with open(path) as f:
         cfg = json.load(f)
     if "model_type" not in cfg:
-        raise ValueError(f"{path} has no 'model_type'; expected one of gpt2, bert, albert, t5")
+        raise ValueError(f"{path} has no 'model_type'; expected one of gpt2, bert, albert, t5, "
+                         "mt5, llama, mistral, qwen2")
     return cfg
 
 
@@ -148,6 +149,15 @@ def find_sentencepiece(directory: str | os.PathLike) -> str | None:
         if os.path.isfile(path):
             return path
     return None
+
+
+def find_tokenizer(directory: str | os.PathLike) -> str | None:
+    """The file that becomes a run's tokenizer: the SentencePiece model (T5, Llama 2, Mistral),
+    else ``tokenizer.json`` (Llama 3, Qwen2, GPT-2, BERT: `jaxformer.data.fast_tokenizer`), else
+    None."""
+    path = find_sentencepiece(directory)
+    json_path = os.path.join(os.fspath(directory), "tokenizer.json")
+    return path or (json_path if os.path.isfile(json_path) else None)
 
 
 def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:

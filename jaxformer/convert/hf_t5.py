@@ -10,7 +10,9 @@ untied (v1.1). RMS norms without bias, no biases anywhere, unscaled attention lo
 
 transformers 5 always ties ``lm_head`` unless the checkpoint stores a different one, and records
 the rescale as ``scale_decoder_outputs``; older configs only have ``tie_word_embeddings``. Both are
-read.
+read. mT5 (``model_type`` "mt5", Xue et al. 2021) and Flan-T5 are v1.1 graphs; transformers 5
+saves mT5 configs with ``tie_word_embeddings`` forced to true and never rescales them, so an "mt5"
+config rescales only when ``scale_decoder_outputs`` says so. Exports are ``model_type`` "t5".
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str 
     activation, gated = _activation(hf.get("feed_forward_proj", "relu"))
     if "scale_decoder_outputs" in hf:
         rescale = bool(hf["scale_decoder_outputs"])
+    elif hf.get("model_type") == "mt5":  # never rescaled: the published mT5 are untied, and
+        rescale = False                  # transformers 5 forces its tie_word_embeddings to True
     else:
         rescale = hf.get("tie_word_embeddings", True) is not False
     tied = is_tied(tensors, "lm_head.weight", "shared.weight")

@@ -26,6 +26,7 @@ import numpy as np
 import sentencepiece as spm
 from absl import logging
 
+from jaxformer.data.fast_tokenizer import FastTokenizer, is_saved_fast_tokenizer
 from jaxformer.data.vocab import SpecialTokens
 
 MODEL_TYPES = ("unigram", "bpe")
@@ -257,9 +258,13 @@ class Tokenizer:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Tokenizer:
+    def load(cls, path: str | os.PathLike) -> Tokenizer | FastTokenizer:
+        """A SentencePiece ``.model``, or — for a JSON file: a Hugging Face ``tokenizer.json`` or
+        a run's saved one — the `jaxformer.data.fast_tokenizer.FastTokenizer` of it."""
         if not os.path.exists(path):
             raise ValueError(f"tokenizer model {os.fspath(path)!r} does not exist")
+        if is_saved_fast_tokenizer(path):
+            return FastTokenizer.load(path)
         with open(path, "rb") as f:
             return cls(f.read())
 

@@ -346,7 +346,7 @@ def generate_text(model: nn.Module | nnx.Module, params: Any = None, tokenizer: 
         raise ValueError("texts must be a list of strings, e.g. ['Hello'], not one string")
     special = tokenizer.special
     kwargs.setdefault("eos_id", special.eos_id)
-    kwargs.setdefault("pad_id", special.pad_id)
+    kwargs.setdefault("pad_id", max(special.pad_id, 0))  # Llama's tokenizers have no pad
     ids = encode_prompts(tokenizer, texts, model.cfg.family, add_bos=add_bos,
                          append_eos=append_eos)
     result = generate(model, params, ids, **kwargs)

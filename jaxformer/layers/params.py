@@ -152,7 +152,7 @@ def _kernel(cfg: ModelConfig, shape, axes, role: str, fan_in: int, residuals: in
 def _dense(cfg: ModelConfig, shape, axes, bias_shape, bias_axes, role: str, fan_in: int,
            residuals: int = 0) -> dict:
     out = {"kernel": _kernel(cfg, shape, axes, role, fan_in, residuals)}
-    if cfg.use_bias:
+    if cfg.use_bias or (cfg.qkv_bias and role in ("query", "key", "value")):
         out["bias"] = ParamSpec(tuple(bias_shape), tuple(bias_axes), "zeros")
     return out
 

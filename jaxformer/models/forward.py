@@ -27,6 +27,7 @@ from jaxformer.ops.dropout import token_dropout
 from jaxformer.ops.embedding import check_token_ids
 from jaxformer.ops.heads import classify, lm_logits, mlm_logits, pooled, span_logits
 from jaxformer.ops.inputs import embed_inputs, embed_tokens
+from jaxformer.ops.masks import sliding_window_mask
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import relative_position_bias
 
@@ -119,7 +120,8 @@ def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bo
                num_layers: int | None = None, decode: bool = False, cache_index=None,
                kv_positions=None, cross_attention: bool = False, encoder_out=None,
                encoder_segment_ids=None, decode_mask=None):
-    """Relative bias (if any) → the stack ``name`` → final norm (pre-LN). `[B, L, D]` → `[B, L, D]`.
+    """Relative bias and sliding window (if any) → the stack ``name`` → final norm (pre-LN).
+    `[B, L, D]` → `[B, L, D]`.
     ``decode_mask`` `[B, L, S]` (decoding): the cache slots each query may see, added to the
     self-attention bias as 0 / −∞."""
     cfg = parts.cfg
@@ -129,6 +131,11 @@ def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bo
         bias = relative_position_bias(
             parts.params(f"{name}_relative_bias")["embedding"], positions, kv_pos,
             bidirectional=not causal, max_distance=cfg.relative_max_distance).astype(cfg.dtype)
+    if cfg.sliding_window is not None and causal:
+        in_window_Bx1xLxS = sliding_window_mask(
+            positions, positions if kv_positions is None else kv_positions, cfg.sliding_window)
+        window_Bx1xLxS = jnp.where(in_window_Bx1xLxS, 0.0, -jnp.inf).astype(cfg.dtype)
+        bias = window_Bx1xLxS if bias is None else bias + window_Bx1xLxS
     if decode_mask is not None:
         hidden_Bx1xLxS = jnp.where(decode_mask[:, None], 0.0, -jnp.inf).astype(cfg.dtype)
         bias = hidden_Bx1xLxS if bias is None else bias + hidden_Bx1xLxS

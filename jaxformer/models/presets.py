@@ -6,14 +6,15 @@ Parameter counts (tested) equal the published models at the same vocabulary:
 GPT-2 small 124,439,808; BERT-base-uncased 109,482,240 (with pooler, without MLM head);
 T5-small v1.0 60,506,624; ALBERT-base v2 11,683,584 (Lan et al. 2019: E = 128 factorised embedding,
 one block shared by the 12 layers; with pooler, without MLM head); GPT-2 medium 354,823,168;
-T5-base v1.0 222,903,552.
+T5-base v1.0 222,903,552; Llama-2-7B 6,738,415,616 ("llama2_7b"; ``llama_tiny`` is its 2-layer
+width-64 twin with GQA).
 
 Each family initialises as its reference does (``init_scheme``, rules in
 `jaxformer.layers.params.initializer_of`): GPT-2 "gpt2", BERT and ALBERT "bert", T5 "t5" (with
 ``init_std`` = 1.0, T5's factor), the Vaswani presets "transformer" (tensor2tensor's; embeddings
 at d_model^-1/2).
 
-``<name>_bf16`` (gpt2_small, gpt2_medium, bert_base, t5_base): the same model computing in bfloat16
+``<name>_bf16`` (gpt2_small, gpt2_medium, bert_base, t5_base, llama2_7b): the same model computing in bfloat16
 with float32 parameters, for GPUs and TPUs, and without attention dropout so that the fused kernels
 can run it. They state ``attention_impl="xla"`` (a preset validates on any machine); pick the
 backend's kernel with ``attention_impl=jaxformer.ops.attention_kernels.fastest_attention(...)``
@@ -41,6 +42,12 @@ _T5_V1_0 = dict(family="encoder_decoder", position="relative", norm="rms", norm_
                 tie_embeddings=True, rescale_tied_logits=True, relative_num_buckets=32,
                 relative_max_distance=128, dropout_rate=0.1, attention_dropout_rate=0.1,
                 ffn_dropout_rate=0.1, init_scheme="t5", init_std=1.0)
+# Llama 2 (Touvron et al. 2023 §2.2): pre-RMSNorm, SwiGLU, RoPE, no biases, untied head; HF's
+# initializer_range 0.02 for every weight, no dropout. Mistral / Qwen2 add sliding_window / qkv_bias.
+_LLAMA = dict(family="decoder", position="rope", norm="rms", norm_position="pre", norm_eps=1e-5,
+              activation="silu", gated_ffn=True, use_bias=False, tie_embeddings=False,
+              rope_theta=10_000.0, dropout_rate=0.0, attention_dropout_rate=0.0,
+              init_scheme="normal", init_std=0.02)
 _BF16 = dict(dtype="bfloat16", param_dtype="float32", attention_dropout_rate=0.0, attention_impl="xla")
 _VASWANI = dict(family="encoder_decoder", position="sinusoidal", norm="layer", norm_position="post",
                 norm_eps=1e-6, activation="relu", use_bias=True, tie_embeddings=True,
@@ -75,13 +82,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "t5_tiny": dict(_T5_V1_0, vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_layers=2,
                     max_len=128),
     "t5_mini": dict(_T5_V1_0, **dict(_MINI, num_layers=3, ffn_dropout_rate=0.0)),
+    "llama2_7b": dict(_LLAMA, vocab_size=32000, d_model=4096, num_heads=32, d_ff=11008,
+                      num_layers=32, max_len=4096),
+    "llama_tiny": dict(_LLAMA, vocab_size=512, d_model=64, num_heads=4, num_kv_heads=2, d_ff=192,
+                       num_layers=2, max_len=128),
     "transformer_base": dict(_VASWANI, vocab_size=37000, d_model=512, num_heads=8, d_ff=2048,
                              num_layers=6, max_len=512),
     "transformer_tiny": dict(_VASWANI, vocab_size=512, d_model=64, num_heads=4, d_ff=256,
                              num_layers=2, max_len=128, embed_init_std=64 ** -0.5),
 }
 PRESETS.update({f"{name}_bf16": dict(PRESETS[name], **_BF16)
-                for name in ("gpt2_small", "gpt2_medium", "bert_base", "t5_base")})
+                for name in ("gpt2_small", "gpt2_medium", "bert_base", "t5_base", "llama2_7b")})
 
 
 def preset(name: str, **overrides) -> dict[str, Any]:

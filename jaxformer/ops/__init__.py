@@ -34,13 +34,16 @@ from jaxformer.ops.masks import (
     make_attention_mask,
     padding_mask,
     segment_mask,
+    sliding_window_mask,
 )
 from jaxformer.ops.norms import layer_norm, normalize, rms_norm
 from jaxformer.ops.positions import (
+    RopeScaling,
     apply_rope,
     lookup_positions,
     relative_position_bias,
     relative_position_bucket,
+    rope_frequencies,
     sinusoidal,
     sinusoidal_table,
 )
@@ -51,8 +54,9 @@ __all__ = [
     "encoder_block", "transformer_block", "dense", "dropout", "token_dropout", "attend",
     "check_token_ids", "embed", "ffn", "cross_entropy_with_integer_labels", "weighted_accuracy",
     "weighted_cross_entropy", "causal_mask", "causal_mask_from_positions", "combine_masks",
-    "key_padding_mask", "make_attention_mask", "padding_mask", "segment_mask", "layer_norm",
-    "normalize", "rms_norm", "apply_rope", "lookup_positions",
+    "key_padding_mask", "make_attention_mask", "padding_mask", "segment_mask", "sliding_window_mask",
+    "layer_norm", "normalize", "rms_norm", "apply_rope", "RopeScaling", "rope_frequencies",
+    "lookup_positions",
     "relative_position_bias", "relative_position_bucket", "sinusoidal", "sinusoidal_table",
     "classify", "lm_logits", "mlm_logits", "pool", "pooled", "embed_inputs", "embed_tokens",
     "run_stack",

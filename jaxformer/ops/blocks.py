@@ -133,9 +133,9 @@ def attention_sublayer(
     if cfg.position == "rope" and kv is None and (kv_input is None or kv_positions is not None):
         if positions is None:
             raise ValueError("RoPE attention needs positions")
-        q_BxLxHxDh = apply_rope(q_BxLxHxDh, positions, theta=cfg.rope_theta)
+        q_BxLxHxDh = apply_rope(q_BxLxHxDh, positions, theta=cfg.rope_theta, scaling=cfg.rope)
         k_BxSxKxDh = apply_rope(k_BxSxKxDh, positions if kv_input is None else kv_positions,
-                                theta=cfg.rope_theta)
+                                theta=cfg.rope_theta, scaling=cfg.rope)
     new_cache = None
     if cache is not None:
         valid_new = (jnp.ones(x.shape[:2], bool) if segment_ids is None else segment_ids != 0)

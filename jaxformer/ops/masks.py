@@ -40,6 +40,13 @@ def causal_mask_from_positions(q_positions: Array, kv_positions: Array) -> Array
     return (kv_positions[:, None, None, :] <= q_positions[:, None, :, None])
 
 
+def sliding_window_mask(q_positions: Array, kv_positions: Array, window: int) -> Array:
+    """Local attention (Beltagy et al. 2020 §3.1; Mistral): query at position ``p`` sees keys at
+    positions ``> p - window`` — itself and the ``window - 1`` before it (with a causal mask).
+    `[batch, q_len]`, `[batch, kv_len]` → `[batch, 1, q_len, kv_len]` bool."""
+    return q_positions[:, None, :, None] - kv_positions[:, None, None, :] < window
+
+
 def padding_mask(q_valid: Array, kv_valid: Array | None = None) -> Array:
     """Mask from per-token validity: `[batch, q_len]`, `[batch, kv_len]` bool → `[batch, 1, q, kv]`.
 

@@ -1,10 +1,12 @@
-"""Position information: sinusoidal, learned-table lookup, rotary (RoPE) and T5 relative buckets.
+"""Position information: sinusoidal, learned-table lookup, rotary (RoPE, with its long-context
+frequency scalings) and T5 relative buckets.
 
 All functions are pure; learned tables are passed in as arrays.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax.numpy as jnp
@@ -52,18 +54,98 @@ def lookup_positions(table: Array, positions: Array) -> Array:
     return take_rows(table, positions)
 
 
+# RoPE frequency scalings for contexts longer than pre-training's (`RopeScaling.kind`).
+ROPE_SCALINGS = ("none", "linear", "dynamic", "llama3", "yarn")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """How RoPE's frequencies are stretched beyond the pre-training context ``original_max_len``.
+
+    * ``linear`` (position interpolation, Chen et al. 2023): every frequency / ``factor``.
+    * ``dynamic`` (NTK-aware, bloc97 / emozilla 2023, as HF's "dynamic"): for a call whose longest
+      position is ``n > original_max_len``, the base ``theta`` becomes
+      ``theta · (factor · n / original_max_len − (factor − 1))^(dim / (dim − 2))``; shorter calls
+      are unscaled. Keys cached by an earlier call keep the frequencies they were rotated with.
+    * ``llama3`` (Meta's Llama 3.1 recipe): wavelengths above ``original_max_len / low_freq_factor``
+      / ``factor``, below ``original_max_len / high_freq_factor`` unchanged, a linear blend in
+      ``original_max_len / wavelength`` between.
+    * ``yarn`` (Peng et al. 2023, "YaRN", §3.2 eq. 18–20): frequencies that turn fewer than
+      ``beta_slow`` times over ``original_max_len`` are interpolated (/ ``factor``), more than
+      ``beta_fast`` times kept, a linear ramp over the dimensions between (bounds floored /
+      ceiled); cos and sin are multiplied by ``attention_factor`` (§3.4's √(1/t), default
+      ``0.1 ln(factor) + 1``), i.e. the attention logits by its square.
+    """
+
+    kind: str = "none"
+    factor: float = 1.0
+    original_max_len: int | None = None
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+
+    @property
+    def cos_sin_scale(self) -> float:
+        """The factor on cos and sin (YaRN's attention temperature; 1 otherwise)."""
+        if self.kind != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+
+
+def rope_frequencies(dim: int, *, theta: float = 10_000.0, scaling: RopeScaling | None = None,
+                     dtype=jnp.float32, seq_len: int | Array | None = None) -> Array:
+    """RoPE's angular frequencies ``theta^(-2i/dim)``, ``i < dim/2`` (Su et al. 2021, eq. 15), with
+    ``scaling`` applied (`RopeScaling`; ``seq_len``, the call's longest position + 1, for
+    "dynamic"): `[dim // 2]` in ``dtype``."""
+    half = dim // 2
+    s = scaling or RopeScaling()
+    if s.kind == "dynamic" and seq_len is not None:
+        n = jnp.maximum(jnp.asarray(seq_len, dtype), s.original_max_len)
+        theta = theta * (s.factor * n / s.original_max_len - (s.factor - 1)) ** (dim / (dim - 2))
+    inv = theta ** (-jnp.arange(half, dtype=dtype) * 2.0 / dim)
+    if s.kind in ("none", "dynamic"):
+        return inv
+    if s.kind == "linear":
+        return inv / s.factor
+    if s.kind == "llama3":
+        wavelen = 2 * math.pi / inv
+        smooth = (s.original_max_len / wavelen - s.low_freq_factor) / (
+            s.high_freq_factor - s.low_freq_factor)
+        blended = (1 - smooth) * inv / s.factor + smooth * inv
+        low_wavelen = s.original_max_len / s.low_freq_factor
+        high_wavelen = s.original_max_len / s.high_freq_factor
+        return jnp.where(wavelen > low_wavelen, inv / s.factor,
+                         jnp.where(wavelen < high_wavelen, inv, blended))
+    if s.kind == "yarn":
+        def dim_of(rotations):  # the dimension turning ``rotations`` times over the context
+            return dim * math.log(s.original_max_len / (rotations * 2 * math.pi)) / (
+                2 * math.log(theta))
+        low = max(math.floor(dim_of(s.beta_fast)), 0)
+        high = min(math.ceil(dim_of(s.beta_slow)), dim - 1)
+        high = high + 0.001 if high == low else high
+        ramp = jnp.clip((jnp.arange(half, dtype=dtype) - low) / (high - low), 0, 1)
+        return inv / s.factor * ramp + inv * (1 - ramp)
+    raise ValueError(f"RopeScaling.kind={s.kind!r} is invalid: choose one of {ROPE_SCALINGS}")
+
+
 def apply_rope(x: Array, positions: Array, *, theta: float = 10_000.0,
-               rotary_dim: int | None = None) -> Array:
+               rotary_dim: int | None = None, scaling: RopeScaling | None = None) -> Array:
     """Rotary position embedding (Su et al. 2021, "RoFormer", eq. 34), half-split layout.
 
     Pairs feature ``i`` with feature ``i + rotary_dim/2`` and rotates each pair by
-    ``pos · theta^(-2i/rotary_dim)``, so ⟨RoPE(q, m), RoPE(k, n)⟩ depends on m − n only.
+    ``pos · theta^(-2i/rotary_dim)``, so ⟨RoPE(q, m), RoPE(k, n)⟩ depends on m − n only;
+    ``scaling`` stretches the frequencies (`rope_frequencies`) and may scale cos and sin.
 
     Args:
       x: `[batch, length, heads, head_dim]`.
       positions: `[batch, length]` ints (either axis may be 1 to broadcast).
       theta: base wavelength.
       rotary_dim: number of leading features rotated (even); default ``head_dim``.
+      scaling: long-context frequency scaling (`RopeScaling`); default none.
 
     Returns:
       same shape and dtype as ``x``.
@@ -79,9 +161,12 @@ def apply_rope(x: Array, positions: Array, *, theta: float = 10_000.0,
                          f"{tuple(positions.shape)}")
     half = d // 2
     ct = jnp.promote_types(x.dtype, jnp.float32)  # rotate in float32 (float64 for float64 x)
-    inv = theta ** (-jnp.arange(half, dtype=ct) * 2.0 / d)
+    seq_len = jnp.max(positions) + 1 if scaling is not None and scaling.kind == "dynamic" else None
+    inv = rope_frequencies(d, theta=theta, scaling=scaling, dtype=ct, seq_len=seq_len)
     ang = positions.astype(ct)[..., None, None] * inv  # [b, l, 1, half]
     sin, cos = jnp.sin(ang), jnp.cos(ang)
+    if scaling is not None and scaling.cos_sin_scale != 1.0:
+        sin, cos = sin * scaling.cos_sin_scale, cos * scaling.cos_sin_scale
     xr, rest = x[..., :d].astype(ct), x[..., d:]
     x1, x2 = xr[..., :half], xr[..., half:]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)

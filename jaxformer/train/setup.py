@@ -35,7 +35,7 @@ from jax.sharding import Mesh
 
 from jaxformer.config import ModelConfig, architecture_fields, changed_fields, fine_tuning_fields
 from jaxformer.convert.hf import hf_model_config, load_hf
-from jaxformer.convert.hf_io import find_sentencepiece, is_hf_directory
+from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory
 from jaxformer.data.pipeline import make_dataset, source_texts
 from jaxformer.data.sources import get_source, label_names_from_data
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
@@ -128,7 +128,7 @@ def open_pretrained(config: ml_collections.ConfigDict, key: str = "init_from"
                              f"unset {key}_step and {key}_best")
         model = hf_model_config(path, head=config.model.get("head"),
                                 num_classes=config.model.get("num_classes"))
-        return Pretrained(path, model, find_sentencepiece(path), None)
+        return Pretrained(path, model, find_tokenizer(path), None)
     run = open_run(path, step=step or None, best=bool(best), verify=False)  # parameters verified when read
     tokenizer = None if run.tokenizer is None else str(run.tokenizer)
     return Pretrained(path, dict(run.run_config["model"]), tokenizer, run)

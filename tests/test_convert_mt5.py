@@ -1,0 +1,90 @@
+"""mT5 (Xue et al. 2021) and Flan-T5 (Chung et al. 2022) are T5 v1.1 graphs (gated-GELU FFN, untied
+LM head, no d_model^-0.5 rescale): their checkpoints import through `jaxformer.convert.hf_t5`
+(mT5's ``model_type`` is "mt5") with PyTorch's logits, and export back to the same tensors, read by
+``T5ForConditionalGeneration``. Models and references as in tests/test_convert_llama.py."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from jaxformer.config import ModelConfig
+from jaxformer.convert import load_hf, save_hf
+from jaxformer.models.transformer import build_model
+
+V = 96
+INPUTS = np.random.default_rng(0).integers(2, V, (2, 11)).astype(np.int32)
+TARGETS = np.random.default_rng(1).integers(2, V, (2, 7)).astype(np.int32)
+SMALL = dict(vocab_size=V, d_model=64, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=2,
+             num_heads=4, relative_attention_num_buckets=16, relative_attention_max_distance=32,
+             feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+
+
+def _untied(model, seed: int):
+    """transformers 5 ties ``lm_head`` to ``shared`` whatever the config says; the published mT5
+    and Flan-T5 checkpoints store their own head, so give it its own weights."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    model.lm_head.weight = torch.nn.Parameter(torch.randn(model.lm_head.weight.shape, generator=g))
+    return model.eval()
+
+
+def build_mt5():
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    return _untied(transformers.MT5ForConditionalGeneration(transformers.MT5Config(**SMALL)), 0)
+
+
+def build_flan_t5():
+    import torch
+    import transformers
+    torch.manual_seed(1)
+    return _untied(transformers.T5ForConditionalGeneration(transformers.T5Config(**SMALL)), 1)
+
+
+BUILDERS = {"mt5": build_mt5, "flan_t5": build_flan_t5}
+
+
+def reference_outputs(model) -> dict[str, np.ndarray]:
+    """``logits`` `[2, 7, V]` of `TARGETS` given `INPUTS` (teacher forcing)."""
+    import torch
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor(INPUTS).long(),
+                    decoder_input_ids=torch.tensor(TARGETS).long())
+    return {"logits": out.logits.numpy()}
+
+
+def _load(path):
+    import transformers
+    return transformers.AutoModelForSeq2SeqLM.from_pretrained(
+        path, attn_implementation="eager").eval()
+
+
+def rel_err(ours, ref) -> float:
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_t5_v1_1_variants_round_trip(name, tmp_path):
+    path = tmp_path / "hf"
+    BUILDERS[name]().save_pretrained(path, safe_serialization=True)
+    ref = reference_outputs(_load(path))["logits"]
+    cfg, params, _ = load_hf(path)
+    assert (cfg["gated_ffn"], cfg["activation"], cfg["tie_embeddings"],
+            cfg["rescale_tied_logits"]) == (True, "gelu_tanh", False, False)
+    ours = jax.jit(build_model(ModelConfig.from_dict(cfg)).apply)({"params": params}, INPUTS,
+                                                                  TARGETS)
+    assert rel_err(ours, ref) <= 1e-5
+    save_hf(cfg, params, tmp_path / "out")
+    assert rel_err(reference_outputs(_load(tmp_path / "out"))["logits"], ref) <= 1e-5
+    src, dst = load_file(path / "model.safetensors"), load_file(tmp_path / "out" /
+                                                                "model.safetensors")
+    assert sorted(dst) == sorted(src)
+    for k in src:
+        np.testing.assert_array_equal(dst[k], src[k], err_msg=k)
