@@ -32,6 +32,8 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import test_convert_llama as llama  # noqa: E402  (the model zoo's builders live beside their tests)
+import test_convert_mt5 as mt5  # noqa: E402
 from golden import GOLDEN, rel_err  # noqa: E402
 
 RTOL = 1e-5  # a reloaded model against its committed outputs: the same program, so ~1e-7 in practice
@@ -142,6 +144,19 @@ def _t5_tied():
     return model
 
 
+def llama_inputs() -> dict[str, np.ndarray]:
+    """`tests/test_convert_llama.py`'s logits inputs (right padding in row 1) and prompts."""
+    return {"input_ids": llama.TOKENS, "attention_mask": llama.MASK, "prompt": llama.PROMPTS}
+
+
+def run_llama(model, inputs):
+    return llama.reference_outputs(model)
+
+
+def run_classifier(model, inputs):
+    return {"logits": model(_t(inputs["input_ids"])).logits.numpy()}
+
+
 def _gpt2(**kw):
     return transformers.GPT2LMHeadModel(transformers.GPT2Config(
         n_layer=2, n_embd=64, n_head=4, vocab_size=V, n_positions=64, bos_token_id=1,
@@ -193,6 +208,20 @@ CASES: dict[str, Case] = {
     "albert_pretraining": Case(lambda: transformers.AlbertForPreTraining(transformers.AlbertConfig(
         **ALBERT, tie_word_embeddings=False)), lambda: bert_inputs(64, 10, 4, 3),
         _forward(BERT_KEYS, ("prediction_logits", "sop_logits")), seed=3),
+    # tests/test_convert_llama.py: Llama (llama3 RoPE, GQA), tied + biases + linear RoPE + MQA,
+    # dynamic NTK, Mistral's sliding window, Qwen2 (q/k/v biases, yarn), a sequence classifier
+    "llama": Case(llama.build_llama, llama_inputs, run_llama),
+    "llama_tied_bias": Case(llama.build_llama_tied_bias, llama_inputs, run_llama),
+    "llama_dynamic": Case(llama.build_llama_dynamic, llama_inputs, run_llama),
+    "mistral": Case(llama.build_mistral, llama_inputs, run_llama),
+    "qwen2": Case(llama.build_qwen2, llama_inputs, run_llama),
+    "llama_classifier": Case(llama.build_llama_classifier, llama_inputs, run_classifier),
+    # tests/test_convert_mt5.py: T5 v1.1 graphs
+    "mt5": Case(mt5.build_mt5, lambda: {"input_ids": mt5.INPUTS, "decoder_input_ids": mt5.TARGETS},
+                lambda model, inputs: mt5.reference_outputs(model)),
+    "flan_t5": Case(mt5.build_flan_t5, lambda: {"input_ids": mt5.INPUTS,
+                                                "decoder_input_ids": mt5.TARGETS},
+                    lambda model, inputs: mt5.reference_outputs(model)),
     # init_from an HF directory (tests/test_train.py, test_nnx_train.py, test_lora.py): the tiny
     # configs' 512-token vocabulary
     "gpt2_v512": Case(lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(

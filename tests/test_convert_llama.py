@@ -3,8 +3,9 @@ export → ``from_pretrained``, import → export byte for byte; RoPE scalings a
 
 The references are small random transformers models (PyTorch, CPU, float32, eager attention) built
 from a fixed seed by the ``build_*`` functions below; `reference_outputs` computes what the tests
-compare with (logits on `TOKENS`, greedy continuations of `PROMPTS`), apart from the assertions,
-so that committed golden files can stand in for live PyTorch. Nothing is downloaded.
+compare with (logits on `TOKENS`, greedy continuations of `PROMPTS`). `tests/make_golden.py` saves
+both as committed golden files (`tests/golden.py`), which the tests read without torch; the ``hf``
+tests load exports back into live PyTorch. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 import jax
 import numpy as np
 import pytest
+from golden import golden_dir, reference
 
 from jaxformer import nnx as jnnx
 from jaxformer.config import ModelConfig
@@ -148,13 +150,11 @@ def _our_greedy(cfg: dict, params) -> np.ndarray:
                                eos_id=None).tokens)
 
 
-@pytest.mark.hf
 @pytest.mark.parametrize("name,scan", [("llama", False), ("llama_dynamic", False),
                                        ("llama_tied_bias", False),
                                        ("mistral", False), ("qwen2", True)])
-def test_logits_greedy_export_and_byte_identical_round_trip(name, scan, tmp_path):
-    path = _save(BUILDERS[name](), tmp_path / "hf")
-    ref = reference_outputs(_load_reference(path))
+def test_logits_greedy_and_byte_identical_round_trip(name, scan, tmp_path):
+    path, ref = golden_dir(name), reference(name)
     cfg, params, _ = load_hf(path, scan_layers=scan)
     valid = MASK == 1
     err = rel_err(_our_logits(cfg, params)[valid], ref["logits"][valid])
@@ -164,17 +164,24 @@ def test_logits_greedy_export_and_byte_identical_round_trip(name, scan, tmp_path
     if name == "llama":  # the NNX front end reads the same directory
         nnx_logits = np.asarray(jnnx.from_hf(path)(TOKENS, segment_ids=MASK))
         assert rel_err(nnx_logits[valid], ref["logits"][valid]) <= RTOL
-    # export → from_pretrained: the same logits; import → export: the same file, byte for byte
+    # import → export: the same file, byte for byte
     out = tmp_path / "exported"
     save_hf(cfg, params, out)
-    assert rel_err(reference_outputs(_load_reference(out))["logits"][valid],
-                   ref["logits"][valid]) <= RTOL
     with open(f"{path}/model.safetensors", "rb") as a, open(out / "model.safetensors", "rb") as b:
         assert a.read() == b.read()
 
 
 @pytest.mark.hf
-def test_configs_read_from_each_variant(tmp_path):
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_export_loads_in_pytorch_with_the_same_logits(name, tmp_path):
+    cfg, params, _ = load_hf(golden_dir(name))
+    save_hf(cfg, params, tmp_path / "exported")
+    valid = MASK == 1
+    assert rel_err(reference_outputs(_load_reference(tmp_path / "exported"))["logits"][valid],
+                   reference(name)["logits"][valid]) <= RTOL
+
+
+def test_configs_read_from_each_variant():
     want = {
         "llama": dict(rope_scaling="llama3", rope_theta=500.0, rope_scaling_factor=8.0,
                       rope_original_max_len=16, num_kv_heads=2, tie_embeddings=False,
@@ -186,7 +193,7 @@ def test_configs_read_from_each_variant(tmp_path):
                       use_bias=False, rope_beta_fast=32.0, rope_attention_factor=None),
     }
     for name, fields in want.items():
-        cfg, _, _ = load_hf(_save(BUILDERS[name](), tmp_path / name))
+        cfg, _, _ = load_hf(golden_dir(name))
         assert {k: cfg[k] for k in fields} == fields, name
         assert (cfg["position"], cfg["norm"], cfg["gated_ffn"], cfg["activation"]) == (
             "rope", "rms", True, "silu")
@@ -214,24 +221,12 @@ def test_cli_round_trip_with_a_tokenizer_json(tmp_path):
     assert load_hf(back)[0] == load_hf(src)[0]
 
 
-@pytest.mark.hf
 def test_sequence_classifier_imports_with_pytorch_logits(tmp_path):
-    import torch
-    import transformers
-
-    path = _save(build_llama_classifier(), tmp_path / "hf")
-
-    def theirs(directory):
-        model = transformers.AutoModelForSequenceClassification.from_pretrained(
-            directory, attn_implementation="eager").eval()
-        with torch.no_grad():  # no pad id in TOKENS (ids >= 3): HF pools the last token
-            return model(torch.tensor(TOKENS).long()).logits.numpy()
-
-    ref = theirs(path)
-    cfg, params, _ = load_hf(path)
+    """LlamaForSequenceClassification: no pad id in TOKENS (ids >= 3), so HF pools the last token."""
+    cfg, params, _ = load_hf(golden_dir("llama_classifier"))
     assert (cfg["head"], cfg["num_classes"], cfg["pooling"]) == ("classify", 3, "last")
     ours = jax.jit(build_model(ModelConfig.from_dict(cfg)).apply)({"params": params}, TOKENS)
-    assert ours.shape == (2, 3) and rel_err(ours, ref) <= RTOL
+    assert ours.shape == (2, 3) and rel_err(ours, reference("llama_classifier")["logits"]) <= RTOL
     assert not params["classifier"]["bias"].any()  # HF's score has no bias
     with pytest.raises(ValueError, match="Llama equivalent: head='classify'"):
         save_hf(cfg, params, tmp_path / "out")

@@ -1,13 +1,15 @@
 """mT5 (Xue et al. 2021) and Flan-T5 (Chung et al. 2022) are T5 v1.1 graphs (gated-GELU FFN, untied
 LM head, no d_model^-0.5 rescale): their checkpoints import through `jaxformer.convert.hf_t5`
 (mT5's ``model_type`` is "mt5") with PyTorch's logits, and export back to the same tensors, read by
-``T5ForConditionalGeneration``. Models and references as in tests/test_convert_llama.py."""
+``T5ForConditionalGeneration``. Models and references as in tests/test_convert_llama.py (golden
+files, `tests/golden.py`; the ``hf`` test loads the export into live PyTorch)."""
 
 from __future__ import annotations
 
 import jax
 import numpy as np
 import pytest
+from golden import golden_dir, reference
 from safetensors.numpy import load_file
 
 from jaxformer.config import ModelConfig
@@ -69,12 +71,10 @@ def rel_err(ours, ref) -> float:
     return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
 
 
-@pytest.mark.hf
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_t5_v1_1_variants_round_trip(name, tmp_path):
-    path = tmp_path / "hf"
-    BUILDERS[name]().save_pretrained(path, safe_serialization=True)
-    ref = reference_outputs(_load(path))["logits"]
+    path = golden_dir(name)
+    ref = reference(name)["logits"]
     cfg, params, _ = load_hf(path)
     assert (cfg["gated_ffn"], cfg["activation"], cfg["tie_embeddings"],
             cfg["rescale_tied_logits"]) == (True, "gelu_tanh", False, False)
@@ -82,9 +82,17 @@ def test_t5_v1_1_variants_round_trip(name, tmp_path):
                                                                   TARGETS)
     assert rel_err(ours, ref) <= 1e-5
     save_hf(cfg, params, tmp_path / "out")
-    assert rel_err(reference_outputs(_load(tmp_path / "out"))["logits"], ref) <= 1e-5
-    src, dst = load_file(path / "model.safetensors"), load_file(tmp_path / "out" /
-                                                                "model.safetensors")
+    src, dst = load_file(f"{path}/model.safetensors"), load_file(tmp_path / "out" /
+                                                                 "model.safetensors")
     assert sorted(dst) == sorted(src)
     for k in src:
         np.testing.assert_array_equal(dst[k], src[k], err_msg=k)
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_export_loads_in_pytorch_with_the_same_logits(name, tmp_path):
+    cfg, params, _ = load_hf(golden_dir(name))
+    save_hf(cfg, params, tmp_path / "out")
+    assert rel_err(reference_outputs(_load(tmp_path / "out"))["logits"],
+                   reference(name)["logits"]) <= 1e-5

@@ -74,7 +74,6 @@ def reference_ids(directory) -> list[int]:
         SAMPLE, add_special_tokens=False)["input_ids"]
 
 
-@pytest.mark.hf
 @pytest.mark.parametrize("build", [build_llama2_tokenizer, build_llama3_tokenizer])
 def test_ids_equal_transformers_on_a_multilingual_sample(build, tmp_path):
     directory = build(tmp_path / "tok")

@@ -34,7 +34,7 @@ def test_every_case_is_committed_small_and_recorded():
                                               for f in files), name
     assert set(json.loads((GOLDEN / "init_stats.json").read_text())) >= {"t5_step0", "gpt2", "t5"}
     size = sum(p.stat().st_size for p in GOLDEN.rglob("*") if p.is_file())
-    assert size < 5 * 2**20, f"golden files are {size / 2**20:.1f} MiB: keep the models tiny"
+    assert size < 10 * 2**20, f"golden files are {size / 2**20:.1f} MiB: keep the models tiny"
 
 
 @pytest.mark.hf
