@@ -51,7 +51,10 @@ LONGEST_FIRST = (
     "test_nnx.py",
     "test_distill.py",
     "test_evaluate.py",
+    "test_llama_sft.py",  # LoRA sft of a local Llama checkpoint, end to end (~70 s)
+    "test_own_data.py",  # a train.py subprocess on a headerless TSV, then evaluate (~50 s)
     "test_decode.py",
+    "test_convert_llama.py",  # five golden Llama-family models, greedy generation (~90 s)
     "test_parallel.py",
     "test_models.py",
     "test_reliability.py",
