@@ -31,7 +31,9 @@ import numpy as np
 import torch
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# tests/ (golden.py, the test modules holding the zoo's builders) and the repository root (jaxformer,
+# also where only a .pth file points at the project's environment, as in .venv-hf)
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 import test_convert_llama as llama  # noqa: E402  (the model zoo's builders live beside their tests)
 import test_convert_mt5 as mt5  # noqa: E402
 from golden import GOLDEN, rel_err  # noqa: E402
