@@ -243,6 +243,8 @@ def _ring_pass(st: _Static, carry, held, visit: Callable):
     arrived (``step`` is 1 for every hop: the plan is the same for all of them). Returns
     (carry, held) after the last visit."""
     n, me = lax.axis_size(st.axis_name), lax.axis_index(st.axis_name)
+    # what travels differs between devices from the first hop on (e.g. default segment ids)
+    held = jax.tree.map(lambda x: _vary(x, st.axis_name), held)
     carry, held = visit(carry, held, 0, me)
 
     def hop(step, state):
@@ -341,9 +343,29 @@ def _bwd_rule(st, res, dout_BxLxKxGxDv):
     (dq, dbias), held = _ring_pass(st, (jnp.zeros(q_BxLxKxGxDh.shape, acc), dbias0), held, visit)
     # after N - 1 hops each device holds the next one's block: one more hop takes it home
     dk, dv = lax.ppermute((held[3], held[4]), st.axis_name, _next(lax.axis_size(st.axis_name)))
-    dbias_out = None if bias is None else dbias.reshape(bias.shape).astype(bias.dtype)
-    return (dq.astype(q_BxLxKxGxDh.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None,
-            dbias_out)
+    dbias_out = None if bias is None else _like(dbias.reshape(bias.shape), bias)
+    return (_like(dq, q_BxLxKxGxDh), _like(dk, k), _like(dv, v), None, None, dbias_out)
+
+
+def _like(grad: Array, primal: Array) -> Array:
+    """``grad`` in ``primal``'s dtype, summed over the mesh axes along which ``primal`` is the
+    same on every device but ``grad`` is not (e.g. a bias replicated over the ring: each device
+    holds the gradient of its own query rows) — the transpose of that implicit broadcast."""
+    extra = tuple(sorted(_varying(grad) - _varying(primal)))
+    return (lax.psum(grad, extra) if extra else grad).astype(primal.dtype)
+
+
+def _varying(x: Array) -> set[str]:
+    """The manual mesh axes along which ``x`` differs between devices (inside `jax.shard_map`):
+    ``manual_axis_type.varying`` of its type (``vma`` in jax < 0.12)."""
+    aval = jax.typeof(x)
+    manual = getattr(aval, "manual_axis_type", None)
+    return set(manual.varying) if manual is not None else set(getattr(aval, "vma", ()))
+
+
+def _vary(x: Array, axis: str) -> Array:
+    """``x`` typed as varying along ``axis`` (a no-op if it is)."""
+    return x if axis in _varying(x) else lax.pcast(x, (axis,), to="varying")
 
 
 def _add_bias_grad(dbias5, ds_BxKxGxLxS, src, rows, cols, lk: int):
