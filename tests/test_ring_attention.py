@@ -31,7 +31,7 @@ from jaxformer.parallel.partition import mesh_rules, sharded_jit
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.config import base_config, check_context_parallel
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
-from jaxformer.train.state import create_train_state, init_model_params, state_shardings
+from jaxformer.train.state import create_train_state, init_model_params
 from jaxformer.train.step import make_train_step
 
 N = 4  # context shards
@@ -188,9 +188,7 @@ def _train(family: str, mesh_axes: dict, steps: int):
     prepare = bind_objective(ml_collections.ConfigDict(dict(name=objective, **options)),
                              SpecialTokens(cfg.vocab_size))
     mesh = _mesh(**mesh_axes)
-    _, shardings = state_shardings(model, cfg, tx, mesh)
-    params = init_model_params(model, cfg, jax.random.key(0))
-    state = jax.device_put(create_train_state(params, tx, jax.random.key(1)), shardings)
+    state, shardings = create_train_state(model, cfg, tx, mesh, seed=0)
     step = sharded_jit(make_train_step(model, tx, prepare, schedule), mesh,
                        in_shardings=(shardings, None), out_shardings=(shardings, None))
     losses, compiled = [], None
@@ -202,7 +200,8 @@ def _train(family: str, mesh_axes: dict, steps: int):
     return np.array(losses), state, compiled
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", ["gpt", *(pytest.param(f, marks=pytest.mark.slow)
+                                             for f in ("gpt_rope_gqa", "bert", "t5"))])
 def test_train_step_context4_equals_data4(family):
     """Three steps on the same packed batches: losses and parameters of ``context=4`` match
     ``data=4``; the compiled step passes keys/values with collective-permutes."""
@@ -214,6 +213,7 @@ def test_train_step_context4_equals_data4(family):
     assert "collective-permute" in compiled.as_text()
 
 
+@pytest.mark.slow
 def test_context_combines_with_fsdp_and_tensor():
     ref_losses, _, _ = _train("gpt", {"data": 4}, 2)
     losses, _, _ = _train("gpt", {"fsdp": 2, "context": 2, "tensor": 2}, 2)
