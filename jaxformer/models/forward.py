@@ -90,9 +90,12 @@ def ring_order(*arrays):
 
 
 def natural_order(x):
-    """Inverse of `ring_order` for one `[B, L, ...]` array."""
+    """Inverse of `ring_order` for hidden states `[B, L, D]`."""
     cp = ring_attention.active()
-    return x if cp is None else ring_attention.from_zigzag(x, cp.shards)
+    if cp is None:
+        return x
+    # still split over the length (natural order now), not gathered before the head
+    return constrain(ring_attention.from_zigzag(x, cp.shards), ("batch", "act_length", "act_embed"))
 
 
 def advance_decode_state(index, slot_positions, tokens, positions):
