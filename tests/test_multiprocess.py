@@ -247,7 +247,7 @@ def test_plan_cli_compiles_on_simulated_devices(tmp_path):
     assert "per device" in proc.stdout
     r = json.loads(out.read_text())
     c = r["compiled"]
-    assert r["devices"] == 8 and r["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert r["devices"] == 8 and r["mesh"] == {"data": 1, "fsdp": 8, "context": 1, "tensor": 1}
     assert c["simulated"] and c["platform"] == "cpu"
     state = r["params_bytes"]["per_device"] + r["opt_state_bytes"]["per_device"] + 4 + 8  # + step, rng
     batch = 3 * r["batch"] * r["seq_len"] * 4 // 8  # inputs, segment ids, positions; 1/8 each

@@ -276,3 +276,14 @@ def test_context_shards_activations():
         x = jax.jit(lambda x: nn.with_logical_constraint(x, ("batch", "act_length", "act_embed")))(
             jnp.zeros((2, LEN, 8)))
     assert x.sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec(None, "context")), 3)
+
+
+def test_planner_knows_the_context_axis():
+    from jaxformer import plan
+
+    config = plan.preset_config("gpt2_small_bf16", batch=2, seq_len=64, mesh="data=2,context=4")
+    assert plan.plan(config, devices=8, compile=False)["mesh"] == {
+        "data": 2, "fsdp": 1, "context": 4, "tensor": 1}
+    config = plan.preset_config("gpt2_small_bf16", batch=2, seq_len=60, mesh="data=2,context=4")
+    with pytest.raises(ValueError, match=r"data.seq_len=60 is not divisible by 2 × mesh.context"):
+        plan.plan(config, devices=8, compile=False)

@@ -98,7 +98,8 @@ def _ici_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> dict[str, int]:
 
 def make_mesh(mesh_cfg: Mapping[str, int] | None = None,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A `Mesh` with axes ``("data", "fsdp", "context", "tensor")`` over ``devices`` (default: all devices)."""
+    """A `Mesh` with axes ``("data", "fsdp", "context", "tensor")`` over ``devices`` (default: all
+    devices)."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = mesh_shape(dict(mesh_cfg or {}), len(devices))
     shape = tuple(sizes[a] for a in MESH_AXES)
