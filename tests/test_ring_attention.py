@@ -72,7 +72,7 @@ def _ring(mesh, q, k, v, **kw):
     seg = {key: zz(kw.pop(key)) for key in ("q_segment_ids", "kv_segment_ids") if key in kw}
     bias = None if bias is None else zz(zz(bias, 2) if bias.shape[2] > 1 else bias, 3)
     out = ring_attention_sharded(mesh, "context", ("data", "fsdp"), "tensor", zz(q), zz(k),
-                                 zz(v), bias=bias, **seg, **kw)
+                                 zz(v), bias=bias, kv_chunk_size=4, **seg, **kw)
     return ra.from_zigzag(out, N)
 
 

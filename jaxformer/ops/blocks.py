@@ -153,7 +153,8 @@ def attention_sublayer(
                   dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng)
     ring = context_parallel_active()  # the sequence split over devices: ring attention
     if ring is not None and cache is None and kv_layout == "bskd":  # not when decoding
-        out_BxLxHxDh = ring.attention(q_BxLxHxDh, k_BxSxKxDh, v_BxSxKxDh, **common)
+        out_BxLxHxDh = ring.attention(q_BxLxHxDh, k_BxSxKxDh, v_BxSxKxDh,
+                                      kv_chunk_size=cfg.attention_chunk_size, **common)
     else:
         out_BxLxHxDh = dot_product_attention(
             q_BxLxHxDh, k_BxSxKxDh, v_BxSxKxDh, kv_layout=kv_layout,

@@ -150,12 +150,14 @@ class _Static(NamedTuple):
     layout: str
     scale: float
     precision: lax.PrecisionLike
+    kv_chunk: int  # keys per step of the online softmax inside a block
 
 
 def ring_attention(q: Array, k: Array, v: Array, *, axis_name: str, causal: bool = False,
                    layout: str = "zigzag", q_segment_ids: Array | None = None,
                    kv_segment_ids: Array | None = None, bias: Array | None = None,
-                   scale: float | None = None, precision: lax.PrecisionLike = None) -> Array:
+                   scale: float | None = None, precision: lax.PrecisionLike = None,
+                   kv_chunk_size: int = 512) -> Array:
     """softmax(q kᵀ · scale + bias + M) v for the local blocks of a sequence split over mesh axis
     ``axis_name``; call inside `jax.shard_map` (one ``ppermute`` ring over the axis).
 
@@ -171,6 +173,9 @@ def ring_attention(q: Array, k: Array, v: Array, *, axis_name: str, causal: bool
         rows against all keys, columns in the ring's order (device ``e``'s keys at
         ``e·S/N …``), e.g. T5's relative bias. Its gradient is computed.
       scale: logits multiplier, default ``1/sqrt(head_dim)``.
+      kv_chunk_size: within a block, keys are folded in this many at a time (Rabe & Staats 2021),
+        so that no `[L/N, S/N]` logits are materialised: the largest divisor of the block's key
+        count not above it.
 
     Returns:
       `[batch, L/N, heads, head_dim_v]` in ``v.dtype``; a query that sees no key gives zeros.
@@ -191,7 +196,7 @@ def ring_attention(q: Array, k: Array, v: Array, *, axis_name: str, causal: bool
     elif kv_segment_ids is None:
         kv_segment_ids = q_segment_ids
     static = _Static(axis_name, causal, layout, 1.0 / math.sqrt(d) if scale is None else scale,
-                     precision)
+                     precision, kv_chunk_size)
     q_BxLxKxGxDh = q.reshape(b, lq, kv_heads, h // kv_heads, d)
     out_BxLxKxGxDv = _ring(static, q_BxLxKxGxDh, k, v, q_segment_ids, kv_segment_ids, bias)
     return out_BxLxKxGxDv.reshape(b, lq, h, v.shape[-1]).astype(v.dtype)
@@ -199,18 +204,20 @@ def ring_attention(q: Array, k: Array, v: Array, *, axis_name: str, causal: bool
 
 def _logits(st: _Static, me, src, step, rows, cols, q_BxLxKxGxDh, k_BxSxKxDh, q_seg, kv_seg,
             bias):
-    """Logits `[B, K, G, L', S']` (−∞ where masked) of ``q[rows]`` against ``k[cols]`` held from
-    device ``src``; the causal mask is needed on the diagonal block (step 0) only."""
+    """Logits `[B, K, G, L', S']` (−∞ where masked) of ``q[rows]`` (a static slice) against the
+    keys ``cols`` = (start, size) held from device ``src``; the causal mask is needed on the
+    diagonal block (step 0) only."""
     acc = _acc_dtype(q_BxLxKxGxDh)
-    q_rows, k_cols = q_BxLxKxGxDh[:, rows], k_BxSxKxDh[:, cols]
+    q_rows, k_cols = q_BxLxKxGxDh[:, rows], _take(k_BxSxKxDh, cols)
     s_BxKxGxLxS = jnp.einsum("blkgd,bskd->bkgls", q_rows, k_cols, precision=st.precision,
                              preferred_element_type=acc) * st.scale
     if bias is not None:
         s_BxKxGxLxS = s_BxKxGxLxS + _bias_block(bias, src, rows, cols, k_BxSxKxDh.shape[1]).astype(acc)
     n, lk = lax.axis_size(st.axis_name), k_BxSxKxDh.shape[1]
     idx = local_indices(me, lk, n, st.layout) if st.causal and step == 0 else None
-    msk = _block_mask(idx, idx, causal=idx is not None, mask5=None, q_seg=q_seg[:, rows],
-                      kv_seg=kv_seg[:, cols])
+    msk = _block_mask(None if idx is None else idx[rows], None if idx is None else _take(idx, cols, 0),
+                      causal=idx is not None, mask5=None, q_seg=q_seg[:, rows],
+                      kv_seg=_take(kv_seg, cols))
     return jnp.where(msk, s_BxKxGxLxS, -jnp.inf)
 
 
@@ -219,22 +226,37 @@ def _bias_block(bias5, src, rows, cols, lk: int):
     block = _rows(bias5, rows)
     if block.shape[-1] == 1:
         return block
-    start = src * lk + (cols.start or 0)
-    size = len(range(*cols.indices(lk)))
-    return lax.dynamic_slice_in_dim(block, start, size, axis=block.ndim - 1)
+    return lax.dynamic_slice_in_dim(block, src * lk + cols[0], cols[1], axis=block.ndim - 1)
 
 
-def _visit(st: _Static, step: int, me, src, lq: int, fn: Callable, carry):
+def _take(x: Array, cols, axis: int = 1) -> Array:
+    """``x``'s entries ``cols`` = (start, size) along ``axis`` (``start`` may be traced)."""
+    return lax.dynamic_slice_in_dim(x, cols[0], cols[1], axis=axis)
+
+
+def _add_at(x: Array, cols, update: Array, axis: int = 1) -> Array:
+    """``x`` with ``update`` added at ``cols`` = (start, size) along ``axis``."""
+    return lax.dynamic_update_slice_in_dim(x, _take(x, cols, axis) + update, cols[0], axis=axis)
+
+
+def _visit(st: _Static, step: int, me, src, lk: int, fn: Callable, carry):
     """Run ``fn(carry, rows, cols)`` on the part of the block from ``src`` that the layout's plan
-    computes at ``step`` (module docstring); skipped parts leave ``carry`` as it is."""
+    computes at ``step`` (module docstring), ``kv_chunk`` keys at a time (``cols`` =
+    (start, size)); skipped parts leave ``carry`` as it is."""
     full = slice(None)
+
+    def part(c, rows, start, size):
+        chunk = max(d for d in range(1, min(st.kv_chunk, size) + 1) if size % d == 0)
+        return lax.fori_loop(0, size // chunk,
+                             lambda j, c: fn(c, rows, (start + j * chunk, chunk)), c)
+
     if not st.causal or step == 0:
-        return fn(carry, full, full)
+        return part(carry, full, 0, lk)
     if st.layout == "contiguous":
-        return lax.cond(src < me, lambda c: fn(c, full, full), lambda c: c, carry)
-    half = lq // 2
-    return lax.cond(src < me, lambda c: fn(c, full, slice(0, half)),
-                    lambda c: fn(c, slice(half, None), full), carry)
+        return lax.cond(src < me, lambda c: part(c, full, 0, lk), lambda c: c, carry)
+    half = lk // 2
+    return lax.cond(src < me, lambda c: part(c, full, 0, half),
+                    lambda c: part(c, slice(half, None), 0, lk), carry)
 
 
 def _ring_pass(st: _Static, carry, held, visit: Callable):
@@ -276,14 +298,15 @@ def _forward(st, q_BxLxKxGxDh, k, v, q_seg, kv_seg, bias):
             s_BxKxGxLxS = _logits(st, me, src, step, rows, cols, q_BxLxKxGxDh, k_held, q_seg,
                                   seg_held, bias5)
             part = tuple(x[..., rows, :] if x.ndim == 5 else x[..., rows] for x in c)
-            new = online_softmax_update(part, s_BxKxGxLxS, v_held[:, cols], st.precision)
+            new = online_softmax_update(part, s_BxKxGxLxS, _take(v_held, cols), st.precision)
             return tuple(x.at[..., rows, :].set(y) if x.ndim == 5 else x.at[..., rows].set(y)
                          for x, y in zip(c, new))
 
-        return _visit(st, step, me, src, lq, block, carry), held
+        return _visit(st, step, me, src, k.shape[1], block, carry), held
 
     init = (jnp.zeros((b, kvh, g, lq, v.shape[-1]), acc), jnp.full((b, kvh, g, lq), -jnp.inf, acc),
             jnp.zeros((b, kvh, g, lq), acc))
+    init = _vary_like(init, q_BxLxKxGxDh, k, v, q_seg, kv_seg, bias)
     (o, mx, norm), _ = _ring_pass(st, init, (k, v, kv_seg), visit)
     seen = norm > 0
     out_BxKxGxLxDv = o / jnp.where(seen, norm, 1.0)[..., None]
@@ -318,15 +341,15 @@ def _bwd_rule(st, res, dout_BxLxKxGxDv):
                                   seg_held, bias5)
             p_BxKxGxLxS = jnp.exp(s_BxKxGxLxS - lse_BxKxGxL[..., rows, None])
             do_rows = do_BxKxGxLxDv[..., rows, :]
-            dv = dv.at[:, cols].add(jnp.einsum("bkgls,bkgld->bskd", p_BxKxGxLxS, do_rows,
-                                               precision=st.precision))
-            dp_BxKxGxLxS = jnp.einsum("bkgld,bskd->bkgls", do_rows, v_held[:, cols].astype(acc),
-                                      precision=st.precision)
+            dv = _add_at(dv, cols, jnp.einsum("bkgls,bkgld->bskd", p_BxKxGxLxS, do_rows,
+                                              precision=st.precision))
+            dp_BxKxGxLxS = jnp.einsum("bkgld,bskd->bkgls", do_rows,
+                                      _take(v_held, cols).astype(acc), precision=st.precision)
             ds_BxKxGxLxS = p_BxKxGxLxS * (dp_BxKxGxLxS - delta_BxKxGxL[..., rows, None])
             dq = dq.at[:, rows].add(st.scale * jnp.einsum(
-                "bkgls,bskd->blkgd", ds_BxKxGxLxS, k_held[:, cols].astype(acc),
+                "bkgls,bskd->blkgd", ds_BxKxGxLxS, _take(k_held, cols).astype(acc),
                 precision=st.precision))
-            dk = dk.at[:, cols].add(st.scale * jnp.einsum(
+            dk = _add_at(dk, cols, st.scale * jnp.einsum(
                 "bkgls,blkgd->bskd", ds_BxKxGxLxS, q_BxLxKxGxDh[:, rows].astype(acc),
                 precision=st.precision))
             if dbias is not None:
@@ -334,13 +357,15 @@ def _bwd_rule(st, res, dout_BxLxKxGxDv):
             return dq, dbias, dk, dv
 
         dq, dbias = carry
-        dq, dbias, dk_held, dv_held = _visit(st, step, me, src, lq, block,
+        dq, dbias, dk_held, dv_held = _visit(st, step, me, src, k.shape[1], block,
                                              (dq, dbias, dk_held, dv_held))
         return (dq, dbias), (k_held, v_held, seg_held, dk_held, dv_held)
 
     dbias0 = None if bias5 is None else jnp.zeros(bias5.shape, acc)
-    held = (k, v, kv_seg, jnp.zeros(k.shape, acc), jnp.zeros(v.shape, acc))
-    (dq, dbias), held = _ring_pass(st, (jnp.zeros(q_BxLxKxGxDh.shape, acc), dbias0), held, visit)
+    refs = (q_BxLxKxGxDh, k, v, q_seg, kv_seg, bias, dout_BxLxKxGxDv)
+    held = _vary_like((k, v, kv_seg, jnp.zeros(k.shape, acc), jnp.zeros(v.shape, acc)), *refs)
+    carry = _vary_like((jnp.zeros(q_BxLxKxGxDh.shape, acc), dbias0), *refs)
+    (dq, dbias), held = _ring_pass(st, carry, held, visit)
     # after N - 1 hops each device holds the next one's block: one more hop takes it home
     dk, dv = lax.ppermute((held[3], held[4]), st.axis_name, _next(lax.axis_size(st.axis_name)))
     dbias_out = None if bias is None else _like(dbias.reshape(bias.shape), bias)
@@ -363,9 +388,18 @@ def _varying(x: Array) -> set[str]:
     return set(manual.varying) if manual is not None else set(getattr(aval, "vma", ()))
 
 
-def _vary(x: Array, axis: str) -> Array:
-    """``x`` typed as varying along ``axis`` (a no-op if it is)."""
-    return x if axis in _varying(x) else lax.pcast(x, (axis,), to="varying")
+def _vary(x: Array, axes) -> Array:
+    """``x`` typed as varying along mesh ``axes`` (a name or several; those it already varies
+    along are left)."""
+    missing = tuple(sorted(set((axes,) if isinstance(axes, str) else axes) - _varying(x)))
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
+def _vary_like(tree, *refs):
+    """Every leaf of ``tree`` varying along all axes that some array of ``refs`` varies along (the
+    initial carry of a loop whose body mixes them in)."""
+    axes = set().union(*(_varying(r) for r in refs if r is not None))
+    return jax.tree.map(lambda x: _vary(x, axes), tree)
 
 
 def _add_bias_grad(dbias5, ds_BxKxGxLxS, src, rows, cols, lk: int):
@@ -376,7 +410,7 @@ def _add_bias_grad(dbias5, ds_BxKxGxLxS, src, rows, cols, lk: int):
     at = (Ellipsis, slice(None) if dbias5.shape[-2] == 1 else rows, slice(None))
     if dbias5.shape[-1] == 1:
         return dbias5.at[at].add(ds)
-    start = src * lk + (cols.start or 0)
+    start = src * lk + cols[0]
     part = dbias5[at]
     block = lax.dynamic_slice_in_dim(part, start, ds.shape[-1], axis=4)
     return dbias5.at[at].set(lax.dynamic_update_slice_in_dim(part, block + ds, start, axis=4))

@@ -52,7 +52,8 @@ def context_axis(mesh: Mesh, rules: Rules) -> str | None:
 def ring_attention_sharded(mesh: Mesh, axis: str, batch_axes, head_axes, q, k, v, *,
                            bias=None, mask=None, causal: bool = False, q_segment_ids=None,
                            kv_segment_ids=None, scale: float | None = None,
-                           dropout_rate: float = 0.0, dropout_rng=None, precision=None):
+                           dropout_rate: float = 0.0, dropout_rng=None, precision=None,
+                           kv_chunk_size: int = 512):
     """`ring_attention` of global arrays in zig-zag order, ``q`` `[B, L, H, Dh]`, ``k``/``v``
     `[B, S, K, Dh]`, ``bias`` broadcastable to `[B, H, L, S]`, segment ids `[B, L]` / `[B, S]`,
     run per device of ``mesh`` with the length split over ``axis``. Returns `[B, L, H, Dv]`."""
@@ -83,7 +84,8 @@ def ring_attention_sharded(mesh: Mesh, axis: str, batch_axes, head_axes, q, k, v
 
     def per_device(q, k, v, q_seg, kv_seg, bias=None):
         return ring_attention(q, k, v, axis_name=axis, causal=causal, q_segment_ids=q_seg,
-                              kv_segment_ids=kv_seg, bias=bias, scale=scale, precision=precision)
+                              kv_segment_ids=kv_seg, bias=bias, scale=scale, precision=precision,
+                              kv_chunk_size=kv_chunk_size)
 
     return jax.shard_map(per_device, mesh=mesh, in_specs=tuple(specs), out_specs=qkv)(*args)
 
