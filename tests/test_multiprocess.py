@@ -127,7 +127,7 @@ def test_two_processes_train_and_checkpoint(jit_run):
     params = load_checkpoint_params(workdir)  # read back in this (single) process
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
     assert json.loads((workdir / "config.json").read_text())["mesh"] == {
-        "data": 2, "fsdp": 2, "tensor": 2, "dcn_data": 1, "dcn_fsdp": 1}  # one slice
+        "data": 2, "fsdp": 2, "context": 1, "tensor": 2, "dcn_data": 1, "dcn_fsdp": 1}  # one slice
     # The manifest (process 0) covers both processes' files; both resume from the verified step.
     files = json.loads((ckpt_dir / str(STEPS) / "jaxformer_manifest.json").read_text())["files"]
     assert {"data/process_0-of-2.json", "data/process_1-of-2.json"} <= set(files)
