@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxformer.compile import collectives
 from jaxformer.config import ModelConfig
 from jaxformer.data.vocab import SpecialTokens
 from jaxformer.models import build_model
@@ -204,13 +205,15 @@ def _train(family: str, mesh_axes: dict, steps: int):
                                              for f in ("gpt_rope_gqa", "bert", "t5"))])
 def test_train_step_context4_equals_data4(family):
     """Three steps on the same packed batches: losses and parameters of ``context=4`` match
-    ``data=4``; the compiled step passes keys/values with collective-permutes."""
+    ``data=4``; the compiled step passes keys/values with collective-permutes and gathers
+    nothing."""
     ref_losses, ref_state, _ = _train(family, {"data": 4}, 3)
     losses, state, compiled = _train(family, {"context": 4}, 3)
     np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
     for a, e in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(e), atol=2e-5)
-    assert "collective-permute" in compiled.as_text()
+    comm = collectives(compiled.as_text())
+    assert comm["collective-permute"]["count"] > 0 and comm["all-gather"]["count"] == 0, comm
 
 
 @pytest.mark.slow
@@ -231,7 +234,7 @@ def test_loss_curve_20_steps_context_equals_data(family):
 
 def test_model_outputs_natural_order_under_context_mesh():
     """A forward under `mesh_rules` on ``context=4`` returns the single-device logits (natural
-    order in and out), and decoding on that mesh runs without ring attention."""
+    order in and out)."""
     cfg = ModelConfig.from_dict(preset("gpt_tiny", **TINY))
     model = build_model(cfg)
     params = init_model_params(model, cfg, jax.random.key(0))
@@ -241,6 +244,21 @@ def test_model_outputs_natural_order_under_context_mesh():
     with mesh_rules(mesh):
         got = jax.jit(lambda p, t: model.apply({"params": p}, t))(params, tokens)
     np.testing.assert_allclose(got, expect, atol=1e-4)
+
+
+def test_generation_on_a_context_mesh_runs_attention_whole():
+    """Decoding steps, and a T5 prompt of 4 tokens (no 2N-chunk split), run without the ring on
+    a ``context=4`` mesh and generate what one device does."""
+    from jaxformer.decode.api import generate
+
+    cfg = ModelConfig.from_dict(preset("t5_tiny", **TINY))
+    model = build_model(cfg)
+    params = init_model_params(model, cfg, jax.random.key(0))
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12]]
+    expect = generate(model, params, prompts, max_new_tokens=4, eos_id=None)
+    with mesh_rules(_mesh(context=N)):
+        got = generate(model, params, prompts, max_new_tokens=4, eos_id=None)
+    np.testing.assert_array_equal(got.tokens, expect.tokens)
 
 
 @pytest.mark.parametrize("change, match", [

@@ -89,6 +89,19 @@ def ring_order(*arrays):
     return tuple(None if a is None else ring_attention.to_zigzag(a, cp.shards) for a in arrays)
 
 
+def ring_scope(decode: bool, *arrays):
+    """Context in which a forward over ``arrays`` (`[B, L, ...]` or None) runs: context-parallel
+    as configured, except when decoding (a cache step has one query) or when a length does not
+    split into the zig-zag's 2N chunks (evaluation or generation at another length; training
+    lengths are checked by the config) — then attention runs whole, as on one device."""
+    cp = ring_attention.active()
+    if cp is None:
+        return contextlib.nullcontext()
+    if decode or any(a is not None and a.shape[1] % (2 * cp.shards) for a in arrays):
+        return ring_attention.context_parallel(None)
+    return contextlib.nullcontext()
+
+
 def natural_order(x):
     """Inverse of `ring_order` for hidden states `[B, L, D]`."""
     cp = ring_attention.active()
@@ -197,9 +210,10 @@ def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, toke
     cfg = parts.cfg
     check_tokens(cfg, tokens, default_positions=positions is None)
     positions = default_positions(tokens, positions)
-    ids, pos, seg, types = ring_order(tokens, positions, segment_ids, token_types)
-    x = embed(parts, "embed", ids, pos, types)
-    x = natural_order(stack_pass(parts, "encoder", x, pos, seg, causal=False))
+    with ring_scope(False, tokens):
+        ids, pos, seg, types = ring_order(tokens, positions, segment_ids, token_types)
+        x = embed(parts, "embed", ids, pos, types)
+        x = natural_order(stack_pass(parts, "encoder", x, pos, seg, causal=False))
     return (head(parts, x, segment_ids), x) if return_hidden else head(parts, x, segment_ids)
 
 
@@ -223,7 +237,7 @@ def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, deco
     if decode:
         cache_index, positions, kv_positions = parts.decode_state(tokens, positions)
     positions = default_positions(tokens, positions)
-    with ring_attention.context_parallel(None) if decode else contextlib.nullcontext():
+    with ring_scope(decode, tokens):
         ids, pos, seg = ring_order(tokens, positions, segment_ids)
         x = embed(parts, "embed", ids, pos)
         x = natural_order(stack_pass(parts, "decoder", x, pos, seg, causal=True, decode=decode,
@@ -269,7 +283,7 @@ def encoder_decoder(parts: Parts, inputs=None, targets_in=None, *, encoder_out=N
     """Vaswani et al. 2017 / T5 (Raffel et al. 2020): inputs `[B, S]`, targets_in `[B, L]` (targets
     shifted right) → logits `[B, L, V]`; ``targets_in=None`` returns the encoder output `[B, S, D]`;
     a given ``encoder_out`` skips the encoder. ``decode_mask``: as in `decoder_only`."""
-    with ring_attention.context_parallel(None) if decode else contextlib.nullcontext():
+    with ring_scope(decode, inputs, targets_in, encoder_out):
         return _encoder_decoder(parts, inputs, targets_in, encoder_out=encoder_out,
                                 inputs_positions=inputs_positions,
                                 inputs_segment_ids=inputs_segment_ids,
