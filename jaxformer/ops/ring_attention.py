@@ -119,25 +119,29 @@ def causal_block_work(shards: int, layout: str = "zigzag", chunk: int = 32
         computed = visible = 0.0
         for s in range(shards):
             e = (d - s) % shards
-            rows, cols = _plan(s, e, d, causal=True, layout=layout, c=chunk)
-            if rows is None:
+            part = _plan(s, causal=True, layout=layout, lk=lc)[0 if e < d else 1]
+            if part is None:
                 continue
-            q, k = idx[d][rows], idx[e][cols]
+            rows, (start, size) = part
+            q, k = idx[d][rows], idx[e][start:start + size]
             computed += len(q) * len(k) / lc**2
             visible += float(np.sum(k[None, :] <= q[:, None])) / lc**2
         out.append({"device": d, "computed": computed, "visible": visible})
     return out
 
 
-def _plan(step: int, src, me, *, causal: bool, layout: str, c: int):
-    """(row slice, column slice) of a block to compute at a ring ``step`` with keys of device
-    ``src``, for concrete ``src``/``me`` (`causal_block_work`); (None, None) when skipped."""
-    full = slice(None)
-    if not causal or step == 0:
-        return full, full
+def _plan(step: int, *, causal: bool, layout: str, lk: int):
+    """What a device computes at ring ``step`` of the block it holds (``lk`` keys): a pair
+    (when the block's owner comes before this device, otherwise), each (query row slice, key
+    columns (start, size)) or None (skipped). Used by the ring (`_visit`) and to count its work
+    (`causal_block_work`)."""
+    everything = (slice(None), (0, lk))
+    if not causal or step == 0:  # step 0: this device's own (diagonal) block, causal mask inside
+        return everything, everything
     if layout == "contiguous":
-        return (full, full) if src < me else (None, None)
-    return (full, slice(0, c)) if src < me else (slice(c, None), full)
+        return everything, None
+    half = lk // 2  # zig-zag: one unmasked half-block either way
+    return (slice(None), (0, half)), (slice(half, None), (0, lk))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -243,20 +247,20 @@ def _visit(st: _Static, step: int, me, src, lk: int, fn: Callable, carry):
     """Run ``fn(carry, rows, cols)`` on the part of the block from ``src`` that the layout's plan
     computes at ``step`` (module docstring), ``kv_chunk`` keys at a time (``cols`` =
     (start, size)); skipped parts leave ``carry`` as it is."""
-    full = slice(None)
+    def run(plan):
+        def go(c):
+            if plan is None:
+                return c
+            rows, (start, size) = plan
+            chunk = max(d for d in range(1, min(st.kv_chunk, size) + 1) if size % d == 0)
+            return lax.fori_loop(0, size // chunk,
+                                 lambda j, c: fn(c, rows, (start + j * chunk, chunk)), c)
+        return go
 
-    def part(c, rows, start, size):
-        chunk = max(d for d in range(1, min(st.kv_chunk, size) + 1) if size % d == 0)
-        return lax.fori_loop(0, size // chunk,
-                             lambda j, c: fn(c, rows, (start + j * chunk, chunk)), c)
-
-    if not st.causal or step == 0:
-        return part(carry, full, 0, lk)
-    if st.layout == "contiguous":
-        return lax.cond(src < me, lambda c: part(c, full, 0, lk), lambda c: c, carry)
-    half = lk // 2
-    return lax.cond(src < me, lambda c: part(c, full, 0, half),
-                    lambda c: part(c, slice(half, None), 0, lk), carry)
+    earlier, later = _plan(step, causal=st.causal, layout=st.layout, lk=lk)
+    if earlier == later:
+        return run(earlier)(carry)
+    return lax.cond(src < me, run(earlier), run(later), carry)
 
 
 def _ring_pass(st: _Static, carry, held, visit: Callable):
