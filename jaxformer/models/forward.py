@@ -14,6 +14,7 @@ Inputs follow one convention: ``tokens`` `[batch, length]` int32; ``positions`` 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Protocol
 
 import flax.linen as nn
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxformer.config import ModelConfig
-from jaxformer.ops import permutation
+from jaxformer.ops import permutation, ring_attention
 from jaxformer.ops.dropout import token_dropout
 from jaxformer.ops.embedding import check_token_ids
 from jaxformer.ops.heads import classify, lm_logits, mlm_logits, pooled, span_logits
@@ -76,6 +77,39 @@ def default_positions(tokens, positions, offset=0):
     if positions is not None:
         return positions
     return jnp.broadcast_to(offset + jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+def ring_order(*arrays):
+    """``arrays`` (`[B, L, ...]` or None) in zig-zag order when the sequence is split over a
+    context-parallel mesh axis (`jaxformer.ops.ring_attention`), else as they are. The model
+    reorders its inputs once, so every layer and mask sees the same order (positions travel with
+    their tokens), and `natural_order` restores its last hidden states before the head."""
+    cp = ring_attention.active()
+    if cp is None:
+        return arrays
+    return tuple(None if a is None else ring_attention.to_zigzag(a, cp.shards) for a in arrays)
+
+
+def ring_scope(decode: bool, *arrays):
+    """Context in which a forward over ``arrays`` (`[B, L, ...]` or None) runs: context-parallel
+    as configured, except when decoding (a cache step has one query) or when a length does not
+    split into the zig-zag's 2N chunks (evaluation or generation at another length; training
+    lengths are checked by the config) — then attention runs whole, as on one device."""
+    cp = ring_attention.active()
+    if cp is None:
+        return contextlib.nullcontext()
+    if decode or any(a is not None and a.shape[1] % (2 * cp.shards) for a in arrays):
+        return ring_attention.context_parallel(None)
+    return contextlib.nullcontext()
+
+
+def natural_order(x):
+    """Inverse of `ring_order` for hidden states `[B, L, D]`."""
+    cp = ring_attention.active()
+    if cp is None:
+        return x
+    # still split over the length (natural order now), not gathered before the head
+    return constrain(ring_attention.from_zigzag(x, cp.shards), ("batch", "act_length", "act_embed"))
 
 
 def advance_decode_state(index, slot_positions, tokens, positions):
@@ -183,8 +217,10 @@ def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, toke
     cfg = parts.cfg
     check_tokens(cfg, tokens, default_positions=positions is None)
     positions = default_positions(tokens, positions)
-    x = embed(parts, "embed", tokens, positions, token_types)
-    x = stack_pass(parts, "encoder", x, positions, segment_ids, causal=False)
+    with ring_scope(False, tokens):
+        ids, pos, seg, types = ring_order(tokens, positions, segment_ids, token_types)
+        x = embed(parts, "embed", ids, pos, types)
+        x = natural_order(stack_pass(parts, "encoder", x, pos, seg, causal=False))
     return (head(parts, x, segment_ids), x) if return_hidden else head(parts, x, segment_ids)
 
 
@@ -208,9 +244,12 @@ def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, deco
     if decode:
         cache_index, positions, kv_positions = parts.decode_state(tokens, positions)
     positions = default_positions(tokens, positions)
-    x = embed(parts, "embed", tokens, positions)
-    x = stack_pass(parts, "decoder", x, positions, segment_ids, causal=True, decode=decode,
-                   cache_index=cache_index, kv_positions=kv_positions, decode_mask=decode_mask)
+    with ring_scope(decode, tokens):
+        ids, pos, seg = ring_order(tokens, positions, segment_ids)
+        x = embed(parts, "embed", ids, pos)
+        x = natural_order(stack_pass(parts, "decoder", x, pos, seg, causal=True, decode=decode,
+                                     cache_index=cache_index, kv_positions=kv_positions,
+                                     decode_mask=decode_mask))
     return (head(parts, x, segment_ids), x) if return_hidden else head(parts, x, segment_ids)
 
 
@@ -251,15 +290,32 @@ def encoder_decoder(parts: Parts, inputs=None, targets_in=None, *, encoder_out=N
     """Vaswani et al. 2017 / T5 (Raffel et al. 2020): inputs `[B, S]`, targets_in `[B, L]` (targets
     shifted right) → logits `[B, L, V]`; ``targets_in=None`` returns the encoder output `[B, S, D]`;
     a given ``encoder_out`` skips the encoder. ``decode_mask``: as in `decoder_only`."""
+    with ring_scope(decode, inputs, targets_in, encoder_out):
+        return _encoder_decoder(parts, inputs, targets_in, encoder_out=encoder_out,
+                                inputs_positions=inputs_positions,
+                                inputs_segment_ids=inputs_segment_ids,
+                                targets_positions=targets_positions,
+                                targets_segment_ids=targets_segment_ids, decode=decode,
+                                decode_mask=decode_mask)
+
+
+def _encoder_decoder(parts: Parts, inputs, targets_in, *, encoder_out, inputs_positions,
+                     inputs_segment_ids, targets_positions, targets_segment_ids, decode,
+                     decode_mask):
+    """`encoder_decoder`; with context parallelism (never when decoding) both sequences run in
+    zig-zag order, the encoder output staying in it for the cross-attention's ring."""
     cfg = parts.cfg
+    (enc_seg,) = ring_order(inputs_segment_ids)
+    if encoder_out is not None:
+        (encoder_out,) = ring_order(encoder_out)
     if inputs is not None and encoder_out is None:
         check_tokens(cfg, inputs, "inputs", default_positions=inputs_positions is None)
-        pos = default_positions(inputs, inputs_positions)
-        x = embed(parts, "encoder_embed", inputs, pos)
-        encoder_out = stack_pass(parts, "encoder", x, pos, inputs_segment_ids, causal=False,
+        ids, pos = ring_order(inputs, default_positions(inputs, inputs_positions))
+        x = embed(parts, "encoder_embed", ids, pos)
+        encoder_out = stack_pass(parts, "encoder", x, pos, enc_seg, causal=False,
                                  num_layers=cfg.num_encoder_layers)
         if targets_in is None:
-            return encoder_out
+            return natural_order(encoder_out)
     if targets_in is None:
         raise ValueError("EncoderDecoder needs targets_in to decode")
     check_tokens(cfg, targets_in, "targets_in",
@@ -268,18 +324,20 @@ def encoder_decoder(parts: Parts, inputs=None, targets_in=None, *, encoder_out=N
     if decode:
         cache_index, targets_positions, kv_positions = parts.decode_state(targets_in,
                                                                           targets_positions)
-    pos = default_positions(targets_in, targets_positions)
-    y = embed(parts, "decoder_embed", targets_in, pos,
+    ids, pos, seg = ring_order(targets_in, default_positions(targets_in, targets_positions),
+                               targets_segment_ids)
+    y = embed(parts, "decoder_embed", ids, pos,
               word_dropout=bool(cfg.target_token_dropout_rate) and not decode)
     if encoder_out is None and not decode:
         raise ValueError("EncoderDecoder needs inputs or encoder_out (only decode steps after "
                          "the first may omit it: they reuse cached cross-attention keys/values)")
-    y = stack_pass(parts, "decoder", y, pos, targets_segment_ids, causal=True, decode=decode,
+    y = stack_pass(parts, "decoder", y, pos, seg, causal=True, decode=decode,
                    cache_index=cache_index, kv_positions=kv_positions,
                    num_layers=cfg.num_decoder_layers, cross_attention=True,
-                   encoder_out=encoder_out, encoder_segment_ids=inputs_segment_ids,
+                   encoder_out=encoder_out, encoder_segment_ids=enc_seg,
                    decode_mask=decode_mask)
-    return lm_logits(parts.params("lm_head"), y, parts.params("token_embed")["embedding"], cfg=cfg)
+    return lm_logits(parts.params("lm_head"), natural_order(y),
+                     parts.params("token_embed")["embedding"], cfg=cfg)
 
 
 FORWARD = {"encoder": encoder_only, "decoder": decoder_only, "encoder_decoder": encoder_decoder}

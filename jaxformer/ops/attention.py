@@ -178,6 +178,28 @@ def _slice_axis(x: Array | None, start: Array, size: int, axis: int) -> Array | 
     return lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
 
+def online_softmax_update(carry: tuple[Array, Array, Array], s_BxKxGxLxS: Array,
+                          v_BxSxKxDv: Array, precision: lax.PrecisionLike = None,
+                          drop=None) -> tuple[Array, Array, Array]:
+    """One key/value block of the online softmax (Milakov & Gimelshein 2018, Alg. 3):
+    ``carry`` = (unnormalised output `[B, K, G, L, Dv]`, running row max `[B, K, G, L]`, running
+    normaliser `[B, K, G, L]`), ``s`` the block's logits (−∞ where masked), ``v`` its values;
+    ``drop`` (optional) applies dropout to the block's weights. Rows that have seen no key yet
+    keep max −∞ and contribute nothing. Shared by the chunked path and ring attention
+    (`jaxformer.ops.ring_attention`)."""
+    out_BxKxGxLxDv, max_BxKxGxL, norm_BxKxGxL = carry
+    max_new = jnp.maximum(max_BxKxGxL, jnp.max(s_BxKxGxLxS, axis=-1))
+    max_safe = jnp.where(jnp.isfinite(max_new), max_new, 0.0)
+    p_BxKxGxLxS = jnp.exp(s_BxKxGxLxS - max_safe[..., None])
+    corr = jnp.exp(jnp.where(jnp.isfinite(max_BxKxGxL), max_BxKxGxL, max_safe) - max_safe)
+    norm_new = norm_BxKxGxL * corr + jnp.sum(p_BxKxGxLxS, axis=-1)
+    if drop is not None:
+        p_BxKxGxLxS = drop(p_BxKxGxLxS)
+    pv_BxKxGxLxDv = jnp.einsum("bkgls,bskd->bkgld", p_BxKxGxLxS.astype(v_BxSxKxDv.dtype), v_BxSxKxDv,
+                               precision=precision, preferred_element_type=out_BxKxGxLxDv.dtype)
+    return out_BxKxGxLxDv * corr[..., None] + pv_BxKxGxLxDv, max_new, norm_new
+
+
 def _chunked(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDv, bias, mask, causal, q_seg, kv_seg, scale,
              dropout_rate, dropout_rng, precision, q_chunk, kv_chunk):
     """Online-softmax attention over kv chunks, mapped over query chunks (Rabe & Staats 2021).
@@ -208,7 +230,6 @@ def _chunked(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDv, bias, mask, causal, q_seg, kv
 
         @jax.checkpoint
         def body(carry, ki):
-            out_BxKxGxLxDv, max_BxKxGxL, norm_BxKxGxL = carry
             k_start = ki * kv_chunk
             k_BxSxKxDh = lax.dynamic_slice_in_dim(k_all, k_start, kv_chunk, axis=1)
             v_BxSxKxDv = lax.dynamic_slice_in_dim(v_all, k_start, kv_chunk, axis=1)
@@ -224,18 +245,11 @@ def _chunked(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDv, bias, mask, causal, q_seg, kv
                 msk = real if msk is None else jnp.logical_and(msk, real)
             if msk is not None:
                 s_BxKxGxLxS = jnp.where(msk, s_BxKxGxLxS, -jnp.inf)
-            max_new = jnp.maximum(max_BxKxGxL, jnp.max(s_BxKxGxLxS, axis=-1))
-            max_safe = jnp.where(jnp.isfinite(max_new), max_new, 0.0)
-            p_BxKxGxLxS = jnp.exp(s_BxKxGxLxS - max_safe[..., None])
-            corr = jnp.exp(jnp.where(jnp.isfinite(max_BxKxGxL), max_BxKxGxL, max_safe) - max_safe)
-            norm_new = norm_BxKxGxL * corr + jnp.sum(p_BxKxGxLxS, axis=-1)
+            drop = None
             if is_active(dropout_rate, dropout_rng):
                 rng = jax.random.fold_in(jax.random.fold_in(dropout_rng, qi), ki)
-                p_BxKxGxLxS = dropout(p_BxKxGxLxS, dropout_rate, rng)
-            pv_BxKxGxLxDv = jnp.einsum("bkgls,bskd->bkgld", p_BxKxGxLxS.astype(v_all.dtype), v_BxSxKxDv,
-                                       precision=precision, preferred_element_type=acc_t)
-            out_BxKxGxLxDv = out_BxKxGxLxDv * corr[..., None] + pv_BxKxGxLxDv
-            return (out_BxKxGxLxDv, max_new, norm_new), None
+                drop = lambda p: dropout(p, dropout_rate, rng)
+            return online_softmax_update(carry, s_BxKxGxLxS, v_BxSxKxDv, precision, drop), None
 
         init = (
             jnp.zeros((b, kvh, g, q_chunk, dv), acc_t),

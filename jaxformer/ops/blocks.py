@@ -54,6 +54,7 @@ from jaxformer.ops.ffn import ffn
 from jaxformer.ops.masks import causal_mask, combine_masks, key_padding_mask
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import apply_rope
+from jaxformer.ops.ring_attention import active as context_parallel_active
 
 if TYPE_CHECKING:
     from jaxformer.config import ModelConfig
@@ -147,13 +148,19 @@ def attention_sublayer(
             key_padding_mask(new_cache["valid"]))
         mask = combine_masks(mask, visible_Bx1xLxS)
         causal, segment_ids, kv_segment_ids = False, None, None
-    out_BxLxHxDh = dot_product_attention(
-        q_BxLxHxDh, k_BxSxKxDh, v_BxSxKxDh, bias=bias, mask=mask, causal=causal, kv_layout=kv_layout,
-        q_segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-        scale=cfg.attention_scale, dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng,
-        implementation=cfg.attention_impl if cache is None else "xla",
-        q_chunk_size=cfg.attention_chunk_size, kv_chunk_size=cfg.attention_chunk_size,
-    )
+    common = dict(bias=bias, mask=mask, causal=causal, q_segment_ids=segment_ids,
+                  kv_segment_ids=kv_segment_ids, scale=cfg.attention_scale,
+                  dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng)
+    ring = context_parallel_active()  # the sequence split over devices: ring attention
+    if ring is not None and cache is None and kv_layout == "bskd":  # not when decoding
+        out_BxLxHxDh = ring.attention(q_BxLxHxDh, k_BxSxKxDh, v_BxSxKxDh,
+                                      kv_chunk_size=cfg.attention_chunk_size, **common)
+    else:
+        out_BxLxHxDh = dot_product_attention(
+            q_BxLxHxDh, k_BxSxKxDh, v_BxSxKxDh, kv_layout=kv_layout,
+            implementation=cfg.attention_impl if cache is None else "xla",
+            q_chunk_size=cfg.attention_chunk_size, kv_chunk_size=cfg.attention_chunk_size,
+            **common)
     return dense(params["out"], pin(out_BxLxHxDh, HEADS_AXES), in_axes=2), new_cache
 
 

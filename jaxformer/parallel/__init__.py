@@ -1,8 +1,9 @@
 """Scale-out: device meshes, the logical axis rules, sharded compilation, the data-parallel
 shard_map and pmap paths, multi-host start-up.
 
-See `jaxformer.parallel.rules` for the table mapping logical axes to the ``(data, fsdp, tensor)``
-mesh axes and `jaxformer.parallel.mesh` for what each mesh axis splits.
+See `jaxformer.parallel.rules` for the table mapping logical axes to the ``(data, fsdp, context,
+tensor)`` mesh axes, `jaxformer.parallel.mesh` for what each mesh axis splits and
+`jaxformer.parallel.context` for the sequence split (ring attention).
 
 Three ways to run the train step (``config.parallel``); all compute the same update (tested):
 

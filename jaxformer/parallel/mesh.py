@@ -1,7 +1,9 @@
-"""Device meshes from the config: ``mesh.data``, ``mesh.fsdp``, ``mesh.tensor`` (−1 = the rest).
+"""Device meshes from the config: ``mesh.data``, ``mesh.fsdp``, ``mesh.context``, ``mesh.tensor``
+(−1 = the rest).
 
-The mesh spans all devices of all processes. Axis order is (data, fsdp, tensor): the innermost
-axis, tensor parallelism, gets the closest devices (`jax.make_mesh` orders devices for the
+The mesh spans all devices of all processes. Axis order is (data, fsdp, context, tensor): the
+innermost axis, tensor parallelism, gets the closest devices, context parallelism (a ring of
+key/value hops per attention layer) the next closest (`jax.make_mesh` orders devices for the
 topology), and on several hosts the outermost axes span the hosts — keep ``tensor`` within a host
 (its all-reduces run twice per block) and put the hosts on ``data`` or ``fsdp``.
 
@@ -10,14 +12,16 @@ mesh                   what is split
 =====================  =========================================================================
 data=N (default)       the batch; parameters and optimizer state replicated (DDP)
 fsdp=N                 the batch, and every parameter/moment with a d_model axis (ZeRO-3/FSDP)
+context=N              the sequence (activations' length axis); attention runs as ring attention
+                       over the axis (`jaxformer.parallel.context`); parameters replicated
 tensor=N               heads, FFN hidden units and the vocabulary (Megatron); batch replicated
-data=a,fsdp=b,tensor=c any combination; a·b·c = number of devices
+data=a,fsdp=b,...      any combination; the product = number of devices
 =====================  =========================================================================
 
 Several TPU slices (multi-slice: chips within a slice talk over ICI, slices over the slower
 data-center network, DCN): ``mesh.dcn_data=S`` puts S slices along the data axis, ``mesh.dcn_fsdp``
 along fsdp; ``data``, ``fsdp`` and ``tensor`` are then sizes within one slice. The mesh keeps the
-three axes (``data`` of size ``data · dcn_data``), built by `jax`'s hybrid device mesh so that each
+axes (``data`` of size ``data · dcn_data``), built by `jax`'s hybrid device mesh so that each
 slice holds a contiguous block of every axis: only the outer (data / fsdp) collectives cross the
 DCN, and with ``dcn_data`` alone only the data-parallel gradient reduction does (MaxText's layout).
 """
@@ -34,14 +38,15 @@ from jax.sharding import AxisType, Mesh
 
 from jaxformer.parallel.rules import batch_shards
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "context", "tensor")
 DCN_AXES = ("dcn_data", "dcn_fsdp")  # slices along data / fsdp (multi-slice)
 
 
 def dcn_shape(mesh_cfg: Mapping[str, int]) -> dict[str, int]:
-    """Slices along each mesh axis: ``{"data": dcn_data, "fsdp": dcn_fsdp, "tensor": 1}``."""
+    """Slices along each mesh axis: ``{"data": dcn_data, "fsdp": dcn_fsdp, "context": 1,
+    "tensor": 1}``."""
     out = {"data": int(mesh_cfg.get("dcn_data", 1)), "fsdp": int(mesh_cfg.get("dcn_fsdp", 1)),
-           "tensor": 1}
+           "context": 1, "tensor": 1}
     for a in ("data", "fsdp"):
         if out[a] < 1:
             raise ValueError(f"mesh.dcn_{a}={out[a]} is invalid: use a positive number of slices")
@@ -93,7 +98,8 @@ def _ici_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> dict[str, int]:
 
 def make_mesh(mesh_cfg: Mapping[str, int] | None = None,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A `Mesh` with axes ``("data", "fsdp", "tensor")`` over ``devices`` (default: all devices)."""
+    """A `Mesh` with axes ``("data", "fsdp", "context", "tensor")`` over ``devices`` (default: all
+    devices)."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = mesh_shape(dict(mesh_cfg or {}), len(devices))
     shape = tuple(sizes[a] for a in MESH_AXES)
@@ -127,7 +133,7 @@ def _hybrid_mesh(shape: tuple[int, ...], dcn: tuple[int, ...], devices: list) ->
 
 
 def describe(mesh: Mesh) -> str:
-    """E.g. ``"data=2 fsdp=2 tensor=2 (8 devices, 1 process)"``."""
+    """E.g. ``"data=2 fsdp=2 context=1 tensor=2 (8 devices, 1 process)"``."""
     axes = " ".join(f"{a}={n}" for a, n in mesh.shape.items())
     procs = len({d.process_index for d in mesh.devices.flat})
     return (f"{axes} ({mesh.size} device{'s' if mesh.size > 1 else ''}, "

@@ -20,17 +20,21 @@ import jax
 from jax.sharding import Mesh
 
 from jaxformer.ops.attention_kernels import kernel_mesh
+from jaxformer.ops.ring_attention import context_parallel
+from jaxformer.parallel.context import context_parallel_for
 from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, Rules, check_rules
 
 
 @contextlib.contextmanager
 def mesh_rules(mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES) -> Iterator[None]:
-    """Context in which the layers' logical activation constraints bind to ``mesh``, and the
+    """Context in which the layers' logical activation constraints bind to ``mesh``, the
     Pallas attention kernels run per device of it (`jaxformer.ops.attention_kernels.kernel_mesh`:
-    rows over the rules' ``batch`` axes, heads over their ``heads`` axes)."""
+    rows over the rules' ``batch`` axes, heads over their ``heads`` axes), and attention runs as
+    ring attention when the rules split the length (`jaxformer.parallel.context`)."""
     batch_axes, head_axes = nn.logical_to_mesh_axes(("batch", "heads"), check_rules(rules))
     with (jax.set_mesh(mesh), nn.logical_axis_rules(rules),
-          kernel_mesh(mesh, batch_axes, head_axes)):
+          kernel_mesh(mesh, batch_axes, head_axes),
+          context_parallel(context_parallel_for(mesh, rules))):
         yield
 
 

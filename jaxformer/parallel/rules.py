@@ -15,8 +15,10 @@ head_dim, layers,   (replicated)     per-head width, the scanned layer axis, lea
 length
 classes, relpos,    (replicated)     small tables
 types
-act_length,         (replicated)     activations' sequence and d_model axes: activations are
-act_embed                            split over the batch (and heads/mlp inside a block) only
+act_length          context          activations' sequence axis: context parallelism, attention
+                                     as ring attention (Liu et al. 2023;
+                                     `jaxformer.parallel.context`); size 1 unless mesh.context>1
+act_embed           (replicated)     activations' d_model axis
 =================  ===============  ===========================================================
 
 Parameters carry logical names (`jaxformer.layers.params`); `param_shardings` turns an abstract,
@@ -49,7 +51,7 @@ LOGICAL_AXIS_RULES: Rules = (
     ("classes", None),
     ("relpos", None),
     ("types", None),
-    ("act_length", None),
+    ("act_length", "context"),
     ("act_embed", None),
 )
 # Logical names the library used before, and what it calls them now.

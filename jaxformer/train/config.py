@@ -82,6 +82,8 @@ KEY_DOCS = {
     "eval.generate_beam_size": "beams when eval.generate_strategy='beam'",
     "mesh.data": "data-parallel mesh axis size (-1 = the devices the other axes leave)",
     "mesh.fsdp": "FSDP mesh axis size (parameters sharded over it)",
+    "mesh.context": "context-parallel mesh axis size: the sequence split over it, attention as "
+                    "zig-zag ring attention (data.seq_len / target_len multiples of 2×context)",
     "mesh.tensor": "tensor-parallel mesh axis size",
     "mesh.dcn_data": "slices (TPU multi-slice, over the data-center network) along mesh.data; "
                      "mesh.data, mesh.fsdp and mesh.tensor are then sizes within one slice",
@@ -134,7 +136,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict(dict(
         every_steps=500, num_batches=20, split="validation", generate_examples=0,
         generate_max_new_tokens=0, generate_strategy="greedy", generate_beam_size=4))
-    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, dcn_data=1, dcn_fsdp=1))
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, context=1, tensor=1, dcn_data=1,
+                                            dcn_fsdp=1))
     c.parallel = "jit"
     c.module_api = "linen"
     c.log_every_steps = 50
@@ -310,11 +313,13 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
         raise ValueError(f"parallel={config.parallel!r} must be one of {PARALLEL_MODES}")
     if config.get("module_api", "linen") not in MODULE_APIS:
         raise ValueError(f"module_api={config.module_api!r} is invalid: choose one of {MODULE_APIS}")
-    sharded = {a: config.mesh.get(a, 1) for a in ("fsdp", "tensor") if config.mesh.get(a, 1) != 1}
+    sharded = {a: config.mesh.get(a, 1) for a in ("fsdp", "context", "tensor")
+               if config.mesh.get(a, 1) != 1}
     if config.parallel != "jit" and sharded:
         raise ValueError(f"parallel={config.parallel!r} is data parallel only (replicated state), "
                          f"so {', '.join(f'mesh.{a}={v}' for a, v in sharded.items())} would be "
-                         "ignored; use parallel='jit' for FSDP / tensor parallelism")
+                         "ignored; use parallel='jit' for FSDP / context / tensor parallelism")
+    check_context_parallel(config, model_cfg)
     if config.nonfinite not in POLICIES or config.nonfinite_limit < 1:
         raise ValueError(f"nonfinite={config.nonfinite!r} must be one of {POLICIES} and "
                          f"nonfinite_limit={config.nonfinite_limit} at least 1")
@@ -341,6 +346,35 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
         raise ValueError(f"data.batch_size={config.data.batch_size} must be divisible by "
                          f"optimizer.grad_accum_steps={accum}")
     return optimizer
+
+
+def check_context_parallel(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> None:
+    """``mesh.context > 1`` (`jaxformer.parallel.context`): what ring attention cannot run,
+    refused naming the field, before compilation."""
+    n = int(config.mesh.get("context", 1))
+    if n == 1:
+        return
+    name = f"mesh.context={n}"
+    if model_cfg.attention_impl not in ("xla", "chunked"):
+        raise ValueError(f"{name} runs attention as ring attention, whose blocks are XLA matmuls; "
+                         f"model.attention_impl={model_cfg.attention_impl!r} cannot run inside it: "
+                         "use 'xla' or 'chunked'")
+    if model_cfg.attention_dropout_rate:
+        raise ValueError(f"{name}: ring attention has no attention dropout; set "
+                         f"model.attention_dropout_rate=0.0 (got {model_cfg.attention_dropout_rate})")
+    if model_cfg.permutation_lm:
+        raise ValueError(f"{name}: XLNet's two-stream attention (model.permutation_lm) uses dense "
+                         "masks that ring attention does not take; use mesh.context=1")
+    if n < 1:
+        return  # -1: the size depends on the devices; the lengths are checked when tracing
+    lengths = {"seq_len": config.data.seq_len}
+    if model_cfg.family == "encoder_decoder":
+        lengths["target_len"] = config.data.target_len
+    for key, length in lengths.items():
+        if length % (2 * n):
+            raise ValueError(f"data.{key}={length} is not divisible by 2 × {name} = {2 * n}: ring "
+                             f"attention's zig-zag order cuts the sequence into {2 * n} chunks; "
+                             f"use a multiple of {2 * n}")
 
 
 def check_vocabulary(num_ids: int, model_cfg: ModelConfig, tokenizer: str) -> None:
