@@ -154,6 +154,8 @@ TINY = dict(vocab_size=128, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_
             dropout_rate=0.0, attention_dropout_rate=0.0, ffn_dropout_rate=0.0)
 FAMILIES = {"gpt": ("gpt_tiny", "clm", {}), "gpt_rope_gqa": ("gpt_tiny", "clm",
                                                              dict(position="rope", num_kv_heads=2)),
+            # Mistral's sliding window: an additive bias, split by query rows like T5's
+            "llama_window": ("llama_tiny", "clm", dict(sliding_window=5)),
             "bert": ("bert_tiny", "mlm", {}), "t5": ("t5_tiny", "seq2seq", {})}
 BATCH, LEN = 4, 32
 
@@ -204,7 +206,7 @@ def _train(family: str, mesh_axes: dict, steps: int):
 
 
 @pytest.mark.parametrize("family", ["gpt", *(pytest.param(f, marks=pytest.mark.slow)
-                                             for f in ("gpt_rope_gqa", "bert", "t5"))])
+                                             for f in ("gpt_rope_gqa", "llama_window", "bert", "t5"))])
 def test_train_step_context4_equals_data4(family):
     """Three steps on the same packed batches: losses and parameters of ``context=4`` match
     ``data=4``; the compiled step passes keys/values with collective-permutes and gathers no
