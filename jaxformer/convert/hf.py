@@ -1,4 +1,4 @@
-"""Import and export Hugging Face GPT-2, BERT, ALBERT and T5 checkpoints.
+"""Import and export Hugging Face GPT-2, BERT, ALBERT, RoBERTa, DistilBERT, T5 and BART checkpoints.
 
     cfg_dict, params, tokenizer = load_hf("path/to/hf_model")           # → jaxformer
     save_hf(cfg_dict, params, "path/to/out")                              # → from_pretrained-able
@@ -6,8 +6,8 @@
 ``params`` is the ``params`` collection exactly as ``build_model(cfg).init(...)["params"]``
 structures it (unboxed, host NumPy float32 arrays; place them with ``jax.device_put``), in the
 unrolled (``layer_0 …``) or, with ``scan_layers=True``, the scanned (``layers`` with a leading layer
-axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert`, `hf_albert` and
-`hf_t5`.
+axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert`, `hf_albert`,
+`hf_roberta`, `hf_distilbert`, `hf_t5` and `hf_bart`.
 
 Tokenizers are not converted: ``load_hf`` returns the path of a SentencePiece model in the directory
 (T5's ``spiece.model``) or None; GPT-2 (byte-level BPE) and BERT (WordPiece) tokenizer files stay
@@ -28,7 +28,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.config import ModelConfig, exported_fields
-from jaxformer.convert import hf_albert, hf_bert, hf_gpt2, hf_t5
+from jaxformer.convert import (
+    hf_albert,
+    hf_bart,
+    hf_bert,
+    hf_distilbert,
+    hf_gpt2,
+    hf_roberta,
+    hf_t5,
+)
 from jaxformer.convert.hf_io import (
     copy_tokenizer_files,
     find_sentencepiece,
@@ -52,16 +60,25 @@ from jaxformer.models.transformer import build_model
 
 log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert": hf_albert,
-                                     "t5": hf_t5}
+                                     "t5": hf_t5, "roberta": hf_roberta,
+                                     "distilbert": hf_distilbert, "bart": hf_bart}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
 
 
 def export_converter(cfg: ModelConfig) -> ModuleType:
-    """The converter a model exports with: by family, ALBERT for an encoder with ALBERT's options
-    (``embedding_size`` or ``share_layers``)."""
+    """The converter a model exports with: by family, and within it by the options only one
+    architecture has: ALBERT for an encoder with ``embedding_size`` or ``share_layers``, RoBERTa
+    for one with ``position_offset`` (its padding row), DistilBERT for one without token types;
+    BART for an encoder-decoder with learned positions (T5's are relative)."""
     if cfg.family == "encoder" and (cfg.embedding_size is not None or cfg.share_layers):
         return hf_albert
+    if cfg.family == "encoder" and cfg.position_offset:
+        return hf_roberta
+    if cfg.family == "encoder" and not cfg.type_vocab_size:
+        return hf_distilbert
+    if cfg.family == "encoder_decoder" and cfg.position == "learned":
+        return hf_bart
     return BY_FAMILY[cfg.family]
 # The ModelConfig fields a Hugging Face config cannot express (`jaxformer.config.exported_fields`:
 # HF T5 has one dropout rate, no init scale of ours, no attention implementation): exports store
@@ -117,7 +134,7 @@ def _read_hf(directory: str | os.PathLike, head: str | None, num_classes: int | 
 
 def hf_model_config(directory: str | os.PathLike, *, head: str | None = None,
                     num_classes: int | None = None) -> dict[str, Any]:
-    """The ModelConfig fields of a local Hugging Face GPT-2 / BERT / T5 directory (``head`` and
+    """The ModelConfig fields of a local Hugging Face directory (``head`` and
     ``num_classes`` as in `load_hf`), without reading its weights."""
     return _read_hf(directory, head, num_classes)[3]
 
@@ -125,14 +142,15 @@ def hf_model_config(directory: str | os.PathLike, *, head: str | None = None,
 def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: str | None = None,
             num_classes: int | None = None, seed: int = 0
             ) -> tuple[dict[str, Any], dict, str | None]:
-    """Read a local Hugging Face GPT-2 / BERT / T5 directory.
+    """Read a local Hugging Face directory (a `CONVERTERS` model type).
 
     Args:
       directory: holds ``config.json`` and ``model.safetensors`` (or sharded safetensors, or
         ``pytorch_model.bin``, which needs torch).
       scan_layers: return the scanned layout (and ``scan_layers=True`` in the config).
       head: jaxformer head to build; default from the checkpoint's architecture (GPT-2 "lm" or
-        "none"; BERT "mlm" / "classify" / "token_classify" / "none"; T5 "lm"). A head the
+        "none"; BERT "mlm" / "classify" / "token_classify" / "none"; RoBERTa and DistilBERT "mlm" /
+        "classify" / "none"; T5 and BART "lm"). A head the
         checkpoint lacks (e.g. "classify" on a BertForMaskedLM checkpoint) is initialised as
         ``build_model(model_cfg).init(jax.random.key(seed))`` would; unused checkpoint heads are dropped.
       num_classes: classes of a classification head (default: the checkpoint's ``num_labels``).
@@ -198,7 +216,8 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     GPT2LMHeadModel / GPT2Model, BertForMaskedLM / BertForPreTraining /
     BertForSequenceClassification / BertForTokenClassification / BertModel, the Albert twins of
     these (encoders with ``embedding_size`` or ``share_layers``), or
-    T5ForConditionalGeneration, chosen by ``model_cfg.family`` and ``head``.
+    T5ForConditionalGeneration, the RoBERTa / DistilBERT MaskedLM, SequenceClassification and
+    Model classes, or BartForConditionalGeneration, chosen by `export_converter` and ``head``.
 
     ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``; for GPT-2 / BERT also
     written as an equivalent ``tokenizer.json``, `jaxformer.convert.hf_tokenizer`) or a directory
@@ -224,7 +243,9 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     if len(extra.get("id2label") or {}) == cfg.num_classes:  # keep the source's label names
         hf_config.update({k: extra[k] for k in ("id2label", "label2id") if k in extra})
     hf_config[JAXFORMER_KEY] = {k: getattr(cfg, k) for k in exported_fields()}
-    write_model(directory, {**extra, **hf_config}, tensors)
+    # The converter's token ids (BART's pad / bos / eos / decoder start) unless the source's say else
+    defaults = getattr(conv, "TOKEN_IDS", {})
+    write_model(directory, {**defaults, **extra, **hf_config}, tensors)
     if tokenizer_path is not None:
         copy_tokenizer_files(tokenizer_path, directory)
         if cfg.family != "encoder_decoder" and os.path.isfile(tokenizer_path):
