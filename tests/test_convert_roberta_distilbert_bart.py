@@ -77,11 +77,13 @@ def build_distilbert_cls(path) -> str:
 def build_bart(path) -> str:
     import torch
     import transformers
-    torch.manual_seed(4)
+    torch.manual_seed(5)
+    # init_std 0.3: at BART's 0.02 the greedy search of a random model ends at once (</s> first,
+    # for every input), which would make the generation test unable to fail
     model = transformers.BartForConditionalGeneration(
-        transformers.BartConfig(**BART, scale_embedding=True))
+        transformers.BartConfig(**BART, scale_embedding=True, init_std=0.3))
     with torch.no_grad():  # HF initialises the buffer at zero: make the bias visible in logits
-        model.final_logits_bias.normal_(0.0, 0.5)
+        model.final_logits_bias.normal_(0.0, 0.05)
     return _saved(model, path)
 
 
