@@ -362,7 +362,8 @@ def test_errors(dirs, tmp_path):
     bad = tmp_path / "llama"
     os.makedirs(bad)
     (bad / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ValueError, match=r"model_type='llama'.*supported: \['albert', 'bert', 'gpt2'"):
+    with pytest.raises(ValueError, match=r"model_type='llama'.*supported: \['albert', 'bart', "
+                                         r"'bert', 'distilbert'"):
         load_hf(bad)
     (bad / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ValueError, match="no weights"):

@@ -214,3 +214,35 @@ def test_configs(models):
     assert (bart["position_offset"], bart["max_len"], bart["norm_position"],
             bart["scale_embeddings"], bart["lm_head_bias"], bart["norm_eps"]) == (
         2, 64, "post", True, True, 1e-5)
+
+
+@pytest.mark.hf
+def test_distilbert_student_of_a_bert_teacher_exports_as_distilbert(tmp_path):
+    """``distill.init_student``'s parameters for a DistilBERT-shaped student of an imported BERT
+    (token types and pooler dropped, layers 0 and 2) export as a DistilBertForMaskedLM that
+    computes what the jaxformer student computes."""
+    import torch
+    import transformers
+
+    from jaxformer.train.distill import check_student, select_layers
+    from jaxformer.train.distill_config import DistillSettings
+    from jaxformer.train.setup import merge_backbone
+    from jaxformer.train.state import init_model_params
+
+    torch.manual_seed(6)
+    teacher_dir = _saved(transformers.BertForMaskedLM(transformers.BertConfig(
+        **{**ENCODER, "num_hidden_layers": 4}, max_position_embeddings=64)), tmp_path / "bert")
+    t_dict, t_params, _ = load_hf(teacher_dir)
+    t_cfg = ModelConfig.from_dict(t_dict)
+    s_cfg = t_cfg.replace(num_layers=2, type_vocab_size=0, pooler=False)
+    check_student(s_cfg, t_cfg, DistillSettings("t", None, False, 2.0, 5.0, 2.0, 1.0, True))
+    fresh = init_model_params(build_model(s_cfg), s_cfg, jax.random.key(0))
+    params, new = merge_backbone(fresh, select_layers(t_params, t_cfg, 2, False))
+    assert new == []
+    save_hf(s_cfg, params, tmp_path / "student")
+    hf = transformers.DistilBertForMaskedLM.from_pretrained(tmp_path / "student").eval()
+    b = batch()
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor(b["inputs"]),
+                  attention_mask=torch.tensor(b["mask"])).logits.numpy()[b["mask"] == 1]
+    assert rel_err(ours("distilbert_mlm", s_cfg.to_dict(), params), want) <= RTOL
