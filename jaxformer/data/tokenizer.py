@@ -26,6 +26,7 @@ import numpy as np
 import sentencepiece as spm
 from absl import logging
 
+from jaxformer.data.fast_tokenizer import FastTokenizer, is_stored
 from jaxformer.data.vocab import SpecialTokens
 
 MODEL_TYPES = ("unigram", "bpe")
@@ -257,11 +258,17 @@ class Tokenizer:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Tokenizer:
+    def load(cls, path: str | os.PathLike) -> Tokenizer | FastTokenizer:
+        """A SentencePiece ``.model``; or a Hugging Face tokenizer: a model directory's
+        (``tokenizer.json``, ``vocab.json`` + ``merges.txt``, ``vocab.txt``) or one a run stored
+        (`jaxformer.data.fast_tokenizer`), with the same methods."""
         if not os.path.exists(path):
             raise ValueError(f"tokenizer model {os.fspath(path)!r} does not exist")
+        if os.path.isdir(path):
+            return FastTokenizer.from_directory(path)
         with open(path, "rb") as f:
-            return cls(f.read())
+            data = f.read()
+        return FastTokenizer.from_bytes(data) if is_stored(data) else cls(data)
 
     def __getstate__(self):
         return {"model_proto": self._proto}
