@@ -23,7 +23,7 @@ import sys
 
 from jaxformer.convert.checkpoint import load_params, save_params
 from jaxformer.convert.hf import load_hf, save_hf
-from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files
+from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files, find_tokenizer
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.train.lora import is_lora
 from jaxformer.train.lora_run import load_merged
@@ -57,10 +57,11 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if not args.to or args.to_hf:
             ap.error("--from-hf needs --to (a jaxformer checkpoint directory)")
         _check_output("--to", args.to)
-        cfg, params, spm = load_hf(args.from_hf, scan_layers=args.scan_layers, head=args.head,
-                                   num_classes=args.num_classes)
-        save_params(args.to, cfg, params, tokenizer=spm)  # as <workdir>/tokenizer.model, which
-        # the trainer and `jaxformer.generate` read
+        cfg, params, _ = load_hf(args.from_hf, scan_layers=args.scan_layers, head=args.head,
+                                 num_classes=args.num_classes)
+        # as <workdir>/tokenizer.model (sentencepiece, or the HF tokenizer of RoBERTa, BART, …),
+        # which the trainer and `jaxformer.generate` read
+        save_params(args.to, cfg, params, tokenizer=find_tokenizer(args.from_hf))
         shutil.copyfile(os.path.join(args.from_hf, CONFIG_NAME), os.path.join(args.to, HF_CONFIG))
         copied = copy_tokenizer_files(args.from_hf, os.path.join(args.to, TOKENIZER_DIR))
         print(f"wrote {args.to} ({cfg['family']}, head={cfg['head']}); tokenizer files: {copied}")

@@ -4,7 +4,8 @@
 
     config.json                 {"model": ModelConfig fields, ...}
     checkpoints/0/state/        Orbax: {"params": ...}
-    tokenizer.model             when the source model ships a sentencepiece model (T5)
+    tokenizer.model             the source model's tokenizer: sentencepiece (T5) or Hugging Face
+                                (RoBERTa, BART, DistilBERT: `jaxformer.data.fast_tokenizer`)
 
 so ``train.py --config.init_from=<directory>``, ``python -m jaxformer.generate --workdir
 <directory>`` and ``--from <any training workdir>`` all work without another format.
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxformer.config import ModelConfig
+from jaxformer.data.fast_tokenizer import FastTokenizer
 from jaxformer.train.checkpoint import (
     Checkpointer,
     load_checkpoint_params,
@@ -28,15 +30,19 @@ from jaxformer.train.checkpoint import (
 
 def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str, Any],
                 params: dict, tokenizer: str | os.PathLike | None = None) -> None:
-    """Write ``config.json``, ``tokenizer.model`` (a copy of ``tokenizer``, when given) and a
-    verified ``checkpoints/0`` under ``directory`` (which must not hold a run)."""
+    """Write ``config.json``, ``tokenizer.model`` (a copy of ``tokenizer``, when given: a
+    SentencePiece file, or a Hugging Face tokenizer directory stored as
+    `jaxformer.data.fast_tokenizer.FastTokenizer`) and a verified ``checkpoints/0`` under
+    ``directory`` (which must not hold a run)."""
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     d = Path(directory).absolute()
     if (d / "checkpoints").exists():
         raise ValueError(f"{d / 'checkpoints'} already exists; choose an empty directory")
     d.mkdir(parents=True, exist_ok=True)
     save_run_config(d, {"name": "converted", "model": cfg.to_dict()})
-    if tokenizer:  # before the checkpoint, whose manifest records its checksum
+    if tokenizer and os.path.isdir(tokenizer):  # a Hugging Face directory's own tokenizer
+        FastTokenizer.from_directory(tokenizer).save(d / "tokenizer.model")
+    elif tokenizer:  # before the checkpoint, whose manifest records its checksum
         shutil.copyfile(tokenizer, d / "tokenizer.model")
     ckpt = Checkpointer(d, async_save=False)
     try:

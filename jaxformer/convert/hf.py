@@ -54,6 +54,7 @@ from jaxformer.convert.mapping import (
     unflatten,
     unstack_layers,
 )
+from jaxformer.data.fast_tokenizer import FastTokenizer, is_stored
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.models.heads import is_head_module
 from jaxformer.models.transformer import build_model
@@ -220,8 +221,9 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     Model classes, or BartForConditionalGeneration, chosen by `export_converter` and ``head``.
 
     ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``; for GPT-2 / BERT also
-    written as an equivalent ``tokenizer.json``, `jaxformer.convert.hf_tokenizer`) or a directory
-    whose Hugging Face tokenizer files are copied. ``extra_config``: further ``config.json`` entries, e.g.
+    written as an equivalent ``tokenizer.json``, `jaxformer.convert.hf_tokenizer`), a run's stored
+    Hugging Face tokenizer (written as ``tokenizer.json`` + ``tokenizer_config.json``,
+    `jaxformer.data.fast_tokenizer`) or a directory whose Hugging Face tokenizer files are copied. ``extra_config``: further ``config.json`` entries, e.g.
     the source model's (token ids, label names); the architecture entries derived from
     ``model_cfg`` take precedence. The settings HF configs cannot express (dropout rates per
     sub-layer, init scales, attention implementation) go under ``config.json``'s
@@ -246,10 +248,20 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     # The converter's token ids (BART's pad / bos / eos / decoder start) unless the source's say else
     defaults = getattr(conv, "TOKEN_IDS", {})
     write_model(directory, {**defaults, **extra, **hf_config}, tensors)
-    if tokenizer_path is not None:
+    if tokenizer_path is not None and _stored_fast_tokenizer(tokenizer_path):
+        FastTokenizer.load_stored(tokenizer_path).save_hf(directory)  # a run's HF tokenizer
+    elif tokenizer_path is not None:
         copy_tokenizer_files(tokenizer_path, directory)
         if cfg.family != "encoder_decoder" and os.path.isfile(tokenizer_path):
             _write_fast_tokenizer(tokenizer_path, directory)
+
+
+def _stored_fast_tokenizer(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a run's stored Hugging Face tokenizer (`FastTokenizer.save`)."""
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        return is_stored(f.read(4096))
 
 
 def _write_fast_tokenizer(spm_path: str | os.PathLike, directory: str | os.PathLike) -> None:

@@ -18,6 +18,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from jaxformer.data.fast_tokenizer import has_tokenizer_files
+
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -148,6 +150,17 @@ def find_sentencepiece(directory: str | os.PathLike) -> str | None:
         if os.path.isfile(path):
             return path
     return None
+
+
+def find_tokenizer(directory: str | os.PathLike) -> str | None:
+    """What `jaxformer.data.tokenizer.Tokenizer.load` reads for ``directory``'s tokenizer: its
+    SentencePiece model (`find_sentencepiece`), else the directory itself when it holds Hugging
+    Face tokenizer files (``tokenizer.json``, ``vocab.json`` + ``merges.txt`` or ``vocab.txt``:
+    `jaxformer.data.fast_tokenizer`), else None."""
+    spm = find_sentencepiece(directory)
+    if spm is None and has_tokenizer_files(directory):
+        return os.fspath(directory)
+    return spm
 
 
 def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:

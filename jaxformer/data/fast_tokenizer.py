@@ -9,7 +9,7 @@ sequences itself, with the roles of `special`), and `decode` inverts it.
 
 The roles (pad, eos, bos, unk, mask, cls, sep) are read from ``tokenizer_config.json`` /
 ``special_tokens_map.json``; a role the directory does not name is -1 (BERT has no eos), as for
-SentencePiece models. A run stores the tokenizer it used as ``<workdir>/tokenizer.model`` like a
+SentencePiece models, except padding, which is EOS when only that is named (GPT-2). A run stores the tokenizer it used as ``<workdir>/tokenizer.model`` like a
 SentencePiece model: one JSON document (`save`) holding ``tokenizer.json`` and the roles, which
 `jaxformer.data.tokenizer.Tokenizer.load` recognises; `save_hf` writes it back as Hugging Face
 files for an export.
@@ -109,7 +109,10 @@ class FastTokenizer:
     `jaxformer.data.tokenizer.Tokenizer`. Picklable (for Grain worker processes)."""
 
     def __init__(self, tokenizer_json: str, roles: dict[str, str]):
-        self._json, self._roles = tokenizer_json, dict(roles)
+        roles = dict(roles)
+        if "pad" not in roles and "eos" in roles:  # GPT-2 names none: pad with EOS, as HF users do
+            roles["pad"] = roles["eos"]
+        self._json, self._roles = tokenizer_json, roles
         self._tok = _tokenizers().Tokenizer.from_str(tokenizer_json)
         self._tok.no_truncation()  # as transformers does for a call without truncation/padding
         self._tok.no_padding()
@@ -151,6 +154,12 @@ class FastTokenizer:
         """A tokenizer stored by `save`."""
         doc = json.loads(data.decode("utf-8"))
         return cls(json.dumps(doc["tokenizer"], ensure_ascii=False), doc["roles"])
+
+    @classmethod
+    def load_stored(cls, path: str | os.PathLike) -> FastTokenizer:
+        """A tokenizer `save` wrote to ``path``."""
+        with open(path, "rb") as f:
+            return cls.from_bytes(f.read())
 
     def to_bytes(self) -> bytes:
         doc = {FORMAT_KEY: 1, "roles": self._roles, "tokenizer": json.loads(self._json)}

@@ -59,8 +59,8 @@ def with_teacher_tokenizer(config: ml_collections.ConfigDict) -> ml_collections.
     if settings(config) is None:
         return config
     teacher, given = open_pretrained(config, TEACHER_KEY), config.data.tokenizer.get("path")
-    if given and teacher.tokenizer and Path(given).read_bytes() != Path(
-            teacher.tokenizer).read_bytes():
+    if given and teacher.tokenizer and Path(given).is_file() and Path(teacher.tokenizer).is_file() \
+            and Path(given).read_bytes() != Path(teacher.tokenizer).read_bytes():
         logging.warning("data.tokenizer.path=%s is not the teacher's tokenizer %s: the student's "
                         "token ids must mean what the teacher's do", given, teacher.tokenizer)
     if given or config.init_from or not teacher.tokenizer:

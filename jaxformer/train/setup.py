@@ -35,7 +35,7 @@ from jax.sharding import Mesh
 
 from jaxformer.config import ModelConfig, architecture_fields, changed_fields, fine_tuning_fields
 from jaxformer.convert.hf import hf_model_config, load_hf
-from jaxformer.convert.hf_io import find_sentencepiece, is_hf_directory
+from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory, read_config
 from jaxformer.data.pipeline import make_dataset, source_texts
 from jaxformer.data.sources import get_source
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
@@ -74,7 +74,8 @@ class Pretrained:
     Attributes:
       path: ``init_from`` as given.
       model: its ModelConfig fields (None: derived from the others, or the default).
-      tokenizer: its sentencepiece model, or None.
+      tokenizer: its sentencepiece model, or a Hugging Face directory's own tokenizer (the
+        directory: `jaxformer.convert.hf_io.find_tokenizer`), or None.
       run: the checkpoint of a pretraining run; None for a Hugging Face directory.
     """
 
@@ -128,7 +129,7 @@ def open_pretrained(config: ml_collections.ConfigDict, key: str = "init_from"
                              f"unset {key}_step and {key}_best")
         model = hf_model_config(path, head=config.model.get("head"),
                                 num_classes=config.model.get("num_classes"))
-        return Pretrained(path, model, find_sentencepiece(path), None)
+        return Pretrained(path, model, find_tokenizer(path), None)
     run = open_run(path, step=step or None, best=bool(best), verify=False)  # parameters verified when read
     tokenizer = None if run.tokenizer is None else str(run.tokenizer)
     return Pretrained(path, dict(run.run_config["model"]), tokenizer, run)
@@ -160,6 +161,18 @@ def resolve_model(stated: dict[str, Any], pretrained: Pretrained | None) -> dict
     return merged
 
 
+def _take_decoder_start(resolved: ml_collections.ConfigDict, pretrained: Pretrained) -> None:
+    """A Hugging Face encoder-decoder's ``decoder_start_token_id`` (BART: 2, ``</s>``) as
+    ``objective.decoder_start_id`` when the config leaves that at its default (0, T5's pad), so
+    fine-tuning and evaluation start the decoder as the checkpoint was trained to."""
+    start = read_config(pretrained.path).get("decoder_start_token_id")
+    if (pretrained.model.get("family") == "encoder_decoder" and isinstance(start, int)
+            and start != 0 and resolved.objective.get("decoder_start_id", 0) == 0):
+        logging.info("objective.decoder_start_id=%d: init_from=%s's decoder_start_token_id",
+                     start, pretrained.path)
+        resolved.objective.decoder_start_id = start
+
+
 def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
     """Resolve ``config`` against ``init_from`` (`resolve_model`) and validate it once
     (`jaxformer.train.config.check_config`); ``config`` itself is left as it is."""
@@ -168,12 +181,14 @@ def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
     resolved = copy.deepcopy(config)
     with resolved.unlocked():
         resolved.model = ml_collections.ConfigDict(resolve_model(config.model.to_dict(), pretrained))
+        if pretrained is not None and pretrained.is_hf:
+            _take_decoder_start(resolved, pretrained)
         if pretrained is not None and not config.data.tokenizer.get("path"):
             if pretrained.tokenizer:
                 resolved.data.tokenizer.path = pretrained.tokenizer
             else:
                 logging.warning(
-                    "init_from=%s has no tokenizer.model: training a new tokenizer, so the "
+                    "init_from=%s has no tokenizer: training a new tokenizer, so the "
                     "pretrained embeddings are read with other token ids; set "
                     "data.tokenizer.path to the pretraining tokenizer", pretrained.path)
     resolved.lock()
