@@ -24,6 +24,7 @@ def get_config():
     c.model.pooler = True  # its activation is the checkpoint's (RoBERTa tanh, DistilBERT relu)
     c.objective.name = "classify"
     c.data.source = ""  # files:<glob with {split}>.tsv
+    c.data.label_key = "label"  # the TSV columns: text, label
     c.data.framing = "cls_sep"  # <s> text </s> (RoBERTa), [CLS] text [SEP] (BERT, DistilBERT)
     c.data.packing = False
     c.data.seq_len = 128

@@ -20,6 +20,7 @@ def get_config():
     c.objective.name = "seq2seq"
     c.objective.label_smoothing = 0.1
     c.data.source = ""  # files:<glob with {split}>.tsv
+    c.data.source_key, c.data.target_key = "source", "target"  # the TSV columns
     c.data.seq_len = 128
     c.data.target_len = 128
     c.data.batch_size = 16
