@@ -23,7 +23,7 @@ import sys
 
 from jaxformer.convert.checkpoint import load_params, save_params
 from jaxformer.convert.hf import load_hf, save_hf
-from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files, find_tokenizer
+from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files, find_tokenizer, read_config
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.train.lora import is_lora
 from jaxformer.train.lora_run import load_merged
@@ -61,7 +61,11 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                                  num_classes=args.num_classes)
         # as <workdir>/tokenizer.model (sentencepiece, or the HF tokenizer of RoBERTa, BART, …),
         # which the trainer and `jaxformer.generate` read
-        save_params(args.to, cfg, params, tokenizer=find_tokenizer(args.from_hf))
+        start = read_config(args.from_hf).get("decoder_start_token_id")
+        objective = {"decoder_start_id": start} if cfg["family"] == "encoder_decoder" and \
+            isinstance(start, int) else None  # BART's 2; T5's 0
+        save_params(args.to, cfg, params, tokenizer=find_tokenizer(args.from_hf),
+                    objective=objective)
         shutil.copyfile(os.path.join(args.from_hf, CONFIG_NAME), os.path.join(args.to, HF_CONFIG))
         copied = copy_tokenizer_files(args.from_hf, os.path.join(args.to, TOKENIZER_DIR))
         print(f"wrote {args.to} ({cfg['family']}, head={cfg['head']}); tokenizer files: {copied}")

@@ -29,17 +29,21 @@ from jaxformer.train.checkpoint import (
 
 
 def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str, Any],
-                params: dict, tokenizer: str | os.PathLike | None = None) -> None:
+                params: dict, tokenizer: str | os.PathLike | None = None,
+                objective: dict[str, Any] | None = None) -> None:
     """Write ``config.json``, ``tokenizer.model`` (a copy of ``tokenizer``, when given: a
     SentencePiece file, or a Hugging Face tokenizer directory stored as
     `jaxformer.data.fast_tokenizer.FastTokenizer`) and a verified ``checkpoints/0`` under
-    ``directory`` (which must not hold a run)."""
+    ``directory`` (which must not hold a run). ``objective``: ``config.json``'s objective
+    settings of the model (BART's ``{"decoder_start_id": 2}``), which ``init_from`` and
+    `jaxformer.generate` read."""
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     d = Path(directory).absolute()
     if (d / "checkpoints").exists():
         raise ValueError(f"{d / 'checkpoints'} already exists; choose an empty directory")
     d.mkdir(parents=True, exist_ok=True)
-    save_run_config(d, {"name": "converted", "model": cfg.to_dict()})
+    save_run_config(d, {"name": "converted", "model": cfg.to_dict(),
+                        **({"objective": dict(objective)} if objective else {})})
     if tokenizer and os.path.isdir(tokenizer):  # a Hugging Face directory's own tokenizer
         FastTokenizer.from_directory(tokenizer).save(d / "tokenizer.model")
     elif tokenizer:  # before the checkpoint, whose manifest records its checksum

@@ -220,15 +220,16 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     T5ForConditionalGeneration, the RoBERTa / DistilBERT MaskedLM, SequenceClassification and
     Model classes, or BartForConditionalGeneration, chosen by `export_converter` and ``head``.
 
-    ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``; for GPT-2 / BERT also
-    written as an equivalent ``tokenizer.json``, `jaxformer.convert.hf_tokenizer`), a run's stored
-    Hugging Face tokenizer (written as ``tokenizer.json`` + ``tokenizer_config.json``,
-    `jaxformer.data.fast_tokenizer`) or a directory whose Hugging Face tokenizer files are copied. ``extra_config``: further ``config.json`` entries, e.g.
-    the source model's (token ids, label names); the architecture entries derived from
-    ``model_cfg`` take precedence. The settings HF configs cannot express (dropout rates per
-    sub-layer, init scales, attention implementation) go under ``config.json``'s
-    ``"jaxformer_config"``, which `load_hf` reads back. ValueError for configs with no HF
-    equivalent or params that do not match the config.
+    ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``; for GPT-2 / BERT also written
+    as an equivalent ``tokenizer.json``, `jaxformer.convert.hf_tokenizer`), a run's stored Hugging
+    Face tokenizer (written as ``tokenizer.json`` + ``tokenizer_config.json``,
+    `jaxformer.data.fast_tokenizer`) or a directory whose Hugging Face tokenizer files are copied.
+    ``extra_config``: further ``config.json`` entries, e.g. the source model's (token ids, label
+    names); the architecture entries derived from ``model_cfg`` take precedence, and the converter's
+    ``TOKEN_IDS`` (BART's) fill in the token ids ``extra_config`` leaves out. The settings HF
+    configs cannot express (dropout rates per sub-layer, init scales, attention implementation) go
+    under ``config.json``'s ``"jaxformer_config"``, which `load_hf` reads back. ValueError for
+    configs with no HF equivalent or params that do not match the config.
     """
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     conv = export_converter(cfg)

@@ -9,10 +9,10 @@ sequences itself, with the roles of `special`), and `decode` inverts it.
 
 The roles (pad, eos, bos, unk, mask, cls, sep) are read from ``tokenizer_config.json`` /
 ``special_tokens_map.json``; a role the directory does not name is -1 (BERT has no eos), as for
-SentencePiece models, except padding, which is EOS when only that is named (GPT-2). A run stores the tokenizer it used as ``<workdir>/tokenizer.model`` like a
-SentencePiece model: one JSON document (`save`) holding ``tokenizer.json`` and the roles, which
-`jaxformer.data.tokenizer.Tokenizer.load` recognises; `save_hf` writes it back as Hugging Face
-files for an export.
+SentencePiece models, except padding, which is EOS when only that is named (GPT-2). A run stores the
+tokenizer it used as ``<workdir>/tokenizer.model`` like a SentencePiece model: one JSON document
+(`save`) holding ``tokenizer.json`` and the roles, which `jaxformer.data.tokenizer.Tokenizer.load`
+recognises; `save_hf` writes it back as Hugging Face files for an export.
 """
 
 from __future__ import annotations

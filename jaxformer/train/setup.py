@@ -44,6 +44,7 @@ from jaxformer.models.heads import HEAD_MODULE_NAMES
 from jaxformer.nnx import FunctionalModel
 from jaxformer.objectives import bind_objective
 from jaxformer.objectives.mlm import uses_word_initial
+from jaxformer.options import option
 from jaxformer.parallel.mesh import check_batch_size, make_mesh
 from jaxformer.train.checkpoint import (
     Checkpointer,
@@ -162,10 +163,14 @@ def resolve_model(stated: dict[str, Any], pretrained: Pretrained | None) -> dict
 
 
 def _take_decoder_start(resolved: ml_collections.ConfigDict, pretrained: Pretrained) -> None:
-    """A Hugging Face encoder-decoder's ``decoder_start_token_id`` (BART: 2, ``</s>``) as
+    """``init_from``'s decoder start id (a Hugging Face ``decoder_start_token_id``, BART's 2
+    ``</s>``; a run's or a converted directory's ``objective.decoder_start_id``) as
     ``objective.decoder_start_id`` when the config leaves that at its default (0, T5's pad), so
     fine-tuning and evaluation start the decoder as the checkpoint was trained to."""
-    start = read_config(pretrained.path).get("decoder_start_token_id")
+    if pretrained.is_hf:
+        start = read_config(pretrained.path).get("decoder_start_token_id")
+    else:
+        start = option(pretrained.run.run_config.get("objective"), "decoder_start_id")
     if (pretrained.model.get("family") == "encoder_decoder" and isinstance(start, int)
             and start != 0 and resolved.objective.get("decoder_start_id", 0) == 0):
         logging.info("objective.decoder_start_id=%d: init_from=%s's decoder_start_token_id",
@@ -181,7 +186,7 @@ def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
     resolved = copy.deepcopy(config)
     with resolved.unlocked():
         resolved.model = ml_collections.ConfigDict(resolve_model(config.model.to_dict(), pretrained))
-        if pretrained is not None and pretrained.is_hf:
+        if pretrained is not None:
             _take_decoder_start(resolved, pretrained)
         if pretrained is not None and not config.data.tokenizer.get("path"):
             if pretrained.tokenizer:
