@@ -115,19 +115,31 @@ def test_roberta_classifier_fine_tuned_on_a_tsv(tmp_path):
 
 
 @pytest.mark.hf
-def test_bart_fine_tuned_for_seq2seq_and_evaluated(tmp_path):
+def test_bart_denoised_fine_tuned_for_seq2seq_and_evaluated(tmp_path):
     import torch
     import transformers
     hf_dir = build_bart_with_tokenizer(tmp_path / "bart")
     _write(tmp_path, _pair)
+    # BART's own pretraining objective on raw text first: import → denoise → fine-tune
+    rng = random.Random(1)
+    for split in ("train", "validation"):
+        (tmp_path / f"text_{split}.txt").write_text("\n".join(
+            " ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(40)) + "\n")
+    denoised = tmp_path / "denoised"
+    Trainer(load_config(ROOT / "configs" / "hf_seq2seq_finetune.py", {
+        **TINY, "init_from": hf_dir, "objective.name": "denoise", "data.source_key": None,
+        "data.target_key": None, "data.source": f"files:{tmp_path}/text_{{split}}.txt",
+        "data.target_len": 24, "eval.generate_examples": 0, "checkpoint.best_metric": "eval_loss",
+        "checkpoint.best_mode": "min"}), denoised).run()
+    assert load_run(denoised).config.objective.decoder_start_id == 2  # BART's
     run = tmp_path / "run"
     config = load_config(ROOT / "configs" / "hf_seq2seq_finetune.py", {
-        **TINY, "init_from": hf_dir, "data.source": f"files:{tmp_path}/{{split}}.tsv",
+        **TINY, "init_from": str(denoised), "data.source": f"files:{tmp_path}/{{split}}.tsv",
         "data.target_len": 12, "eval.generate_examples": 8, "eval.generate_max_new_tokens": 8,
         "optimizer.peak_lr": 1e-4})
     Trainer(config, run).run()
     loaded = load_run(run)
-    assert loaded.config.objective.decoder_start_id == 2  # BART's decoder_start_token_id
+    assert loaded.config.objective.decoder_start_id == 2  # from the denoising run
     results = evaluate_run(run, split="test", progress=False)["generation"]
     examples = decoding_examples(loaded.config, loaded.tokenizer, "test")
     gen = generation_config(loaded.config, loaded.tokenizer)
