@@ -163,3 +163,32 @@ def test_bart_denoised_fine_tuned_for_seq2seq_and_evaluated(tmp_path):
     scores = sequence_scores(hypotheses, [e.reference for e in examples])
     assert results["examples"] == len(examples)
     assert (results["bleu"], results["chrf"]) == pytest.approx((scores["bleu"], scores["chrf"]))
+
+
+@pytest.mark.hf
+def test_the_classify_config_keeps_distilberts_pre_classifier(tmp_path):
+    """The classification config on a DistilBERT checkpoint: the pooler is its pre_classifier
+    (ReLU), so the run exports as DistilBertForSequenceClassification."""
+    import torch
+    import transformers
+    from test_fast_tokenizer import build_wordpiece
+
+    from jaxformer.convert.hf import export_converter, hf_distilbert
+    from jaxformer.train.setup import resolve_config
+
+    hf_dir = build_wordpiece(tmp_path / "distilbert")
+    torch.manual_seed(9)
+    transformers.DistilBertForMaskedLM(transformers.DistilBertConfig(
+        vocab_size=VOCAB, dim=32, n_layers=1, n_heads=4, hidden_dim=64,
+        max_position_embeddings=32)).save_pretrained(hf_dir)
+    _write(tmp_path, _review)
+    resolved = resolve_config(load_config(ROOT / "configs" / "hf_classify_finetune.py", {
+        **TINY, "init_from": hf_dir, "data.source": f"files:{tmp_path}/{{split}}.tsv",
+        "data.label_names": LABELS}))
+    cfg = resolved.model_cfg
+    assert resolved.config.data.tokenizer.path == hf_dir  # its WordPiece vocabulary
+    assert (cfg.head, cfg.pooler, cfg.pooler_activation, cfg.type_vocab_size, cfg.num_classes) == (
+        "classify", True, "relu", 0, 2)
+    assert export_converter(cfg) is hf_distilbert
+    assert hf_distilbert.config_to_hf(cfg)[0]["architectures"] == [
+        "DistilBertForSequenceClassification"]
