@@ -137,3 +137,32 @@ def test_roles_decode_and_word_starts(tmp_path):
     assert wp.decode(ids) == "the quick brown foxes"
     starts = wp.word_initial()
     assert [bool(starts[i]) for i in ids] == [not wp.id_to_piece(i).startswith("##") for i in ids]
+
+
+def test_a_tokenizer_without_padding_pads_with_eos_and_is_told_from_sentencepiece(tmp_path):
+    """GPT-2's files name no padding token: EOS pads. A stored tokenizer is JSON, which
+    `Tokenizer.load` tells from a SentencePiece model (needs only `tokenizers`, no transformers)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    with open(tmp_path / "tokenizer_config.json", "w") as f:
+        json.dump({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                   "unk_token": "<|endoftext|>"}, f)
+    loaded = Tokenizer.load(tmp_path)
+    s = loaded.special
+    assert s.pad_id == s.eos_id == s.bos_id == 0 and s.mask_id == s.cls_id == -1
+    text = "Café 😀  two  spaces"
+    assert loaded.encode(text) == tok.encode(text).ids and loaded.decode(loaded.encode(text)) == text
+    loaded.save(tmp_path / "tokenizer.model")
+    assert (tmp_path / "tokenizer.model").read_bytes()[:1] == b"{"
+    again = Tokenizer.load(tmp_path / "tokenizer.model")
+    assert isinstance(again, FastTokenizer) and again.encode(text) == loaded.encode(text)
+    with pytest.raises(ValueError, match="holds no Hugging Face tokenizer"):
+        FastTokenizer.from_directory(tmp_path / "nothing_here")

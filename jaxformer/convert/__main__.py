@@ -8,6 +8,9 @@ A LoRA run (``optimizer.lora.rank`` > 0) exports its adapters merged into the ba
 
 Tokenizer files found in HF_DIR are copied to CKPT_DIR/tokenizer/, and HF_DIR/config.json to
 CKPT_DIR/hf_config.json; the export copies them back (token ids, label names survive the trip).
+HF_DIR's tokenizer (sentencepiece, or the Hugging Face files of RoBERTa, BART, DistilBERT, …:
+`jaxformer.data.fast_tokenizer`) becomes CKPT_DIR/tokenizer.model, and a BART's
+decoder_start_token_id CKPT_DIR's objective.decoder_start_id.
 Exporting a training workdir writes its ``tokenizer.model`` as HF_DIR/spiece.model and its special
 token ids into config.json, so ``--config.init_from=HF_DIR`` fine-tunes with the same tokenizer;
 GPT-2 / BERT exports also get an equivalent ``tokenizer.json`` for ``AutoTokenizer``.

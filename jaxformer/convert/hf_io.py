@@ -52,7 +52,8 @@ def read_config(directory: str | os.PathLike) -> dict:
     with open(path) as f:
         cfg = json.load(f)
     if "model_type" not in cfg:
-        raise ValueError(f"{path} has no 'model_type'; expected one of gpt2, bert, albert, t5")
+        raise ValueError(f"{path} has no 'model_type'; expected one of gpt2, bert, albert, t5, roberta, "
+                         "distilbert, bart")
     return cfg
 
 
