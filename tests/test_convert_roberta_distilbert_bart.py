@@ -74,6 +74,39 @@ def build_distilbert_cls(path) -> str:
     return _saved(transformers.DistilBertForSequenceClassification(cfg), path)
 
 
+def build_roberta_token(path) -> str:
+    import torch
+    import transformers
+    torch.manual_seed(10)
+    cfg = transformers.RobertaConfig(**ENCODER, max_position_embeddings=66, type_vocab_size=1,
+                                     num_labels=5)
+    return _saved(transformers.RobertaForTokenClassification(cfg), path)
+
+
+def build_roberta_qa(path) -> str:
+    import torch
+    import transformers
+    torch.manual_seed(11)
+    cfg = transformers.RobertaConfig(**ENCODER, max_position_embeddings=66, type_vocab_size=1)
+    return _saved(transformers.RobertaForQuestionAnswering(cfg), path)
+
+
+def build_distilbert_token(path) -> str:
+    import torch
+    import transformers
+    torch.manual_seed(12)
+    cfg = transformers.DistilBertConfig(**DISTILBERT, num_labels=5)
+    return _saved(transformers.DistilBertForTokenClassification(cfg), path)
+
+
+def build_distilbert_qa(path) -> str:
+    import torch
+    import transformers
+    torch.manual_seed(13)
+    return _saved(transformers.DistilBertForQuestionAnswering(
+        transformers.DistilBertConfig(**DISTILBERT)), path)
+
+
 def build_bart(path) -> str:
     import torch
     import transformers
@@ -88,11 +121,17 @@ def build_bart(path) -> str:
 
 
 BUILDERS = {"roberta_mlm": build_roberta_mlm, "roberta_cls": build_roberta_cls,
+            "roberta_token": build_roberta_token, "roberta_qa": build_roberta_qa,
             "distilbert_mlm": build_distilbert_mlm, "distilbert_cls": build_distilbert_cls,
+            "distilbert_token": build_distilbert_token, "distilbert_qa": build_distilbert_qa,
             "bart": build_bart}
 HF_CLASSES = {"roberta_mlm": "RobertaForMaskedLM", "roberta_cls": "RobertaForSequenceClassification",
+              "roberta_token": "RobertaForTokenClassification",
+              "roberta_qa": "RobertaForQuestionAnswering",
               "distilbert_mlm": "DistilBertForMaskedLM",
               "distilbert_cls": "DistilBertForSequenceClassification",
+              "distilbert_token": "DistilBertForTokenClassification",
+              "distilbert_qa": "DistilBertForQuestionAnswering",
               "bart": "BartForConditionalGeneration"}
 
 
@@ -110,8 +149,9 @@ def batch() -> dict[str, np.ndarray]:
 
 
 def reference(name: str, path) -> dict[str, np.ndarray]:
-    """HF PyTorch outputs of model ``name`` saved at ``path`` on `batch`: ``logits`` (MLM logits
-    of the non-padding tokens `[N, V]`, class logits `[B, C]`, BART's `[B, T, V]`) and, for BART,
+    """HF PyTorch outputs of model ``name`` saved at ``path`` on `batch`: ``logits`` (MLM / token
+    class logits of the non-padding tokens `[N, V or C]`, QA start and end logits `[N, 2]`, class
+    logits `[B, C]`, BART's `[B, T, V]`) and, for BART,
     ``greedy`` `[B, MAX_NEW]` (generate's greedy search, all ``generation_config`` extras off)."""
     import torch
     import transformers
@@ -130,6 +170,10 @@ def reference(name: str, path) -> dict[str, np.ndarray]:
             greedy = np.full((B, MAX_NEW), model.config.pad_token_id, np.int64)
             greedy[:, :gen.shape[1] - 1] = gen[:, 1:]  # less decoder_start_token_id; padded
             out["greedy"] = greedy
+        elif name.endswith("_qa"):  # start and end logits of the non-padding tokens, [N, 2]
+            o = model(input_ids=x, attention_mask=mask)
+            both = np.stack([o.start_logits.numpy(), o.end_logits.numpy()], axis=-1)
+            out["logits"] = both[b["mask"] == 1]
         else:
             logits = model(input_ids=x, attention_mask=mask).logits.numpy()
             out["logits"] = logits[b["mask"] == 1] if logits.ndim == 3 else logits
@@ -145,7 +189,16 @@ def ours(name: str, cfg_dict: dict, params: dict) -> np.ndarray:
         return np.asarray(apply({"params": params}, b["inputs"], b["targets_in"],
                                 inputs_segment_ids=b["mask"]))
     out = np.asarray(apply({"params": params}, b["inputs"], segment_ids=b["mask"]))
-    return out[b["mask"] == 1] if out.ndim == 3 else out
+    return _per_token(name, out, b["mask"])
+
+
+def _per_token(name: str, out, mask) -> np.ndarray:
+    """Outputs of the non-padding tokens: `[B, L, X]` → `[N, X]` (span logits `[B, 2, L]` first
+    as `[B, L, 2]`); sequence outputs `[B, C]` as they are."""
+    out = np.asarray(out)
+    if name.endswith("_qa"):
+        out = np.swapaxes(out, 1, 2)
+    return out[mask == 1] if out.ndim == 3 else out
 
 
 def rel_err(got, want) -> float:
@@ -180,8 +233,7 @@ def test_logits_equal_pytorch_and_export_round_trips(models, name, tmp_path):
     if name == "bart":
         nnx_out = nnx_model(b["inputs"], b["targets_in"], inputs_segment_ids=b["mask"])
     else:
-        nnx_out = nnx_model(b["inputs"], segment_ids=b["mask"])
-        nnx_out = nnx_out[b["mask"] == 1] if nnx_out.ndim == 3 else nnx_out
+        nnx_out = _per_token(name, nnx_model(b["inputs"], segment_ids=b["mask"]), b["mask"])
     assert rel_err(nnx_out, ref["logits"]) <= RTOL
     # export → from_pretrained: the same logits; import → export: the same file, byte for byte
     save_hf(cfg, params, tmp_path / "out")

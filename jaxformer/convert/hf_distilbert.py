@@ -7,7 +7,8 @@ HF names (prefixed with ``distilbert.`` except in ``DistilBertModel``):
 pooler. Heads: ``vocab_transform`` → activation → ``vocab_layer_norm`` → ``vocab_projector``
 (tied to the word embeddings, with a bias) for MLM; ``pre_classifier`` → ReLU → ``classifier`` on
 the first token for sequence classification (our ``pooler`` with ``pooler_activation="relu"``,
-then ``classifier``). Checkpoints with ``sinusoidal_pos_embds`` store their fixed table in
+then ``classifier``); ``classifier`` on every token (token classification) and ``qa_outputs``
+(extractive QA, ``head="span"``). Checkpoints with ``sinusoidal_pos_embds`` store their fixed table in
 ``position_embeddings``: it is imported as a learned table (same function; fine-tuning may change
 it, which HF's frozen table would not).
 """
@@ -37,8 +38,9 @@ from jaxformer.convert.mapping import (
 MODEL_TYPE = "distilbert"
 ARCHITECTURE_HEADS = {"DistilBertForMaskedLM": "mlm",
                       "DistilBertForSequenceClassification": "classify",
-                      "DistilBertModel": "none"}
-HEADS = ("mlm", "classify", "none")
+                      "DistilBertForTokenClassification": "token_classify",
+                      "DistilBertForQuestionAnswering": "span", "DistilBertModel": "none"}
+HEADS = ("mlm", "classify", "token_classify", "span", "none")
 NORM_EPS = 1e-12  # HF DistilBERT's LayerNorms: not a config entry
 BUFFERS = re.compile(r"(^|\.)embeddings\.position_ids$")
 HEAD_TENSORS = re.compile(r"^(vocab_transform|vocab_layer_norm|vocab_projector|pre_classifier|"
@@ -55,7 +57,9 @@ def _head(hf: Mapping, tensors: Mapping[str, np.ndarray], head: str | None) -> s
                              f"{sorted(ARCHITECTURE_HEADS)} (or pass head='none' for the backbone)")
         else:
             head = ("mlm" if "vocab_projector.bias" in tensors else
-                    "classify" if "pre_classifier.weight" in tensors else "none")
+                    "classify" if "pre_classifier.weight" in tensors else
+                    "span" if "qa_outputs.weight" in tensors else
+                    "token_classify" if "classifier.weight" in tensors else "none")
     if head not in HEADS:
         raise ValueError(f"head={head!r} is not available for DistilBERT; choose one of {HEADS}")
     return head
@@ -107,6 +111,10 @@ def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
     elif cfg.head == "classify":
         out += [*dense_rules("pooler", "pre_classifier", (d,), (d,)),
                 *dense_rules("classifier", "classifier", (d,), (cfg.num_classes,))]
+    elif cfg.head == "token_classify":
+        out += dense_rules("token_classifier", "classifier", (d,), (cfg.num_classes,))
+    elif cfg.head == "span":
+        out += dense_rules("qa_outputs", "qa_outputs", (d,), (2,))
     return out
 
 
@@ -134,8 +142,7 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
     if cfg.head == "none":
         want.update(pooler=False)
     require(cfg, "DistilBERT", **want)
-    arch = {"mlm": "DistilBertForMaskedLM", "classify": "DistilBertForSequenceClassification",
-            "none": "DistilBertModel"}[cfg.head]
+    arch = {v: k for k, v in ARCHITECTURE_HEADS.items()}[cfg.head]
     hf = {
         "model_type": MODEL_TYPE, "architectures": [arch], "vocab_size": cfg.vocab_size,
         "dim": cfg.d_model, "n_layers": cfg.num_layers, "n_heads": cfg.num_heads,
@@ -145,6 +152,6 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
         "initializer_range": cfg.init_std, "tie_word_embeddings": cfg.tie_embeddings,
         "pad_token_id": 0, "dtype": "float32",
     }
-    if cfg.head == "classify":
+    if cfg.head in ("classify", "token_classify"):
         hf.update(labels_config(cfg.num_classes))
     return hf, "" if cfg.head == "none" else "distilbert."

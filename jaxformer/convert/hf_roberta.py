@@ -12,7 +12,9 @@ rows that hold no padding token before their end.
 Heads: ``lm_head.{dense,layer_norm}`` + ``lm_head.bias`` (MLM; the decoder is tied to the word
 embeddings and always applies exact GELU, RobertaLMHead); ``classifier.dense`` (+ tanh, our
 ``pooler``) and ``classifier.out_proj`` (our ``classifier``) on the first token
-(RobertaClassificationHead); ``pooler.dense`` in ``RobertaModel``.
+(RobertaClassificationHead); ``classifier`` on every token (token classification, our
+``token_classifier``); ``qa_outputs`` (extractive QA, ``head="span"``); ``pooler.dense`` in
+``RobertaModel``.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from jaxformer.convert.mapping import (
 
 MODEL_TYPE = "roberta"
 ARCHITECTURE_HEADS = {"RobertaForMaskedLM": "mlm", "RobertaForSequenceClassification": "classify",
-                      "RobertaModel": "none"}
-HEADS = ("mlm", "classify", "none")
+                      "RobertaForTokenClassification": "token_classify",
+                      "RobertaForQuestionAnswering": "span", "RobertaModel": "none"}
+HEADS = ("mlm", "classify", "token_classify", "span", "none")
 BUFFERS = re.compile(r"(^|\.)embeddings\.(position_ids|token_type_ids)$|^lm_head\.decoder\.bias$")
 HEAD_TENSORS = re.compile(r"^(lm_head|classifier|qa_outputs)\.|(^|\.)pooler\.")
 canonical_name = hf_bert.canonical_name
@@ -55,7 +58,10 @@ def _head(hf: Mapping, tensors: Mapping[str, np.ndarray], head: str | None) -> s
             raise ValueError(f"architectures={[arch]} is not supported for RoBERTa; supported: "
                              f"{sorted(ARCHITECTURE_HEADS)} (or pass head='none' for the backbone)")
         else:
-            head = "mlm" if "lm_head.bias" in tensors else "none"
+            head = ("mlm" if "lm_head.bias" in tensors else
+                    "classify" if "classifier.dense.weight" in tensors else
+                    "token_classify" if "classifier.weight" in tensors else
+                    "span" if "qa_outputs.weight" in tensors else "none")
     if head not in HEADS:
         raise ValueError(f"head={head!r} is not available for RoBERTa; choose one of {HEADS}")
     return head
@@ -100,6 +106,10 @@ def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
     elif cfg.head == "classify":
         out += [*hf_bert.dense_rules("pooler", "classifier.dense", (d,), (d,)),
                 *hf_bert.dense_rules("classifier", "classifier.out_proj", (d,), (cfg.num_classes,))]
+    elif cfg.head == "token_classify":
+        out += hf_bert.dense_rules("token_classifier", "classifier", (d,), (cfg.num_classes,))
+    elif cfg.head == "span":
+        out += hf_bert.dense_rules("qa_outputs", "qa_outputs", (d,), (2,))
     elif cfg.pooler:  # head == "none": RobertaModel's pooler
         out += hf_bert.dense_rules("pooler", f"{prefix}pooler.dense", (d,), (d,))
     return out
@@ -131,8 +141,7 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
         raise ValueError("this model config has no Hugging Face RoBERTa equivalent: it needs "
                          f"position_offset >= 1 (pad_token_id + 1; got {cfg.position_offset}) and "
                          f"type_vocab_size >= 1 (got {cfg.type_vocab_size})")
-    arch = {"mlm": "RobertaForMaskedLM", "classify": "RobertaForSequenceClassification",
-            "none": "RobertaModel"}[cfg.head]
+    arch = {v: k for k, v in ARCHITECTURE_HEADS.items()}[cfg.head]
     hf = {
         "model_type": MODEL_TYPE, "architectures": [arch], "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers,
@@ -145,6 +154,6 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
         "tie_word_embeddings": cfg.tie_embeddings, "pad_token_id": cfg.position_offset - 1,
         "dtype": "float32",
     }
-    if cfg.head == "classify":
+    if cfg.head in ("classify", "token_classify"):
         hf.update(labels_config(cfg.num_classes))
     return hf, "" if cfg.head == "none" else "roberta."
