@@ -192,3 +192,31 @@ def test_the_classify_config_keeps_distilberts_pre_classifier(tmp_path):
     assert export_converter(cfg) is hf_distilbert
     assert hf_distilbert.config_to_hf(cfg)[0]["architectures"] == [
         "DistilBertForSequenceClassification"]
+
+
+@pytest.mark.hf
+def test_roberta_mlm_continued_with_whole_word_masking_exports_its_logits(tmp_path):
+    """More masked-LM pretraining of a RoBERTa on raw text with whole-word masking (the
+    tokenizer's ``Ġ`` word starts) and its ``<mask>``; the export computes what the run computes."""
+    import torch
+    import transformers
+    hf_dir = build_roberta_with_tokenizer(tmp_path / "roberta")
+    rng = random.Random(3)
+    for split in ("train", "validation"):
+        (tmp_path / f"text_{split}.txt").write_text("\n".join(
+            " ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(40)) + "\n")
+    run = tmp_path / "run"
+    Trainer(load_config(ROOT / "configs" / "bert_pretrain_tiny.py", {
+        **TINY, "init_from": hf_dir, "data.source": f"files:{tmp_path}/text_{{split}}.txt",
+        "objective.whole_word_mask": True, "objective.mask_rate": 0.15}), run).run()
+    loaded = load_run(run)
+    assert loaded.tokenizer.special.mask_id == loaded.tokenizer.encode("<mask>")[0] == 4
+    assert convert_main(["--from", str(run), "--to-hf", str(tmp_path / "export")]) == 0
+    model = transformers.RobertaForMaskedLM.from_pretrained(
+        tmp_path / "export", attn_implementation="eager").eval()
+    ids = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")(
+        "the movie was very good <mask> fine", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        want = model(input_ids=ids).logits.numpy()
+    got = np.asarray(loaded.model.apply({"params": loaded.params}, ids.numpy().astype(np.int32)))
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1e-5
