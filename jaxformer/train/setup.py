@@ -173,8 +173,8 @@ def _take_decoder_start(resolved: ml_collections.ConfigDict, pretrained: Pretrai
         start = option(pretrained.run.run_config.get("objective"), "decoder_start_id")
     if (pretrained.model.get("family") == "encoder_decoder" and isinstance(start, int)
             and start != 0 and resolved.objective.get("decoder_start_id", 0) == 0):
-        logging.info("objective.decoder_start_id=%d: init_from=%s's decoder_start_token_id",
-                     start, pretrained.path)
+        logging.info("objective.decoder_start_id=%d: init_from=%s's decoder start", start,
+                     pretrained.path)
         resolved.objective.decoder_start_id = start
 
 
