@@ -93,6 +93,11 @@ def test_roberta_classifier_fine_tuned_on_a_tsv(tmp_path):
         **TINY, "init_from": hf_dir, "data.source": f"files:{tmp_path}/{{split}}.tsv",
         "data.label_names": LABELS, "optimizer.peak_lr": 1e-3})
     Trainer(config, run).run()
+    with config.unlocked():  # a resume reads the run's stored tokenizer (checksummed)
+        config.num_train_steps = 8
+    resumed = Trainer(config, run)
+    assert resumed.start_step == 6 and isinstance(resumed.tokenizer, FastTokenizer)
+    resumed.run()
     loaded = load_run(run)
     assert isinstance(loaded.tokenizer, FastTokenizer)  # the checkpoint's, stored with the run
     assert (loaded.model_cfg.position_offset, loaded.model_cfg.pooler_activation) == (2, "tanh")
