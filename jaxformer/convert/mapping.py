@@ -39,9 +39,12 @@ def copy(param: str, tensor: str, shape: Sequence[int]) -> Rule:
     return Rule((param,), (tensor,), (s,), (s,), lambda x: (x,), lambda x: (x,))
 
 
-def reshape(param: str, tensor: str, param_shape: Sequence[int]) -> Rule:
-    """A flat `[prod(shape)]` tensor ↔ a parameter of ``param_shape`` (e.g. biases `[H, Dh]`)."""
-    p, t = tuple(param_shape), (math.prod(param_shape),)
+def reshape(param: str, tensor: str, param_shape: Sequence[int],
+            tensor_shape: Sequence[int] | None = None) -> Rule:
+    """A tensor of ``tensor_shape`` (default flat, `[prod(param_shape)]`) ↔ a parameter of
+    ``param_shape`` (e.g. biases `[H, Dh]`; BART's ``final_logits_bias`` `[1, V]`)."""
+    p = tuple(param_shape)
+    t = (math.prod(p),) if tensor_shape is None else tuple(tensor_shape)
     return Rule((param,), (tensor,), (p,), (t,), lambda x: (x.reshape(p),),
                 lambda x: (x.reshape(t),))
 

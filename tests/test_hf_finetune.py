@@ -1,0 +1,227 @@
+"""The worked examples of docs/huggingface.md on tiny random local checkpoints (with their own
+byte-level BPE tokenizer, nothing downloaded): a RoBERTa classifier fine-tuned on a TSV and a BART
+fine-tuned for seq2seq, each scored with ``jaxformer.evaluate`` and checked against its Hugging Face
+export run by transformers (PyTorch) on the same examples.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_fast_tokenizer import build_byte_level_bpe
+
+from jaxformer.convert.__main__ import main as convert_main
+from jaxformer.data.fast_tokenizer import FastTokenizer
+from jaxformer.data.sources import get_source
+from jaxformer.evaluation import sequence_scores
+from jaxformer.evaluation.decoding import decode_prompts, decoding_examples, generation_config
+from jaxformer.evaluation.run import evaluate_run, load_run
+from jaxformer.train.config import load_config
+from jaxformer.train.loop import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 400  # the tokenizer's (build_byte_level_bpe)
+WORDS = "good great fine bad awful poor the a movie film plot was very and but not".split()
+LABELS = ("neg", "pos")
+TINY = {"num_train_steps": 6, "data.seq_len": 24, "data.batch_size": 8, "eval.every_steps": 6,
+        "eval.num_batches": 2, "checkpoint.every_steps": 6, "checkpoint.async_save": False,
+        "progress_bar": False, "log_every_steps": 3, "optimizer.warmup_steps": 2}
+
+
+def build_roberta_with_tokenizer(path) -> str:
+    """RobertaForMaskedLM (2 layers, width 64) over `build_byte_level_bpe`'s tokenizer."""
+    import torch
+    import transformers
+    build_byte_level_bpe(path)
+    torch.manual_seed(7)
+    cfg = transformers.RobertaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=128,
+                                     max_position_embeddings=66, type_vocab_size=1)
+    transformers.RobertaForMaskedLM(cfg).eval().save_pretrained(path)
+    return str(path)
+
+
+def build_bart_with_tokenizer(path) -> str:
+    """BartForConditionalGeneration (2 + 2 layers, width 64) over the same tokenizer; init_std
+    0.3 so that greedy search does not end at once (see test_convert_roberta_distilbert_bart)."""
+    import torch
+    import transformers
+    build_byte_level_bpe(path)
+    torch.manual_seed(8)
+    cfg = transformers.BartConfig(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2,
+                                  encoder_attention_heads=4, decoder_attention_heads=4,
+                                  encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                  max_position_embeddings=64, init_std=0.3)
+    transformers.BartForConditionalGeneration(cfg).eval().save_pretrained(path)
+    return str(path)
+
+
+def _write(directory: Path, row) -> None:
+    rng = random.Random(0)
+    for split, n in (("train", 80), ("validation", 16), ("test", 24)):
+        lines = [row(rng, header=True)] + [row(rng) for _ in range(n)]
+        (directory / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+
+
+def _review(rng, header=False) -> str:
+    if header:
+        return "text\tlabel"
+    words = [rng.choice(WORDS) for _ in range(rng.randint(3, 8))]
+    score = sum(w in ("good", "great", "fine") for w in words) - sum(
+        w in ("bad", "awful", "poor") for w in words)
+    return f"{' '.join(words)}\t{LABELS[int(score > 0)]}"
+
+
+def _pair(rng, header=False) -> str:
+    if header:
+        return "source\ttarget"
+    words = [rng.choice(WORDS) for _ in range(rng.randint(2, 5))]
+    return f"{' '.join(words)}\t{' '.join(reversed(words))}"
+
+
+@pytest.mark.hf
+def test_roberta_classifier_fine_tuned_on_a_tsv(tmp_path):
+    import torch
+    import transformers
+    hf_dir = build_roberta_with_tokenizer(tmp_path / "roberta")
+    _write(tmp_path, _review)
+    run = tmp_path / "run"
+    config = load_config(ROOT / "configs" / "hf_classify_finetune.py", {
+        **TINY, "init_from": hf_dir, "data.source": f"files:{tmp_path}/{{split}}.tsv",
+        "data.label_names": LABELS, "optimizer.peak_lr": 1e-3})
+    Trainer(config, run).run()
+    with config.unlocked():  # a resume reads the run's stored tokenizer (checksummed)
+        config.num_train_steps = 8
+    resumed = Trainer(config, run)
+    assert resumed.start_step == 6 and isinstance(resumed.tokenizer, FastTokenizer)
+    resumed.run()
+    loaded = load_run(run)
+    assert isinstance(loaded.tokenizer, FastTokenizer)  # the checkpoint's, stored with the run
+    assert (loaded.model_cfg.position_offset, loaded.model_cfg.pooler_activation) == (2, "tanh")
+    results = evaluate_run(run, split="test", progress=False)["metrics"]
+    # The export, read by transformers, classifies the test split as the evaluation scored it.
+    assert convert_main(["--from", str(run), "--to-hf", str(tmp_path / "export")]) == 0
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    model = transformers.RobertaForSequenceClassification.from_pretrained(
+        tmp_path / "export", attn_implementation="eager").eval()
+    examples = [e for e in get_source(loaded.config.data, "test")]
+    enc = tok([e["text"] for e in examples], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**enc).logits.numpy().astype(np.float64)
+    labels = np.array([e["label"] for e in examples])
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    assert results["examples"] == len(examples)
+    assert results["accuracy"] == pytest.approx(np.mean(logits.argmax(-1) == labels))
+    assert results["loss"] == pytest.approx(-log_probs[np.arange(len(labels)), labels].mean(),
+                                            rel=1e-4)
+
+
+@pytest.mark.hf
+def test_bart_denoised_fine_tuned_for_seq2seq_and_evaluated(tmp_path):
+    import torch
+    import transformers
+    hf_dir = build_bart_with_tokenizer(tmp_path / "bart")
+    _write(tmp_path, _pair)
+    # BART's own pretraining objective on raw text first: import → denoise → fine-tune
+    rng = random.Random(1)
+    for split in ("train", "validation"):
+        (tmp_path / f"text_{split}.txt").write_text("\n".join(
+            " ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(40)) + "\n")
+    denoised = tmp_path / "denoised"
+    Trainer(load_config(ROOT / "configs" / "hf_seq2seq_finetune.py", {
+        **TINY, "init_from": hf_dir, "objective.name": "denoise", "data.source_key": None,
+        "data.target_key": None, "data.source": f"files:{tmp_path}/text_{{split}}.txt",
+        "data.target_len": 24, "eval.generate_examples": 0, "checkpoint.best_metric": "eval_loss",
+        "checkpoint.best_mode": "min"}), denoised).run()
+    assert load_run(denoised).config.objective.decoder_start_id == 2  # BART's
+    run = tmp_path / "run"
+    config = load_config(ROOT / "configs" / "hf_seq2seq_finetune.py", {
+        **TINY, "init_from": str(denoised), "data.source": f"files:{tmp_path}/{{split}}.tsv",
+        "data.target_len": 12, "eval.generate_examples": 8, "eval.generate_max_new_tokens": 8,
+        "optimizer.peak_lr": 1e-4})
+    Trainer(config, run).run()
+    loaded = load_run(run)
+    assert loaded.config.objective.decoder_start_id == 2  # from the denoising run
+    results = evaluate_run(run, split="test", progress=False)["generation"]
+    examples = decoding_examples(loaded.config, loaded.tokenizer, "test")
+    gen = generation_config(loaded.config, loaded.tokenizer)
+    ours = decode_prompts(loaded.model, loaded.params, [e.prompt for e in examples], gen,
+                          batch_size=8)
+    assert any(ours)
+    # The export's greedy search in transformers, on the same source ids, gives the same tokens.
+    assert convert_main(["--from", str(run), "--to-hf", str(tmp_path / "export")]) == 0
+    model = transformers.BartForConditionalGeneration.from_pretrained(
+        tmp_path / "export", attn_implementation="eager").eval()
+    theirs = []
+    for e in examples:
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.tensor([e.prompt]), do_sample=False,
+                                 num_beams=1, max_new_tokens=gen.max_new_tokens,
+                                 forced_eos_token_id=None, no_repeat_ngram_size=0)[0, 1:]
+        ids = out.tolist()
+        theirs.append(ids[:ids.index(2)] if 2 in ids else ids)
+    assert theirs == ours
+    hypotheses = [loaded.tokenizer.decode(s) for s in theirs]
+    scores = sequence_scores(hypotheses, [e.reference for e in examples])
+    assert results["examples"] == len(examples)
+    assert (results["bleu"], results["chrf"]) == pytest.approx((scores["bleu"], scores["chrf"]))
+
+
+@pytest.mark.hf
+def test_the_classify_config_keeps_distilberts_pre_classifier(tmp_path):
+    """The classification config on a DistilBERT checkpoint: the pooler is its pre_classifier
+    (ReLU), so the run exports as DistilBertForSequenceClassification."""
+    import torch
+    import transformers
+    from test_fast_tokenizer import build_wordpiece
+
+    from jaxformer.convert.hf import export_converter, hf_distilbert
+    from jaxformer.train.setup import resolve_config
+
+    hf_dir = build_wordpiece(tmp_path / "distilbert")
+    torch.manual_seed(9)
+    transformers.DistilBertForMaskedLM(transformers.DistilBertConfig(
+        vocab_size=VOCAB, dim=32, n_layers=1, n_heads=4, hidden_dim=64,
+        max_position_embeddings=32)).save_pretrained(hf_dir)
+    _write(tmp_path, _review)
+    resolved = resolve_config(load_config(ROOT / "configs" / "hf_classify_finetune.py", {
+        **TINY, "init_from": hf_dir, "data.source": f"files:{tmp_path}/{{split}}.tsv",
+        "data.label_names": LABELS}))
+    cfg = resolved.model_cfg
+    assert resolved.config.data.tokenizer.path == hf_dir  # its WordPiece vocabulary
+    assert (cfg.head, cfg.pooler, cfg.pooler_activation, cfg.type_vocab_size, cfg.num_classes) == (
+        "classify", True, "relu", 0, 2)
+    assert export_converter(cfg) is hf_distilbert
+    assert hf_distilbert.config_to_hf(cfg)[0]["architectures"] == [
+        "DistilBertForSequenceClassification"]
+
+
+@pytest.mark.hf
+def test_roberta_mlm_continued_with_whole_word_masking_exports_its_logits(tmp_path):
+    """More masked-LM pretraining of a RoBERTa on raw text with whole-word masking (the
+    tokenizer's ``Ġ`` word starts) and its ``<mask>``; the export computes what the run computes."""
+    import torch
+    import transformers
+    hf_dir = build_roberta_with_tokenizer(tmp_path / "roberta")
+    rng = random.Random(3)
+    for split in ("train", "validation"):
+        (tmp_path / f"text_{split}.txt").write_text("\n".join(
+            " ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(40)) + "\n")
+    run = tmp_path / "run"
+    Trainer(load_config(ROOT / "configs" / "bert_pretrain_tiny.py", {
+        **TINY, "init_from": hf_dir, "data.source": f"files:{tmp_path}/text_{{split}}.txt",
+        "objective.whole_word_mask": True, "objective.mask_rate": 0.15}), run).run()
+    loaded = load_run(run)
+    assert loaded.tokenizer.special.mask_id == loaded.tokenizer.encode("<mask>")[0] == 4
+    assert convert_main(["--from", str(run), "--to-hf", str(tmp_path / "export")]) == 0
+    model = transformers.RobertaForMaskedLM.from_pretrained(
+        tmp_path / "export", attn_implementation="eager").eval()
+    ids = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")(
+        "the movie was very good <mask> fine", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        want = model(input_ids=ids).logits.numpy()
+    got = np.asarray(loaded.model.apply({"params": loaded.params}, ids.numpy().astype(np.int32)))
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1e-5
