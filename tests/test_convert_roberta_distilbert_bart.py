@@ -1,10 +1,12 @@
 """Hugging Face RoBERTa / DistilBERT / BART ↔ jaxformer: logits and greedy generation against
-PyTorch, export → ``from_pretrained``, import → export byte-identical, both module APIs.
+PyTorch's, import → export byte-identical (tensors) and key for key (config.json), both module
+APIs; export → ``from_pretrained`` (live PyTorch: ``hf``).
 
-Every reference model is built by a ``build_*`` function below from a fixed seed (tiny, random,
-saved with ``save_pretrained``; nothing is downloaded) and its outputs computed by `reference`,
-apart from the assertions, so that they can be stored as golden files. torch and transformers are
-imported inside functions: without them this module is collected and its ``hf`` tests skipped.
+Every reference model is built by a ``build_*`` function below from a fixed seed (tiny, random;
+nothing is downloaded) and its outputs on `batch` computed by `reference_outputs`;
+`tests/make_golden.py` saves both as committed golden files (`tests/golden.py`), which the tests
+read without torch. torch and transformers are imported inside functions: without them this module
+is collected and its ``hf`` tests skipped.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 import jax
 import numpy as np
 import pytest
+from golden import golden_dir, reference, rel_err
+from test_convert import assert_same_config, export_like_the_cli
 
 from jaxformer import nnx as jnnx
 from jaxformer.config import ModelConfig
@@ -36,88 +40,68 @@ BART = dict(vocab_size=V, d_model=64, encoder_layers=2, decoder_layers=2,
 # --------------------------------------------------------------------------------------------------
 # The reference models (one builder per model, fixed seeds) and their outputs.
 
-def _saved(model, path) -> str:
-    model.eval().save_pretrained(path, safe_serialization=True)
-    return str(path)
-
-
-def build_roberta_mlm(path) -> str:
+def _seeded(seed: int):
     import torch
     import transformers
-    torch.manual_seed(0)
-    cfg = transformers.RobertaConfig(**ENCODER, max_position_embeddings=66, type_vocab_size=1)
-    return _saved(transformers.RobertaForMaskedLM(cfg), path)
+    torch.manual_seed(seed)
+    return transformers
 
 
-def build_roberta_cls(path) -> str:
+def build_roberta_mlm():
+    t = _seeded(0)
+    return t.RobertaForMaskedLM(t.RobertaConfig(**ENCODER, max_position_embeddings=66,
+                                                type_vocab_size=1)).eval()
+
+
+def build_roberta_cls():
+    t = _seeded(1)
+    return t.RobertaForSequenceClassification(t.RobertaConfig(
+        **ENCODER, max_position_embeddings=66, type_vocab_size=1, num_labels=3)).eval()
+
+
+def build_distilbert_mlm():
+    t = _seeded(2)
+    return t.DistilBertForMaskedLM(t.DistilBertConfig(**DISTILBERT)).eval()
+
+
+def build_distilbert_cls():
+    t = _seeded(3)
+    return t.DistilBertForSequenceClassification(t.DistilBertConfig(**DISTILBERT,
+                                                                    num_labels=3)).eval()
+
+
+def build_roberta_token():
+    t = _seeded(10)
+    return t.RobertaForTokenClassification(t.RobertaConfig(
+        **ENCODER, max_position_embeddings=66, type_vocab_size=1, num_labels=5)).eval()
+
+
+def build_roberta_qa():
+    t = _seeded(11)
+    return t.RobertaForQuestionAnswering(t.RobertaConfig(
+        **ENCODER, max_position_embeddings=66, type_vocab_size=1)).eval()
+
+
+def build_distilbert_token():
+    t = _seeded(12)
+    return t.DistilBertForTokenClassification(t.DistilBertConfig(**DISTILBERT,
+                                                                 num_labels=5)).eval()
+
+
+def build_distilbert_qa():
+    t = _seeded(13)
+    return t.DistilBertForQuestionAnswering(t.DistilBertConfig(**DISTILBERT)).eval()
+
+
+def build_bart():
     import torch
-    import transformers
-    torch.manual_seed(1)
-    cfg = transformers.RobertaConfig(**ENCODER, max_position_embeddings=66, type_vocab_size=1,
-                                     num_labels=3)
-    return _saved(transformers.RobertaForSequenceClassification(cfg), path)
-
-
-def build_distilbert_mlm(path) -> str:
-    import torch
-    import transformers
-    torch.manual_seed(2)
-    return _saved(transformers.DistilBertForMaskedLM(transformers.DistilBertConfig(**DISTILBERT)),
-                  path)
-
-
-def build_distilbert_cls(path) -> str:
-    import torch
-    import transformers
-    torch.manual_seed(3)
-    cfg = transformers.DistilBertConfig(**DISTILBERT, num_labels=3)
-    return _saved(transformers.DistilBertForSequenceClassification(cfg), path)
-
-
-def build_roberta_token(path) -> str:
-    import torch
-    import transformers
-    torch.manual_seed(10)
-    cfg = transformers.RobertaConfig(**ENCODER, max_position_embeddings=66, type_vocab_size=1,
-                                     num_labels=5)
-    return _saved(transformers.RobertaForTokenClassification(cfg), path)
-
-
-def build_roberta_qa(path) -> str:
-    import torch
-    import transformers
-    torch.manual_seed(11)
-    cfg = transformers.RobertaConfig(**ENCODER, max_position_embeddings=66, type_vocab_size=1)
-    return _saved(transformers.RobertaForQuestionAnswering(cfg), path)
-
-
-def build_distilbert_token(path) -> str:
-    import torch
-    import transformers
-    torch.manual_seed(12)
-    cfg = transformers.DistilBertConfig(**DISTILBERT, num_labels=5)
-    return _saved(transformers.DistilBertForTokenClassification(cfg), path)
-
-
-def build_distilbert_qa(path) -> str:
-    import torch
-    import transformers
-    torch.manual_seed(13)
-    return _saved(transformers.DistilBertForQuestionAnswering(
-        transformers.DistilBertConfig(**DISTILBERT)), path)
-
-
-def build_bart(path) -> str:
-    import torch
-    import transformers
-    torch.manual_seed(5)
+    t = _seeded(5)
     # init_std 0.3: at BART's 0.02 the greedy search of a random model ends at once (</s> first,
     # for every input), which would make the generation test unable to fail
-    model = transformers.BartForConditionalGeneration(
-        transformers.BartConfig(**BART, scale_embedding=True, init_std=0.3))
+    model = t.BartForConditionalGeneration(t.BartConfig(**BART, scale_embedding=True, init_std=0.3))
     with torch.no_grad():  # HF initialises the buffer at zero: make the bias visible in logits
         model.final_logits_bias.normal_(0.0, 0.05)
-    return _saved(model, path)
+    return model.eval()
 
 
 BUILDERS = {"roberta_mlm": build_roberta_mlm, "roberta_cls": build_roberta_cls,
@@ -125,14 +109,6 @@ BUILDERS = {"roberta_mlm": build_roberta_mlm, "roberta_cls": build_roberta_cls,
             "distilbert_mlm": build_distilbert_mlm, "distilbert_cls": build_distilbert_cls,
             "distilbert_token": build_distilbert_token, "distilbert_qa": build_distilbert_qa,
             "bart": build_bart}
-HF_CLASSES = {"roberta_mlm": "RobertaForMaskedLM", "roberta_cls": "RobertaForSequenceClassification",
-              "roberta_token": "RobertaForTokenClassification",
-              "roberta_qa": "RobertaForQuestionAnswering",
-              "distilbert_mlm": "DistilBertForMaskedLM",
-              "distilbert_cls": "DistilBertForSequenceClassification",
-              "distilbert_token": "DistilBertForTokenClassification",
-              "distilbert_qa": "DistilBertForQuestionAnswering",
-              "bart": "BartForConditionalGeneration"}
 
 
 def batch() -> dict[str, np.ndarray]:
@@ -148,26 +124,23 @@ def batch() -> dict[str, np.ndarray]:
     return {"inputs": x, "mask": mask, "targets_in": y}
 
 
-def reference(name: str, path) -> dict[str, np.ndarray]:
-    """HF PyTorch outputs of model ``name`` saved at ``path`` on `batch`: ``logits`` (MLM / token
-    class logits of the non-padding tokens `[N, V or C]`, QA start and end logits `[N, 2]`, class
-    logits `[B, C]`, BART's `[B, T, V]`) and, for BART,
-    ``greedy`` `[B, MAX_NEW]` (generate's greedy search, all ``generation_config`` extras off)."""
+def reference_outputs(name: str, model) -> dict[str, np.ndarray]:
+    """HF PyTorch outputs of model ``name`` on `batch`: ``logits`` (MLM / token class logits of
+    the non-padding tokens `[N, V or C]`, QA start and end logits `[N, 2]`, class logits `[B, C]`,
+    BART's `[B, T, V]`) and, for BART, ``greedy`` `[B, MAX_NEW]` (generate's greedy search, all
+    ``generation_config`` extras off)."""
     import torch
-    import transformers
-    model = getattr(transformers, HF_CLASSES[name]).from_pretrained(
-        path, attn_implementation="eager").eval()
     b = batch()
-    x, mask = torch.tensor(b["inputs"]), torch.tensor(b["mask"])
+    x, mask = torch.tensor(b["inputs"]).long(), torch.tensor(b["mask"]).long()
     out = {}
     with torch.no_grad():
         if name == "bart":
-            out["logits"] = model(input_ids=x, attention_mask=mask,
-                                  decoder_input_ids=torch.tensor(b["targets_in"])).logits.numpy()
+            out["logits"] = model(input_ids=x, attention_mask=mask, decoder_input_ids=torch.tensor(
+                b["targets_in"]).long()).logits.numpy()
             gen = model.generate(input_ids=x, attention_mask=mask, do_sample=False, num_beams=1,
                                  max_new_tokens=MAX_NEW, forced_eos_token_id=None,
                                  forced_bos_token_id=None, no_repeat_ngram_size=0).numpy()
-            greedy = np.full((B, MAX_NEW), model.config.pad_token_id, np.int64)
+            greedy = np.full((B, MAX_NEW), model.config.pad_token_id, np.int32)
             greedy[:, :gen.shape[1] - 1] = gen[:, 1:]  # less decoder_start_token_id; padded
             out["greedy"] = greedy
         elif name.endswith("_qa"):  # start and end logits of the non-padding tokens, [N, 2]
@@ -180,9 +153,15 @@ def reference(name: str, path) -> dict[str, np.ndarray]:
     return out
 
 
+def _from_pretrained(path):
+    import transformers
+    cls = getattr(transformers, transformers.AutoConfig.from_pretrained(path).architectures[0])
+    return cls.from_pretrained(path, attn_implementation="eager").eval()
+
+
 # --------------------------------------------------------------------------------------------------
 def ours(name: str, cfg_dict: dict, params: dict) -> np.ndarray:
-    """jaxformer (Linen) logits on `batch`, laid out as `reference`'s."""
+    """jaxformer (Linen) logits on `batch`, laid out as `reference_outputs`'."""
     b = batch()
     apply = jax.jit(build_model(ModelConfig.from_dict(cfg_dict)).apply)
     if name == "bart":
@@ -201,26 +180,10 @@ def _per_token(name: str, out, mask) -> np.ndarray:
     return out[mask == 1] if out.ndim == 3 else out
 
 
-def rel_err(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """{name: (directory, reference outputs)}."""
-    tmp = tmp_path_factory.mktemp("hf")
-    out = {}
-    for name, build in BUILDERS.items():
-        path = build(tmp / name)
-        out[name] = (path, reference(name, path))
-    return out
-
-
-@pytest.mark.hf
 @pytest.mark.parametrize("name", list(BUILDERS))
-def test_logits_equal_pytorch_and_export_round_trips(models, name, tmp_path):
-    path, ref = models[name]
+def test_logits_equal_pytorch_and_export_round_trips(name, tmp_path):
+    path, ref = golden_dir(name), reference(name)
+    np.testing.assert_array_equal(ref["inputs"], batch()["inputs"])  # the golden case's batch
     cfg, params, _ = load_hf(path)
     got = ours(name, cfg, params)
     assert got.shape == ref["logits"].shape
@@ -235,34 +198,41 @@ def test_logits_equal_pytorch_and_export_round_trips(models, name, tmp_path):
     else:
         nnx_out = _per_token(name, nnx_model(b["inputs"], segment_ids=b["mask"]), b["mask"])
     assert rel_err(nnx_out, ref["logits"]) <= RTOL
-    # export → from_pretrained: the same logits; import → export: the same file, byte for byte
+    # import → export: the same file, byte for byte, and the same config.json entries
     save_hf(cfg, params, tmp_path / "out")
-    assert rel_err(reference(name, tmp_path / "out")["logits"], ref["logits"]) <= RTOL
     with open(os.path.join(path, "model.safetensors"), "rb") as a, \
             open(tmp_path / "out" / "model.safetensors", "rb") as c:
         assert a.read() == c.read()
+    export_like_the_cli(cfg, params, path, tmp_path / "cli")
+    assert_same_config(path, tmp_path / "cli")
 
 
 @pytest.mark.hf
-def test_bart_greedy_generation_is_token_identical(models):
-    path, ref = models["bart"]
-    cfg, params, _ = load_hf(path)
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_export_loads_in_pytorch_with_the_same_logits(name, tmp_path):
+    cfg, params, _ = load_hf(golden_dir(name))
+    save_hf(cfg, params, tmp_path / "out")
+    got = reference_outputs(name, _from_pretrained(tmp_path / "out"))["logits"]
+    assert rel_err(got, reference(name)["logits"]) <= RTOL
+
+
+def test_bart_greedy_generation_is_token_identical():
+    cfg, params, _ = load_hf(golden_dir("bart"))
     b = batch()
     sources = [row[m == 1].tolist() for row, m in zip(b["inputs"], b["mask"])]
     result = generate(build_model(ModelConfig.from_dict(cfg)), params, sources, strategy="greedy",
                       max_new_tokens=MAX_NEW, eos_id=2, pad_id=1, decoder_start_id=2)
-    np.testing.assert_array_equal(np.asarray(result.tokens), ref["greedy"])
+    np.testing.assert_array_equal(np.asarray(result.tokens), reference("bart")["greedy"])
 
 
-@pytest.mark.hf
-def test_configs(models):
-    rob, _, _ = load_hf(models["roberta_cls"][0])
+def test_configs():
+    rob, _, _ = load_hf(golden_dir("roberta_cls"))
     assert (rob["position_offset"], rob["max_len"], rob["type_vocab_size"], rob["pooler"],
             rob["pooler_activation"], rob["num_classes"]) == (2, 64, 1, True, "tanh", 3)
-    dist, _, _ = load_hf(models["distilbert_cls"][0])
+    dist, _, _ = load_hf(golden_dir("distilbert_cls"))
     assert (dist["type_vocab_size"], dist["pooler"], dist["pooler_activation"],
             dist["norm_eps"]) == (0, True, "relu", 1e-12)
-    bart, _, _ = load_hf(models["bart"][0])
+    bart, _, _ = load_hf(golden_dir("bart"))
     assert (bart["position_offset"], bart["max_len"], bart["norm_position"],
             bart["scale_embeddings"], bart["lm_head_bias"], bart["norm_eps"]) == (
         2, 64, "post", True, True, 1e-5)
@@ -282,8 +252,10 @@ def test_distilbert_student_of_a_bert_teacher_exports_as_distilbert(tmp_path):
     from jaxformer.train.state import init_model_params
 
     torch.manual_seed(6)
-    teacher_dir = _saved(transformers.BertForMaskedLM(transformers.BertConfig(
-        **{**ENCODER, "num_hidden_layers": 4}, max_position_embeddings=64)), tmp_path / "bert")
+    teacher_dir = tmp_path / "bert"
+    transformers.BertForMaskedLM(transformers.BertConfig(
+        **{**ENCODER, "num_hidden_layers": 4}, max_position_embeddings=64)).save_pretrained(
+        teacher_dir)
     t_dict, t_params, _ = load_hf(teacher_dir)
     t_cfg = ModelConfig.from_dict(t_dict)
     s_cfg = t_cfg.replace(num_layers=2, type_vocab_size=0, pooler=False)
