@@ -28,13 +28,13 @@ from jaxformer.models.transformer import build_model
 V, B, L, T = 128, 2, 12, 7  # vocabulary, batch, source length, target length
 RTOL = 1e-5
 MAX_NEW = 8
-ENCODER = dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-               intermediate_size=128)
-DISTILBERT = dict(vocab_size=V, dim=64, n_layers=2, n_heads=4, hidden_dim=128,
+ENCODER = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=64)
+DISTILBERT = dict(vocab_size=V, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
                   max_position_embeddings=64)
-BART = dict(vocab_size=V, d_model=64, encoder_layers=2, decoder_layers=2,
-            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-            decoder_ffn_dim=128, max_position_embeddings=64)
+BART = dict(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+            decoder_ffn_dim=64, max_position_embeddings=64)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -38,25 +38,25 @@ TINY = {"num_train_steps": 6, "data.seq_len": 24, "data.batch_size": 8, "eval.ev
 
 
 def build_roberta():
-    """RobertaForMaskedLM (2 layers, width 64) over `build_byte_level_bpe`'s vocabulary."""
+    """RobertaForMaskedLM (2 layers, width 32) over `build_byte_level_bpe`'s vocabulary."""
     import torch
     import transformers
     torch.manual_seed(7)
     return transformers.RobertaForMaskedLM(transformers.RobertaConfig(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=128, max_position_embeddings=66, type_vocab_size=1)).eval()
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=66, type_vocab_size=1)).eval()
 
 
 def build_bart():
-    """BartForConditionalGeneration (2 + 2 layers, width 64) over the same vocabulary; init_std
+    """BartForConditionalGeneration (2 + 2 layers, width 32) over the same vocabulary; init_std
     0.3 so that greedy search does not end at once (see test_convert_roberta_distilbert_bart)."""
     import torch
     import transformers
     torch.manual_seed(8)
     return transformers.BartForConditionalGeneration(transformers.BartConfig(
-        vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-        decoder_ffn_dim=128, max_position_embeddings=64, init_std=0.3)).eval()
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_position_embeddings=64, init_std=0.3)).eval()
 
 
 def build_distilbert():
@@ -81,6 +81,14 @@ def _write(directory: Path, row) -> None:
     for split, n in (("train", 80), ("validation", 16), ("test", 24)):
         lines = [row(rng, header=True)] + [row(rng) for _ in range(n)]
         (directory / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+
+
+def _write_text(directory: Path, seed: int, words: int) -> None:
+    """Raw text (40 lines of ``words`` words) for ``text_{train,validation}.txt``."""
+    rng = random.Random(seed)
+    for split in ("train", "validation"):
+        (directory / f"text_{split}.txt").write_text("\n".join(
+            " ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(40)) + "\n")
 
 
 def _review(rng, header=False) -> str:
@@ -169,10 +177,7 @@ def bart_seq2seq(tmp_path_factory):
     hf_dir = checkpoint("bart_bpe400", tmp / "bart")
     _write(tmp, _pair)
     # BART's own pretraining objective on raw text first: import → denoise → fine-tune
-    rng = random.Random(1)
-    for split in ("train", "validation"):
-        (tmp / f"text_{split}.txt").write_text("\n".join(
-            " ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(40)) + "\n")
+    _write_text(tmp, seed=1, words=8)
     denoised = tmp / "denoised"
     Trainer(load_config(ROOT / "configs" / "hf_seq2seq_finetune.py", {
         **TINY, "init_from": hf_dir, "objective.name": "denoise", "data.source_key": None,
@@ -260,10 +265,7 @@ def roberta_mlm(tmp_path_factory):
     tokenizer's ``Ġ`` word starts) and its ``<mask>``, exported: (tmp dir, loaded run)."""
     tmp = tmp_path_factory.mktemp("roberta_mlm")
     hf_dir = checkpoint("roberta_bpe400", tmp / "roberta")
-    rng = random.Random(3)
-    for split in ("train", "validation"):
-        (tmp / f"text_{split}.txt").write_text("\n".join(
-            " ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(40)) + "\n")
+    _write_text(tmp, seed=3, words=10)
     run = tmp / "run"
     Trainer(load_config(ROOT / "configs" / "bert_pretrain_tiny.py", {
         **TINY, "init_from": hf_dir, "data.source": f"files:{tmp}/text_{{split}}.txt",

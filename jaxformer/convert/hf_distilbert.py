@@ -32,6 +32,7 @@ from jaxformer.convert.mapping import (
     layer_norm,
     linear,
     num_labels,
+    pick_head,
     require,
 )
 
@@ -41,34 +42,20 @@ ARCHITECTURE_HEADS = {"DistilBertForMaskedLM": "mlm",
                       "DistilBertForTokenClassification": "token_classify",
                       "DistilBertForQuestionAnswering": "span", "DistilBertModel": "none"}
 HEADS = ("mlm", "classify", "token_classify", "span", "none")
+# a config.json naming no architecture: the head of the first of these tensors present
+HEAD_BY_TENSOR = (("vocab_projector.bias", "mlm"), ("pre_classifier.weight", "classify"),
+                        ("qa_outputs.weight", "span"), ("classifier.weight", "token_classify"))
 NORM_EPS = 1e-12  # HF DistilBERT's LayerNorms: not a config entry
 BUFFERS = re.compile(r"(^|\.)embeddings\.position_ids$")
 HEAD_TENSORS = re.compile(r"^(vocab_transform|vocab_layer_norm|vocab_projector|pre_classifier|"
                           r"classifier|qa_outputs)\.")
 
 
-def _head(hf: Mapping, tensors: Mapping[str, np.ndarray], head: str | None) -> str:
-    arch = (hf.get("architectures") or [""])[0]
-    if head is None:
-        if arch in ARCHITECTURE_HEADS:
-            head = ARCHITECTURE_HEADS[arch]
-        elif arch:
-            raise ValueError(f"architectures={[arch]} is not supported for DistilBERT; supported: "
-                             f"{sorted(ARCHITECTURE_HEADS)} (or pass head='none' for the backbone)")
-        else:
-            head = ("mlm" if "vocab_projector.bias" in tensors else
-                    "classify" if "pre_classifier.weight" in tensors else
-                    "span" if "qa_outputs.weight" in tensors else
-                    "token_classify" if "classifier.weight" in tensors else "none")
-    if head not in HEADS:
-        raise ValueError(f"head={head!r} is not available for DistilBERT; choose one of {HEADS}")
-    return head
-
-
 def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str | None,
                    num_classes: int | None) -> tuple[dict, str]:
     """``config.json`` (+ tensor names, for the heads present) → (ModelConfig kwargs, prefix)."""
-    head = _head(hf, tensors, head)
+    head = pick_head(hf, tensors, head, model="DistilBERT", architecture_heads=ARCHITECTURE_HEADS,
+                     heads=HEADS, by_tensor=HEAD_BY_TENSOR)
     prefix = "distilbert." if any(k.startswith("distilbert.") for k in tensors) else ""
     cfg = dict(
         family="encoder", vocab_size=hf["vocab_size"], d_model=hf["dim"], num_heads=hf["n_heads"],

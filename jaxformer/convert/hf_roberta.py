@@ -35,6 +35,7 @@ from jaxformer.convert.mapping import (
     layer_norm,
     linear,
     num_labels,
+    pick_head,
     require,
 )
 
@@ -43,35 +44,21 @@ ARCHITECTURE_HEADS = {"RobertaForMaskedLM": "mlm", "RobertaForSequenceClassifica
                       "RobertaForTokenClassification": "token_classify",
                       "RobertaForQuestionAnswering": "span", "RobertaModel": "none"}
 HEADS = ("mlm", "classify", "token_classify", "span", "none")
+# a config.json naming no architecture: the head of the first of these tensors present
+HEAD_BY_TENSOR = (("lm_head.bias", "mlm"), ("classifier.dense.weight", "classify"),
+                        ("classifier.weight", "token_classify"), ("qa_outputs.weight", "span"))
 BUFFERS = re.compile(r"(^|\.)embeddings\.(position_ids|token_type_ids)$|^lm_head\.decoder\.bias$")
 HEAD_TENSORS = re.compile(r"^(lm_head|classifier|qa_outputs)\.|(^|\.)pooler\.")
 canonical_name = hf_bert.canonical_name
 TOKEN_IDS = {"bos_token_id": 0, "eos_token_id": 2}  # RobertaConfig's, unless the source says else
 
 
-def _head(hf: Mapping, tensors: Mapping[str, np.ndarray], head: str | None) -> str:
-    arch = (hf.get("architectures") or [""])[0]
-    if head is None:
-        if arch in ARCHITECTURE_HEADS:
-            head = ARCHITECTURE_HEADS[arch]
-        elif arch:
-            raise ValueError(f"architectures={[arch]} is not supported for RoBERTa; supported: "
-                             f"{sorted(ARCHITECTURE_HEADS)} (or pass head='none' for the backbone)")
-        else:
-            head = ("mlm" if "lm_head.bias" in tensors else
-                    "classify" if "classifier.dense.weight" in tensors else
-                    "token_classify" if "classifier.weight" in tensors else
-                    "span" if "qa_outputs.weight" in tensors else "none")
-    if head not in HEADS:
-        raise ValueError(f"head={head!r} is not available for RoBERTa; choose one of {HEADS}")
-    return head
-
-
 def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str | None,
                    num_classes: int | None) -> tuple[dict, str]:
     """``config.json`` (+ tensor names, for the heads present) → (ModelConfig kwargs, prefix)."""
     hf_bert.check_variant(hf, "RoBERTa")
-    head = _head(hf, tensors, head)
+    head = pick_head(hf, tensors, head, model="RoBERTa", architecture_heads=ARCHITECTURE_HEADS,
+                     heads=HEADS, by_tensor=HEAD_BY_TENSOR)
     prefix = "roberta." if any(k.startswith("roberta.") for k in tensors) else ""
     fields = hf_bert.backbone_fields(hf)
     if head == "mlm" and fields["activation"] != "gelu":

@@ -231,6 +231,27 @@ def is_tied(tensors: Mapping[str, np.ndarray], head: str, embedding: str) -> boo
     return a.shape == b.shape and bool(np.array_equal(a, b))
 
 
+def pick_head(hf: Mapping, tensors: Mapping[str, np.ndarray], head: str | None, *, model: str,
+              architecture_heads: Mapping[str, str], heads: Sequence[str],
+              by_tensor: Sequence[tuple[str, str]]) -> str:
+    """The jaxformer head to build: ``head`` when given, else the one ``config.json``'s
+    architecture means (``architecture_heads``), else — no architecture named — that of the first
+    ``(tensor name, head)`` of ``by_tensor`` whose tensor is present, else "none". ValueError for
+    an architecture or head ``model`` (its name in messages) does not have."""
+    arch = (hf.get("architectures") or [""])[0]
+    if head is None:
+        if arch in architecture_heads:
+            head = architecture_heads[arch]
+        elif arch:
+            raise ValueError(f"architectures={[arch]} is not supported for {model}; supported: "
+                             f"{sorted(architecture_heads)} (or pass head='none' for the backbone)")
+        else:
+            head = next((h for name, h in by_tensor if name in tensors), "none")
+    if head not in heads:
+        raise ValueError(f"head={head!r} is not available for {model}; choose one of {tuple(heads)}")
+    return head
+
+
 def num_labels(hf: Mapping, override: int | None) -> int:
     """Classes of a classifier: ``override``, else HF's ``num_labels`` / ``id2label``, else 2."""
     if override is not None:
