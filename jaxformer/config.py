@@ -85,6 +85,10 @@ class ModelConfig:
         ARCHITECTURE, None, "encoder_decoder: decoder layers; unset = num_layers")
     max_len: int = _field(
         ARCHITECTURE, 512, "longest row the model takes (the size of a learned position table)")
+    position_offset: int = _field(
+        ARCHITECTURE, 0, "learned positions: table rows before position 0, so position p reads row "
+        "p + position_offset (RoBERTa: pad_token_id + 1; BART: 2); the table has max_len + "
+        "position_offset rows")
     position: str = _field(
         ARCHITECTURE, "learned", '"sinusoidal" (Vaswani), "learned" (BERT/GPT-2), "rope", "relative" (T5 '
         'buckets, one table per stack) or "none"')
@@ -154,6 +158,9 @@ class ModelConfig:
         HEAD, "first", 'token the sequence classifier reads: "first" ([CLS]), "last" (final non-padding '
         'token, causal models), "mean", "max"')
     pooler: bool = _field(HEAD, False, "BERT's dense+tanh over the pooled token")
+    pooler_activation: str = _field(
+        HEAD, "tanh", 'activation after the pooler\'s dense: "tanh" (BERT, RoBERTa\'s classification '
+        'head) or "relu" (DistilBERT\'s pre_classifier)')
     mlm_transform: bool = _field(HEAD, False, "BERT's dense+activation+LayerNorm before the MLM decoder")
     nsp_head: bool = _field(HEAD, False, "BERT's next-sentence-prediction head (encoder with head='mlm')")
     # regularization: training noise only
@@ -216,7 +223,8 @@ class ModelConfig:
                            ("norm_position", NORM_POSITIONS), ("head", HEADS), ("pooling", POOLINGS),
                            ("remat_policy", REMAT_POLICIES), ("attention_impl", ATTENTION_IMPLS),
                            ("dtype", DTYPES), ("param_dtype", DTYPES), ("init_scheme", INIT_SCHEMES),
-                           ("activation", tuple(ACTIVATIONS))]:
+                           ("activation", tuple(ACTIVATIONS)),
+                           ("pooler_activation", tuple(ACTIVATIONS))]:
             if getattr(self, f) not in choices:
                 bad(f, getattr(self, f), f"choose one of {choices}")
         for f in ["vocab_size", "d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff",
@@ -237,6 +245,11 @@ class ModelConfig:
             v = getattr(self, f)
             if not v > 0:
                 bad(f, v, "must be > 0 (the scale of freshly initialised weights)")
+        if not isinstance(self.position_offset, int) or self.position_offset < 0:
+            bad("position_offset", self.position_offset, "must be an integer >= 0")
+        if self.position_offset and self.position != "learned":
+            bad("position_offset", self.position_offset, "offsets rows of a learned position table; "
+                f"position={self.position!r} has none (use 0)")
         if self.type_vocab_size < 0:
             bad("type_vocab_size", self.type_vocab_size, "must be >= 0")
         if self.position == "sinusoidal" and self.d_model % 2:

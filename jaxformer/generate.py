@@ -20,10 +20,11 @@ from collections.abc import Sequence
 
 import jax
 
+from jaxformer import options
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.decode.api import STRATEGIES, encode_prompts, generate
 from jaxformer.models.transformer import build_model
-from jaxformer.train.checkpoint import load_for_inference
+from jaxformer.train.checkpoint import load_for_inference, open_run
 
 
 def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
@@ -126,6 +127,10 @@ def _generate(args: argparse.Namespace) -> None:
           f"{sum(x.size for x in jax.tree.leaves(params)):,} parameters) in "
           f"{time.perf_counter() - start:.1f}s; compiling and generating …", file=sys.stderr)
     kwargs = generation_kwargs(args)
+    if model_cfg.family == "encoder_decoder":  # the run's (BART: 2), as training started it
+        kwargs["decoder_start_id"] = options.option(
+            open_run(args.workdir, step=args.step, best=args.best, verify=False).run_config.get(
+                "objective"), "decoder_start_id", 0)
     clock, start, new_tokens = CompileClock(), time.perf_counter(), 0
     if args.prompt:
         if tokenizer is None:

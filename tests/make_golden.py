@@ -36,6 +36,8 @@ import transformers
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 import test_convert_llama as llama  # noqa: E402  (the model zoo's builders live beside their tests)
 import test_convert_mt5 as mt5  # noqa: E402
+import test_convert_roberta_distilbert_bart as zoo  # noqa: E402
+import test_hf_finetune as finetune  # noqa: E402
 from golden import GOLDEN, rel_err  # noqa: E402
 
 RTOL = 1e-5  # a reloaded model against its committed outputs: the same program, so ~1e-7 in practice
@@ -155,6 +157,11 @@ def run_llama(model, inputs):
     return llama.reference_outputs(model)
 
 
+def run_zoo(name: str):
+    """run() of `tests/test_convert_roberta_distilbert_bart.py`'s model ``name`` (on its batch)."""
+    return lambda model, inputs: zoo.reference_outputs(name, model)
+
+
 def run_classifier(model, inputs):
     return {"logits": model(_t(inputs["input_ids"])).logits.numpy()}
 
@@ -224,6 +231,21 @@ CASES: dict[str, Case] = {
     "flan_t5": Case(mt5.build_flan_t5, lambda: {"input_ids": mt5.INPUTS,
                                                 "decoder_input_ids": mt5.TARGETS},
                     lambda model, inputs: mt5.reference_outputs(model)),
+    # tests/test_convert_roberta_distilbert_bart.py: RoBERTa and DistilBERT (MLM, sequence and
+    # token classification, QA), BART (logits and greedy tokens)
+    "roberta_mlm": Case(zoo.build_roberta_mlm, zoo.batch, run_zoo("roberta_mlm")),
+    "roberta_cls": Case(zoo.build_roberta_cls, zoo.batch, run_zoo("roberta_cls")),
+    "roberta_token": Case(zoo.build_roberta_token, zoo.batch, run_zoo("roberta_token")),
+    "roberta_qa": Case(zoo.build_roberta_qa, zoo.batch, run_zoo("roberta_qa")),
+    "distilbert_mlm": Case(zoo.build_distilbert_mlm, zoo.batch, run_zoo("distilbert_mlm")),
+    "distilbert_cls": Case(zoo.build_distilbert_cls, zoo.batch, run_zoo("distilbert_cls")),
+    "distilbert_token": Case(zoo.build_distilbert_token, zoo.batch, run_zoo("distilbert_token")),
+    "distilbert_qa": Case(zoo.build_distilbert_qa, zoo.batch, run_zoo("distilbert_qa")),
+    "bart": Case(zoo.build_bart, zoo.batch, run_zoo("bart")),
+    # tests/test_hf_finetune.py: the worked examples' checkpoints (the tests add the tokenizers)
+    "roberta_bpe400": Case(finetune.build_roberta),
+    "bart_bpe400": Case(finetune.build_bart),
+    "distilbert_wp400": Case(finetune.build_distilbert),
     # init_from an HF directory (tests/test_train.py, test_nnx_train.py, test_lora.py): the tiny
     # configs' 512-token vocabulary
     "gpt2_v512": Case(lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(

@@ -361,7 +361,8 @@ def test_errors(dirs, tmp_path):
     bad = tmp_path / "falcon"
     os.makedirs(bad)
     (bad / "config.json").write_text(json.dumps({"model_type": "falcon"}))
-    with pytest.raises(ValueError, match=r"model_type='falcon'.*supported: \['albert', 'bert', 'gpt2'"):
+    with pytest.raises(ValueError, match=r"model_type='falcon'.*supported: \['albert', 'bart', "
+                                         r"'bert', 'distilbert', 'gpt2'"):
         load_hf(bad)
     (bad / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ValueError, match="no weights"):

@@ -182,6 +182,27 @@ def test_student_must_match_the_teacher_widths():
         check_student(_cfg("bert_mini", 2, vocab_size=50), t_cfg, _settings(gamma=0.0))
 
 
+def test_a_distilbert_shaped_student_drops_token_types_and_pooler():
+    """DistilBERT §3: the student of a BERT teacher has no token-type table and no pooler; it takes
+    the teacher's layers 0, 2 and every other embedding, and only these."""
+    t_cfg = _cfg("bert_mini", 4, head="classify", num_classes=3, pooler=True)
+    s_cfg = _cfg("bert_mini", 2, head="classify", num_classes=3, type_vocab_size=0,
+                 pooler=False)
+    assert t_cfg.type_vocab_size == 2
+    check_student(s_cfg, t_cfg, _settings(init_student=True))
+    with pytest.raises(ValueError, match=r"model\.type_vocab_size=0 \(teacher: 2\)"):
+        check_student(s_cfg.replace(family="decoder", head="classify", pooling="last"),
+                      t_cfg.replace(family="decoder", pooling="last"), _settings(init_student=True))
+    tp = jax.tree.map(np.asarray, init_model_params(build_model(t_cfg), t_cfg, jax.random.key(0)))
+    fresh = init_model_params(build_model(s_cfg), s_cfg, jax.random.key(1))
+    params, new = merge_backbone(fresh, select_layers(tp, t_cfg, 2, False))
+    assert new == [] and "pooler" in tp and "pooler" not in params
+    assert set(params["embed"]) == {"pos_embedding", "norm"} and "type_embedding" in tp["embed"]
+    for a, b in zip(jax.tree.leaves(params["encoder"]["layer_1"]),
+                    jax.tree.leaves(tp["encoder"]["layer_2"]), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("overrides,message", [
     ({"objective.name": "seq2seq"}, r"objective\.name='seq2seq'"),
     ({"parallel": "pmap"}, r"parallel='jit'"),

@@ -8,9 +8,12 @@ A LoRA run (``optimizer.lora.rank`` > 0) exports its adapters merged into the ba
 
 Tokenizer files found in HF_DIR are copied to CKPT_DIR/tokenizer/, and HF_DIR/config.json to
 CKPT_DIR/hf_config.json; the export copies them back (token ids, label names survive the trip).
+HF_DIR's tokenizer (sentencepiece, or the Hugging Face files of Llama 3, Qwen2, RoBERTa, BART,
+DistilBERT, …: `jaxformer.data.fast_tokenizer`) becomes CKPT_DIR/tokenizer.model, and a BART's
+decoder_start_token_id CKPT_DIR's objective.decoder_start_id.
 Exporting a training workdir writes its ``tokenizer.model`` as HF_DIR/spiece.model (a run on a
-``tokenizer.json``: that file and a ``tokenizer_config.json``) and its special token ids into
-config.json, so ``--config.init_from=HF_DIR`` fine-tunes with the same tokenizer;
+Hugging Face tokenizer: ``tokenizer.json`` and a ``tokenizer_config.json``) and its special token
+ids into config.json, so ``--config.init_from=HF_DIR`` fine-tunes with the same tokenizer;
 GPT-2 / BERT exports also get an equivalent ``tokenizer.json`` for ``AutoTokenizer``.
 """
 
@@ -24,8 +27,7 @@ import sys
 
 from jaxformer.convert.checkpoint import load_params, save_params
 from jaxformer.convert.hf import load_hf, save_hf
-from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files
-from jaxformer.data.fast_tokenizer import FastTokenizer
+from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files, find_tokenizer, read_config
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.train.lora import is_lora
 from jaxformer.train.lora_run import load_merged
@@ -59,10 +61,15 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if not args.to or args.to_hf:
             ap.error("--from-hf needs --to (a jaxformer checkpoint directory)")
         _check_output("--to", args.to)
-        cfg, params, spm = load_hf(args.from_hf, scan_layers=args.scan_layers, head=args.head,
-                                   num_classes=args.num_classes)
-        save_params(args.to, cfg, params, tokenizer=spm)  # as <workdir>/tokenizer.model, which
-        # the trainer and `jaxformer.generate` read
+        cfg, params, _ = load_hf(args.from_hf, scan_layers=args.scan_layers, head=args.head,
+                                 num_classes=args.num_classes)
+        # as <workdir>/tokenizer.model (sentencepiece, or the HF tokenizer of RoBERTa, BART, …),
+        # which the trainer and `jaxformer.generate` read
+        start = read_config(args.from_hf).get("decoder_start_token_id")
+        objective = {"decoder_start_id": start} if cfg["family"] == "encoder_decoder" and \
+            isinstance(start, int) else None  # BART's 2; T5's 0
+        save_params(args.to, cfg, params, tokenizer=find_tokenizer(args.from_hf),
+                    objective=objective)
         shutil.copyfile(os.path.join(args.from_hf, CONFIG_NAME), os.path.join(args.to, HF_CONFIG))
         copied = copy_tokenizer_files(args.from_hf, os.path.join(args.to, TOKENIZER_DIR))
         print(f"wrote {args.to} ({cfg['family']}, head={cfg['head']}); tokenizer files: {copied}")
@@ -73,26 +80,17 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         cfg, params = _load(args.from_ckpt)
         tok = os.path.join(args.from_ckpt, TOKENIZER_DIR)
         spm = os.path.join(args.from_ckpt, "tokenizer.model")
-        extra, tokenizer, fast = None, None, None
+        extra, tokenizer = None, None
         if os.path.isfile(os.path.join(args.from_ckpt, HF_CONFIG)):  # an imported model
             with open(os.path.join(args.from_ckpt, HF_CONFIG)) as f:
                 extra = json.load(f)
         if os.path.isdir(tok):
             tokenizer = tok
         elif os.path.isfile(spm):  # a training workdir: its tokenizer and special ids
-            run_tokenizer = Tokenizer.load(spm)
-            special = run_tokenizer.special
-            if isinstance(run_tokenizer, FastTokenizer):  # a Hugging Face tokenizer.json
-                fast = run_tokenizer
-            else:
-                tokenizer = spm
+            tokenizer, special = spm, Tokenizer.load(spm).special
             extra = {"pad_token_id": special.pad_id, "eos_token_id": special.eos_id,
                      "bos_token_id": special.bos_id, **(extra or {})}
         save_hf(cfg, params, args.to_hf, tokenizer_path=tokenizer, extra_config=extra)
-        if fast is not None:
-            fast.write_hf_files(args.to_hf)
-            print(f"tokenizer: AutoTokenizer.from_pretrained('{args.to_hf}') loads this run's "
-                  "tokenizer.json")
         print(f"wrote {args.to_hf}" + (f" with the tokenizer of {args.from_ckpt}" if tokenizer else ""))
         if tokenizer == spm and cfg["family"] != "encoder_decoder":
             if os.path.isfile(os.path.join(args.to_hf, "tokenizer.json")):

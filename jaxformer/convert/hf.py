@@ -1,4 +1,5 @@
-"""Import and export Hugging Face GPT-2, BERT, ALBERT, T5 and Llama / Mistral / Qwen2 checkpoints.
+"""Import and export Hugging Face GPT-2, BERT, ALBERT, RoBERTa, DistilBERT, T5 / mT5, BART and
+Llama / Mistral / Qwen2 checkpoints.
 
     cfg_dict, params, tokenizer = load_hf("path/to/hf_model")           # → jaxformer
     save_hf(cfg_dict, params, "path/to/out")                              # → from_pretrained-able
@@ -7,11 +8,12 @@
 structures it (unboxed, host NumPy float32 arrays; place them with ``jax.device_put``), in the
 unrolled (``layer_0 …``) or, with ``scan_layers=True``, the scanned (``layers`` with a leading layer
 axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert`, `hf_albert`,
-`hf_t5` and `hf_llama`.
+`hf_roberta`, `hf_distilbert`, `hf_t5`, `hf_bart` and `hf_llama`.
 
-Tokenizers are not converted: ``load_hf`` returns the path of the directory's SentencePiece model
-(T5's ``spiece.model``, Llama 2's ``tokenizer.model``), else of its ``tokenizer.json`` (read by
-`jaxformer.data.fast_tokenizer.FastTokenizer`), or None; ``save_hf(..., tokenizer_path=dir)``
+Tokenizers are not converted: ``load_hf`` returns what `jaxformer.convert.hf_io.find_tokenizer`
+finds (the directory's SentencePiece model, T5's ``spiece.model`` or Llama 2's
+``tokenizer.model``; else its Hugging Face tokenizer, read by
+`jaxformer.data.fast_tokenizer.FastTokenizer`; or None); ``save_hf(..., tokenizer_path=dir)``
 copies a directory's tokenizer files next to the exported weights.
 """
 
@@ -29,7 +31,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.config import ModelConfig, exported_fields
-from jaxformer.convert import hf_albert, hf_bert, hf_gpt2, hf_llama, hf_t5
+from jaxformer.convert import (
+    hf_albert,
+    hf_bart,
+    hf_bert,
+    hf_distilbert,
+    hf_gpt2,
+    hf_llama,
+    hf_roberta,
+    hf_t5,
+)
 from jaxformer.convert.hf_io import (
     copy_tokenizer_files,
     find_tokenizer,
@@ -47,6 +58,7 @@ from jaxformer.convert.mapping import (
     unflatten,
     unstack_layers,
 )
+from jaxformer.data.fast_tokenizer import FastTokenizer, is_saved_fast_tokenizer
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.models.heads import is_head_module
 from jaxformer.models.transformer import build_model
@@ -54,18 +66,28 @@ from jaxformer.models.transformer import build_model
 log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert": hf_albert,
                                      "t5": hf_t5, "mt5": hf_t5,  # mT5: T5 v1.1's graph
-                                     **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama)}
+                                     "roberta": hf_roberta, "distilbert": hf_distilbert,
+                                     "bart": hf_bart, **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama)}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
 
 
 def export_converter(cfg: ModelConfig) -> ModuleType:
-    """The converter a model exports with: by family, ALBERT for an encoder with ALBERT's options
-    (``embedding_size`` or ``share_layers``), Llama / Mistral / Qwen2 for a decoder with RoPE."""
+    """The converter a model exports with: by family, and within it by the options only one
+    architecture has: ALBERT for an encoder with ``embedding_size`` or ``share_layers``, RoBERTa
+    for one with ``position_offset`` (its padding row), DistilBERT for one without token types;
+    Llama / Mistral / Qwen2 for a decoder with RoPE; BART for an encoder-decoder with learned
+    positions (T5's are relative)."""
     if cfg.family == "encoder" and (cfg.embedding_size is not None or cfg.share_layers):
         return hf_albert
+    if cfg.family == "encoder" and cfg.position_offset:
+        return hf_roberta
+    if cfg.family == "encoder" and not cfg.type_vocab_size:
+        return hf_distilbert
     if cfg.family == "decoder" and cfg.position == "rope":
         return hf_llama
+    if cfg.family == "encoder_decoder" and cfg.position == "learned":
+        return hf_bart
     return BY_FAMILY[cfg.family]
 # The ModelConfig fields a Hugging Face config cannot express (`jaxformer.config.exported_fields`:
 # HF T5 has one dropout rate, no init scale of ours, no attention implementation): exports store
@@ -129,15 +151,15 @@ def hf_model_config(directory: str | os.PathLike, *, head: str | None = None,
 def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: str | None = None,
             num_classes: int | None = None, seed: int = 0
             ) -> tuple[dict[str, Any], dict, str | None]:
-    """Read a local Hugging Face model directory (GPT-2, BERT, ALBERT, T5, Llama family).
+    """Read a local Hugging Face directory (a `CONVERTERS` model type).
 
     Args:
       directory: holds ``config.json`` and ``model.safetensors`` (or sharded safetensors, or
         ``pytorch_model.bin``, which needs torch).
       scan_layers: return the scanned layout (and ``scan_layers=True`` in the config).
       head: jaxformer head to build; default from the checkpoint's architecture (GPT-2 "lm" or
-        "none"; BERT "mlm" / "classify" / "token_classify" / "none"; T5 "lm"; Llama "lm" /
-        "classify" / "none"). A head the
+        "none"; BERT "mlm" / "classify" / "token_classify" / "none"; RoBERTa and DistilBERT "mlm" /
+        "classify" / "none"; T5 and BART "lm"; Llama "lm" / "classify" / "none"). A head the
         checkpoint lacks (e.g. "classify" on a BertForMaskedLM checkpoint) is initialised as
         ``build_model(model_cfg).init(jax.random.key(seed))`` would; unused checkpoint heads are dropped.
       num_classes: classes of a classification head (default: the checkpoint's ``num_labels``).
@@ -203,19 +225,22 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     """Write ``config.json`` + ``model.safetensors`` (float32) that ``from_pretrained`` loads:
     GPT2LMHeadModel / GPT2Model, BertForMaskedLM / BertForPreTraining /
     BertForSequenceClassification / BertForTokenClassification / BertModel, the Albert twins of
-    these (encoders with ``embedding_size`` or ``share_layers``),
-    T5ForConditionalGeneration, or {Llama,Mistral,Qwen2}ForCausalLM / ForSequenceClassification /
-    Model (decoders with RoPE, `hf_llama.model_type_of`), chosen by ``model_cfg.family`` and
+    these (encoders with ``embedding_size`` or ``share_layers``), T5ForConditionalGeneration,
+    the RoBERTa / DistilBERT MaskedLM, SequenceClassification and Model classes,
+    BartForConditionalGeneration, or {Llama,Mistral,Qwen2}ForCausalLM / ForSequenceClassification /
+    Model (decoders with RoPE, `hf_llama.model_type_of`), chosen by `export_converter` and
     ``head``.
 
-    ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``; for GPT-2 / BERT also
-    written as an equivalent ``tokenizer.json``, `jaxformer.convert.hf_tokenizer`) or a directory
-    whose Hugging Face tokenizer files are copied. ``extra_config``: further ``config.json`` entries, e.g.
-    the source model's (token ids, label names); the architecture entries derived from
-    ``model_cfg`` take precedence. The settings HF configs cannot express (dropout rates per
-    sub-layer, init scales, attention implementation) go under ``config.json``'s
-    ``"jaxformer_config"``, which `load_hf` reads back. ValueError for configs with no HF
-    equivalent or params that do not match the config.
+    ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``; for GPT-2 / BERT also written
+    as an equivalent ``tokenizer.json``, `jaxformer.convert.hf_tokenizer`), a run's stored Hugging
+    Face tokenizer (written as ``tokenizer.json`` + ``tokenizer_config.json``,
+    `jaxformer.data.fast_tokenizer`) or a directory whose Hugging Face tokenizer files are copied.
+    ``extra_config``: further ``config.json`` entries, e.g. the source model's (token ids, label
+    names); the architecture entries derived from ``model_cfg`` take precedence, and the converter's
+    ``TOKEN_IDS`` (BART's) fill in the token ids ``extra_config`` leaves out. The settings HF
+    configs cannot express (dropout rates per sub-layer, init scales, attention implementation) go
+    under ``config.json``'s ``"jaxformer_config"``, which `load_hf` reads back. ValueError for
+    configs with no HF equivalent or params that do not match the config.
     """
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     conv = export_converter(cfg)
@@ -232,8 +257,12 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     if len(extra.get("id2label") or {}) == cfg.num_classes:  # keep the source's label names
         hf_config.update({k: extra[k] for k in ("id2label", "label2id") if k in extra})
     hf_config[JAXFORMER_KEY] = {k: getattr(cfg, k) for k in exported_fields()}
-    write_model(directory, {**extra, **hf_config}, tensors)
-    if tokenizer_path is not None:
+    # The converter's token ids (BART's pad / bos / eos / decoder start) unless the source's say else
+    defaults = getattr(conv, "TOKEN_IDS", {})
+    write_model(directory, {**defaults, **extra, **hf_config}, tensors)
+    if tokenizer_path is not None and is_saved_fast_tokenizer(tokenizer_path):
+        FastTokenizer.load(tokenizer_path).write_hf_files(directory)  # a run's HF tokenizer
+    elif tokenizer_path is not None:
         copy_tokenizer_files(tokenizer_path, directory)
         if cfg.family != "encoder_decoder" and os.path.isfile(tokenizer_path):
             _write_fast_tokenizer(tokenizer_path, directory)

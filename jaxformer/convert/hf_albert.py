@@ -170,12 +170,12 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
     want = dict(family="encoder", position="learned", norm="layer", norm_bias=True,
                 norm_position="post", embedding_norm=True, use_bias=True, gated_ffn=False,
                 num_kv_heads=cfg.num_heads, head_dim=cfg.d_model // cfg.num_heads,
-                attention_scale=None, scale_embeddings=False, pooling="first",
+                attention_scale=None, scale_embeddings=False, pooling="first", position_offset=0,
                 activation=tuple(TO_HF_ACTIVATIONS), head=HEADS)
     if cfg.head == "mlm":
         want.update(mlm_transform=True, lm_head_bias=True, rescale_tied_logits=False)
     if cfg.head == "classify" or cfg.nsp_head:
-        want.update(pooler=True)
+        want.update(pooler=True, pooler_activation="tanh")
     require(cfg, "ALBERT", **want)
     if cfg.embedding_size is None or cfg.type_vocab_size < 1:
         raise ValueError("this model config has no Hugging Face ALBERT equivalent: ALBERT needs "

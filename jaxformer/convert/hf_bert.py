@@ -57,11 +57,7 @@ def _pooled_head(cfg: ModelConfig) -> bool:
 def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str | None,
                    num_classes: int | None) -> tuple[dict, str]:
     """``config.json`` (+ tensor names, for the heads present) → (ModelConfig kwargs, prefix)."""
-    if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError(f"BERT position_embedding_type={hf['position_embedding_type']!r} is not "
-                         "supported; only 'absolute'")
-    if hf.get("is_decoder") or hf.get("add_cross_attention"):
-        raise ValueError("BERT as a decoder (is_decoder / add_cross_attention) is not supported")
+    check_variant(hf, "BERT")
     prefix = "bert." if any(k.startswith("bert.") for k in tensors) else ""
     arch = (hf.get("architectures") or [""])[0]
     if head is None:
@@ -82,61 +78,85 @@ def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str 
     has_pooler = f"{prefix}pooler.dense.weight" in tensors
     pooler = head == "classify" or nsp or (head == "none" and has_pooler)
     cfg = dict(
-        family="encoder", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
-        num_heads=hf["num_attention_heads"], d_ff=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"], max_len=hf["max_position_embeddings"],
-        position="learned", norm="layer", norm_position="post",
-        norm_eps=hf.get("layer_norm_eps", 1e-12), embedding_norm=True,
-        activation=from_hf_activation(hf.get("hidden_act", "gelu"), "hidden_act"), use_bias=True,
-        type_vocab_size=hf.get("type_vocab_size", 2), head=head, mlm_transform=True,
-        lm_head_bias=True, nsp_head=nsp, pooler=pooler, pooling="first",
+        backbone_fields(hf), max_len=hf["max_position_embeddings"],
+        type_vocab_size=hf.get("type_vocab_size", 2), head=head, nsp_head=nsp, pooler=pooler,
         tie_embeddings=is_tied(tensors, "cls.predictions.decoder.weight",
                                f"{prefix}embeddings.word_embeddings.weight"),
-        num_classes=num_labels(hf, num_classes), dropout_rate=hf.get("hidden_dropout_prob", 0.1),
-        attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
-        init_scheme="bert", init_std=hf.get("initializer_range", 0.02))
+        num_classes=num_labels(hf, num_classes))
     return cfg, prefix
 
 
-def _dense(param: str, tensor: str, d_in, d_out) -> list[Rule]:
+def backbone_fields(hf: Mapping) -> dict:
+    """The ModelConfig fields of a BERT-style ``config.json`` (BERT, RoBERTa) shared by every
+    head: post-LN encoder with an embedding LayerNorm, MLM transform and vocabulary bias."""
+    return dict(
+        family="encoder", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
+        num_heads=hf["num_attention_heads"], d_ff=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"], position="learned", norm="layer",
+        norm_position="post", norm_eps=hf.get("layer_norm_eps", 1e-12), embedding_norm=True,
+        activation=from_hf_activation(hf.get("hidden_act", "gelu"), "hidden_act"), use_bias=True,
+        mlm_transform=True, lm_head_bias=True, pooling="first",
+        dropout_rate=hf.get("hidden_dropout_prob", 0.1),
+        attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
+        init_scheme="bert", init_std=hf.get("initializer_range", 0.02))
+
+
+def check_variant(hf: Mapping, arch: str) -> None:
+    """ValueError for BERT-style configs jaxformer has no equivalent of."""
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(f"{arch} position_embedding_type={hf['position_embedding_type']!r} is "
+                         "not supported; only 'absolute'")
+    if hf.get("is_decoder") or hf.get("add_cross_attention"):
+        raise ValueError(f"{arch} as a decoder (is_decoder / add_cross_attention) is not supported")
+
+
+def dense_rules(param: str, tensor: str, d_in, d_out) -> list[Rule]:
     return [linear(f"{param}/kernel", f"{tensor}.weight", d_in, d_out),
             reshape(f"{param}/bias", f"{tensor}.bias", d_out)]
 
 
-def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
-    """Rules for every parameter of ``cfg`` (unrolled layout)."""
+def backbone_rules(cfg: ModelConfig, prefix: str) -> list[Rule]:
+    """Embeddings and encoder layers under ``prefix`` (BERT's names; RoBERTa uses them too)."""
     d, h, dh, f, v = cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
     e = f"{prefix}embeddings."
     out = [copy("token_embed/embedding", f"{e}word_embeddings.weight", (v, d)),
-           copy("embed/pos_embedding", f"{e}position_embeddings.weight", (cfg.max_len, d)),
+           copy("embed/pos_embedding", f"{e}position_embeddings.weight",
+                (cfg.max_len + cfg.position_offset, d)),
            copy("embed/type_embedding", f"{e}token_type_embeddings.weight",
                 (cfg.type_vocab_size, d)),
            *layer_norm("embed/norm", f"{e}LayerNorm", d)]
     for i in range(cfg.num_layers):
         b, t = f"encoder/layer_{i}/", f"{prefix}encoder.layer.{i}."
         for name in ("query", "key", "value"):
-            out += _dense(f"{b}self_attn/{name}", f"{t}attention.self.{name}", (d,), (h, dh))
-        out += [*_dense(f"{b}self_attn/out", f"{t}attention.output.dense", (h, dh), (d,)),
+            out += dense_rules(f"{b}self_attn/{name}", f"{t}attention.self.{name}", (d,), (h, dh))
+        out += [*dense_rules(f"{b}self_attn/out", f"{t}attention.output.dense", (h, dh), (d,)),
                 *layer_norm(f"{b}self_attn_norm", f"{t}attention.output.LayerNorm", d),
-                *_dense(f"{b}ffn/wi", f"{t}intermediate.dense", (d,), (f,)),
-                *_dense(f"{b}ffn/wo", f"{t}output.dense", (f,), (d,)),
+                *dense_rules(f"{b}ffn/wi", f"{t}intermediate.dense", (d,), (f,)),
+                *dense_rules(f"{b}ffn/wo", f"{t}output.dense", (f,), (d,)),
                 *layer_norm(f"{b}ffn_norm", f"{t}output.LayerNorm", d)]
+    return out
+
+
+def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
+    """Rules for every parameter of ``cfg`` (unrolled layout)."""
+    d, v = cfg.d_model, cfg.vocab_size
+    out = backbone_rules(cfg, prefix)
     if _pooled_head(cfg):
-        out += _dense("pooler", f"{prefix}pooler.dense", (d,), (d,))
+        out += dense_rules("pooler", f"{prefix}pooler.dense", (d,), (d,))
     if cfg.head == "mlm":
-        out += [*_dense("mlm_head/dense", "cls.predictions.transform.dense", (d,), (d,)),
+        out += [*dense_rules("mlm_head/dense", "cls.predictions.transform.dense", (d,), (d,)),
                 *layer_norm("mlm_head/norm", "cls.predictions.transform.LayerNorm", d),
                 copy("mlm_head/decoder/bias", "cls.predictions.bias", (v,))]
         if not cfg.tie_embeddings:
             out.append(linear("mlm_head/decoder/kernel", "cls.predictions.decoder.weight",
                               (d,), (v,)))
         if cfg.nsp_head:
-            out += _dense("nsp_head", "cls.seq_relationship", (d,), (2,))
+            out += dense_rules("nsp_head", "cls.seq_relationship", (d,), (2,))
     elif cfg.head in ("classify", "token_classify"):
         name = "classifier" if cfg.head == "classify" else "token_classifier"
-        out += _dense(name, "classifier", (d,), (cfg.num_classes,))
+        out += dense_rules(name, "classifier", (d,), (cfg.num_classes,))
     elif cfg.head == "span":
-        out += _dense("qa_outputs", "qa_outputs", (d,), (2,))
+        out += dense_rules("qa_outputs", "qa_outputs", (d,), (2,))
     return out
 
 
@@ -154,12 +174,12 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
     want = dict(family="encoder", position="learned", norm="layer", norm_bias=True,
                 norm_position="post", embedding_norm=True, use_bias=True, gated_ffn=False,
                 num_kv_heads=cfg.num_heads, head_dim=cfg.d_model // cfg.num_heads,
-                attention_scale=None, scale_embeddings=False, pooling="first",
+                attention_scale=None, scale_embeddings=False, pooling="first", position_offset=0,
                 activation=tuple(TO_HF_ACTIVATIONS), head=HEADS)
     if cfg.head == "mlm":
         want.update(mlm_transform=True, lm_head_bias=True, rescale_tied_logits=False)
     if cfg.head == "classify" or cfg.nsp_head:
-        want.update(pooler=True)
+        want.update(pooler=True, pooler_activation="tanh")
     require(cfg, "BERT", **want)
     if cfg.type_vocab_size < 1:
         raise ValueError("this model config has no Hugging Face BERT equivalent: "

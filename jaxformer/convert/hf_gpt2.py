@@ -107,7 +107,7 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
             norm_position="pre", embedding_norm=False, use_bias=True, gated_ffn=False,
             num_kv_heads=cfg.num_heads, head_dim=cfg.d_model // cfg.num_heads,
             attention_scale=(None, 1.0), scale_embeddings=False, rescale_tied_logits=False,
-            lm_head_bias=False, type_vocab_size=0, head=("lm", "none"),
+            lm_head_bias=False, type_vocab_size=0, head=("lm", "none"), position_offset=0,
             activation=tuple(TO_HF_ACTIVATIONS))
     lm = cfg.head == "lm"
     hf = {

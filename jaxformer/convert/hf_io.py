@@ -18,6 +18,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from jaxformer.data.fast_tokenizer import TOKENIZER_JSON, has_tokenizer_files
+
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -50,8 +52,8 @@ def read_config(directory: str | os.PathLike) -> dict:
     with open(path) as f:
         cfg = json.load(f)
     if "model_type" not in cfg:
-        raise ValueError(f"{path} has no 'model_type'; expected one of gpt2, bert, albert, t5, "
-                         "mt5, llama, mistral, qwen2")
+        raise ValueError(f"{path} has no 'model_type'; expected one of gpt2, bert, albert, "
+                         "roberta, distilbert, t5, mt5, bart, llama, mistral, qwen2")
     return cfg
 
 
@@ -152,12 +154,17 @@ def find_sentencepiece(directory: str | os.PathLike) -> str | None:
 
 
 def find_tokenizer(directory: str | os.PathLike) -> str | None:
-    """The file that becomes a run's tokenizer: the SentencePiece model (T5, Llama 2, Mistral),
-    else ``tokenizer.json`` (Llama 3, Qwen2, GPT-2, BERT: `jaxformer.data.fast_tokenizer`), else
-    None."""
-    path = find_sentencepiece(directory)
-    json_path = os.path.join(os.fspath(directory), "tokenizer.json")
-    return path or (json_path if os.path.isfile(json_path) else None)
+    """What becomes a run's tokenizer (`jaxformer.data.tokenizer.Tokenizer.load` reads it): the
+    directory's SentencePiece model (T5, Llama 2, Mistral: `find_sentencepiece`), else its
+    ``tokenizer.json`` (Llama 3, Qwen2, GPT-2, RoBERTa, BART, BERT: `jaxformer.data.fast_tokenizer`),
+    else the directory itself when it holds a slow tokenizer's files (``vocab.json`` +
+    ``merges.txt`` or ``vocab.txt``), else None."""
+    json_path = os.path.join(os.fspath(directory), TOKENIZER_JSON)
+    if spm := find_sentencepiece(directory):
+        return spm
+    if os.path.isfile(json_path):
+        return json_path
+    return os.fspath(directory) if has_tokenizer_files(directory) else None
 
 
 def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:

@@ -39,9 +39,12 @@ def copy(param: str, tensor: str, shape: Sequence[int]) -> Rule:
     return Rule((param,), (tensor,), (s,), (s,), lambda x: (x,), lambda x: (x,))
 
 
-def reshape(param: str, tensor: str, param_shape: Sequence[int]) -> Rule:
-    """A flat `[prod(shape)]` tensor ↔ a parameter of ``param_shape`` (e.g. biases `[H, Dh]`)."""
-    p, t = tuple(param_shape), (math.prod(param_shape),)
+def reshape(param: str, tensor: str, param_shape: Sequence[int],
+            tensor_shape: Sequence[int] | None = None) -> Rule:
+    """A tensor of ``tensor_shape`` (default flat, `[prod(param_shape)]`) ↔ a parameter of
+    ``param_shape`` (e.g. biases `[H, Dh]`; BART's ``final_logits_bias`` `[1, V]`)."""
+    p = tuple(param_shape)
+    t = (math.prod(p),) if tensor_shape is None else tuple(tensor_shape)
     return Rule((param,), (tensor,), (p,), (t,), lambda x: (x.reshape(p),),
                 lambda x: (x.reshape(t),))
 
@@ -226,6 +229,27 @@ def is_tied(tensors: Mapping[str, np.ndarray], head: str, embedding: str) -> boo
         return True
     a, b = tensors[head], tensors[embedding]
     return a.shape == b.shape and bool(np.array_equal(a, b))
+
+
+def pick_head(hf: Mapping, tensors: Mapping[str, np.ndarray], head: str | None, *, model: str,
+              architecture_heads: Mapping[str, str], heads: Sequence[str],
+              by_tensor: Sequence[tuple[str, str]]) -> str:
+    """The jaxformer head to build: ``head`` when given, else the one ``config.json``'s
+    architecture means (``architecture_heads``), else — no architecture named — that of the first
+    ``(tensor name, head)`` of ``by_tensor`` whose tensor is present, else "none". ValueError for
+    an architecture or head ``model`` (its name in messages) does not have."""
+    arch = (hf.get("architectures") or [""])[0]
+    if head is None:
+        if arch in architecture_heads:
+            head = architecture_heads[arch]
+        elif arch:
+            raise ValueError(f"architectures={[arch]} is not supported for {model}; supported: "
+                             f"{sorted(architecture_heads)} (or pass head='none' for the backbone)")
+        else:
+            head = next((h for name, h in by_tensor if name in tensors), "none")
+    if head not in heads:
+        raise ValueError(f"head={head!r} is not available for {model}; choose one of {tuple(heads)}")
+    return head
 
 
 def num_labels(hf: Mapping, override: int | None) -> int:

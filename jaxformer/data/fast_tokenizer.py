@@ -1,17 +1,24 @@
-"""A Hugging Face ``tokenizer.json`` (the `tokenizers` library) behind `Tokenizer`'s interface.
+"""A Hugging Face tokenizer (the `tokenizers` library) behind the interface of
+`jaxformer.data.tokenizer.Tokenizer`: the tokenizer a pretrained checkpoint came with.
 
-Checkpoints whose tokenizer is no SentencePiece model — Llama 3 and Qwen2 (byte-level BPE),
-GPT-2 / RoBERTa / BART (byte-level BPE), BERT (WordPiece) — ship a ``tokenizer.json``, which the
-`tokenizers` library runs exactly as transformers' fast tokenizers do. `FastTokenizer` wraps it:
-``encode`` adds no special tokens (the pipeline frames sequences, as with SentencePiece),
-``decode`` stops at EOS and drops special tokens. The roles of the special tokens (which is EOS,
-BOS, pad, …) are not in ``tokenizer.json``; they are read from the directory's
-``tokenizer_config.json`` / ``special_tokens_map.json``, else the ids in ``config.json``.
+Checkpoints whose tokenizer is no SentencePiece model ship a ``tokenizer.json`` — Llama 3 and Qwen2,
+GPT-2, RoBERTa and BART (byte-level BPE), BERT and DistilBERT (WordPiece) — or, older ones, the
+slow tokenizer's files: ``vocab.json`` + ``merges.txt`` (byte-level BPE) or ``vocab.txt``
+(WordPiece), which `FastTokenizer.from_directory` builds into the same fast tokenizer transformers'
+converter builds. ``encode`` gives the ids ``AutoTokenizer.from_pretrained(dir)(text,
+add_special_tokens=False)`` gives (the pipeline frames sequences itself, as with SentencePiece);
+``decode`` stops at EOS and drops padding and other special tokens.
+
+The roles of the special tokens (pad, eos, bos, unk, mask, cls, sep) are not in ``tokenizer.json``;
+they are read from ``tokenizer_config.json`` / ``special_tokens_map.json``, else the ids in
+``config.json``. A role nothing names is -1 (BERT has no eos), as for SentencePiece models, except
+padding, which is EOS when only that is named (GPT-2).
 
 A run stores the tokenizer as one file (`FastTokenizer.save`: JSON holding the ``tokenizer.json``
 and the special ids), under the name a SentencePiece run uses (``<workdir>/tokenizer.model``);
-`jaxformer.data.tokenizer.Tokenizer.load` tells the two formats apart by content, so resuming,
-evaluation, prediction and generation read either.
+`jaxformer.data.tokenizer.Tokenizer.load` tells the formats apart by content, so resuming,
+evaluation, prediction and generation read either; `FastTokenizer.write_hf_files` writes it back as
+Hugging Face files for an export.
 """
 
 from __future__ import annotations
@@ -30,13 +37,47 @@ ROLES = {"pad_id": "pad_token", "eos_id": "eos_token", "bos_id": "bos_token",
          "unk_id": "unk_token", "mask_id": "mask_token", "cls_id": "cls_token",
          "sep_id": "sep_token"}
 WORD_START = ("\u2581", "\u0120")  # SentencePiece's "▁", byte-level BPE's "Ġ"
+# Files a Hugging Face directory may hold its tokenizer in, by preference.
+TOKENIZER_JSON, BPE_FILES, WORDPIECE_FILE = "tokenizer.json", ("vocab.json", "merges.txt"), "vocab.txt"
+# The role tokens the slow tokenizer classes assume when the directory names none.
+LEGACY_ROLES = {
+    BPE_FILES: {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "sep_token": "</s>",
+                "cls_token": "<s>", "pad_token": "<pad>", "mask_token": "<mask>"},  # RoBERTa's
+    WORDPIECE_FILE: {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+                     "cls_token": "[CLS]", "mask_token": "[MASK]"},  # BERT's
+}
+
+
+def _tokenizers():
+    try:
+        import tokenizers
+    except ImportError:  # pragma: no cover - a dependency of jaxformer and of transformers
+        raise ValueError("reading a Hugging Face tokenizer needs the `tokenizers` package "
+                         "(pip install tokenizers)") from None
+    return tokenizers
 
 
 def is_saved_fast_tokenizer(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a JSON file (a saved `FastTokenizer` or a ``tokenizer.json``), not a
-    SentencePiece model (a protobuf)."""
+    """Whether the file ``path`` is JSON (a saved `FastTokenizer` or a ``tokenizer.json``), not a
+    SentencePiece model (a protobuf, which never starts with ``{``)."""
+    if not os.path.isfile(path):
+        return False
     with open(path, "rb") as f:
         return f.read(1) == b"{"
+
+
+def has_tokenizer_files(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` holds a Hugging Face tokenizer `FastTokenizer.from_directory` reads."""
+    return _layout(os.fspath(directory)) is not None
+
+
+def _layout(d: str) -> str | tuple[str, str] | None:
+    """Which of `TOKENIZER_JSON`, `BPE_FILES`, `WORDPIECE_FILE` the directory ``d`` holds first."""
+    for layout in (TOKENIZER_JSON, BPE_FILES, WORDPIECE_FILE):
+        names = layout if isinstance(layout, tuple) else (layout,)
+        if os.path.isdir(d) and all(os.path.isfile(os.path.join(d, n)) for n in names):
+            return layout
+    return None
 
 
 def _token_text(entry) -> str | None:
@@ -53,47 +94,69 @@ def _read_json(path: str) -> dict:
         return json.load(f)
 
 
+def _byte_level_bpe(directory: str, specials: Iterable[str]):
+    """RoBERTa / BART / GPT-2's slow-tokenizer files as a fast byte-level BPE (the construction
+    transformers' converter uses; no prefix space, RoBERTa's default)."""
+    t = _tokenizers()
+    vocab, merges = (os.path.join(directory, f) for f in BPE_FILES)
+    tok = t.Tokenizer(t.models.BPE.from_file(vocab, merges))
+    tok.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = t.decoders.ByteLevel()
+    tok.add_special_tokens([t.AddedToken(s, special=True) for s in specials])
+    return tok
+
+
+def _wordpiece(directory: str, specials: Iterable[str], lowercase: bool):
+    """BERT / DistilBERT's ``vocab.txt`` as a fast WordPiece tokenizer (BERT's basic tokenizer:
+    clean text, CJK characters split, lowercase and accent stripping when ``lowercase``)."""
+    t = _tokenizers()
+    tok = t.Tokenizer(t.models.WordPiece.from_file(os.path.join(directory, WORDPIECE_FILE),
+                                                   unk_token="[UNK]"))
+    tok.normalizer = t.normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                  strip_accents=None, lowercase=lowercase)
+    tok.pre_tokenizer = t.pre_tokenizers.BertPreTokenizer()
+    tok.decoder = t.decoders.WordPiece(prefix="##")
+    tok.add_special_tokens([t.AddedToken(s, special=True) for s in specials])
+    return tok
+
+
 class FastTokenizer:
-    """`Tokenizer`'s interface over a `tokenizers.Tokenizer` with the special ids ``special``."""
+    """`Tokenizer`'s interface over a `tokenizers.Tokenizer` with the special ids ``special``
+    (`SpecialTokens` field → id). Picklable (for Grain worker processes)."""
 
     def __init__(self, tokenizer_json: str, special: Mapping[str, int]):
-        try:
-            from tokenizers import Tokenizer as _Backend
-        except ImportError:  # pragma: no cover - a dependency of jaxformer and of transformers
-            raise ValueError("reading a Hugging Face tokenizer.json needs the `tokenizers` "
-                             "package (pip install tokenizers)") from None
         self._json = tokenizer_json
-        self._tok = _Backend.from_str(tokenizer_json)
-        self._special_ids = dict(special)
+        self._tok = _tokenizers().Tokenizer.from_str(tokenizer_json)
+        self._tok.no_truncation()  # as transformers does for a call without truncation/padding
+        self._tok.no_padding()
+        self._special_ids = {k: int(v) for k, v in special.items()}
         self.special = SpecialTokens(vocab_size=self.vocab_size, sentinel_ids=(),
                                      **{k: int(special.get(k, -1)) for k in ROLES})
 
     # ----------------------------------------------------------------------------------------------
     @classmethod
     def from_directory(cls, directory: str | os.PathLike) -> FastTokenizer:
-        """The ``tokenizer.json`` of a Hugging Face model directory, its special tokens' roles from
-        ``tokenizer_config.json`` / ``special_tokens_map.json`` (else ``config.json``'s ids)."""
+        """The tokenizer of a Hugging Face model directory (see the module docstring)."""
         d = os.fspath(directory)
-        path = os.path.join(d, "tokenizer.json")
-        if not os.path.isfile(path):
-            raise ValueError(f"{d!r} has no tokenizer.json")
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        names = {**_read_json(os.path.join(d, "special_tokens_map.json")),
-                 **_read_json(os.path.join(d, "tokenizer_config.json"))}
-        model_config = _read_json(os.path.join(d, "config.json"))
-        backend = cls(text, {})._tok
-        special = {}
-        for field, key in ROLES.items():
-            token = _token_text(names.get(key))
-            i = backend.token_to_id(token) if token is not None else None
-            if i is None:
-                i = model_config.get(f"{key}_id")
-            if isinstance(i, list):  # e.g. Llama 3.1's eos_token_id [128001, 128008, 128009]
-                i = i[0]
-            if isinstance(i, int):
-                special[field] = i
-        return cls(text, special)
+        layout = _layout(d)
+        if layout is None:
+            raise ValueError(f"{d!r} holds no Hugging Face tokenizer: expected {TOKENIZER_JSON}, "
+                             f"{' + '.join(BPE_FILES)} or {WORDPIECE_FILE}")
+        config = _read_json(os.path.join(d, "tokenizer_config.json"))
+        names = {k: _token_text(v) for k, v in {
+            **_read_json(os.path.join(d, "special_tokens_map.json")), **config}.items()}
+        names = {k: v for k, v in names.items() if k in ROLES.values() and v is not None}
+        if layout == TOKENIZER_JSON:
+            with open(os.path.join(d, TOKENIZER_JSON), encoding="utf-8") as f:
+                text = f.read()
+        else:
+            names = {**LEGACY_ROLES[layout], **names}
+            specials = dict.fromkeys(names.values())
+            tok = (_byte_level_bpe(d, specials) if layout == BPE_FILES else
+                   _wordpiece(d, specials, config.get("do_lower_case", True)))
+            text = tok.to_str()
+        return cls(text, _special_ids(cls(text, {})._tok, names,
+                                      _read_json(os.path.join(d, "config.json"))))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> FastTokenizer:
@@ -113,11 +176,11 @@ class FastTokenizer:
         os.replace(tmp, path)
 
     def write_hf_files(self, directory: str | os.PathLike) -> list[str]:
-        """``tokenizer.json`` and a ``tokenizer_config.json`` naming the special tokens, for
-        ``AutoTokenizer.from_pretrained(directory)``; their names."""
+        """``tokenizer.json`` and a ``tokenizer_config.json`` (``PreTrainedTokenizerFast``) naming
+        the special tokens, for ``AutoTokenizer.from_pretrained(directory)``; their names."""
         d = os.fspath(directory)
         os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+        with open(os.path.join(d, TOKENIZER_JSON), "w", encoding="utf-8") as f:
             f.write(self._json)
         config = {"tokenizer_class": "PreTrainedTokenizerFast"}
         for field, key in ROLES.items():
@@ -126,7 +189,7 @@ class FastTokenizer:
                 config[key] = self._tok.id_to_token(i)
         with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2)
-        return ["tokenizer.json", "tokenizer_config.json"]
+        return [TOKENIZER_JSON, "tokenizer_config.json"]
 
     # ----------------------------------------------------------------------------------------------
     @property
@@ -153,15 +216,17 @@ class FastTokenizer:
             while start < end and text[start].isspace() and not text[start:end].isspace():
                 start += 1
             offsets[i] = start, end
-        return enc.ids, offsets
+        return list(enc.ids), offsets
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Ids → text, stopping at the first EOS; special tokens are dropped."""
+        """Ids → text, stopping at the first EOS, skipping padding and other special tokens."""
         out = []
         for i in ids:
             i = int(i)
             if i == self.special.eos_id:
                 break
+            if i == self.special.pad_id:
+                continue
             if not 0 <= i < self.vocab_size:
                 raise ValueError(f"token id {i} is out of range for a vocabulary of "
                                  f"{self.vocab_size}")
@@ -172,11 +237,18 @@ class FastTokenizer:
         return self._tok.id_to_token(int(i))
 
     def word_initial(self) -> np.ndarray:
-        """Bool `[vocab_size]`: pieces that begin a word ("▁" / "Ġ" prefix; WordPiece: not "##")."""
+        """Bool `[vocab_size]`: the pieces that begin a word, for whole-word masking. WordPiece:
+        those without the ``##`` continuation prefix; byte-level BPE / SentencePiece-style: those
+        starting with ``Ġ`` / ``▁`` (a space before them). Special tokens are False."""
+        model = json.loads(self._json)["model"]
         pieces = [self._tok.id_to_token(i) or "" for i in range(self.vocab_size)]
-        if any(p.startswith("##") for p in pieces):
-            return np.array([bool(p) and not p.startswith("##") for p in pieces], bool)
-        return np.array([p.startswith(WORD_START) for p in pieces], bool)
+        if model.get("type") == "WordPiece":
+            prefix = model.get("continuing_subword_prefix") or "##"
+            out = np.array([bool(p) and not p.startswith(prefix) for p in pieces], bool)
+        else:
+            out = np.array([p.startswith(WORD_START) for p in pieces], bool)
+        out[[i for i in self.special.all_special if 0 <= i < self.vocab_size]] = False
+        return out
 
     def __getstate__(self):
         return {"tokenizer": self._json, "special": self._special_ids}
@@ -186,3 +258,22 @@ class FastTokenizer:
 
     def __repr__(self) -> str:
         return f"FastTokenizer(vocab_size={self.vocab_size}, special={self.special})"
+
+
+def _special_ids(backend, names: Mapping[str, str], model_config: Mapping) -> dict[str, int]:
+    """{`SpecialTokens` field: id} of the role tokens ``names`` (tokenizer_config.json key →
+    text) in ``backend``'s vocabulary, else ``model_config``'s ``<role>_token_id``; padding is EOS
+    when nothing names it."""
+    special = {}
+    for field, key in ROLES.items():
+        token = names.get(key)
+        i = backend.token_to_id(token) if token is not None else None
+        if i is None:
+            i = model_config.get(f"{key}_id")
+        if isinstance(i, list):  # e.g. Llama 3.1's eos_token_id [128001, 128008, 128009]
+            i = i[0]
+        if isinstance(i, int) and i >= 0:
+            special[field] = i
+    if "pad_id" not in special and "eos_id" in special:  # GPT-2 names none: pad with EOS
+        special["pad_id"] = special["eos_id"]
+    return special

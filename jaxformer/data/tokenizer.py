@@ -259,10 +259,14 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer | FastTokenizer:
-        """A SentencePiece ``.model``, or — for a JSON file: a Hugging Face ``tokenizer.json`` or
-        a run's saved one — the `jaxformer.data.fast_tokenizer.FastTokenizer` of it."""
+        """A SentencePiece ``.model``; or a Hugging Face tokenizer (the same methods,
+        `jaxformer.data.fast_tokenizer.FastTokenizer`): a model directory's (``tokenizer.json``,
+        ``vocab.json`` + ``merges.txt``, ``vocab.txt``), a ``tokenizer.json`` or a run's saved
+        one (JSON, told from a SentencePiece model by content)."""
         if not os.path.exists(path):
             raise ValueError(f"tokenizer model {os.fspath(path)!r} does not exist")
+        if os.path.isdir(path):
+            return FastTokenizer.from_directory(path)
         if is_saved_fast_tokenizer(path):
             return FastTokenizer.load(path)
         with open(path, "rb") as f:

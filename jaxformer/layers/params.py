@@ -230,7 +230,8 @@ def input_embedding_spec(cfg: ModelConfig) -> dict:
     width, axis = embedding_width(cfg)
     spec = {}
     if cfg.position == "learned":
-        spec["pos_embedding"] = _table(cfg, cfg.max_len, ("length", axis), width)
+        rows = cfg.max_len + cfg.position_offset  # RoBERTa / BART keep rows before position 0
+        spec["pos_embedding"] = _table(cfg, rows, ("length", axis), width)
     if cfg.type_vocab_size:
         spec["type_embedding"] = _table(cfg, cfg.type_vocab_size, ("types", axis), width)
     if cfg.embedding_norm:

@@ -4,7 +4,8 @@
   untied `[d_model, vocab]` kernel, plus an optional vocabulary bias.
 * `mlm_logits`: BERT's masked-LM head (Devlin et al. 2019): dense → activation → norm, then
   `lm_logits` with the parameters under ``"decoder"``.
-* `pool` / `pooled`: one `[B, D]` vector per sequence, BERT's dense+tanh pooler optional.
+* `pool` / `pooled`: one `[B, D]` vector per sequence, BERT's dense+tanh pooler (DistilBERT's
+  dense+relu) optional.
 * `classify`: dropout → dense, for sequence, token and next-sentence classification.
 * `span_logits`: extractive QA's start/end logits (BERT on SQuAD, Devlin et al. 2019 §4.2).
 """
@@ -69,9 +70,10 @@ def pool(x: Array, segment_ids: Array | None, how: str) -> Array:
 
 
 def pooled(params: dict, x: Array, segment_ids: Array | None, *, cfg: ModelConfig) -> Array:
-    """`[B, L, D]` → `[B, D]`: `pool` by ``cfg.pooling``, then BERT's tanh(dense) if ``cfg.pooler``."""
+    """`[B, L, D]` → `[B, D]`: `pool` by ``cfg.pooling``, then, if ``cfg.pooler``, BERT's
+    tanh(dense) (``cfg.pooler_activation``: DistilBERT's pre_classifier is relu(dense))."""
     h = pool(x, segment_ids, cfg.pooling)
-    return jnp.tanh(dense(params, h)) if cfg.pooler else h
+    return get_activation(cfg.pooler_activation)(dense(params, h)) if cfg.pooler else h
 
 
 def classify(params: dict, h: Array, *, cfg: ModelConfig,

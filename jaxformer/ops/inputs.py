@@ -51,12 +51,14 @@ def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
     """x = proj?(dropout(norm?(scale · E[tokens] + P[positions] + T[token_types]))), `[B, L, D]`.
 
     ``scale`` is sqrt(d_model) when ``cfg.scale_embeddings`` (Vaswani et al. 2017 §3.4), else 1.
-    Positions are sinusoidal (§3.5; no parameters) or a learned `[max_len, d_model]` table
-    (``params["pos_embedding"]``, BERT/GPT-2); RoPE and relative positions act inside attention
-    instead. Token types `[B, L]` (BERT segments A/B, default 0) read ``params["type_embedding"]``;
-    ``params["norm"]`` is BERT's embedding LayerNorm. With ``cfg.embedding_size`` (ALBERT's
-    factorised embedding, Lan et al. 2019 §3.1) the tables and the norm are E wide and
-    ``params["projection"]`` (`[E, D]` kernel + bias) maps the result to d_model.
+    Positions are sinusoidal (§3.5; no parameters) or a learned `[max_len + offset, d_model]` table
+    (``params["pos_embedding"]``, BERT/GPT-2; position ``p`` reads row ``p + cfg.position_offset``,
+    as RoBERTa and BART keep rows before position 0); RoPE and relative positions act inside
+    attention instead. Token types `[B, L]` (BERT segments A/B, default 0) read
+    ``params["type_embedding"]``; ``params["norm"]`` is BERT's embedding LayerNorm. With
+    ``cfg.embedding_size`` (ALBERT's factorised embedding, Lan et al. 2019 §3.1) the tables and the
+    norm are E wide and ``params["projection"]`` (`[E, D]` kernel + bias) maps the result to
+    d_model.
 
     Args:
       token_embeddings: `[B, L, E]` (see `embed_tokens`; E = d_model unless factorised).
@@ -71,7 +73,7 @@ def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
         check_ids(positions, cfg.max_len, "positions", f"the learned table [0, model.max_len="
                   f"{cfg.max_len})", "use shorter rows or a larger model.max_len")
         table = _whole_rows(params["pos_embedding"], "length", pin)
-        x = x + lookup_positions(table, positions).astype(x.dtype)
+        x = x + lookup_positions(table, positions + cfg.position_offset).astype(x.dtype)
     elif cfg.position == "sinusoidal":
         x = x + sinusoidal(positions, x.shape[-1], dtype=x.dtype)
     if cfg.type_vocab_size:

@@ -65,7 +65,9 @@ KEY_DOCS = {
                       "usual framing",
     "objective.label_smoothing": "label smoothing of the training cross-entropy (not of evaluation)",
     "objective.z_loss": "weight of the z-loss log(Z)^2 on the output logits (PaLM)",
-    "objective.decoder_start_id": "encoder_decoder: the first decoder input id (T5: pad = 0)",
+    "objective.decoder_start_id": "encoder_decoder: the first decoder input id (T5: pad = 0; a "
+                                  "Hugging Face init_from's decoder_start_token_id, e.g. BART's 2, "
+                                  "replaces the default 0)",
     "checkpoint.every_steps": "save a checkpoint every this many steps (and at the last step)",
     "checkpoint.keep": "the latest this many checkpoints are kept (plus the best by best_metric)",
     "checkpoint.best_metric": "also keep the best checkpoint by this logged metric, e.g. "

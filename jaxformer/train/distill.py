@@ -15,7 +15,9 @@ jitted step, its parameters sharded on the student's mesh by the same logical-ax
 never part of the train state, so checkpoints hold the student only and a resume reloads it.
 
 ``distill.init_student``: the student starts from the teacher's layers 0, 2, 4, … (DistilBERT §3,
-"taking one layer out of two"), its embeddings and heads (`select_layers`).
+"taking one layer out of two"), its embeddings and heads (`select_layers`). A DistilBERT-shaped
+encoder student (``type_vocab_size=0``, ``pooler=False``) leaves the teacher's token-type table and
+pooler out (`dropped_token_types`), and exports as a Hugging Face DistilBERT.
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ def with_teacher_tokenizer(config: ml_collections.ConfigDict) -> ml_collections.
     if settings(config) is None:
         return config
     teacher, given = open_pretrained(config, TEACHER_KEY), config.data.tokenizer.get("path")
-    if given and teacher.tokenizer and Path(given).read_bytes() != Path(
-            teacher.tokenizer).read_bytes():
+    if given and teacher.tokenizer and Path(given).is_file() and Path(teacher.tokenizer).is_file() \
+            and Path(given).read_bytes() != Path(teacher.tokenizer).read_bytes():
         logging.warning("data.tokenizer.path=%s is not the teacher's tokenizer %s: the student's "
                         "token ids must mean what the teacher's do", given, teacher.tokenizer)
     if given or config.init_from or not teacher.tokenizer:
@@ -73,12 +75,14 @@ def check_student(student: ModelConfig, teacher: ModelConfig, s: DistillSettings
     """ValueError naming every ``model.*`` field the student must share with the teacher: family
     and head; the output size (``vocab_size``, or ``num_classes`` for classification); ``d_model``
     for the cosine term (γ > 0); with ``init_student`` every architecture field but the layer
-    counts, and at most ⌈teacher layers / 2⌉ layers."""
+    counts (and ``type_vocab_size``: an encoder student may drop the teacher's token types,
+    `dropped_token_types`), and at most ⌈teacher layers / 2⌉ layers."""
     if student.family not in STACKS:
         raise ValueError(f"model.family={student.family!r}: distillation supports {tuple(STACKS)}")
     names = ["family", "head", "num_classes" if student.head == "classify" else "vocab_size"]
     names += ["d_model"] if s.gamma else []
-    names += [f for f in architecture_fields() if s.init_student and f not in LAYER_COUNTS]
+    names += [f for f in architecture_fields() if s.init_student and f not in LAYER_COUNTS
+              and not (f == "type_vocab_size" and dropped_token_types(student, teacher))]
     differ = [f"model.{f}={getattr(student, f)!r} (teacher: {getattr(teacher, f)!r})"
               for f in dict.fromkeys(names) if getattr(student, f) != getattr(teacher, f)]
     if differ:
@@ -88,6 +92,14 @@ def check_student(student: ModelConfig, teacher: ModelConfig, s: DistillSettings
     if s.init_student and student.num_layers > most:
         raise ValueError(f"model.num_layers={student.num_layers}: distill.init_student takes the "
                          f"teacher's layers 0, 2, 4, … of {teacher.num_layers}, so at most {most}")
+
+
+def dropped_token_types(student: ModelConfig, teacher: ModelConfig) -> bool:
+    """Whether an encoder student is DistilBERT-shaped: it has no token-type embeddings where its
+    teacher has them (Sanh et al. 2019 §3: "the token-type embeddings and the pooler are removed";
+    the pooler is a head option). ``init_student`` then leaves the teacher's type table out: the
+    student's embedding of a segment-A row differs from the teacher's by the type-0 row."""
+    return student.family == "encoder" and student.type_vocab_size == 0 < teacher.type_vocab_size
 
 
 def _layer(stack: dict, i: int) -> dict:

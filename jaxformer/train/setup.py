@@ -35,7 +35,7 @@ from jax.sharding import Mesh
 
 from jaxformer.config import ModelConfig, architecture_fields, changed_fields, fine_tuning_fields
 from jaxformer.convert.hf import hf_model_config, load_hf
-from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory
+from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory, read_config
 from jaxformer.data.pipeline import make_dataset, source_texts
 from jaxformer.data.sources import get_source, label_names_from_data
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
@@ -44,6 +44,7 @@ from jaxformer.models.heads import HEAD_MODULE_NAMES
 from jaxformer.nnx import FunctionalModel
 from jaxformer.objectives import bind_objective
 from jaxformer.objectives.mlm import uses_word_initial
+from jaxformer.options import option
 from jaxformer.parallel.mesh import check_batch_size, make_mesh
 from jaxformer.train.checkpoint import (
     Checkpointer,
@@ -74,7 +75,9 @@ class Pretrained:
     Attributes:
       path: ``init_from`` as given.
       model: its ModelConfig fields (None: derived from the others, or the default).
-      tokenizer: its sentencepiece model, or None.
+      tokenizer: what `jaxformer.data.tokenizer.Tokenizer.load` reads for its tokenizer (a run's
+        ``tokenizer.model``; a Hugging Face directory's, `jaxformer.convert.hf_io.find_tokenizer`),
+        or None.
       run: the checkpoint of a pretraining run; None for a Hugging Face directory.
     """
 
@@ -180,6 +183,22 @@ def with_label_names_from_data(config: ml_collections.ConfigDict) -> ml_collecti
     return named
 
 
+def _take_decoder_start(resolved: ml_collections.ConfigDict, pretrained: Pretrained) -> None:
+    """``init_from``'s decoder start id (a Hugging Face ``decoder_start_token_id``, BART's 2
+    ``</s>``; a run's or a converted directory's ``objective.decoder_start_id``) as
+    ``objective.decoder_start_id`` when the config leaves that at its default (0, T5's pad), so
+    fine-tuning and evaluation start the decoder as the checkpoint was trained to."""
+    if pretrained.is_hf:
+        start = read_config(pretrained.path).get("decoder_start_token_id")
+    else:
+        start = option(pretrained.run.run_config.get("objective"), "decoder_start_id")
+    if (pretrained.model.get("family") == "encoder_decoder" and isinstance(start, int)
+            and start != 0 and resolved.objective.get("decoder_start_id", 0) == 0):
+        logging.info("objective.decoder_start_id=%d: init_from=%s's decoder start", start,
+                     pretrained.path)
+        resolved.objective.decoder_start_id = start
+
+
 def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
     """Resolve ``config`` against ``init_from`` (`resolve_model`) and validate it once
     (`jaxformer.train.config.check_config`); ``config`` itself is left as it is."""
@@ -188,12 +207,14 @@ def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
     resolved = copy.deepcopy(config)
     with resolved.unlocked():
         resolved.model = ml_collections.ConfigDict(resolve_model(config.model.to_dict(), pretrained))
+        if pretrained is not None:
+            _take_decoder_start(resolved, pretrained)
         if pretrained is not None and not config.data.tokenizer.get("path"):
             if pretrained.tokenizer:
                 resolved.data.tokenizer.path = pretrained.tokenizer
             else:
                 logging.warning(
-                    "init_from=%s has no tokenizer.model: training a new tokenizer, so the "
+                    "init_from=%s has no tokenizer: training a new tokenizer, so the "
                     "pretrained embeddings are read with other token ids; set "
                     "data.tokenizer.path to the pretraining tokenizer", pretrained.path)
     resolved.lock()
