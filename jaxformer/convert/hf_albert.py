@@ -28,6 +28,7 @@ from jaxformer.convert.mapping import (
     is_tied,
     labels_config,
     layer_norm,
+    leftover_rule,
     linear,
     num_labels,
     require,
@@ -156,13 +157,9 @@ def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
     return out
 
 
-def leftover(name: str, cfg: ModelConfig) -> str:
-    """What a checkpoint tensor no rule used is: "ignore" (buffer, tied copy), "drop" (a head
-    ``cfg`` does not have) or "unknown"."""
-    tied_copy = name in ("predictions.decoder.weight", "predictions.decoder.bias")
-    if BUFFERS.search(name) or (tied_copy and cfg.tie_embeddings and cfg.head == "mlm"):
-        return "ignore"
-    return "drop" if HEAD_TENSORS.search(name) else "unknown"
+# What a checkpoint tensor no rule used is: "ignore", "drop" or "unknown" (mapping.leftover_rule).
+leftover = leftover_rule(BUFFERS, HEAD_TENSORS,
+                         ("predictions.decoder.weight", "predictions.decoder.bias"), "mlm")
 
 
 def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:

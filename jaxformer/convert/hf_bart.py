@@ -31,6 +31,7 @@ from jaxformer.convert.mapping import (
     from_hf_activation,
     is_tied,
     layer_norm,
+    leftover_rule,
     linear,
     require,
     reshape,
@@ -128,11 +129,8 @@ def rules(cfg: ModelConfig, prefix: str = "model.", *, export: bool = False) -> 
     return out
 
 
-def leftover(name: str, cfg: ModelConfig) -> str:
-    """What a checkpoint tensor no rule used is: "ignore" (tied copies) or "unknown"."""
-    if BUFFERS.search(name) or (name == "lm_head.weight" and cfg.tie_embeddings):
-        return "ignore"
-    return "unknown"
+# What a checkpoint tensor no rule used is: "ignore", "drop" or "unknown" (mapping.leftover_rule).
+leftover = leftover_rule(BUFFERS)
 
 
 def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:

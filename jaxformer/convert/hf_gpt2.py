@@ -24,6 +24,7 @@ from jaxformer.convert.mapping import (
     fused,
     is_tied,
     layer_norm,
+    leftover_rule,
     linear,
     num_labels,
     require,
@@ -93,12 +94,8 @@ def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
     return out
 
 
-def leftover(name: str, cfg: ModelConfig) -> str:
-    """What a checkpoint tensor no rule used is: "ignore" (buffer, tied copy), "drop" (a head
-    ``cfg`` does not have) or "unknown"."""
-    if BUFFERS.search(name) or (name == "lm_head.weight" and cfg.tie_embeddings):
-        return "ignore"
-    return "drop" if HEAD_TENSORS.match(name) else "unknown"
+# What a checkpoint tensor no rule used is: "ignore", "drop" or "unknown" (mapping.leftover_rule).
+leftover = leftover_rule(BUFFERS, HEAD_TENSORS)
 
 
 def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:

@@ -38,6 +38,7 @@ from jaxformer.convert.mapping import (
     copy,
     from_hf_activation,
     is_tied,
+    leftover_rule,
     linear,
     num_labels,
     require,
@@ -195,12 +196,8 @@ def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
     return out
 
 
-def leftover(name: str, cfg: ModelConfig) -> str:
-    """What a checkpoint tensor no rule used is: "ignore" (buffer, tied copy), "drop" (a head
-    ``cfg`` does not have) or "unknown"."""
-    if BUFFERS.search(name) or (name == "lm_head.weight" and cfg.tie_embeddings):
-        return "ignore"
-    return "drop" if HEAD_TENSORS.match(name) else "unknown"
+# What a checkpoint tensor no rule used is: "ignore", "drop" or "unknown" (mapping.leftover_rule).
+leftover = leftover_rule(BUFFERS, HEAD_TENSORS)
 
 
 def model_type_of(cfg: ModelConfig) -> str:

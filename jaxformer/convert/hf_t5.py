@@ -29,6 +29,7 @@ from jaxformer.convert.mapping import (
     copy,
     from_hf_activation,
     is_tied,
+    leftover_rule,
     linear,
     require,
 )
@@ -139,12 +140,8 @@ def rules(cfg: ModelConfig, prefix: str = "", *, export: bool = False) -> list[R
     return out
 
 
-def leftover(name: str, cfg: ModelConfig) -> str:
-    """What a checkpoint tensor no rule used is: "ignore" (tied copies, unused tables) or
-    "unknown"."""
-    if BUFFERS.search(name) or (name == "lm_head.weight" and cfg.tie_embeddings):
-        return "ignore"
-    return "unknown"
+# What a checkpoint tensor no rule used is: "ignore", "drop" or "unknown" (mapping.leftover_rule).
+leftover = leftover_rule(BUFFERS)
 
 
 def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:

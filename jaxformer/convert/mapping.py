@@ -223,6 +223,22 @@ def layer_norm(param: str, tensor: str, d: int, *, bias: bool = True) -> list[Ru
     return out
 
 
+def leftover_rule(buffers: re.Pattern, head_tensors: re.Pattern | None = None,
+                  tied_copies: Sequence[str] = ("lm_head.weight",), tied_head: str | None = None
+                  ) -> Callable[[str, object], str]:
+    """A converter's ``leftover(name, cfg)``: what a checkpoint tensor no rule used is.
+
+    "ignore": a buffer (``buffers`` found in the name), or one of ``tied_copies`` when
+    ``cfg.tie_embeddings`` (and ``cfg.head == tied_head``, if given): a copy of the tied table;
+    "drop": a head ``cfg`` does not have (``head_tensors`` found in the name); else "unknown"."""
+    def leftover(name: str, cfg) -> str:
+        tied = cfg.tie_embeddings and (tied_head is None or cfg.head == tied_head)
+        if buffers.search(name) or (tied and name in tied_copies):
+            return "ignore"
+        return "drop" if head_tensors is not None and head_tensors.search(name) else "unknown"
+    return leftover
+
+
 def is_tied(tensors: Mapping[str, np.ndarray], head: str, embedding: str) -> bool:
     """An output projection is tied when the checkpoint omits it or stores a copy of the table."""
     if head not in tensors:

@@ -220,18 +220,7 @@ class FastTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids → text, stopping at the first EOS, skipping padding and other special tokens."""
-        out = []
-        for i in ids:
-            i = int(i)
-            if i == self.special.eos_id:
-                break
-            if i == self.special.pad_id:
-                continue
-            if not 0 <= i < self.vocab_size:
-                raise ValueError(f"token id {i} is out of range for a vocabulary of "
-                                 f"{self.vocab_size}")
-            out.append(i)
-        return self._tok.decode(out, skip_special_tokens=True)
+        return self._tok.decode(self.special.ids_to_decode(ids), skip_special_tokens=True)
 
     def id_to_piece(self, i: int) -> str:
         return self._tok.id_to_token(int(i))

@@ -226,18 +226,7 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids → text, stopping at the first EOS, skipping padding; other specials render as ""."""
-        out = []
-        for i in ids:
-            i = int(i)
-            if i == self.special.eos_id:
-                break
-            if i == self.special.pad_id:
-                continue
-            if not 0 <= i < self.vocab_size:
-                raise ValueError(f"token id {i} is out of range for a vocabulary of "
-                                 f"{self.vocab_size}")
-            out.append(i)
-        return self._sp.decode(out)
+        return self._sp.decode(self.special.ids_to_decode(ids))
 
     def id_to_piece(self, i: int) -> str:
         return self._sp.id_to_piece(int(i))

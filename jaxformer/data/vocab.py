@@ -31,3 +31,19 @@ class SpecialTokens:
     @property
     def num_special(self) -> int:
         return len(set(self.all_special))
+
+    def ids_to_decode(self, ids) -> list[int]:
+        """The ids a tokenizer's ``decode`` renders: up to the first EOS, padding skipped; an id
+        outside ``[0, vocab_size)`` is a ValueError (JAX would have clamped it silently)."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == self.eos_id:
+                break
+            if i == self.pad_id:
+                continue
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(f"token id {i} is out of range for a vocabulary of "
+                                 f"{self.vocab_size}")
+            out.append(i)
+        return out
