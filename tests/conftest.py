@@ -46,6 +46,7 @@ LONGEST_FIRST = (
     "test_train.py",  # three pretraining runs; killed, preempted and resumed subprocesses
     "test_multiprocess.py",  # two-process runs, one process killed or preempted (4.4 min alone,
     # measured beside test_train.py's 4.3 min on a loaded 2-core machine)
+    "test_ring_attention.py",  # context-parallel train steps and loss curves (~165 s)
     "test_demo.py",  # the whole demo at tiny settings (~80 s)
     "test_lora.py",
     "test_nnx.py",
@@ -54,6 +55,7 @@ LONGEST_FIRST = (
     "test_llama_sft.py",  # LoRA sft of a local Llama checkpoint, end to end (~70 s)
     "test_own_data.py",  # a train.py subprocess on a headerless TSV, then evaluate (~50 s)
     "test_decode.py",
+    "test_hf_finetune.py",  # the worked examples: RoBERTa on a TSV, BART seq2seq (~115 s)
     "test_convert_llama.py",  # five golden Llama-family models, greedy generation (~90 s)
     "test_parallel.py",
     "test_models.py",
