@@ -15,7 +15,7 @@ import math
 import jax
 import numpy as np
 import pytest
-from golden import golden_dir, reference
+from golden import golden_dir, reference, rel_err
 
 from jaxformer import nnx as jnnx
 from jaxformer.config import ModelConfig
@@ -122,11 +122,6 @@ def reference_outputs(model) -> dict[str, np.ndarray]:
     return {"logits": logits.numpy(), "greedy": out[:, PROMPTS.shape[1]:].numpy()}
 
 
-def _save(model, path) -> str:
-    model.save_pretrained(path, safe_serialization=True)
-    return str(path)
-
-
 def _load_reference(path):
     import transformers
     return transformers.AutoModelForCausalLM.from_pretrained(
@@ -134,11 +129,6 @@ def _load_reference(path):
 
 
 # --------------------------------------------------------------------------------------------------
-def rel_err(ours, ref) -> float:
-    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
-    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
-
-
 def _our_logits(cfg: dict, params) -> np.ndarray:
     model = build_model(ModelConfig.from_dict(cfg))
     return np.asarray(jax.jit(model.apply)({"params": params}, TOKENS, segment_ids=MASK))

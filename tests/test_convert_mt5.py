@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from golden import golden_dir, reference
+from golden import golden_dir, reference, rel_err
 from safetensors.numpy import load_file
 
 from jaxformer.config import ModelConfig
@@ -64,11 +64,6 @@ def _load(path):
     import transformers
     return transformers.AutoModelForSeq2SeqLM.from_pretrained(
         path, attn_implementation="eager").eval()
-
-
-def rel_err(ours, ref) -> float:
-    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
-    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
