@@ -35,7 +35,7 @@ from jaxformer.ops.positions import ROPE_SCALINGS, RopeScaling
 from jaxformer.ops.stack import REMAT_POLICIES as _REMAT
 
 FAMILIES = ("encoder", "decoder", "encoder_decoder")
-POSITIONS = ("sinusoidal", "learned", "rope", "relative", "none")
+POSITIONS = ("sinusoidal", "learned", "rope", "relative", "alibi", "none")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
 HEADS = ("lm", "mlm", "classify", "token_classify", "span", "none")  # modules: `jaxformer.models.heads`
@@ -91,7 +91,8 @@ class ModelConfig:
         "position_offset rows")
     position: str = _field(
         ARCHITECTURE, "learned", '"sinusoidal" (Vaswani), "learned" (BERT/GPT-2), "rope", "relative" (T5 '
-        'buckets, one table per stack) or "none"')
+        'buckets, one table per stack), "alibi" (linear biases, Press et al. 2022; no parameters) or '
+        '"none"')
     rope_theta: float = _field(ARCHITECTURE, 10_000.0, "RoPE base wavelength (Su et al. 2021)")
     rope_scaling: str = _field(
         ARCHITECTURE, "none", 'RoPE frequency scaling for long contexts: "none", "linear", "dynamic", '
@@ -286,9 +287,12 @@ class ModelConfig:
         if self.permutation_lm and self.family != "decoder":
             bad("permutation_lm", True, "XLNet's two-stream attention runs on family='decoder', "
                 f"not {self.family!r}")
-        if self.permutation_lm and self.position == "relative":
-            bad("permutation_lm", True, "the query stream's relative bias is not implemented; use "
-                "position='learned', 'rope', 'sinusoidal' or 'none'")
+        if self.permutation_lm and self.position in ("relative", "alibi"):
+            bad("permutation_lm", True, f"the query stream's {self.position} bias is not "
+                "implemented; use position='learned', 'rope', 'sinusoidal' or 'none'")
+        if self.position == "alibi" and self.attention_impl not in ("xla", "chunked"):
+            bad("position", "alibi", "ALiBi is an additive attention bias, which attention_impl="
+                f"{self.attention_impl!r} cannot add; use attention_impl='xla' or 'chunked'")
         kernel_problem = _kernel_cannot_run(
             self.attention_impl, dtype=self.dtype, head_dim=self.head_dim,
             relative_bias=self.position == "relative",

@@ -158,6 +158,8 @@ CACHE_CASES = [
     ("t5_tiny", {}),                                     # relative bias, padded sources
     ("t5_tiny", {"scan_layers": True}),
     ("transformer_tiny", {}),                            # post-LN, sinusoidal
+    ("gpt_tiny", {"position": "alibi"}),                 # ALiBi: query vs cache-slot positions
+    ("t5_tiny", {"position": "alibi"}),                  # ALiBi, |i - j| in the encoder
 ]
 
 

@@ -30,7 +30,7 @@ from jaxformer.ops.heads import classify, lm_logits, mlm_logits, pooled, span_lo
 from jaxformer.ops.inputs import embed_inputs, embed_tokens
 from jaxformer.ops.masks import sliding_window_mask
 from jaxformer.ops.norms import normalize
-from jaxformer.ops.positions import relative_position_bias
+from jaxformer.ops.positions import alibi_bias, relative_position_bias
 
 Array = jnp.ndarray
 # The sharding hook handed to `jaxformer.ops`: binds logical names to the mesh while
@@ -154,17 +154,19 @@ def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bo
                num_layers: int | None = None, decode: bool = False, cache_index=None,
                kv_positions=None, cross_attention: bool = False, encoder_out=None,
                encoder_segment_ids=None, decode_mask=None):
-    """Relative bias and sliding window (if any) → the stack ``name`` → final norm (pre-LN).
+    """Relative or ALiBi bias and sliding window (if any) → the stack ``name`` → final norm (pre-LN).
     `[B, L, D]` → `[B, L, D]`.
     ``decode_mask`` `[B, L, S]` (decoding): the cache slots each query may see, added to the
     self-attention bias as 0 / −∞."""
     cfg = parts.cfg
     bias = None
+    kv_pos = positions if kv_positions is None else kv_positions  # decoding: the cache slots'
     if cfg.position == "relative":
-        kv_pos = positions if kv_positions is None else kv_positions
         bias = relative_position_bias(
             parts.params(f"{name}_relative_bias")["embedding"], positions, kv_pos,
             bidirectional=not causal, max_distance=cfg.relative_max_distance).astype(cfg.dtype)
+    if cfg.position == "alibi":  # float32: bfloat16 holds slope · distance in steps of 2 from 256 on
+        bias = alibi_bias(positions, kv_pos, cfg.num_heads, bidirectional=not causal)
     if cfg.sliding_window is not None and causal:
         in_window_Bx1xLxS = sliding_window_mask(
             positions, positions if kv_positions is None else kv_positions, cfg.sliding_window)

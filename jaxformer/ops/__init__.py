@@ -39,6 +39,8 @@ from jaxformer.ops.masks import (
 from jaxformer.ops.norms import layer_norm, normalize, rms_norm
 from jaxformer.ops.positions import (
     RopeScaling,
+    alibi_bias,
+    alibi_slopes,
     apply_rope,
     lookup_positions,
     relative_position_bias,
@@ -56,7 +58,7 @@ __all__ = [
     "weighted_cross_entropy", "causal_mask", "causal_mask_from_positions", "combine_masks",
     "key_padding_mask", "make_attention_mask", "padding_mask", "segment_mask", "sliding_window_mask",
     "layer_norm", "normalize", "rms_norm", "apply_rope", "RopeScaling", "rope_frequencies",
-    "lookup_positions",
+    "lookup_positions", "alibi_bias", "alibi_slopes",
     "relative_position_bias", "relative_position_bucket", "sinusoidal", "sinusoidal_table",
     "classify", "lm_logits", "mlm_logits", "pool", "pooled", "embed_inputs", "embed_tokens",
     "run_stack",

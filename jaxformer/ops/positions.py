@@ -1,5 +1,5 @@
 """Position information: sinusoidal, learned-table lookup, rotary (RoPE, with its long-context
-frequency scalings) and T5 relative buckets.
+frequency scalings), T5 relative buckets and ALiBi's linear biases.
 
 All functions are pure; learned tables are passed in as arrays.
 """
@@ -222,3 +222,49 @@ def relative_position_bias(table: Array, q_positions: Array, kv_positions: Array
     buckets = relative_position_bucket(rel, bidirectional=bidirectional,
                                        num_buckets=table.shape[0], max_distance=max_distance)
     return jnp.transpose(table[buckets], (0, 3, 1, 2))
+
+
+def alibi_slopes(num_heads: int, dtype=jnp.float32) -> Array:
+    """ALiBi's per-head slopes ``m_h`` (Press et al. 2022, "Train Short, Test Long", §3): `[heads]`.
+
+    For ``n`` heads, ``n`` a power of two, the geometric sequence that starts at ``2^(-8/n)`` and
+    has that ratio: ``m_h = 2^(-8h/n)``, ``h = 1..n`` (8 heads: 1/2, 1/4, …, 1/256). Otherwise,
+    with ``c`` the largest power of two below ``n``: the ``c`` slopes of ``c`` heads, then the
+    odd-numbered slopes ``2^(-8h/(2c))``, ``h = 1, 3, 5, …``, of ``2c`` heads for the remaining
+    ``n - c`` heads — the rule of the authors' code (``get_slopes``, ofirpress/
+    attention_with_linear_biases) that BLOOM uses (HF ``_get_alibi_slopes``).
+    """
+    if not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"ALiBi needs a positive number of heads, got {num_heads!r}")
+    c = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = [2.0 ** (-8.0 * h / c) for h in range(1, c + 1)]
+    slopes += [2.0 ** (-8.0 * h / (2 * c)) for h in range(1, 2 * (num_heads - c), 2)]
+    return jnp.asarray(slopes, dtype)
+
+
+def alibi_bias(q_positions: Array, kv_positions: Array, num_heads: int, *,
+               bidirectional: bool = False, dtype=jnp.float32) -> Array:
+    """ALiBi's additive attention bias (Press et al. 2022, §3): no parameters, no position embedding.
+
+    Causal: ``bias[b, h, i, j] = −m_h · (q_i − k_j)`` for query position ``q_i`` and key position
+    ``k_j`` (slopes ``m_h``: `alibi_slopes`); keys after the query (``k_j > q_i``) get a positive
+    value, which the causal mask hides. Bidirectional (an encoder; the paper is causal only):
+    ``−m_h · |q_i − k_j|``, the symmetric form MosaicBERT uses (Portes et al. 2023, "MosaicBERT:
+    A Bidirectional Encoder Optimized for Fast Pretraining").
+    Positions, not indices: packed rows restarting per segment and decoding (query at its absolute
+    position, each cache slot at its own) get the distances of their tokens.
+
+    Args:
+      q_positions: `[batch, q_len]` (or `[q_len]`) ints.
+      kv_positions: `[batch, kv_len]` (or `[kv_len]`) ints.
+      num_heads: query heads ``H``.
+
+    Returns:
+      `[batch, heads, q_len, kv_len]` (batch is 1 for 1-D positions) in ``dtype``.
+    """
+    if q_positions.ndim == 1:
+        q_positions, kv_positions = q_positions[None], kv_positions[None]
+    distance_BxLxS = (q_positions[:, :, None] - kv_positions[:, None, :]).astype(dtype)
+    if bidirectional:
+        distance_BxLxS = jnp.abs(distance_BxLxS)
+    return -alibi_slopes(num_heads, dtype)[None, :, None, None] * distance_BxLxS[:, None]
