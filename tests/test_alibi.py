@@ -3,7 +3,8 @@
 References: the paper's slopes written as its authors' recursive rule, float64 NumPy biases and a
 float64 NumPy forward of a one-layer model (decoder: causal bias, encoder: |i − j|), HF BLOOM's
 ``build_alibi_tensor`` (live, `hf` tier). Cached decoding against the uncached forward is
-`tests/test_decode.py::CACHE_CASES`; the config's refusals are in `tests/test_config.py`.
+`tests/test_decode.py::CACHE_CASES`, beam search's shared cache is below; the config's refusals
+are in `tests/test_config.py`.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ import math
 import jax
 import numpy as np
 import pytest
+from test_beam import reference_beam
+from test_decode import PROMPTS, reference_greedy, tiny
 
 from jaxformer import nnx as jnnx
 from jaxformer.config import ModelConfig
 from jaxformer.convert import save_hf
+from jaxformer.decode import generate
 from jaxformer.models import build_model as build_linen
 from jaxformer.models.presets import preset
 from jaxformer.ops import alibi_bias, alibi_slopes
@@ -122,12 +126,13 @@ FRONT_ENDS = {  # the Linen entry goes with the Linen front end (issue 40, item 
 }
 
 
-@pytest.mark.parametrize("front_end", list(FRONT_ENDS))
+@pytest.mark.parametrize("front_end,impl", [("nnx", "xla"), ("nnx", "chunked"), ("linen", "xla")])
 @pytest.mark.parametrize("family", ["decoder", "encoder"])
-def test_model_matches_float64_numpy(family, front_end):
-    """Packed rows (positions restart per segment) and padding; outputs on the non-padding tokens to
-    2e-5 (float32 model, values ~1). No position parameters exist."""
-    cfg = one_layer(family)
+def test_model_matches_float64_numpy(family, front_end, impl):
+    """Packed rows (positions restart per segment) and padding; plain and chunked attention (blocks
+    of 4: the bias sliced per block); outputs on the non-padding tokens to 2e-5 (float32 model,
+    values ~1). No position parameters exist."""
+    cfg = one_layer(family, attention_impl=impl, attention_chunk_size=4)
     params = random_params(cfg)
     assert "embed" not in params and not any("relative" in k for k in params)
     toks = np.random.default_rng(1).integers(7, 64, (2, 10)).astype(np.int32)
@@ -157,6 +162,21 @@ def test_decoder_runs_past_max_len_and_is_causal():
     learned = one_layer("decoder", position="learned")
     with pytest.raises(ValueError, match="exceed model.max_len=16"):
         jnnx.build_model(learned, 0)(toks)
+
+
+def test_beams_sharing_one_cache_match_the_python_reference():
+    """Beam search keeps its hypotheses in one cache (`jaxformer.decode.beam`): a hypothesis' slots
+    are not contiguous, so only cache-slot positions (not slot indices) give ALiBi's distances. The
+    pool equals the plain-Python beam search over the uncached forward (tests/test_beam.py):
+    tokens exact, scores to 1e-4."""
+    model, params = tiny("gpt_tiny", position="alibi")
+    k, n, alpha = 2, 4, 0.6
+    eos = int(reference_greedy(model, params, PROMPTS[:1], 2)[0][0, 1])
+    res = generate(model, params, PROMPTS[:1], strategy="beam", beam_size=k, max_new_tokens=n,
+                   length_penalty=alpha, eos_id=eos, pad_id=0)
+    for j, (score, toks, _) in enumerate(reference_beam(model, params, PROMPTS[0], k, n, alpha, eos)):
+        assert res.beam_tokens[0, j].tolist() == toks + [0] * (n - len(toks))
+        np.testing.assert_allclose(res.beam_scores[0, j], score, atol=1e-4)
 
 
 def test_hf_export_is_refused_naming_the_position(tmp_path):
