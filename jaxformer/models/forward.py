@@ -160,7 +160,7 @@ def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bo
     self-attention bias as 0 / −∞."""
     cfg = parts.cfg
     bias = None
-    kv_pos = positions if kv_positions is None else kv_positions  # decoding: the cache slots'
+    kv_pos = positions if kv_positions is None else kv_positions  # the keys' (cache slots' when decoding)
     if cfg.position == "relative":
         bias = relative_position_bias(
             parts.params(f"{name}_relative_bias")["embedding"], positions, kv_pos,
