@@ -1,5 +1,5 @@
 """Evaluation beyond the training loss: classification reports, decoding scores (BLEU, chrF, exact
-match), and scoring a finished run (`jaxformer.evaluation.run`, the library side of
+match), and scoring a finished run (`jaxformer.evaluate_run`, the library side of
 ``python -m jaxformer.evaluate``; import it from there: it reads checkpoints, so it sits above
 `jaxformer.train`, which uses this package's metrics)."""
 

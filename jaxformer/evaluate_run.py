@@ -35,6 +35,7 @@ import ml_collections
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxformer.checkpoint import load_run_params, open_run, resolve_checkpoint
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import make_dataset
 from jaxformer.data.sources import list_option, source_splits
@@ -49,7 +50,6 @@ from jaxformer.evaluation.metrics import classification_report
 from jaxformer.models import build_model
 from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.progress import bar_disabled
-from jaxformer.train.checkpoint import load_run_params, open_run, resolve_checkpoint
 from jaxformer.train.setup import wire_objective
 from jaxformer.train.step import make_eval_step, summarize_eval
 
