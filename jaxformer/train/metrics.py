@@ -9,6 +9,8 @@ included; absent from a run's first row, whose time includes compilation).
 
 A resumed run first cuts both back to the step it resumes from (`truncate_metrics`): the rows and
 events a killed run wrote after its last checkpoint are written again, once.
+The rows are read back by `jaxformer.checkpoint.run_files.read_metrics` (below the trainer:
+the best-checkpoint choice reads them).
 """
 
 from __future__ import annotations
