@@ -18,6 +18,9 @@ Metrics, by what the run trained:
 ``data`` evaluates other data with the run's data settings (tokenizer, framing, columns, fields):
 ``"files:<glob>"`` without ``{split}`` reads every line of the matching files; a glob with
 ``{split}``, or another source (``"tfds:…"``), is read at ``split``.
+
+It runs the trainer's eval step, so it sits above `jaxformer.train` (and outside
+`jaxformer.evaluation`, whose metrics the trainer uses).
 """
 
 from __future__ import annotations
