@@ -14,12 +14,12 @@ import sys
 import jax
 from absl import app, flags, logging
 
+from jaxformer.checkpoint import SaveFailed
+from jaxformer.checkpoint.lock import WorkdirBusy
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.parallel.distributed import await_lost_peer, maybe_initialize_distributed
-from jaxformer.train.checkpoint import SaveFailed
 from jaxformer.train.config import define_config_flag
 from jaxformer.train.config_keys import format_config
-from jaxformer.train.lock import WorkdirBusy
 from jaxformer.train.loop import Trainer
 
 define_config_flag("config")

@@ -41,7 +41,6 @@ from gpu_profile import print_profile, profile_step  # noqa: E402
 from train_step import time_round_robin  # noqa: E402
 
 from jaxformer.config import ModelConfig  # noqa: E402
-from jaxformer.data.vocab import SpecialTokens  # noqa: E402
 from jaxformer.decode import GenerationConfig, generate_padded  # noqa: E402
 from jaxformer.models.presets import preset  # noqa: E402
 from jaxformer.models.transformer import build_model  # noqa: E402
@@ -51,6 +50,7 @@ from jaxformer.plan import model_flops  # noqa: E402
 from jaxformer.train.config import base_config  # noqa: E402
 from jaxformer.train.state import TrainState, init_model_params  # noqa: E402
 from jaxformer.train.step import make_train_step  # noqa: E402
+from jaxformer.vocab import SpecialTokens  # noqa: E402
 
 # model → (preset, its --tiny stand-in, objective)
 MODELS = {

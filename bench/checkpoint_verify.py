@@ -1,4 +1,4 @@
-"""Cost of checkpoint verification: sha256 of every file (`jaxformer.train.verify.verify_step`),
+"""Cost of checkpoint verification: sha256 of every file (`jaxformer.checkpoint.verify.verify_step`),
 against Orbax restoring the same step (the reference measured in the same run).
 
 Saves a train-state-like tree of ``--gb`` GB of float32 (random, so incompressible) with the
@@ -29,8 +29,8 @@ def main(argv=None):
     p.add_argument("--dir", default=None, help="where to write the checkpoint (default: a temp dir)")
     args = p.parse_args(argv)
 
-    from jaxformer.train.checkpoint import Checkpointer
-    from jaxformer.train.verify import verify_step
+    from jaxformer.checkpoint import Checkpointer
+    from jaxformer.checkpoint.verify import verify_step
 
     n_leaves = 16
     per_leaf = int(args.gb * 1e9 / 4 / n_leaves)

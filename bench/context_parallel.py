@@ -31,7 +31,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import block, round_robin_times  # noqa: E402
 
 from jaxformer.config import ModelConfig  # noqa: E402
-from jaxformer.data.vocab import SpecialTokens  # noqa: E402
 from jaxformer.models import build_model  # noqa: E402
 from jaxformer.models.presets import preset  # noqa: E402
 from jaxformer.objectives import bind_objective  # noqa: E402
@@ -41,6 +40,7 @@ from jaxformer.parallel.rules import batch_sharding  # noqa: E402
 from jaxformer.train.optim import default_optimizer_config, make_optimizer  # noqa: E402
 from jaxformer.train.state import create_train_state  # noqa: E402
 from jaxformer.train.step import make_train_step  # noqa: E402
+from jaxformer.vocab import SpecialTokens  # noqa: E402
 
 
 def build(mesh_axes: dict, a) -> tuple:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from jaxformer.train import lora
+from jaxformer.models import lora
 from jaxformer.train.config import load_config, set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate
 

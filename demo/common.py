@@ -22,12 +22,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxformer.train.checkpoint import load_checkpoint_params
-from jaxformer.train.checkpoint_select import best_of, committed_steps
+from jaxformer.checkpoint import load_checkpoint_params, read_metrics
+from jaxformer.checkpoint.select import best_of, committed_steps
 from jaxformer.train.config import config_node
 from jaxformer.train.config import load_config as load_training_config
 from jaxformer.train.loop import Trainer
-from jaxformer.train.metrics import read_metrics
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"  # demo/ sits beside configs/
 Overrides = Mapping[str, Mapping[str, Any]]
@@ -331,7 +330,7 @@ def evaluate_split(trainer, params, split: str, max_batches: int = 0) -> dict:
 def best_step(rows: list[dict], metric: str, mode: str = "max",
               available: Collection[int] | None = None) -> int:
     """The step of the best ``metric`` row among ``available`` steps (earliest on ties; the rule of
-    the trainer's best checkpoint, `jaxformer.train.checkpoint_select.best_of`)."""
+    the trainer's best checkpoint, `jaxformer.checkpoint.select.best_of`)."""
     logged = {r["step"]: r for r in rows
               if metric in r and (available is None or r["step"] in available)}
     step = best_of(logged, metric, mode)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
+from jaxformer.checkpoint import load_for_inference, open_run
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.data.qa import qa_options
 from jaxformer.decode.span import best_answer
@@ -28,7 +29,6 @@ from jaxformer.models.transformer import build_model
 from jaxformer.objectives.qa import QA_OPTIONS
 from jaxformer.options import option
 from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP, bar_disabled
-from jaxformer.train.checkpoint import load_for_inference, open_run
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -4,11 +4,11 @@
     python -m jaxformer.checkpoints --workdir runs/gpt --remove-damaged   # and delete <step>.damaged
 
 Each step of ``<workdir>/checkpoints`` is checked against its manifest of checksums
-(`jaxformer.train.verify.verify_step`, as a resume does) and shown with the metrics saved with it
+(`jaxformer.checkpoint.verify.verify_step`, as a resume does) and shown with the metrics saved with it
 (or its ``metrics.jsonl`` row). Steps a resume set aside as ``<step>.damaged`` are listed with what
 is wrong with them, and interrupted saves (``<step>.orbax-checkpoint-tmp…``, removed by the run's
 next save) as such. ``--remove-damaged`` deletes the ``.damaged`` directories, holding the
-workdir's lock (`jaxformer.train.lock`), so never under a running trainer.
+workdir's lock (`jaxformer.checkpoint.lock`), so never under a running trainer.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from jaxformer.train.checkpoint_select import committed_steps, saved_metrics
-from jaxformer.train.lock import WorkdirBusy, WorkdirLock
-from jaxformer.train.verify import CheckpointDamaged, verify_step
+from jaxformer.checkpoint.lock import WorkdirBusy, WorkdirLock
+from jaxformer.checkpoint.select import committed_steps, saved_metrics
+from jaxformer.checkpoint.verify import CheckpointDamaged, verify_step
 
 SHOWN = ("loss", "accuracy")  # train metrics listed, besides every eval_* one
 

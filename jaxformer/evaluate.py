@@ -10,8 +10,8 @@ recall, F1 and the confusion matrix for classification; BLEU, chrF and exact mat
 for seq2seq and sft runs (``--decode`` for plain clm runs: the first half of each example is the
 prompt, its second half the reference). Results go to ``<workdir>/eval/<split>_step<N>.json``,
 with the decoding settings appended when it decodes (``test_step1000_beam4_new64.json``: another
-strategy never overwrites a result; `jaxformer.evaluation.run.results_path`); ``--out`` to choose.
-`jaxformer.evaluation.run` is the library side.
+strategy never overwrites a result; `jaxformer.evaluate_run.results_path`); ``--out`` to choose.
+`jaxformer.evaluate_run` is the library side.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 from absl import app, flags, logging
 
 from jaxformer.compilation_cache import enable_compilation_cache
+from jaxformer.evaluate_run import evaluate_run, results_path, write_results
 from jaxformer.evaluation.decoding import DECODING_STRATEGIES
-from jaxformer.evaluation.run import evaluate_run, results_path, write_results
 from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP
 
 flags.DEFINE_string("workdir", None, "Training workdir (config.json, tokenizer.model, checkpoints/).")
@@ -49,7 +49,7 @@ flags.mark_flags_as_required(["workdir"])
 
 
 def format_results(results: dict[str, Any]) -> str:
-    """A short table of ``results`` (`jaxformer.evaluation.run.evaluate_run`)."""
+    """A short table of ``results`` (`jaxformer.evaluate_run.evaluate_run`)."""
     m = results["metrics"]
     lines = [f"{results['workdir']} step {results['step']}, {results['data']} "
              f"[{results['split']}] ({results['objective']})"]

@@ -55,8 +55,8 @@ import ml_collections
 from absl import app, flags, logging
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
+from jaxformer.checkpoint import with_shardings
 from jaxformer.config import ModelConfig
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.models import build_model
 from jaxformer.models.heads import PER_ROW_MODULES
 from jaxformer.models.presets import preset
@@ -66,11 +66,11 @@ from jaxformer.parallel.mesh import DCN_AXES, MESH_AXES, check_batch_size, make_
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.parallel.topology import Topology, parse_topology, topology_devices
-from jaxformer.train.checkpoint import with_shardings
 from jaxformer.train.config import base_config, define_config_flag
 from jaxformer.train.setup import resolve_config
 from jaxformer.train.state import state_shardings
 from jaxformer.train.step import make_train_step
+from jaxformer.vocab import SpecialTokens
 
 _CHILD_FLAG = "--plan_compile_child"
 _OBJECTIVE = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "seq2seq"}

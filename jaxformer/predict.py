@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from jaxformer.checkpoint import load_run_params, open_run
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.config import ModelConfig
 from jaxformer.data.builders.user_files import FileSource
@@ -58,7 +59,6 @@ from jaxformer.objectives.cloze import class_logits, predicts_labels
 from jaxformer.objectives.registry import check_data_task
 from jaxformer.options import option
 from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP, bar_disabled
-from jaxformer.train.checkpoint import load_run_params, open_run
 from jaxformer.train.setup import wire_objective
 
 

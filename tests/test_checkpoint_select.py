@@ -12,15 +12,15 @@ import jax
 import numpy as np
 import pytest
 
-from jaxformer.train.checkpoint import (
+from jaxformer.checkpoint import (
     Checkpointer,
     load_checkpoint_params,
+    read_metrics,
     resolve_checkpoint,
     save_run_config,
 )
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import Trainer, train_and_evaluate
-from jaxformer.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the cat dog sat ran on a mat log big small red blue".split()

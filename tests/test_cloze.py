@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxformer.checkpoint import load_checkpoint_params, read_metrics
 from jaxformer.config import ModelConfig
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.models import build_model
 from jaxformer.objectives import bind_objective
 from jaxformer.objectives.cloze import (
@@ -28,11 +28,10 @@ from jaxformer.objectives.cloze import (
     prepare_cloze,
     resolve_cloze,
 )
-from jaxformer.train.checkpoint import load_checkpoint_params
 from jaxformer.train.config import load_config, validate_config
 from jaxformer.train.loop import Trainer
-from jaxformer.train.metrics import read_metrics
 from jaxformer.train.step import loss_and_metrics, make_eval_step
+from jaxformer.vocab import SpecialTokens
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECIAL = SpecialTokens(vocab_size=200)

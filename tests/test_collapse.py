@@ -53,9 +53,9 @@ def test_a_classifier_that_learns_nothing_is_warned_about(tmp_path, caplog):
     """A tiny BERT trained on labels that are all 0 (validation: all three) learns to predict 0
     for everything: the trainer warns after its second such evaluation, naming the class whose
     share of the split eval_accuracy is."""
+    from jaxformer.checkpoint import read_metrics
     from jaxformer.train.config import load_config
     from jaxformer.train.loop import Trainer
-    from jaxformer.train.metrics import read_metrics
 
     rng = np.random.default_rng(1)
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from jaxformer.config import ModelConfig
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.decode import (
     GenerationConfig,
     apply_temperature,
@@ -34,6 +33,7 @@ from jaxformer.decode.api import bucket_width
 from jaxformer.decode.sampling import top_k_top_p_filter
 from jaxformer.models.presets import preset
 from jaxformer.models.transformer import build_model
+from jaxformer.vocab import SpecialTokens
 
 VOCAB = 64
 NO_DROPOUT = dict(dropout_rate=0.0, attention_dropout_rate=0.0, ffn_dropout_rate=0.0)
@@ -467,9 +467,9 @@ def test_cli_prints_generations_of_a_saved_workdir(tmp_path, capsys):
     """A workdir as the trainer leaves it (config.json, tokenizer.model, Orbax checkpoint)."""
     import optax
 
+    from jaxformer.checkpoint import Checkpointer, save_run_config
     from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
     from jaxformer.generate import main
-    from jaxformer.train.checkpoint import Checkpointer, save_run_config
     from jaxformer.train.state import TrainState
 
     texts = ["the cat sat on the mat", "a dog ran in the park", "the sun is hot today"] * 20

@@ -12,17 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxformer.checkpoint import load_checkpoint_params, read_metrics
 from jaxformer.config import ModelConfig
 from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.nnx import FunctionalModel
-from jaxformer.train.checkpoint import load_checkpoint_params
 from jaxformer.train.config import load_config, validate_config
 from jaxformer.train.distill import DistillLoss, check_student, select_layers
 from jaxformer.train.distill_config import DistillSettings, settings
 from jaxformer.train.loop import Trainer
-from jaxformer.train.metrics import read_metrics
 from jaxformer.train.setup import merge_backbone, open_pretrained
 from jaxformer.train.state import init_model_params
 from jaxformer.train.step import _sums

@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 import sacrebleu
 
+from jaxformer.checkpoint import read_metrics, resolve_checkpoint
 from jaxformer.data.sources import get_source
+from jaxformer.evaluate_run import evaluate_run, load_run, results_path
 from jaxformer.evaluation import classification_report, exact_match, sequence_scores
-from jaxformer.evaluation.run import evaluate_run, load_run, results_path
-from jaxformer.train.checkpoint import resolve_checkpoint
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import Trainer
-from jaxformer.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"model.vocab_size": 384, "model.d_model": 32, "model.num_heads": 2, "model.d_ff": 64,

@@ -22,9 +22,9 @@ from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.data.fast_tokenizer import FastTokenizer
 from jaxformer.data.sources import get_source
 from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.evaluate_run import evaluate_run, load_run
 from jaxformer.evaluation import sequence_scores
 from jaxformer.evaluation.decoding import decode_prompts, decoding_examples, generation_config
-from jaxformer.evaluation.run import evaluate_run, load_run
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import Trainer
 

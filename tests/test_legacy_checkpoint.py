@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxformer.checkpoint import load_for_inference
 from jaxformer.models import build_model
-from jaxformer.train.checkpoint import load_for_inference
 from jaxformer.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 from test_fast_tokenizer import SAMPLE, build_llama2_tokenizer, build_llama3_tokenizer
 
+from jaxformer.checkpoint import read_metrics
 from jaxformer.config import ModelConfig
 from jaxformer.convert import load_hf, save_hf
 from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.convert.hf_io import find_tokenizer
+from jaxformer.convert.lora import load_merged
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode import generate_text
 from jaxformer.models import build_model
@@ -25,8 +27,6 @@ from jaxformer.models.presets import preset
 from jaxformer.train import config as train_config
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer
-from jaxformer.train.lora_run import load_merged
-from jaxformer.train.metrics import read_metrics
 from jaxformer.train.state import init_model_params
 
 ROOT = Path(__file__).resolve().parents[1]

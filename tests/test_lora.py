@@ -1,4 +1,4 @@
-"""LoRA (`jaxformer.train.lora`): adapters, merging, sharding, the trainer and the export.
+"""LoRA (`jaxformer.models.lora`): adapters, merging, sharding, the trainer and the export.
 
 Unit level (tiny models of every family): at initialisation the adapted model's logits equal the
 base model's bit for bit (B = 0); the merged kernel equals W + (alpha/r)·A B computed by hand in
@@ -20,24 +20,22 @@ import ml_collections
 import numpy as np
 import pytest
 
+from jaxformer.checkpoint import load_checkpoint_params, load_for_inference, read_metrics
 from jaxformer.config import ModelConfig
 from jaxformer.convert import load_hf
 from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.decode import generate_text
-from jaxformer.evaluation.run import evaluate_run
+from jaxformer.evaluate_run import evaluate_run
 from jaxformer.generate import main as generate_main
-from jaxformer.models import build_model
+from jaxformer.models import build_model, lora
 from jaxformer.models.presets import preset
 from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.rules import param_shardings
 from jaxformer.predict import classify
 from jaxformer.predict import main as predict_main
 from jaxformer.train import config as train_config
-from jaxformer.train import lora
-from jaxformer.train.checkpoint import load_checkpoint_params, load_for_inference
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate
-from jaxformer.train.metrics import read_metrics
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 from jaxformer.train.state import abstract_params, dummy_model_inputs, init_model_params
 

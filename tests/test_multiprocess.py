@@ -24,8 +24,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxformer.train.checkpoint import load_checkpoint_params, resolve_checkpoint
-from jaxformer.train.metrics import read_metrics
+from jaxformer.checkpoint import load_checkpoint_params, read_metrics, resolve_checkpoint
 
 pytestmark = pytest.mark.slow  # subprocesses that each start JAX and train
 
@@ -215,7 +214,7 @@ def test_a_killed_process_stops_the_other_in_one_line_and_a_rerun_resumes_bitwis
 def test_a_sigterm_to_one_process_checkpoints_one_step_of_both(jit_run, straight, tmp_path):
     """A preemption notice on one host of a pod: JAX's preemption sync point has every process
     save the same step and stop (143); the rerun resumes there bit for bit."""
-    from jaxformer.train.verify import verify_step
+    from jaxformer.checkpoint.verify import verify_step
 
     corpus, workdir = jit_run[0], tmp_path / "preempted"
     results, _ = _signal_mid_training(workdir, corpus, 1, signal.SIGTERM)

@@ -11,12 +11,12 @@ import jax
 import numpy as np
 import pytest
 
+from jaxformer.checkpoint import read_metrics
 from jaxformer.models import build_model
 from jaxformer.nnx import FunctionalModel
 from jaxformer.train import config as train_config
 from jaxformer.train.config import validate_config
 from jaxformer.train.loop import Trainer
-from jaxformer.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = dict(d_model=32, num_heads=2, d_ff=64, num_layers=1, max_len=64, vocab_size=512)

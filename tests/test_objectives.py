@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from jaxformer.config import ModelConfig
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.models.presets import preset
 from jaxformer.models.transformer import build_model
 from jaxformer.objectives import (
@@ -27,6 +26,7 @@ from jaxformer.objectives import (
     span_corruption,
 )
 from jaxformer.objectives.span_corruption import _replace_spans
+from jaxformer.vocab import SpecialTokens
 
 SPECIAL = SpecialTokens(vocab_size=300)  # specials 0..106, ordinary tokens 107..299
 LOW = max(SPECIAL.all_special) + 1

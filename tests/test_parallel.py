@@ -22,8 +22,8 @@ import ml_collections
 import numpy as np
 import pytest
 
+from jaxformer.checkpoint import Checkpointer, with_shardings
 from jaxformer.config import ModelConfig
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective
@@ -33,7 +33,6 @@ from jaxformer.parallel.mesh import check_batch_size, describe, make_mesh, mesh_
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, batch_sharding, param_shardings
 from jaxformer.parallel.shard_map import data_parallel_step
-from jaxformer.train.checkpoint import Checkpointer, with_shardings
 from jaxformer.train.config import load_config
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 from jaxformer.train.state import (
@@ -43,6 +42,7 @@ from jaxformer.train.state import (
     state_shardings,
 )
 from jaxformer.train.step import make_eval_step, make_train_step
+from jaxformer.vocab import SpecialTokens
 
 TINY = dict(vocab_size=128, d_model=64, num_heads=4, d_ff=128, num_layers=1, max_len=16,
             dropout_rate=0.0, attention_dropout_rate=0.0, ffn_dropout_rate=0.0)

@@ -15,19 +15,18 @@ import ml_collections
 import numpy as np
 import pytest
 
+from jaxformer.checkpoint import load_for_inference, read_metrics
 from jaxformer.config import ModelConfig
 from jaxformer.convert.hf import load_hf, save_hf
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.decode import generate
 from jaxformer.models import build_model
 from jaxformer.nnx import FunctionalModel
 from jaxformer.objectives import prepare_clm, prepare_plm
 from jaxformer.ops import permutation
 from jaxformer.train import config as train_config
-from jaxformer.train.checkpoint import load_for_inference
 from jaxformer.train.loop import train_and_evaluate
-from jaxformer.train.metrics import read_metrics
 from jaxformer.train.step import loss_and_metrics
+from jaxformer.vocab import SpecialTokens
 
 ROOT = Path(__file__).resolve().parents[1]
 V = 300

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxformer.checkpoint import load_for_inference
 from jaxformer.decode import generate_text
 from jaxformer.models.transformer import build_model
 from jaxformer.predict import main
-from jaxformer.train.checkpoint import load_for_inference
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import train_and_evaluate
 

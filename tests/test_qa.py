@@ -192,8 +192,8 @@ def test_tiny_qa_run_learns_beyond_chance(tmp_path):
     """A tiny BERT trained from scratch on 'which word is shouted?' questions over movie-review
     sentences answers held-out questions (through `best_answer`, as the CLI does) with an exact
     match far above picking a random word of the context (chance ≈ 1/words)."""
+    from jaxformer.checkpoint import load_for_inference
     from jaxformer.data.sources import get_source
-    from jaxformer.train.checkpoint import load_for_inference
     from jaxformer.train.config import load_config
     from jaxformer.train.loop import train_and_evaluate
 

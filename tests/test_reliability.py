@@ -27,11 +27,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from jaxformer.train.checkpoint import SaveFailed, load_checkpoint_params
+from jaxformer.checkpoint import SaveFailed, load_checkpoint_params, read_metrics
+from jaxformer.checkpoint.lock import WorkdirBusy
 from jaxformer.train.config import load_config
-from jaxformer.train.lock import WorkdirBusy
 from jaxformer.train.loop import Trainer
-from jaxformer.train.metrics import MetricWriter, read_events, read_metrics
+from jaxformer.train.metrics import MetricWriter, read_events
 
 pytestmark = pytest.mark.slow  # trains a base run, then train.py subprocesses on copies of it
 
@@ -154,9 +154,9 @@ def test_no_intact_checkpoint_is_one_error_and_leaves_the_workdir_intact(run):
 
 def test_init_from_generate_and_convert_refuse_a_damaged_checkpoint_in_one_line(run, tmp_path,
                                                                                capsys):
+    from jaxformer.checkpoint.verify import CheckpointDamaged
     from jaxformer.convert.__main__ import main as convert
     from jaxformer.generate import main as generate
-    from jaxformer.train.verify import CheckpointDamaged
 
     flip(largest_state_file(run / "checkpoints" / "4"))
     with pytest.raises(CheckpointDamaged, match=r"checkpoints/4 is damaged: state/.*sha256.*read an "
@@ -206,12 +206,12 @@ def test_the_lock_of_a_killed_run_is_not_stale(tmp_path):
     """The holder is named by its live PID (the kernel's lock table), not by the stale PID in
     ``.lock``: a run holds the lock before it writes its PID, after its checks."""
     (tmp_path / ".lock").write_text("999999\n")  # a run long gone
-    code = ("import sys, time; from jaxformer.train.lock import WorkdirLock; "
+    code = ("import sys, time; from jaxformer.checkpoint.lock import WorkdirLock; "
             f"lock = WorkdirLock({str(tmp_path)!r}).acquire(); print('locked', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
                             text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert proc.stdout.readline().strip() == "locked"
-    from jaxformer.train.lock import WorkdirLock
+    from jaxformer.checkpoint.lock import WorkdirLock
 
     with pytest.raises(WorkdirBusy, match=f"PID {proc.pid}"):
         WorkdirLock(tmp_path).acquire()
@@ -416,7 +416,7 @@ def test_a_failed_background_save_stops_the_run_and_a_rerun_resumes_bitwise(tmp_
 
 def test_a_save_that_cannot_fit_is_refused_before_it_starts(tmp_path, monkeypatch):
     """The free space is checked against the previous save's size (the disk reports 1 kB free)."""
-    import jaxformer.train.checkpoint as checkpoint
+    import jaxformer.checkpoint.write as checkpoint
 
     trainer = Trainer(config(4), tmp_path)
     usage = checkpoint.shutil.disk_usage
@@ -507,7 +507,7 @@ def test_convert_onto_an_existing_file_is_one_line(run, tmp_path, capsys):
 
 
 def test_evaluate_names_the_file_it_cannot_read(run, tmp_path):
-    from jaxformer.evaluation.run import evaluate_run
+    from jaxformer.evaluate_run import evaluate_run
 
     (tmp_path / "x.bin").write_bytes(os.urandom(64))
     with pytest.raises(ValueError, match=rf"^files '{tmp_path / 'x.bin'}': cannot tell the format"):

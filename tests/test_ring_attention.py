@@ -22,7 +22,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxformer.compile import collectives
 from jaxformer.config import ModelConfig
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective
@@ -36,6 +35,7 @@ from jaxformer.train.config import base_config, check_context_parallel
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 from jaxformer.train.state import create_train_state, init_model_params
 from jaxformer.train.step import make_train_step
+from jaxformer.vocab import SpecialTokens
 
 N = 4  # context shards
 # float32 sums over blocks in another order: ~1e-7 relative per addition

@@ -16,8 +16,8 @@ import numpy as np
 import optax
 import pytest
 
+from jaxformer.checkpoint import read_metrics
 from jaxformer.config import ModelConfig
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective
@@ -32,9 +32,9 @@ from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.config import load_config, validate_config
 from jaxformer.train.loop import train_and_evaluate
-from jaxformer.train.metrics import read_metrics
 from jaxformer.train.state import TrainState, init_model_params, state_shardings
 from jaxformer.train.step import make_train_step
+from jaxformer.vocab import SpecialTokens
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(vocab_size=128, d_model=32, num_heads=2, d_ff=64, num_layers=1, max_len=16,

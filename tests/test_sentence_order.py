@@ -11,12 +11,12 @@ import ml_collections
 import numpy as np
 import pytest
 
+from jaxformer.checkpoint import read_metrics
 from jaxformer.data.pipeline import make_dataset
 from jaxformer.data.sentence_pairs import text_segments, truncate_pair
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 from jaxformer.train.config import load_config, validate_config
 from jaxformer.train.loop import train_and_evaluate
-from jaxformer.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi".split()

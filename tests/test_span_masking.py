@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives.mlm import mlm_spans, prepare_mlm
 from jaxformer.objectives.span_masking import clipped_geometric_pmf
+from jaxformer.vocab import SpecialTokens
 
 CHI2_9DOF_999 = 27.877  # the 0.999 quantile of chi-square with 9 degrees of freedom (10 lengths)
 SPAN = {"masking": "span", "mask_rate": 0.15}

@@ -16,7 +16,7 @@ from jaxformer.data.tokenizer import (
     resolve_num_sentinels,
     train_sentencepiece,
 )
-from jaxformer.data.vocab import SpecialTokens
+from jaxformer.vocab import SpecialTokens
 
 ENGLISH = """It was the best of times, it was the worst of times, it was the age of wisdom, it was
 the age of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the

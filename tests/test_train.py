@@ -18,13 +18,12 @@ import jax
 import numpy as np
 import pytest
 
+from jaxformer.checkpoint import load_checkpoint_params, read_metrics
 from jaxformer.data.sources import get_source
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.train import config as train_config
-from jaxformer.train.checkpoint import load_checkpoint_params
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate
-from jaxformer.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 # One layer: nothing here depends on depth, and XLA:CPU compiles a 2-layer model's init and train

@@ -1,11 +1,11 @@
 """Checkpoint conversion: Hugging Face GPT-2 / BERT / ALBERT / T5 directories ↔ jaxformer configs and params.
 
-`load_hf` / `save_hf` convert in memory; `save_params` / `load_params` are the jaxformer side
-(Orbax); ``python -m jaxformer.convert`` runs both directions from the command line.
+`load_hf` / `save_hf` convert in memory; the jaxformer side is a run directory
+(`jaxformer.checkpoint.save_params` / `load_params`); ``python -m jaxformer.convert`` runs both
+directions from the command line.
 """
 
-from jaxformer.convert.checkpoint import load_params, save_params
 from jaxformer.convert.hf import load_hf, param_shapes, save_hf
 from jaxformer.convert.hf_io import is_hf_directory
 
-__all__ = ["load_hf", "save_hf", "is_hf_directory", "param_shapes", "load_params", "save_params"]
+__all__ = ["load_hf", "save_hf", "is_hf_directory", "param_shapes"]

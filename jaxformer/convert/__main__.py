@@ -25,12 +25,12 @@ import os
 import shutil
 import sys
 
-from jaxformer.convert.checkpoint import load_params, save_params
+from jaxformer.checkpoint import load_params, save_params
 from jaxformer.convert.hf import load_hf, save_hf
 from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files, find_tokenizer, read_config
+from jaxformer.convert.lora import load_merged
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.train.lora import is_lora
-from jaxformer.train.lora_run import load_merged
+from jaxformer.models.lora import is_lora
 
 TOKENIZER_DIR = "tokenizer"
 HF_CONFIG = "hf_config.json"
@@ -116,7 +116,7 @@ def _check_output(flag: str, path: str, *, empty: bool = False) -> None:
 
 def _load(path: str) -> tuple[dict, dict]:
     """(ModelConfig fields, params) of a jaxformer directory; a LoRA run's adapters merged into
-    the base weights of its init_from (`jaxformer.train.lora_run.load_merged`)."""
+    the base weights of its init_from (`jaxformer.convert.lora.load_merged`)."""
     run_config = os.path.join(path, "config.json")
     if os.path.isfile(run_config):
         with open(run_config) as f:

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from jaxformer.data.vocab import SpecialTokens
+from jaxformer.vocab import SpecialTokens
 
 FORMAT = "jaxformer.fast_tokenizer"  # the ``format`` entry of a saved FastTokenizer
 # SpecialTokens field → the tokenizer_config.json / special_tokens_map.json key naming its token

@@ -70,7 +70,6 @@ from jaxformer.data.sentence_pairs import SentencePairs, check_pair_data, pair_r
 from jaxformer.data.sources import check_held_out, default_source_config, get_source
 from jaxformer.data.sources import source_texts as source_texts  # re-exported
 from jaxformer.data.tokenizer import Tokenizer, default_tokenizer_config
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives.registry import (
     FRAMINGS,
     OBJECTIVES,
@@ -78,6 +77,7 @@ from jaxformer.objectives.registry import (
     check_data_task,
 )
 from jaxformer.options import option
+from jaxformer.vocab import SpecialTokens
 
 LONG_EXAMPLES = ("truncate", "split")
 SPLITTABLE_TASKS = ("lm", "span_corruption", "sentence_pairs")  # plain-text tasks; pairs chunk
@@ -300,7 +300,7 @@ def example_framing(cfg: Any, objective: Any = "clm") -> str:
 
 def describe_source(cfg: Any, split: str) -> str:
     """How logs and errors name the source of ``split``: ``data.source='…'``, the files of a
-    ``files:{split}`` source (`jaxformer.evaluation.run.with_data`), and a held-out validation
+    ``files:{split}`` source (`jaxformer.evaluate_run.with_data`), and a held-out validation
     split's origin."""
     spec = option(cfg, "source", "")
     if spec == "files:{split}":

@@ -41,7 +41,7 @@ import numpy as np
 
 from jaxformer.data.packing import TruncationCounter
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.data.vocab import SpecialTokens
+from jaxformer.vocab import SpecialTokens
 
 PAIR_MODES = ("nsp", "sop")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")

@@ -27,7 +27,7 @@ import sentencepiece as spm
 from absl import logging
 
 from jaxformer.data.fast_tokenizer import FastTokenizer, is_saved_fast_tokenizer
-from jaxformer.data.vocab import SpecialTokens
+from jaxformer.vocab import SpecialTokens
 
 MODEL_TYPES = ("unigram", "bpe")
 NORMALIZATIONS = ("identity", "nmt_nfkc", "nfkc")

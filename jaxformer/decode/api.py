@@ -326,7 +326,7 @@ def generate_text(model: nn.Module | nnx.Module, params: Any = None, tokenizer: 
                   texts: Sequence[str] | None = None, *,
                   add_bos: bool = False, append_eos: bool | None = None, **kwargs) -> list[str]:
     """Text in, text out. ``tokenizer`` has ``encode(str) -> list[int]``,
-    ``decode(list[int]) -> str`` and ``special`` (`jaxformer.data.vocab.SpecialTokens`, whose
+    ``decode(list[int]) -> str`` and ``special`` (`jaxformer.vocab.SpecialTokens`, whose
     eos/pad ids are the defaults). An NNX model holds its parameters:
     ``generate_text(nnx_model, tokenizer, texts, ...)``.
 

@@ -1,7 +1,7 @@
-"""Evaluation beyond the training loss: classification reports, decoding scores (BLEU, chrF, exact
-match), and scoring a finished run (`jaxformer.evaluation.run`, the library side of
-``python -m jaxformer.evaluate``; import it from there: it reads checkpoints, so it sits above
-`jaxformer.train`, which uses this package's metrics)."""
+"""Evaluation beyond the training loss: classification reports and decoding scores (BLEU, chrF,
+exact match), which the trainer uses. Scoring a finished run is `jaxformer.evaluate_run` (the
+library side of ``python -m jaxformer.evaluate``): it runs the trainer's eval step, so it sits above
+`jaxformer.train`, outside this package."""
 
 from jaxformer.evaluation.decoding import (
     DecodingExample,

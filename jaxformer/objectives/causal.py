@@ -13,8 +13,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives._common import require, segments_and_positions, shift_left_within_segments
+from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
 

@@ -9,8 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives._common import require, segments_and_positions
+from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
 

@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.config import ModelConfig
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives._common import require
 from jaxformer.options import option
+from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
 MASK_PLACEHOLDER = "<mask>"

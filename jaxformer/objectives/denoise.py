@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxformer.data.vocab import SpecialTokens
+from jaxformer.vocab import SpecialTokens
 
 # The ``objective.*`` options of BART denoising with their defaults (BART's final choice: 30% text
 # infilling, λ = 3; no token deletion or masking).

@@ -31,10 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives._common import require, segments_and_positions
 from jaxformer.objectives.span_masking import MASKINGS, Spans, sample_spans
 from jaxformer.options import option
+from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
 # The ``objective.*`` options of MLM with their defaults: BERT's 15% of positions, 80/10/10.

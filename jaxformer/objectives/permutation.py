@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.config import ModelConfig
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives._common import require, segments_and_positions
 from jaxformer.ops.permutation import identity_order, partial_prediction_targets, sample_order
 from jaxformer.options import option
+from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives.causal import prepare_clm, prepare_sft
 from jaxformer.objectives.classify import prepare_classify
 from jaxformer.objectives.cloze import CLOZE_OPTION_DOCS, CLOZE_OPTIONS, prepare_cloze, resolve_cloze
@@ -46,6 +45,7 @@ from jaxformer.objectives.span_corruption import (
     span_corruption,
 )
 from jaxformer.options import option
+from jaxformer.vocab import SpecialTokens
 
 PrepareFn = Callable[..., dict]
 # (tokens [n], rng, special, **options) -> (inputs, targets): one example, without EOS, in NumPy.

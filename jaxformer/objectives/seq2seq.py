@@ -20,13 +20,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxformer.data.vocab import SpecialTokens
 from jaxformer.objectives._common import (
     require,
     segments_and_positions,
     shift_right_within_segments,
 )
 from jaxformer.options import option
+from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
 

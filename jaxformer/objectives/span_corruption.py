@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxformer.data.vocab import SpecialTokens
+from jaxformer.vocab import SpecialTokens
 
 # The ``objective.*`` options of span corruption with their defaults (T5, §3.1.4).
 # ``random_roll`` is on by default (T5 itself has no roll): see `random_spans_noise_mask`.

@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 
@@ -22,14 +20,12 @@ from jaxformer.ops.dense import dense
 from jaxformer.ops.dropout import dropout
 from jaxformer.ops.embedding import attend
 from jaxformer.ops.norms import normalize
-
-if TYPE_CHECKING:
-    from jaxformer.config import ModelConfig
+from jaxformer.ops.settings import ModelSettings
 
 Array = jnp.ndarray
 
 
-def lm_logits(params: dict, x: Array, table: Array, *, cfg: ModelConfig) -> Array:
+def lm_logits(params: dict, x: Array, table: Array, *, cfg: ModelSettings) -> Array:
     """`[B, L, D]` → `[B, L, vocab]`. Tied: the token table ``table`` `[vocab, D]` (``params`` holds
     at most a ``bias`` `[vocab]`); untied: ``params`` is a dense ``kernel`` `[D, vocab]` (+ bias)."""
     if not cfg.tie_embeddings:
@@ -42,7 +38,7 @@ def lm_logits(params: dict, x: Array, table: Array, *, cfg: ModelConfig) -> Arra
     return logits
 
 
-def mlm_logits(params: dict, x: Array, table: Array, *, cfg: ModelConfig) -> Array:
+def mlm_logits(params: dict, x: Array, table: Array, *, cfg: ModelSettings) -> Array:
     """BERT's MLM head: ``dense`` → activation → ``norm`` (when ``cfg.mlm_transform``), then
     `lm_logits` with ``params.get("decoder", {})``. `[B, L, D]` → `[B, L, vocab]`."""
     if cfg.mlm_transform:
@@ -69,14 +65,14 @@ def pool(x: Array, segment_ids: Array | None, how: str) -> Array:
     return jnp.sum(x * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)
 
 
-def pooled(params: dict, x: Array, segment_ids: Array | None, *, cfg: ModelConfig) -> Array:
+def pooled(params: dict, x: Array, segment_ids: Array | None, *, cfg: ModelSettings) -> Array:
     """`[B, L, D]` → `[B, D]`: `pool` by ``cfg.pooling``, then, if ``cfg.pooler``, BERT's
     tanh(dense) (``cfg.pooler_activation``: DistilBERT's pre_classifier is relu(dense))."""
     h = pool(x, segment_ids, cfg.pooling)
     return get_activation(cfg.pooler_activation)(dense(params, h)) if cfg.pooler else h
 
 
-def classify(params: dict, h: Array, *, cfg: ModelConfig,
+def classify(params: dict, h: Array, *, cfg: ModelSettings,
              dropout_rng: jax.Array | None = None) -> Array:
     """dropout (``cfg.dropout_rate``, when ``dropout_rng`` is given) → dense:
     `[..., D]` → `[..., classes]`."""

@@ -7,8 +7,6 @@ names)`` is the optional sharding hook of `jaxformer.ops.blocks` (logical axis n
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 
@@ -18,9 +16,7 @@ from jaxformer.ops.dropout import dropout
 from jaxformer.ops.embedding import check_ids, embed
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import lookup_positions, sinusoidal
-
-if TYPE_CHECKING:
-    from jaxformer.config import ModelConfig
+from jaxformer.ops.settings import ModelSettings
 
 Array = jnp.ndarray
 
@@ -46,7 +42,7 @@ def embed_tokens(table: Array, ids: Array, *, dtype, constrain: Constrain | None
 
 
 def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
-                 token_types: Array | None = None, *, cfg: ModelConfig,
+                 token_types: Array | None = None, *, cfg: ModelSettings,
                  dropout_rng: jax.Array | None = None, constrain: Constrain | None = None) -> Array:
     """x = proj?(dropout(norm?(scale · E[tokens] + P[positions] + T[token_types]))), `[B, L, D]`.
 

@@ -12,16 +12,12 @@ with these policies; the NNX models call `run_stack`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from jaxformer.ops.blocks import ACTIVATION_AXES, Constrain, transformer_block, two_stream_block
-
-if TYPE_CHECKING:
-    from jaxformer.config import ModelConfig
+from jaxformer.ops.settings import ModelSettings
 
 Array = jnp.ndarray
 
@@ -32,12 +28,12 @@ REMAT_POLICIES = {
 }
 
 
-def has_dropout(cfg: ModelConfig) -> bool:
+def has_dropout(cfg: ModelSettings) -> bool:
     """Whether a block drops anything (residual, attention or FFN dropout)."""
     return bool(cfg.dropout_rate or cfg.attention_dropout_rate or cfg.ffn_dropout_rate)
 
 
-def stack_block(params: dict, x: Array, *, cfg: ModelConfig, constrain: Constrain | None = None,
+def stack_block(params: dict, x: Array, *, cfg: ModelSettings, constrain: Constrain | None = None,
                 two_stream: dict | None = None, **kwargs) -> tuple[Array, dict | None]:
     """`transformer_block` on the residual stream `[B, L, D]` cast to ``cfg.dtype`` and pinned to
     ``ACTIVATION_AXES`` on the way in and out (the output only when not decoding).
@@ -58,7 +54,7 @@ def stack_block(params: dict, x: Array, *, cfg: ModelConfig, constrain: Constrai
     return (y if cache is not None else pin(y, ACTIVATION_AXES)), cache
 
 
-def run_stack(params: dict, x: Array, *, cfg: ModelConfig, num_layers: int, causal: bool = False,
+def run_stack(params: dict, x: Array, *, cfg: ModelSettings, num_layers: int, causal: bool = False,
               dropout_rng: jax.Array | None = None, constrain: Constrain | None = None,
               **inputs) -> Array:
     """``num_layers`` blocks in order, `[B, L, D]` → `[B, L, D]` (no decoding cache); with a

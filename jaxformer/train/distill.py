@@ -35,13 +35,13 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from jaxformer.checkpoint import load_run_params
 from jaxformer.config import ModelConfig, architecture_fields
 from jaxformer.convert.hf import load_hf
 from jaxformer.models import build_model
 from jaxformer.ops.heads import pool
 from jaxformer.ops.losses import cosine_distance, soft_target_kl
 from jaxformer.parallel.rules import param_shardings
-from jaxformer.train.checkpoint import load_run_params
 from jaxformer.train.distill_config import DistillSettings, settings
 from jaxformer.train.setup import Built, Pretrained, ResolvedConfig, merge_backbone, open_pretrained
 from jaxformer.train.state import TrainState, abstract_params, create_params, create_train_state

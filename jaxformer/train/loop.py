@@ -7,7 +7,7 @@
 2. lock the workdir; find the newest intact (checksum-verified) step of ``<workdir>/checkpoints``
    if any; load or train the tokenizer; build the Grain train iterator — every check that can
    refuse the run, before any write (a refused run, or one that fails before its first step,
-   removes the workdir or ``.lock`` it created: `jaxformer.train.lock`);
+   removes the workdir or ``.lock`` it created: `jaxformer.checkpoint.lock`);
 3. resume from that step (state *and* data iterator), else initialise — from ``init_from``
    (backbone of a pretraining run or a Hugging Face model) when given;
 4. run jit-compiled steps sharded over the mesh (or shard_map / pmap), evaluating, logging and
@@ -25,10 +25,12 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from jaxformer.checkpoint import Checkpointer, PreemptionWatch, save_run_config
+from jaxformer.checkpoint.lock import WorkdirLock
 from jaxformer.config import ModelConfig
 from jaxformer.data.sources import list_option
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
-from jaxformer.models import build_model
+from jaxformer.models import build_model, lora
 from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.objectives.scheduled_sampling import scheduled_sampling_mixer
 from jaxformer.ops.embedding import check_token_ids
@@ -36,10 +38,8 @@ from jaxformer.parallel import pmap, shard_map
 from jaxformer.parallel.mesh import describe
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
-from jaxformer.train import distill, lora
-from jaxformer.train.checkpoint import Checkpointer, PreemptionWatch, save_run_config
+from jaxformer.train import distill
 from jaxformer.train.collapse import CollapseWatch, with_prediction_counts
-from jaxformer.train.lock import WorkdirLock
 from jaxformer.train.lora_run import init_lora_state, load_base
 from jaxformer.train.metrics import MetricWriter, Progress, truncate_metrics
 from jaxformer.train.nonfinite import NonfiniteGuard
@@ -136,7 +136,7 @@ class Trainer:
 
     def model_params(self, state):
         """The parameters the model applies: ``state.params``, or a LoRA run's merged with its
-        base (`jaxformer.train.lora.model_params`)."""
+        base (`jaxformer.models.lora.model_params`)."""
         if self.base is None:
             return state.params
         if not hasattr(self, "_merge"):

@@ -9,6 +9,8 @@ included; absent from a run's first row, whose time includes compilation).
 
 A resumed run first cuts both back to the step it resumes from (`truncate_metrics`): the rows and
 events a killed run wrote after its last checkpoint are written again, once.
+The rows are read back by `jaxformer.checkpoint.run_files.read_metrics` (below the trainer:
+the best-checkpoint choice reads them).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 import jax
 from tqdm.auto import tqdm
 
+from jaxformer.checkpoint.run_files import METRICS_FILE
 from jaxformer.progress import bar_disabled
 
 
@@ -57,7 +60,7 @@ class MetricWriter:
         if count_name not in COUNT_NAMES:
             raise ValueError(f"count_name={count_name!r} must be one of {COUNT_NAMES}")
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
-        self.path = Path(workdir) / "metrics.jsonl"
+        self.path = Path(workdir) / METRICS_FILE
         self.count_name = count_name
         self._last: tuple[int, float] | None = None  # (step, time) of the last row with a count
         self._tb = None
@@ -102,7 +105,7 @@ def truncate_metrics(workdir: str | os.PathLike, step: int) -> None:
     its last checkpoint, which the resumed run writes again) and any torn last line or record;
     each file changed is replaced atomically."""
     _truncate_events(Path(workdir), step)
-    path = Path(workdir) / "metrics.jsonl"
+    path = Path(workdir) / METRICS_FILE
     if not path.exists():
         return
     lines = path.read_text().splitlines(keepends=True)
@@ -115,7 +118,7 @@ def truncate_metrics(workdir: str | os.PathLike, step: int) -> None:
         if line.endswith("\n") and isinstance(row, dict) and row.get("step", step + 1) <= step:
             kept.append(line)
     if kept != lines:
-        tmp = path.with_name("metrics.jsonl.tmp")
+        tmp = path.with_name(METRICS_FILE + ".tmp")
         tmp.write_text("".join(kept))
         os.replace(tmp, path)
 
@@ -164,18 +167,6 @@ def read_events(workdir: str | os.PathLike) -> Iterator[tuple[str, int, float]]:
             event = Event.FromString(record)
             for value in event.summary.value:
                 yield value.tag, event.step, value.simple_value
-
-
-def read_metrics(workdir: str | os.PathLike) -> list[dict]:
-    """All rows of ``<workdir>/metrics.jsonl`` (but a last line torn by a kill mid-write)."""
-    path = Path(workdir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    text = path.read_text()
-    lines = text.splitlines()
-    if lines and not text.endswith("\n"):
-        lines.pop()
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 class Progress:

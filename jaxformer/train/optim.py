@@ -31,7 +31,7 @@ updates for the first N updates. Both compose with the head group, ``freeze_back
 (whose adapters take the depth of the kernel they adapt); at their defaults (1.0, 0) the optimizer
 is exactly the one above.
 
-LoRA (``lora.rank`` > 0, `jaxformer.train.lora`): the optimizer sees only the trainable tree
+LoRA (``lora.rank`` > 0, `jaxformer.models.lora`): the optimizer sees only the trainable tree
 (adapters + task heads), so its state exists only for them; the adapters (``lora_a``/``lora_b``)
 get no weight decay.
 
@@ -49,7 +49,7 @@ import ml_collections
 import optax
 
 from jaxformer.models.heads import HEAD_MODULE_NAMES
-from jaxformer.train.lora import check_lora_config
+from jaxformer.models.lora import check_lora_config
 from jaxformer.train.param_groups import (
     EMBEDDING_MODULES,
     check_param_group_config,

@@ -17,7 +17,7 @@ Depth (`layer_depths`) orders a model's parameters from the input up, by module 
 A scanned stack (``model.scan_layers``) holds its layers along the leading ``layers`` axis, so its
 depth is a ``[layers]`` vector, one entry per slice: scanned and unrolled models get equal
 multipliers. LoRA's trainable tree (``{"lora": adapters mirroring the parameter paths, **heads}``,
-`jaxformer.train.lora`) is read through the ``lora/`` prefix. ALBERT's shared block
+`jaxformer.models.lora`) is read through the ``lora/`` prefix. ALBERT's shared block
 (``model.share_layers``) has no single depth and is refused.
 
 Two optax transforms use the depths; both act on the final updates (after AdamW), so they scale or
@@ -48,8 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxformer.models import lora
 from jaxformer.models.heads import HEAD_MODULE_NAMES
-from jaxformer.train import lora
 
 # Top-level modules before the first layer (`jaxformer.layers.params.model_spec`): depth 0.
 EMBEDDING_MODULES: tuple[str, ...] = (

@@ -33,6 +33,16 @@ import optax
 from absl import logging
 from jax.sharding import Mesh
 
+from jaxformer.checkpoint import (
+    Checkpointer,
+    SavedRun,
+    StateMismatch,
+    load_checkpoint_params,
+    load_run_config,
+    open_run,
+    with_shardings,
+)
+from jaxformer.checkpoint.verify import verify_tokenizer
 from jaxformer.config import ModelConfig, architecture_fields, changed_fields, fine_tuning_fields
 from jaxformer.convert.hf import hf_model_config, load_hf
 from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory, read_config
@@ -46,15 +56,6 @@ from jaxformer.objectives import bind_objective
 from jaxformer.objectives.mlm import uses_word_initial
 from jaxformer.options import option
 from jaxformer.parallel.mesh import check_batch_size, make_mesh
-from jaxformer.train.checkpoint import (
-    Checkpointer,
-    SavedRun,
-    StateMismatch,
-    load_checkpoint_params,
-    load_run_config,
-    open_run,
-    with_shardings,
-)
 from jaxformer.train.config import (
     check_config,
     check_resume,
@@ -62,7 +63,6 @@ from jaxformer.train.config import (
     with_derived_model_fields,
 )
 from jaxformer.train.state import TrainState, create_params, create_train_state, state_shardings
-from jaxformer.train.verify import verify_tokenizer
 
 # --------------------------------------------------------------------------------------------------
 # 1. Resolve the config.

@@ -18,8 +18,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+from jaxformer.models import lora
 from jaxformer.parallel.rules import match_shardings_by_path, param_shardings, replicated
-from jaxformer.train import lora
 
 
 @flax.struct.dataclass
@@ -64,7 +64,7 @@ def init_model_params(model: nn.Module, model_cfg, rng: jax.Array) -> Any:
 
 def trainable_abstract(boxed: Any, lora_cfg: Any = None) -> Any:
     """The boxed abstract parameters the optimizer trains: all of ``boxed``, or with
-    ``lora_cfg.rank`` > 0 the LoRA adapters and task heads (`jaxformer.train.lora.trainable`)."""
+    ``lora_cfg.rank`` > 0 the LoRA adapters and task heads (`jaxformer.models.lora.trainable`)."""
     if lora_cfg is None or not lora_cfg.rank:
         return boxed
     return jax.eval_shape(lambda: lora.trainable(boxed, jax.random.key(0), lora_cfg))
@@ -93,7 +93,7 @@ def create_train_state(model: nn.Module, model_cfg, tx: optax.GradientTransforma
 
     Returns (state, shardings). The parameter init key is ``fold_in(key(seed), 0)``; the step keys
     derive from ``fold_in(key(seed), 1)``. A LoRA state (``lora_cfg``) needs its trainable
-    ``params`` (`jaxformer.train.lora.trainable`).
+    ``params`` (`jaxformer.models.lora.trainable`).
     """
     _, shardings = state_shardings(model, model_cfg, tx, mesh, lora_cfg)
     # The keys are arguments (host data, replicated), not constants: one compiled program per

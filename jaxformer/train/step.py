@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxformer.models import lora
 from jaxformer.objectives.cloze import class_logits
 from jaxformer.ops.losses import weighted_accuracy, weighted_cross_entropy
-from jaxformer.train import lora
 from jaxformer.train.state import TrainState
 
 
@@ -77,7 +77,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
 
     LoRA (``lora_scale`` = alpha / rank): ``train_step(state, batch, base)``: ``state.params`` are
     the trainable adapters and task heads, ``base`` the frozen parameters; the model applies
-    `jaxformer.train.lora.model_params` (base + scale · A B) and only ``state.params`` are
+    `jaxformer.models.lora.model_params` (base + scale · A B) and only ``state.params`` are
     differentiated and updated.
 
     ``prepare(batch, rng)`` is the objective bound to its special tokens and options. With

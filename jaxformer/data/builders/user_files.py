@@ -141,7 +141,7 @@ class FileSource:
                  split_fractions: tuple[float, float, float] = (0.9, 0.05, 0.05)) -> None:
         hashed = "{split}" not in pattern
         # the glob read, as messages name it; a pattern of just "{split}" takes the whole glob as
-        # its split (`jaxformer.evaluation.run.with_data`: every line of the files)
+        # its split (`jaxformer.evaluate_run.with_data`: every line of the files)
         glob = pattern.replace("{split}", split)
         named = repr(glob) + ("" if hashed or pattern == "{split}" else
                               f" (split {split!r} of {pattern!r})")

@@ -64,10 +64,9 @@ def main(workdir: str, out: str) -> None:
     import orbax.checkpoint as ocp
 
     import jaxformer
+    from jaxformer.checkpoint import Checkpointer, load_for_inference, read_metrics
     from jaxformer.models import build_model
-    from jaxformer.train.checkpoint import Checkpointer, load_for_inference
     from jaxformer.train.loop import Trainer
-    from jaxformer.train.metrics import read_metrics
 
     root = Path(jaxformer.__file__).resolve().parents[1]
     model_cfg, params, _ = load_for_inference(workdir)

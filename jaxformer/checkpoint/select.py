@@ -11,7 +11,7 @@ One rule ranks steps for both: ``checkpoint.best_metric`` (e.g. ``eval_accuracy`
 - Reading (`best_step`): the best of the committed steps by the metrics saved with them, or, for
   steps written before metrics were saved, by the run's ``metrics.jsonl`` row of the same step.
 
-`jaxformer.train.checkpoint.resolve_checkpoint` turns a path plus ``step=`` / ``best=`` into the
+`jaxformer.checkpoint.read.resolve_checkpoint` turns a path plus ``step=`` / ``best=`` into the
 step directory every reader opens (generate, predict, evaluate, ``init_from``).
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from orbax.checkpoint import checkpoint_managers as cm
 
-from jaxformer.train.metrics import read_metrics
+from jaxformer.checkpoint.run_files import read_metrics
 
 BEST_MODES = ("min", "max")
 METRICS_FILE = ("metrics", "metrics")  # Orbax's metrics item of a step: <step>/metrics/metrics

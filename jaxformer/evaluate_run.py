@@ -18,6 +18,9 @@ Metrics, by what the run trained:
 ``data`` evaluates other data with the run's data settings (tokenizer, framing, columns, fields):
 ``"files:<glob>"`` without ``{split}`` reads every line of the matching files; a glob with
 ``{split}``, or another source (``"tfds:…"``), is read at ``split``.
+
+It runs the trainer's eval step, so it sits above `jaxformer.train` (and outside
+`jaxformer.evaluation`, whose metrics the trainer uses).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import ml_collections
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxformer.checkpoint import load_run_params, open_run, resolve_checkpoint
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import make_dataset
 from jaxformer.data.sources import list_option, source_splits
@@ -49,7 +53,6 @@ from jaxformer.evaluation.metrics import classification_report
 from jaxformer.models import build_model
 from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.progress import bar_disabled
-from jaxformer.train.checkpoint import load_run_params, open_run, resolve_checkpoint
 from jaxformer.train.setup import wire_objective
 from jaxformer.train.step import make_eval_step, summarize_eval
 

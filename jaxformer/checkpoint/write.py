@@ -1,44 +1,30 @@
-"""Orbax checkpoints: save/resume the train state with the data iterator, and fine-tune from them.
-
-Layout of a workdir::
-
-    <workdir>/config.json              the full training config of the run
-    <workdir>/tokenizer.model          sentencepiece model used by the run
-    <workdir>/.lock                    `jaxformer.train.lock`: one writer per workdir
-    <workdir>/checkpoints/<step>/      Orbax: "state" (TrainState) and "data" (Grain iterator state),
-                                       plus jaxformer_manifest.json (`jaxformer.train.verify`)
-                                       and, with checkpoint.best_metric, metrics/metrics (the
-                                       step's eval metrics: `checkpoint_select`)
-    <workdir>/checkpoints/<step>.damaged   a damaged step set aside by a resume (never read)
+"""Writing checkpoints: `Checkpointer` saves the train state with the data iterator and restores it
+on a resume.
 
 Orbax writes each step to a temporary directory and renames it when complete, so a killed run never
-leaves a half-written checkpoint; the manifest of checksums is written just before that rename, and
-every read verifies it first (a resume falls back to the newest intact step). `Checkpointer.save`
-refuses non-finite parameters.
+leaves a half-written checkpoint; the manifest of checksums (`jaxformer.checkpoint.verify`) is
+written just before that rename, and every read verifies it first (a resume falls back to the newest
+intact step). `Checkpointer.save` refuses non-finite parameters, and a save that fails (disk full,
+permissions, I/O) is `SaveFailed`, one line naming the step, why, and the step a rerun resumes from.
 
 Orbax API: the v0 ``CheckpointManager`` with ``args=`` items and a ``preservation_policy`` (the
 non-deprecated form in 0.12.8: no DeprecationWarning, see ``tests/test_legacy_checkpoint.py``). The
 v1 API ships only as ``orbax.checkpoint.experimental.v1`` ("subject to change without notice"),
 its ``training.Checkpointer`` wraps the same v0 manager, and it has no equivalent of
 ``CheckpointManager.reached_preemption(step)``, which the loop uses so that every process saves the
-same step and stops after a multi-host preemption. Checkpoints written by jaxformer 8116153 (jax
-0.10.2, orbax 0.12.4) restore unchanged (``tests/data/legacy_gpt_jax010``).
+same step and stops after a multi-host preemption (`Checkpointer.preempted`). Checkpoints written by
+jaxformer 8116153 (jax 0.10.2, orbax 0.12.4) restore unchanged (``tests/data/legacy_gpt_jax010``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import errno
-import json
 import logging as pylogging
 import os
 import re
 import shutil
-import signal
-import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import grain
 import jax
@@ -47,22 +33,16 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from jaxformer.config import ModelConfig
-from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.models import build_model
-from jaxformer.train import lora, orbax_arrays
-from jaxformer.train.checkpoint_select import best_step, committed_steps, retention_policy
-from jaxformer.train.state import abstract_params
-from jaxformer.train.verify import (
+from jaxformer.checkpoint import orbax_arrays
+from jaxformer.checkpoint.select import committed_steps, retention_policy
+from jaxformer.checkpoint.verify import (
     MANIFEST,
     MARKER,
     CheckpointDamaged,
     StateMismatch,
     read_manifest,
     structure_mismatch,
-    verify_for_reading,
     verify_step,
-    verify_tokenizer,
     write_manifest,
 )
 
@@ -115,8 +95,8 @@ def _all_finite(tree) -> jax.Array:
 
 class Checkpointer:
     """Keeps the last ``keep`` checkpoints plus the best by ``best_metric`` when given
-    (`jaxformer.train.checkpoint_select.retention_policy`: the metrics passed to `save` are written
-    with each step); each carries a manifest of checksums (`jaxformer.train.verify`), checked
+    (`jaxformer.checkpoint.select.retention_policy`: the metrics passed to `save` are written
+    with each step); each carries a manifest of checksums (`jaxformer.checkpoint.verify`), checked
     before it is read.
 
     Reading (`latest_step`, `steps`, `restore`) never writes; Orbax's manager (which creates the
@@ -319,7 +299,8 @@ class Checkpointer:
     def preempted(self, step: int, signalled: bool) -> bool:
         """Whether to checkpoint ``step`` and stop because the job is being preempted: with several
         processes JAX's preemption sync point (every process answers True at the same step, so all
-        save it together); with one, ``signalled`` (a SIGTERM seen by `PreemptionWatch`)."""
+        save it together); with one, ``signalled`` (a SIGTERM seen by
+        `jaxformer.checkpoint.preemption.PreemptionWatch`)."""
         if jax.process_count() > 1:
             return self.manager.reached_preemption(step)
         return signalled
@@ -341,177 +322,3 @@ class Checkpointer:
                 self.wait()
             finally:
                 self._manager.close()
-
-
-class PreemptionWatch:
-    """Records SIGTERM (what TPU/GPU schedulers send before preempting a job) while training, so
-    the loop can checkpoint the current step and stop instead of losing the steps since the last
-    periodic checkpoint. Installed only in the main thread of a single-process run (with several
-    processes JAX's coordination service watches for the signal: `Checkpointer.preempted`);
-    `restore` puts the previous handler back."""
-
-    def __init__(self) -> None:
-        self.signalled, self._installed, self._previous = False, False, None
-        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-            self._installed = True
-
-    def _handle(self, signum, frame) -> None:
-        self.signalled = True
-
-    def restore(self) -> None:
-        if self._installed:  # None: the previous handler was not set from Python → the default
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
-            self._installed = False
-
-
-def with_shardings(abstract, shardings):
-    """Attach shardings to a tree of ShapeDtypeStructs (Orbax restores directly into them)."""
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
-
-
-# --------------------------------------------------------------------------------------------------
-# Reading checkpoints back: for fine-tuning (init_from) and inference.
-
-
-def resolve_checkpoint(path: str | os.PathLike, *, step: int | None = None, best: bool = False
-                       ) -> tuple[Path, int]:
-    """``path`` = a workdir, its ``checkpoints`` dir, or one step dir ``<run>/checkpoints/<N>`` →
-    (checkpoints dir, step): the latest step, ``step``, or with ``best`` the best by the run's
-    ``checkpoint.best_metric`` (`jaxformer.train.checkpoint_select.best_step`). A step that is
-    not there is a FileNotFoundError listing the steps that are."""
-    if best and step is not None:
-        raise ValueError(f"choose a step ({step}) or the best checkpoint, not both")
-    p = Path(path).absolute()
-    if (p / "checkpoints").is_dir() or committed_steps(p):
-        ckpt_dir = p / "checkpoints" if (p / "checkpoints").is_dir() else p
-    elif p.name.isdigit() and committed_steps(p.parent):  # a step dir, there or not
-        ckpt_dir, named = p.parent, int(p.name)
-        if best or step not in (None, named):
-            raise ValueError(f"{str(path)!r} is step {named}; give the run {str(ckpt_dir.parent)!r}"
-                             f" to choose {'the best step' if best else f'step {step}'}")
-        step = named
-    elif not p.exists():
-        raise FileNotFoundError(f"{str(path)!r} does not exist")
-    else:
-        raise FileNotFoundError(
-            f"no checkpoint found under {str(path)!r} (expected <workdir>/checkpoints/<step>)")
-    steps = committed_steps(ckpt_dir)
-    if not steps:
-        raise FileNotFoundError(f"no checkpoint found under {str(path)!r} (its {ckpt_dir.name} "
-                                "directory holds no step)")
-    if best:
-        return ckpt_dir, best_step(ckpt_dir, steps, load_run_config(ckpt_dir.parent)["checkpoint"])
-    if step is None:
-        return ckpt_dir, steps[-1]
-    if step not in steps:
-        raise FileNotFoundError(f"{ckpt_dir} has no step {step}: its steps are {steps} (a run "
-                                "keeps the checkpoint.keep latest and the best by "
-                                "checkpoint.best_metric)")
-    return ckpt_dir, step
-
-
-def load_checkpoint_params(path: str | os.PathLike, *, verified: bool = False) -> dict:
-    """Parameters (host numpy arrays) of the latest checkpoint under ``path``, verified first (unless
-    the caller just did: ``verified``); only the ``params`` subtree of the saved TrainState is read
-    (Orbax partial restore): never the optimizer moments."""
-    ckpt_dir, step = resolve_checkpoint(path)
-    if not verified:
-        verify_for_reading(ckpt_dir, step)
-    item = ckpt_dir / str(step) / "state"
-    handler = ocp.PyTreeCheckpointHandler()  # the item's own handler: the step-level metadata
-    try:                                     # file lives one level up, so no Checkpointer here
-        tree = handler.metadata(item)
-        target = {"params": jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), tree["params"])}
-        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
-        restored = handler.restore(item, args=ocp.args.PyTreeRestore(
-            item=target, restore_args=restore_args, partial_restore=True))
-    finally:
-        handler.close()
-    return restored["params"]
-
-
-def save_run_config(workdir: str | os.PathLike, config) -> None:
-    """``<workdir>/config.json``, replaced atomically (a crash leaves the old or the new one)."""
-    path = Path(workdir) / "config.json"
-    tmp = path.with_name("config.json.tmp")
-    tmp.write_text(json.dumps(config.to_dict() if hasattr(config, "to_dict") else dict(config),
-                              indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
-
-
-def load_run_config(workdir: str | os.PathLike, manifest: dict | None = None) -> dict:
-    """The run config (the training config a run saved as ``config.json``): the copy ``manifest``
-    (a checkpoint's) recorded, else ``<workdir>/config.json``."""
-    if manifest and isinstance(manifest.get("config"), dict):
-        return manifest["config"]
-    path = Path(workdir) / "config.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: is {workdir!r} a jaxformer training workdir?")
-    try:
-        run_config = json.loads(path.read_text())
-        if not isinstance(run_config, dict) or "model" not in run_config:
-            raise ValueError("no 'model' section")
-    except ValueError as e:  # JSONDecodeError included
-        raise ValueError(f"{path} is not a run config ({'empty' if not path.stat().st_size else e}); "
-                         "put the run's config.json back (checkpoints written by this version "
-                         f"carry a copy in checkpoints/<step>/{MANIFEST})") from None
-    return run_config
-
-
-@dataclasses.dataclass(frozen=True)
-class SavedRun:
-    """The newest checkpoint under a path, verified: what fine-tuning and inference read.
-
-    Attributes:
-      run_config: the run's training config (its ``config.json``, or the checkpoint's copy).
-      step_dir: ``<run>/checkpoints/<step>``; its parameters: `load_checkpoint_params`.
-      manifest: the step's manifest of checksums (None for checkpoints older than manifests).
-      tokenizer: the run's ``tokenizer.model``, checked against the manifest; None if it has none.
-    """
-
-    run_config: dict
-    step_dir: Path
-    manifest: dict | None
-    tokenizer: Path | None
-
-
-def open_run(path: str | os.PathLike, *, step: int | None = None, best: bool = False,
-             verify: bool = True) -> SavedRun:
-    """The checkpoint under ``path`` (a workdir, its ``checkpoints`` dir or one step dir) that
-    `resolve_checkpoint` picks (the latest, ``step``, or the ``best``), its parameters not read.
-    ``verify``: check every file first (`CheckpointDamaged` names the damaged one); else only the
-    manifest is read (`load_checkpoint_params` verifies)."""
-    if not Path(path).is_dir() and not Path(path).name.isdigit():  # (a missing step: its run's
-        load_run_config(path)  # steps are listed) raises "<path>/config.json not found: …"
-    ckpt_dir, step = resolve_checkpoint(path, step=step, best=best)
-    manifest = (verify_for_reading(ckpt_dir, step) if verify
-                else read_manifest(ckpt_dir / str(step)))
-    run_dir = ckpt_dir.parent
-    return SavedRun(load_run_config(run_dir, manifest), ckpt_dir / str(step), manifest,
-                    verify_tokenizer(run_dir, manifest, required=False))
-
-
-def load_run_params(run: SavedRun) -> Any:
-    """The parameters ``run``'s model applies, verified; a LoRA run's adapters and heads merged into
-    its ``init_from``'s (`lora.inference_params`; a Hugging Face one: `lora_run.load_merged`)."""
-    params, c = load_checkpoint_params(run.step_dir, verified=True), run.run_config
-    if not lora.is_lora(c):
-        return params
-    base = open_run(c["init_from"], step=c.get("init_from_step") or None,
-                    best=bool(c.get("init_from_best")), verify=False)  # verified as it is read
-    model = build_model(model_cfg := ModelConfig.from_dict(c["model"]))
-    return lora.inference_params(load_checkpoint_params(base.step_dir), params,
-                                 c["optimizer"]["lora"], abstract_params(model, model_cfg))
-
-
-def load_for_inference(workdir: str | os.PathLike, *, step: int | None = None, best: bool = False
-                       ) -> tuple[ModelConfig, Any, Tokenizer | None]:
-    """(ModelConfig, params, tokenizer or None) of a checkpoint of a training workdir (or of one
-    step dir): the latest, ``step`` or the ``best`` (`resolve_checkpoint`), verified
-    (`CheckpointDamaged` names the damaged file); a LoRA run's merged: `load_run_params`."""
-    run = open_run(workdir, step=step, best=best)
-    tokenizer = None if run.tokenizer is None else Tokenizer.load(str(run.tokenizer))
-    return (ModelConfig.from_dict(run.run_config["model"]),
-            jax.tree.map(jnp.asarray, load_run_params(run)), tokenizer)

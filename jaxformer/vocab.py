@@ -1,4 +1,8 @@
-"""Special token ids shared by the tokenizer, the objectives and generation."""
+"""Special token ids shared by the tokenizer, the objectives and generation.
+
+A module of its own, below both `jaxformer.data` (whose pipeline applies the objectives) and
+`jaxformer.objectives` (which frame examples with these ids).
+"""
 
 from __future__ import annotations
 

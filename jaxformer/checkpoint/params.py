@@ -1,4 +1,4 @@
-"""The jaxformer side of a conversion: a directory in the trainer's own workdir layout.
+"""A bare parameter tree written as a run (the jaxformer side of a conversion), and read back.
 
 ``directory`` looks like a training run that stopped at step 0::
 
@@ -19,15 +19,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from jaxformer.checkpoint.read import load_checkpoint_params, open_run
+from jaxformer.checkpoint.run_files import save_run_config
+from jaxformer.checkpoint.write import Checkpointer
 from jaxformer.config import ModelConfig
 from jaxformer.data.fast_tokenizer import is_saved_fast_tokenizer
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.train.checkpoint import (
-    Checkpointer,
-    load_checkpoint_params,
-    open_run,
-    save_run_config,
-)
 
 
 def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str, Any],
