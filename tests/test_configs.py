@@ -164,7 +164,7 @@ def test_a_smoke_run_of_a_long_config_needs_only_num_train_steps():
      r"parallel='shard_map' is data parallel only \(replicated state\), so mesh.tensor=2 would "
      r"be ignored; use parallel='jit'"),
     ("gpt_pretrain_tiny", {"parallel": "pjit"},
-     r"parallel='pjit' must be one of \('jit', 'shard_map', 'pmap'\)"),
+     r"parallel='pjit' is invalid: choose one of \('jit', 'shard_map', 'pmap'\)"),
 ])
 def test_data_that_cannot_fit_the_model_fails_in_validate_config(name, overrides, message):
     """Caught from the config alone, before a tokenizer is trained (a learned position table

@@ -20,6 +20,7 @@ Pure functions of pytrees (plain arrays or Flax ``LogicallyPartitioned`` boxes).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 
 from jaxformer.layers.params import lora_a_std
 from jaxformer.models.heads import HEAD_MODULES
+from jaxformer.settings import setting
 
 # ``optimizer.lora.targets`` → (parent module names, kernel module names) in the parameter tree
 # (`jaxformer.layers.params.attention_spec` / `ffn_spec`).
@@ -45,6 +47,19 @@ _TWO_INPUT_DIMS = ("out",)
 TASK_HEADS: tuple[str, ...] = tuple(n for n, m in HEAD_MODULES.items()
                                     if not set(m.heads) & {"lm", "mlm", "none"})
 LORA = "lora"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSettings:
+    """``config.optimizer.lora`` (Hu et al. 2021); checked together by `check_lora_config`."""
+
+    rank: int = setting(
+        0, "LoRA rank r (Hu et al. 2021): train rank-r adapters on frozen init_from weights (0 = off: "
+        "every parameter trains)")
+    alpha: float = setting(16.0, "LoRA alpha: the adapters' update is scaled by alpha / rank")
+    targets: tuple[str, ...] = setting(
+        ("query", "value"), "kernels that get adapters: a tuple from 'query', 'key', 'value', 'out' "
+        "(attention) and 'ffn' (wi, wi_gate, wo)")
 
 
 def check_lora_config(lora_cfg: Any) -> None:
