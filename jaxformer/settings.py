@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import operator
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -112,7 +113,7 @@ def _base(tp: Any) -> tuple[Any, bool]:
     args = typing.get_args(tp)
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         rest = tuple(a for a in args if a is not type(None))
-        return (rest[0] if len(rest) == 1 else typing.Union[rest]), len(rest) < len(args)
+        return functools.reduce(operator.or_, rest), len(rest) < len(args)
     return tp, False
 
 

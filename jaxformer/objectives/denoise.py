@@ -24,6 +24,7 @@ import numpy as np
 from jaxformer.data.vocab import SpecialTokens
 from jaxformer.settings import defaults, fraction, positive, setting
 
+
 # The ``objective.*`` options of BART denoising with their defaults (BART's final choice: 30% text
 # infilling, λ = 3; no token deletion or masking).
 @dataclasses.dataclass(frozen=True)

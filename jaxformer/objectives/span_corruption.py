@@ -24,6 +24,7 @@ import numpy as np
 from jaxformer.data.vocab import SpecialTokens
 from jaxformer.settings import defaults, fraction, positive, setting
 
+
 # The ``objective.*`` options of span corruption with their defaults (T5, §3.1.4).
 # ``random_roll`` is on by default (T5 itself has no roll): see `random_spans_noise_mask`.
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,6 @@ from ml_collections import config_flags
 
 from jaxformer.train.config.schema import base_config
 
-
 # Names a user of Hugging Face's Trainer (TrainingArguments, run_glue.py, run_translation.py) may
 # type, and the key that means the same here: offered (before a close spelling) for an unknown key.
 HF_NAMES = {"learning_rate": "optimizer.peak_lr", "lr": "optimizer.peak_lr",

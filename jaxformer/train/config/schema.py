@@ -16,7 +16,7 @@ section        declared in                                       read by
 ``optimizer``  `jaxformer.train.optim.OptimizerSettings`         `jaxformer.train.optim.make_optimizer`
                (``optimizer.lora``: `jaxformer.train.lora.LoraSettings`)
 ``checkpoint`` `CheckpointSettings` (here)                       `jaxformer.train.checkpoint`
-``eval``       `EvalSettings` (here)                             `jaxformer.train.loop`, `jaxformer.evaluation`
+``eval``       `EvalSettings` (here)                             `jaxformer.train.loop`, evaluation
 ``mesh``       `MeshSettings` (here)                             `jaxformer.parallel`
 ``distill``    `jaxformer.train.distill_config.DistillSettings`  `jaxformer.train.distill`
 =============  ================================================  =======================================
