@@ -31,7 +31,6 @@ A new training option is one `jaxformer.settings.setting` line in its section.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from typing import Any
 
 import ml_collections
@@ -166,10 +165,8 @@ def model_settings() -> dict[str, Setting]:
     model's value when ``init_from`` is given (a run's ``config.json`` or a Hugging Face
     ``config.json``), else `ModelConfig`'s default; so the same config fine-tunes the same from a run
     and from its Hugging Face export. `ModelConfig.validate` checks the values."""
-    hints = typing.get_type_hints(ModelConfig)
-    return {f.name: Setting(f.name, hints[f.name] | None, None, f.metadata["doc"],
-                            kind=f.metadata["kind"])
-            for f in dataclasses.fields(ModelConfig)}
+    return {k: dataclasses.replace(s, type=s.type | None, default=None)
+            for k, s in section(ModelConfig).items()}
 
 
 def schema() -> dict[str, Any]:
