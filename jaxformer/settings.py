@@ -221,12 +221,14 @@ def settings_of_kind(tree: Tree, *kinds: str) -> tuple[str, ...]:
 
 def read(cls: type, values: Any) -> Any:
     """The section dataclass ``cls`` of ``values`` (a ConfigDict, dict or None): declared keys
-    only, a missing or None value as its ``unset`` value when it declares one, else its default."""
+    only, a missing or None value as its ``unset`` value when it declares one, else its default;
+    an int where a float is declared becomes a float."""
     out = {}
-    for f in dataclasses.fields(cls):
-        value = None if values is None else values.get(f.name)
-        out[f.name] = value if value is not None else (
-            f.metadata.get("unset") if f.metadata.get("unset") is not None else f.default)
+    for key, s in section(cls).items():
+        value = None if values is None else values.get(key)
+        value = value if value is not None else s.unset if s.unset is not None else s.default
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        out[key] = float(value) if is_int and _plain(_base(s.type)[0]) is float else value
     return cls(**out)
 
 

@@ -60,12 +60,7 @@ def settings(config: ml_collections.ConfigDict) -> DistillSettings | None:
     """The run's distillation settings (unset keys filled), or None when ``distill.teacher`` is
     unset."""
     s = read(DistillSettings, config.get("distill"))
-    if not s.teacher:
-        return None
-    return dataclasses.replace(s, teacher_step=s.teacher_step or None,
-                               teacher_best=bool(s.teacher_best), init_student=bool(s.init_student),
-                               **{k: float(getattr(s, k)) for k in ("temperature", "alpha", "beta",
-                                                                     "gamma")})
+    return dataclasses.replace(s, teacher_step=s.teacher_step or None) if s.teacher else None
 
 
 def check_distill(config: ml_collections.ConfigDict) -> None:
