@@ -34,8 +34,9 @@ import ml_collections
 RUN = "run"                # may change on resume (the change is noted in the log)
 VOCABULARY = "vocabulary"  # fixes the token ids of the checkpoints: refused on resume
 
-Check = Callable[[Any], "str | None"]  # value -> None if valid, else what is wanted ("must be …",
-# "choose one of …")
+# A setting's own check: value -> None when valid, else what is wanted ("must be positive",
+# "choose one of (…)"); the error reads "<key>=<value> is invalid: <what is wanted>".
+Check = Callable[[Any], "str | None"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +133,9 @@ def _fits(value: Any, tp: Any) -> bool:
     if cls is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if cls is tuple:
-        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
-        return isinstance(value, tuple | list) and all(_fits(v, args[0]) for v in value) \
-            if args else isinstance(value, tuple | list)
+        items = [a for a in typing.get_args(tp) if a is not Ellipsis]  # tuple[str, ...]: [str]
+        return isinstance(value, tuple | list) and all(_fits(v, items[0]) for v in value
+                                                        if items)
     return isinstance(value, cls)
 
 
@@ -187,22 +188,16 @@ def check_tree(tree: Tree, values: Any, where: str = "", *,
             check_tree(node, value, f"{dotted}.", skip=skip)
             continue
         if not _fits(value, node.type):
-            raise ValueError(f"{dotted}={value!r} is a {type(value).__name__}; it must be a "
+            raise ValueError(f"{dotted}={value!r} is of type {type(value).__name__}; expected "
                              f"{type_name(node.type)}")
         want = node.check(value) if node.check is not None and value is not None else None
         if want:
             raise ValueError(f"{dotted}={value!r} is invalid: {want}")
 
 
-def docs(tree: Tree, where: str = "") -> dict[str, str]:
+def docs(tree: Tree) -> dict[str, str]:
     """``{dotted key: one-line doc}`` of every setting of ``tree``."""
-    out: dict[str, str] = {}
-    for key, node in tree.items():
-        if isinstance(node, Setting):
-            out[f"{where}{key}"] = node.doc
-        else:
-            out.update(docs(node, f"{where}{key}."))
-    return out
+    return {key: s.doc for key, s in flat(tree).items()}
 
 
 def flat(tree: Tree, where: str = "") -> dict[str, Setting]:

@@ -80,7 +80,7 @@ def test_a_value_of_the_wrong_type_is_refused_naming_the_key(where):
         for part in where.split(".")[:-1]:
             node = node[part]
         node[key] = _wrong_value(tree[key])
-        with pytest.raises(ValueError, match=rf"^{where}{key}=.* is a \w+; it must be a "):
+        with pytest.raises(ValueError, match=rf"^{where}{key}=.* is of type \w+; expected "):
             check_schema(config)
 
 
@@ -88,7 +88,7 @@ def test_a_wrong_type_fails_in_validate_config_before_anything_else():
     config = _tiny()
     with config.unlocked():
         config.checkpoint = ml_collections.ConfigDict(dict(config.checkpoint.to_dict(), keep="3"))
-    with pytest.raises(ValueError, match=r"checkpoint.keep='3' is a str; it must be a int"):
+    with pytest.raises(ValueError, match=r"checkpoint.keep='3' is of type str; expected int$"):
         validate_config(config)
     config = _tiny()
     with config.unlocked():
@@ -120,10 +120,14 @@ def test_an_int_is_a_float_and_a_list_a_tuple_but_not_the_other_way_round():
     config["data"]["split_fractions"] = [0.8, 0.1, 0.1]
     check_schema(config)
     config["optimizer"]["warmup_steps"] = 1.0
-    with pytest.raises(ValueError, match=r"optimizer.warmup_steps=1.0 is a float; it must be a int"):
+    with pytest.raises(ValueError, match=r"optimizer.warmup_steps=1.0 is of type float; expected int"):
         check_schema(config)
     config["optimizer"]["warmup_steps"] = True  # a bool is not a count
-    with pytest.raises(ValueError, match=r"optimizer.warmup_steps=True is a bool"):
+    with pytest.raises(ValueError, match=r"optimizer.warmup_steps=True is of type bool"):
+        check_schema(config)
+    config["optimizer"]["warmup_steps"] = 10
+    config["data"]["split_fractions"] = (0.8, "0.2")  # the items are checked too
+    with pytest.raises(ValueError, match=r"data.split_fractions=.* expected tuple of float$"):
         check_schema(config)
 
 
