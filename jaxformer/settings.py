@@ -170,22 +170,25 @@ def close_key(key: str, known: Iterable[str]) -> str:
 
 
 def check_tree(tree: Tree, values: Any, where: str = "", *,
-               skip: Callable[[str], bool] = lambda dotted: False) -> None:
+               skip: Callable[[str], bool] = lambda dotted: False,
+               meant: Mapping[str, str] | None = None) -> None:
     """ValueError naming the first key of ``values`` (a ConfigDict or dict) that ``tree`` does not
     declare, whose value has the wrong type, or whose check refuses it. ``where`` prefixes the key
-    (``"data."``); ``skip(dotted)`` exempts keys checked elsewhere (``model``, a legacy key)."""
+    (``"data."``); ``skip(dotted)`` exempts keys checked elsewhere (a legacy key); ``meant`` maps
+    an unknown key to the hint naming the key meant (else a close spelling is offered)."""
     for key in values.keys():
         dotted = f"{where}{key}"
         if skip(dotted):
             continue
         if key not in tree:
+            hint = (meant or {}).get(key) or close_key(key, tree)
             raise ValueError(f"unknown config key {dotted!r}: {where.rstrip('.') or 'the config'} "
-                             f"has no key {key!r}{close_key(key, tree)}")
+                             f"has no key {key!r}{hint}")
         node, value = tree[key], values[key]
         if not isinstance(node, Setting):
             if not isinstance(value, Mapping | ml_collections.ConfigDict):
                 raise ValueError(f"{dotted}={value!r} must be a section (keys {sorted(node)})")
-            check_tree(node, value, f"{dotted}.", skip=skip)
+            check_tree(node, value, f"{dotted}.", skip=skip, meant=meant)
             continue
         if not _fits(value, node.type):
             raise ValueError(f"{dotted}={value!r} is of type {type(value).__name__}; expected "

@@ -176,3 +176,18 @@ def test_distill_settings_fill_what_an_unset_key_means():
     config.distill.teacher, config.distill.alpha = "/run", 1
     assert settings(config) == DistillSettings("/run", None, False, 2.0, 1.0, 2.0, 1.0, False)
     assert isinstance(settings(config).alpha, float)
+
+
+def test_an_unknown_key_in_a_config_file_names_the_key_a_hugging_face_user_means(tmp_path):
+    """A key set in the file itself (not an override) is refused when the config is validated,
+    naming the key of the same meaning (`HF_NAMES`)."""
+    path = tmp_path / "my_config.py"
+    path.write_text("from jaxformer.train.config import base_config\n\n"
+                    "def get_config():\n"
+                    "    c = base_config()\n"
+                    "    c.optimizer.learning_rate = 3e-4\n"
+                    "    return c\n")
+    with pytest.raises(ValueError, match=r"unknown config key 'optimizer.learning_rate': optimizer "
+                                         r"has no key 'learning_rate'; did you mean "
+                                         r"'optimizer.peak_lr'\? \(what Hugging Face calls"):
+        validate_config(load_config(path))

@@ -16,7 +16,6 @@ The names most code needs are re-exported here.
 """
 
 from jaxformer.train.config.loading import (
-    HF_NAMES,
     complete_config,
     config_node,
     define_config_flag,
@@ -25,6 +24,7 @@ from jaxformer.train.config.loading import (
 )
 from jaxformer.train.config.resume import check_resume
 from jaxformer.train.config.schema import (
+    HF_NAMES,
     MODULE_APIS,
     PARALLEL_MODES,
     base_config,

@@ -21,23 +21,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from jaxformer.train.config.schema import base_config
-
-# Names a user of Hugging Face's Trainer (TrainingArguments, run_glue.py, run_translation.py) may
-# type, and the key that means the same here: offered (before a close spelling) for an unknown key.
-HF_NAMES = {"learning_rate": "optimizer.peak_lr", "lr": "optimizer.peak_lr",
-            "max_steps": "num_train_steps", "num_labels": "model.num_classes",
-            "max_seq_length": "data.seq_len", "max_source_length": "data.seq_len",
-            "max_target_length": "data.target_len", "per_device_train_batch_size": "data.batch_size",
-            "batch_size": "data.batch_size", "warmup": "optimizer.warmup_steps",
-            "warmup_steps": "optimizer.warmup_steps", "weight_decay": "optimizer.weight_decay",
-            "max_grad_norm": "optimizer.clip_norm", "label_smoothing_factor":
-            "objective.label_smoothing", "eval_steps": "eval.every_steps",
-            "save_steps": "checkpoint.every_steps", "save_total_limit": "checkpoint.keep",
-            "logging_steps": "log_every_steps", "metric_for_best_model": "checkpoint.best_metric",
-            "gradient_accumulation_steps": "optimizer.grad_accum_steps",
-            "model_name_or_path": "init_from", "num_beams": "eval.generate_beam_size",
-            "validation_split_percentage": "data.validation_from_train"}
+from jaxformer.train.config.schema import HF_NAMES, base_config
 
 
 def config_node(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, str]:

@@ -61,6 +61,23 @@ MODULE_APIS = ("linen", "nnx")
 LEGACY_KEYS = {"data.task": "derived from objective.name; jaxformer.objectives.check_data_task"}
 
 
+# Names a user of Hugging Face's Trainer (TrainingArguments, run_glue.py, run_translation.py) may
+# type, and the key that means the same here: offered (before a close spelling) for an unknown key.
+HF_NAMES = {"learning_rate": "optimizer.peak_lr", "lr": "optimizer.peak_lr",
+            "max_steps": "num_train_steps", "num_labels": "model.num_classes",
+            "max_seq_length": "data.seq_len", "max_source_length": "data.seq_len",
+            "max_target_length": "data.target_len", "per_device_train_batch_size": "data.batch_size",
+            "batch_size": "data.batch_size", "warmup": "optimizer.warmup_steps",
+            "warmup_steps": "optimizer.warmup_steps", "weight_decay": "optimizer.weight_decay",
+            "max_grad_norm": "optimizer.clip_norm", "label_smoothing_factor":
+            "objective.label_smoothing", "eval_steps": "eval.every_steps",
+            "save_steps": "checkpoint.every_steps", "save_total_limit": "checkpoint.keep",
+            "logging_steps": "log_every_steps", "metric_for_best_model": "checkpoint.best_metric",
+            "gradient_accumulation_steps": "optimizer.grad_accum_steps",
+            "model_name_or_path": "init_from", "num_beams": "eval.generate_beam_size",
+            "validation_split_percentage": "data.validation_from_train"}
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
     """The top-level keys of the training config (the sections are `schema`'s)."""
@@ -197,6 +214,7 @@ def key_docs() -> dict[str, str]:
 
 def check_schema(config: Any) -> None:
     """ValueError naming the first key of ``config`` (a ConfigDict or its dict) that the schema does
-    not declare (with a close spelling, if any), whose value has the wrong type, or that its
-    setting's check refuses. `LEGACY_KEYS` are left to their own checks."""
-    check_tree(schema(), config, skip=lambda dotted: dotted in LEGACY_KEYS)
+    not declare (with the key meant: `HF_NAMES`, else a close spelling), whose value has the wrong
+    type, or that its setting's check refuses. `LEGACY_KEYS` are left to their own checks."""
+    meant = {k: f"; did you mean {v!r}? (what Hugging Face calls {k!r})" for k, v in HF_NAMES.items()}
+    check_tree(schema(), config, skip=lambda dotted: dotted in LEGACY_KEYS, meant=meant)
