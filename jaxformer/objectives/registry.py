@@ -248,10 +248,7 @@ register_objective(Objective("denoise", prepare_seq2seq, data_task="span_corrupt
                              corrupt=denoise, options=DenoiseOptions))
 register_objective(Objective("classify", prepare_classify, data_task="classify", framing=None))
 register_objective(Objective("cloze", prepare_cloze, data_task="classify", framing="cls_sep",
-                             options=ClozeOptions,
-                             with_tokenizer=resolve_cloze))
+                             options=ClozeOptions, with_tokenizer=resolve_cloze))
 register_objective(Objective("sft", prepare_sft, data_task="sft"))
-register_objective(Objective("qa", prepare_qa, data_task="qa", framing="cls_sep",
-                             options=QAOptions))
-register_objective(Objective("plm", prepare_plm, data_task="lm", framing="eos",
-                             options=PLMOptions))
+register_objective(Objective("qa", prepare_qa, data_task="qa", framing="cls_sep", options=QAOptions))
+register_objective(Objective("plm", prepare_plm, data_task="lm", framing="eos", options=PLMOptions))

@@ -37,7 +37,7 @@ import ml_collections
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import DataSettings
-from jaxformer.objectives import option_settings
+from jaxformer.objectives import OBJECTIVES, option_settings
 from jaxformer.settings import (
     Setting,
     at_least,
@@ -115,8 +115,7 @@ class ObjectiveSettings:
     beside it and gathered by `jaxformer.objectives.option_settings`."""
 
     name: str = setting(
-        "clm", "the objective (jaxformer.objectives.OBJECTIVES: clm, mlm, seq2seq, span_corruption, "
-        "denoise, classify, cloze, sft, qa, plm …); decides the data task and the usual framing")
+        "clm", f"one of {', '.join(sorted(OBJECTIVES))}; decides the data task and the usual framing")
     label_smoothing: float = setting(
         0.0, "label smoothing of the training cross-entropy (not of evaluation)",
         check=lambda v: None if 0.0 <= v < 1.0 else "must lie in [0, 1)")
