@@ -2,24 +2,19 @@
 
 The sections are declared where the code that reads them lives, and assembled here (`schema`):
 
-=============  ================================================  =======================================
-section        declared in                                       read by
-=============  ================================================  =======================================
-(top level)    `RunSettings` (here)                              the trainer (`jaxformer.train.loop`)
-``model``      `jaxformer.config.ModelConfig` (every field       `ModelConfig.from_dict`
-               unset: a pretrained model's or ModelConfig's)
-``objective``  `ObjectiveSettings` (here) + each objective's      `jaxformer.objectives`
-               options (`jaxformer.objectives.option_settings`)
-``data``       `jaxformer.data.pipeline.DataSettings` (its       `jaxformer.data`
-               sources': `jaxformer.data.sources.SourceSettings`;
-               ``data.tokenizer``: `jaxformer.data.tokenizer.TokenizerSettings`)
-``optimizer``  `jaxformer.train.optim.OptimizerSettings`         `jaxformer.train.optim.make_optimizer`
-               (``optimizer.lora``: `jaxformer.train.lora.LoraSettings`)
-``checkpoint`` `CheckpointSettings` (here)                       `jaxformer.train.checkpoint`
-``eval``       `EvalSettings` (here)                             `jaxformer.train.loop`, evaluation
-``mesh``       `MeshSettings` (here)                             `jaxformer.parallel`
-``distill``    `jaxformer.train.distill_config.DistillSettings`  `jaxformer.train.distill`
-=============  ================================================  =======================================
+- top level: `RunSettings` (here), read by the trainer;
+- ``model``: `jaxformer.config.ModelConfig`, every field unset (a pretrained model's value, else
+  ModelConfig's default) and checked by `ModelConfig.from_dict`;
+- ``objective``: `ObjectiveSettings` (here) and each objective's options, declared beside it and
+  gathered by `jaxformer.objectives.option_settings`;
+- ``data``: `jaxformer.data.pipeline.DataSettings`, which holds the sources' keys
+  (`jaxformer.data.sources.SourceSettings`) and ``data.tokenizer``
+  (`jaxformer.data.tokenizer.TokenizerSettings`);
+- ``optimizer``: `jaxformer.train.optim.OptimizerSettings`, with ``optimizer.lora``
+  (`jaxformer.train.lora.LoraSettings`);
+- ``checkpoint``, ``eval``, ``mesh``: `CheckpointSettings`, `EvalSettings`, `MeshSettings` (here),
+  read by the checkpoint writer, the training loop's evaluation and `jaxformer.parallel`;
+- ``distill``: `jaxformer.train.distill_config.DistillSettings`.
 
 From this one tree come `base_config` (the ConfigDict every ``configs/<name>.py`` starts from, so
 ``--config.<key>=…`` can set any key), `check_schema` (an unknown key, a wrong type or a value its
