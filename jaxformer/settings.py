@@ -77,6 +77,9 @@ def section(cls: type) -> dict[str, Setting | dict]:
     hints = typing.get_type_hints(cls)
     out: dict[str, Setting | dict] = {}
     for f in dataclasses.fields(cls):
+        if "doc" not in f.metadata:
+            raise TypeError(f"{cls.__name__}.{f.name} is not declared with "
+                            "jaxformer.settings.setting(default, doc, ...): every key has a doc")
         if f.metadata.get("section"):
             out[f.name] = section(hints[f.name])
         else:

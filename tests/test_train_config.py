@@ -191,3 +191,17 @@ def test_an_unknown_key_in_a_config_file_names_the_key_a_hugging_face_user_means
                                          r"has no key 'learning_rate'; did you mean "
                                          r"'optimizer.peak_lr'\? \(what Hugging Face calls"):
         validate_config(load_config(path))
+
+
+def test_a_section_field_without_a_declared_doc_is_refused():
+    import dataclasses
+
+    from jaxformer.settings import section, setting
+
+    @dataclasses.dataclass(frozen=True)
+    class Undocumented:
+        rate: float = setting(0.1, "a documented rate")
+        other: int = 3
+
+    with pytest.raises(TypeError, match=r"Undocumented.other is not declared with .*setting"):
+        section(Undocumented)
