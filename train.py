@@ -19,7 +19,7 @@ from jaxformer.checkpoint.lock import WorkdirBusy
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.parallel.distributed import await_lost_peer, maybe_initialize_distributed
 from jaxformer.train.config import define_config_flag
-from jaxformer.train.config_keys import format_config
+from jaxformer.train.config.printing import format_config
 from jaxformer.train.loop import Trainer
 
 define_config_flag("config")

@@ -33,6 +33,7 @@ from jaxformer.ops.attention import IMPLEMENTATIONS
 from jaxformer.ops.attention_kernels import unsupported as _kernel_cannot_run
 from jaxformer.ops.positions import ROPE_SCALINGS, RopeScaling
 from jaxformer.ops.stack import REMAT_POLICIES as _REMAT
+from jaxformer.settings import setting
 
 FAMILIES = ("encoder", "decoder", "encoder_decoder")
 POSITIONS = ("sinusoidal", "learned", "rope", "relative", "alibi", "none")
@@ -54,7 +55,7 @@ KINDS = (ARCHITECTURE, HEAD, REGULARIZATION, INIT, COMPUTE, LAYOUT)
 def _field(kind: str, default: Any, doc: str) -> Any:
     """A `ModelConfig` field of ``kind`` (one of `KINDS`), described by ``doc`` (one line)."""
     assert kind in KINDS, kind
-    return dataclasses.field(default=default, metadata={"kind": kind, "doc": doc})
+    return setting(default, doc, kind=kind)  # the training config's sections declare keys alike
 
 
 @dataclasses.dataclass(frozen=True)

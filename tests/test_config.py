@@ -169,38 +169,3 @@ def test_the_head_registry_names_every_head_module_a_model_builds():
 def test_from_dict_reads_none_as_unset():
     assert ModelConfig.from_dict({"d_model": 64, "num_heads": 4, "dropout_rate": None,
                                   "head_dim": None}) == ModelConfig(d_model=64, num_heads=4)
-
-
-def test_every_config_key_has_a_one_line_description():
-    """``train.py --print_config`` describes every key: a key added to `base_config` (or a
-    ModelConfig field, or an objective option) without a description fails here; descriptions
-    name no key that does not exist."""
-    from jaxformer.train.config import base_config
-    from jaxformer.train.config_keys import flat_keys, key_docs
-
-    keys, docs = set(flat_keys(base_config())), key_docs()
-    assert sorted(keys - set(docs)) == []
-    assert sorted(set(docs) - keys) == []
-    assert all(doc and "\n" not in doc for doc in docs.values())
-    assert "data.columns" in keys and "model.num_classes" in keys
-
-
-def test_print_config_lists_values_base_defaults_and_descriptions():
-    """One line per key: the file's value, the base default where it differs (for an unset model
-    field, ModelConfig's default), the description."""
-    from pathlib import Path
-
-    from jaxformer.train.config import base_config, load_config
-    from jaxformer.train.config_keys import flat_keys, format_config
-
-    path = Path(__file__).resolve().parents[1] / "configs" / "bert_finetune_tiny.py"
-    config = load_config(path, {"data.columns": ("text", "label")})
-    lines = {line.split(" = ")[0].strip(): line for line in format_config(config).splitlines()}
-    assert set(lines) == set(flat_keys(base_config()))
-    assert lines["data.seq_len"].endswith("= 64  (base: 128)  # row length of inputs (tokens, "
-                                          "framing included); longer examples: data.long_examples")
-    assert "= ('text', 'label')  (base: None)  # files, TSV without a header row" in lines[
-        "data.columns"]
-    assert "= 128  (base: unset = 512)  # width of the hidden states" in lines["model.d_model"]
-    assert "= None  (unset = 'float32')  # compute dtype" in lines["model.dtype"]
-    assert "= 0  # " in lines["seed"] and "(base" not in lines["seed"]  # the same as the base

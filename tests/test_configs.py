@@ -154,7 +154,7 @@ def test_a_smoke_run_of_a_long_config_needs_only_num_train_steps():
      r"data.tokenizer.vocab_size=2048 exceeds model.vocab_size=100"),
     ("gpt_pretrain_tiny", {"data.batch_size": 0}, r"data.batch_size=0 is invalid"),
     ("bert_finetune_tiny", {"optimizer.peak_lr": -3e-4},
-     r"optimizer.peak_lr=-0.0003 must be positive"),
+     r"optimizer.peak_lr=-0.0003 is invalid: must be positive"),
     ("gpt_pretrain_tiny", {"objective.mask_rate": 0.3}, r"objective.mask_rate=0.3 applies to "
                                                           r"objective 'mlm', not 'clm'"),
     ("gpt_pretrain_tiny", {"parallel": "pmap", "mesh.fsdp": 8},
@@ -164,7 +164,7 @@ def test_a_smoke_run_of_a_long_config_needs_only_num_train_steps():
      r"parallel='shard_map' is data parallel only \(replicated state\), so mesh.tensor=2 would "
      r"be ignored; use parallel='jit'"),
     ("gpt_pretrain_tiny", {"parallel": "pjit"},
-     r"parallel='pjit' must be one of \('jit', 'shard_map', 'pmap'\)"),
+     r"parallel='pjit' is invalid: choose one of \('jit', 'shard_map', 'pmap'\)"),
 ])
 def test_data_that_cannot_fit_the_model_fails_in_validate_config(name, overrides, message):
     """Caught from the config alone, before a tokenizer is trained (a learned position table

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -234,7 +236,14 @@ def test_each_objective_declares_its_data():
 
 
 def test_a_new_objective_is_one_registration(monkeypatch):
-    from jaxformer.objectives import Objective, check_objective, register_objective, registry
+    from jaxformer.objectives import (
+        Objective,
+        check_objective,
+        option_settings,
+        register_objective,
+        registry,
+    )
+    from jaxformer.settings import setting
 
     monkeypatch.setattr(registry, "OBJECTIVES", dict(registry.OBJECTIVES))
     monkeypatch.setattr(registry, "OPTION_DEFAULTS", dict(registry.OPTION_DEFAULTS))
@@ -243,8 +252,13 @@ def test_a_new_objective_is_one_registration(monkeypatch):
         out = tokens[::-1] if rng.random() < reverse_rate else tokens
         return np.append(out, special.eos_id), np.append(tokens, special.eos_id)
 
+    @dataclasses.dataclass(frozen=True)
+    class ReverseOptions:
+        reverse_rate: float = setting(0.5, "reverse: probability of reversing an example")
+
     register_objective(Objective("reverse", prepare_seq2seq, data_task="span_corruption",
-                                 corrupt=reverse, options={"reverse_rate": 0.5}))
+                                 corrupt=reverse, options=ReverseOptions))
+    assert option_settings()["reverse_rate"].doc.startswith("reverse: probability")
     assert check_objective({"name": "reverse", "reverse_rate": 1.0}) == "reverse"
     with pytest.raises(ValueError, match="objective.reverse_rate=1.0 applies to objective "
                                          "'reverse', not 'clm'"):
@@ -254,9 +268,14 @@ def test_a_new_objective_is_one_registration(monkeypatch):
     np.testing.assert_array_equal(inputs, [LOW + 3, LOW + 2, LOW + 1, LOW, SPECIAL.eos_id])
     with pytest.raises(ValueError, match="already registered"):
         register_objective(Objective("reverse", prepare_clm, data_task="lm"))
+    @dataclasses.dataclass(frozen=True)
+    class OtherMLMOptions:
+        mask_rate: float = setting(0.5, "mlm2: fraction of tokens chosen")
+
     with pytest.raises(ValueError, match="option 'mask_rate' defaults to 0.5"):
-        register_objective(Objective("mlm2", prepare_mlm, data_task="lm",
-                                     options={"mask_rate": 0.5}))
+        register_objective(Objective("mlm2", prepare_mlm, data_task="lm", options=OtherMLMOptions))
+    with pytest.raises(ValueError, match="options must be a dataclass"):
+        Objective("mlm3", prepare_mlm, data_task="lm", options={"mask_rate": 0.15})
     with pytest.raises(ValueError, match="data_task='text'"):
         Objective("bad", prepare_clm, data_task="text")
 
@@ -452,7 +471,7 @@ def test_an_option_of_another_objective_is_refused(name):
     for key, default in OPTION_DEFAULTS.items():
         changed = {"name": name, key: (not default) if isinstance(default, bool)
                    else default + "_other" if isinstance(default, str) else default + 0.05}
-        if key in get_objective(name).options:
+        if key in get_objective(name).option_defaults:
             assert check_objective(changed) == name
         else:
             with pytest.raises(ValueError, match=f"objective.{key}=.* not '{name}'"):

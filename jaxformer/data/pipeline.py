@@ -52,6 +52,7 @@ Output batches follow the conventions of the objectives: ``inputs [B, L] int32``
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -67,9 +68,9 @@ from jaxformer.data.closed_at_exit import ClosedAtExit
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
 from jaxformer.data.qa import QA_KEYS, QAFeatures, qa_options
 from jaxformer.data.sentence_pairs import SentencePairs, check_pair_data, pair_rows
-from jaxformer.data.sources import check_held_out, default_source_config, get_source
+from jaxformer.data.sources import SourceSettings, check_held_out, get_source
 from jaxformer.data.sources import source_texts as source_texts  # re-exported
-from jaxformer.data.tokenizer import Tokenizer, default_tokenizer_config
+from jaxformer.data.tokenizer import Tokenizer, TokenizerSettings
 from jaxformer.objectives.registry import (
     FRAMINGS,
     OBJECTIVES,
@@ -77,6 +78,7 @@ from jaxformer.objectives.registry import (
     check_data_task,
 )
 from jaxformer.options import option
+from jaxformer.settings import at_least, config_dict, positive, section, setting, subsection
 from jaxformer.vocab import SpecialTokens
 
 LONG_EXAMPLES = ("truncate", "split")
@@ -84,37 +86,43 @@ SPLITTABLE_TASKS = ("lm", "span_corruption", "sentence_pairs")  # plain-text tas
 Transform = Callable[[dict, np.random.Generator], dict]
 
 
-# One line per ``config.data`` key read by this module (``train.py --print_config`` shows them).
-DATA_KEY_DOCS = {
-    "seq_len": "row length of inputs (tokens, framing included); longer examples: data.long_examples",
-    "target_len": "row length of targets (seq2seq, span corruption), EOS included",
-    "batch_size": "global rows per optimizer step (split evenly over processes)",
-    "packing": "first-fit pack several examples per row (segment ids keep them apart); not for "
-               "classification",
-    "packing_bins": "rows packed at once; 0 = max(per-process batch, 32)",
-    "shuffle": "shuffle the examples, every epoch anew (seeded by seed)",
-    "framing": "'' = the objective's; 'eos' (text </s>, GPT), 'bos_eos', 'cls_sep' ([CLS] text "
-               "[SEP], BERT) or 'none'; a .txt file's every non-blank line is one example framed so",
-    "long_examples": "'truncate' (keep a row's worth, counted in the first-epoch summary) or "
-                     "'split' (lm / span corruption: every piece of a long text is an example)",
-    "read_threads": "threads reading and tokenizing (0 = inline: fastest for in-memory sources)",
-    "read_buffer": "examples buffered by the read threads",
-    "prefetch": "batches prefetched by a thread (when worker_count is 0)",
-    "worker_count": "Grain worker processes (0 = none); each count gives another deterministic "
-                    "stream",
-    "worker_buffer_size": "batches buffered per worker process",
-}
+@dataclasses.dataclass(frozen=True)
+class DataSettings(SourceSettings):
+    """``config.data``: the source keys (`SourceSettings`), then the keys this module reads, then
+    the tokenizer (`TokenizerSettings`). Their cross-field rules: `check_data_config`."""
+
+    seq_len: int = setting(
+        128, "row length of inputs (tokens, framing included); longer examples: data.long_examples")
+    target_len: int = setting(128, "row length of targets (seq2seq, span corruption), EOS included")
+    batch_size: int = setting(8, "global rows per optimizer step (split evenly over processes)")
+    packing: bool = setting(
+        True, "first-fit pack several examples per row (segment ids keep them apart); not for "
+        "classification")
+    packing_bins: int = setting(
+        0, "rows packed at once; 0 = max(per-process batch, 32)", check=at_least(0))
+    shuffle: bool = setting(True, "shuffle the examples, every epoch anew (seeded by seed)")
+    framing: str = setting(
+        "", "'' = the objective's; 'eos' (text </s>, GPT), 'bos_eos', 'cls_sep' ([CLS] text [SEP], "
+        "BERT) or 'none'; a .txt file's every non-blank line is one example framed so")
+    long_examples: str = setting(
+        "truncate", "'truncate' (keep a row's worth, counted in the first-epoch summary) or 'split' "
+        "(lm / span corruption: every piece of a long text is an example)")
+    read_threads: int = setting(
+        0, "threads reading and tokenizing (0 = inline: fastest for in-memory sources)",
+        check=at_least(0))
+    read_buffer: int = setting(256, "examples buffered by the read threads", check=positive)
+    prefetch: int = setting(2, "batches prefetched by a thread (when worker_count is 0)",
+                            check=at_least(0))
+    worker_count: int = setting(
+        0, "Grain worker processes (0 = none); each count gives another deterministic stream",
+        check=at_least(0))
+    worker_buffer_size: int = setting(2, "batches buffered per worker process", check=positive)
+    tokenizer: TokenizerSettings = subsection(TokenizerSettings, "the tokenizer (data.tokenizer.*)")
 
 
 def default_data_config() -> ml_collections.ConfigDict:
-    """Defaults of ``config.data`` (descriptions: `DATA_KEY_DOCS`; the source keys and their
-    descriptions live with the sources, ``tokenizer`` with the tokenizer)."""
-    cfg = default_source_config()  # update() keeps its typed placeholders
-    cfg.update(dict(
-        seq_len=128, target_len=128, batch_size=8, packing=True, packing_bins=0,
-        shuffle=True, framing="", long_examples="truncate", read_threads=0, read_buffer=256,
-        prefetch=2, worker_count=0, worker_buffer_size=2, tokenizer=default_tokenizer_config()))
-    return cfg
+    """Defaults of ``config.data`` (`DataSettings`)."""
+    return config_dict(section(DataSettings))
 
 
 def _i32(x) -> np.ndarray:

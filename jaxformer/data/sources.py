@@ -54,6 +54,7 @@ from jaxformer.data.builders import user_files
 from jaxformer.data.field_names import infer_roles
 from jaxformer.data.tfds_source import tfds_name, tfds_source
 from jaxformer.options import option
+from jaxformer.settings import config_dict, defaults, one_of, section, setting
 
 SOURCE_KINDS = (*builders.BUILDERS, "<pairs>:both|source|target|reverse", "tfds:<name>",
                 "files:<glob>", "concat:<a>,<b>")
@@ -65,47 +66,51 @@ _BUILTIN_FIELDS = {"shakespeare": ("text", None, None, None),
                    "review_snippets": ("text", None, None, None)}
 
 
+@dataclasses.dataclass(frozen=True)
+class SourceSettings:
+    """The source keys of ``config.data`` (module docstring), declared so that command-line overrides
+    such as ``--config.data.format=jsonl`` can set them. None = the source's default."""
+
+    source: str = setting(
+        "", "where examples come from: a built-in corpus, 'tfds:<name>', 'files:<glob>' (a '{split}' "
+        "in the glob is replaced by train/validation/test), 'concat:<a>,<b>'")
+    text_key: str = setting("text", "field holding the text (TFDS feature, JSONL key or TSV column)")
+    split_fractions: tuple[float, ...] = setting(
+        (0.9, 0.05, 0.05), "files: globs without '{split}': train/validation/test fractions; each "
+        "line goes to a split by the hash of its id <file>:<line>")
+    validation_from_train: float = setting(
+        0.0, "hold out this fraction of the train split as the validation split (e.g. 0.1; 0 = the "
+        "source's own), by a hash of each example's text so that duplicates stay on one side")
+    pair_view: str | None = setting(
+        None, "a pairs source seen as text: 'both', 'source', 'target' or 'reverse'",
+        check=one_of(*PAIR_VIEWS))
+    format: str | None = setting(
+        None, "files: 'text' (one example per non-blank line; blank lines skipped, never joined), "
+        "'jsonl' or 'tsv'; unset = from the extension (.txt, .jsonl, .tsv)")
+    columns: tuple[str, ...] | None = setting(
+        None, "files, TSV without a header row: its column names in order, e.g. "
+        "\"--config.data.columns=('text','label')\" (or text,label); unset = the first row names them")
+    label_key: str | None = setting(None, "field holding the label (set: classification examples)")
+    source_key: str | None = setting(
+        None, "field holding the source text (with target_key: pairs for seq2seq)")
+    target_key: str | None = setting(
+        None, "field holding the target text (with source_key: pairs for seq2seq)")
+    label_names: tuple[str, ...] | None = setting(
+        None, "string labels in class order, e.g. \"--config.data.label_names=('neg','pos')\" (or "
+        "neg,pos); a label's index is its class; sets model.num_classes when unset")
+    tfds_data_dir: str | None = setting(None, "TFDS data directory (unset = TFDS's default)")
+    tfds_download: bool | None = setting(
+        None, "let TFDS download and prepare a dataset (unset = unless JAXFORMER_OFFLINE)")
+
+
 # Defaults of the source options that have one (the others default to None = unset); a plain dict
 # data config without them gets the same values (`jaxformer.options.option` with these defaults).
-_SOURCE_DEFAULTS = {"source": "", "text_key": "text", "split_fractions": (0.9, 0.05, 0.05),
-                    "validation_from_train": 0.0}
-
-
-# One line per source key of ``config.data`` (``train.py --print_config`` shows them).
-SOURCE_KEY_DOCS = {
-    "source": "where examples come from: a built-in corpus, 'tfds:<name>', 'files:<glob>' (a "
-              "'{split}' in the glob is replaced by train/validation/test), 'concat:<a>,<b>'",
-    "text_key": "field holding the text (TFDS feature, JSONL key or TSV column)",
-    "split_fractions": "files: globs without '{split}': train/validation/test fractions; each line "
-                       "goes to a split by the hash of its id <file>:<line>",
-    "pair_view": "a pairs source seen as text: 'both', 'source', 'target' or 'reverse'",
-    "format": "files: 'text' (one example per non-blank line; blank lines skipped, never joined), "
-              "'jsonl' or 'tsv'; unset = from the extension (.txt, .jsonl, .tsv)",
-    "columns": "files, TSV without a header row: its column names in order, e.g. "
-               "\"--config.data.columns=('text','label')\" (or text,label); unset = the first row "
-               "names them",
-    "label_key": "field holding the label (set: classification examples)",
-    "source_key": "field holding the source text (with target_key: pairs for seq2seq)",
-    "target_key": "field holding the target text (with source_key: pairs for seq2seq)",
-    "label_names": "string labels in class order, e.g. \"--config.data.label_names=('neg','pos')\" "
-                   "(or neg,pos); a label's index is its class; sets model.num_classes when unset",
-    "validation_from_train": "hold out this fraction of the train split as the validation split "
-                             "(e.g. 0.1; 0 = the source's own), by a hash of each example's text "
-                             "so that duplicates stay on one side",
-    "tfds_data_dir": "TFDS data directory (unset = TFDS's default)",
-    "tfds_download": "let TFDS download and prepare a dataset (unset = unless JAXFORMER_OFFLINE)",
-}
+_SOURCE_DEFAULTS = {k: v for k, v in defaults(SourceSettings).items() if v is not None}
 
 
 def default_source_config() -> ml_collections.ConfigDict:
-    """The source keys of ``config.data`` (module docstring; descriptions: `SOURCE_KEY_DOCS`),
-    declared so that command-line overrides such as ``--config.data.format=jsonl`` can set them.
-    None = the source's default."""
-    ph = ml_collections.config_dict.placeholder
-    return ml_collections.ConfigDict(dict(
-        _SOURCE_DEFAULTS, pair_view=ph(str), format=ph(str), columns=ph(tuple), label_key=ph(str),
-        source_key=ph(str), target_key=ph(str), label_names=ph(tuple), tfds_data_dir=ph(str),
-        tfds_download=ph(bool)))
+    """The source keys of ``config.data`` (`SourceSettings`), None = the source's default."""
+    return config_dict(section(SourceSettings))
 
 
 def _python(value: Any) -> Any:

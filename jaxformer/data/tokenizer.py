@@ -15,6 +15,7 @@ T5/ALBERT NFKC normalisation and whitespace folding instead.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import os
@@ -27,6 +28,15 @@ import sentencepiece as spm
 from absl import logging
 
 from jaxformer.data.fast_tokenizer import FastTokenizer, is_saved_fast_tokenizer
+from jaxformer.settings import (
+    VOCABULARY,
+    at_least,
+    config_dict,
+    one_of,
+    positive,
+    section,
+    setting,
+)
 from jaxformer.vocab import SpecialTokens
 
 MODEL_TYPES = ("unigram", "bpe")
@@ -43,25 +53,35 @@ def sentinel_piece(i: int) -> str:
     return f"<extra_id_{i}>"
 
 
-# One line per ``data.tokenizer`` key (``train.py --print_config`` shows them).
-TOKENIZER_KEY_DOCS = {
-    "path": "an existing SentencePiece .model to load ('' = train one on the train split, saved "
-            "as <workdir>/tokenizer.model)",
-    "vocab_size": "pieces of a tokenizer to be trained (specials and sentinels included)",
-    "model_type": "SentencePiece model type of a tokenizer to be trained ('unigram' or 'bpe')",
-    "num_sentinels": "T5 sentinel tokens to reserve; unset = min(100, vocab_size // 16)",
-    "max_train_texts": "cap on the texts fed to the tokenizer trainer",
-    "character_coverage": "SentencePiece character coverage (rarer characters become <unk>)",
-    "normalization": "'identity' (lossless) or 'nmt_nfkc' / 'nfkc'",
-}
+@dataclasses.dataclass(frozen=True)
+class TokenizerSettings:
+    """``config.data.tokenizer``: the tokenizer a run loads or trains. Every key but ``path`` fixes
+    the token ids of a run's checkpoints, so a resumed run may not change it (kind VOCABULARY)."""
+
+    path: str = setting(
+        "", "an existing SentencePiece .model to load ('' = train one on the train split, saved as "
+        "<workdir>/tokenizer.model)")
+    vocab_size: int = setting(
+        8000, "pieces of a tokenizer to be trained (specials and sentinels included)",
+        kind=VOCABULARY, check=positive)
+    model_type: str = setting(
+        "unigram", "SentencePiece model type of a tokenizer to be trained ('unigram' or 'bpe')",
+        kind=VOCABULARY, check=one_of(*MODEL_TYPES))
+    num_sentinels: int | None = setting(
+        None, "T5 sentinel tokens to reserve; unset = min(100, vocab_size // 16)", kind=VOCABULARY,
+        check=at_least(0))
+    max_train_texts: int = setting(
+        200_000, "cap on the texts fed to the tokenizer trainer", kind=VOCABULARY, check=positive)
+    character_coverage: float = setting(
+        0.9995, "SentencePiece character coverage (rarer characters become <unk>)", kind=VOCABULARY)
+    normalization: str = setting(
+        "identity", "'identity' (lossless) or 'nmt_nfkc' / 'nfkc'", kind=VOCABULARY,
+        check=one_of(*NORMALIZATIONS))
 
 
 def default_tokenizer_config() -> ml_collections.ConfigDict:
-    """Defaults of ``data.tokenizer`` (descriptions: `TOKENIZER_KEY_DOCS`)."""
-    return ml_collections.ConfigDict(dict(
-        path="", vocab_size=8000, model_type="unigram",
-        num_sentinels=ml_collections.config_dict.placeholder(int),
-        max_train_texts=200_000, character_coverage=0.9995, normalization="identity"))
+    """Defaults of ``data.tokenizer`` (`TokenizerSettings`)."""
+    return config_dict(section(TokenizerSettings))
 
 
 def resolve_num_sentinels(vocab_size: int, num_sentinels: int | None) -> int:

@@ -20,6 +20,7 @@ Pure functions of pytrees (plain arrays or Flax ``LogicallyPartitioned`` boxes).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 
 from jaxformer.layers.params import lora_a_std
 from jaxformer.models.heads import HEAD_MODULES
+from jaxformer.settings import at_least, check_tree, section, setting
 
 # ``optimizer.lora.targets`` → (parent module names, kernel module names) in the parameter tree
 # (`jaxformer.layers.params.attention_spec` / `ffn_spec`).
@@ -47,11 +49,24 @@ TASK_HEADS: tuple[str, ...] = tuple(n for n, m in HEAD_MODULES.items()
 LORA = "lora"
 
 
+@dataclasses.dataclass(frozen=True)
+class LoraSettings:
+    """``config.optimizer.lora`` (Hu et al. 2021); checked together by `check_lora_config`."""
+
+    rank: int = setting(
+        0, "LoRA rank r (Hu et al. 2021): train rank-r adapters on frozen init_from weights (0 = off: "
+        "every parameter trains)", check=at_least(0))
+    alpha: float = setting(16.0, "LoRA alpha: the adapters' update is scaled by alpha / rank")
+    targets: tuple[str, ...] = setting(
+        ("query", "value"), "kernels that get adapters: a tuple from 'query', 'key', 'value', 'out' "
+        "(attention) and 'ffn' (wi, wi_gate, wo)")
+
+
 def check_lora_config(lora_cfg: Any) -> None:
-    """ValueError naming the ``optimizer.lora`` key when rank, alpha or targets are invalid."""
+    """ValueError naming the ``optimizer.lora`` key when rank, alpha or targets are invalid (each
+    key alone: `LoraSettings`; with rank > 0, alpha > 0 and targets from `TARGET_MODULES`)."""
+    check_tree(section(LoraSettings), lora_cfg, "optimizer.lora.")
     rank, alpha, targets = int(lora_cfg.rank), float(lora_cfg.alpha), tuple(lora_cfg.targets)
-    if rank < 0:
-        raise ValueError(f"optimizer.lora.rank={rank} must be ≥ 0 (0 = no LoRA)")
     if rank and alpha <= 0:
         raise ValueError(f"optimizer.lora.alpha={alpha} must be > 0")
     unknown = sorted(set(targets) - set(TARGET_MODULES))

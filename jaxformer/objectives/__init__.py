@@ -30,13 +30,13 @@ from jaxformer.objectives.registry import (
     FRAMINGS,
     OBJECTIVES,
     OPTION_DEFAULTS,
-    OPTION_DOCS,
     Objective,
     bind_objective,
     check_data_task,
     check_objective,
     get_objective,
     host_transform,
+    option_settings,
     register_objective,
 )
 from jaxformer.objectives.seq2seq import prepare_seq2seq
@@ -47,7 +47,7 @@ from jaxformer.objectives.span_corruption import (
 )
 
 __all__ = [
-    "Objective", "OBJECTIVES", "OPTION_DEFAULTS", "OPTION_DOCS", "DATA_TASKS", "FRAMINGS",
+    "Objective", "OBJECTIVES", "OPTION_DEFAULTS", "option_settings", "DATA_TASKS", "FRAMINGS",
     "register_objective", "get_objective", "bind_objective", "check_objective", "check_data_task",
     "host_transform",
     "prepare_clm", "prepare_mlm", "prepare_seq2seq", "prepare_classify", "prepare_sft", "prepare_qa",

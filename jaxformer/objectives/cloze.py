@@ -26,16 +26,24 @@ import jax.numpy as jnp
 from jaxformer.config import ModelConfig
 from jaxformer.objectives._common import require
 from jaxformer.options import option
+from jaxformer.settings import defaults, setting
 from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
 MASK_PLACEHOLDER = "<mask>"
-CLOZE_OPTIONS = {"cloze_pattern": "It was <mask>.", "verbalizers": ""}
-CLOZE_OPTION_DOCS = {
-    "cloze_pattern": f"cloze: text appended to each sentence, with one {MASK_PLACEHOLDER} where the "
-                     "model predicts the class's word (PET, Schick & Schütze 2021)",
-    "verbalizers": "cloze: one word per class, in label order, comma-separated (e.g. 'bad,good'); "
-                   "each must be a single piece of the tokenizer in the pattern"}
+@dataclasses.dataclass(frozen=True)
+class ClozeOptions:
+    """The ``objective.*`` options of objective ``cloze`` (PET, Schick & Schütze 2021)."""
+
+    cloze_pattern: str = setting(
+        "It was <mask>.", f"cloze: text appended to each sentence, with one {MASK_PLACEHOLDER} where "
+        "the model predicts the class's word (PET, Schick & Schütze 2021)")
+    verbalizers: str = setting(
+        "", "cloze: one word per class, in label order, comma-separated (e.g. 'bad,good'); each must "
+        "be a single piece of the tokenizer in the pattern")
+
+
+CLOZE_OPTIONS = defaults(ClozeOptions)
 
 
 @dataclasses.dataclass(frozen=True)

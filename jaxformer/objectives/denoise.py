@@ -17,19 +17,31 @@ sentence permutation and document rotation are not implemented.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
+from jaxformer.settings import defaults, fraction, positive, setting
 from jaxformer.vocab import SpecialTokens
+
 
 # The ``objective.*`` options of BART denoising with their defaults (BART's final choice: 30% text
 # infilling, λ = 3; no token deletion or masking).
-DENOISE_OPTIONS = {"infill_rate": 0.3, "poisson_lambda": 3.0, "delete_rate": 0.0,
-                   "token_mask_rate": 0.0}
-DENOISE_OPTION_DOCS = {
-    "infill_rate": "denoise: fraction of tokens in spans replaced by one mask (text infilling)",
-    "poisson_lambda": "denoise: mean span length λ of the Poisson span lengths",
-    "delete_rate": "denoise: fraction of tokens deleted",
-    "token_mask_rate": "denoise: fraction of tokens masked one by one"}
+@dataclasses.dataclass(frozen=True)
+class DenoiseOptions:
+    """The ``objective.*`` options of objective ``denoise`` (BART's noising, Lewis et al. 2020)."""
+
+    infill_rate: float = setting(
+        0.3, "denoise: fraction of tokens in spans replaced by one mask (text infilling)",
+        check=fraction)
+    poisson_lambda: float = setting(
+        3.0, "denoise: mean span length λ of the Poisson span lengths", check=positive)
+    delete_rate: float = setting(0.0, "denoise: fraction of tokens deleted", check=fraction)
+    token_mask_rate: float = setting(
+        0.0, "denoise: fraction of tokens masked one by one", check=fraction)
+
+
+DENOISE_OPTIONS = defaults(DenoiseOptions)
 
 
 def poisson_span_lengths(num_tokens: int, rng: np.random.Generator, poisson_lambda: float = 3.0

@@ -24,6 +24,7 @@ optional there (``sentence_pairs="nsp"``, or ALBERT's sentence-order prediction 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,27 +35,35 @@ import numpy as np
 from jaxformer.objectives._common import require, segments_and_positions
 from jaxformer.objectives.span_masking import MASKINGS, Spans, sample_spans
 from jaxformer.options import option
+from jaxformer.settings import defaults, fraction, setting
 from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
 # The ``objective.*`` options of MLM with their defaults: BERT's 15% of positions, 80/10/10.
-MLM_OPTIONS = {"mask_rate": 0.15, "mask_token_fraction": 0.8, "random_token_fraction": 0.1,
-               "whole_word_mask": False, "masking": "token", "span_geometric_p": 0.2,
-               "max_span_length": 10, "sentence_pairs": "none"}
+@dataclasses.dataclass(frozen=True)
+class MLMOptions:
+    """The ``objective.*`` options of objective ``mlm`` (BERT; SpanBERT's span masking)."""
+
+    mask_rate: float = setting(0.15, "mlm: fraction of tokens chosen for prediction", check=fraction)
+    mask_token_fraction: float = setting(
+        0.8, "mlm: of the chosen, the fraction replaced by [MASK]", check=fraction)
+    random_token_fraction: float = setting(
+        0.1, "mlm: of the chosen, the fraction replaced by a random token (the rest are kept)",
+        check=fraction)
+    whole_word_mask: bool = setting(False, "mlm: choose whole words (all pieces of a word together)")
+    masking: str = setting(
+        "token", "mlm: 'token' (BERT) or 'span' (SpanBERT: geometric spans of whole words, 80/10/10 "
+        "per span)")
+    span_geometric_p: float = setting(0.2, "mlm, masking='span': p of the geometric span length")
+    max_span_length: int = setting(
+        10, "mlm, masking='span': longest span, in words (tokens without word boundaries)")
+    sentence_pairs: str = setting(
+        "none", "mlm: rows [CLS] A [SEP] B [SEP] with a pair label: 'none', 'nsp' (B follows A or is "
+        "from another document) or 'sop' (A and B consecutive, swapped or not); needs model.nsp_head")
+
+
+MLM_OPTIONS = defaults(MLMOptions)
 SENTENCE_PAIRS = ("none", "nsp", "sop")
-MLM_OPTION_DOCS = {"mask_rate": "mlm: fraction of tokens chosen for prediction",
-                   "mask_token_fraction": "mlm: of the chosen, the fraction replaced by [MASK]",
-                   "random_token_fraction": "mlm: of the chosen, the fraction replaced by a "
-                                            "random token (the rest are kept)",
-                   "whole_word_mask": "mlm: choose whole words (all pieces of a word together)",
-                   "masking": "mlm: 'token' (BERT) or 'span' (SpanBERT: geometric spans of whole "
-                              "words, 80/10/10 per span)",
-                   "span_geometric_p": "mlm, masking='span': p of the geometric span length",
-                   "max_span_length": "mlm, masking='span': longest span, in words (tokens "
-                                      "without word boundaries)",
-                   "sentence_pairs": "mlm: rows [CLS] A [SEP] B [SEP] with a pair label: 'none', "
-                                     "'nsp' (B follows A or is from another document) or 'sop' "
-                                     "(A and B consecutive, swapped or not); needs model.nsp_head"}
 
 
 def uses_word_initial(cfg: Any) -> bool:

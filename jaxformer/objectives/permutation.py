@@ -13,6 +13,7 @@ of the same weights; the content stream is the GPT, so a plm-trained model gener
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,17 +24,25 @@ from jaxformer.config import ModelConfig
 from jaxformer.objectives._common import require, segments_and_positions
 from jaxformer.ops.permutation import identity_order, partial_prediction_targets, sample_order
 from jaxformer.options import option
+from jaxformer.settings import defaults, setting
 from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
 
-PLM_OPTIONS = {"plm_k": 6.0, "plm_identity_order": False}
-PLM_OPTION_DOCS = {
-    "plm_k": "plm partial prediction: the last ceil(n/K) of each segment's order are targets "
-             "(XLNet §2.4, K=6; 1 = all but the first)",
-    "plm_identity_order": "plm: left-to-right factorisation orders instead of XLNet's random ones "
-                          "(with plm_k=1: exactly the causal LM's loss)",
-}
+@dataclasses.dataclass(frozen=True)
+class PLMOptions:
+    """The ``objective.*`` options of objective ``plm`` (XLNet, Yang et al. 2019); checked with
+    the model by `check_plm_options`."""
+
+    plm_k: float = setting(
+        6.0, "plm partial prediction: the last ceil(n/K) of each segment's order are targets (XLNet "
+        "§2.4, K=6; 1 = all but the first)")
+    plm_identity_order: bool = setting(
+        False, "plm: left-to-right factorisation orders instead of XLNet's random ones (with "
+        "plm_k=1: exactly the causal LM's loss)")
+
+
+PLM_OPTIONS = defaults(PLMOptions)
 
 
 def check_plm_options(cfg: Any) -> tuple[float, bool]:

@@ -10,6 +10,7 @@ that do not hold the answer (and unanswerable questions) point at [CLS], positio
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,17 +18,25 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.objectives._common import require, segments_and_positions
+from jaxformer.settings import defaults, positive, setting
 from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
 
-QA_OPTIONS = {"doc_stride": 128, "max_question_len": 64, "max_answer_len": 30}
-QA_OPTION_DOCS = {
-    "doc_stride": "qa: context tokens between the starts of consecutive windows of a long context "
-                  "(BERT's run_squad.py)",
-    "max_question_len": "qa: question tokens kept (the rest are cut, counted)",
-    "max_answer_len": "qa: longest answer in tokens that span decoding returns",
-}
+@dataclasses.dataclass(frozen=True)
+class QAOptions:
+    """The ``objective.*`` options of objective ``qa`` (extractive QA, BERT's run_squad.py)."""
+
+    doc_stride: int = setting(
+        128, "qa: context tokens between the starts of consecutive windows of a long context (BERT's "
+        "run_squad.py)", check=positive)
+    max_question_len: int = setting(
+        64, "qa: question tokens kept (the rest are cut, counted)", check=positive)
+    max_answer_len: int = setting(
+        30, "qa: longest answer in tokens that span decoding returns", check=positive)
+
+
+QA_OPTIONS = defaults(QAOptions)
 
 
 def prepare_qa(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,

@@ -4,11 +4,19 @@ pipeline and the train step need to know about it.
 An objective is a device-side ``prepare`` (pure jnp, inside the jitted step), the data task the
 pipeline builds its examples for (``data.task`` is derived from it: configs leave it out), the
 framing those examples get unless ``data.framing`` says otherwise, an optional host-side
-per-example corruption (NumPy, before packing) and the ``objective.*`` options it reads, with
-their defaults. Adding an objective is one `register_objective` call::
+per-example corruption (NumPy, before packing) and the section of ``objective.*`` options it reads
+(a dataclass of `jaxformer.settings.setting` fields: type, default, doc and check of each). Adding
+an objective is one `register_objective` call::
+
+    @dataclasses.dataclass(frozen=True)
+    class MyOptions:
+        my_rate: float = setting(0.1, "my_lm: fraction of tokens …", check=fraction)
 
     register_objective(Objective("my_lm", prepare_my_lm, data_task="lm", framing="eos",
-                                 options={"my_rate": 0.1}))
+                                 options=MyOptions))
+
+The training config's ``objective`` section declares every registered objective's options
+(`option_settings`), so ``--config.objective.my_rate=0.2`` sets it and ``--print_config`` shows its doc.
 """
 
 from __future__ import annotations
@@ -23,28 +31,21 @@ import numpy as np
 
 from jaxformer.objectives.causal import prepare_clm, prepare_sft
 from jaxformer.objectives.classify import prepare_classify
-from jaxformer.objectives.cloze import CLOZE_OPTION_DOCS, CLOZE_OPTIONS, prepare_cloze, resolve_cloze
-from jaxformer.objectives.denoise import DENOISE_OPTION_DOCS, DENOISE_OPTIONS, denoise
+from jaxformer.objectives.cloze import ClozeOptions, prepare_cloze, resolve_cloze
+from jaxformer.objectives.denoise import DenoiseOptions, denoise
 from jaxformer.objectives.mlm import (
-    MLM_OPTION_DOCS,
-    MLM_OPTIONS,
+    MLMOptions,
     mlm_data_task,
     prepare_mlm,
     uses_word_initial,
 )
-from jaxformer.objectives.permutation import PLM_OPTION_DOCS, PLM_OPTIONS, prepare_plm
-from jaxformer.objectives.qa import QA_OPTION_DOCS, QA_OPTIONS, prepare_qa
-from jaxformer.objectives.scheduled_sampling import (
-    SCHEDULED_SAMPLING_OPTION_DOCS,
-    SCHEDULED_SAMPLING_OPTIONS,
-)
+from jaxformer.objectives.permutation import PLMOptions, prepare_plm
+from jaxformer.objectives.qa import QAOptions, prepare_qa
+from jaxformer.objectives.scheduled_sampling import ScheduledSamplingOptions
 from jaxformer.objectives.seq2seq import prepare_seq2seq
-from jaxformer.objectives.span_corruption import (
-    SPAN_CORRUPTION_OPTION_DOCS,
-    SPAN_CORRUPTION_OPTIONS,
-    span_corruption,
-)
+from jaxformer.objectives.span_corruption import SpanCorruptionOptions, span_corruption
 from jaxformer.options import option
+from jaxformer.settings import defaults, merge, section
 from jaxformer.vocab import SpecialTokens
 
 PrepareFn = Callable[..., dict]
@@ -76,9 +77,9 @@ class Objective:
         is usual (classification: BERT's [CLS]/[SEP] or GPT's EOS), so the config must choose.
       corrupt: host side, ``corrupt(tokens [n], rng, special, **options) -> (inputs, targets)``
         applied to every example before packing (T5 span corruption, BART denoising), or None.
-      options: the ``objective.<key>`` options it reads, with their defaults; every other
+      options: the section dataclass of the ``objective.<key>`` options it reads (each field a
+        `jaxformer.settings.setting`: type, default, one-line doc, check), or None; every other
         objective refuses a non-default value of them (`check_objective`).
-      option_docs: a one-line description of each option (``train.py --print_config``).
       data_task_for: ``f(cfg) -> data task`` when an option chooses it (MLM's ``sentence_pairs``);
         None = always ``data_task``. `check_data_task` resolves it (`resolve`).
       with_tokenizer: ``f(cfg, tokenizer) -> {keyword: value}``, extra ``prepare`` arguments
@@ -91,8 +92,7 @@ class Objective:
     data_task: str
     framing: str | None = "eos"
     corrupt: CorruptFn | None = None
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    option_docs: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    options: type | None = None
     data_task_for: Callable[[Any], str] | None = None
     with_tokenizer: Callable[[Any, Any], Mapping[str, Any]] | None = None
 
@@ -106,7 +106,15 @@ class Objective:
         if (self.data_task == "span_corruption") != (self.corrupt is not None):
             raise ValueError(f"objective {self.name!r}: data_task 'span_corruption' and a host-side "
                              "corrupt function go together (the pipeline hands it text pieces)")
-        object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
+        if self.options is not None and not dataclasses.is_dataclass(self.options):
+            raise ValueError(f"objective {self.name!r}: options must be a dataclass of "
+                             "jaxformer.settings.setting fields (type, default, doc, check), not "
+                             f"{type(self.options).__name__}")
+
+    @property
+    def option_defaults(self) -> Mapping[str, Any]:
+        """``{option: default}`` of `options` (empty without options)."""
+        return types.MappingProxyType(defaults(self.options) if self.options else {})
 
     def resolve(self, cfg: Any) -> Objective:
         """This objective with the data task its options ``cfg`` choose (`data_task_for`)."""
@@ -136,7 +144,7 @@ class Objective:
         from ``cfg`` (defaults where unset); None for device-only objectives."""
         if self.corrupt is None:
             return None
-        kwargs = {key: option(cfg, key, default) for key, default in self.options.items()}
+        kwargs = {key: option(cfg, key, default) for key, default in self.option_defaults.items()}
         return functools.partial(self.corrupt, special=special, **kwargs)
 
     def example_transform(self, special: SpecialTokens, cfg: Any = None
@@ -156,9 +164,8 @@ class Objective:
 
 OBJECTIVES: dict[str, Objective] = {}
 # Every objective option with its default (the union of the registered objectives' options);
-# `base_config` declares them all so that ``--config.objective.<key>=…`` can set any.
+# `base_config` declares them all (`option_settings`) so that ``--config.objective.<key>=…`` can set any.
 OPTION_DEFAULTS: dict[str, Any] = {}
-OPTION_DOCS: dict[str, str] = {}  # their descriptions (`Objective.option_docs`)
 
 
 def register_objective(objective: Objective) -> Objective:
@@ -166,15 +173,21 @@ def register_objective(objective: Objective) -> Objective:
     is already declared by another objective with another default)."""
     if objective.name in OBJECTIVES:
         raise ValueError(f"objective {objective.name!r} is already registered")
-    for key, default in objective.options.items():
+    for key, default in objective.option_defaults.items():
         if key in OPTION_DEFAULTS and OPTION_DEFAULTS[key] != default:
             raise ValueError(f"objective {objective.name!r}: option {key!r} defaults to "
                              f"{default!r}, but another objective declares it with "
                              f"{OPTION_DEFAULTS[key]!r}")
     OBJECTIVES[objective.name] = objective
-    OPTION_DEFAULTS.update(objective.options)
-    OPTION_DOCS.update(objective.option_docs)
+    OPTION_DEFAULTS.update(objective.option_defaults)
     return objective
+
+
+def option_settings() -> dict:
+    """The declared options of every registered objective (`jaxformer.settings` tree): the
+    ``objective`` section of the training config holds them all."""
+    return merge(*(section(o.options) for o in OBJECTIVES.values() if o.options),
+                 where="objective.")
 
 
 def get_objective(name: str) -> Objective:
@@ -190,8 +203,8 @@ def check_objective(cfg: Any) -> str:
     objective = get_objective(name)
     for key, default in OPTION_DEFAULTS.items():
         value = option(cfg, key, default)
-        if value != default and key not in objective.options:
-            users = [n for n, o in OBJECTIVES.items() if key in o.options]
+        if value != default and key not in objective.option_defaults:
+            users = [n for n, o in OBJECTIVES.items() if key in o.option_defaults]
             raise ValueError(f"objective.{key}={value!r} applies to objective {users[0]!r}, not "
                              f"{name!r}; leave it at its default {default!r}")
     return name
@@ -224,26 +237,18 @@ def check_data_task(objective_cfg: Any, data_cfg: Any) -> Objective:
 
 # The built-in objectives (papers cited in their modules).
 register_objective(Objective("clm", prepare_clm, data_task="lm", framing="eos",
-                             options=SCHEDULED_SAMPLING_OPTIONS,
-                             option_docs=SCHEDULED_SAMPLING_OPTION_DOCS))
+                             options=ScheduledSamplingOptions))
 register_objective(Objective("mlm", prepare_mlm, data_task="lm", framing="cls_sep",
-                             options=MLM_OPTIONS, option_docs=MLM_OPTION_DOCS,
-                             data_task_for=mlm_data_task))
+                             options=MLMOptions, data_task_for=mlm_data_task))
 register_objective(Objective("seq2seq", prepare_seq2seq, data_task="seq2seq",
-                             options=SCHEDULED_SAMPLING_OPTIONS,
-                             option_docs=SCHEDULED_SAMPLING_OPTION_DOCS))
+                             options=ScheduledSamplingOptions))
 register_objective(Objective("span_corruption", prepare_seq2seq, data_task="span_corruption",
-                             corrupt=span_corruption, options=SPAN_CORRUPTION_OPTIONS,
-                             option_docs=SPAN_CORRUPTION_OPTION_DOCS))
+                             corrupt=span_corruption, options=SpanCorruptionOptions))
 register_objective(Objective("denoise", prepare_seq2seq, data_task="span_corruption",
-                             corrupt=denoise, options=DENOISE_OPTIONS,
-                             option_docs=DENOISE_OPTION_DOCS))
+                             corrupt=denoise, options=DenoiseOptions))
 register_objective(Objective("classify", prepare_classify, data_task="classify", framing=None))
 register_objective(Objective("cloze", prepare_cloze, data_task="classify", framing="cls_sep",
-                             options=CLOZE_OPTIONS, option_docs=CLOZE_OPTION_DOCS,
-                             with_tokenizer=resolve_cloze))
+                             options=ClozeOptions, with_tokenizer=resolve_cloze))
 register_objective(Objective("sft", prepare_sft, data_task="sft"))
-register_objective(Objective("qa", prepare_qa, data_task="qa", framing="cls_sep",
-                             options=QA_OPTIONS, option_docs=QA_OPTION_DOCS))
-register_objective(Objective("plm", prepare_plm, data_task="lm", framing="eos",
-                             options=PLM_OPTIONS, option_docs=PLM_OPTION_DOCS))
+register_objective(Objective("qa", prepare_qa, data_task="qa", framing="cls_sep", options=QAOptions))
+register_objective(Objective("plm", prepare_plm, data_task="lm", framing="eos", options=PLMOptions))

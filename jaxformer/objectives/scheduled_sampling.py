@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from jaxformer.objectives._common import shift_right_within_segments
 from jaxformer.options import option
+from jaxformer.settings import defaults, fraction, setting
 
 Array = jnp.ndarray
 MixFn = Callable[[Any, dict, Array, jax.Array], dict]
@@ -44,17 +45,27 @@ SCHEDULES = ("none", "linear", "exponential", "inverse_sigmoid")
 SAMPLINGS = ("argmax", "sample")
 # The ``objective.*`` options of scheduled sampling with their defaults (off). ss_k = 0 is unset:
 # the linear schedule then starts at k = 1; the other two need it.
-SCHEDULED_SAMPLING_OPTIONS = {"scheduled_sampling": "none", "ss_k": 0.0, "ss_c": 0.0,
-                              "ss_min_rate": 0.0, "ss_sampling": "argmax", "ss_temperature": 1.0}
-SCHEDULED_SAMPLING_OPTION_DOCS = {
-    "scheduled_sampling": "clm/seq2seq: decay of the teacher-forcing rate (Bengio et al. 2015): "
-                          "'none', 'linear', 'exponential' or 'inverse_sigmoid'",
-    "ss_k": "scheduled sampling: k of the schedule (linear: start rate, default 1; exponential: "
-            "0 < k < 1; inverse_sigmoid: k >= 1); 0 = unset",
-    "ss_c": "scheduled sampling: linear decay per step c (> 0; linear only)",
-    "ss_min_rate": "scheduled sampling: floor of the teacher-forcing rate (epsilon)",
-    "ss_sampling": "scheduled sampling: the model's predictions by 'argmax' or 'sample'",
-    "ss_temperature": "scheduled sampling: temperature of ss_sampling='sample' (> 0)"}
+@dataclasses.dataclass(frozen=True)
+class ScheduledSamplingOptions:
+    """The ``objective.*`` options of objectives ``clm`` and ``seq2seq`` (Bengio et al. 2015);
+    which combinations take effect: `check_scheduled_sampling`."""
+
+    scheduled_sampling: str = setting(
+        "none", "clm/seq2seq: decay of the teacher-forcing rate (Bengio et al. 2015): 'none', "
+        "'linear', 'exponential' or 'inverse_sigmoid'")
+    ss_k: float = setting(
+        0.0, "scheduled sampling: k of the schedule (linear: start rate, default 1; exponential: "
+        "0 < k < 1; inverse_sigmoid: k >= 1); 0 = unset")
+    ss_c: float = setting(0.0, "scheduled sampling: linear decay per step c (> 0; linear only)")
+    ss_min_rate: float = setting(
+        0.0, "scheduled sampling: floor of the teacher-forcing rate (epsilon)", check=fraction)
+    ss_sampling: str = setting(
+        "argmax", "scheduled sampling: the model's predictions by 'argmax' or 'sample'")
+    ss_temperature: float = setting(
+        1.0, "scheduled sampling: temperature of ss_sampling='sample' (> 0)")
+
+
+SCHEDULED_SAMPLING_OPTIONS = defaults(ScheduledSamplingOptions)
 # Per objective: the decoder-input tokens that are mixed and their segment ids (`model_inputs` keys).
 MIXED_INPUTS = {"clm": ("tokens", "segment_ids"), "seq2seq": ("targets_in", "targets_segment_ids")}
 

@@ -17,19 +17,30 @@ by the span it replaced. Both end with EOS::
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
+from jaxformer.settings import defaults, fraction, positive, setting
 from jaxformer.vocab import SpecialTokens
+
 
 # The ``objective.*`` options of span corruption with their defaults (T5, §3.1.4).
 # ``random_roll`` is on by default (T5 itself has no roll): see `random_spans_noise_mask`.
-SPAN_CORRUPTION_OPTIONS = {"noise_density": 0.15, "mean_span_length": 3.0, "random_roll": True}
-SPAN_CORRUPTION_OPTION_DOCS = {
-    "noise_density": "span_corruption: fraction of tokens corrupted",
-    "mean_span_length": "span_corruption: mean length of a corrupted span",
-    "random_roll": "span_corruption: roll each noise mask by a random offset (seqio's random_roll); "
-                   "without it a short example's only span always ends it (T5's mask always "
-                   "ends with noise)"}
+@dataclasses.dataclass(frozen=True)
+class SpanCorruptionOptions:
+    """The ``objective.*`` options of objective ``span_corruption`` (T5, Raffel et al. 2020)."""
+
+    noise_density: float = setting(0.15, "span_corruption: fraction of tokens corrupted",
+                                   check=fraction)
+    mean_span_length: float = setting(
+        3.0, "span_corruption: mean length of a corrupted span", check=positive)
+    random_roll: bool = setting(
+        True, "span_corruption: roll each noise mask by a random offset (seqio's random_roll); "
+        "without it a short example's only span always ends it (T5's mask always ends with noise)")
+
+
+SPAN_CORRUPTION_OPTIONS = defaults(SpanCorruptionOptions)
 
 
 def _random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:

@@ -3,7 +3,7 @@
 Knowledge distillation (Hinton et al. 2015; DistilBERT, Sanh et al. 2019) trains the config's model
 (the student) against a trained teacher; the loss and the teacher are `jaxformer.train.distill`'s.
 Every key is a placeholder (unset = None), so runs written before distillation existed resume
-without a changed-config note; `settings` fills the defaults below.
+without a changed-config note; `settings` fills what an unset key means (`DistillSettings`).
 
 Defaults are DistilBERT's weights α_ce = 5.0, α_mlm = 2.0, α_cos = 1.0 (its ``train.py``) and
 temperature 2.0. Our three terms are each normalised by the same count — the positions the
@@ -18,65 +18,58 @@ import dataclasses
 import ml_collections
 from absl import logging
 
+from jaxformer.settings import at_least, config_dict, positive, read, section, setting
+
 DISTILL_OBJECTIVES = ("mlm", "clm", "classify")
-DEFAULTS = dict(temperature=2.0, alpha=5.0, beta=2.0, gamma=1.0, init_student=False)
-
-DISTILL_KEY_DOCS = {
-    "teacher": "'' (off) | a jaxformer workdir (or checkpoint step dir) | a Hugging Face model dir: "
-               "distil the model into this config's (smaller) model",
-    "teacher_step": "the step of a teacher run to read (unset or 0: the latest)",
-    "teacher_best": "read the teacher run's best step by its checkpoint.best_metric",
-    "temperature": "softmax temperature T of the soft targets (unset = 2.0)",
-    "alpha": "weight of T²·KL(teacher ‖ student) on the objective's positions (unset = 5.0, "
-             "DistilBERT's α_ce)",
-    "beta": "weight of the objective's hard-label cross-entropy (unset = 2.0, DistilBERT's α_mlm)",
-    "gamma": "weight of 1 − cos(student, teacher last hidden states) (unset = 1.0, α_cos)",
-    "init_student": "initialise the student from the teacher's layers 0, 2, 4, … plus its "
-                    "embeddings and heads (DistilBERT §3; unset = False)",
-}
-
-
-def default_distill_config() -> ml_collections.ConfigDict:
-    """``config.distill``: every key declared and unset (see `DISTILL_KEY_DOCS`)."""
-    placeholder = ml_collections.config_dict.placeholder
-    return ml_collections.ConfigDict(dict(
-        teacher=placeholder(str), teacher_step=placeholder(int), teacher_best=placeholder(bool),
-        temperature=placeholder(float), alpha=placeholder(float), beta=placeholder(float),
-        gamma=placeholder(float), init_student=placeholder(bool)))
 
 
 @dataclasses.dataclass(frozen=True)
 class DistillSettings:
-    """``config.distill`` with its defaults filled (`DEFAULTS`)."""
+    """``config.distill``: every key a placeholder (unset = None) in the config; `settings` reads
+    it with each unset key's ``unset`` value filled (DistilBERT's)."""
 
-    teacher: str
-    teacher_step: int | None
-    teacher_best: bool
-    temperature: float
-    alpha: float
-    beta: float
-    gamma: float
-    init_student: bool
+    teacher: str | None = setting(
+        None, "'' (off) | a jaxformer workdir (or checkpoint step dir) | a Hugging Face model dir: "
+        "distil the model into this config's (smaller) model", unset="")
+    teacher_step: int | None = setting(
+        None, "the step of a teacher run to read (unset or 0: the latest)", check=at_least(0))
+    teacher_best: bool | None = setting(
+        None, "read the teacher run's best step by its checkpoint.best_metric", unset=False)
+    temperature: float | None = setting(
+        None, "softmax temperature T of the soft targets (unset = 2.0)", unset=2.0, check=positive)
+    alpha: float | None = setting(
+        None, "weight of T²·KL(teacher ‖ student) on the objective's positions (unset = 5.0, "
+        "DistilBERT's α_ce)", unset=5.0, check=at_least(0))
+    beta: float | None = setting(
+        None, "weight of the objective's hard-label cross-entropy (unset = 2.0, DistilBERT's α_mlm)",
+        unset=2.0, check=at_least(0))
+    gamma: float | None = setting(
+        None, "weight of 1 − cos(student, teacher last hidden states) (unset = 1.0, α_cos)",
+        unset=1.0, check=at_least(0))
+    init_student: bool | None = setting(
+        None, "initialise the student from the teacher's layers 0, 2, 4, … plus its embeddings and "
+        "heads (DistilBERT §3; unset = False)", unset=False)
+
+
+def default_distill_config() -> ml_collections.ConfigDict:
+    """``config.distill``: every key declared and unset (`DistillSettings`)."""
+    return config_dict(section(DistillSettings))
 
 
 def settings(config: ml_collections.ConfigDict) -> DistillSettings | None:
-    """The run's distillation settings, or None when ``distill.teacher`` is unset."""
-    section = config.get("distill") or {}
-    if not section.get("teacher"):
-        return None
-    values = {k: section.get(k) if section.get(k) is not None else v for k, v in DEFAULTS.items()}
-    return DistillSettings(teacher=section["teacher"], teacher_step=section.get("teacher_step") or None,
-                           teacher_best=bool(section.get("teacher_best")),
-                           **{k: (float(v) if k != "init_student" else bool(v))
-                              for k, v in values.items()})
+    """The run's distillation settings (unset keys filled), or None when ``distill.teacher`` is
+    unset."""
+    s = read(DistillSettings, config.get("distill"))
+    return dataclasses.replace(s, teacher_step=s.teacher_step or None) if s.teacher else None
 
 
 def check_distill(config: ml_collections.ConfigDict) -> None:
     """ValueError naming the field for a distillation the trainer cannot run (before anything is
-    read or compiled): an objective other than `DISTILL_OBJECTIVES`,
-    a negative weight or temperature, or a combination the step does not support."""
+    read or compiled): an objective other than `DISTILL_OBJECTIVES`, all weights zero, or a
+    combination the step does not support (each key alone: `DistillSettings`' checks)."""
     section = config.get("distill") or {}
-    stated = [k for k in DISTILL_KEY_DOCS if k != "teacher" and section.get(k) is not None]
+    stated = [f.name for f in dataclasses.fields(DistillSettings)
+              if f.name != "teacher" and section.get(f.name) is not None]
     s = settings(config)
     if s is None:  # e.g. a distillation config run without its teacher, as a baseline
         if stated:
@@ -87,13 +80,7 @@ def check_distill(config: ml_collections.ConfigDict) -> None:
     if objective not in DISTILL_OBJECTIVES:
         raise ValueError(f"distill.teacher is set but objective.name={objective!r}: distillation "
                          f"supports {DISTILL_OBJECTIVES}")
-    if s.temperature <= 0:
-        raise ValueError(f"distill.temperature={s.temperature} must be positive")
-    weights = {"alpha": s.alpha, "beta": s.beta, "gamma": s.gamma}
-    for name, value in weights.items():
-        if value < 0:
-            raise ValueError(f"distill.{name}={value} must be >= 0")
-    if not any(weights.values()):
+    if not any((s.alpha, s.beta, s.gamma)):  # each >= 0 and temperature > 0: their settings
         raise ValueError("distill.alpha, distill.beta and distill.gamma are all 0: nothing to train")
     if s.teacher_step and s.teacher_best:
         raise ValueError(f"distill.teacher_step={s.teacher_step} and distill.teacher_best=True: "

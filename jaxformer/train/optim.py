@@ -1,6 +1,6 @@
 """The optimizer: AdamW with masked weight decay, clipping and fine-tuning groups.
 
-`make_optimizer` builds, from the ``optimizer`` config section (`default_optimizer_config`),
+`make_optimizer` builds, from the ``optimizer`` config section (`OptimizerSettings`),
 
     clip_by_global_norm(clip_norm)                # clip_norm > 0
     → AdamW(schedule, b1, b2, eps, weight_decay, mask=decay_mask)
@@ -41,6 +41,7 @@ returns them); the mask and label functions handle both.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,15 +50,25 @@ import ml_collections
 import optax
 
 from jaxformer.models.heads import HEAD_MODULE_NAMES
-from jaxformer.models.lora import check_lora_config
+from jaxformer.models.lora import LoraSettings, check_lora_config
+from jaxformer.settings import (
+    at_least,
+    check_tree,
+    config_dict,
+    one_of,
+    positive,
+    section,
+    setting,
+    subsection,
+)
 from jaxformer.train.param_groups import (
     EMBEDDING_MODULES,
-    check_param_group_config,
     freeze_embeddings,
     map_params_by_path,
     scale_by_layer_decay,
 )
 from jaxformer.train.schedules import (
+    SCHEDULES,
     constant,
     inverse_sqrt,
     make_schedule,
@@ -68,43 +79,58 @@ from jaxformer.train.schedules import (
 
 HEAD_PARAM_PREFIXES = HEAD_MODULE_NAMES  # every head module (`jaxformer.models.heads`)
 
-_DEFAULTS = dict(
-    name="adamw", schedule="inverse_sqrt", peak_lr=1e-3, scale=1.0, warmup_steps=4000, end_lr=0.0,
-    b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0, clip_norm=0.0, grad_accum_steps=1,
-    freeze_backbone=False, head_lr_multiplier=1.0, head_param_prefixes=HEAD_PARAM_PREFIXES,
-    layer_lr_decay=1.0, freeze_embeddings_steps=0,
-    lora=dict(rank=0, alpha=16.0, targets=("query", "value")))
+def _decay_rate(v: float) -> str | None:
+    return None if 0.0 <= v < 1.0 else "must lie in [0, 1)"
 
-# One line per ``optimizer`` key (``train.py --print_config`` shows them).
-OPTIMIZER_KEY_DOCS = {
-    "name": "the optimizer: 'adamw' (Loshchilov & Hutter 2019)",
-    "schedule": "learning-rate schedule: 'inverse_sqrt' (Vaswani eq. 3), 'warmup_rsqrt', "
-                "'warmup_cosine', 'warmup_linear' or 'constant' (train.schedules)",
-    "peak_lr": "peak learning rate (all schedules but inverse_sqrt)",
-    "scale": "inverse_sqrt: multiplier of d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)",
-    "warmup_steps": "linear warmup updates; warmup_cosine / warmup_linear clip it (with a warning) "
-                    "to num_train_steps - 1 when the run is shorter",
-    "end_lr": "learning rate reached at num_train_steps by warmup_cosine / warmup_linear",
-    "b1": "Adam β1",
-    "b2": "Adam β2",
-    "eps": "Adam ε",
-    "weight_decay": "decoupled weight decay (kernels of rank >= 2 only)",
-    "clip_norm": "clip gradients to this global norm (0 = no clipping)",
-    "grad_accum_steps": "micro-batches per update (data.batch_size must divide by it)",
-    "freeze_backbone": "update only the head parameters (head_param_prefixes)",
-    "head_lr_multiplier": "learning-rate multiplier of the head parameters",
-    "head_param_prefixes": "top-level modules that are the head (fine-tuning groups)",
-    "layer_lr_decay": "layer-wise LR decay ξ in (0, 1] (Clark et al. 2020): a parameter at depth d "
-                      "trains at lr·ξ^(D-d); embeddings d=0, layer i d=i+1, heads D (1.0 = off; "
-                      "train.param_groups)",
-    "freeze_embeddings_steps": "the embeddings (depth 0) get no update for this many first "
-                               "optimizer updates (ULMFiT-style; 0 = off)",
-    "lora.rank": "LoRA rank r (Hu et al. 2021): train rank-r adapters on frozen init_from weights "
-                 "(0 = off: every parameter trains)",
-    "lora.alpha": "LoRA alpha: the adapters' update is scaled by alpha / rank",
-    "lora.targets": "kernels that get adapters: a tuple from 'query', 'key', 'value', 'out' "
-                    "(attention) and 'ffn' (wi, wi_gate, wo)",
-}
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+    """``config.optimizer``: AdamW, its schedule, clipping, fine-tuning groups and LoRA (module
+    docstring). `make_optimizer` checks how they combine."""
+
+    name: str = setting("adamw", "the optimizer: 'adamw' (Loshchilov & Hutter 2019)",
+                        check=one_of("adamw"))
+    schedule: str = setting(
+        "inverse_sqrt", "learning-rate schedule: 'inverse_sqrt' (Vaswani eq. 3), 'warmup_rsqrt', "
+        "'warmup_cosine', 'warmup_linear' or 'constant' (train.schedules)", check=one_of(*SCHEDULES))
+    # a learning rate <= 0 climbs the loss or stands still, and optax accepts it silently
+    peak_lr: float = setting(1e-3, "peak learning rate (all schedules but inverse_sqrt)",
+                             check=positive)
+    scale: float = setting(
+        1.0, "inverse_sqrt: multiplier of d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)",
+        check=positive)
+    warmup_steps: int = setting(
+        4000, "linear warmup updates; warmup_cosine / warmup_linear clip it (with a warning) to "
+        "num_train_steps - 1 when the run is shorter")
+    end_lr: float = setting(
+        0.0, "learning rate reached at num_train_steps by warmup_cosine / warmup_linear",
+        check=at_least(0))
+    b1: float = setting(0.9, "Adam β1", check=_decay_rate)
+    b2: float = setting(0.98, "Adam β2", check=_decay_rate)
+    eps: float = setting(1e-9, "Adam ε", check=positive)
+    weight_decay: float = setting(0.0, "decoupled weight decay (kernels of rank >= 2 only)",
+                                  check=at_least(0))
+    clip_norm: float = setting(0.0, "clip gradients to this global norm (0 = no clipping)",
+                               check=at_least(0))
+    grad_accum_steps: int = setting(
+        1, "micro-batches per update (data.batch_size must divide by it)", check=at_least(1))
+    freeze_backbone: bool = setting(False, "update only the head parameters (head_param_prefixes)")
+    head_lr_multiplier: float = setting(1.0, "learning-rate multiplier of the head parameters",
+                                        check=at_least(0))
+    head_param_prefixes: tuple[str, ...] = setting(
+        HEAD_PARAM_PREFIXES, "top-level modules that are the head (fine-tuning groups)")
+    layer_lr_decay: float = setting(
+        1.0, "layer-wise LR decay ξ in (0, 1] (Clark et al. 2020): a parameter at depth d trains at "
+        "lr·ξ^(D-d); embeddings d=0, layer i d=i+1, heads D (1.0 = off; train.param_groups)",
+        check=lambda v: None if 0.0 < v <= 1.0 else "must lie in (0, 1] (1.0 = off; ELECTRA and "
+        "BEiT use 0.65–0.9)")
+    freeze_embeddings_steps: int = setting(
+        0, "the embeddings (depth 0) get no update for this many first optimizer updates "
+        "(ULMFiT-style; 0 = off)", check=at_least(0))
+    lora: LoraSettings = subsection(LoraSettings, "LoRA adapters (optimizer.lora.*)")
+
+
+_DEFAULTS = config_dict(section(OptimizerSettings)).to_dict()
 
 OPTIMIZER_PRESETS: dict[str, dict[str, Any]] = {
     # Vaswani et al. 2017 §5.3: Adam β = (0.9, 0.98), ε = 1e-9, eq. (3) with 4000 warmup steps.
@@ -122,21 +148,16 @@ OPTIMIZER_PRESETS: dict[str, dict[str, Any]] = {
 
 def default_optimizer_config(preset: str = "vaswani", **overrides) -> ml_collections.ConfigDict:
     """The ``optimizer`` config section: the defaults (Vaswani's Adam) updated by ``preset`` and
-    ``overrides``; the keys are described in `OPTIMIZER_KEY_DOCS`."""
+    ``overrides``; the keys are declared in `OptimizerSettings`."""
     if preset not in OPTIMIZER_PRESETS:
         raise ValueError(f"unknown optimizer preset {preset!r}; choose one of "
                          f"{sorted(OPTIMIZER_PRESETS)}")
     out = dict(_DEFAULTS, **OPTIMIZER_PRESETS[preset])
-    _check_keys(overrides)
+    unknown = sorted(set(overrides) - set(_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown optimizer config keys {unknown}; known keys: {sorted(_DEFAULTS)}")
     out.update(overrides)
     return ml_collections.ConfigDict(out)
-
-
-def _check_keys(cfg) -> None:
-    unknown = sorted(set(cfg.keys()) - set(_DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown optimizer config keys {unknown}; known keys: "
-                         f"{sorted(_DEFAULTS)}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -164,20 +185,6 @@ def param_labels(params: Any, head_prefixes: Sequence[str] = HEAD_PARAM_PREFIXES
 # ------------------------------------------------------------------------------------------------
 
 
-def _check_rates(cfg: ml_collections.ConfigDict) -> None:
-    """ValueError naming a learning rate (or Adam constant) that would train backwards or not at
-    all: a negative rate is gradient ascent, and optax accepts it silently."""
-    key = "scale" if cfg.schedule == "inverse_sqrt" else "peak_lr"
-    if not cfg[key] > 0:
-        raise ValueError(f"optimizer.{key}={cfg[key]} must be positive (the learning rate; a "
-                         "negative one climbs the loss)")
-    if cfg.end_lr < 0:
-        raise ValueError(f"optimizer.end_lr={cfg.end_lr} must be >= 0")
-    if not (0 <= cfg.b1 < 1 and 0 <= cfg.b2 < 1 and cfg.eps > 0):
-        raise ValueError(f"optimizer.b1={cfg.b1} and b2={cfg.b2} must lie in [0, 1) and "
-                         f"optimizer.eps={cfg.eps} be positive")
-
-
 def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """The gradient transformation and its (backbone) learning-rate schedule.
@@ -194,26 +201,17 @@ def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = N
       ``(tx, schedule)``; ``schedule(step)`` is the backbone learning rate at optax update count
       ``step`` (the head's is ``head_lr_multiplier`` times it).
     """
-    _check_keys(opt_cfg)
     cfg = ml_collections.ConfigDict(dict(_DEFAULTS, **dict(opt_cfg)))
-    if cfg.name != "adamw":
-        raise ValueError(f"unknown optimizer.name {cfg.name!r}; supported: ['adamw']")
-    if cfg.clip_norm < 0 or cfg.weight_decay < 0 or cfg.head_lr_multiplier < 0:
-        raise ValueError("optimizer.clip_norm, weight_decay and head_lr_multiplier must be ≥ 0, "
-                         f"got {cfg.clip_norm}, {cfg.weight_decay}, {cfg.head_lr_multiplier}")
-    _check_rates(cfg)
+    check_tree(section(OptimizerSettings), cfg, "optimizer.")  # each key: its declaration
     check_lora_config(cfg.lora)
     if cfg.lora.rank and cfg.freeze_backbone:
         raise ValueError("optimizer.lora.rank > 0 already freezes the base weights; unset "
                          "optimizer.freeze_backbone")
-    check_param_group_config(cfg.layer_lr_decay, cfg.freeze_embeddings_steps)
     if cfg.freeze_embeddings_steps and (cfg.lora.rank or cfg.freeze_backbone and not any(
             p in EMBEDDING_MODULES for p in cfg.head_param_prefixes)):
         raise ValueError(f"optimizer.freeze_embeddings_steps={cfg.freeze_embeddings_steps} has "
                          "nothing to freeze: optimizer.lora.rank > 0 / freeze_backbone already "
                          "keep the embeddings frozen; set it to 0")
-    if int(cfg.grad_accum_steps) < 1:
-        raise ValueError(f"optimizer.grad_accum_steps={cfg.grad_accum_steps} must be ≥ 1")
     schedule = make_schedule(cfg, d_model, total_steps)
     prefixes = tuple(cfg.head_param_prefixes)
     mult = float(cfg.head_lr_multiplier)
@@ -247,7 +245,7 @@ def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = N
 
 
 __all__ = [
-    "HEAD_PARAM_PREFIXES", "OPTIMIZER_KEY_DOCS", "OPTIMIZER_PRESETS", "default_optimizer_config",
+    "HEAD_PARAM_PREFIXES", "OptimizerSettings", "OPTIMIZER_PRESETS", "default_optimizer_config",
     "make_optimizer", "make_schedule", "decay_mask", "param_labels", "is_head", "map_params_by_path",
     "inverse_sqrt", "warmup_rsqrt", "warmup_cosine", "warmup_linear", "constant",
 ]

@@ -224,19 +224,6 @@ def freeze_embeddings(steps: int) -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
-def check_param_group_config(layer_lr_decay: Any, freeze_embeddings_steps: Any) -> None:
-    """ValueError naming the ``optimizer`` key when the decay is outside (0, 1] or the steps are not
-    an integer ≥ 0."""
-    if isinstance(layer_lr_decay, bool) or not isinstance(layer_lr_decay, int | float) \
-            or not 0.0 < layer_lr_decay <= 1.0:
-        raise ValueError(f"optimizer.layer_lr_decay={layer_lr_decay!r} must be a number in (0, 1] "
-                         "(1.0 = off; ELECTRA and BEiT use 0.65–0.9)")
-    steps = freeze_embeddings_steps
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"optimizer.freeze_embeddings_steps={steps!r} must be an integer ≥ 0 "
-                         "(0 = off)")
-
-
 def _paths(tree: Any) -> list[str]:
     paths: list[str] = []
     map_params_by_path(lambda p, x: paths.append(p) or x, tree)

@@ -1,14 +1,14 @@
 """Every key of a training config, with its value, its base default and its one-line description.
 
 ``python train.py --config configs/<name>.py --print_config`` prints `format_config`: one line per
-key of the completed config (`jaxformer.train.config.load_config`), e.g.::
+key of the completed config (`jaxformer.train.config.loading.load_config`), e.g.::
 
     data.seq_len     = 64  (base: 128)  # row length of inputs (tokens, framing included); …
     model.d_model    = 128  (base: unset = 512)  # width of the hidden states
     model.norm_eps   = None  (unset = 1e-06)  # epsilon of the norms
 
-The descriptions live where the keys are declared (`key_docs` gathers them); a key of
-`base_config` without one is a test failure, not a silent gap.
+Every description is the ``doc`` of the key's declaration (`jaxformer.train.config.schema`,
+`key_docs`): a key cannot be declared without one.
 """
 
 from __future__ import annotations
@@ -19,25 +19,7 @@ from typing import Any
 import ml_collections
 
 from jaxformer.config import ModelConfig
-from jaxformer.data.pipeline import DATA_KEY_DOCS
-from jaxformer.data.sources import SOURCE_KEY_DOCS
-from jaxformer.data.tokenizer import TOKENIZER_KEY_DOCS
-from jaxformer.objectives import OPTION_DOCS
-from jaxformer.train.config import KEY_DOCS, base_config
-from jaxformer.train.distill_config import DISTILL_KEY_DOCS
-from jaxformer.train.optim import OPTIMIZER_KEY_DOCS
-
-
-def key_docs() -> dict[str, str]:
-    """``{dotted key: one-line description}`` for every key a training config may have."""
-    def under(prefix: str, docs: dict[str, str]) -> dict[str, str]:
-        return {f"{prefix}.{k}": v for k, v in docs.items()}
-
-    model = {f.name: f.metadata["doc"] for f in dataclasses.fields(ModelConfig)}
-    return {**KEY_DOCS, **under("model", model), **under("objective", OPTION_DOCS),
-            **under("data", {**SOURCE_KEY_DOCS, **DATA_KEY_DOCS}),
-            **under("data.tokenizer", TOKENIZER_KEY_DOCS),
-            **under("optimizer", OPTIMIZER_KEY_DOCS), **under("distill", DISTILL_KEY_DOCS)}
+from jaxformer.train.config.schema import base_config, key_docs
 
 
 def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:

@@ -1,0 +1,132 @@
+"""Loading a training config: a ``configs/<name>.py`` file, overrides, and the absl ``--config`` flag.
+
+`load_config` reads ``get_config()`` of a config file, completes it from the schema
+(`jaxformer.train.config.schema.base_config`: a config that replaced a whole section gets every key
+back), applies ``{"a.b": value}`` overrides and locks it; `define_config_flag` does the same for
+``train.py --config <file> --config.a.b=value``. A key that does not exist is refused naming it,
+with the key meant (`HF_NAMES`, a close spelling). Values are checked by
+`jaxformer.train.config.validation.validate_config`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+from absl import flags
+from ml_collections import config_flags
+
+from jaxformer.train.config.schema import HF_NAMES, base_config
+
+
+def config_node(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, str]:
+    """(parent, leaf name) of the existing key ``dotted = "a.b.c"``; KeyError naming the first
+    missing part (overrides change keys, never add them) and the key meant: the key of the same
+    meaning (`HF_NAMES`, e.g. ``learning_rate``), else a close spelling (`difflib`)."""
+    parts = dotted.split(".")
+    node: Any = config
+    for i, part in enumerate(parts):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            where = ".".join(parts[:i]) or "the config"
+            close = difflib.get_close_matches(part, list(node.keys()) if isinstance(
+                node, ml_collections.ConfigDict) else [], n=1)
+            hint = f"; did you mean {'.'.join([*parts[:i], close[0]])!r}?" if close else ""
+            if part in HF_NAMES and HF_NAMES[part] != dotted:
+                hint = (f"; did you mean {HF_NAMES[part]!r}? (what Hugging Face calls "
+                        f"{part!r})")
+            raise KeyError(f"{dotted!r}: {where} has no key {part!r}{hint}")
+        if i < len(parts) - 1:
+            node = node[part]
+    return node, parts[-1]
+
+
+def set_key(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
+    """``config[a][b][c] = value`` for the existing key ``dotted = "a.b.c"`` (KeyError if absent)."""
+    parent, leaf = config_node(config, dotted)
+    parent[leaf] = value
+
+
+def complete_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Add to ``config`` (in place, and return it) every key `base_config()` declares that it lacks.
+
+    A config written as ``c.model = preset(...)`` replaces the declared ``model`` node with one holding
+    only the preset's fields, so ``--config.model.pooling=max`` would fail with a bare
+    ``AttributeError``; completed, it has every field again, typed placeholders included. Values the
+    config sets, its own field references and keys it added (refused later by `validate_config` if
+    unknown) are kept.
+    """
+    def fill(node: ml_collections.ConfigDict, declared: ml_collections.ConfigDict) -> None:
+        for key in declared.keys():
+            if key not in node:
+                node[key] = declared[key] if declared[key] is not None else declared.get_ref(key)
+            elif isinstance(node[key], ml_collections.ConfigDict) and isinstance(
+                    declared[key], ml_collections.ConfigDict):
+                fill(node[key], declared[key])
+
+    with config.unlocked():
+        fill(config, base_config())
+    return config
+
+
+def load_config(path: str | os.PathLike, overrides: Mapping[str, Any] | None = None
+                ) -> ml_collections.ConfigDict:
+    """The training config of a config file: ``get_config()`` of ``path`` (``"file.py:arg"``
+    passes ``arg`` to it), completed (`complete_config`), with ``overrides`` applied
+    (``{"model.num_layers": 2}``, `set_key`: KeyError naming a key the config lacks), and locked
+    (setting a key it lacks is an error, not a new key)."""
+    path = os.fspath(path)
+    file, _, arg = path.partition(":")
+    if os.path.isdir(file):
+        raise ValueError(f"config file {file!r} is a directory; give one of its config files "
+                         f"(e.g. {os.path.join(file, 'gpt_pretrain_tiny.py')!r})")
+    if not os.path.isfile(file):
+        raise ValueError(f"config file {file!r} does not exist")
+    name = "jaxformer_config_" + os.path.splitext(os.path.basename(file))[0]
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ValueError(f"{file}: get_config() returned a {type(config).__name__}, not an "
+                         "ml_collections.ConfigDict")
+    complete_config(config)
+    for key, value in (overrides or {}).items():
+        set_key(config, key, value)
+    config.lock()
+    return config
+
+
+def define_config_flag(name: str = "config", flag_values: Any = None,
+                       sys_argv: list[str] | None = None) -> Any:
+    """``config_flags.DEFINE_config_file`` whose file is read by `load_config` (so completed)
+    before the command-line overrides (``--config.model.num_layers=2``) are applied, then locked."""
+
+    class _LoadingParser(flags.ArgumentParser):
+        def __init__(self, inner: flags.ArgumentParser):
+            self.inner = inner  # ml_collections' own parser: names the flag type
+
+        def parse(self, path):
+            config = load_config(path)
+            for arg in sys.argv if sys_argv is None else sys_argv:  # name a misspelt key
+                if arg.startswith(f"--{name}."):                    # in one line
+                    try:
+                        config_node(config, arg[len(name) + 3:].split("=", 1)[0])
+                    except KeyError as e:
+                        raise ValueError(f"{arg}: {e.args[0]}") from None
+            return config
+
+        def flag_type(self):
+            return self.inner.flag_type()
+
+    flag_values = flags.FLAGS if flag_values is None else flag_values
+    holder = config_flags.DEFINE_config_file(
+        name, None, "Path to a configs/<name>.py file.", flag_values=flag_values, sys_argv=sys_argv)
+    flag_values[name].parser = _LoadingParser(flag_values[name].parser)
+    return holder
+
+

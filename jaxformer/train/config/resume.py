@@ -1,0 +1,69 @@
+"""Resuming a run: which keys of its saved config may differ from the current config.
+
+A run's ``<workdir>/config.json`` is compared with the config it resumes under (`check_resume`).
+What may change is derived from each key's declared kind: a ``model`` field of
+`jaxformer.config.resumable_fields` (training noise, initialisation, how the same function is
+computed) or any training key of kind ``RUN`` changes with a note in the log; the other model fields
+(the parameter tree, the function) and the keys of kind ``VOCABULARY`` (``data.tokenizer.*`` but
+``path``: the token ids) are refused, naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import ml_collections
+
+from jaxformer.config import ModelConfig, changed_fields, resumable_fields
+from jaxformer.objectives import get_objective
+from jaxformer.settings import VOCABULARY, settings_of_kind
+from jaxformer.train.config.schema import schema
+
+
+def _effective_data(flat_config: dict[str, Any]) -> dict[str, Any]:
+    """``data.task`` and an unset ``data.framing`` as the objective derives them, so a config.json
+    written when configs still stated them compares equal to today's config."""
+    out = {k: v for k, v in flat_config.items() if k != "data.task"}
+    objective = get_objective(flat_config.get("objective.name", "clm"))
+    if not out.get("data.framing") and objective.framing:
+        out["data.framing"] = objective.framing
+    return out
+
+
+def check_resume(run_config: dict, config: ml_collections.ConfigDict) -> list[str]:
+    """Compare the ``config.json`` a workdir's checkpoints were written with to the current config.
+
+    Raises ValueError naming the fields when the model (other than `resumable_fields`) or the
+    keys of kind ``VOCABULARY`` differ (the checkpoint could not be restored, or would be read with
+    other token ids); returns a note for every other changed key (e.g. ``num_train_steps``: the schedule
+    is stretched; ``data.tokenizer.path``: a resumed run reads its own, checksummed tokenizer).
+    """
+    def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+        if not isinstance(tree, dict):
+            return {prefix[:-1]: tree}
+        return {k: v for key, sub in tree.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
+
+    current = json.loads(json.dumps(config.to_dict(), default=str))  # as config.json stores it
+    now, before = _effective_data(flat(current)), _effective_data(flat(run_config))
+    old_model, new_model = (ModelConfig.from_dict(c["model"]) for c in (run_config, current))
+    changed = [k for k in sorted(set(now) | set(before))
+               if not k.startswith("model.") and before.get(k) != now.get(k)]
+    fixed = changed_fields(old_model, new_model, (f.name for f in dataclasses.fields(ModelConfig)
+                                                  if f.name not in resumable_fields()))
+    vocabulary = set(settings_of_kind({k: v for k, v in schema().items() if k != "model"},
+                                      VOCABULARY))
+    fixed += [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed if k in vocabulary]
+    if fixed:
+        raise ValueError("this workdir holds checkpoints of a different model or tokenizer; "
+                         f"changed: {'; '.join(fixed)}. Use a new --workdir (or "
+                         "--config.init_from=<this workdir> to fine-tune from it)")
+    notes = changed_fields(old_model, new_model, resumable_fields())
+    for k in changed:
+        note = f"{k}: {before.get(k)!r} -> {now.get(k)!r}"
+        if k == "num_train_steps":
+            note += (" (the learning-rate schedule is recomputed for the new length, so it differs "
+                     "from the one trained so far)")
+        notes.append(note)
+    return notes

@@ -1,0 +1,214 @@
+"""The training config's schema: every section and key, declared once with type, default, doc, check.
+
+The sections are declared where the code that reads them lives, and assembled here (`schema`):
+
+- top level: `RunSettings` (here), read by the trainer;
+- ``model``: `jaxformer.config.ModelConfig`, every field unset (a pretrained model's value, else
+  ModelConfig's default) and checked by `ModelConfig.from_dict`;
+- ``objective``: `ObjectiveSettings` (here) and each objective's options, declared beside it and
+  gathered by `jaxformer.objectives.option_settings`;
+- ``data``: `jaxformer.data.pipeline.DataSettings`, which holds the sources' keys
+  (`jaxformer.data.sources.SourceSettings`) and ``data.tokenizer``
+  (`jaxformer.data.tokenizer.TokenizerSettings`);
+- ``optimizer``: `jaxformer.train.optim.OptimizerSettings`, with ``optimizer.lora``
+  (`jaxformer.models.lora.LoraSettings`);
+- ``checkpoint``, ``eval``, ``mesh``: `CheckpointSettings`, `EvalSettings`, `MeshSettings` (here),
+  read by the checkpoint writer, the training loop's evaluation and `jaxformer.parallel`;
+- ``distill``: `jaxformer.train.distill_config.DistillSettings`.
+
+From this one tree come `base_config` (the ConfigDict every ``configs/<name>.py`` starts from, so
+``--config.<key>=…`` can set any key), `check_schema` (an unknown key, a wrong type or a value its
+check refuses: ``ValueError`` naming the key, before compilation), `key_docs` (``--print_config``)
+and the keys a resumed run may not change (kind ``VOCABULARY``, `jaxformer.train.config.resume`).
+A new training option is one `jaxformer.settings.setting` line in its section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+
+from jaxformer.config import ModelConfig
+from jaxformer.data.pipeline import DataSettings
+from jaxformer.objectives import OBJECTIVES, option_settings
+from jaxformer.settings import (
+    Setting,
+    at_least,
+    check_tree,
+    config_dict,
+    docs,
+    merge,
+    one_of,
+    positive,
+    section,
+    setting,
+)
+from jaxformer.train.distill_config import DistillSettings
+from jaxformer.train.nonfinite import POLICIES
+from jaxformer.train.optim import OptimizerSettings
+
+PARALLEL_MODES = ("jit", "shard_map", "pmap")  # see jaxformer.parallel: which to use and why
+MODULE_APIS = ("linen", "nnx")
+# Keys a config (or an old run's config.json) may still hold that the schema no longer declares,
+# with where they are checked instead.
+LEGACY_KEYS = {"data.task": "derived from objective.name; jaxformer.objectives.check_data_task"}
+
+
+# Names a user of Hugging Face's Trainer (TrainingArguments, run_glue.py, run_translation.py) may
+# type, and the key that means the same here: offered (before a close spelling) for an unknown key.
+HF_NAMES = {"learning_rate": "optimizer.peak_lr", "lr": "optimizer.peak_lr",
+            "max_steps": "num_train_steps", "num_labels": "model.num_classes",
+            "max_seq_length": "data.seq_len", "max_source_length": "data.seq_len",
+            "max_target_length": "data.target_len", "per_device_train_batch_size": "data.batch_size",
+            "batch_size": "data.batch_size", "warmup": "optimizer.warmup_steps",
+            "warmup_steps": "optimizer.warmup_steps", "weight_decay": "optimizer.weight_decay",
+            "max_grad_norm": "optimizer.clip_norm", "label_smoothing_factor":
+            "objective.label_smoothing", "eval_steps": "eval.every_steps",
+            "save_steps": "checkpoint.every_steps", "save_total_limit": "checkpoint.keep",
+            "logging_steps": "log_every_steps", "metric_for_best_model": "checkpoint.best_metric",
+            "gradient_accumulation_steps": "optimizer.grad_accum_steps",
+            "model_name_or_path": "init_from", "num_beams": "eval.generate_beam_size",
+            "validation_split_percentage": "data.validation_from_train"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """The top-level keys of the training config (the sections are `schema`'s)."""
+
+    name: str = setting("run", "the run's name (shown in logs)")
+    seed: int = setting(0, "parameters, dropout, masking and data order all derive from it")
+    num_train_steps: int = setting(
+        1000, "optimizer updates to run (a resumed run continues up to this number)", check=positive)
+    init_from: str = setting(
+        "", "'' | a pretraining workdir | a checkpoint step dir | a Hugging Face model dir")
+    # unset, not 0 / False: runs written before these keys existed resume without a note
+    init_from_step: int | None = setting(
+        None, "the step of an init_from run to read (unset or 0: the latest)", check=at_least(0))
+    init_from_best: bool | None = setting(None, "read init_from's best step by its checkpoint.best_metric")
+    parallel: str = setting(
+        "jit", "'jit' (sharded over the mesh), 'shard_map' or 'pmap' (data parallel, replicated "
+        "state)", check=one_of(*PARALLEL_MODES))
+    module_api: str = setting(
+        "linen", "'linen' (jaxformer.models) or 'nnx' (jaxformer.nnx): same parameters, same "
+        "computation", check=one_of(*MODULE_APIS))
+    log_every_steps: int = setting(50, "metrics.jsonl / TensorBoard cadence", check=positive)
+    nonfinite: str = setting(
+        "stop", "'stop' at the first non-finite loss or grad norm, or 'skip' the update",
+        check=one_of(*POLICIES))
+    nonfinite_limit: int = setting(
+        10, "with nonfinite='skip': stop after this many non-finite steps in a row", check=at_least(1))
+    progress_bar: bool | None = setting(
+        None, "tqdm progress bar: unset = only when stderr is a terminal (none in a redirected log), "
+        "true = always, false = never")
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSettings:
+    """The ``objective`` keys every objective reads; each objective's own options are declared
+    beside it and gathered by `jaxformer.objectives.option_settings`."""
+
+    name: str = setting(
+        "clm", f"one of {', '.join(sorted(OBJECTIVES))}; decides the data task and the usual framing")
+    label_smoothing: float = setting(
+        0.0, "label smoothing of the training cross-entropy (not of evaluation)",
+        check=lambda v: None if 0.0 <= v < 1.0 else "must lie in [0, 1)")
+    z_loss: float = setting(0.0, "weight of the z-loss log(Z)^2 on the output logits (PaLM)",
+                            check=at_least(0))
+    decoder_start_id: int = setting(
+        0, "encoder_decoder: the first decoder input id (T5: pad = 0; a Hugging Face init_from's "
+        "decoder_start_token_id, e.g. BART's 2, replaces the default 0)", check=at_least(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+    """``config.checkpoint``: when checkpoints are written and which are kept."""
+
+    every_steps: int = setting(
+        500, "save a checkpoint every this many steps (and at the last step)", check=positive)
+    keep: int = setting(
+        3, "the latest this many checkpoints are kept (plus the best by best_metric)", check=positive)
+    best_metric: str = setting(
+        "", "also keep the best checkpoint by this logged metric, e.g. 'eval_loss' ('' = none)")
+    best_mode: str = setting("min", "'min' or 'max': which value of best_metric is best",
+                             check=one_of("min", "max"))
+    async_save: bool = setting(True, "write checkpoints in the background while training goes on")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """``config.eval``: evaluation during training (the ``generate_*`` keys together:
+    `jaxformer.evaluation.decoding.check_generation`)."""
+
+    every_steps: int = setting(
+        500, "evaluate every this many steps (and at the last step)", check=positive)
+    num_batches: int = setting(
+        20, "batches of eval.split per evaluation (0 = no evaluation)", check=at_least(0))
+    split: str = setting("validation", "the split evaluated during training: 'validation' or 'test'")
+    generate_examples: int = setting(
+        0, "decode the first N examples of eval.split at each evaluation and log eval_bleu / "
+        "eval_chrf / eval_exact_match (0 = off; seq2seq, sft, clm)")
+    generate_max_new_tokens: int = setting(
+        0, "tokens generated per example in that scoring (0 = data.target_len)")
+    generate_strategy: str = setting("greedy", "decoding for that scoring: 'greedy' or 'beam'")
+    generate_beam_size: int = setting(4, "beams when eval.generate_strategy='beam'")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSettings:
+    """``config.mesh``: the device mesh (`jaxformer.parallel`)."""
+
+    data: int = setting(-1, "data-parallel mesh axis size (-1 = the devices the other axes leave)")
+    fsdp: int = setting(1, "FSDP mesh axis size (parameters sharded over it)")
+    context: int = setting(
+        1, "context-parallel mesh axis size: the sequence split over it, attention as zig-zag ring "
+        "attention (data.seq_len / target_len multiples of 2×context)")
+    tensor: int = setting(1, "tensor-parallel mesh axis size")
+    dcn_data: int = setting(
+        1, "slices (TPU multi-slice, over the data-center network) along mesh.data; mesh.data, "
+        "mesh.fsdp and mesh.tensor are then sizes within one slice")
+    dcn_fsdp: int = setting(1, "slices along mesh.fsdp (FSDP across slices: its gathers cross the DCN)")
+
+
+def model_settings() -> dict[str, Setting]:
+    """``model``: every `ModelConfig` field, unset (None): a field left unset takes the pretrained
+    model's value when ``init_from`` is given (a run's ``config.json`` or a Hugging Face
+    ``config.json``), else `ModelConfig`'s default; so the same config fine-tunes the same from a run
+    and from its Hugging Face export. `ModelConfig.validate` checks the values."""
+    return {k: dataclasses.replace(s, type=s.type | None, default=None)
+            for k, s in section(ModelConfig).items()}
+
+
+def schema() -> dict[str, Any]:
+    """The tree of every training-config key (`jaxformer.settings`): the run keys and sections."""
+    return {**section(RunSettings), "model": model_settings(),
+            "objective": merge(section(ObjectiveSettings), option_settings(), where="objective."),
+            "data": section(DataSettings), "optimizer": section(OptimizerSettings),
+            "checkpoint": section(CheckpointSettings), "eval": section(EvalSettings),
+            "mesh": section(MeshSettings), "distill": section(DistillSettings)}
+
+
+def model_defaults() -> ml_collections.ConfigDict:
+    """``config.model`` declaring every `ModelConfig` field as a typed placeholder (None = not set),
+    so that ``--config.model.<field>=…`` can set any of them. Configs fill it with
+    ``c.model.update(preset(...))``, which keeps the declarations and their types."""
+    return config_dict(model_settings())
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """All keys with defaults (``model``: declared, unset); configs override them."""
+    return config_dict(schema())
+
+
+def key_docs() -> dict[str, str]:
+    """``{dotted key: one-line description}`` for every key a training config may have."""
+    return docs(schema())
+
+
+def check_schema(config: Any) -> None:
+    """ValueError naming the first key of ``config`` (a ConfigDict or its dict) that the schema does
+    not declare (with the key meant: `HF_NAMES`, else a close spelling), whose value has the wrong
+    type, or that its setting's check refuses. `LEGACY_KEYS` are left to their own checks."""
+    meant = {k: f"; did you mean {v!r}? (what Hugging Face calls {k!r})" for k, v in HF_NAMES.items()}
+    check_tree(schema(), config, skip=lambda dotted: dotted in LEGACY_KEYS, meant=meant)

@@ -1,0 +1,164 @@
+"""Validating a training config before anything is read or compiled: each key alone, then the rules
+between keys and sections.
+
+`validate_config` (and `check_config`, which the trainer runs on the config resolved against its
+``init_from``) first checks every key against the schema (`jaxformer.train.config.schema
+.check_schema`: unknown keys, types, each setting's own check), then the cross-field rules: the
+model (`ModelConfig`), the objective and its options against the model, the data against the
+model, distillation, in-training generation, the mesh and the optimizer. Every error is a
+``ValueError`` naming the key, its value and what would be right.
+
+Three things are configs; the code names them apart: ``config`` is this training config (an
+``ml_collections.ConfigDict``), ``model_cfg`` the `jaxformer.config.ModelConfig` read from its
+``model`` section, ``run_config`` the training config a run saved (``<workdir>/config.json``, a
+plain dict), and ``hf_config`` a Hugging Face model's ``config.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import ml_collections
+import optax
+
+from jaxformer.config import ModelConfig
+from jaxformer.data.pipeline import check_data_config
+from jaxformer.data.sources import list_option
+from jaxformer.evaluation.decoding import check_generation
+from jaxformer.objectives import check_objective, get_objective
+from jaxformer.objectives.cloze import check_cloze_config, predicts_labels
+from jaxformer.objectives.permutation import check_plm_model
+from jaxformer.objectives.scheduled_sampling import check_scheduled_sampling
+from jaxformer.ops.attention_kernels import check_backend
+from jaxformer.train.config.schema import check_schema
+from jaxformer.train.distill_config import check_distill
+from jaxformer.train.optim import make_optimizer
+
+
+def with_derived_model_fields(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``config``, or a copy of it with ``model.num_classes = len(data.label_names)`` when it
+    classifies (``objective.name``), names its labels and leaves ``model.num_classes`` unset (a
+    stated value is kept: `check_config` refuses one smaller than the labels)."""
+    names = list_option(config.data, "label_names")
+    if (not names or config.model.get("num_classes") is not None
+            or get_objective(config.objective.name).data_task != "classify"):
+        return config
+    derived = copy.deepcopy(config)
+    with derived.unlocked():
+        derived.model.num_classes = len(names)
+    return derived
+
+
+def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
+    """Check the whole config up front (its derived fields filled, `with_derived_model_fields`);
+    returns the validated ModelConfig.
+
+    Raises ValueError naming the offending field.
+    """
+    check_schema(config)
+    config = with_derived_model_fields(config)
+    model_cfg = ModelConfig.from_dict(config.model)
+    check_config(config, model_cfg)
+    return model_cfg
+
+
+def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
+                 resolved: bool = False) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """Check ``config`` for ``model_cfg`` (ValueError naming the field), before the tokenizer is
+    trained or any data is read; returns the optimizer and its schedule, built on the way (their
+    errors name the ``optimizer`` field). ``resolved``: ``config`` was resolved against its
+    ``init_from`` (`jaxformer.train.setup.resolve_config`), so a tokenizer it names no path for is
+    one to be trained."""
+    check_schema(config)  # each key alone; the rules between keys follow
+    sharded = {a: config.mesh.get(a, 1) for a in ("fsdp", "context", "tensor")
+               if config.mesh.get(a, 1) != 1}
+    if config.parallel != "jit" and sharded:
+        raise ValueError(f"parallel={config.parallel!r} is data parallel only (replicated state), "
+                         f"so {', '.join(f'mesh.{a}={v}' for a, v in sharded.items())} would be "
+                         "ignored; use parallel='jit' for FSDP / context / tensor parallelism")
+    check_context_parallel(config, model_cfg)
+    check_objective(config.objective)
+    check_plm_model(config.objective, model_cfg)
+    check_cloze_config(config, model_cfg)
+    check_scheduled_sampling(config.objective)
+    check_distill(config)
+    check_generation(config, model_cfg)
+    check_backend(model_cfg.attention_impl)  # e.g. cudnn without a CUDA GPU, before compiling
+    optimizer = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
+    if config.optimizer.get("lora", {}).get("rank") and (not config.init_from
+                                                          or config.parallel != "jit"):
+        raise ValueError("optimizer.lora.rank > 0 adapts the weights of init_from (set it) and "
+                         f"trains with parallel='jit' (got {config.parallel!r})")
+    _check_data(config, model_cfg, resolved)
+    accum = config.optimizer.get("grad_accum_steps", 1)
+    if config.data.batch_size % accum:
+        raise ValueError(f"data.batch_size={config.data.batch_size} must be divisible by "
+                         f"optimizer.grad_accum_steps={accum}")
+    return optimizer
+
+
+def check_context_parallel(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> None:
+    """``mesh.context > 1`` (`jaxformer.parallel.context`): what ring attention cannot run,
+    refused naming the field, before compilation."""
+    n = int(config.mesh.get("context", 1))
+    if n == 1:
+        return
+    name = f"mesh.context={n}"
+    if model_cfg.attention_impl not in ("xla", "chunked"):
+        raise ValueError(f"{name} runs attention as ring attention, whose blocks are XLA matmuls; "
+                         f"model.attention_impl={model_cfg.attention_impl!r} cannot run inside it: "
+                         "use 'xla' or 'chunked'")
+    if model_cfg.attention_dropout_rate:
+        raise ValueError(f"{name}: ring attention has no attention dropout; set "
+                         f"model.attention_dropout_rate=0.0 (got {model_cfg.attention_dropout_rate})")
+    if model_cfg.permutation_lm:
+        raise ValueError(f"{name}: XLNet's two-stream attention (model.permutation_lm) uses dense "
+                         "masks that ring attention does not take; use mesh.context=1")
+    if n < 1:
+        return  # -1: the size depends on the devices; the lengths are checked when tracing
+    lengths = {"seq_len": config.data.seq_len}
+    if model_cfg.family == "encoder_decoder":
+        lengths["target_len"] = config.data.target_len
+    for key, length in lengths.items():
+        if length % (2 * n):
+            raise ValueError(f"data.{key}={length} is not divisible by 2 × {name} = {2 * n}: ring "
+                             f"attention's zig-zag order cuts the sequence into {2 * n} chunks; "
+                             f"use a multiple of {2 * n}")
+
+
+def check_vocabulary(num_ids: int, model_cfg: ModelConfig, tokenizer: str) -> None:
+    """A tokenizer of ``num_ids`` ids (described by ``tokenizer``) fits the model's embedding table
+    (else JAX would clamp the ids past its end)."""
+    if num_ids > model_cfg.vocab_size:
+        raise ValueError(f"{tokenizer} exceeds model.vocab_size={model_cfg.vocab_size}: the model "
+                         f"has no embedding for its ids above that; set model.vocab_size >= "
+                         f"{num_ids}")
+
+
+def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig, resolved: bool) -> None:
+    """The data section, and how it fits the model: row lengths within a learned position table,
+    string labels within the classifier's classes, a tokenizer to be trained within the vocabulary
+    (one read from a file is checked when it is read)."""
+    data = config.data
+    check_data_config(data, objective=config.objective)
+    if model_cfg.position == "learned":
+        lengths = {"seq_len": data.seq_len}
+        if model_cfg.family == "encoder_decoder":
+            lengths["target_len"] = data.target_len
+        for key, n in lengths.items():
+            if n > model_cfg.max_len:
+                raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
+                                 f"learned position table; lower data.{key} or raise model.max_len")
+    pairs = config.objective.get("sentence_pairs", "none")  # the pair label needs its head
+    if pairs != "none" and (not model_cfg.nsp_head or model_cfg.type_vocab_size < 2):
+        raise ValueError(f"objective.sentence_pairs={pairs!r} trains on [CLS] A [SEP] B [SEP] rows "
+                         f"with a pair label: set model.nsp_head=True (got {model_cfg.nsp_head}) "
+                         f"and model.type_vocab_size=2 (got {model_cfg.type_vocab_size})")
+    tok = data.tokenizer
+    if not tok.get("path") and (resolved or not config.init_from):  # else init_from's may be used
+        check_vocabulary(tok.vocab_size, model_cfg, f"data.tokenizer.vocab_size={tok.vocab_size}")
+    names = list_option(data, "label_names")
+    if (names and predicts_labels(model_cfg, config.objective.name)
+            and len(names) > model_cfg.num_classes):
+        raise ValueError(f"data.label_names has {len(names)} labels {names} but model.num_classes="
+                         f"{model_cfg.num_classes}; set model.num_classes={len(names)}")
