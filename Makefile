@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml | $(PY)
 install: $(STAMP)
 
 # The demo is demo/ in this source tree (not part of the installed package): run from the root.
-# Each init fine-tunes at the learning rate the full search chose (demo.common.CHOSEN_LR, from
+# Each init fine-tunes at the learning rate the full search chose (demo.settings.CHOSEN_LR, from
 # `python -m demo`, the longer command whose report is demo_results/full_search/).
 # One regime per family (BERT: 250 labels; the longer command adds 1,000), so that the demo fits
 # 20 minutes on the slower 2-core machines (docs/demo.md).

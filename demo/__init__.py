@@ -15,7 +15,7 @@ Writes ``demo_results/results.json``, ``results.md`` and ``curves.png``. `run_de
 from Python, with config overrides (tests run it with tiny models).
 """
 
-from demo.common import DemoSettings
 from demo.main import FAMILIES, run_demo
+from demo.settings import DemoSettings
 
 __all__ = ["DemoSettings", "FAMILIES", "run_demo"]

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 
 from demo import FAMILIES, DemoSettings, run_demo
-from demo.common import BERT_HEAD_CONFIGS, DEMO_CONFIGS, parse_overrides
+from demo.configs import BERT_HEAD_CONFIGS, DEMO_CONFIGS, parse_overrides
 
 # The regimes of ``--full`` (0: the whole training split).
 FULL = {"gpt_sizes": (500, 2000, 8000), "bert_sizes": (250, 1000, 0),
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
                         "example); repeatable")
     p.add_argument("--no_tune", action="store_true",
                    help="skip the learning-rate search: each init uses the rate the search chose "
-                        "for the regime, demo.common.CHOSEN_LR (`make demo`: the Makefile's "
+                        "for the regime, demo.settings.CHOSEN_LR (`make demo`: the Makefile's "
                         "DEMO_ARGS)")
     p.add_argument("--bert_head", choices=sorted(BERT_HEAD_CONFIGS),
                    default=DemoSettings.bert_head,

@@ -16,24 +16,11 @@ import hashlib
 from pathlib import Path
 
 from demo.baselines import ngram_logistic_regression
-from demo.common import (
-    BERT_HEAD_CONFIGS,
-    DemoSettings,
-    Overrides,
-    banner,
-    best_step,
-    checkpoint_params,
-    count_params,
-    curve,
-    evaluate_split,
-    pretrain_config,
-    regime_config,
-    saved_steps,
-    scale_budget,
-    train_run,
-    write_jsonl,
-)
 from demo.compare import compare_inits
+from demo.configs import BERT_HEAD_CONFIGS, Overrides, pretrain_config, regime_config, scale_budget
+from demo.output import banner, curve, write_jsonl
+from demo.runs import best_step, checkpoint_params, count_params, evaluate_split, saved_steps, train_run
+from demo.settings import DemoSettings
 from demo.stats import fmt
 from jaxformer.data.builders.base import SPLITS
 from jaxformer.data.sources import get_source

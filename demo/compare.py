@@ -22,7 +22,9 @@ from pathlib import Path
 
 import ml_collections
 
-from demo.common import DemoSettings, banner, train_run
+from demo.output import banner
+from demo.runs import train_run
+from demo.settings import DemoSettings
 from demo.stats import compare
 
 INITS = ("pretrained", "scratch")

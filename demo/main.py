@@ -16,14 +16,11 @@ from absl import logging
 
 from demo import report
 from demo.bert import run_bert
-from demo.common import (
-    DemoSettings,
-    Overrides,
-    banner,
-    start_clock,
-    xla_denormal_check,
-)
+from demo.configs import Overrides
 from demo.gpt import run_gpt
+from demo.machine import xla_denormal_check
+from demo.output import banner, start_clock
+from demo.settings import DemoSettings
 from demo.t5 import run_t5
 
 RUNNERS = {"gpt": run_gpt, "bert": run_bert, "t5": run_t5}  # in the order they run

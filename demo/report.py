@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from demo.common import curve
+from demo.output import curve
 from demo.stats import fmt
 
 # family: (metric, scale, digits, higher is better, regime unit)
@@ -131,7 +131,7 @@ def markdown(results: dict) -> str:
              "parameters, dropout, data order); both inits share the tokenizer, the labelled "
              "data, the steps and the evaluation, and each init has its own learning rate, "
              + ("chosen on validation in this run." if s["tune"] else
-                "the one an earlier search chose (`demo.common.CHOSEN_LR`, `--no_tune`).")
+                "the one an earlier search chose (`demo.settings.CHOSEN_LR`, `--no_tune`).")
              + " Test figures come from the checkpoint with the best validation metric.", "",
              "## Goals", "", "| goal | measured | reached |", "|---|---|---|"]
     lines += [f"| {g} | {m} | {'yes' if ok else '**no**'} |" for g, m, ok in goals(results)]

@@ -20,21 +20,11 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from demo.common import (
-    DemoSettings,
-    Overrides,
-    banner,
-    best_step,
-    checkpoint_params,
-    count_params,
-    pretrain_config,
-    regime_config,
-    saved_steps,
-    scale_budget,
-    train_run,
-    write_jsonl,
-)
 from demo.compare import compare_inits
+from demo.configs import Overrides, pretrain_config, regime_config, scale_budget
+from demo.output import banner, write_jsonl
+from demo.runs import best_step, checkpoint_params, count_params, saved_steps, train_run
+from demo.settings import DemoSettings
 from demo.stats import fmt
 from jaxformer.data.builders.base import SPLITS
 from jaxformer.data.sources import get_source

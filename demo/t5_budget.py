@@ -21,15 +21,10 @@ import json
 import sys
 from pathlib import Path
 
-from demo.common import (
-    DemoSettings,
-    Overrides,
-    banner,
-    load_config,
-    parse_overrides,
-    start_clock,
-    train_run,
-)
+from demo.configs import Overrides, load_config, parse_overrides
+from demo.output import banner, start_clock
+from demo.runs import train_run
+from demo.settings import DemoSettings
 from demo.t5 import (
     bleu_curve,
     decode_test,

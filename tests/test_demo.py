@@ -13,9 +13,10 @@ import pytest
 from demo import DemoSettings, run_demo
 from demo.__main__ import main
 from demo.bert import low_resource_records, sentiment_records
-from demo.common import CHOSEN_LR, LR_GRID, chosen_lr, load_config, parse_overrides
 from demo.compare import choose
+from demo.configs import load_config, parse_overrides
 from demo.report import goals, headline
+from demo.settings import CHOSEN_LR, LR_GRID, chosen_lr
 from demo.stats import compare, mean_se
 from jaxformer.data.sources import get_source
 
