@@ -1,61 +1,11 @@
 """Train any family: ``python train.py --config configs/gpt_pretrain_tiny.py --workdir runs/gpt``.
 
-Override any config key on the command line, e.g. ``--config.num_train_steps=200
---config.model.num_layers=2 --config.init_from=runs/gpt``. Rerunning the same command resumes from
-the latest checkpoint in the workdir.
-
-List every config key with its value, its base default and a one-line description (then exit,
-training nothing): ``python train.py --config configs/<name>.py --print_config`` (overrides
-included, e.g. ``--config.data.seq_len=64``).
+The command line is `jaxformer.cli.train` (also ``python -m jaxformer.cli.train`` and, installed,
+``jaxformer-train``): its docstring lists the flags, overrides (``--config.x=y``), resuming and
+``--print_config``.
 """
 
-import sys
-
-import jax
-from absl import app, flags, logging
-
-from jaxformer.checkpoint import SaveFailed
-from jaxformer.checkpoint.lock import WorkdirBusy
-from jaxformer.compilation_cache import enable_compilation_cache
-from jaxformer.parallel.distributed import await_lost_peer, maybe_initialize_distributed
-from jaxformer.train.config import define_config_flag
-from jaxformer.train.config.printing import format_config
-from jaxformer.train.loop import Trainer
-
-define_config_flag("config")
-flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer "
-                    "(required unless --print_config).")
-flags.DEFINE_bool("print_config", False, "Print every key of the config (value, base default, "
-                  "description; overrides applied) and exit without training.")
-flags.mark_flag_as_required("config")
-
-
-def main(argv):
-    del argv
-    if flags.FLAGS.print_config:
-        print(format_config(flags.FLAGS.config))
-        return
-    if flags.FLAGS.workdir is None:
-        sys.exit("train.py: error: --workdir is required (or --print_config to list the keys)")
-    logging.set_verbosity(logging.WARNING)  # Orbax/Grain log every file operation at INFO
-    enable_compilation_cache()  # a rerun skips XLA compilation (jaxformer.compilation_cache)
-    maybe_initialize_distributed()
-    try:
-        try:  # a bad config, input, or checkpoint, or a busy workdir, found during set-up: the
-            trainer = Trainer(flags.FLAGS.config, flags.FLAGS.workdir)  # message names it
-        except (ValueError, FileNotFoundError, WorkdirBusy) as e:
-            sys.exit(f"train.py: error: {e}")
-        try:
-            metrics = trainer.run()
-        except (FloatingPointError, SaveFailed) as e:  # the nonfinite policy stopped the run (or
-            sys.exit(f"train.py: error: {e}")  # a NaN checkpoint), or a save failed
-    except jax.errors.JaxRuntimeError:  # with several processes: a collective whose peer died?
-        await_lost_peer()  # if so, the watchdog ends the process with one line naming it
-        raise
-    print({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
-    if "preempted_at_step" in metrics:
-        sys.exit(128 + 15)  # "terminated by SIGTERM", after the checkpoint: not a finished run
-
+from jaxformer.cli.train import run
 
 if __name__ == "__main__":
-    app.run(main)
+    run()

@@ -1,9 +1,10 @@
-"""Compile the trainer's real step for an accelerator topology this machine does not have.
+"""Compile the trainer's real step for an accelerator topology this machine does not have
+(`compile_report`); its command line is `jaxformer.cli.compile`:
 
-    python -m jaxformer.compile --preset gpt2_medium_bf16 --topology v5p:4x4x4 --mesh fsdp=64
-    python -m jaxformer.compile --config configs/gpt_pretrain_tiny.py --topology v5e:2x2 \\
+    python -m jaxformer.cli.compile --preset gpt2_medium_bf16 --topology v5p:4x4x4 --mesh fsdp=64
+    python -m jaxformer.cli.compile --config configs/gpt_pretrain_tiny.py --topology v5e:2x2 \\
         --config.mesh.fsdp=4 --config.model.attention_impl=splash
-    python -m jaxformer.compile --preset t5_base_bf16 --topology v5e:2x2 --num_slices 2 \\
+    python -m jaxformer.cli.compile --preset t5_base_bf16 --topology v5e:2x2 --num_slices 2 \\
         --mesh dcn_data=2,fsdp=4 --json t5.json
 
 The step is the one `train.py` runs — same config resolution and checks, mesh rules, optimizer,
@@ -11,7 +12,7 @@ remat, scan, attention implementation, objective and gradient accumulation (`jax
 `_setup`) — lowered from abstract inputs onto compile-only devices of the topology
 (`jaxformer.parallel.topology`: libtpu on a CPU host, as MaxText's ``train_compile``). Nothing is
 allocated. Kernel choices are checked against the topology's platform, not this machine's. The
-report (a table, then one JSON line):
+report (the CLI prints a table, then one JSON line):
 
 * compile time;
 * per-chip HBM from XLA's buffer assignment — arguments (state + batch), temporaries, outputs
@@ -33,15 +34,12 @@ to change (exit status 1).
 from __future__ import annotations
 
 import math
-import os
 import re
-import sys
 
 import numpy as np
-from absl import app, flags, logging
 
-from jaxformer.parallel.topology import Topology, parse_topology
-from jaxformer.plan import _config, compile_on_topology, compiled_cost, compiled_memory, emit, plan
+from jaxformer.parallel.topology import Topology
+from jaxformer.plan import compile_on_topology, compiled_cost, compiled_memory, plan
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
@@ -166,73 +164,13 @@ def refusal(report: dict) -> str | None:
            if largest.startswith("state") else
            "model.remat_policy='full' (or 'dots'), a smaller data.batch_size with "
            "optimizer.grad_accum_steps, or more chips on the batch axes")
-    return (f"does not fit {report['chip']}: {_gib(m['peak_estimate'])} per chip of "
-            f"{_gib(cap)} ({largest} {_gib(parts[largest])} is the largest part); try {fix}")
+    return (f"does not fit {report['chip']}: {gib(m['peak_estimate'])} per chip of "
+            f"{gib(cap)} ({largest} {gib(parts[largest])} is the largest part); try {fix}")
 
 
-def _gib(x: float) -> str:
+def gib(x: float) -> str:
+    """``x`` bytes in GiB, two decimals."""
     return f"{x / 2**30:.2f} GiB"
 
 
-def format_report(r: dict) -> str:
-    mesh = " ".join(f"{a}={s}" for a, s in r["mesh"].items())
-    m, roof = r["memory"], r["roofline"]
-    rows = [f"compiled {r['name']} ({r['family']}) for {r['topology']}"
-            f"{f' × {r['num_slices']} slices' if r['num_slices'] > 1 else ''} ({r['chip']}, "
-            f"{r['devices']} chips), mesh {mesh}, batch {r['batch']} × {r['seq_len']}, "
-            f"in {r['compile_s']:.1f} s",
-            f"  per chip: arguments {_gib(m['argument_size'])}, temporaries {_gib(m['temp_size'])}, "
-            f"outputs {_gib(m['output_size'] - m['alias_size'])}; total {_gib(m['peak_estimate'])}"
-            f" of {_gib(r['hbm_capacity'])} ({m['peak_estimate'] / r['hbm_capacity']:.0%})",
-            f"  model FLOPs / step {r['model_flops_per_step']:.4e}"
-            f" ({r['model_flops_per_step'] / r['devices']:.4e} per chip)"
-            + (f"; XLA per chip: {r['xla']['flops']:.4e} FLOPs" if "flops" in r["xla"] else "")
-            + (f", {r['xla']['bytes'] / 2**30:.2f} GiB accessed" if "bytes" in r["xla"] else ""),
-            "  collectives (instructions in the program, bytes of their results):"]
-    for kind, c in r["collectives"].items():
-        if c["count"]:
-            dcn = (f"   (across slices: {c['dcn_count']}, {c['dcn_bytes'] / 2**20:.2f} MiB)"
-                   if r["num_slices"] > 1 else "")
-            rows.append(f"    {kind:20} {c['count']:6d}  {c['bytes'] / 2**20:12.2f} MiB{dcn}")
-    if not any(c["count"] for c in r["collectives"].values()):
-        rows.append("    none")
-    terms = ", ".join(f"{k[:-2]} {v * 1e3:.2f} ms" for k, v in roof.items()
-                      if k.endswith("_s") and k != "step_s" and v is not None)
-    rows.append(f"  roofline: {terms} → step ≥ {roof['step_s'] * 1e3:.2f} ms ({roof['bound_by']}"
-                f"-bound), MFU ≤ {roof['mfu_bound']:.1%}  [peaks: {r['chip_source']}]")
-    return "\n".join(rows)
-
-
-def main(argv) -> None:
-    del argv
-    logging.set_verbosity(logging.WARNING)
-    f = flags.FLAGS
-    if (f.config is None) == (not f.preset):
-        raise app.UsageError("give either --config configs/<name>.py or --preset <name>")
-    if not f.topology:
-        raise app.UsageError("give --topology, e.g. v5e:2x2, v5p:4x4x4 or v6e:16x16")
-    try:
-        report = compile_report(_config(f), parse_topology(f.topology, f.num_slices))
-    except (ValueError, KeyError) as e:
-        sys.exit(f"python -m jaxformer.compile: error: {e.args[0] if e.args else e}")
-    emit(format_report(report), report, f.json)
-    why = refusal(report)
-    if why:
-        sys.exit(f"python -m jaxformer.compile: {why}")
-
-
-def _define_flags() -> None:
-    """`jaxformer.plan`'s flags (config or preset, sizes, mesh, ``--topology``, ``--json``)."""
-    from jaxformer.plan import _define_flags as plan_flags
-
-    plan_flags()
-
-
-if __name__ == "__main__":
-    # Compile-only: this process needs no accelerator of its own (and must not wait for one).
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    _define_flags()
-    app.run(main)
-
-
-__all__ = ["COLLECTIVES", "collectives", "compile_report", "refusal", "roofline"]
+__all__ = ["COLLECTIVES", "collectives", "compile_report", "gib", "refusal", "roofline"]

@@ -1,7 +1,8 @@
-"""Command line: predictions for a file from a checkpoint of a training run, as JSONL in input order.
+"""Predictions for a file from a checkpoint of a training run, in input order (`predict`); its
+command line, which writes them as JSONL, is `jaxformer.cli.predict`:
 
-    python -m jaxformer.predict --workdir runs/sentiment --input reviews.tsv --output preds.jsonl
-    python -m jaxformer.predict --workdir runs/t5 --input sources.txt --best --strategy beam
+    python -m jaxformer.cli.predict --workdir runs/sentiment --input reviews.tsv --output preds.jsonl
+    python -m jaxformer.cli.predict --workdir runs/t5 --input sources.txt --best --strategy beam
 
 The checkpoint is the latest, ``--step N`` or the ``--best`` by the run's ``checkpoint.best_metric``.
 The input is read as a ``files:`` source of the run (`jaxformer.data.builders.user_files`): text (one
@@ -16,7 +17,7 @@ object per line, in the input's order:
   the run's ``data.label_names`` (else "0", "1", …); the text is framed and truncated as in
   training (`jaxformer.data.pipeline.make_dataset`);
 - language-model and seq2seq runs: ``{"id", "input", "output"}``, generated with the strategy
-  flags of ``python -m jaxformer.generate``.
+  flags of ``python -m jaxformer.cli.generate``.
 
 Batches have ``--batch_size`` rows (the last one padded). Generation sorts the inputs by length and
 pads each batch to its longest rounded up to a power of two (`jaxformer.decode.generate_batches`):
@@ -26,12 +27,8 @@ classification batches have one shape.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import sys
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -40,7 +37,6 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxformer.checkpoint import load_run_params, open_run
-from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.config import ModelConfig
 from jaxformer.data.builders.user_files import FileSource
 from jaxformer.data.field_names import input_field
@@ -48,17 +44,11 @@ from jaxformer.data.pipeline import example_framing, make_dataset
 from jaxformer.data.sources import Fields, list_option
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode.api import GenerationConfig, encode_prompts, generate_batches
-from jaxformer.generate import (
-    add_checkpoint_flags,
-    add_generation_flags,
-    generation_kwargs,
-    note_ignored_options,
-)
 from jaxformer.models.transformer import build_model
 from jaxformer.objectives.cloze import class_logits, predicts_labels
 from jaxformer.objectives.registry import check_data_task
 from jaxformer.options import option
-from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP, bar_disabled
+from jaxformer.progress import bar_disabled
 from jaxformer.train.setup import wire_objective
 
 
@@ -153,47 +143,3 @@ def predict(workdir: str, path: str, *, step: int | None = None, best: bool = Fa
             bar.update(1)
             yield {"id": ex["id"], "input": ex["text"], "output": out}
     bar.close()
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jaxformer.predict", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_flags(p)
-    p.add_argument("--input", required=True, help="text / JSONL / TSV file (or a glob) to predict")
-    p.add_argument("--output", default="-", help="JSONL file to write (default: stdout)")
-    p.add_argument("--batch_size", type=int, default=32, help="examples per compiled batch")
-    p.add_argument("--progress_bar", choices=PROGRESS_CHOICES, default="auto", help=PROGRESS_HELP)
-    add_generation_flags(p)
-    args = p.parse_args(argv)
-    if args.batch_size < 1:
-        p.error(f"--batch_size={args.batch_size} must be at least 1")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    note_ignored_options(args)
-    enable_compilation_cache()
-    stdout = sys.stdout
-    out = stdout if args.output == "-" else None
-    try:  # log lines (the data pipeline's included) go to stderr, never between the JSONL rows
-        with contextlib.redirect_stdout(sys.stderr):
-            rows = predict(args.workdir, args.input, step=args.step, best=args.best,
-                           batch_size=args.batch_size, progress=args.progress_bar,
-                           **generation_kwargs(args))
-            if out is None:
-                Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-                out = open(args.output, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
-            for row in rows:
-                out.write(json.dumps(row, ensure_ascii=False) + "\n")
-    except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why
-        print(f"python -m jaxformer.predict: error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        if out is not None and out is not stdout:
-            out.close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

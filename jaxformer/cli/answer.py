@@ -1,9 +1,9 @@
 """Command line: answer questions about a context with an extractive-QA checkpoint (a run of
 objective "qa", model.head "span"; BERT on SQuAD, Devlin et al. 2019 §4.2).
 
-    python -m jaxformer.answer --workdir runs/bert_qa --context "The fox sat on the mat." \\
+    python -m jaxformer.cli.answer --workdir runs/bert_qa --context "The fox sat on the mat." \\
         --question "Where did the fox sit?"
-    python -m jaxformer.answer --workdir runs/bert_qa --input questions.jsonl --best
+    python -m jaxformer.cli.answer --workdir runs/bert_qa --input questions.jsonl --best
 
 ``--input``: a JSONL file of {"context", "question"} records; one JSON line per answer is printed
 ({"answer", "start", "end", "score"}, character offsets into the context). Windows, the stride and
@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from jaxformer.checkpoint import load_for_inference, open_run
+from jaxformer.cli.generate import add_checkpoint_flags
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.data.qa import qa_options
 from jaxformer.decode.span import best_answer
-from jaxformer.generate import add_checkpoint_flags
 from jaxformer.models.transformer import build_model
 from jaxformer.objectives.qa import QA_OPTIONS
 from jaxformer.options import option
@@ -32,7 +32,7 @@ from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP, bar_disabled
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jaxformer.answer", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m jaxformer.cli.answer", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint_flags(p)
     p.add_argument("--context", help="the text holding the answer")
@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _answer(args)
     except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why
-        print(f"python -m jaxformer.answer: error: {e}", file=sys.stderr)
+        print(f"python -m jaxformer.cli.answer: error: {e}", file=sys.stderr)
         return 2
     return 0
 
@@ -98,5 +98,10 @@ def _answer(args: argparse.Namespace) -> None:
                           "score": round(answer.score, 4)}, ensure_ascii=False))
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script (`[project.scripts]`): exits with `main`'s status."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

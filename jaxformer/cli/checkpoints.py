@@ -1,7 +1,7 @@
 """Command line: list a training run's checkpoints, verified, with their metrics; remove the damaged.
 
-    python -m jaxformer.checkpoints --workdir runs/gpt                    # list
-    python -m jaxformer.checkpoints --workdir runs/gpt --remove-damaged   # and delete <step>.damaged
+    python -m jaxformer.cli.checkpoints --workdir runs/gpt                    # list
+    python -m jaxformer.cli.checkpoints --workdir runs/gpt --remove-damaged   # and delete <step>.damaged
 
 Each step of ``<workdir>/checkpoints`` is checked against its manifest of checksums
 (`jaxformer.checkpoint.verify.verify_step`, as a resume does) and shown with the metrics saved with it
@@ -63,7 +63,7 @@ def listing(workdir: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jaxformer.checkpoints", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m jaxformer.cli.checkpoints", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", required=True, help="training workdir (holds checkpoints/)")
     ap.add_argument("--remove-damaged", action="store_true",
@@ -90,5 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script (`[project.scripts]`): exits with `main`'s status."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,9 +1,9 @@
 """Command line: score a finished training run on a split or a file, and write the results as JSON.
 
-    python -m jaxformer.evaluate --workdir runs/clf                          # test split, latest
-    python -m jaxformer.evaluate --workdir runs/clf --split validation --step 400
-    python -m jaxformer.evaluate --workdir runs/clf --data files:extra.tsv --best
-    python -m jaxformer.evaluate --workdir runs/t5 --strategy beam --beam_size 4
+    python -m jaxformer.cli.evaluate --workdir runs/clf                          # test split, latest
+    python -m jaxformer.cli.evaluate --workdir runs/clf --split validation --step 400
+    python -m jaxformer.cli.evaluate --workdir runs/clf --data files:extra.tsv --best
+    python -m jaxformer.cli.evaluate --workdir runs/t5 --strategy beam --beam_size 4
 
 Loss, accuracy and perplexity over the whole split (the trainer's eval step); per-class precision,
 recall, F1 and the confusion matrix for classification; BLEU, chrF and exact match of real decoding
@@ -26,26 +26,29 @@ from jaxformer.evaluate_run import evaluate_run, results_path, write_results
 from jaxformer.evaluation.decoding import DECODING_STRATEGIES
 from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP
 
-flags.DEFINE_string("workdir", None, "Training workdir (config.json, tokenizer.model, checkpoints/).")
-flags.DEFINE_string("split", "test", "Split of the run's data source to score.")
-flags.DEFINE_string("data", None, "Other data, read with the run's data settings: 'files:<glob>' "
-                    "(every line; a glob with {split} is read at --split) or another data.source.")
-flags.DEFINE_integer("step", None, "Checkpoint step to score (default: the latest).")
-flags.DEFINE_bool("best", False, "Score the checkpoint kept for checkpoint.best_metric.")
-flags.DEFINE_enum("decode", "auto", ["auto", "yes", "no"],
-                  "Score generations: auto = for seq2seq and sft runs; yes also for clm runs.")
-flags.DEFINE_enum("strategy", None, list(DECODING_STRATEGIES),
-                  "Decoding (default: the run's eval.generate_strategy, greedy).")
-flags.DEFINE_integer("beam_size", None, "Beam width with --strategy beam (default 4).")
-flags.DEFINE_integer("max_new_tokens", None,
-                     "Tokens generated at most (default: eval.generate_max_new_tokens, else "
-                     "data.target_len).")
-flags.DEFINE_integer("max_decode", 0, "Decode only the first N examples (0 = all).")
-flags.DEFINE_integer("batch_size", None, "Rows per decoding batch (default: data.batch_size).")
-flags.DEFINE_enum("progress_bar", "auto", list(PROGRESS_CHOICES), PROGRESS_HELP)
-flags.DEFINE_string("out", None, "Results JSON path (default <workdir>/eval/<split>_step<N>"
-                    "[_<strategy><beams>_new<max_new_tokens>].json).")
-flags.mark_flags_as_required(["workdir"])
+
+def define_flags() -> None:
+    """The flags of this command (absl: defined once per process, by `run`)."""
+    flags.DEFINE_string("workdir", None, "Training workdir (config.json, tokenizer.model, checkpoints/).")
+    flags.DEFINE_string("split", "test", "Split of the run's data source to score.")
+    flags.DEFINE_string("data", None, "Other data, read with the run's data settings: 'files:<glob>' "
+                        "(every line; a glob with {split} is read at --split) or another data.source.")
+    flags.DEFINE_integer("step", None, "Checkpoint step to score (default: the latest).")
+    flags.DEFINE_bool("best", False, "Score the checkpoint kept for checkpoint.best_metric.")
+    flags.DEFINE_enum("decode", "auto", ["auto", "yes", "no"],
+                      "Score generations: auto = for seq2seq and sft runs; yes also for clm runs.")
+    flags.DEFINE_enum("strategy", None, list(DECODING_STRATEGIES),
+                      "Decoding (default: the run's eval.generate_strategy, greedy).")
+    flags.DEFINE_integer("beam_size", None, "Beam width with --strategy beam (default 4).")
+    flags.DEFINE_integer("max_new_tokens", None,
+                         "Tokens generated at most (default: eval.generate_max_new_tokens, else "
+                         "data.target_len).")
+    flags.DEFINE_integer("max_decode", 0, "Decode only the first N examples (0 = all).")
+    flags.DEFINE_integer("batch_size", None, "Rows per decoding batch (default: data.batch_size).")
+    flags.DEFINE_enum("progress_bar", "auto", list(PROGRESS_CHOICES), PROGRESS_HELP)
+    flags.DEFINE_string("out", None, "Results JSON path (default <workdir>/eval/<split>_step<N>"
+                        "[_<strategy><beams>_new<max_new_tokens>].json).")
+    flags.mark_flags_as_required(["workdir"])
 
 
 def format_results(results: dict[str, Any]) -> str:
@@ -85,11 +88,17 @@ def main(argv):
                                max_new_tokens=f.max_new_tokens, max_decode=f.max_decode,
                                batch_size=f.batch_size, progress=f.progress_bar)
     except (ValueError, FileNotFoundError) as e:  # the message says what and why (damage included)
-        sys.exit(f"python -m jaxformer.evaluate: error: {e}")
+        sys.exit(f"python -m jaxformer.cli.evaluate: error: {e}")
     path = write_results(results, f.out or results_path(f.workdir, results))
     print(format_results(results))
     print(f"wrote {path}")
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script (`[project.scripts]`): defines the flags, then ``absl.app.run(main)``."""
+    define_flags()
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,7 +1,7 @@
 """Command line: convert a Hugging Face directory to a jaxformer checkpoint, or back.
 
-    python -m jaxformer.convert --from-hf HF_DIR --to CKPT_DIR [--scan-layers] [--head H]
-    python -m jaxformer.convert --from CKPT_DIR --to-hf HF_DIR
+    python -m jaxformer.cli.convert --from-hf HF_DIR --to CKPT_DIR [--scan-layers] [--head H]
+    python -m jaxformer.cli.convert --from CKPT_DIR --to-hf HF_DIR
 
 A LoRA run (``optimizer.lora.rank`` > 0) exports its adapters merged into the base weights
 (W + alpha/rank · A B) of its ``init_from``.
@@ -37,7 +37,7 @@ HF_CONFIG = "hf_config.json"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jaxformer.convert", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m jaxformer.cli.convert", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-hf", help="Hugging Face model directory to import")
@@ -126,5 +126,10 @@ def _load(path: str) -> tuple[dict, dict]:
     return load_params(path)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script (`[project.scripts]`): exits with `main`'s status."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

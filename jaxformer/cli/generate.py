@@ -1,9 +1,9 @@
 """Command line: print generations from a checkpoint of a training workdir (the latest, a
 ``--step``, or the ``--best`` by the run's ``checkpoint.best_metric``).
 
-    python -m jaxformer.generate --workdir /tmp/gpt_run --prompt "Once upon a time" \\
+    python -m jaxformer.cli.generate --workdir /tmp/gpt_run --prompt "Once upon a time" \\
         --strategy sample --temperature 0.8 --top_p 0.9 --max_new_tokens 64 --seed 0
-    python -m jaxformer.generate --workdir /tmp/t5_run --prompt "translate: hello" \\
+    python -m jaxformer.cli.generate --workdir /tmp/t5_run --prompt "translate: hello" \\
         --strategy beam --beam_size 4 --length_penalty 0.6 --best
 
 For a decoder-only model the prompt is continued; for an encoder-decoder model it is the source.
@@ -52,7 +52,7 @@ def add_generation_flags(p: argparse.ArgumentParser) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jaxformer.generate", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m jaxformer.cli.generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint_flags(p)
     p.add_argument("--prompt", action="append", default=[], help="text prompt/source (repeatable)")
@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _generate(args)
     except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why
-        print(f"python -m jaxformer.generate: error: {e}", file=sys.stderr)
+        print(f"python -m jaxformer.cli.generate: error: {e}", file=sys.stderr)
         return 2
     return 0
 
@@ -162,5 +162,10 @@ def _generate(args: argparse.Namespace) -> None:
           f"(compilation excluded: {min(clock.seconds, total):.1f}s)", file=sys.stderr)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script (`[project.scripts]`): exits with `main`'s status."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

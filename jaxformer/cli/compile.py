@@ -1,0 +1,84 @@
+"""Command line: compile the trainer's real step for an accelerator topology this machine does not
+have, and report its memory, collectives and roofline (`jaxformer.compile`, the library side).
+
+    python -m jaxformer.cli.compile --preset gpt2_medium_bf16 --topology v5p:4x4x4 --mesh fsdp=64
+    python -m jaxformer.cli.compile --config configs/gpt_pretrain_tiny.py --topology v5e:2x2 \\
+        --config.mesh.fsdp=4 --config.model.attention_impl=splash
+    python -m jaxformer.cli.compile --preset t5_base_bf16 --topology v5e:2x2 --num_slices 2 \\
+        --mesh dcn_data=2,fsdp=4 --json t5.json
+
+The flags are ``python -m jaxformer.cli.plan``'s (config or preset, sizes, mesh, ``--topology``,
+``--json``). Prints a table, then the report as one JSON line. A plan that does not fit the chip's
+HBM is refused with one line naming the largest part and what to change (exit status 1).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags, logging
+
+from jaxformer.cli.plan import config_from_flags, define_flags, emit
+from jaxformer.compile import compile_report, gib, refusal
+from jaxformer.parallel.topology import parse_topology
+
+
+def format_report(r: dict) -> str:
+    """The human-readable view of a `jaxformer.compile.compile_report` report."""
+    mesh = " ".join(f"{a}={s}" for a, s in r["mesh"].items())
+    m, roof = r["memory"], r["roofline"]
+    rows = [f"compiled {r['name']} ({r['family']}) for {r['topology']}"
+            f"{f' × {r['num_slices']} slices' if r['num_slices'] > 1 else ''} ({r['chip']}, "
+            f"{r['devices']} chips), mesh {mesh}, batch {r['batch']} × {r['seq_len']}, "
+            f"in {r['compile_s']:.1f} s",
+            f"  per chip: arguments {gib(m['argument_size'])}, temporaries {gib(m['temp_size'])}, "
+            f"outputs {gib(m['output_size'] - m['alias_size'])}; total {gib(m['peak_estimate'])}"
+            f" of {gib(r['hbm_capacity'])} ({m['peak_estimate'] / r['hbm_capacity']:.0%})",
+            f"  model FLOPs / step {r['model_flops_per_step']:.4e}"
+            f" ({r['model_flops_per_step'] / r['devices']:.4e} per chip)"
+            + (f"; XLA per chip: {r['xla']['flops']:.4e} FLOPs" if "flops" in r["xla"] else "")
+            + (f", {r['xla']['bytes'] / 2**30:.2f} GiB accessed" if "bytes" in r["xla"] else ""),
+            "  collectives (instructions in the program, bytes of their results):"]
+    for kind, c in r["collectives"].items():
+        if c["count"]:
+            dcn = (f"   (across slices: {c['dcn_count']}, {c['dcn_bytes'] / 2**20:.2f} MiB)"
+                   if r["num_slices"] > 1 else "")
+            rows.append(f"    {kind:20} {c['count']:6d}  {c['bytes'] / 2**20:12.2f} MiB{dcn}")
+    if not any(c["count"] for c in r["collectives"].values()):
+        rows.append("    none")
+    terms = ", ".join(f"{k[:-2]} {v * 1e3:.2f} ms" for k, v in roof.items()
+                      if k.endswith("_s") and k != "step_s" and v is not None)
+    rows.append(f"  roofline: {terms} → step ≥ {roof['step_s'] * 1e3:.2f} ms ({roof['bound_by']}"
+                f"-bound), MFU ≤ {roof['mfu_bound']:.1%}  [peaks: {r['chip_source']}]")
+    return "\n".join(rows)
+
+
+def main(argv) -> None:
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    f = flags.FLAGS
+    if (f.config is None) == (not f.preset):
+        raise app.UsageError("give either --config configs/<name>.py or --preset <name>")
+    if not f.topology:
+        raise app.UsageError("give --topology, e.g. v5e:2x2, v5p:4x4x4 or v6e:16x16")
+    try:
+        report = compile_report(config_from_flags(f), parse_topology(f.topology, f.num_slices))
+    except (ValueError, KeyError) as e:
+        sys.exit(f"python -m jaxformer.cli.compile: error: {e.args[0] if e.args else e}")
+    emit(format_report(report), report, f.json)
+    why = refusal(report)
+    if why:
+        sys.exit(f"python -m jaxformer.cli.compile: {why}")
+
+
+def run() -> None:
+    """The console script (`[project.scripts]`): defines the flags, then ``absl.app.run(main)``."""
+    # Compile-only: this process needs no accelerator of its own (and must not wait for one).
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    define_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

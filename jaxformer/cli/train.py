@@ -1,0 +1,81 @@
+"""Command line: train any family.
+
+    python -m jaxformer.cli.train --config configs/gpt_pretrain_tiny.py --workdir runs/gpt
+    python train.py --config configs/gpt_pretrain_tiny.py --workdir runs/gpt   # the same
+
+
+Override any config key on the command line, e.g. ``--config.num_train_steps=200
+--config.model.num_layers=2 --config.init_from=runs/gpt``. Rerunning the same command resumes from
+the latest checkpoint in the workdir.
+
+List every config key with its value, its base default and a one-line description (then exit,
+training nothing): ``python -m jaxformer.cli.train --config configs/<name>.py --print_config`` (overrides
+included, e.g. ``--config.data.seq_len=64``).
+"""
+
+import sys
+from pathlib import Path
+
+import jax
+from absl import app, flags, logging
+
+from jaxformer.checkpoint import SaveFailed
+from jaxformer.checkpoint.lock import WorkdirBusy
+from jaxformer.compilation_cache import enable_compilation_cache
+from jaxformer.parallel.distributed import await_lost_peer, maybe_initialize_distributed
+from jaxformer.train.config import define_config_flag
+from jaxformer.train.config.printing import format_config
+from jaxformer.train.loop import Trainer
+
+
+def define_flags() -> None:
+    """The flags of this command (absl: defined once per process, by `run`)."""
+    define_config_flag("config")
+    flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer "
+                        "(required unless --print_config).")
+    flags.DEFINE_bool("print_config", False, "Print every key of the config (value, base default, "
+                      "description; overrides applied) and exit without training.")
+    flags.mark_flag_as_required("config")
+
+
+def _prog() -> str:
+    """How the command was started, for its error lines: ``train.py`` (the root file, or ``python -m
+    jaxformer.cli.train``) or ``jaxformer-train``."""
+    return Path(sys.argv[0]).name
+
+
+def main(argv):
+    del argv
+    if flags.FLAGS.print_config:
+        print(format_config(flags.FLAGS.config))
+        return
+    if flags.FLAGS.workdir is None:
+        sys.exit(f"{_prog()}: error: --workdir is required (or --print_config to list the keys)")
+    logging.set_verbosity(logging.WARNING)  # Orbax/Grain log every file operation at INFO
+    enable_compilation_cache()  # a rerun skips XLA compilation (jaxformer.compilation_cache)
+    maybe_initialize_distributed()
+    try:
+        try:  # a bad config, input, or checkpoint, or a busy workdir, found during set-up: the
+            trainer = Trainer(flags.FLAGS.config, flags.FLAGS.workdir)  # message names it
+        except (ValueError, FileNotFoundError, WorkdirBusy) as e:
+            sys.exit(f"{_prog()}: error: {e}")
+        try:
+            metrics = trainer.run()
+        except (FloatingPointError, SaveFailed) as e:  # the nonfinite policy stopped the run (or
+            sys.exit(f"{_prog()}: error: {e}")  # a NaN checkpoint), or a save failed
+    except jax.errors.JaxRuntimeError:  # with several processes: a collective whose peer died?
+        await_lost_peer()  # if so, the watchdog ends the process with one line naming it
+        raise
+    print({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
+    if "preempted_at_step" in metrics:
+        sys.exit(128 + 15)  # "terminated by SIGTERM", after the checkpoint: not a finished run
+
+
+def run() -> None:
+    """The console script (`[project.scripts]`): defines the flags, then ``absl.app.run(main)``."""
+    define_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
