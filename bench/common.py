@@ -4,7 +4,7 @@ Every benchmark reports ratios against a reference measured in the same run, bec
 are shared and noisy: MFU divides by the matmul rate measured here, not by a datasheet number.
 
 Model FLOPs of one training step (forward + backward) come from `jaxformer.plan.model_flops` (the
-same numbers `python -m jaxformer.plan` prints), the accounting of Kaplan et al. (2020) §2.1 and
+same numbers `python -m jaxformer.cli.plan` prints), the accounting of Kaplan et al. (2020) §2.1 and
 PaLM (Chowdhery et al. 2022, App. B), as MaxText logs it:
 
 * dense part: ``6 · N · tokens`` with N the parameters that enter a matmul — the kernels of the

@@ -4,7 +4,7 @@ JSONL/TSV file of {"context", "question", "answer_text", "answer_start"} records
 
     python train.py --config configs/bert_qa_tiny.py --workdir runs/bert_qa \\
         --config.init_from=runs/bert_pretrain --config.data.source='files:qa/{split}.jsonl'
-    python -m jaxformer.answer --workdir runs/bert_qa --context "..." --question "..."
+    python -m jaxformer.cli.answer --workdir runs/bert_qa --context "..." --question "..."
 
 With network access, ``--config.data.source=tfds:squad`` reads SQuAD v1.1 (its ``answers`` field).
 """

@@ -1,7 +1,7 @@
 """Fine-tune a Hugging Face encoder-decoder (BART, T5) for sequence to sequence on your TSV or JSONL
 files (``source`` and ``target`` fields). The architecture, the tokenizer and the decoder's start
 token (BART: ``decoder_start_token_id`` 2) come from the checkpoint directory; score the run with
-``python -m jaxformer.evaluate`` (docs/huggingface.md).
+``python -m jaxformer.cli.evaluate`` (docs/huggingface.md).
 
     python train.py --config configs/hf_seq2seq_finetune.py --workdir runs/bart_tsv \
         --config.init_from=path/to/bart-base --config.data.source='files:data/pairs_{split}.tsv'

@@ -2,7 +2,7 @@
 continued pretraining of a Llama 2 checkpoint with ``--config.init_from=path/to/Llama-2-7b-hf``
 (its tokenizer.model becomes the run's), or from scratch. Sized for a TPU v5p-128 slice:
 
-    python -m jaxformer.compile --config configs/llama2_7b_clm.py --topology v5p:4x4x4
+    python -m jaxformer.cli.compile --config configs/llama2_7b_clm.py --topology v5p:4x4x4
     python train.py --config configs/llama2_7b_clm.py --workdir runs/llama2_7b
 
 One compiled layer (``scan_layers``) and full rematerialisation: 8.5 GiB of a v5p chip's 88.5 GiB

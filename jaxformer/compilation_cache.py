@@ -4,7 +4,7 @@ A tiny fine-tune on a 2-core machine spent most of its start-up compiling the sa
 (parameter init, train step, eval step) every run; JAX can keep the compiled executables on disk,
 keyed by the program, the backend and the JAX version, and reuse them. `enable_compilation_cache`
 turns that on at ``<jaxformer cache>/xla`` (``$JAXFORMER_CACHE``, default ``~/.cache/jaxformer``)
-for ``train.py`` and ``python -m jaxformer.evaluate`` / ``predict`` / ``generate`` / ``answer``.
+for ``train.py`` and ``python -m jaxformer.cli.evaluate`` / ``predict`` / ``generate`` / ``answer``.
 ``JAX_COMPILATION_CACHE_DIR`` (JAX's own setting) wins when set; ``JAXFORMER_COMPILATION_CACHE=0``
 turns it off. Library functions leave JAX's configuration alone; only these commands set it.
 """

@@ -1,7 +1,7 @@
 """Progress bars: shown at a terminal, off when stderr is redirected (a log file), unless asked.
 
 Every command takes the same switch: ``--progress_bar=auto|true|false`` (``python -m
-jaxformer.evaluate``, ``predict``, ``answer``) and ``--config.progress_bar=true|false`` for
+jaxformer.cli.evaluate``, ``predict``, ``answer``) and ``--config.progress_bar=true|false`` for
 ``train.py`` (unset = auto). ``auto`` is tqdm's ``disable=None``: a bar only when its stream,
 stderr, is a terminal, so a redirected log gets no carriage-return frames.
 """

@@ -84,7 +84,7 @@ def test_splash_compiles_inside_the_sharded_step_with_packed_rows(mesh):
 
 
 def test_plan_with_a_topology_takes_the_tpu_compilers_memory():
-    """`jaxformer.plan --topology`: the activation bytes are the TPU compiler's, the same program
+    """`jaxformer.cli.plan --topology`: the activation bytes are the TPU compiler's, the same program
     as `jaxformer.compile` builds; parameter bytes (exact, from the shardings) agree with it."""
     config = tiny("bert_tiny", "fsdp=4")
     report = plan(config, topology=parse_topology("v5e:2x2"))

@@ -23,9 +23,9 @@ from golden import golden_copy, golden_dir, reference, rel_err
 from safetensors.numpy import load_file, save_file
 
 from jaxformer.checkpoint import load_params, save_params
+from jaxformer.cli.convert import main as convert_main
 from jaxformer.config import ModelConfig
 from jaxformer.convert import is_hf_directory, load_hf, save_hf
-from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.models.transformer import build_model
 from jaxformer.ops import weighted_cross_entropy
 

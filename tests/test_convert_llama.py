@@ -18,9 +18,9 @@ import pytest
 from golden import golden_dir, reference, rel_err
 
 from jaxformer import nnx as jnnx
+from jaxformer.cli.convert import main as convert_main
 from jaxformer.config import ModelConfig
 from jaxformer.convert import hf_llama, load_hf, save_hf
-from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode import generate
 from jaxformer.models.presets import preset

@@ -468,8 +468,8 @@ def test_cli_prints_generations_of_a_saved_workdir(tmp_path, capsys):
     import optax
 
     from jaxformer.checkpoint import Checkpointer, save_run_config
+    from jaxformer.cli.generate import main
     from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
-    from jaxformer.generate import main
     from jaxformer.train.state import TrainState
 
     texts = ["the cat sat on the mat", "a dog ran in the park", "the sun is hot today"] * 20
@@ -497,7 +497,7 @@ def test_cli_prints_generations_of_a_saved_workdir(tmp_path, capsys):
     ]:
         assert main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
-        assert err.startswith("python -m jaxformer.generate: error: ") and message in err, err
+        assert err.startswith("python -m jaxformer.cli.generate: error: ") and message in err, err
     assert main(["--workdir", str(tmp_path), "--prompt", "the", "--max_new_tokens", "2",
                  "--top_k", "5"]) == 0  # greedy ignores top_k, and says so
     assert "note: --top_k applies to --strategy sample; ignored with --strategy greedy" in \

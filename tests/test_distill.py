@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from jaxformer.checkpoint import load_checkpoint_params, read_metrics
+from jaxformer.cli.convert import main as convert_main
 from jaxformer.config import ModelConfig
-from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.nnx import FunctionalModel

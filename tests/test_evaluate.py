@@ -1,5 +1,5 @@
 """Scoring runs: the metrics against independent references (sacrebleu, hand counts, NumPy over
-the model applied by hand), ``python -m jaxformer.evaluate`` end to end, and the trainer's
+the model applied by hand), ``python -m jaxformer.cli.evaluate`` end to end, and the trainer's
 in-training decoding scores (``eval.generate_examples``) driving ``checkpoint.best_metric``."""
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def test_classification_scores_equal_numpy_over_the_model_applied_by_hand(classi
 @pytest.mark.slow
 def test_the_command_writes_json_and_a_finished_run_points_to_it(classifier, capsys):
     workdir = classifier[0]
-    proc = subprocess.run([sys.executable, "-m", "jaxformer.evaluate", f"--workdir={workdir}",
+    proc = subprocess.run([sys.executable, "-m", "jaxformer.cli.evaluate", f"--workdir={workdir}",
                            "--split=validation", "--step=15"], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -190,14 +190,14 @@ def test_the_command_writes_json_and_a_finished_run_points_to_it(classifier, cap
     written = json.loads((workdir / "eval" / "validation_step15.json").read_text())
     assert written["step"] == 15 and written["metrics"]["examples"] == 40
     assert "confusion (row = true" in proc.stdout and "pos" in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "jaxformer.evaluate", f"--workdir={workdir}/nope"],
+    bad = subprocess.run([sys.executable, "-m", "jaxformer.cli.evaluate", f"--workdir={workdir}/nope"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith(
-        "python -m jaxformer.evaluate: error: workdir")
+        "python -m jaxformer.cli.evaluate: error: workdir")
     Trainer(classifier[2], workdir).run()  # the finished run, rerun as it was
     out = " ".join(capsys.readouterr().out.split())
     assert f"nothing to train (raise --config.num_train_steps to continue; to score it on a split " \
-           f"or a file: python -m jaxformer.evaluate --workdir {workdir} --split test)" in out
+           f"or a file: python -m jaxformer.cli.evaluate --workdir {workdir} --split test)" in out
 
 
 @pytest.mark.slow

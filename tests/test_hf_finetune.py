@@ -1,7 +1,7 @@
 """The worked examples of docs/huggingface.md on tiny random local checkpoints (golden files made
 by the ``build_*`` functions below, `tests/make_golden.py`, with their own tokenizer built here,
 nothing downloaded): a RoBERTa classifier fine-tuned on a TSV and a BART fine-tuned for seq2seq,
-each scored with ``jaxformer.evaluate`` and exported with ``--to-hf``; the ``hf`` tests run the
+each scored with ``jaxformer.cli.evaluate`` and exported with ``--to-hf``; the ``hf`` tests run the
 export in transformers (PyTorch) on the same examples.
 """
 
@@ -17,8 +17,8 @@ import pytest
 from golden import golden_copy
 from test_fast_tokenizer import build_byte_level_bpe
 
+from jaxformer.cli.convert import main as convert_main
 from jaxformer.convert import load_hf
-from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.data.fast_tokenizer import FastTokenizer
 from jaxformer.data.sources import get_source
 from jaxformer.data.tokenizer import Tokenizer

@@ -2,7 +2,7 @@
 trainer.
 
 A package is ``jaxformer.<first component>`` (``jaxformer.train``, ``jaxformer.ops``, …); a
-top-level module (``jaxformer.config``, ``jaxformer.generate``) is its own. Every ``import`` and
+top-level module (``jaxformer.config``, ``jaxformer.plan``) is its own. Every ``import`` and
 ``from … import`` statement of the source counts, read with `ast` (nothing is imported):
 
 - module-level imports;
@@ -27,8 +27,7 @@ from pathlib import Path
 ROOT = Path(os.environ.get("JAXFORMER_IMPORTS_ROOT", Path(__file__).resolve().parents[1]))
 # What reading a checkpoint may not need: the trainer, evaluation of runs, and the command lines.
 ABOVE_CHECKPOINT = ("jaxformer.train", "jaxformer.evaluation", "jaxformer.evaluate_run",
-                    "jaxformer.evaluate", "jaxformer.generate", "jaxformer.predict",
-                    "jaxformer.answer", "jaxformer.checkpoints", "jaxformer.plan", "jaxformer.compile")
+                    "jaxformer.cli", "jaxformer.predict", "jaxformer.plan", "jaxformer.compile")
 
 Edges = dict[str, dict[str, list[tuple[str, str]]]]  # package → package → [(module, imported)]
 

@@ -57,7 +57,7 @@ def untouched():
 
 
 def test_inference_gives_the_recorded_parameters_and_logits(untouched, capsys):
-    from jaxformer.generate import main as generate
+    from jaxformer.cli.generate import main as generate
 
     model_cfg, params, tokenizer = load_for_inference(untouched)
     assert params_sha256(params) == REF["params_sha256"]  # bit for bit

@@ -15,9 +15,9 @@ import pytest
 from test_fast_tokenizer import SAMPLE, build_llama2_tokenizer, build_llama3_tokenizer
 
 from jaxformer.checkpoint import read_metrics
+from jaxformer.cli.convert import main as convert_main
 from jaxformer.config import ModelConfig
 from jaxformer.convert import load_hf, save_hf
-from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.convert.hf_io import find_tokenizer
 from jaxformer.convert.lora import load_merged
 from jaxformer.data.tokenizer import Tokenizer

@@ -21,18 +21,18 @@ import numpy as np
 import pytest
 
 from jaxformer.checkpoint import load_checkpoint_params, load_for_inference, read_metrics
+from jaxformer.cli.convert import main as convert_main
+from jaxformer.cli.generate import main as generate_main
+from jaxformer.cli.predict import main as predict_main
 from jaxformer.config import ModelConfig
 from jaxformer.convert import load_hf
-from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.decode import generate_text
 from jaxformer.evaluate_run import evaluate_run
-from jaxformer.generate import main as generate_main
 from jaxformer.models import build_model, lora
 from jaxformer.models.presets import preset
 from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.rules import param_shardings
 from jaxformer.predict import classify
-from jaxformer.predict import main as predict_main
 from jaxformer.train import config as train_config
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate

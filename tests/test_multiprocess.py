@@ -239,7 +239,7 @@ def test_plan_cli_compiles_on_simulated_devices(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0")
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxformer.plan", "--config", str(ROOT / "configs/gpt_pretrain_tiny.py"),
+        [sys.executable, "-m", "jaxformer.cli.plan", "--config", str(ROOT / "configs/gpt_pretrain_tiny.py"),
          "--config.mesh.fsdp=8", "--config.model.num_layers=1", "--config.data.seq_len=64",
          f"--json={out}"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -55,7 +55,7 @@ def test_a_headerless_tsv_with_train_and_test_files_reaches_a_scored_test_split(
     assert config["model"]["num_classes"] == 3  # from the labels, not the shipped config
     assert config["data"]["label_names"] == ["HUM", "LOC", "NUM"]  # evaluate / predict read them
 
-    score = subprocess.run([sys.executable, "-m", "jaxformer.evaluate", f"--workdir={workdir}"],
+    score = subprocess.run([sys.executable, "-m", "jaxformer.cli.evaluate", f"--workdir={workdir}"],
                            cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert score.returncode == 0, score.stderr[-3000:]
     results = json.loads((workdir / "eval" / "test_step30.json").read_text())
@@ -65,7 +65,7 @@ def test_a_headerless_tsv_with_train_and_test_files_reaches_a_scored_test_split(
     assert [c["support"] for c in m["per_class"]] == [test_labels.count(x) for x in sorted(LABELS)]
     assert m["accuracy"] == pytest.approx(sum(m["confusion"][i][i] for i in range(3)) / 60)
 
-    wrong = subprocess.run([sys.executable, "-m", "jaxformer.evaluate", f"--workdir={workdir}",
+    wrong = subprocess.run([sys.executable, "-m", "jaxformer.cli.evaluate", f"--workdir={workdir}",
                             "--split=dev"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert wrong.returncode != 0
     assert wrong.stderr.strip().splitlines()[-1].endswith(

@@ -1,4 +1,4 @@
-"""``python -m jaxformer.predict``: JSONL predictions of a file, in input order, equal to the model's
+"""``python -m jaxformer.cli.predict``: JSONL predictions of a file, in input order, equal to the model's
 own outputs (a direct softmax of its logits; `generate_text`) on the same examples."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from jaxformer.checkpoint import load_for_inference
+from jaxformer.cli.predict import main
 from jaxformer.decode import generate_text
 from jaxformer.models.transformer import build_model
-from jaxformer.predict import main
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import train_and_evaluate
 
@@ -131,4 +131,4 @@ def test_language_model_rows_equal_generate_text_in_input_order(runs, tmp_path, 
         assert main(["--workdir", str(runs / "lm"), "--input", str(tmp_path / "prompts.txt"),
                      *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
-        assert err.startswith("python -m jaxformer.predict: error: ") and message in err, err
+        assert err.startswith("python -m jaxformer.cli.predict: error: ") and message in err, err

@@ -155,8 +155,8 @@ def test_no_intact_checkpoint_is_one_error_and_leaves_the_workdir_intact(run):
 def test_init_from_generate_and_convert_refuse_a_damaged_checkpoint_in_one_line(run, tmp_path,
                                                                                capsys):
     from jaxformer.checkpoint.verify import CheckpointDamaged
-    from jaxformer.convert.__main__ import main as convert
-    from jaxformer.generate import main as generate
+    from jaxformer.cli.convert import main as convert
+    from jaxformer.cli.generate import main as generate
 
     flip(largest_state_file(run / "checkpoints" / "4"))
     with pytest.raises(CheckpointDamaged, match=r"checkpoints/4 is damaged: state/.*sha256.*read an "
@@ -461,7 +461,7 @@ def test_train_py_on_a_full_tmpfs(tmp_path):
 # 7. Listing checkpoints ---------------------------------------------------------------------------
 
 def test_the_checkpoint_listing_verifies_steps_and_removes_damaged_ones(run, capsys):
-    from jaxformer.checkpoints import main as checkpoints
+    from jaxformer.cli.checkpoints import main as checkpoints
 
     shutil.copytree(run / "checkpoints" / "4", run / "checkpoints" / "4.damaged")
     flip(largest_state_file(run / "checkpoints" / "4.damaged"))
@@ -496,7 +496,7 @@ def test_train_py_reports_a_workdir_without_intact_checkpoints_in_one_line(run):
 
 
 def test_convert_onto_an_existing_file_is_one_line(run, tmp_path, capsys):
-    from jaxformer.convert.__main__ import main as convert
+    from jaxformer.cli.convert import main as convert
 
     (tmp_path / "model.bin").write_text("keep me")
     assert convert(["--from", str(run), "--to-hf", str(tmp_path / "model.bin")]) == 2

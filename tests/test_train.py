@@ -150,7 +150,7 @@ def test_init_from_a_run_and_from_its_hf_export_start_the_same(pretrained, tmp_p
     """The same fine-tuning config trains the same from a run and from its Hugging Face export:
     a value the config states wins even when it equals ModelConfig's default (t5_finetune_tiny's
     dropout_rate=0.1, the pretraining run's 0.0), and an unset one is the pretrained model's."""
-    from jaxformer.convert.__main__ import main as convert
+    from jaxformer.cli.convert import main as convert
 
     hf = tmp_path / "hf"
     assert convert(["--from", str(pretrained["t5"]), "--to-hf", str(hf)]) == 0
@@ -326,7 +326,7 @@ def test_exported_workdir_fine_tunes_with_its_own_tokenizer(pretrained, tmp_path
     so ``init_from=D`` fine-tunes with the same tokenizer."""
     import json
 
-    from jaxformer.convert.__main__ import main as convert
+    from jaxformer.cli.convert import main as convert
 
     hf = tmp_path / "hf"
     assert convert(["--from", str(pretrained["gpt"]), "--to-hf", str(hf)]) == 0

@@ -17,7 +17,7 @@ restore on a resume), `preemption` (SIGTERM), `read` (resolve a path to a step, 
 its parameters for fine-tuning and inference), `run_files` (``config.json``, ``metrics.jsonl``),
 `verify` (manifests of checksums, structure checks), `select` (committed steps, the best one,
 retention), `lock` (the workdir lock), `params` (a bare parameter tree written as a run: converted
-models), `orbax_arrays` (how Orbax writes ``jax.Array`` leaves). ``python -m jaxformer.checkpoints``
+models), `orbax_arrays` (how Orbax writes ``jax.Array`` leaves). ``python -m jaxformer.cli.checkpoints``
 lists and cleans a run's checkpoints.
 
 This package sits below `jaxformer.train`: it reads a run from its files alone, with the model

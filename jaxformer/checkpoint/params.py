@@ -8,7 +8,7 @@
                                 Face (Llama 3, RoBERTa, BART, DistilBERT, …:
                                 `jaxformer.data.fast_tokenizer`)
 
-so ``train.py --config.init_from=<directory>``, ``python -m jaxformer.generate --workdir
+so ``train.py --config.init_from=<directory>``, ``python -m jaxformer.cli.generate --workdir
 <directory>`` and ``--from <any training workdir>`` all work without another format.
 """
 
@@ -35,7 +35,7 @@ def save_params(directory: str | os.PathLike, model_cfg: ModelConfig | dict[str,
     `jaxformer.convert.hf_io.find_tokenizer`, as `jaxformer.data.fast_tokenizer.FastTokenizer.save`
     writes it) and a verified ``checkpoints/0`` under ``directory`` (which must not hold a run).
     ``objective``: ``config.json``'s objective settings of the model (BART's
-    ``{"decoder_start_id": 2}``), which ``init_from`` and `jaxformer.generate` read."""
+    ``{"decoder_start_id": 2}``), which ``init_from`` and `jaxformer.cli.generate` read."""
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     d = Path(directory).absolute()
     if (d / "checkpoints").exists():

@@ -64,7 +64,7 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         cfg, params, _ = load_hf(args.from_hf, scan_layers=args.scan_layers, head=args.head,
                                  num_classes=args.num_classes)
         # as <workdir>/tokenizer.model (sentencepiece, or the HF tokenizer of RoBERTa, BART, …),
-        # which the trainer and `jaxformer.generate` read
+        # which the trainer and `jaxformer.cli.generate` read
         start = read_config(args.from_hf).get("decoder_start_token_id")
         objective = {"decoder_start_id": start} if cfg["family"] == "encoder_decoder" and \
             isinstance(start, int) else None  # BART's 2; T5's 0

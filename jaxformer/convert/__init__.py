@@ -1,7 +1,7 @@
 """Checkpoint conversion: Hugging Face GPT-2 / BERT / ALBERT / T5 directories ↔ jaxformer configs and params.
 
 `load_hf` / `save_hf` convert in memory; the jaxformer side is a run directory
-(`jaxformer.checkpoint.save_params` / `load_params`); ``python -m jaxformer.convert`` runs both
+(`jaxformer.checkpoint.save_params` / `load_params`); ``python -m jaxformer.cli.convert`` runs both
 directions from the command line.
 """
 

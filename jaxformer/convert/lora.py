@@ -1,4 +1,4 @@
-"""A LoRA run on a Hugging Face model, merged for export (``python -m jaxformer.convert --from``).
+"""A LoRA run on a Hugging Face model, merged for export (``python -m jaxformer.cli.convert --from``).
 
 A LoRA run saves its adapters and task heads only; its base is read from ``init_from`` again.
 `jaxformer.checkpoint.load_run_params` merges a run whose base is a jaxformer run; a base that is a

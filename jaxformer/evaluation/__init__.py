@@ -1,6 +1,6 @@
 """Evaluation beyond the training loss: classification reports and decoding scores (BLEU, chrF,
 exact match), which the trainer uses. Scoring a finished run is `jaxformer.evaluate_run` (the
-library side of ``python -m jaxformer.evaluate``): it runs the trainer's eval step, so it sits above
+library side of ``python -m jaxformer.cli.evaluate``): it runs the trainer's eval step, so it sits above
 `jaxformer.train`, outside this package."""
 
 from jaxformer.evaluation.decoding import (

@@ -1,5 +1,5 @@
 """Scores of a run's predictions: classification (per-class precision/recall/F1, the confusion
-matrix) and generated text (BLEU, chrF, exact match). Used by ``python -m jaxformer.evaluate`` and
+matrix) and generated text (BLEU, chrF, exact match). Used by ``python -m jaxformer.cli.evaluate`` and
 by the trainer's in-training sequence evaluation (``eval.generate_examples``).
 """
 

@@ -232,7 +232,7 @@ class Trainer:
         if self.start_step >= total:
             print(f"{self.workdir} is already at step {self.start_step} of num_train_steps={total}: "
                   "nothing to train (raise --config.num_train_steps to continue; to score it on "
-                  f"a split or a file: python -m jaxformer.evaluate --workdir {self.workdir} "
+                  f"a split or a file: python -m jaxformer.cli.evaluate --workdir {self.workdir} "
                   "--split test)")
         step_fn = self._step_fn()
         pmap = not callable(step_fn) or hasattr(step_fn, "step")

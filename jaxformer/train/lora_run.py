@@ -6,7 +6,7 @@ loaded again, never saved: at the start, at every resume (its ``config.json`` re
 ``init_from``) and for inference and export, which add the adapters back:
 `jaxformer.checkpoint.load_run_params` (a base that is a jaxformer run: what ``generate``,
 ``evaluate`` and ``predict`` read) and `jaxformer.convert.lora.load_merged` (any base, a Hugging
-Face model included: ``python -m jaxformer.convert --from <lora run> --to-hf <dir>``).
+Face model included: ``python -m jaxformer.cli.convert --from <lora run> --to-hf <dir>``).
 """
 
 from __future__ import annotations
