@@ -3,37 +3,17 @@
     python -m jaxformer.cli.convert --from-hf HF_DIR --to CKPT_DIR [--scan-layers] [--head H]
     python -m jaxformer.cli.convert --from CKPT_DIR --to-hf HF_DIR
 
-A LoRA run (``optimizer.lora.rank`` > 0) exports its adapters merged into the base weights
-(W + alpha/rank · A B) of its ``init_from``.
-
-Tokenizer files found in HF_DIR are copied to CKPT_DIR/tokenizer/, and HF_DIR/config.json to
-CKPT_DIR/hf_config.json; the export copies them back (token ids, label names survive the trip).
-HF_DIR's tokenizer (sentencepiece, or the Hugging Face files of Llama 3, Qwen2, RoBERTa, BART,
-DistilBERT, …: `jaxformer.data.fast_tokenizer`) becomes CKPT_DIR/tokenizer.model, and a BART's
-decoder_start_token_id CKPT_DIR's objective.decoder_start_id.
-Exporting a training workdir writes its ``tokenizer.model`` as HF_DIR/spiece.model (a run on a
-Hugging Face tokenizer: ``tokenizer.json`` and a ``tokenizer_config.json``) and its special token
-ids into config.json, so ``--config.init_from=HF_DIR`` fine-tunes with the same tokenizer;
-GPT-2 / BERT exports also get an equivalent ``tokenizer.json`` for ``AutoTokenizer``.
+What is written, tokenizer and ``config.json`` included, and how a LoRA run is merged:
+`jaxformer.convert.directory` (the library side).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import sys
 
-from jaxformer.checkpoint import load_params, save_params
-from jaxformer.convert.hf import load_hf, save_hf
-from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files, find_tokenizer, read_config
-from jaxformer.convert.lora import load_merged
-from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.models.lora import is_lora
-
-TOKENIZER_DIR = "tokenizer"
-HF_CONFIG = "hf_config.json"
+from jaxformer.convert.directory import export_hf_dir, import_hf_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,38 +41,16 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if not args.to or args.to_hf:
             ap.error("--from-hf needs --to (a jaxformer checkpoint directory)")
         _check_output("--to", args.to)
-        cfg, params, _ = load_hf(args.from_hf, scan_layers=args.scan_layers, head=args.head,
-                                 num_classes=args.num_classes)
-        # as <workdir>/tokenizer.model (sentencepiece, or the HF tokenizer of RoBERTa, BART, …),
-        # which the trainer and `jaxformer.cli.generate` read
-        start = read_config(args.from_hf).get("decoder_start_token_id")
-        objective = {"decoder_start_id": start} if cfg["family"] == "encoder_decoder" and \
-            isinstance(start, int) else None  # BART's 2; T5's 0
-        save_params(args.to, cfg, params, tokenizer=find_tokenizer(args.from_hf),
-                    objective=objective)
-        shutil.copyfile(os.path.join(args.from_hf, CONFIG_NAME), os.path.join(args.to, HF_CONFIG))
-        copied = copy_tokenizer_files(args.from_hf, os.path.join(args.to, TOKENIZER_DIR))
+        cfg, copied = import_hf_dir(args.from_hf, args.to, scan_layers=args.scan_layers,
+                                    head=args.head, num_classes=args.num_classes)
         print(f"wrote {args.to} ({cfg['family']}, head={cfg['head']}); tokenizer files: {copied}")
     else:
         if not args.to_hf or args.to:
             ap.error("--from needs --to-hf (a Hugging Face directory)")
         _check_output("--to-hf", args.to_hf, empty=True)
-        cfg, params = _load(args.from_ckpt)
-        tok = os.path.join(args.from_ckpt, TOKENIZER_DIR)
-        spm = os.path.join(args.from_ckpt, "tokenizer.model")
-        extra, tokenizer = None, None
-        if os.path.isfile(os.path.join(args.from_ckpt, HF_CONFIG)):  # an imported model
-            with open(os.path.join(args.from_ckpt, HF_CONFIG)) as f:
-                extra = json.load(f)
-        if os.path.isdir(tok):
-            tokenizer = tok
-        elif os.path.isfile(spm):  # a training workdir: its tokenizer and special ids
-            tokenizer, special = spm, Tokenizer.load(spm).special
-            extra = {"pad_token_id": special.pad_id, "eos_token_id": special.eos_id,
-                     "bos_token_id": special.bos_id, **(extra or {})}
-        save_hf(cfg, params, args.to_hf, tokenizer_path=tokenizer, extra_config=extra)
+        cfg, tokenizer = export_hf_dir(args.from_ckpt, args.to_hf)
         print(f"wrote {args.to_hf}" + (f" with the tokenizer of {args.from_ckpt}" if tokenizer else ""))
-        if tokenizer == spm and cfg["family"] != "encoder_decoder":
+        if tokenizer and tokenizer.endswith("tokenizer.model") and cfg["family"] != "encoder_decoder":
             if os.path.isfile(os.path.join(args.to_hf, "tokenizer.json")):
                 print(f"tokenizer: AutoTokenizer.from_pretrained('{args.to_hf}') loads "
                       "tokenizer.json, which gives this run's token ids")
@@ -112,18 +70,6 @@ def _check_output(flag: str, path: str, *, empty: bool = False) -> None:
     if empty and os.path.isdir(path) and os.listdir(path):
         raise ValueError(f"{flag} {path} exists and is not empty; choose a new directory "
                          "(nothing is overwritten)")
-
-
-def _load(path: str) -> tuple[dict, dict]:
-    """(ModelConfig fields, params) of a jaxformer directory; a LoRA run's adapters merged into
-    the base weights of its init_from (`jaxformer.convert.lora.load_merged`)."""
-    run_config = os.path.join(path, "config.json")
-    if os.path.isfile(run_config):
-        with open(run_config) as f:
-            if is_lora(json.load(f)):
-                cfg, params, _ = load_merged(path)
-                return cfg.to_dict(), params
-    return load_params(path)
 
 
 def run() -> None:
