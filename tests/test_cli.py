@@ -60,6 +60,24 @@ def test_help_lists_the_flags(command):
     assert ("Try --helpfull" in proc.stdout) == uses_absl, proc.stdout[-500:]
 
 
+@pytest.mark.slow  # two interpreters, ~4 s each
+def test_absl_help_is_the_commands_when_started_by_a_wrapper():
+    """Started by the root ``train.py`` or a console script (``__main__`` is then the wrapper),
+    ``--help`` still shows the command's docstring and its flags (`jaxformer.cli.run_absl`);
+    ``compile`` lists ``plan``'s flags as its own."""
+    wrappers = {"train": ([str(ROOT / "train.py")], {"config", "workdir", "print_config"}),
+                "compile": (["-c", "import sys; sys.argv[0] = 'jaxformer-compile'; "
+                                   "from jaxformer.cli.compile import run; run()"],
+                            {"config", "preset", "topology", "mesh", "json"})}
+    for command, (args, expected) in wrappers.items():
+        proc = subprocess.run([sys.executable, *args, "--help"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)
+        doc = importlib.import_module(f"jaxformer.cli.{command}").__doc__
+        assert proc.returncode == 1 and doc.splitlines()[0] in proc.stdout, proc.stdout[-2000:]
+        listed = set(re.findall(r"^\s+--(?:\[no\])?(\w+)", proc.stdout, flags=re.M))
+        assert expected <= listed, (command, listed)
+
+
 def test_no_library_module_imports_the_command_lines():
     edges = package_edges(ROOT / "jaxformer")
     importers = {p: reachable(edges, p) for p in edges if p != "jaxformer.cli"}

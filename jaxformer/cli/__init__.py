@@ -14,3 +14,23 @@ installed console script ``jaxformer-<command>`` (`[project.scripts]` in pyproje
 Each module holds flag definitions, ``main(argv)`` and ``run()`` (what the console script calls);
 the work itself is in the library module named above. Nothing in the library imports this package.
 """
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from absl import app, flags
+
+
+def run_absl(main: Callable[[list[str]], object], module_name: str) -> None:
+    """``absl.app.run(main)`` for the command module ``module_name``, with its ``--help`` whatever
+    started it. absl's help prints the ``__main__`` module's docstring and key flags; started by a
+    console script or the root ``train.py``, ``__main__`` is that wrapper, not the command module,
+    so the command's docstring and key flags are lent to it first."""
+    command, entry = sys.modules[module_name], sys.modules["__main__"]
+    if entry is not command:
+        entry.__doc__ = command.__doc__
+        for flag in flags.FLAGS.get_key_flags_for_module(command):
+            flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    app.run(main)

@@ -20,6 +20,7 @@ import sys
 from absl import app, flags, logging
 
 from jaxformer.cli import plan as plan_cli
+from jaxformer.cli import run_absl
 from jaxformer.cli.plan import config_from_flags, define_flags, emit
 from jaxformer.compile import compile_report, gib, refusal
 from jaxformer.parallel.topology import parse_topology
@@ -74,12 +75,12 @@ def main(argv) -> None:
 
 
 def run() -> None:
-    """The console script (`[project.scripts]`): defines the flags, then ``absl.app.run(main)``."""
+    """The console script (`[project.scripts]`): defines the flags, then absl runs `main` (`run_absl`)."""
     # Compile-only: this process needs no accelerator of its own (and must not wait for one).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     define_flags()
     flags.adopt_module_key_flags(plan_cli)  # --help lists them as this command's own
-    app.run(main)
+    run_absl(main, __name__)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from absl import app, flags, logging
+from absl import flags, logging
 
+from jaxformer.cli import run_absl
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.evaluate_run import evaluate_run, results_path, write_results
 from jaxformer.evaluation.decoding import DECODING_STRATEGIES
@@ -95,9 +96,9 @@ def main(argv):
 
 
 def run() -> None:
-    """The console script (`[project.scripts]`): defines the flags, then ``absl.app.run(main)``."""
+    """The console script (`[project.scripts]`): defines the flags, then absl runs `main` (`run_absl`)."""
     define_flags()
-    app.run(main)
+    run_absl(main, __name__)
 
 
 if __name__ == "__main__":

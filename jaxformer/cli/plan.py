@@ -20,6 +20,7 @@ import sys
 import ml_collections
 from absl import app, flags, logging
 
+from jaxformer.cli import run_absl
 from jaxformer.parallel.mesh import make_mesh, mesh_shape
 from jaxformer.parallel.topology import parse_topology
 from jaxformer.plan import CHILD_FLAG, compile_step, plan, preset_config
@@ -100,6 +101,7 @@ def config_from_flags(f) -> ml_collections.ConfigDict:
 def define_flags() -> None:
     """The flags of this command (also `jaxformer.cli.compile`'s)."""
     define_config_flag("config")
+    flags.declare_key_flag("config")  # listed by --help (it is defined in jaxformer.train.config)
     flags.DEFINE_string("preset", "", "Plan a model preset (jaxformer.models.presets) instead.")
     flags.DEFINE_integer("batch", 8, "--preset: global batch size.")
     flags.DEFINE_integer("seq_len", 1024, "--preset: tokens per row (encoder side).")
@@ -116,10 +118,10 @@ def define_flags() -> None:
 
 
 def run() -> None:
-    """The console script (`[project.scripts]`): defines the flags, then ``absl.app.run(main)``."""
+    """The console script (`[project.scripts]`): defines the flags, then absl runs `main` (`run_absl`)."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # planning allocates nothing
     define_flags()
-    app.run(main)
+    run_absl(main, __name__)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,11 @@ import sys
 from pathlib import Path
 
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
 
 from jaxformer.checkpoint import SaveFailed
 from jaxformer.checkpoint.lock import WorkdirBusy
+from jaxformer.cli import run_absl
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.parallel.distributed import await_lost_peer, maybe_initialize_distributed
 from jaxformer.train.config import define_config_flag
@@ -31,6 +32,7 @@ from jaxformer.train.loop import Trainer
 def define_flags() -> None:
     """The flags of this command (absl: defined once per process, by `run`)."""
     define_config_flag("config")
+    flags.declare_key_flag("config")  # listed by --help (it is defined in jaxformer.train.config)
     flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer "
                         "(required unless --print_config).")
     flags.DEFINE_bool("print_config", False, "Print every key of the config (value, base default, "
@@ -72,9 +74,9 @@ def main(argv):
 
 
 def run() -> None:
-    """The console script (`[project.scripts]`): defines the flags, then ``absl.app.run(main)``."""
+    """The console script (`[project.scripts]`): defines the flags, then absl runs `main` (`run_absl`)."""
     define_flags()
-    app.run(main)
+    run_absl(main, __name__)
 
 
 if __name__ == "__main__":
