@@ -23,7 +23,7 @@ import jax
 from jaxformer import options
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.decode.api import STRATEGIES, encode_prompts, generate
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 from jaxformer.train.checkpoint import load_for_inference, open_run
 
 

@@ -53,7 +53,7 @@ from jaxformer.generate import (
     generation_kwargs,
     note_ignored_options,
 )
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 from jaxformer.objectives.cloze import class_logits, predicts_labels
 from jaxformer.objectives.registry import check_data_task
 from jaxformer.options import option

@@ -25,7 +25,7 @@ from safetensors.numpy import load_file, save_file
 from jaxformer.config import ModelConfig
 from jaxformer.convert import is_hf_directory, load_hf, load_params, save_hf, save_params
 from jaxformer.convert.__main__ import main as convert_main
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 from jaxformer.ops import weighted_cross_entropy
 
 V = 128

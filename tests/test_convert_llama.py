@@ -24,7 +24,7 @@ from jaxformer.convert.__main__ import main as convert_main
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode import generate
 from jaxformer.models.presets import preset
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 from jaxformer.ops.positions import RopeScaling, rope_frequencies
 from jaxformer.train.state import init_model_params
 

@@ -10,7 +10,7 @@ import pytest
 from jaxformer.config import ModelConfig
 from jaxformer.data.vocab import SpecialTokens
 from jaxformer.models.presets import preset
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 from jaxformer.objectives import (
     OBJECTIVES,
     denoise,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxformer.decode import generate_text
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 from jaxformer.predict import main
 from jaxformer.train.checkpoint import load_for_inference
 from jaxformer.train.config import load_config
