@@ -78,8 +78,9 @@ def from_hf(directory: str | os.PathLike, **kwargs) -> nnx.Module:
 def linen_model(cfg: ModelConfig) -> nn.Module:
     """The model of ``cfg`` as a Flax Linen module, through flax's own bridge
     (`flax.nnx.bridge.to_linen`), for code written against Linen: ``init(rng, *inputs)`` gives
-    ``{"params": tree}`` with the paths of `param_dict` (plain arrays), so checkpoints and params
-    trees of the former hand-written Linen modules load unchanged, and ``apply({"params": tree}, *inputs, deterministic=...)`` is
+    ``{"params": tree}`` with the paths of `param_dict` (each leaf boxed in the bridge's metadata,
+    ``nn.unbox`` gives the arrays), so checkpoints and params trees of the former hand-written
+    Linen modules load unchanged, and ``apply({"params": tree}, *inputs, deterministic=...)`` is
     the NNX model's call. Dropout draws from ``rngs={"dropout": key}``; decoding runs on the NNX
     model (`jaxformer.decode`)."""
     return bridge.to_linen(MODELS[cfg.family], cfg)

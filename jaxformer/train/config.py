@@ -92,8 +92,8 @@ KEY_DOCS = {
     "mesh.dcn_fsdp": "slices along mesh.fsdp (FSDP across slices: its gathers cross the DCN)",
     "parallel": "'jit' (sharded over the mesh), 'shard_map' or 'pmap' (data parallel, replicated "
                 "state)",
-    "module_api": "'linen' (jaxformer.models) or 'nnx' (jaxformer.nnx): same parameters, same "
-                  "computation",
+    "module_api": "'nnx' (the one module implementation, jaxformer.nnx); 'linen', the former "
+                  "Linen modules' setting, runs the same NNX program (same parameters)",
     "log_every_steps": "metrics.jsonl / TensorBoard cadence",
     "nonfinite": "'stop' at the first non-finite loss or grad norm, or 'skip' the update",
     "nonfinite_limit": "with nonfinite='skip': stop after this many non-finite steps in a row",
@@ -141,7 +141,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, context=1, tensor=1, dcn_data=1,
                                             dcn_fsdp=1))
     c.parallel = "jit"
-    c.module_api = "linen"
+    c.module_api = "nnx"
     c.log_every_steps = 50
     c.nonfinite = "stop"
     c.nonfinite_limit = 10
@@ -313,7 +313,7 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
         raise ValueError(f"num_train_steps={config.num_train_steps!r} must be a positive integer")
     if config.parallel not in PARALLEL_MODES:
         raise ValueError(f"parallel={config.parallel!r} must be one of {PARALLEL_MODES}")
-    if config.get("module_api", "linen") not in MODULE_APIS:
+    if config.get("module_api", "nnx") not in MODULE_APIS:
         raise ValueError(f"module_api={config.module_api!r} is invalid: choose one of {MODULE_APIS}")
     sharded = {a: config.mesh.get(a, 1) for a in ("fsdp", "context", "tensor")
                if config.mesh.get(a, 1) != 1}
