@@ -32,8 +32,8 @@ from jaxformer.decode import (
 )
 from jaxformer.decode.api import bucket_width
 from jaxformer.decode.sampling import top_k_top_p_filter
-from jaxformer.models.presets import preset
 from jaxformer.models import build_model
+from jaxformer.models.presets import preset
 
 VOCAB = 64
 NO_DROPOUT = dict(dropout_rate=0.0, attention_dropout_rate=0.0, ffn_dropout_rate=0.0)

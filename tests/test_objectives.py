@@ -9,8 +9,8 @@ import pytest
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.vocab import SpecialTokens
-from jaxformer.models.presets import preset
 from jaxformer.models import build_model
+from jaxformer.models.presets import preset
 from jaxformer.objectives import (
     OBJECTIVES,
     denoise,

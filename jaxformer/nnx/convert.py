@@ -15,10 +15,10 @@ from typing import Any
 
 import flax.core
 import flax.linen as nn
-from flax.nnx import bridge
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx import bridge
 from jax.sharding import Mesh
 
 from jaxformer.config import ModelConfig
