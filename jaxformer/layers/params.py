@@ -294,7 +294,7 @@ def stack_spec(cfg: ModelConfig, num_layers: int, *, cross_attention: bool = Fal
 
 
 def model_spec(cfg: ModelConfig) -> dict:
-    """Every parameter of ``cfg``'s model, by top-level part: exactly the tree of the Linen
+    """Every parameter of ``cfg``'s model, by top-level part: exactly the tree of the NNX
     ``build_model(cfg).init(...)["params"]`` and of the NNX model's `nnx.Param` state.
 
     Parts: ``token_embed``; per stack ``S`` (``encoder``/``decoder``) its input embedding

@@ -4,7 +4,7 @@
     model = build_model(cfg, nnx.Rngs(0))           # cfg: jaxformer.config.ModelConfig
     logits = model(tokens)                            # [batch, length] → [batch, length, vocab]
     graphdef, state = nnx.split(model)                # pure state for jax.jit / optax
-    params = param_dict(model)                        # = the Linen model's params tree
+    params = param_dict(model)                        # = the checkpoints' params tree
 
     model.init_cache(batch_size, max_length)         # KV cache as nnx.Cache state; then
     logits = model(tokens, decode=True)               # appends tokens at the cache's next slot

@@ -10,7 +10,7 @@ forward pass is `jaxformer.models.forward`'s: the stacks run `jaxformer.ops.stac
 (`jax.lax.scan` over ``layers`` when ``cfg.scan_layers``).
 
 Dropout follows `nnx.Dropout`: models start in evaluation mode (``deterministic=True``, as the
-Linen models' default); ``model.train()`` / ``model.eval()`` switch it, and a call's
+former Linen models' default); ``model.train()`` / ``model.eval()`` switch it, and a call's
 ``deterministic`` overrides. Keys come from the call's ``rngs`` — an `nnx.Rngs`, an `nnx.RngStream`
 or a plain `jax.random` key (so a jitted step stays a pure function of (params, batch, key)) — or
 else from a fork of the constructor's ``dropout`` (or default) stream. Part ``p`` of the model

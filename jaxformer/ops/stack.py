@@ -71,7 +71,7 @@ def run_stack(params: dict, x: Array, *, cfg: ModelConfig, num_layers: int, caus
         ``{"shared": block}`` (one block for every layer).
       causal: causal self-attention (decoders).
       dropout_rng: enables dropout; layer ``i`` uses ``split(dropout_rng, num_layers)[i]`` in both
-        layouts, so a scanned stack equals its unrolled twin with dropout on too.
+        layouts, so a scanned stack equals its unrolled layout with dropout on too.
       cache, cache_index: per-layer decoding caches laid out like ``params`` (``{"layers": …}``
         with a leading ``layers`` axis, scanned with the parameters, or ``{"layer_i": …}``), each
         ``{"self": …, "cross"?: (k, v)}`` of `jaxformer.ops.blocks.transformer_block`; the new
