@@ -59,8 +59,8 @@ from peer_models import hf_generators  # noqa: E402
 
 from jaxformer.config import ModelConfig  # noqa: E402
 from jaxformer.decode import GenerationConfig, generate_padded  # noqa: E402
+from jaxformer.models import build_model  # noqa: E402
 from jaxformer.models.presets import preset  # noqa: E402
-from jaxformer.models.transformer import build_model  # noqa: E402
 
 NO_DROPOUT = dict(dropout_rate=0.0, attention_dropout_rate=0.0, ffn_dropout_rate=0.0)
 

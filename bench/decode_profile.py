@@ -33,7 +33,7 @@ from decode import model_config, random_params  # noqa: E402
 from op_profile import CATEGORIES, attribute, classify, parse_hlo, source, thunk_intervals  # noqa: E402
 
 from jaxformer.decode import steps  # noqa: E402
-from jaxformer.models.transformer import build_model  # noqa: E402
+from jaxformer.models import build_model  # noqa: E402
 
 
 def compiled_step(model, params, batch: int, args) -> dict:

@@ -49,7 +49,7 @@ from common import block, format_table  # noqa: E402
 from peer_models import hf_flax_apply, jaxformer_apply, make_batch, model_config  # noqa: E402
 from train_families import LR, WEIGHT_DECAY, jitted_step  # noqa: E402
 
-from jaxformer.models.transformer import build_model  # noqa: E402
+from jaxformer.models import build_model  # noqa: E402
 
 CATEGORIES = ("dot", "copy", "reduce", "gather", "elementwise", "other")
 MOVEMENT = {"parameter", "constant", "copy", "transpose", "bitcast", "reshape", "broadcast", "slice",

@@ -76,7 +76,7 @@ def mean_loss(family: str, logits, batch) -> Any:
 
 
 def jaxformer_apply(family: str, model):
-    """``(params, batch) -> logits`` of a jaxformer Linen model."""
+    """``(params, batch) -> logits`` of a jaxformer model (`jaxformer.models.build_model`)."""
     if family == "gpt":
         return lambda p, b: model.apply(p, b["tokens"][:, :-1])
     if family == "bert":

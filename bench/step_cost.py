@@ -28,7 +28,7 @@ from common import format_table  # noqa: E402
 from peer_models import hf_flax_apply, jaxformer_apply, make_batch, mean_loss, model_config  # noqa: E402
 from train_families import LR, WEIGHT_DECAY, jitted_step  # noqa: E402
 
-from jaxformer.models.transformer import build_model  # noqa: E402
+from jaxformer.models import build_model  # noqa: E402
 
 
 def compiled_cost(compiled) -> dict:

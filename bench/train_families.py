@@ -3,7 +3,8 @@
 For each family (``--families``) three systems train the same model (`bench/peer_models.py`: same
 architecture, same parameter count, float32, dropout off, AdamW lr 1e-4 weight decay 0.01):
 
-* ``jaxformer``: the Linen model, a jitted forward + backward + `optax.adamw` step (buffers donated);
+* ``jaxformer``: the model (`build_model`: NNX, merged while tracing), a jitted forward + backward +
+  `optax.adamw` step (buffers donated);
 * ``hf-flax``: transformers' Flax model (4.57.6, in ``.venv-peers``: `make peers`) in the same
   jitted step, the same loss function (`jaxformer.ops.weighted_cross_entropy`) and optimizer;
 * ``torch``: transformers' PyTorch model, eager, `torch.optim.AdamW`, its own loss.
@@ -61,7 +62,7 @@ from peer_models import (  # noqa: E402
     with_layers,
 )
 
-from jaxformer.models.transformer import build_model  # noqa: E402
+from jaxformer.models import build_model  # noqa: E402
 from jaxformer.plan import model_flops  # noqa: E402
 
 LR, WEIGHT_DECAY = 1e-4, 0.01

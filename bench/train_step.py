@@ -7,10 +7,11 @@ the same run (see `bench/common.py` for the FLOP accounting). With ``--peer`` th
 timed in PyTorch (Hugging Face `GPT2LMHeadModel`, eager, torch.optim.AdamW). Steps are timed
 round-robin (one step of each variant per round), so that ratios survive a noisy, shared machine.
 
-Variants: ``xla`` (baseline), ``scan`` (`nn.scan` over layers), ``remat`` (full rematerialisation),
-``chunked`` (memory-efficient attention), ``nodonate`` (baseline without buffer donation), ``bf16``
+Variants: ``xla`` (baseline: `jaxformer.models.build_model`'s pure pair), ``scan`` (`lax.scan`
+over layers), ``remat`` (full rematerialisation), ``chunked`` (memory-efficient attention),
+``nodonate`` (baseline without buffer donation), ``bf16``
 (bfloat16 compute, float32 parameters; MFU still against the float32 peak); ``nnx`` and
-``nnx_scan``: the NNX model (`jaxformer.nnx`) in the same pure jitted step, as the trainer runs it
+``nnx_scan``: the NNX model (`jaxformer.nnx`) split by hand in the same pure jitted step
 (``nnx.split`` once, ``nnx.merge(graphdef, params)`` inside the traced loss); ``nnx_jit``: the
 stateful NNX idiom, `nnx.jit` over the model and an `nnx.Optimizer` updated in place (graph
 traversal in Python on every call, flax issues 4045 / 4459). "same program as" names the first
@@ -46,7 +47,7 @@ from common import (  # noqa: E402
 
 from jaxformer import nnx as jnnx  # noqa: E402
 from jaxformer.config import ModelConfig  # noqa: E402
-from jaxformer.models import DecoderOnly  # noqa: E402
+from jaxformer.models import build_model  # noqa: E402
 from jaxformer.ops import weighted_cross_entropy  # noqa: E402
 
 VARIANTS = {
@@ -78,7 +79,7 @@ def next_token_loss(logits, tokens):
 
 
 def make_step(apply, tx: optax.GradientTransformation, donate: bool):
-    """The jitted step of a pure ``apply(params, tokens) -> logits`` (Linen, or NNX via merge)."""
+    """The jitted step of a pure ``apply(params, tokens) -> logits`` (NNX via merge)."""
 
     def step(params, opt_state, tokens):
         loss_fn = lambda p: next_token_loss(apply(p, tokens[:, :-1]), tokens)
@@ -90,13 +91,14 @@ def make_step(apply, tx: optax.GradientTransformation, donate: bool):
 
 
 def init_variant(name: str, cfg: ModelConfig, tokens):
-    """(pure apply, params, the params tree) of the Linen or NNX model."""
+    """(pure apply, params, the params tree): `build_model`'s functional pair, or (``nnx*``) the
+    NNX model split by hand."""
     if name.startswith("nnx"):
         graphdef, state = nnx.split(jnnx.build_model(cfg, nnx.Rngs(params=0)))
         params = nnx.to_pure_dict(state)
         return (lambda p, t: nnx.merge(graphdef, p)(t)), params, params
-    model = DecoderOnly(cfg)
-    params = jax.jit(model.init)(jax.random.key(0), tokens[:, :-1])
+    model = build_model(cfg)
+    params = jax.jit(model.init)(jax.random.key(0))
     return model.apply, params, params["params"]
 
 

@@ -195,7 +195,7 @@ class ModelConfig:
     # layout: how the same parameters are stored
     param_dtype: str = _field(LAYOUT, "float32", "storage dtype of the parameters")
     scan_layers: bool = _field(
-        LAYOUT, False, "nn.scan over the layers (one compiled layer; parameters stacked on a 'layers' axis)")
+        LAYOUT, False, "lax.scan over the layers (one compiled layer; parameters stacked on a 'layers' axis)")
 
     def __post_init__(self):
         if (self.head_dim is None and isinstance(self.num_heads, int) and self.num_heads > 0

@@ -44,7 +44,7 @@ from jaxformer.data.pipeline import example_framing, make_dataset
 from jaxformer.data.sources import Fields, list_option
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode.api import GenerationConfig, encode_prompts, generate_batches
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 from jaxformer.objectives.cloze import class_logits, predicts_labels
 from jaxformer.objectives.registry import check_data_task
 from jaxformer.options import option

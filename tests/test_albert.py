@@ -21,8 +21,8 @@ from jaxformer import nnx as jnnx
 from jaxformer.config import ModelConfig
 from jaxformer.convert import load_hf, save_hf
 from jaxformer.layers.params import FACTORED_EMBED, block_spec, init_params
+from jaxformer.models import build_model
 from jaxformer.models.presets import preset
-from jaxformer.models.transformer import build_model
 from jaxformer.ops.blocks import transformer_block
 from jaxformer.ops.dense import dense
 from jaxformer.ops.norms import normalize

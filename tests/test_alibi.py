@@ -21,7 +21,6 @@ from jaxformer import nnx as jnnx
 from jaxformer.config import ModelConfig
 from jaxformer.convert import save_hf
 from jaxformer.decode import generate
-from jaxformer.models import build_model as build_linen
 from jaxformer.models.presets import preset
 from jaxformer.ops import alibi_bias, alibi_slopes
 
@@ -120,9 +119,10 @@ def np_forward(cfg: ModelConfig, params: dict, tokens, positions, segment_ids) -
     return x @ table.T if cfg.causal else x
 
 
-FRONT_ENDS = {  # the Linen entry goes with the Linen front end (issue 40, item 1)
+FRONT_ENDS = {  # the NNX module, and Linen users' module (flax's bridge over the same model)
     "nnx": lambda cfg, params, *a, **kw: jnnx.from_params(cfg, params)(*a, **kw),
-    "linen": lambda cfg, params, *a, **kw: build_linen(cfg).apply({"params": params}, *a, **kw),
+    "linen": lambda cfg, params, *a, **kw: jnnx.linen_model(cfg).apply({"params": params}, *a,
+                                                                       **kw),
 }
 
 

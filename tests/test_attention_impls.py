@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from jaxformer.config import ModelConfig
+from jaxformer.models import build_model
 from jaxformer.models.presets import PRESETS, preset
-from jaxformer.models.transformer import build_model
 from jaxformer.ops import dot_product_attention
 from jaxformer.ops.attention_kernels import (
     backend_problem,

@@ -22,8 +22,8 @@ from test_decode import (
 from jaxformer.config import ModelConfig
 from jaxformer.decode import generate, length_penalty
 from jaxformer.decode.beam import path_mask
+from jaxformer.models import build_model
 from jaxformer.models.presets import preset
-from jaxformer.models.transformer import build_model
 from jaxformer.ops.losses import cross_entropy_with_integer_labels
 
 

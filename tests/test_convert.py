@@ -26,7 +26,7 @@ from jaxformer.checkpoint import load_params, save_params
 from jaxformer.cli.convert import main as convert_main
 from jaxformer.config import ModelConfig
 from jaxformer.convert import is_hf_directory, load_hf, save_hf
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 from jaxformer.ops import weighted_cross_entropy
 
 V = 128

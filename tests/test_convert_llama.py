@@ -23,8 +23,8 @@ from jaxformer.config import ModelConfig
 from jaxformer.convert import hf_llama, load_hf, save_hf
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode import generate
+from jaxformer.models import build_model
 from jaxformer.models.presets import preset
-from jaxformer.models.transformer import build_model
 from jaxformer.ops.positions import RopeScaling, rope_frequencies
 from jaxformer.train.state import init_model_params
 

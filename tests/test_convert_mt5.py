@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 
 from jaxformer.config import ModelConfig
 from jaxformer.convert import load_hf, save_hf
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 
 V = 96
 INPUTS = np.random.default_rng(0).integers(2, V, (2, 11)).astype(np.int32)

@@ -23,7 +23,7 @@ from jaxformer import nnx as jnnx
 from jaxformer.config import ModelConfig
 from jaxformer.convert import load_hf, save_hf
 from jaxformer.decode import generate
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 
 V, B, L, T = 128, 2, 12, 7  # vocabulary, batch, source length, target length
 RTOL = 1e-5

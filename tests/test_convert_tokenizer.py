@@ -16,8 +16,8 @@ from jaxformer.convert import save_hf
 from jaxformer.convert.hf_tokenizer import build_fast_tokenizer
 from jaxformer.data.sources import get_source
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
+from jaxformer.models import build_model
 from jaxformer.models.presets import preset
-from jaxformer.models.transformer import build_model
 
 pytestmark = pytest.mark.slow  # transformers interop (AutoTokenizer); `make test` runs it
 

@@ -31,8 +31,8 @@ from jaxformer.decode import (
 )
 from jaxformer.decode.api import bucket_width
 from jaxformer.decode.sampling import top_k_top_p_filter
+from jaxformer.models import build_model
 from jaxformer.models.presets import preset
-from jaxformer.models.transformer import build_model
 from jaxformer.vocab import SpecialTokens
 
 VOCAB = 64

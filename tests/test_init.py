@@ -22,8 +22,8 @@ from golden import init_stats
 from jaxformer.config import ModelConfig
 from jaxformer.convert.mapping import flatten, unflatten
 from jaxformer.layers.params import initializer_of, residual_sublayers
+from jaxformer.models import build_model
 from jaxformer.models.presets import PRESETS, preset
-from jaxformer.models.transformer import build_model
 
 # The std of a normal cut at ±2 std, as a fraction of its std before the cut.
 TRUNCATED_STD = 0.8796256610342398

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jaxformer.config import ModelConfig
-from jaxformer.models import DecoderOnly, EncoderDecoder, EncoderOnly, build_model
+from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.ops import cross_entropy_with_integer_labels
 
@@ -73,7 +73,7 @@ def make_batch(cfg: ModelConfig, seed: int = 0) -> dict:
 
 def call(model, variables, batch, **kw):
     b = dict(batch)
-    if isinstance(model, EncoderDecoder):
+    if model.cfg.family == "encoder_decoder":
         return model.apply(variables, b.pop("inputs"), b.pop("targets_in"), **b, **kw)
     return model.apply(variables, b.pop("tokens"), **b, **kw)
 
@@ -96,7 +96,7 @@ def random_params(cfg: ModelConfig, seed: int = 0):
 
 def call_init(model, batch):
     b = dict(batch)
-    if isinstance(model, EncoderDecoder):
+    if model.cfg.family == "encoder_decoder":
         return model.init(KEY(0), b.pop("inputs"), b.pop("targets_in"), **b)
     return model.init(KEY(0), b.pop("tokens"), **b)
 
@@ -215,7 +215,7 @@ def test_decoder_is_causal(name):
 
 def test_jit_equals_eager():
     cfg, fwd = forward("gpt_tiny")
-    model, batch, params = DecoderOnly(cfg), make_batch(cfg), params_of("gpt_tiny")
+    model, batch, params = build_model(cfg), make_batch(cfg), params_of("gpt_tiny")
     np.testing.assert_allclose(fwd(params, batch), call(model, params, batch), atol=1e-5)
 
 
@@ -304,7 +304,7 @@ def test_param_dtype_applies_to_every_parameter(name):
 def test_encoder_decoder_encode_and_decode_methods():
     cfg, fwd = forward("t5_tiny")
     params, batch = params_of("t5_tiny"), make_batch(cfg)
-    model = EncoderDecoder(cfg)
+    model = build_model(cfg)
 
     def encode_then_decode(p, b):
         enc = model.apply(p, b["inputs"], inputs_segment_ids=b["inputs_segment_ids"],
@@ -337,25 +337,25 @@ def test_out_of_vocabulary_ids():
         tokens = batch["tokens"].copy()
         tokens[0, 3] = bad
         with pytest.raises(ValueError, match=rf"outside the vocabulary \[0, {cfg.vocab_size}\)"):
-            DecoderOnly(cfg).apply(params, tokens)
+            build_model(cfg).apply(params, tokens)
         logits = np.asarray(fwd(params, dict(batch, tokens=tokens)))  # traced: no check possible
         assert np.isnan(logits[0, 3]).all(), f"id {bad} was silently clamped or wrapped"
         # other rows are unaffected (within row 0 the NaN reaches every query: 0 weight · NaN)
         assert np.isfinite(logits[1:]).all()
     ecfg = cfg_of("bert_tiny")
     with pytest.raises(ValueError, match="tokens contain ids outside"):
-        EncoderOnly(ecfg).apply(params_of("bert_tiny"), np.full((1, 4), 99))
+        build_model(ecfg).apply(params_of("bert_tiny"), np.full((1, 4), 99))
     tcfg = cfg_of("t5_tiny")
     ok, bad = np.ones((1, 4), np.int32), np.full((1, 4), 64, np.int32)
     for args, what in [((bad, ok), "inputs"), ((ok, bad), "targets_in")]:
         with pytest.raises(ValueError, match=f"{what} contain ids outside"):
-            EncoderDecoder(tcfg).apply(params_of("t5_tiny"), *args)
+            build_model(tcfg).apply(params_of("t5_tiny"), *args)
 
 
 def test_positions_types_shapes_and_cache_outside_their_tables_are_errors():
     """Each used to give NaN logits (or, past the KV cache, silently wrong ones) with no error."""
     cfg = cfg_of("gpt_tiny")
-    params, model = params_of("gpt_tiny"), DecoderOnly(cfg)
+    params, model = params_of("gpt_tiny"), build_model(cfg)
     with pytest.raises(ValueError, match=r"tokens of length 34 exceed model.max_len=32"):
         model.apply(params, np.ones((1, 34), np.int32))
     with pytest.raises(ValueError, match=r"tokens of length 34 exceed"):  # static: also under jit
@@ -369,9 +369,9 @@ def test_positions_types_shapes_and_cache_outside_their_tables_are_errors():
     ecfg = cfg_of("bert_tiny")
     with pytest.raises(ValueError, match=r"token_types contain ids outside \[0, "
                                          r"model.type_vocab_size=2\)"):
-        EncoderOnly(ecfg).apply(params_of("bert_tiny"), np.ones((1, 4), np.int32),
+        build_model(ecfg).apply(params_of("bert_tiny"), np.ones((1, 4), np.int32),
                                 token_types=np.array([[0, 1, 2, 1]]))
-    cache = model.init(KEY(0), np.ones((1, 4), np.int32), decode=True)["cache"]
+    cache = model.init_cache(1, 4)
     _, state = model.apply({**params, "cache": cache}, np.ones((1, 4), np.int32), decode=True,
                            mutable=["cache"])
     with pytest.raises(ValueError, match=r"decoding 1 more token\(s\) at cache index 4 "

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from jaxformer.config import ModelConfig
+from jaxformer.models import build_model
 from jaxformer.models.presets import preset
-from jaxformer.models.transformer import build_model
 from jaxformer.objectives import (
     OBJECTIVES,
     denoise,

@@ -11,8 +11,8 @@ import optax
 import pytest
 
 from jaxformer.config import ModelConfig
+from jaxformer.models import build_model
 from jaxformer.models.presets import preset
-from jaxformer.models.transformer import build_model
 from jaxformer.ops.losses import weighted_cross_entropy
 from jaxformer.train.optim import (
     HEAD_PARAM_PREFIXES,

@@ -9,8 +9,8 @@ import pytest
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.packing import TruncationCounter, pack, pad_example, unpack_row
+from jaxformer.models import build_model
 from jaxformer.models.presets import preset
-from jaxformer.models.transformer import DecoderOnly, EncoderDecoder, EncoderOnly
 
 
 def _examples(n, max_len, seed=0, with_targets=False):
@@ -164,7 +164,7 @@ def _check_segments(exs, batch, feature, packed, run_alone):
                                       ("bert_tiny", {"head": "none", "pooler": False})])
 def test_packed_rows_match_separate_examples_single_stack(name, kw):
     cfg = _tiny(name, **kw)
-    model = (DecoderOnly if cfg.family == "decoder" else EncoderOnly)(cfg)
+    model = build_model(cfg)
     exs, batch = _packed_rows(with_targets=False)
     b = {k: jnp.asarray(v) for k, v in batch.items()}
     params = model.init(jax.random.key(0), b["inputs"])
@@ -177,7 +177,7 @@ def test_packed_rows_match_separate_examples_single_stack(name, kw):
 @pytest.mark.slow
 def test_packed_rows_match_separate_examples_encoder_decoder():
     """Decoder logits per target segment (T5: relative position bias from the packed positions)."""
-    model = EncoderDecoder(_tiny("t5_tiny"))
+    model = build_model(_tiny("t5_tiny"))
     exs, batch = _packed_rows(with_targets=True)
     b = {k: jnp.asarray(v) for k, v in batch.items()}
     params = model.init(jax.random.key(0), b["inputs"], b["targets"])

@@ -20,7 +20,6 @@ from jaxformer.config import ModelConfig
 from jaxformer.convert.hf import load_hf, save_hf
 from jaxformer.decode import generate
 from jaxformer.models import build_model
-from jaxformer.nnx import FunctionalModel
 from jaxformer.objectives import prepare_clm, prepare_plm
 from jaxformer.ops import permutation
 from jaxformer.train import config as train_config
@@ -129,17 +128,15 @@ def _batch(seed: int = 0) -> dict:
 
 
 def _init(model, cfg, seed=0):
-    if isinstance(model, FunctionalModel):
-        return nn.unbox(model.init(jax.random.key(seed))["params"])
-    return nn.unbox(model.init(jax.random.key(seed), jnp.ones((1, 8), jnp.int32))["params"])
+    return nn.unbox(model.init(jax.random.key(seed))["params"])
 
 
-@pytest.mark.parametrize("position,scan,api", [
-    ("learned", False, "linen"), pytest.param("rope", True, "linen", marks=pytest.mark.slow),
-    pytest.param("sinusoidal", False, "nnx", marks=pytest.mark.slow)])
-def test_identity_order_with_k1_is_exactly_the_causal_lm_loss(position, scan, api):
+@pytest.mark.parametrize("position,scan", [
+    ("learned", False), pytest.param("rope", True, marks=pytest.mark.slow),
+    pytest.param("sinusoidal", False, marks=pytest.mark.slow)])
+def test_identity_order_with_k1_is_exactly_the_causal_lm_loss(position, scan):
     cfg = _model_cfg(position=position, scan_layers=scan)
-    model = build_model(cfg) if api == "linen" else FunctionalModel(cfg)
+    model = build_model(cfg)
     params = _init(model, cfg)
     batch = _batch()
     options = ml_collections.ConfigDict({"name": "plm", "plm_k": 1.0, "plm_identity_order": True})

@@ -15,7 +15,7 @@ import pytest
 from jaxformer.checkpoint import load_for_inference
 from jaxformer.cli.predict import main
 from jaxformer.decode import generate_text
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import train_and_evaluate
 

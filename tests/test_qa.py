@@ -14,7 +14,7 @@ from jaxformer.data.pipeline import make_dataset
 from jaxformer.data.qa import answer_token_span, qa_example, qa_windows
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 from jaxformer.decode.span import best_answer, best_span
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 from jaxformer.objectives.registry import bind_objective
 from jaxformer.ops.losses import weighted_cross_entropy
 

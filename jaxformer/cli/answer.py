@@ -25,7 +25,7 @@ from jaxformer.cli.generate import add_checkpoint_flags
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.data.qa import qa_options
 from jaxformer.decode.span import best_answer
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 from jaxformer.objectives.qa import QA_OPTIONS
 from jaxformer.options import option
 from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP, bar_disabled

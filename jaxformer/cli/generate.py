@@ -24,7 +24,7 @@ from jaxformer import options
 from jaxformer.checkpoint import load_for_inference, open_run
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.decode.api import STRATEGIES, encode_prompts, generate
-from jaxformer.models.transformer import build_model
+from jaxformer.models import build_model
 
 
 def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:

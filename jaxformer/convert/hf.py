@@ -60,8 +60,8 @@ from jaxformer.convert.mapping import (
 )
 from jaxformer.data.fast_tokenizer import FastTokenizer, is_saved_fast_tokenizer
 from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.models import build_model
 from jaxformer.models.heads import is_head_module
-from jaxformer.models.transformer import build_model
 
 log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert": hf_albert,

@@ -5,10 +5,12 @@
     texts = generate_text(model, params, tokenizer, ["Once upon a time"], strategy="sample",
                           temperature=0.8, top_p=0.9, rng=jax.random.key(0))
 
-An NNX model (`jaxformer.nnx`) carries its parameters, so its calls omit them:
-``generate(nnx_model, prompts, ...)``, ``generate_text(nnx_model, tokenizer, texts, ...)``. It decodes
-through the same program as its Linen twin (`jaxformer.nnx.to_linen`: the Linen module of the same
-config on the NNX model's parameters; one forward implementation, so the generations are equal).
+Two conventions, one program. ``model`` is what ``jaxformer.models.build_model`` returns (a
+`jaxformer.nnx.FunctionalModel`) and ``params`` its parameter tree (a checkpoint's, `load_hf`'s);
+or an NNX model (`jaxformer.nnx.build_model`, `from_hf`), which carries its parameters, so its calls
+omit them: ``generate(nnx_model, prompts, ...)``, ``generate_text(nnx_model, tokenizer, texts,
+...)``. Either way the jitted program holds the model's graph definition statically and takes the
+parameters and the KV cache (the NNX model's `nnx.Cache` state) as pytrees.
 
 For decoder-only models the inputs are prompts (continued); for encoder-decoder models they are
 sources (the decoder starts from ``decoder_start_id``, 0 = pad as in T5). Everything from the prompt
@@ -23,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +35,8 @@ from jaxformer.decode import steps
 from jaxformer.decode.beam import BeamResult, beam_search
 from jaxformer.decode.sampling import sample
 from jaxformer.decode.search import DecodeResult, decode_loop
-from jaxformer.nnx import to_linen
+from jaxformer.nnx.functional import FunctionalModel
+from jaxformer.nnx.params import param_dict
 from jaxformer.ops.embedding import check_token_ids
 from jaxformer.progress import bar_disabled
 
@@ -129,7 +131,7 @@ def _program(config: GenerationConfig) -> GenerationConfig:
                                top_p=0.5 if top_p_on else None, **beam_defaults)
 
 
-def _generate_impl(model: nn.Module, program: GenerationConfig, params: Any, inputs: jax.Array,
+def _generate_impl(model: FunctionalModel, program: GenerationConfig, params: Any, inputs: jax.Array,
                    lengths: jax.Array, rng: jax.Array | None, temperature: jax.Array,
                    top_p: jax.Array) -> DecodeResult | BeamResult:
     beam = program.strategy == "beam"
@@ -159,13 +161,13 @@ def _generate_impl(model: nn.Module, program: GenerationConfig, params: Any, inp
 _generate_jit = jax.jit(_generate_impl, static_argnums=(0, 1))
 
 
-def generate_padded(model: nn.Module, params: Any, inputs: jax.Array, lengths: jax.Array,
+def generate_padded(model: FunctionalModel, params: Any, inputs: jax.Array, lengths: jax.Array,
                     config: GenerationConfig, rng: jax.Array | None = None
                     ) -> DecodeResult | BeamResult:
     """Jitted generation from a right-padded batch (e.g. a pipeline batch's ``inputs``).
 
     Args:
-      model: a `DecoderOnly` or `EncoderDecoder` module.
+      model: the `FunctionalModel` of a decoder-only or encoder-decoder config.
       params: its parameter tree (the ``"params"`` collection).
       inputs: `[B, L]` int32 prompts (decoder-only) or sources (encoder-decoder), right-padded.
       lengths: `[B]` int32 real tokens per row (prompts need at least one).
@@ -183,10 +185,10 @@ def generate_padded(model: nn.Module, params: Any, inputs: jax.Array, lengths: j
                          rng if program.strategy == "sample" else None, *knobs)
 
 
-def _as_linen(model: Any, params: Any) -> tuple[nn.Module, Any]:
-    """(Linen module, params) of a Linen model and its params, or of an NNX model (its twin)."""
+def _functional(model: Any, params: Any) -> tuple[FunctionalModel, Any]:
+    """(functional model, params) of a `FunctionalModel` and its params, or of an NNX model."""
     if isinstance(model, nnx.Module):
-        return to_linen(model)
+        return FunctionalModel(model.cfg), param_dict(model)
     return model, params
 
 
@@ -197,7 +199,7 @@ def _unwrap(params: Any) -> Any:
 
 
 def generate(
-    model: nn.Module | nnx.Module,
+    model: FunctionalModel | nnx.Module,
     params: Any = None,
     prompts: Sequence[Sequence[int]] | None = None,
     *,
@@ -227,7 +229,7 @@ def generate(
     """
     if isinstance(model, nnx.Module) and prompts is None:
         params, prompts = None, params
-    model, params = _as_linen(model, params)
+    model, params = _functional(model, params)
     if prompts is None:
         raise ValueError("generate needs prompts, e.g. generate(model, params, [[5, 6], [7]])")
     config = GenerationConfig(
@@ -283,7 +285,7 @@ def bucket_width(longest: int, cap: int, smallest: int = 8) -> int:
     return max(longest, min(cap, max(smallest, 1 << max(longest - 1, 0).bit_length())))
 
 
-def generate_batches(model: nn.Module | nnx.Module, params: Any,
+def generate_batches(model: FunctionalModel | nnx.Module, params: Any,
                      prompts: Sequence[Sequence[int]], config: GenerationConfig, *,
                      batch_size: int, rng: jax.Array | None = None,
                      progress: bool | None = False) -> list[list[int]]:
@@ -298,7 +300,7 @@ def generate_batches(model: nn.Module | nnx.Module, params: Any,
     equals generating it alone); sampling draws the ``n``-th batch (in length order) from
     ``fold_in(rng, n)``. An NNX model holds its parameters (pass None).
     """
-    model, params = _as_linen(model, params)
+    model, params = _functional(model, params)
     config.check_model(model.cfg)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be at least 1")
@@ -322,7 +324,7 @@ def generate_batches(model: nn.Module | nnx.Module, params: Any,
     return out
 
 
-def generate_text(model: nn.Module | nnx.Module, params: Any = None, tokenizer: Any = None,
+def generate_text(model: FunctionalModel | nnx.Module, params: Any = None, tokenizer: Any = None,
                   texts: Sequence[str] | None = None, *,
                   add_bos: bool = False, append_eos: bool | None = None, **kwargs) -> list[str]:
     """Text in, text out. ``tokenizer`` has ``encode(str) -> list[int]``,
@@ -341,7 +343,7 @@ def generate_text(model: nn.Module | nnx.Module, params: Any = None, tokenizer: 
     """
     if isinstance(model, nnx.Module) and texts is None:
         params, tokenizer, texts = None, params, tokenizer
-    model, params = _as_linen(model, params)
+    model, params = _functional(model, params)
     if isinstance(texts, str):
         raise ValueError("texts must be a list of strings, e.g. ['Hello'], not one string")
     special = tokenizer.special

@@ -1,10 +1,10 @@
 """The decoding cache as a pytree: allocation, batch-axis discovery, beam expansion and reordering.
 
-The model's ``cache`` collection (see `jaxformer.ops.blocks` and `jaxformer.models.transformer`)
-holds, for a batch ``B`` and maximum target length ``S``:
+The model's KV cache (an NNX model's `nnx.Cache` state as a pure dict: `jaxformer.nnx.models`,
+`jaxformer.ops.stack.stack_cache`) holds, for a batch ``B`` and maximum target length ``S``:
 
-* per layer, self-attention ``key``/``value`` `[B, S, K, Dh]` and ``valid`` `[B, S]`, and for
-  encoder-decoder models the cross-attention keys/values `[B, S_src, K, Dh]`; with
+* per layer, self-attention ``key``/``value`` `[B, K, S, Dh]` and ``valid`` `[B, S]`, and for
+  encoder-decoder models the cross-attention keys/values `[B, K, S_src, Dh]`; with
   ``scan_layers=True`` each of these gets a leading ``layers`` axis (`[layers, B, ...]`);
 * model-level ``index`` (a scalar: the next slot) and ``positions`` `[B, S]`.
 
@@ -19,51 +19,31 @@ the one axis whose size changes is the batch (slot) axis, leaves that do not cha
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from jaxformer.nnx.models import cache_tree
 
 Array = jnp.ndarray
 PyTree = Any
 NO_BATCH_AXIS = -1
 
 
-def _abstract_cache(model: nn.Module, batch_size: int, max_length: int,
+def _abstract_cache(model: Any, batch_size: int, max_length: int,
                     source_length: int | None) -> PyTree:
-    """Shapes/dtypes (`jax.ShapeDtypeStruct`) of the cache for these sizes, without computing it."""
-    family = model.cfg.family
-    # The cache is sized by an init pass over max_length tokens; the attention implementation does
-    # not change it, so the (cheaper to trace) plain XLA path is used.
-    model = model.clone(cfg=dataclasses.replace(model.cfg, attention_impl="xla"))
-    tokens = jax.ShapeDtypeStruct((batch_size, max_length), jnp.int32)
-    rng = jax.random.key(0)
-    if family == "decoder":
-        shapes = jax.eval_shape(lambda t: model.init(rng, t, decode=True), tokens)
-    elif family == "encoder_decoder":
-        if source_length is None:
-            raise ValueError("an encoder-decoder cache needs source_length (the padded source "
-                             "length, which sizes the cached cross-attention keys/values)")
-        src = jax.ShapeDtypeStruct((batch_size, source_length), jnp.int32)
-        shapes = jax.eval_shape(lambda s, t: model.init(rng, s, t, decode=True), src, tokens)
-    else:
-        raise ValueError(f"model.family={family!r} cannot generate: use a 'decoder' or "
-                         "'encoder_decoder' model")
-    return shapes["cache"]
+    """Shapes/dtypes (`jax.ShapeDtypeStruct`) of the cache for these sizes, without computing it.
+    ``model``: anything with the model's ``cfg`` (an NNX model, a `FunctionalModel`)."""
+    return jax.eval_shape(lambda: cache_tree(model.cfg, batch_size, max_length, source_length))
 
 
-def init_cache(model: nn.Module, batch_size: int, max_length: int,
+def init_cache(model: Any, batch_size: int, max_length: int,
                source_length: int | None = None) -> PyTree:
-    """A zero cache for ``batch_size`` rows of up to ``max_length`` target tokens.
-
-    Equivalent to ``model.init(rng, tokens_of_max_length, decode=True)["cache"]`` without running
-    the model (shapes come from `jax.eval_shape`). ``source_length`` is required for
-    encoder-decoder models.
-    """
-    shapes = _abstract_cache(model, batch_size, max_length, source_length)
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    """A zero cache for ``batch_size`` rows of up to ``max_length`` target tokens: the pure dict
+    of an NNX model's ``init_cache`` (`jaxformer.nnx.models.cache_tree`). ``source_length`` is
+    required for encoder-decoder models."""
+    return cache_tree(model.cfg, batch_size, max_length, source_length)
 
 
 def _changing_axes(one: PyTree, two: PyTree, what: str) -> PyTree:
@@ -78,13 +58,13 @@ def _changing_axes(one: PyTree, two: PyTree, what: str) -> PyTree:
     return jax.tree.map(axis, one, two)
 
 
-def cache_batch_axes(model: nn.Module, max_length: int, source_length: int | None = None) -> PyTree:
+def cache_batch_axes(model: Any, max_length: int, source_length: int | None = None) -> PyTree:
     """Pytree like the cache with, per leaf, the index of its batch axis (``-1``: no batch axis)."""
     return _changing_axes(_abstract_cache(model, 1, max_length, source_length),
                           _abstract_cache(model, 2, max_length, source_length), "batch")
 
 
-def cache_slot_axes(model: nn.Module, batch_size: int, source_length: int | None = None) -> PyTree:
+def cache_slot_axes(model: Any, batch_size: int, source_length: int | None = None) -> PyTree:
     """Pytree like the cache with, per leaf, the index of its slot axis (the one sized by the
     maximum target length; ``-1``: none, e.g. the cross-attention keys and the index)."""
     return _changing_axes(_abstract_cache(model, batch_size, 1, source_length),

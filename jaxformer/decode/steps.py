@@ -13,7 +13,11 @@ the same for GPT-style and T5-style models:
   cross-attention keys/values in the cache; later steps pass ``encoder_out=None`` and the source
   segment ids (the padding mask), carried in the decode state.
 
-The decode state is ``{"cache": ..., "source_segment_ids"?: [B, S]}``.
+The model is a `jaxformer.nnx.FunctionalModel` (what ``jaxformer.models.build_model`` gives; an NNX
+model's own, `jaxformer.decode.api`): each call merges the parameters and the KV cache into the NNX
+model and splits the updated cache out, so the loops are pure functions of pytrees. The decode
+state is ``{"cache": ..., "source_segment_ids"?: [B, S]}``, the cache the NNX model's `nnx.Cache`
+state as a pure dict (`jaxformer.decode.cache`).
 
 The cache grows as the loops go (`segment_ends`): it is allocated for the first 32 generated tokens
 and doubled in steps (32, 64, 128, … tokens; `DecodeStart.grow`), so that attention, which reads
@@ -26,10 +30,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxformer.decode.cache import cache_slot_axes, grow_slots, init_cache
+from jaxformer.nnx.functional import FunctionalModel
 
 Array = jnp.ndarray
 
@@ -65,7 +69,7 @@ def segment_ends(max_new_tokens: int, first: int = 32) -> tuple[int, ...]:
     return tuple(ends)
 
 
-def start(model: nn.Module, params: Any, inputs: Array, lengths: Array, *, max_new_tokens: int,
+def start(model: FunctionalModel, params: Any, inputs: Array, lengths: Array, *, max_new_tokens: int,
           decoder_start_id: int = 0, tokens_per_step: int = 1) -> DecodeStart:
     """Run the prompt (decoder-only) or the source + start token (encoder-decoder).
 
@@ -120,7 +124,7 @@ def start(model: nn.Module, params: Any, inputs: Array, lengths: Array, *, max_n
                        grow)
 
 
-def step(model: nn.Module, params: Any, state: dict[str, Any], tokens: Array,
+def step(model: FunctionalModel, params: Any, state: dict[str, Any], tokens: Array,
          positions: Array, mask: Array | None = None) -> tuple[Array, dict[str, Any]]:
     """Append one token per row: tokens `[B]` at positions `[B]` → (`[B, V]` float32 logits,
     state); or ``L`` per row: `[B, L]`, `[B, L]` → `[B, L, V]`, each seeing the cache slots

@@ -4,12 +4,11 @@ A spec is a nested dict whose leaves are `ParamSpec`. The same spec
 
 * initialises a plain pytree without any module system (`init_params`), for users of the pure
   functions in `jaxformer.ops.blocks`, and
-* declares the parameters of a Flax Linen module (`declare`), each wrapped with
-  `nn.with_logical_partitioning` so a mesh can shard it by rules (`jaxformer.parallel`), and
-* builds the `nnx.Param`s of the NNX models (`jaxformer.nnx.params`), the logical names carried as
-  their ``out_sharding`` metadata.
+* builds the `nnx.Param`s of the models (`jaxformer.nnx.params`), the logical names carried as
+  their ``out_sharding`` metadata, which a mesh shards by rules (`jaxformer.parallel`).
 
-`model_spec` lists a whole model by part, so the Linen and NNX models have one parameter tree.
+`model_spec` lists a whole model by part: the one parameter tree of the models, checkpoints and the
+HF converters.
 
 Logical axis names used across the library: ``vocab``, ``embed`` (d_model), ``heads``, ``kv_heads``,
 ``head_dim``, ``mlp`` (d_ff), ``classes``, ``relpos`` (relative buckets), ``length``
@@ -295,7 +294,7 @@ def stack_spec(cfg: ModelConfig, num_layers: int, *, cross_attention: bool = Fal
 
 
 def model_spec(cfg: ModelConfig) -> dict:
-    """Every parameter of ``cfg``'s model, by top-level part: exactly the tree of the Linen
+    """Every parameter of ``cfg``'s model, by top-level part: exactly the tree of the NNX
     ``build_model(cfg).init(...)["params"]`` and of the NNX model's `nnx.Param` state.
 
     Parts: ``token_embed``; per stack ``S`` (``encoder``/``decoder``) its input embedding
@@ -343,40 +342,3 @@ def init_params(rng: jax.Array, spec: Mapping, dtype=jnp.float32) -> dict:
     keys = jax.random.split(rng, len(leaves))
     values = [s.initializer()(k, s.shape, dtype) for s, k in zip(leaves, keys)]
     return jax.tree_util.tree_unflatten(treedef, values)
-
-
-class ParamTree(nn.Module):
-    """Declares a nested spec as parameters; returns them as a nested dict of arrays."""
-
-    spec: Mapping
-    param_dtype: jnp.dtype = jnp.float32
-
-    @nn.compact
-    def __call__(self) -> dict:
-        return declare(self, self.spec, self.param_dtype)
-
-
-def declare(module: nn.Module, spec: Mapping, param_dtype=jnp.float32) -> dict:
-    """Inside a compact ``module``: a param per leaf, a child `ParamTree` per nested dict."""
-    out = {}
-    for name, s in spec.items():
-        if isinstance(s, ParamSpec):
-            init = nn.with_logical_partitioning(s.initializer(), s.axes)
-            out[name] = module.param(name, init, s.shape, param_dtype)
-        else:
-            out[name] = ParamTree(s, param_dtype, name=name)()
-    return out
-
-
-class Part(nn.Module):
-    """One named part of a model (a `model_spec` entry): declares its parameters and, when asked,
-    makes its dropout key in its own scope. Returns (params dict, key or None)."""
-
-    spec: Mapping
-    param_dtype: jnp.dtype = jnp.float32
-
-    @nn.compact
-    def __call__(self, dropout: bool = False):
-        params = declare(self, self.spec, self.param_dtype)
-        return params, (self.make_rng("dropout") if dropout else None)
-

@@ -1,11 +1,11 @@
-"""The three families' forward passes, written once over a `Parts` front end (Linen or NNX).
+"""The three families' forward passes, written once over a `Parts` front end (the NNX models).
 
 A front end supplies three things per named part of the model (`jaxformer.layers.params.model_spec`):
-its parameter dict, its dropout key, and — for the layer stacks — how to run them (Linen: ``nn.scan``
-over `jaxformer.layers.Block`; NNX: `jaxformer.ops.stack.run_stack`). Everything else — input checks,
+its parameter dict, its dropout key, and — for the layer stacks — how to run them
+(`jaxformer.ops.stack.run_stack`, the KV cache included). Everything else — input checks,
 default positions, embeddings, T5's relative bias, the final norm, the heads, word dropout and the
-decode-state bookkeeping — is here and in `jaxformer.ops`, so `jaxformer.models` (Linen) and
-`jaxformer.nnx` compute one function.
+decode-state bookkeeping — is here and in `jaxformer.ops`, so the front end
+(`jaxformer.nnx.models`) only holds parameters and state.
 
 Inputs follow one convention: ``tokens`` `[batch, length]` int32; ``positions`` `[batch, length]`
 (default ``0..length-1``; packed rows restart them per segment); ``segment_ids`` `[batch, length]`
@@ -34,7 +34,7 @@ from jaxformer.ops.positions import alibi_bias, relative_position_bias
 
 Array = jnp.ndarray
 # The sharding hook handed to `jaxformer.ops`: binds logical names to the mesh while
-# `jaxformer.parallel.partition.mesh_rules` is active (a no-op otherwise), for both front ends.
+# `jaxformer.parallel.partition.mesh_rules` is active (a no-op otherwise).
 constrain = nn.with_logical_constraint
 
 
@@ -237,7 +237,7 @@ def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, deco
     """
     cfg = parts.cfg
     if cfg.permutation_lm:
-        parts.params("jump_embed")  # declared whichever stream runs (the Linen parts are lazy)
+        parts.params("jump_embed")  # read whichever stream runs
     if factorization_rank is not None:
         return permutation_lm(parts, tokens, factorization_rank, positions=positions,
                               segment_ids=segment_ids)

@@ -4,10 +4,16 @@
     model = build_model(cfg, nnx.Rngs(0))           # cfg: jaxformer.config.ModelConfig
     logits = model(tokens)                            # [batch, length] → [batch, length, vocab]
     graphdef, state = nnx.split(model)                # pure state for jax.jit / optax
-    params = param_dict(model)                        # = the Linen model's params tree
+    params = param_dict(model)                        # = the checkpoints' params tree
 
-Same parameter tree, same computation (`jaxformer.models.forward`, `jaxformer.ops`) and same
-logical sharding names as the Linen models in `jaxformer.models`; see `jaxformer.nnx.models`.
+    model.init_cache(batch_size, max_length)         # KV cache as nnx.Cache state; then
+    logits = model(tokens, decode=True)               # appends tokens at the cache's next slot
+
+The library's one module implementation (`jaxformer.nnx.models`: forward passes of
+`jaxformer.models.forward`, one layer loop, `jaxformer.ops.stack.run_stack`). The trainer and the
+decoding loops call it as pure functions of pytrees (`FunctionalModel`, what
+``jaxformer.models.build_model`` returns); Linen code gets it through flax's bridge (`linen_model`,
+`to_linen`), on the same parameter tree.
 """
 
 from jaxformer.nnx.convert import (
@@ -16,14 +22,23 @@ from jaxformer.nnx.convert import (
     check_params,
     from_hf,
     from_params,
+    linen_model,
     to_linen,
 )
 from jaxformer.nnx.functional import FunctionalModel
-from jaxformer.nnx.models import DecoderOnly, EncoderDecoder, EncoderOnly, build_model
+from jaxformer.nnx.models import (
+    DecodeCache,
+    DecoderOnly,
+    EncoderDecoder,
+    EncoderOnly,
+    build_model,
+    cache_tree,
+)
 from jaxformer.nnx.params import ParamNode, boxed_params, logical_axes, param_dict, param_shardings
 
 __all__ = [
     "EncoderOnly", "DecoderOnly", "EncoderDecoder", "build_model", "ParamNode", "FunctionalModel",
     "param_dict", "logical_axes", "param_shardings", "boxed_params", "abstract_model",
-    "check_params", "from_params", "from_hf", "to_linen", "build_sharded",
+    "check_params", "from_params", "from_hf", "to_linen", "linen_model", "build_sharded",
+    "DecodeCache", "cache_tree",
 ]

@@ -1,9 +1,9 @@
-"""NNX models ↔ the one pure parameter dict (checkpoints, the HF converter, the Linen models).
+"""NNX models ↔ the one pure parameter dict (checkpoints, the HF converter, Linen code).
 
-    model = from_params(cfg, params)          # a Linen / checkpoint / load_hf params tree → NNX
+    model = from_params(cfg, params)          # a checkpoint / load_hf / Linen-era params tree → NNX
     params = param_dict(model)                # and back (`jaxformer.nnx.params`)
     model = from_hf("path/to/hf_model")       # Hugging Face GPT-2 / BERT / ALBERT / T5 → NNX
-    linen_model, params = to_linen(model)     # the Linen twin on the same parameters
+    linen_model, params = to_linen(model)     # a Linen module (flax.nnx.bridge) on those parameters
     model = build_sharded(cfg, mesh, key)     # initialised straight into the mesh's shardings
 """
 
@@ -18,12 +18,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx import bridge
 from jax.sharding import Mesh
 
 from jaxformer.config import ModelConfig
-from jaxformer.convert import load_hf
-from jaxformer.models import build_model as build_linen
-from jaxformer.nnx.models import build_model
+from jaxformer.nnx.models import MODELS, build_model
 from jaxformer.nnx.params import param_dict, param_shardings
 from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, Rules
 
@@ -69,13 +68,27 @@ def from_params(cfg: ModelConfig, params: Mapping, **kwargs) -> nnx.Module:
 def from_hf(directory: str | os.PathLike, **kwargs) -> nnx.Module:
     """An NNX model from a local Hugging Face GPT-2 / BERT / ALBERT / T5 directory; ``kwargs`` as
     `jaxformer.convert.load_hf` (``scan_layers``, ``head``, ``num_classes``, ``seed``)."""
+    # imported here: the converters build on the models (`jaxformer.convert` → `jaxformer.nnx`)
+    from jaxformer.convert import load_hf
+
     cfg, params, _ = load_hf(directory, **kwargs)
     return from_params(ModelConfig.from_dict(cfg), params)
 
 
+def linen_model(cfg: ModelConfig) -> nn.Module:
+    """The model of ``cfg`` as a Flax Linen module, through flax's own bridge
+    (`flax.nnx.bridge.to_linen`), for code written against Linen: ``init(rng, *inputs)`` gives
+    ``{"params": tree}`` with the paths of `param_dict` (each leaf boxed in the bridge's metadata,
+    ``nn.unbox`` gives the arrays), so checkpoints and params trees of the former hand-written
+    Linen modules load unchanged, and ``apply({"params": tree}, *inputs, deterministic=...)`` is
+    the NNX model's call. Dropout draws from ``rngs={"dropout": key}``; decoding runs on the NNX
+    model (`jaxformer.decode`)."""
+    return bridge.to_linen(MODELS[cfg.family], cfg)
+
+
 def to_linen(model: nnx.Module) -> tuple[nn.Module, dict]:
-    """(the Linen model of the same config, the NNX model's parameters): equal outputs."""
-    return build_linen(model.cfg), param_dict(model)
+    """(`linen_model` of the NNX model's config, its parameters): equal outputs."""
+    return linen_model(model.cfg), param_dict(model)
 
 
 def build_sharded(cfg: ModelConfig, mesh: Mesh, key: jax.Array,

@@ -1,24 +1,29 @@
-"""The three families as Flax NNX modules, twins of the Linen ones in `jaxformer.models`.
+"""The three families as Flax NNX modules: the library's one module implementation.
 
 * `EncoderOnly` (BERT; Devlin et al. 2019), `DecoderOnly` (GPT; Radford et al. 2019) and
   `EncoderDecoder` (Vaswani et al. 2017; T5, Raffel et al. 2020).
 
 A model holds one `ParamNode` per part of `jaxformer.layers.params.model_spec` (``token_embed``,
-``decoder``, ``lm_head``, …), so its `nnx.Param` state is exactly the Linen ``params`` tree, and
-its forward pass is `jaxformer.models.forward`'s, the Linen models' own: the stacks run
-`jaxformer.ops.stack.run_stack` (`jax.lax.scan` over ``layers`` when ``cfg.scan_layers``).
+``decoder``, ``lm_head``, …), so its `nnx.Param` state is exactly the ``params`` tree of
+checkpoints (those written with the former Linen modules too) and of the HF converters, and its
+forward pass is `jaxformer.models.forward`'s: the stacks run `jaxformer.ops.stack.run_stack`
+(`jax.lax.scan` over ``layers`` when ``cfg.scan_layers``).
 
 Dropout follows `nnx.Dropout`: models start in evaluation mode (``deterministic=True``, as the
-Linen models' default); ``model.train()`` / ``model.eval()`` switch it, and a call's
+former Linen models' default); ``model.train()`` / ``model.eval()`` switch it, and a call's
 ``deterministic`` overrides. Keys come from the call's ``rngs`` — an `nnx.Rngs`, an `nnx.RngStream`
 or a plain `jax.random` key (so a jitted step stays a pure function of (params, batch, key)) — or
 else from a fork of the constructor's ``dropout`` (or default) stream. Part ``p`` of the model
 draws ``fold_in(key, crc32(p))``; layer ``i`` of a stack ``split(its key, num_layers)[i]``.
-Masks differ from Linen's (other key paths); without dropout the outputs are equal.
 
-Decoding (`jaxformer.decode.generate`) runs the shared decode program on the model's parameters
-through its Linen twin (`jaxformer.nnx.to_linen`): the KV cache lives in that program, not in NNX
-variables.
+KV cache (decoder-only and encoder-decoder models): ``model.init_cache(batch_size, max_length,
+source_length=None)`` allocates it as `nnx.Cache` state, `DecodeCache`; a call with
+``decode=True`` appends its tokens at the cache's next slot and updates it in place (as flax's
+``nnx.MultiHeadAttention`` and bonsai's layer caches do). Its pure dict,
+``nnx.to_pure_dict(nnx.state(model, nnx.Cache))["cache"]``, is laid out as the former Linen
+``cache`` collection: ``{"decoder": stack cache (`jaxformer.ops.stack.stack_cache`), "index": the
+next slot, "positions": [B, S] each slot's position}``; `jaxformer.decode` works on that dict
+through `jaxformer.nnx.FunctionalModel`.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from jaxformer.config import ModelConfig
 from jaxformer.layers.params import model_spec
 from jaxformer.models import forward
 from jaxformer.nnx.params import ParamNode
-from jaxformer.ops.stack import has_dropout, run_stack
+from jaxformer.ops.stack import has_dropout, run_stack, stack_cache
 
 RngsArg = nnx.Rngs | nnx.RngStream | jax.Array | None
 
@@ -50,9 +55,45 @@ def _dropout_key(rngs: RngsArg) -> jax.Array:
     return rngs
 
 
+class DecodeCache(nnx.Module):
+    """A model's KV cache as `nnx.Cache` variables: one per decoding stack (its `stack_cache`
+    tree), ``index`` (int32 scalar, the next free slot) and ``positions`` (`[B, S]` int32, each
+    slot's position). Built from (and read back as) the pure dict of the module docstring."""
+
+    def __init__(self, tree: dict):
+        self.names = tuple(tree)
+        for name, value in tree.items():
+            setattr(self, name, nnx.Cache(value))
+
+    def tree(self) -> dict:
+        """The cache as a pure dict (arrays, nested as `stack_cache` and the module docstring)."""
+        return {name: getattr(self, name).get_value() for name in self.names}
+
+
+def cache_tree(cfg: ModelConfig, batch_size: int, max_length: int,
+               source_length: int | None = None) -> dict:
+    """A zero cache (the pure dict of `DecodeCache`) for ``batch_size`` rows of up to ``max_length``
+    target tokens; encoder-decoder models need ``source_length`` (the padded source length, which
+    sizes the cached cross-attention keys/values)."""
+    if cfg.family not in ("decoder", "encoder_decoder"):
+        raise ValueError(f"model.family={cfg.family!r} cannot generate: use a 'decoder' or "
+                         "'encoder_decoder' model")
+    if cfg.share_layers:
+        raise ValueError("model.share_layers=True stacks do not decode (encoder family only)")
+    cross = cfg.family == "encoder_decoder"
+    if cross and source_length is None:
+        raise ValueError("an encoder-decoder cache needs source_length (the padded source "
+                         "length, which sizes the cached cross-attention keys/values)")
+    layers = cfg.num_decoder_layers if cross else cfg.num_layers
+    return {"decoder": stack_cache(cfg, layers, batch_size, max_length,
+                                   source_length if cross else None),
+            "index": jnp.zeros((), jnp.int32),
+            "positions": jnp.zeros((batch_size, max_length), jnp.int32)}
+
+
 class _NNXParts:
-    """`jaxformer.models.forward.Parts` of an NNX model (no ``decode_state``: NNX calls never
-    decode); the dropout key is drawn on first use."""
+    """`jaxformer.models.forward.Parts` of an NNX model; the dropout key is drawn on first use,
+    decoding calls read and update the model's `DecodeCache`."""
 
     def __init__(self, model: _Model, deterministic: bool, rngs: RngsArg):
         self.model, self.cfg, self.deterministic = model, model.cfg, deterministic
@@ -69,13 +110,34 @@ class _NNXParts:
             self._key = _dropout_key(self._rngs)
         return jax.random.fold_in(self._key, zlib.crc32((name or "model").encode()))
 
+    def _cache(self) -> DecodeCache:
+        if self.model.cache is None:
+            raise ValueError("decode=True needs the model's KV cache: call "
+                             "model.init_cache(batch_size, max_length[, source_length]) first")
+        return self.model.cache
+
     def stack(self, name, x, *, num_layers, causal, cross_attention, decode, cache_index,
               **inputs):
-        # NNX calls never decode (``decode`` is False): generation runs the shared KV-cache
-        # program on the parameters (`jaxformer.decode.generate`).
         rng = None if self.deterministic or not has_dropout(self.cfg) else self.rng(name)
-        return run_stack(self.params(name), x, cfg=self.cfg, num_layers=num_layers,
-                         dropout_rng=rng, constrain=forward.constrain, causal=causal, **inputs)
+        run = lambda **c: run_stack(self.params(name), x, cfg=self.cfg, num_layers=num_layers,
+                                    dropout_rng=rng, constrain=forward.constrain, causal=causal,
+                                    **c, **inputs)
+        if not decode:
+            return run()
+        variable = getattr(self._cache(), name)
+        x, new = run(cache=variable.get_value(), cache_index=cache_index)
+        variable.set_value(new)
+        return x
+
+    def decode_state(self, tokens, positions):
+        """(cache_index, positions `[B, L]`, slot positions `[B, S]`) of a decoding call, the
+        cache's ``index`` and ``positions`` advanced (`forward.advance_decode_state`)."""
+        cache = self._cache()
+        i, positions, slots, nxt = forward.advance_decode_state(
+            cache.index.get_value(), cache.positions.get_value(), tokens, positions)
+        cache.positions.set_value(slots)
+        cache.index.set_value(nxt)
+        return i, positions, slots
 
 
 class _Model(nnx.Module):
@@ -102,6 +164,16 @@ class _Model(nnx.Module):
             setattr(self, name, ParamNode(part, rngs=rngs, param_dtype=jnp.dtype(cfg.param_dtype)))
         stream = "dropout" if "dropout" in rngs else "default" if "default" in rngs else None
         self.rngs = nnx.data(None if stream is None else rngs[stream].fork())
+        self.cache: DecodeCache | None = nnx.data(None)
+
+    def init_cache(self, batch_size: int, max_length: int, source_length: int | None = None):
+        """Allocate the KV cache (zeros, `cache_tree`) for ``batch_size`` rows of up to
+        ``max_length`` target tokens (prompt included); ``source_length``: encoder-decoder."""
+        self.set_cache(cache_tree(self.cfg, batch_size, max_length, source_length))
+
+    def set_cache(self, tree: dict | None):
+        """Hold ``tree`` (a pure cache dict, `cache_tree`'s layout) as the KV cache; None drops it."""
+        self.cache = nnx.data(None) if tree is None else DecodeCache(tree)
 
     def _parts(self, deterministic: bool | None, rngs: RngsArg) -> _NNXParts:
         deterministic = self.deterministic if deterministic is None else deterministic
@@ -130,11 +202,20 @@ class DecoderOnly(_Model):
     family = "decoder"
 
     def __call__(self, tokens, *, positions=None, segment_ids=None,
-                 deterministic: bool | None = None, rngs: RngsArg = None, factorization_rank=None,
-                 return_hidden: bool = False):
+                 deterministic: bool | None = None, rngs: RngsArg = None, decode: bool = False,
+                 factorization_rank=None, return_hidden: bool = False, decode_mask=None):
+        """tokens `[B, L]` → logits `[B, L, V]` (or `[B, C]` with the classify head).
+
+        With ``decode=True`` the call appends ``L`` tokens at the KV cache's next slot
+        (`init_cache`; ``L`` may be a whole left-padded prompt with ``segment_ids`` 0 on the
+        padding, then 1 per step, or one per beam); ``decode_mask`` `[B, L, S]` limits the cache
+        slots each sees. With ``factorization_rank`` `[B, L]`: XLNet's query-stream logits
+        (`forward.permutation_lm`). ``return_hidden``: (that output, the last hidden states).
+        """
         return forward.decoder_only(self._parts(deterministic, rngs), tokens, positions=positions,
-                                    segment_ids=segment_ids, factorization_rank=factorization_rank,
-                                    return_hidden=return_hidden)
+                                    segment_ids=segment_ids, decode=decode,
+                                    factorization_rank=factorization_rank,
+                                    return_hidden=return_hidden, decode_mask=decode_mask)
 
 
 class EncoderDecoder(_Model):
@@ -144,14 +225,18 @@ class EncoderDecoder(_Model):
 
     def __call__(self, inputs=None, targets_in=None, *, encoder_out=None, inputs_positions=None,
                  inputs_segment_ids=None, targets_positions=None, targets_segment_ids=None,
-                 deterministic: bool | None = None, rngs: RngsArg = None):
+                 deterministic: bool | None = None, rngs: RngsArg = None, decode: bool = False,
+                 decode_mask=None):
         """inputs `[B, S]`, targets_in `[B, L]` (targets shifted right) → logits `[B, L, V]`;
         ``targets_in=None`` returns the encoder output `[B, S, D]`; ``encoder_out`` skips the
-        encoder."""
+        encoder. ``decode=True`` uses the KV cache (`init_cache`): the call that passes
+        ``encoder_out`` stores the cross-attention keys/values, later calls (``encoder_out=None``)
+        reuse them; ``decode_mask`` as in `DecoderOnly`."""
         return forward.encoder_decoder(
             self._parts(deterministic, rngs), inputs, targets_in, encoder_out=encoder_out,
             inputs_positions=inputs_positions, inputs_segment_ids=inputs_segment_ids,
-            targets_positions=targets_positions, targets_segment_ids=targets_segment_ids)
+            targets_positions=targets_positions, targets_segment_ids=targets_segment_ids,
+            decode=decode, decode_mask=decode_mask)
 
     def encode(self, inputs, **kwargs):
         """inputs `[B, S]` → encoder output `[B, S, D]`."""

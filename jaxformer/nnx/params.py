@@ -2,7 +2,7 @@
 
 A `ParamNode` holds one spec of `jaxformer.layers.params` (e.g. a `model_spec` part): an
 `nnx.Param` per `ParamSpec` leaf, named as the spec names it, and a child node per nested dict, so
-``nnx.to_pure_dict(nnx.state(model, nnx.Param))`` is exactly the Linen ``params`` collection. Each
+``nnx.to_pure_dict(nnx.state(model, nnx.Param))`` is exactly the checkpoints' ``params`` tree. Each
 Param carries the spec's logical axis names (``("embed", "mlp")``; scanned stacks prepend
 ``"layers"``) as its ``out_sharding`` metadata, which `nnx.get_partition_spec` reads and
 `param_shardings` maps to the mesh with the one rules table of `jaxformer.parallel.rules`.
@@ -58,7 +58,7 @@ def _axes(v: nnx.Variable) -> tuple[str | None, ...]:
 
 def param_dict(model: nnx.Module) -> dict:
     """The model's parameters as the one pure-dict format of checkpoints, the HF converter and
-    the Linen ``params`` collection (arrays, nested by name)."""
+    former Linen modules' ``params`` collection (arrays, nested by name)."""
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
@@ -69,7 +69,7 @@ def logical_axes(model: nnx.Module) -> dict:
 
 def param_shardings(model: nnx.Module, mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES) -> dict:
     """`NamedSharding` per parameter (pure dict like `param_dict`), by the logical rules; the same
-    function, divisibility checks included, as the Linen path's `jaxformer.parallel.rules.param_shardings`.
+    function, divisibility checks included, as `jaxformer.parallel.rules.param_shardings` on boxed trees.
     ``model`` may be abstract (`nnx.eval_shape`)."""
     specs = jax.tree.map(lambda axes: PartitionSpec(*axes), logical_axes(model),
                          is_leaf=lambda x: isinstance(x, tuple))
@@ -78,6 +78,6 @@ def param_shardings(model: nnx.Module, mesh: Mesh, rules: Rules = LOGICAL_AXIS_R
 
 def boxed_params(model: nnx.Module) -> dict[str, Any]:
     """`param_dict` with each array boxed as `flax.linen.LogicallyPartitioned` (its logical axes),
-    the form of Linen's ``init`` output that the trainer's sharding code reads."""
+    the form of `FunctionalModel.init`'s output that the trainer's sharding code reads."""
     return nnx.to_pure_dict(nnx.state(model, nnx.Param),
                             extract_fn=lambda v: nn.LogicallyPartitioned(v[...], _axes(v)))

@@ -1,7 +1,7 @@
 """Model inputs as pure functions: token lookup, and the sum of token, position and type embeddings.
 
 Parameters are plain dicts laid out by `jaxformer.layers.params` (``token_embed_spec``,
-``input_embedding_spec``); the Linen and NNX models both call these functions. ``constrain(x,
+``input_embedding_spec``); the models call these functions. ``constrain(x,
 names)`` is the optional sharding hook of `jaxformer.ops.blocks` (logical axis names).
 """
 

@@ -6,8 +6,8 @@ or scanned ``{"layers": block}`` with every leaf stacked on a leading ``layers``
 ``num_layers`` times, by `jax.lax.scan` with ``cfg.scan_layers``, else a loop). Scanning
 (`jax.lax.scan`) compiles one layer instead of ``num_layers``; both compute the same function.
 ``cfg.remat_policy`` wraps each block in `jax.checkpoint` (Chen et al. 2016): "full" saves nothing,
-"dots" saves matmul outputs. The Linen `Stack` runs the same blocks through ``nn.scan``/``nn.remat``
-with these policies; the NNX models call `run_stack`.
+"dots" saves matmul outputs. This is the one layer loop of the library: the models
+(`jaxformer.nnx.models`) run every stack, decoding included (`stack_cache`), through `run_stack`.
 """
 
 from __future__ import annotations
@@ -56,39 +56,87 @@ def stack_block(params: dict, x: Array, *, cfg: ModelSettings, constrain: Constr
 
 def run_stack(params: dict, x: Array, *, cfg: ModelSettings, num_layers: int, causal: bool = False,
               dropout_rng: jax.Array | None = None, constrain: Constrain | None = None,
-              **inputs) -> Array:
-    """``num_layers`` blocks in order, `[B, L, D]` → `[B, L, D]` (no decoding cache); with a
-    ``two_stream`` input (see `stack_block`) the pair (content, query stream) → the pair.
+              cache: dict | None = None, cache_index: Array | None = None,
+              **inputs) -> Array | tuple[Array, dict]:
+    """``num_layers`` blocks in order, `[B, L, D]` → `[B, L, D]`; with a ``two_stream`` input (see
+    `stack_block`) the pair (content, query stream) → the pair; with a decoding ``cache``
+    (`stack_cache`'s layout) the pair (`[B, L, D]`, the updated cache).
 
     Args:
       params: ``{"layers": stacked}`` (scanned), ``{"layer_0": …, "layer_{N-1}": …}`` or
         ``{"shared": block}`` (one block for every layer).
       causal: causal self-attention (decoders).
       dropout_rng: enables dropout; layer ``i`` uses ``split(dropout_rng, num_layers)[i]`` in both
-        layouts, so a scanned stack equals its unrolled twin with dropout on too.
+        layouts, so a scanned stack equals its unrolled layout with dropout on too.
+      cache, cache_index: per-layer decoding caches laid out like ``params`` (``{"layers": …}``
+        with a leading ``layers`` axis, scanned with the parameters, or ``{"layer_i": …}``), each
+        ``{"self": …, "cross"?: (k, v)}`` of `jaxformer.ops.blocks.transformer_block`; the new
+        tokens are written at slot ``cache_index``. The cross-attention keys/values are computed
+        on a call that passes ``encoder_out`` and read from the cache on the others.
       inputs: `transformer_block` arrays shared by the layers (``positions``, ``segment_ids``,
         ``bias``, ``encoder_out``, ``encoder_segment_ids``; None when absent). They are explicit
-        arguments of the rematerialised block, as in the Linen ``nn.remat(Block)``, so both
-        compile to the same program.
+        arguments of the rematerialised block, so the block compiles once per stack.
     """
     shared = params.get("shared")
     scanned = "layers" in params or (shared is not None and cfg.scan_layers)
+    if cache is not None and shared is not None:
+        raise ValueError("model.share_layers=True stacks do not decode (encoder family only)")
 
-    def block(p, h, rng, shared):
-        return stack_block(p, h, cfg=cfg, causal=causal, dropout_rng=rng, constrain=constrain,
-                           **shared)[0]
+    def block(p, h, rng, c, index, shared):
+        kwargs = {}
+        if c is not None:
+            kwargs = dict(cache=c["self"], cache_index=index)
+            if "cross" in c and shared.get("encoder_out") is None:  # later steps: cached k/v
+                kwargs["cross_kv"] = c["cross"]
+        h, new = stack_block(p, h, cfg=cfg, causal=causal, dropout_rng=rng, constrain=constrain,
+                             **shared, **kwargs)
+        return h, None if c is None else {k: new[k] for k in c}
 
     if cfg.remat_policy != "none":
         block = jax.checkpoint(block, policy=REMAT_POLICIES[cfg.remat_policy],
                                prevent_cse=not scanned)
     rngs = None if dropout_rng is None else jax.random.split(dropout_rng, num_layers)
     if scanned and shared is not None:
-        body = lambda h, rng: (block(shared, h, rng, inputs), None)
+        body = lambda h, rng: (block(shared, h, rng, None, None, inputs)[0], None)
         return lax.scan(body, x, rngs, length=num_layers)[0]
     if scanned:
-        body = lambda h, pr: (block(pr[0], h, pr[1], inputs), None)
-        return lax.scan(body, x, (params["layers"], rngs))[0]
+        def body(h, prc):
+            return block(prc[0], h, prc[1], prc[2], cache_index, inputs)
+
+        x, new_cache = lax.scan(body, x, (params["layers"], rngs,
+                                          None if cache is None else cache["layers"]))
+        return x if cache is None else (x, {"layers": new_cache})
+    new_cache = {}
     for i in range(num_layers):
-        p = params[f"layer_{i}"] if shared is None else shared
-        x = block(p, x, None if rngs is None else rngs[i], inputs)
-    return x
+        name = f"layer_{i}"
+        p = params[name] if shared is None else shared
+        x, new_cache[name] = block(p, x, None if rngs is None else rngs[i],
+                                   None if cache is None else cache[name], cache_index, inputs)
+    return x if cache is None else (x, new_cache)
+
+
+def stack_cache(cfg: ModelSettings, num_layers: int, batch_size: int, slots: int,
+                source_length: int | None = None) -> dict:
+    """A zero decoding cache for one stack, laid out as `run_stack` reads it: per layer
+    ``{"self": {"key", "value": [B, K, S, Dh], "valid": [B, S] bool}}`` (heads-major, as
+    `jaxformer.ops.blocks` stores it), plus ``"cross": (k, v)`` `[B, K, S_src, Dh]` each when
+    ``source_length`` is given (a decoder with cross-attention); ``{"layers": …}`` with a leading
+    ``layers`` axis when ``cfg.scan_layers``, else ``{"layer_i": …}``. Dtype: ``cfg.dtype``."""
+    dtype = jnp.dtype(cfg.dtype)
+    lead = (num_layers,) if cfg.scan_layers else ()
+
+    def zeros(*shape, dtype=dtype):
+        return jnp.zeros(lead + shape, dtype)
+
+    def layer():
+        kv = (batch_size, cfg.num_kv_heads, slots, cfg.head_dim)
+        c = {"self": {"key": zeros(*kv), "value": zeros(*kv),
+                      "valid": zeros(batch_size, slots, dtype=bool)}}
+        if source_length is not None:
+            ckv = (batch_size, cfg.num_kv_heads, source_length, cfg.head_dim)
+            c["cross"] = (zeros(*ckv), zeros(*ckv))
+        return c
+
+    if cfg.scan_layers:
+        return {"layers": layer()}
+    return {f"layer_{i}": layer() for i in range(num_layers)}

@@ -30,7 +30,7 @@ from jaxformer.checkpoint.lock import WorkdirLock
 from jaxformer.config import ModelConfig
 from jaxformer.data.sources import list_option
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
-from jaxformer.models import build_model, lora
+from jaxformer.models import lora
 from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.objectives.scheduled_sampling import scheduled_sampling_mixer
 from jaxformer.ops.embedding import check_token_ids
@@ -218,8 +218,7 @@ class Trainer:
         if not hasattr(self, "_decoding"):
             examples = decoding_examples(c, self.tokenizer, c.eval.split,
                                          limit=c.eval.generate_examples)
-            # the Linen module of the config: decoding needs its cache (NNX runs share the params)
-            self._decoding = (build_model(self.model_cfg), examples,
+            self._decoding = (self.model, examples,
                               generation_config(c, self.tokenizer))
         model, examples, gen = self._decoding
         scores, _ = score_decoding(model, params, self.tokenizer, examples, gen,

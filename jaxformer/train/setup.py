@@ -51,7 +51,6 @@ from jaxformer.data.sources import get_source, label_names_from_data
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from jaxformer.models import build_model
 from jaxformer.models.heads import HEAD_MODULE_NAMES
-from jaxformer.nnx import FunctionalModel
 from jaxformer.objectives import bind_objective
 from jaxformer.objectives.mlm import uses_word_initial
 from jaxformer.options import option
@@ -241,14 +240,14 @@ class Built:
 
 
 def build(resolved: ResolvedConfig) -> Built:
-    """The Linen module (or, with ``module_api="nnx"``, the NNX model as the same pure init/apply
-    pair, `jaxformer.nnx.FunctionalModel`) and the state's shardings on the mesh; a parameter the
-    mesh cannot split fails here, before any tokenizer or file is written."""
+    """The model (the NNX model as a pure init/apply pair, `jaxformer.nnx.FunctionalModel`, for
+    either ``module_api``: the former Linen modules had the same parameters) and the state's
+    shardings on the mesh; a parameter the mesh cannot split fails here, before any tokenizer or
+    file is written."""
     config, model_cfg = resolved.config, resolved.model_cfg
     mesh = make_mesh(config.mesh)
     check_batch_size(mesh, config.data.batch_size, config.optimizer.get("grad_accum_steps", 1))
-    model = (FunctionalModel(model_cfg) if config.get("module_api", "linen") == "nnx"
-             else build_model(model_cfg))
+    model = build_model(model_cfg)
     lora_cfg = config.optimizer.get("lora")
     abstract, shardings = state_shardings(model, model_cfg, resolved.tx, mesh, lora_cfg)
     params = shardings.params

@@ -91,8 +91,9 @@ class RunSettings:
         "jit", "'jit' (sharded over the mesh), 'shard_map' or 'pmap' (data parallel, replicated "
         "state)", check=one_of(*PARALLEL_MODES))
     module_api: str = setting(
-        "linen", "'linen' (jaxformer.models) or 'nnx' (jaxformer.nnx): same parameters, same "
-        "computation", check=one_of(*MODULE_APIS))
+        "nnx", "'nnx' (the one module implementation, jaxformer.nnx); 'linen', the former "
+        "Linen modules' setting, runs the same NNX program (same parameters)",
+        check=one_of(*MODULE_APIS))
     log_every_steps: int = setting(50, "metrics.jsonl / TensorBoard cadence", check=positive)
     nonfinite: str = setting(
         "stop", "'stop' at the first non-finite loss or grad norm, or 'skip' the update",
