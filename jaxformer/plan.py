@@ -57,8 +57,8 @@ from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from jaxformer.checkpoint import with_shardings
 from jaxformer.config import ModelConfig
+from jaxformer.layers.heads import PER_ROW_MODULES
 from jaxformer.models import build_model
-from jaxformer.models.heads import PER_ROW_MODULES
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective, check_data_task
 from jaxformer.ops.attention_kernels import target_platform

@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 from golden import golden_dir, reference, rel_err
 
-from jaxformer import nnx as jnnx
 from jaxformer.cli.convert import main as convert_main
 from jaxformer.config import ModelConfig
-from jaxformer.convert import hf_llama, load_hf, save_hf
+from jaxformer.convert import from_hf, hf_llama, load_hf, save_hf
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode import generate
 from jaxformer.models import build_model
@@ -152,7 +151,7 @@ def test_logits_greedy_and_byte_identical_round_trip(name, scan, tmp_path):
     assert err <= RTOL
     np.testing.assert_array_equal(_our_greedy(cfg, params), ref["greedy"])
     if name == "llama":  # the NNX front end reads the same directory
-        nnx_logits = np.asarray(jnnx.from_hf(path)(TOKENS, segment_ids=MASK))
+        nnx_logits = np.asarray(from_hf(path)(TOKENS, segment_ids=MASK))
         assert rel_err(nnx_logits[valid], ref["logits"][valid]) <= RTOL
     # import → export: the same file, byte for byte
     out = tmp_path / "exported"

@@ -19,9 +19,8 @@ import pytest
 from golden import golden_dir, reference, rel_err
 from test_convert import assert_same_config, export_like_the_cli
 
-from jaxformer import nnx as jnnx
 from jaxformer.config import ModelConfig
-from jaxformer.convert import load_hf, save_hf
+from jaxformer.convert import from_hf, load_hf, save_hf
 from jaxformer.decode import generate
 from jaxformer.models import build_model
 
@@ -192,7 +191,7 @@ def test_logits_equal_pytorch_and_export_round_trips(name, tmp_path):
     assert err <= RTOL
     # the NNX model of the same directory computes the same function
     b = batch()
-    nnx_model = jnnx.from_hf(path)
+    nnx_model = from_hf(path)
     if name == "bart":
         nnx_out = nnx_model(b["inputs"], b["targets_in"], inputs_segment_ids=b["mask"])
     else:

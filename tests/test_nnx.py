@@ -18,6 +18,7 @@ from flax import nnx
 
 from jaxformer import nnx as jnnx
 from jaxformer.config import ModelConfig
+from jaxformer.convert import from_hf
 from jaxformer.decode import generate, generate_text
 from jaxformer.layers.params import ParamSpec, model_spec
 from jaxformer.models import build_model
@@ -345,7 +346,7 @@ def test_from_hf_logits_equal_pytorch(name):
     from golden import golden_dir, reference, rel_err
 
     ref = reference(name)
-    model = jnnx.from_hf(golden_dir(name))
+    model = from_hf(golden_dir(name))
     assert isinstance(model, nnx.Module)
     if name == "gpt2":
         got = model(ref["input_ids"])

@@ -25,8 +25,8 @@ import optax
 import pytest
 
 from jaxformer.config import ModelConfig
+from jaxformer.layers.heads import HEAD_MODULE_NAMES
 from jaxformer.models import build_model
-from jaxformer.models.heads import HEAD_MODULE_NAMES
 from jaxformer.models.presets import preset
 from jaxformer.train import config as train_config
 from jaxformer.train.config import set_key

@@ -29,6 +29,7 @@ import flax.core
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jaxformer.config import ModelConfig, exported_fields
 from jaxformer.convert import (
@@ -60,8 +61,9 @@ from jaxformer.convert.mapping import (
 )
 from jaxformer.data.fast_tokenizer import FastTokenizer, is_saved_fast_tokenizer
 from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.layers.heads import is_head_module
 from jaxformer.models import build_model
-from jaxformer.models.heads import is_head_module
+from jaxformer.nnx import from_params
 
 log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert": hf_albert,
@@ -203,6 +205,13 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
     if scan_layers:
         params = stack_layers(params)
     return model_cfg.replace(scan_layers=scan_layers).to_dict(), params, find_tokenizer(directory)
+
+
+def from_hf(directory: str | os.PathLike, **kwargs) -> nnx.Module:
+    """The NNX model (`jaxformer.nnx`) of a local Hugging Face directory, holding its weights;
+    ``kwargs`` as `load_hf` (``scan_layers``, ``head``, ``num_classes``, ``seed``)."""
+    cfg, params, _ = load_hf(directory, **kwargs)
+    return from_params(ModelConfig.from_dict(cfg), params)
 
 
 def _host_params(params: Mapping) -> dict[str, np.ndarray]:

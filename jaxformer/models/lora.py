@@ -27,8 +27,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxformer.layers.heads import HEAD_MODULES
 from jaxformer.layers.params import lora_a_std
-from jaxformer.models.heads import HEAD_MODULES
 from jaxformer.settings import at_least, check_tree, section, setting
 
 # ``optimizer.lora.targets`` → (parent module names, kernel module names) in the parameter tree

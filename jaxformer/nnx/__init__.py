@@ -1,6 +1,6 @@
 """Flax NNX modules for the three families and all heads: the recommended module API.
 
-    from jaxformer.nnx import build_model, from_hf, param_dict, from_params
+    from jaxformer.nnx import build_model, param_dict, from_params
     model = build_model(cfg, nnx.Rngs(0))           # cfg: jaxformer.config.ModelConfig
     logits = model(tokens)                            # [batch, length] → [batch, length, vocab]
     graphdef, state = nnx.split(model)                # pure state for jax.jit / optax
@@ -10,7 +10,7 @@
     logits = model(tokens, decode=True)               # appends tokens at the cache's next slot
 
 The library's one module implementation (`jaxformer.nnx.models`: forward passes of
-`jaxformer.models.forward`, one layer loop, `jaxformer.ops.stack.run_stack`). The trainer and the
+`jaxformer.layers.forward`, one layer loop, `jaxformer.ops.stack.run_stack`). The trainer and the
 decoding loops call it as pure functions of pytrees (`FunctionalModel`, what
 ``jaxformer.models.build_model`` returns); Linen code gets it through flax's bridge (`linen_model`,
 `to_linen`), on the same parameter tree.
@@ -20,7 +20,6 @@ from jaxformer.nnx.convert import (
     abstract_model,
     build_sharded,
     check_params,
-    from_hf,
     from_params,
     linen_model,
     to_linen,
@@ -39,6 +38,6 @@ from jaxformer.nnx.params import ParamNode, boxed_params, logical_axes, param_di
 __all__ = [
     "EncoderOnly", "DecoderOnly", "EncoderDecoder", "build_model", "ParamNode", "FunctionalModel",
     "param_dict", "logical_axes", "param_shardings", "boxed_params", "abstract_model",
-    "check_params", "from_params", "from_hf", "to_linen", "linen_model", "build_sharded",
+    "check_params", "from_params", "to_linen", "linen_model", "build_sharded",
     "DecodeCache", "cache_tree",
 ]

@@ -2,14 +2,12 @@
 
     model = from_params(cfg, params)          # a checkpoint / load_hf / Linen-era params tree → NNX
     params = param_dict(model)                # and back (`jaxformer.nnx.params`)
-    model = from_hf("path/to/hf_model")       # Hugging Face GPT-2 / BERT / ALBERT / T5 → NNX
     linen_model, params = to_linen(model)     # a Linen module (flax.nnx.bridge) on those parameters
     model = build_sharded(cfg, mesh, key)     # initialised straight into the mesh's shardings
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,16 +61,6 @@ def from_params(cfg: ModelConfig, params: Mapping, **kwargs) -> nnx.Module:
     check_params(cfg, params)
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(params=0), **kwargs)))
     return nnx.merge(graphdef, jax.tree.map(jnp.asarray, dict(params)))
-
-
-def from_hf(directory: str | os.PathLike, **kwargs) -> nnx.Module:
-    """An NNX model from a local Hugging Face GPT-2 / BERT / ALBERT / T5 directory; ``kwargs`` as
-    `jaxformer.convert.load_hf` (``scan_layers``, ``head``, ``num_classes``, ``seed``)."""
-    # imported here: the converters build on the models (`jaxformer.convert` → `jaxformer.nnx`)
-    from jaxformer.convert import load_hf
-
-    cfg, params, _ = load_hf(directory, **kwargs)
-    return from_params(ModelConfig.from_dict(cfg), params)
 
 
 def linen_model(cfg: ModelConfig) -> nn.Module:

@@ -6,7 +6,7 @@
 A model holds one `ParamNode` per part of `jaxformer.layers.params.model_spec` (``token_embed``,
 ``decoder``, ``lm_head``, …), so its `nnx.Param` state is exactly the ``params`` tree of
 checkpoints (those written with the former Linen modules too) and of the HF converters, and its
-forward pass is `jaxformer.models.forward`'s: the stacks run `jaxformer.ops.stack.run_stack`
+forward pass is `jaxformer.layers.forward`'s: the stacks run `jaxformer.ops.stack.run_stack`
 (`jax.lax.scan` over ``layers`` when ``cfg.scan_layers``).
 
 Dropout follows `nnx.Dropout`: models start in evaluation mode (``deterministic=True``, as the
@@ -35,8 +35,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config import ModelConfig
+from jaxformer.layers import forward
 from jaxformer.layers.params import model_spec
-from jaxformer.models import forward
 from jaxformer.nnx.params import ParamNode
 from jaxformer.ops.stack import has_dropout, run_stack, stack_cache
 
@@ -92,7 +92,7 @@ def cache_tree(cfg: ModelConfig, batch_size: int, max_length: int,
 
 
 class _NNXParts:
-    """`jaxformer.models.forward.Parts` of an NNX model; the dropout key is drawn on first use,
+    """`jaxformer.layers.forward.Parts` of an NNX model; the dropout key is drawn on first use,
     decoding calls read and update the model's `DecodeCache`."""
 
     def __init__(self, model: _Model, deterministic: bool, rngs: RngsArg):

@@ -49,7 +49,7 @@ import jax
 import ml_collections
 import optax
 
-from jaxformer.models.heads import HEAD_MODULE_NAMES
+from jaxformer.layers.heads import HEAD_MODULE_NAMES
 from jaxformer.models.lora import LoraSettings, check_lora_config
 from jaxformer.settings import (
     at_least,
@@ -77,7 +77,7 @@ from jaxformer.train.schedules import (
     warmup_rsqrt,
 )
 
-HEAD_PARAM_PREFIXES = HEAD_MODULE_NAMES  # every head module (`jaxformer.models.heads`)
+HEAD_PARAM_PREFIXES = HEAD_MODULE_NAMES  # every head module (`jaxformer.layers.heads`)
 
 def _decay_rate(v: float) -> str | None:
     return None if 0.0 <= v < 1.0 else "must lie in [0, 1)"

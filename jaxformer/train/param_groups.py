@@ -10,7 +10,7 @@ Depth (`layer_depths`) orders a model's parameters from the input up, by module 
 * layer ``i`` (0-based) of the stack — depth ``i + 1``. Encoder-decoder models count the encoder's
   ``E`` layers first (depths 1 … E), then the decoder's (depths E + 1 … E + L_dec); the encoder's
   final norm (``encoder_norm``) sits with the encoder's last layer (depth E);
-* the last stack's final norm and every head module (`jaxformer.models.heads.HEAD_MODULE_NAMES`:
+* the last stack's final norm and every head module (`jaxformer.layers.heads.HEAD_MODULE_NAMES`:
   ``lm_head``, ``mlm_head``, ``pooler``, ``classifier``, …) — depth ``D`` = number of layers + 1
   (encoder-decoder: E + L_dec + 1).
 
@@ -48,8 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxformer.layers.heads import HEAD_MODULE_NAMES
 from jaxformer.models import lora
-from jaxformer.models.heads import HEAD_MODULE_NAMES
 
 # Top-level modules before the first layer (`jaxformer.layers.params.model_spec`): depth 0.
 EMBEDDING_MODULES: tuple[str, ...] = (
