@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from jaxformer.evaluation.run import evaluate_run, results_path, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 LABELS = ("LOC", "HUM", "NUM")
@@ -58,18 +55,18 @@ def test_a_headerless_tsv_with_train_and_test_files_reaches_a_scored_test_split(
     assert config["model"]["num_classes"] == 3  # from the labels, not the shipped config
     assert config["data"]["label_names"] == ["HUM", "LOC", "NUM"]  # evaluate / predict read them
 
-    # Scored as `python -m jaxformer.evaluate --workdir=<run>` scores it, in this process (the
-    # evaluate command line itself, and its error line, are tests/test_evaluate.py's subprocesses).
-    scored = evaluate_run(workdir, progress=False)
-    path = write_results(scored, results_path(workdir, scored))
+    score = subprocess.run([sys.executable, "-m", "jaxformer.evaluate", f"--workdir={workdir}"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert score.returncode == 0, score.stderr[-3000:]
     results = json.loads((workdir / "eval" / "test_step30.json").read_text())
-    assert path == workdir / "eval" / "test_step30.json"
     m = results["metrics"]
     assert results["split"] == "test" and m["examples"] == len(test_labels)
     assert [c["name"] for c in m["per_class"]] == sorted(LABELS)
     assert [c["support"] for c in m["per_class"]] == [test_labels.count(x) for x in sorted(LABELS)]
     assert m["accuracy"] == pytest.approx(sum(m["confusion"][i][i] for i in range(3)) / 60)
 
-    with pytest.raises(ValueError, match=re.escape("its splits are ['train', 'validation', "
-                                                   "'test']") + "$"):
-        evaluate_run(workdir, split="dev", progress=False)
+    wrong = subprocess.run([sys.executable, "-m", "jaxformer.evaluate", f"--workdir={workdir}",
+                            "--split=dev"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert wrong.returncode != 0
+    assert wrong.stderr.strip().splitlines()[-1].endswith(
+        "its splits are ['train', 'validation', 'test']")
