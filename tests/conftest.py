@@ -46,8 +46,10 @@ LONGEST_FIRST = (
     "test_train.py",  # three pretraining runs; killed, preempted and resumed subprocesses
     "test_multiprocess.py",  # two-process runs, one process killed or preempted (4.4 min alone,
     # measured beside test_train.py's 4.3 min on a loaded 2-core machine)
-    "test_ring_attention.py",  # context-parallel train steps and loss curves (~165 s)
+    "test_ring_attention.py",  # context-parallel train steps and loss curves (~130 s: 1-layer
+    # models, one run per family and mesh for the step and loss-curve tests)
     "test_demo.py",  # the whole demo at tiny settings (~80 s)
+    "test_compile.py",  # seven train steps compiled for TPU slices by libtpu (~85 s)
     "test_lora.py",
     "test_nnx.py",
     "test_distill.py",

@@ -71,39 +71,37 @@ def test_tensor_parallel_forward_all_reduces_are_megatrons_two_per_layer():
         assert 1 <= len(backward) <= 2, backward
 
 
-@pytest.mark.parametrize("mesh", ["data=4", "fsdp=2,tensor=2"])
-def test_splash_compiles_inside_the_sharded_step_with_packed_rows(mesh):
+def test_splash_compiles_inside_the_sharded_step_with_packed_rows():
     """The splash kernel in the train step on a multi-chip mesh (packed rows: the pipeline's
-    segment ids), also split over heads; the host's CPU backend does not refuse it."""
-    config = tiny("gpt_tiny", mesh, attention_impl="splash", attention_dropout_rate=0.0,
-                  attention_chunk_size=128)
+    segment ids), rows split over a batch axis and heads over ``tensor``; the host's CPU backend
+    does not refuse it. (One mesh: a ``data=4`` mesh splits rows as ``fsdp`` does, through the
+    same batch axes of the same `shard_map`, and cost a TPU compile of its own.)"""
+    config = tiny("gpt_tiny", "fsdp=2,tensor=2", attention_impl="splash",
+                  attention_dropout_rate=0.0, attention_chunk_size=128)
     with pytest.raises(ValueError, match="needs a TPU, but jax's backend is 'cpu'"):
         check_config(resolve_config(config), resolve_config(config).model_cfg, resolved=True)
     compiled, _ = compiled_for(config)
     assert "tpu_custom_call" in compiled.as_text()  # the Mosaic kernel itself, per device
 
 
-def test_plan_with_a_topology_takes_the_tpu_compilers_memory():
-    """`jaxformer.cli.plan --topology`: the activation bytes are the TPU compiler's, the same program
-    as `jaxformer.compile` builds; parameter bytes (exact, from the shardings) agree with it."""
-    config = tiny("bert_tiny", "fsdp=4")
-    report = plan(config, topology=parse_topology("v5e:2x2"))
-    c = report["compiled"]
-    assert c["platform"] == "tpu" and not c["simulated"] and report["devices"] == 4
-    compiled, _ = compiled_for(config)
-    assert c["temp_size"] == compiled.memory_analysis().temp_size_in_bytes
-    state = report["params_bytes"]["per_device"] + report["opt_state_bytes"]["per_device"]
-    assert state <= c["argument_size"] <= 1.3 * state + 2**20  # + the batch, TPU tile padding
-
-
 def test_compile_report_has_memory_collectives_and_roofline():
-    report = compile_report(tiny("gpt_tiny", "fsdp=4"), parse_topology("v5e:2x2"))
+    """`jaxformer.compile`'s report, and `jaxformer.plan --topology` of the same config: the plan's
+    activation bytes are the TPU compiler's for the same program; its parameter bytes (exact, from
+    the shardings) agree with the compiled arguments."""
+    config, topology = tiny("gpt_tiny", "fsdp=4"), parse_topology("v5e:2x2")
+    report = compile_report(config, topology)
     assert report["chip"] == "TPU v5e" and report["devices"] == 4 and report["fits"]
     assert report["memory"]["peak_estimate"] > 0 and report["compile_s"] > 0
     assert report["collectives"]["all-gather"]["count"] > 0  # FSDP gathers its weights
     roof = report["roofline"]
     assert roof["step_s"] >= roof["compute_s"] > 0 and 0 < roof["mfu_bound"] <= 1
     assert refusal(report) is None
+    planned = plan(config, topology=topology)
+    c = planned["compiled"]
+    assert c["platform"] == "tpu" and not c["simulated"] and planned["devices"] == 4
+    assert c["temp_size"] == report["memory"]["temp_size"]
+    state = planned["params_bytes"]["per_device"] + planned["opt_state_bytes"]["per_device"]
+    assert state <= c["argument_size"] <= 1.3 * state + 2**20  # + the batch, TPU tile padding
     report["memory"]["peak_estimate"] = 2 * report["hbm_capacity"]
     report["fits"] = False
     assert "does not fit TPU v5e" in refusal(report)

@@ -27,6 +27,7 @@ from jaxformer.evaluation import sequence_scores
 from jaxformer.evaluation.decoding import decode_prompts, decoding_examples, generation_config
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import Trainer
+from jaxformer.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 400  # the tokenizer's (build_byte_level_bpe)
@@ -282,7 +283,11 @@ def _mlm_ids(tmp) -> np.ndarray:
 
 
 def test_roberta_mlm_continued_with_whole_word_masking_exports_its_weights(roberta_mlm):
+    """The Trainer hands whole-word masking its tokenizer's word starts and trains every step
+    (tests/test_train.py leaves whole-word masking through the Trainer to this run)."""
     tmp, loaded = roberta_mlm
+    losses = {r["step"]: r["loss"] for r in read_metrics(tmp / "run") if "loss" in r}
+    assert max(losses) == TINY["num_train_steps"] and all(np.isfinite(v) for v in losses.values())
     assert loaded.tokenizer.special.mask_id == loaded.tokenizer.encode("<mask>")[0] == 4
     assert loaded.tokenizer.special.mask_id in _mlm_ids(tmp)
     cfg, params, _ = load_hf(tmp / "export")

@@ -127,13 +127,11 @@ def test_two_processes_train_and_checkpoint(jit_run):
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
     assert json.loads((workdir / "config.json").read_text())["mesh"] == {
         "data": 2, "fsdp": 2, "context": 1, "tensor": 2, "dcn_data": 1, "dcn_fsdp": 1}  # one slice
-    # The manifest (process 0) covers both processes' files; both resume from the verified step.
+    # The manifest (process 0) covers both processes' files.
+    # (Both resume from it: the reruns of the killed and the preempted runs below resume both
+    # processes from their latest verified step and continue bit for bit.)
     files = json.loads((ckpt_dir / str(STEPS) / "jaxformer_manifest.json").read_text())["files"]
     assert {"data/process_0-of-2.json", "data/process_1-of-2.json"} <= set(files)
-    results = _launch(workdir, corpus, steps=STEPS + 2)
-    for r in results:
-        assert r.returncode == 0 and f"checkpoints/{STEPS}" in r.stdout, r.stderr[-4000:]
-    assert [row["step"] for row in read_metrics(workdir)] == list(range(1, STEPS + 3))
 
 
 def test_two_process_data_parallel_trains_one_model(jit_run, tmp_path):
