@@ -34,3 +34,15 @@ def run_absl(main: Callable[[list[str]], object], module_name: str) -> None:
         for flag in flags.FLAGS.get_key_flags_for_module(command):
             flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     app.run(main)
+
+
+def report_bad_input(command: str, work: Callable[[], object]) -> int:
+    """Run ``work()``; bad input (`ValueError`, `FileNotFoundError`: their messages say what was wrong
+    and the fix) prints one line, ``python -m jaxformer.cli.<command>: error: <message>``, to stderr
+    and returns exit status 2, instead of a traceback. Returns 0 when ``work`` finishes."""
+    try:
+        work()
+    except (ValueError, FileNotFoundError) as e:
+        print(f"python -m jaxformer.cli.{command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from jaxformer.checkpoint import load_for_inference, open_run
+from jaxformer.cli import report_bad_input
 from jaxformer.cli.generate import add_checkpoint_flags
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.data.qa import qa_options
@@ -65,12 +66,7 @@ def read_records(path: str) -> list[dict]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     enable_compilation_cache()
-    try:
-        _answer(args)
-    except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why
-        print(f"python -m jaxformer.cli.answer: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return report_bad_input("answer", lambda: _answer(args))
 
 
 def _answer(args: argparse.Namespace) -> None:

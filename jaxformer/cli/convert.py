@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 
+from jaxformer.cli import report_bad_input
 from jaxformer.convert.directory import export_hf_dir, import_hf_dir
 
 
@@ -28,12 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head", help="jaxformer head (default: the checkpoint's)")
     ap.add_argument("--num-classes", type=int, help="classes of a classification head")
     args = ap.parse_args(argv)
-    try:
-        _run(ap, args)
-    except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return report_bad_input("convert", lambda: _run(ap, args))
 
 
 def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

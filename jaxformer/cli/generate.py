@@ -22,6 +22,7 @@ import jax
 
 from jaxformer import options
 from jaxformer.checkpoint import load_for_inference, open_run
+from jaxformer.cli import report_bad_input
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.decode.api import STRATEGIES, encode_prompts, generate
 from jaxformer.models import build_model
@@ -111,12 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     note_ignored_options(args)
     enable_compilation_cache()
-    try:
-        _generate(args)
-    except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and why
-        print(f"python -m jaxformer.cli.generate: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return report_bad_input("generate", lambda: _generate(args))
 
 
 def _generate(args: argparse.Namespace) -> None:
