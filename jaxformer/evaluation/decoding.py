@@ -24,14 +24,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-import flax.linen as nn
-
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import example_framing
 from jaxformer.data.sources import get_source
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode.api import GenerationConfig, generate_batches
 from jaxformer.evaluation.metrics import sequence_scores
+from jaxformer.nnx import FunctionalModel
 from jaxformer.objectives.registry import check_data_task
 from jaxformer.options import option
 
@@ -134,7 +133,7 @@ def decoding_examples(config: Any, tokenizer: Tokenizer, split: str, *, limit: i
     return out
 
 
-def decode_prompts(model: nn.Module, params: Any, prompts: Sequence[Sequence[int]],
+def decode_prompts(model: FunctionalModel, params: Any, prompts: Sequence[Sequence[int]],
                    gen: GenerationConfig, *, batch_size: int, progress: bool | None = False
                    ) -> list[list[int]]:
     """Generated token ids (EOS and what follows removed) for each prompt, decoded in batches of
@@ -150,7 +149,7 @@ def decode_prompts(model: nn.Module, params: Any, prompts: Sequence[Sequence[int
     return generate_batches(model, params, prompts, gen, batch_size=batch_size, progress=progress)
 
 
-def score_decoding(model: nn.Module, params: Any, tokenizer: Tokenizer,
+def score_decoding(model: FunctionalModel, params: Any, tokenizer: Tokenizer,
                    examples: Sequence[DecodingExample], gen: GenerationConfig, *, batch_size: int,
                    progress: bool | None = False) -> tuple[dict[str, Any], list[str]]:
     """(`sequence_scores` of the generations against the references, the generated texts)."""

@@ -39,6 +39,7 @@ from jaxformer.checkpoint import load_run_params
 from jaxformer.config import ModelConfig, architecture_fields
 from jaxformer.convert.hf import load_hf
 from jaxformer.models import build_model
+from jaxformer.nnx import FunctionalModel
 from jaxformer.ops.heads import pool
 from jaxformer.ops.losses import cosine_distance, soft_target_kl
 from jaxformer.parallel.rules import param_shardings
@@ -158,7 +159,7 @@ class DistillLoss:
     ``hard_sums(logits, nsp_logits, prepared)`` is the objective's own cross-entropy sums.
     """
 
-    teacher_model: nn.Module
+    teacher_model: FunctionalModel
     settings: DistillSettings
     pooling: str | None  # classification: pool the hidden states as the head does; else None
 
@@ -196,7 +197,7 @@ class Teacher:
     source: Pretrained
     settings: DistillSettings
     model_cfg: ModelConfig
-    model: nn.Module
+    model: FunctionalModel
     params: Any = None
     shardings: Any = None
 

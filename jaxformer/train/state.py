@@ -19,6 +19,7 @@ import optax
 from jax.sharding import Mesh
 
 from jaxformer.models import lora
+from jaxformer.nnx import FunctionalModel
 from jaxformer.parallel.rules import match_shardings_by_path, param_shardings, replicated
 
 
@@ -51,13 +52,13 @@ def dummy_model_inputs(model_cfg, batch: int = 1, length: int = 8) -> dict:
     return {"tokens": toks}
 
 
-def abstract_params(model: nn.Module, model_cfg) -> Any:
+def abstract_params(model: FunctionalModel, model_cfg) -> Any:
     """Boxed (logically partitioned) abstract parameters: shapes, dtypes and logical names."""
     inputs = dummy_model_inputs(model_cfg)
     return jax.eval_shape(lambda r: model.init(r, **inputs)["params"], jax.random.key(0))
 
 
-def init_model_params(model: nn.Module, model_cfg, rng: jax.Array) -> Any:
+def init_model_params(model: FunctionalModel, model_cfg, rng: jax.Array) -> Any:
     """Unboxed parameters (unsharded; see `create_train_state` for the sharded path)."""
     return nn.unbox(model.init(rng, **dummy_model_inputs(model_cfg))["params"])
 
@@ -70,7 +71,7 @@ def trainable_abstract(boxed: Any, lora_cfg: Any = None) -> Any:
     return jax.eval_shape(lambda: lora.trainable(boxed, jax.random.key(0), lora_cfg))
 
 
-def state_shardings(model: nn.Module, model_cfg, tx: optax.GradientTransformation, mesh: Mesh,
+def state_shardings(model: FunctionalModel, model_cfg, tx: optax.GradientTransformation, mesh: Mesh,
                     lora_cfg: Any = None):
     """(abstract TrainState, TrainState of NamedShardings) for ``mesh``; with LoRA
     (``lora_cfg.rank`` > 0) the state's params are the trainable ones (`trainable_abstract`)."""
@@ -86,7 +87,7 @@ def state_shardings(model: nn.Module, model_cfg, tx: optax.GradientTransformatio
     return abstract, shardings
 
 
-def create_train_state(model: nn.Module, model_cfg, tx: optax.GradientTransformation, mesh: Mesh,
+def create_train_state(model: FunctionalModel, model_cfg, tx: optax.GradientTransformation, mesh: Mesh,
                        seed: int, params: Any | None = None, lora_cfg: Any = None
                        ) -> tuple[TrainState, TrainState]:
     """Initialise (or wrap given ``params``) directly into the mesh's shardings.
@@ -121,7 +122,7 @@ def _init_key(seed: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed), 0)
 
 
-def create_params(model: nn.Module, model_cfg, shardings: Any, seed: int) -> Any:
+def create_params(model: FunctionalModel, model_cfg, shardings: Any, seed: int) -> Any:
     """The fresh parameters `create_train_state` would start from, initialised directly into
     ``shardings`` (the ``params`` part of `state_shardings`), without optimizer state."""
     key_data = np.asarray(jax.random.key_data(_init_key(seed)))  # an argument: one program

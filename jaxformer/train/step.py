@@ -10,18 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
 from jaxformer.models import lora
+from jaxformer.nnx import FunctionalModel
 from jaxformer.objectives.cloze import class_logits
 from jaxformer.ops.losses import weighted_accuracy, weighted_cross_entropy
 from jaxformer.train.state import TrainState
 
 
-def loss_and_metrics(model: nn.Module, params, prepared: dict, *, deterministic: bool,
+def loss_and_metrics(model: FunctionalModel, params, prepared: dict, *, deterministic: bool,
                      dropout_rng: jax.Array | None, label_smoothing: float = 0.0,
                      z_loss: float = 0.0) -> tuple[jax.Array, dict]:
     """Sums (not means) of loss, correct predictions and weights for one batch.
@@ -33,7 +33,7 @@ def loss_and_metrics(model: nn.Module, params, prepared: dict, *, deterministic:
     return _sums(logits, nsp_logits, prepared, label_smoothing, z_loss)
 
 
-def _forward(model: nn.Module, params, prepared: dict, deterministic: bool,
+def _forward(model: FunctionalModel, params, prepared: dict, deterministic: bool,
              dropout_rng: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
     """(logits, NSP logits or None) of the model on an objective's ``model_inputs``."""
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
@@ -67,7 +67,7 @@ def _objective_loss(sums: dict) -> jax.Array:
     return loss
 
 
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare: Callable,
+def make_train_step(model: FunctionalModel, tx: optax.GradientTransformation, prepare: Callable,
                     schedule: Callable, *, label_smoothing: float = 0.0, z_loss: float = 0.0,
                     grad_accum_steps: int = 1, axis_name: str | None = None,
                     skip_nonfinite: bool = False, lora_scale: float | None = None,
@@ -182,7 +182,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, prepare:
     return train_step
 
 
-def make_eval_step(model: nn.Module, prepare: Callable, *, predictions: bool = False
+def make_eval_step(model: FunctionalModel, prepare: Callable, *, predictions: bool = False
                    ) -> Callable[[Any, dict, jax.Array], dict | tuple[dict, dict]]:
     """``eval_step(params, batch, key) -> sums`` (loss/correct/weight sums; add over batches).
 
