@@ -27,7 +27,7 @@ from jaxformer.evaluation import sequence_scores
 from jaxformer.evaluation.decoding import decode_prompts, decoding_examples, generation_config
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import Trainer
-from jaxformer.train.metrics import read_metrics
+from jaxformer.checkpoint import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 400  # the tokenizer's (build_byte_level_bpe)

@@ -61,11 +61,11 @@ def test_classification_rows_are_the_softmax_of_the_logits_in_input_order(runs, 
     (tmp_path / "in.tsv").write_text("text\n" + "\n".join(texts) + "\n")
     out = tmp_path / "out.jsonl"
     assert main(["--workdir", str(runs / "clf"), "--input", str(tmp_path / "in.tsv"),
-                 "--output", str(out), "--batch_size", "5"]) == 0
+                 "--output", str(out), "--batch_size", "5", "--best"]) == 0
     rows = predictions(out)
     assert [r["id"] for r in rows] == [f"in.tsv:{n}" for n in range(2, 14)]
     assert [r["text"] for r in rows] == texts
-    model_cfg, params, tok = load_for_inference(runs / "clf")
+    model_cfg, params, tok = load_for_inference(runs / "clf", best=True)  # what --best reads
     model = build_model(model_cfg)
     for text, row in zip(texts, rows):  # "eos" framing: text </s>, cut to seq_len keeping </s>
         ids = tok.encode(text)[:15] + [tok.special.eos_id]

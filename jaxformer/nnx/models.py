@@ -28,6 +28,7 @@ through `jaxformer.nnx.FunctionalModel`.
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import jax
@@ -118,6 +119,11 @@ class _NNXParts:
 
     def stack(self, name, x, *, num_layers, causal, cross_attention, decode, cache_index,
               **inputs):
+        with jax.named_scope(name):  # op names in HLO and profiles: <Family>/<stack>/layer_<i>/…
+            return self._stack(name, x, num_layers=num_layers, causal=causal, decode=decode,
+                               cache_index=cache_index, **inputs)
+
+    def _stack(self, name, x, *, num_layers, causal, decode, cache_index, **inputs):
         rng = None if self.deterministic or not has_dropout(self.cfg) else self.rng(name)
         run = lambda **c: run_stack(self.params(name), x, cfg=self.cfg, num_layers=num_layers,
                                     dropout_rng=rng, constrain=forward.constrain, causal=causal,
@@ -180,11 +186,24 @@ class _Model(nnx.Module):
         return _NNXParts(self, deterministic, self.rngs if rngs is None else rngs)
 
 
+def _named(call):
+    """``call`` inside `jax.named_scope` of the model's class name, so that compiled programs and
+    profiles name each op by its place in the model (``DecoderOnly/decoder/layer_0/…``)."""
+
+    @functools.wraps(call)
+    def named_call(self, *args, **kwargs):
+        with jax.named_scope(type(self).__name__):
+            return call(self, *args, **kwargs)
+
+    return named_call
+
+
 class EncoderOnly(_Model):
     """BERT-style bidirectional encoder. Output: the configured head's logits."""
 
     family = "encoder"
 
+    @_named
     def __call__(self, tokens, *, positions=None, segment_ids=None, token_types=None,
                  deterministic: bool | None = None, rngs: RngsArg = None,
                  return_hidden: bool = False):
@@ -201,6 +220,7 @@ class DecoderOnly(_Model):
 
     family = "decoder"
 
+    @_named
     def __call__(self, tokens, *, positions=None, segment_ids=None,
                  deterministic: bool | None = None, rngs: RngsArg = None, decode: bool = False,
                  factorization_rank=None, return_hidden: bool = False, decode_mask=None):
@@ -223,6 +243,7 @@ class EncoderDecoder(_Model):
 
     family = "encoder_decoder"
 
+    @_named
     def __call__(self, inputs=None, targets_in=None, *, encoder_out=None, inputs_positions=None,
                  inputs_segment_ids=None, targets_positions=None, targets_segment_ids=None,
                  deterministic: bool | None = None, rngs: RngsArg = None, decode: bool = False,

@@ -103,15 +103,17 @@ def run_stack(params: dict, x: Array, *, cfg: ModelSettings, num_layers: int, ca
         def body(h, prc):
             return block(prc[0], h, prc[1], prc[2], cache_index, inputs)
 
-        x, new_cache = lax.scan(body, x, (params["layers"], rngs,
-                                          None if cache is None else cache["layers"]))
+        with jax.named_scope("layers"):
+            x, new_cache = lax.scan(body, x, (params["layers"], rngs,
+                                              None if cache is None else cache["layers"]))
         return x if cache is None else (x, {"layers": new_cache})
     new_cache = {}
     for i in range(num_layers):
         name = f"layer_{i}"
         p = params[name] if shared is None else shared
-        x, new_cache[name] = block(p, x, None if rngs is None else rngs[i],
-                                   None if cache is None else cache[name], cache_index, inputs)
+        with jax.named_scope(name):
+            x, new_cache[name] = block(p, x, None if rngs is None else rngs[i],
+                                       None if cache is None else cache[name], cache_index, inputs)
     return x if cache is None else (x, new_cache)
 
 
