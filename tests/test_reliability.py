@@ -501,8 +501,8 @@ def test_convert_onto_an_existing_file_is_one_line(run, tmp_path, capsys):
     (tmp_path / "model.bin").write_text("keep me")
     assert convert(["--from", str(run), "--to-hf", str(tmp_path / "model.bin")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: --to-hf {tmp_path / 'model.bin'} exists and is not a directory; give a "
-                   "new directory (nothing is overwritten)"], err
+    assert err == [f"python -m jaxformer.cli.convert: error: --to-hf {tmp_path / 'model.bin'} exists "
+                   "and is not a directory; give a new directory (nothing is overwritten)"], err
     assert (tmp_path / "model.bin").read_text() == "keep me"
 
 
