@@ -17,6 +17,7 @@ import pytest
 from golden import golden_copy
 from test_fast_tokenizer import build_byte_level_bpe
 
+from jaxformer.checkpoint import read_metrics
 from jaxformer.cli.convert import main as convert_main
 from jaxformer.convert import load_hf
 from jaxformer.data.fast_tokenizer import FastTokenizer
@@ -27,7 +28,6 @@ from jaxformer.evaluation import sequence_scores
 from jaxformer.evaluation.decoding import decode_prompts, decoding_examples, generation_config
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import Trainer
-from jaxformer.checkpoint import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 400  # the tokenizer's (build_byte_level_bpe)
