@@ -13,8 +13,11 @@ PYTEST_ARGS ?= -n 2 -q --durations=15
 # `make test` hands each file to one worker, so a module-scoped fixture (the demo run, the
 # pretrained workdirs) is built once, not by both workers. (`--dist loadgroup` would be finer but
 # does not group on pytest 9.2: pytest-dev/pytest-xdist#1386.) The fast tier has no costly shared
-# fixture, and test-by-test balancing is quicker there.
+# fixture, and test-by-test balancing is quicker there. With the device split, worker gw0 simulates
+# 8 devices and takes the files that need them; the other worker runs the rest on one device
+# (tests/scheduling.py).
 WHOLE_FILES = --dist loadfile
+DEVICE_SPLIT = JAXFORMER_TEST_DEVICE_SPLIT=1
 FLOORS  = .venv-floors
 HF      = .venv-hf
 HF_STAMP = $(HF)/.install-stamp
@@ -49,7 +52,7 @@ demo: $(STAMP)
 
 # The full suite, what CI runs (.ci/run): torch-free (the tests marked hf are `make test-hf`'s).
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) -m "not hf" tests
+	$(DEVICE_SPLIT) $(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) -m "not hf" tests
 
 # Everything but the tests marked slow (end-to-end runs): about 2.5 minutes on 2 cores.
 test-fast: $(STAMP)
@@ -76,7 +79,7 @@ test-floors:
 	test -x $(FLOORS)/bin/python || $(PYTHON) -m venv $(FLOORS)
 	$(FLOORS)/bin/python -m pip install -q uv
 	$(FLOORS)/bin/uv pip install --python $(FLOORS)/bin/python --resolution lowest-direct -e '.[test]'
-	$(FLOORS)/bin/python -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) tests
+	$(DEVICE_SPLIT) $(FLOORS)/bin/python -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxformer demo tests bench configs train.py

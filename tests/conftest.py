@@ -1,4 +1,5 @@
-"""Test-suite setup: 8 simulated CPU devices (for the sharding tests), CPU only, shared helpers.
+"""Test-suite setup: simulated CPU devices (8; 1 on `make test`'s one-device worker: see
+tests/scheduling.py), CPU only, XLA:CPU optimisation level 1, shared helpers.
 
 The environment variables must be set before JAX is imported anywhere, hence at the top of this
 conftest. Nothing else is global: tests needing float64 JAX use ``jax.enable_x64(True)`` locally and
@@ -9,13 +10,24 @@ import os
 import shutil
 import tempfile
 
-_DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
-# Not --xla_backend_optimization_level=0: it compiles ~1.8x faster but miscompiles (jax 0.10.2,
-# XLA:CPU) the chunked-attention gradient with an additive bias into NaNs that the default level
-# and op-by-op execution do not produce (tests/test_attention.py::test_chunked_equals_plain_...).
-os.environ.setdefault("XLA_FLAGS", _DEVICES_FLAG)
-if _DEVICES_FLAG.split("=")[0] not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " " + _DEVICES_FLAG
+from scheduling import SPLIT_ENV, devices_for_this_process, file_rank, make_device_split_scheduler
+
+_DEVICES_FLAG = f"--xla_force_host_platform_device_count={devices_for_this_process()}"
+_flags = os.environ.get("XLA_FLAGS", "").split()
+if os.environ.get(SPLIT_ENV) == "1":  # the split decides: drop any count the environment gave
+    _flags = [f for f in _flags if not f.startswith(_DEVICES_FLAG.split("=")[0])]
+if not any(f.startswith(_DEVICES_FLAG.split("=")[0]) for f in _flags):
+    _flags.append(_DEVICES_FLAG)
+# XLA:CPU's backend optimisation level 1, not the default 2: the suite's programs are tiny and
+# compiled once, so compiling is most of its time, and level 1 compiles ~40% faster
+# (tests/test_qa.py: 14.5 s vs 24.7 s of backend compilation for its 217 programs) at the same
+# float32 results (LLVM does not reassociate floating point without fast-math at any level).
+# Not level 0: it miscompiles the chunked-attention gradient with an additive bias into NaNs
+# (jax 0.10.2 and still 0.12, XLA:CPU; tests/test_attention.py::test_chunked_equals_plain_values_
+# and_gradients fails there and passes at 1 and 2). An explicit level in XLA_FLAGS wins.
+if not any(f.startswith("--xla_backend_optimization_level") for f in _flags):
+    _flags.append("--xla_backend_optimization_level=1")
+os.environ["XLA_FLAGS"] = " ".join(_flags)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # On a GPU (JAX_PLATFORMS=cuda), XLA computes float32 matmuls in TF32 by default (10-bit mantissa,
 # errors ~1e-3): the suite's float32 tolerances are for full float32, as on CPU and TPU tests.
@@ -36,43 +48,6 @@ import collections  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-# `make test` hands whole files to its 2 workers (--dist loadfile), in collection order, the next
-# file to whichever worker runs out first. Longest first (the classic LPT rule) leaves only short
-# files for the end, so neither worker idles for minutes while the other finishes a long file
-# (xdist's default, files with the most tests first, put these few-test long files last). The
-# order comes from the slowest tests of a full run and file totals measured side by side; the
-# summary line at the end of a `make test` run ("longest files") gives new figures.
-LONGEST_FIRST = (
-    "test_train.py",  # three pretraining runs; killed, preempted and resumed subprocesses
-    "test_multiprocess.py",  # two-process runs, one process killed or preempted (4.4 min alone,
-    # measured beside test_train.py's 4.3 min on a loaded 2-core machine)
-    "test_ring_attention.py",  # context-parallel train steps and loss curves (~130 s: 1-layer
-    # models, one run per family and mesh for the step and loss-curve tests)
-    "test_demo.py",  # the whole demo at tiny settings (~80 s)
-    "test_compile.py",  # seven train steps compiled for TPU slices by libtpu (~85 s)
-    "test_lora.py",
-    "test_nnx.py",
-    "test_distill.py",
-    "test_evaluate.py",
-    "test_llama_sft.py",  # LoRA sft of a local Llama checkpoint, end to end (~70 s)
-    "test_own_data.py",  # a train.py subprocess on a headerless TSV, then evaluate (~50 s)
-    "test_decode.py",
-    "test_hf_finetune.py",  # the worked examples: RoBERTa on a TSV, BART seq2seq (~115 s)
-    "test_convert_llama.py",  # five golden Llama-family models, greedy generation (~90 s)
-    "test_parallel.py",
-    "test_models.py",
-    "test_reliability.py",
-    "test_scheduled_sampling.py",
-    "test_qa.py",
-    "test_checkpoint_select.py",
-    "test_permutation_lm.py",
-    "test_albert.py",
-    "test_learning.py",  # one test (~20 s)
-    "test_beam.py",
-    "test_convert.py",
-    "test_nnx_train.py",
-)
-
 
 @pytest.fixture
 def rng() -> np.random.Generator:
@@ -90,13 +65,19 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s device split (tests/scheduling.py): multi-device files on gw0 only."""
+    if os.environ.get(SPLIT_ENV) == "1" and config.option.dist == "loadfile":
+        return make_device_split_scheduler(config, log)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    """Files in `LONGEST_FIRST` order, then the others; a file's own tests keep their order.
+    """Files in `scheduling.LONGEST_FIRST` order, then the others; a file's own tests keep their order.
 
     Tests marked ``hf`` need live PyTorch models: skipped, saying why, where torch is absent (the
     default install; `make test-hf` installs the [hf] extra and runs them)."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    items.sort(key=lambda item: file_rank(item.path.name))
     if not _torch_installed():
         skip = pytest.mark.skip(reason="needs torch (the [hf] extra): run `make test-hf`")
         for item in items:

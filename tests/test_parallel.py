@@ -493,3 +493,17 @@ def test_plan_gpt2_small_parameters_and_flops():
     assert plan.plan(plan.preset_config("gpt2_small", batch=8, seq_len=64, mesh="fsdp=-1"),
                      devices=8, compile=False)["mesh"] == {"data": 1, "fsdp": 8, "context": 1,
                                                            "tensor": 1}
+
+
+def test_a_mesh_the_heads_do_not_divide_fails_before_any_work(tmp_path):
+    """The trainer refuses tensor=8 for 4 heads, naming the field, before it trains a tokenizer
+    or writes config.json."""
+    from jaxformer.train.loop import Trainer
+    from jaxformer.train.config import set_key
+
+    config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs",
+                                      "gpt_pretrain_tiny.py"))
+    set_key(config, "mesh.tensor", 8)
+    with pytest.raises(ValueError, match=r"cannot be sharded .* not divisible by mesh.tensor=8"):
+        Trainer(config, tmp_path / "run8")
+    assert not list((tmp_path / "run8").glob("*"))

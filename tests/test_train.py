@@ -345,11 +345,7 @@ def test_a_workdir_that_is_a_file_or_a_missing_init_from_fails_before_any_work(t
     with pytest.raises(FileNotFoundError, match="init_from='nowhere' does not exist"):
         Trainer(load_config("gpt_finetune_tiny", init_from="nowhere"), tmp_path / "run")
     assert not (tmp_path / "run").exists()  # nothing trained, nothing written
-    config = load_config("gpt_pretrain_tiny")
-    set_key(config, "mesh.tensor", 8)  # 4 heads cannot be split 8 ways
-    with pytest.raises(ValueError, match=r"cannot be sharded .* not divisible by mesh.tensor=8"):
-        Trainer(config, tmp_path / "run8")
-    assert not list((tmp_path / "run8").glob("*"))  # no tokenizer trained, no config.json
+    # (a mesh the model cannot be sharded on: tests/test_parallel.py, which has 8 devices)
 
 
 def test_labels_outside_the_classes_are_refused():

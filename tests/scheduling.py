@@ -1,0 +1,113 @@
+"""How `make test` spreads the suite over its 2 xdist workers: file order and simulated devices.
+
+`make test` hands whole files to its workers (``--dist loadfile``), so a module-scoped fixture (the
+demo run, the pretrained workdirs) is built once. Two things make that quick on 2 cores:
+
+* **Longest first.** Files go out in `LONGEST_FIRST` order, the next file to whichever worker runs
+  out first (the classic LPT rule): only short files are left for the end, so neither worker idles
+  for minutes while the other finishes a long file.
+* **Devices where they are needed** (``JAXFORMER_TEST_DEVICE_SPLIT=1``, set by `make test`). Worker
+  ``gw0`` simulates 8 CPU devices, the others one. A tiny model's step on 8 simulated devices
+  costs 8 dispatches of every op and an SPMD-partitioned compile, and 2 cores run them no faster:
+  the single-device files run ~20% quicker on one device (tests/test_qa.py: 48–54 s vs 64 s,
+  loaded machine). Files in `MULTI_DEVICE_FILES` (meshes, sharding, pmap, multi-device
+  equalities) only ever go to ``gw0``; ``gw0`` takes them first, so the one-device worker is not
+  left waiting for them at the end.
+"""
+
+from __future__ import annotations
+
+import os
+
+SPLIT_ENV = "JAXFORMER_TEST_DEVICE_SPLIT"
+MANY_DEVICES = 8
+MANY_DEVICE_WORKER = "gw0"
+
+# The order comes from the slowest tests of a full run and file totals measured side by side; the
+# summary line at the end of a `make test` run ("longest files") gives new figures.
+LONGEST_FIRST = (
+    "test_train.py",  # three pretraining runs; killed, preempted and resumed subprocesses
+    "test_multiprocess.py",  # two-process runs, one process killed or preempted (4.4 min alone,
+    # measured beside test_train.py's 4.3 min on a loaded 2-core machine)
+    "test_ring_attention.py",  # context-parallel train steps and loss curves (~130 s: 1-layer
+    # models, one run per family and mesh for the step and loss-curve tests)
+    "test_demo.py",  # the whole demo at tiny settings (~80 s)
+    "test_compile.py",  # seven train steps compiled for TPU slices by libtpu (~85 s)
+    "test_lora.py",
+    "test_nnx.py",
+    "test_distill.py",
+    "test_evaluate.py",
+    "test_llama_sft.py",  # LoRA sft of a local Llama checkpoint, end to end (~70 s)
+    "test_own_data.py",  # a train.py subprocess on a headerless TSV, then evaluate (~50 s)
+    "test_decode.py",
+    "test_hf_finetune.py",  # the worked examples: RoBERTa on a TSV, BART seq2seq (~115 s)
+    "test_convert_llama.py",  # five golden Llama-family models, greedy generation (~90 s)
+    "test_parallel.py",
+    "test_models.py",
+    "test_reliability.py",
+    "test_scheduled_sampling.py",
+    "test_qa.py",
+    "test_checkpoint_select.py",
+    "test_permutation_lm.py",
+    "test_albert.py",
+    "test_learning.py",  # one test (~20 s)
+    "test_beam.py",
+    "test_convert.py",
+    "test_nnx_train.py",
+)
+
+# Files with a test that needs (or means) more than one device in the pytest process itself:
+# meshes with an axis > 1, sharded vs single-device equalities, pmap, context parallelism, TPU
+# compiles of multi-chip meshes. A file that passes on one device but whose check would then be
+# vacuous (a "sharded equals unsharded" on a 1-device mesh) belongs here too.
+MULTI_DEVICE_FILES = frozenset({
+    "test_albert.py",  # shared layers sharded on an fsdp × tensor mesh
+    "test_compile.py",  # TPU slices of 4 chips (the CPU devices host the abstract inputs)
+    "test_decode.py",  # generation on params sharded over (fsdp 2, tensor 4)
+    "test_lora.py",  # adapters shard like their kernels on FSDP / tensor meshes
+    "test_nnx.py",  # sharded NNX init on a 2 × 2 × 2 mesh
+    "test_parallel.py",  # every mesh, pmap and shard_map against one device
+    "test_ring_attention.py",  # context parallelism
+    "test_scheduled_sampling.py",  # its shard_map and pmap paths
+})
+
+
+def devices_for_this_process() -> int:
+    """Simulated CPU devices for this pytest process: 8, or 1 on the split's one-device workers."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if os.environ.get(SPLIT_ENV) == "1" and worker is not None and worker != MANY_DEVICE_WORKER:
+        return 1
+    return MANY_DEVICES
+
+
+def file_rank(name: str) -> int:
+    """A test file's place in the run: its `LONGEST_FIRST` index, or after all of them."""
+    try:
+        return LONGEST_FIRST.index(name)
+    except ValueError:
+        return len(LONGEST_FIRST)
+
+
+def needs_many_devices(scope: str) -> bool:
+    """Whether a loadfile work unit (``tests/test_x.py``) must run on the many-device worker."""
+    return os.path.basename(scope) in MULTI_DEVICE_FILES
+
+
+def make_device_split_scheduler(config, log):
+    """xdist's file scheduler, with `MULTI_DEVICE_FILES` sent to ``gw0`` only (and first there)."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class DeviceSplitScheduling(LoadFileScheduling):
+        def _assign_work_unit(self, node) -> None:
+            many = node.gateway.id == MANY_DEVICE_WORKER
+            # gw0: the first multi-device file if any is left, else the first file. The others:
+            # the first file they can run, or nothing yet (they wait; xdist shuts every worker
+            # down once the queue is empty and all assigned work is done).
+            fits = [s for s in self.workqueue if needs_many_devices(s) == many]
+            if not fits and not many:
+                return
+            scope = fits[0] if fits else next(iter(self.workqueue))
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+    return DeviceSplitScheduling(config, log)
