@@ -60,6 +60,6 @@ __all__ = [
     "layer_norm", "normalize", "rms_norm", "apply_rope", "RopeScaling", "rope_frequencies",
     "lookup_positions", "alibi_bias", "alibi_slopes",
     "relative_position_bias", "relative_position_bucket", "sinusoidal", "sinusoidal_table",
-    "classify", "lm_logits", "mask_padded_vocab", "mlm_logits", "pool", "pooled", "embed_inputs", "embed_tokens",
-    "run_stack",
+    "classify", "lm_logits", "mask_padded_vocab", "mlm_logits", "pool", "pooled", "embed_inputs",
+    "embed_tokens", "run_stack",
 ]
