@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -24,6 +25,8 @@ import pytest
 from golden import golden_dir, reference, rel_err
 from safetensors.numpy import load_file
 
+from jaxformer.checkpoint import load_params
+from jaxformer.cli.convert import main as convert_main
 from jaxformer.config import ModelConfig
 from jaxformer.convert import load_hf, save_hf
 from jaxformer.decode import generate
@@ -41,6 +44,7 @@ from jaxformer.train.state import create_train_state, state_shardings
 from jaxformer.train.step import loss_and_metrics, make_train_step
 from jaxformer.vocab import SpecialTokens
 
+ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(vocab_size=250, d_model=32, num_heads=4, d_ff=64, num_layers=1, max_len=32,
              dropout_rate=0.0, attention_dropout_rate=0.0, ffn_dropout_rate=0.0)
 PAD = 64  # 250 → 256 rows
@@ -306,3 +310,49 @@ def test_gpt2_preset_shards_its_padded_vocabulary_over_tensor_and_matches_one_de
     np.testing.assert_allclose(sharded_loss, single_loss, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-6),
                  sharded.params, single.params)
+
+
+def test_convert_cli_pads_on_import_and_writes_the_real_vocabulary_on_export(tmp_path):
+    """``--vocab-pad-multiple``: the checkpoint holds the padded tables; ``--to-hf`` from it writes
+    the golden GPT-2's tensors bit for bit."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "hf"
+    assert convert_main(["--from-hf", golden_dir("gpt2"), "--to", str(ckpt),
+                         "--vocab-pad-multiple", "80"]) == 0
+    cfg, params = load_params(str(ckpt))
+    assert cfg["vocab_pad_multiple"] == 80 and params["token_embed"]["embedding"].shape == (160, 64)
+    assert convert_main(["--from", str(ckpt), "--to-hf", str(out)]) == 0
+    src = load_file(os.path.join(golden_dir("gpt2"), "model.safetensors"))
+    dst = load_file(os.path.join(out, "model.safetensors"))
+    assert sorted(dst) == sorted(src)
+    for k in src:
+        np.testing.assert_array_equal(dst[k], src[k], err_msg=k)
+
+
+def test_init_from_a_checkpoint_of_another_padding_repads_its_tables(tmp_path):
+    """A trainer whose model pads to 400 rows (``model.vocab_pad_multiple``, a layout field) starts
+    from an unpadded checkpoint: its first 320 rows are the checkpoint's, the padding zeros."""
+    from jaxformer.checkpoint import save_params
+    from jaxformer.train.config import load_config
+    from jaxformer.train.loop import Trainer
+
+    corpus = tmp_path / "corpus.txt"
+    rng = np.random.default_rng(0)
+    words = "the cat dog sat ran on a mat log big small red blue".split()
+    corpus.write_text("\n".join(" ".join(rng.choice(words, 8)) for _ in range(200)))
+    settings = {"num_train_steps": 1, "data.source": f"files:{corpus}", "model.d_model": 32,
+                "model.num_heads": 2, "model.d_ff": 64, "model.num_layers": 1, "model.max_len": 64,
+                "model.vocab_size": 320, "data.tokenizer.vocab_size": 320, "data.seq_len": 32,
+                "data.batch_size": 8, "progress_bar": False}
+    config = load_config(ROOT / "configs" / "gpt_pretrain_tiny.py", settings)
+    unpadded = ModelConfig.from_dict(config.model.to_dict())
+    params = jax.tree.map(np.asarray, nn.unbox(build_model(unpadded).init(jax.random.key(3))["params"]))
+    save_params(tmp_path / "pretrained", unpadded, params)
+    config = load_config(ROOT / "configs" / "gpt_pretrain_tiny.py", {
+        **settings, "model.vocab_pad_multiple": 100, "init_from": str(tmp_path / "pretrained")})
+    trainer = Trainer(config, tmp_path / "run")
+    got = jax.device_get(trainer.state.params)
+    assert trainer.model_cfg.padded_vocab_size == 400
+    np.testing.assert_array_equal(got["token_embed"]["embedding"][:320],
+                                  params["token_embed"]["embedding"])
+    assert not np.any(got["token_embed"]["embedding"][320:])
+    jax.tree.map(np.testing.assert_array_equal, fit_vocab(got, unpadded), params)
