@@ -7,6 +7,8 @@ names)`` is the optional sharding hook of `jaxformer.ops.blocks` (logical axis n
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -29,9 +31,32 @@ def _whole_rows(table: Array, row_axis: str, constrain: Constrain) -> Array:
     """A `[rows, d_model]` table constrained to whole rows (d_model gathered over the FSDP axis).
 
     Gathering rows of an FSDP-sharded table would give d_model-sharded activations, which the
-    compiler cannot reshard to batch-sharded ones without replicating them first.
+    compiler cannot reshard to batch-sharded ones without replicating them first. Only the
+    forward is pinned (`_gathered`): the lookup's gradient is left to the compiler.
     """
-    return constrain(table, (row_axis, None))
+    return _gathered(table, (row_axis, None), constrain)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _gathered(table: Array, names: tuple, constrain: Constrain) -> Array:
+    """``constrain(table, names)`` whose gradient is not constrained. A sharding constraint's
+    transpose pins the cotangent to the same sharding, here whole rows on every FSDP shard: the
+    scatter-add of a batch-sharded lookup's gradient then has to be summed over the batch shards
+    into a full `[rows, d_model]` array before each device keeps its shard (on a TPU, a float32
+    reduce-scatter of the whole table, V·D·4 bytes). Unpinned, the compiler routes the `[B, L, D]`
+    row updates to the devices holding their columns (an all-to-all, B·L·D) and scatters locally."""
+    return constrain(table, names)
+
+
+def _gathered_fwd(table: Array, names: tuple, constrain: Constrain):
+    return constrain(table, names), None
+
+
+def _gathered_bwd(names: tuple, constrain: Constrain, _, g: Array):
+    return (g,)
+
+
+_gathered.defvjp(_gathered_fwd, _gathered_bwd)
 
 
 def embed_tokens(table: Array, ids: Array, *, dtype, constrain: Constrain | None = None) -> Array:
