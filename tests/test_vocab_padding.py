@@ -69,7 +69,7 @@ def _params(cfg: ModelConfig, padded: ModelConfig, seed: int = 0):
     """(the unpadded model's params, the padded model's: the same real rows, padding rows filled
     with values that would win an argmax if they were read: +30 in biases, ±3 elsewhere)."""
     params = jax.tree.map(np.asarray, nn.unbox(build_model(cfg).init(jax.random.key(seed))["params"]))
-    out = fit_vocab(params, padded)
+    out = fit_vocab(params, cfg, padded)
     rng = np.random.default_rng(seed)
     for path, axis in vocab_axes(padded).items():
         *parents, leaf = path.split("/")
@@ -145,7 +145,7 @@ def test_padded_model_computes_the_unpadded_function(name):
     assert np.isfinite(ref_loss)
     np.testing.assert_allclose(pad_loss, ref_loss, rtol=2e-6)
     assert float(pad_sums["correct"]) == float(ref_sums["correct"])
-    cut = fit_vocab(pad_grads, padded, rows=cfg.vocab_size)
+    cut = fit_vocab(pad_grads, padded, cfg)
     scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(ref_grads))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(  # float32 sums in another order
         a, b, rtol=1e-5, atol=1e-6 * scale), cut, ref_grads)
@@ -199,18 +199,23 @@ def test_greedy_beam_and_sampled_tokens_never_use_the_padding(name):
 def test_fit_vocab_round_trips_between_paddings():
     cfg, padded = _configs("gpt_untied_bias")
     params, _ = _params(cfg, padded)
-    p128 = fit_vocab(params, cfg.replace(vocab_pad_multiple=128))
-    assert p128["lm_head"]["kernel"].shape == (32, 256) and p128["token_embed"]["embedding"].shape == (
-        256, 32)
+    c128, c100 = cfg.replace(vocab_pad_multiple=128), cfg.replace(vocab_pad_multiple=100)
+    p128 = fit_vocab(params, cfg, c128)
+    assert p128["lm_head"]["kernel"].shape == (32, 256)
+    assert p128["token_embed"]["embedding"].shape == (256, 32)
     assert not np.any(p128["lm_head"]["bias"][250:])  # zero rows
-    p100 = fit_vocab(jax.tree.map(jnp.asarray, p128), cfg.replace(vocab_pad_multiple=100))  # jax too
+    p100 = fit_vocab(jax.tree.map(jnp.asarray, p128), c128, c100)  # jax arrays too
     assert p100["lm_head"]["bias"].shape == (300,)
-    back = fit_vocab(p100, cfg)
+    back = fit_vocab(p100, c100, cfg)
     jax.tree.map(np.testing.assert_array_equal, back, params)
     untouched = zip(jax.tree.leaves(back["decoder"]), jax.tree.leaves(p100["decoder"]))
     assert all(a is b for a, b in untouched)  # only the vocabulary tables are touched
     flat = {"token_embed/embedding": params["token_embed"]["embedding"]}  # "a/b"-flat dicts too
-    assert fit_vocab(flat, padded)["token_embed/embedding"].shape == (256, 32)
+    assert fit_vocab(flat, cfg, padded)["token_embed/embedding"].shape == (256, 32)
+    # a table that is not the source config's is left for the shape check to name
+    assert fit_vocab(p100, c128, cfg)["lm_head"]["bias"].shape == (300,)
+    with pytest.raises(ValueError, match="cannot re-pad a vocabulary of 250 tokens"):
+        fit_vocab(params, cfg, padded.replace(vocab_size=200))
     with pytest.raises(ValueError, match="re-pad the parameters with .*fit_vocab"):
         from_params(padded, params)
 
@@ -355,4 +360,4 @@ def test_init_from_a_checkpoint_of_another_padding_repads_its_tables(tmp_path):
     np.testing.assert_array_equal(got["token_embed"]["embedding"][:320],
                                   params["token_embed"]["embedding"])
     assert not np.any(got["token_embed"]["embedding"][320:])
-    jax.tree.map(np.testing.assert_array_equal, fit_vocab(got, unpadded), params)
+    jax.tree.map(np.testing.assert_array_equal, fit_vocab(got, trainer.model_cfg, unpadded), params)

@@ -1,6 +1,7 @@
 """Command line: convert a Hugging Face directory to a jaxformer checkpoint, or back.
 
-    python -m jaxformer.cli.convert --from-hf HF_DIR --to CKPT_DIR [--scan-layers] [--head H]
+    python -m jaxformer.cli.convert --from-hf HF_DIR --to CKPT_DIR [--scan-layers] [--head H] \\
+        [--vocab-pad-multiple 128]
     python -m jaxformer.cli.convert --from CKPT_DIR --to-hf HF_DIR
 
 What is written, tokenizer and ``config.json`` included, and how a LoRA run is merged:

@@ -205,11 +205,11 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
         log.warning("head=%r: initialising %s (seed %d)", model_cfg.head, missing, seed)
         flat.update(_init_subset(model_cfg, missing, seed))
 
-    model_cfg = model_cfg.replace(scan_layers=scan_layers, vocab_pad_multiple=vocab_pad_multiple)
-    params = unflatten(fit_vocab(flat, model_cfg))
+    padded = model_cfg.replace(scan_layers=scan_layers, vocab_pad_multiple=vocab_pad_multiple)
+    params = unflatten(fit_vocab(flat, model_cfg, padded))
     if scan_layers:
         params = stack_layers(params)
-    return model_cfg.to_dict(), params, find_tokenizer(directory)
+    return padded.to_dict(), params, find_tokenizer(directory)
 
 
 def from_hf(directory: str | os.PathLike, **kwargs) -> nnx.Module:
@@ -260,7 +260,7 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     conv = export_converter(cfg)
     hf_config, prefix = conv.config_to_hf(cfg)
-    flat = fit_vocab(_host_params(params), cfg, rows=cfg.vocab_size)  # without padding rows
+    flat = fit_vocab(_host_params(params), cfg, cfg.replace(vocab_pad_multiple=1))  # unpadded
     if cfg.permutation_lm:  # XLNet's query-stream table trains the GPT; the export is the GPT
         flat = {k: v for k, v in flat.items() if not k.startswith("jump_embed/")}
     tensors, used = apply_export(conv.rules(cfg, prefix, export=True), flat)

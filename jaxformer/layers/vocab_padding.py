@@ -39,26 +39,27 @@ def vocab_axes(cfg: ModelConfig) -> dict[str, int]:
     return {_path(p): s.axes.index(VOCAB) for p, s in leaves if VOCAB in s.axes}
 
 
-def fit_vocab(params: Mapping, cfg: ModelConfig, rows: int | None = None) -> Any:
-    """``params`` (a nested or ``"a/b"``-flat dict of NumPy or jax arrays, with any vocabulary
-    padding) with every ``vocab`` axis cut to ``cfg.vocab_size`` rows and padded with zeros to
-    ``rows`` (default ``cfg.padded_vocab_size``; ``cfg.vocab_size`` unpads). Other parameters,
-    and tables already ``rows`` long, are returned as they are (not copied); a table shorter than
-    ``cfg.vocab_size`` too (the model's shape check names it)."""
-    rows = cfg.padded_vocab_size if rows is None else rows
-    if rows < cfg.vocab_size:
-        raise ValueError(f"rows={rows} is fewer than model.vocab_size={cfg.vocab_size}")
-    axes = vocab_axes(cfg)
+def fit_vocab(params: Mapping, source: ModelConfig, target: ModelConfig) -> Any:
+    """``source``'s ``params`` (a nested or ``"a/b"``-flat dict of NumPy or jax arrays) with every
+    vocabulary table re-padded to ``target``'s rows: cut to ``vocab_size`` and padded with zeros to
+    ``target.padded_vocab_size`` (``vocab_pad_multiple=1`` unpads). Only tables holding exactly
+    ``source.padded_vocab_size`` rows change; anything else is returned as it is (not copied), for
+    the model's shape check to name. ValueError when the two configs' vocabularies differ."""
+    if source.vocab_size != target.vocab_size:
+        raise ValueError(f"cannot re-pad a vocabulary of {source.vocab_size} tokens to "
+                         f"model.vocab_size={target.vocab_size}")
+    have, rows, keep = source.padded_vocab_size, target.padded_vocab_size, target.vocab_size
+    axes = vocab_axes(source)
 
     def fit(path, x):
         axis = axes.get(_path(path))
-        if axis is None or x.shape[axis] == rows or x.shape[axis] < cfg.vocab_size:
+        if axis is None or have == rows or x.shape[axis] != have:
             return x
         xp = np if isinstance(x, np.ndarray) else jnp
         cut = [slice(None)] * x.ndim
-        cut[axis] = slice(0, cfg.vocab_size)
+        cut[axis] = slice(0, keep)
         pad = [(0, 0)] * x.ndim
-        pad[axis] = (0, rows - cfg.vocab_size)
+        pad[axis] = (0, rows - keep)
         return xp.pad(x[tuple(cut)], pad)
 
     return jax.tree_util.tree_map_with_path(fit, params)

@@ -372,7 +372,8 @@ def load_pretrained(resolved: ResolvedConfig, built: Built) -> tuple[Any, list[s
                            head=model_cfg.head, num_classes=model_cfg.num_classes,
                            seed=config.seed, vocab_pad_multiple=model_cfg.vocab_pad_multiple)[1]
     else:  # verified first; its vocabulary tables re-padded as the model pads them (a layout)
-        backbone = fit_vocab(load_checkpoint_params(pretrained.run.step_dir), model_cfg)
+        backbone = fit_vocab(load_checkpoint_params(pretrained.run.step_dir),
+                             ModelConfig.from_dict(pretrained.model), model_cfg)
     fresh_params = create_params(built.model, model_cfg, built.param_shardings, config.seed)
     return merge_backbone(fresh_params, backbone)
 
