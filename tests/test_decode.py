@@ -254,6 +254,42 @@ def test_generate_batches_equals_each_prompt_alone(strategy):
     assert bucket_width(9, 40) == 16
 
 
+REFILL_CASES = [  # (preset, overrides, distinct output lengths at least)
+    ("gpt_tiny", {}, 4),                                        # learned positions
+    ("gpt_tiny", {"position": "rope", "scan_layers": True}, 4),  # RoPE keys; cache [layers, B, …]
+    ("t5_tiny", {}, 2),  # relative bias, cross K/V per row (random T5s repeat one token: 2)
+]
+
+
+@pytest.mark.parametrize("name,overrides,distinct", REFILL_CASES)
+def test_refill_equals_each_prompt_alone(name, overrides, distinct):
+    """Continuous batching (`jaxformer.decode.refill`): 7 prompts through 3 rows, refilled every 4
+    steps, give what each prompt gives alone, in input order. The EOS is chosen so that outputs
+    end at several different steps (many refills and cache compactions): greedy with an EOS
+    equals the EOS-free output cut after its first EOS, which the test checks too."""
+    model, params = tiny(name, **overrides)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(7, VOCAB, rng.integers(1, 9)).tolist() for _ in range(7)]
+    n = 20
+    free = [generate(model, params, [p], max_new_tokens=n, eos_id=None, pad_to=8
+                     ).tokens[0].tolist() for p in prompts]
+
+    def cut(row, eos):  # the output with this EOS: up to its first occurrence (dropped)
+        return row[:row.index(eos)] if eos in row else row
+
+    eos = max(range(7, VOCAB), key=lambda t: len({len(cut(r, t)) for r in free}))
+    want = [cut(r, eos) for r in free]
+    assert len({len(w) for w in want}) >= distinct, [len(w) for w in want]  # refills, compactions
+    gen = GenerationConfig(max_new_tokens=n, eos_id=eos)
+    got = generate_batches(model, params, prompts, gen, batch_size=3, refill=True, segment=4)
+    assert got == want
+    # sampling through the same loop: top_k=1 is the argmax
+    sampled = generate_batches(model, params, prompts, dataclasses.replace(
+        gen, strategy="sample", top_k=1), batch_size=3, refill=True, segment=4,
+        rng=jax.random.key(0))
+    assert sampled == want
+
+
 def test_repeated_ngram_mask_matches_python(rng):
     """Every prefix length of random rows over 4 symbols (repeats are frequent), n = 0..4."""
     from jaxformer.decode import repeated_ngram_mask
