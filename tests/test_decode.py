@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from functools import partial
 
 import flax.linen as nn
 import jax
@@ -252,6 +253,45 @@ def test_generate_batches_equals_each_prompt_alone(strategy):
         assert g == alone.sequences()[0]
     assert [bucket_width(n, 11) for n in (1, 3, 8, 9, 11)] == [8, 8, 8, 11, 11]
     assert bucket_width(9, 40) == 16
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "sample", "beam"])
+def test_loops_stop_when_every_row_has_finished(strategy):
+    """The decoding loops stop stepping the model once every row has emitted EOS (beam search: once
+    every example is settled), across the cache's segments: a toy step whose row ``b`` predicts
+    EOS from its ``L_b``-th token on (every other token but one has log-prob −1e9) is called
+    max L_b = 5 times, not ``max_new_tokens`` = 12 (beam: alive beams at −1e9 cannot beat the
+    finished, so it settles there too), and each row ends at its ``L_b``."""
+    from jaxformer.decode import beam_search, decode_loop
+
+    ends_at, vocab, eos, n = jnp.array([2, 5, 3]), 8, 1, 12
+    calls = []
+
+    def logits_for(count):  # [B, V]: EOS from the row's L_b-th token on, else token 3
+        tok = jnp.where(count >= ends_at - 1, eos, 3)
+        return jnp.where(jnp.arange(vocab) == tok[:, None], 0.0, -1e9)
+
+    def step_fn(state, tokens, positions, mask=None):
+        jax.debug.callback(lambda c: calls.append(int(c)), state)
+        logits = logits_for(state + 1)
+        return (logits if tokens.ndim == 1 else jnp.repeat(logits[:, None], tokens.shape[1], 1),
+                state + 1)
+
+    loop = dict(max_new_tokens=n, eos_id=eos, pad_id=0, ends=(2, 4, 8, 12),
+                grow=lambda state, end: state)
+    positions = jnp.zeros((3,), jnp.int32)
+    if strategy == "beam":
+        res = beam_search(step_fn, logits_for(0), jnp.int32(0), positions, prefix_slots=1,
+                          beam_size=2, alpha=0.0, **loop)
+        jax.effects_barrier()
+        assert len(calls) <= 5 + 2, calls
+    else:
+        res = decode_loop(step_fn, logits_for(0), jnp.int32(0), positions,
+                          partial(sample, temperature=0.0 if strategy == "greedy" else 1.0),
+                          rng=jax.random.key(0), **loop)
+    jax.effects_barrier()
+    assert len(calls) == 5, calls  # beam: settled when its last hypotheses end
+    assert res.lengths.tolist() == [2, 5, 3]
 
 
 REFILL_CASES = [  # (preset, overrides, distinct output lengths at least)
