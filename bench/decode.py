@@ -237,7 +237,7 @@ def mixed_length_set(model, params, args) -> tuple[list[list[int]], int, list[in
     natural EOS, so one is chosen: ``8 · --prompts`` candidates are decoded without EOS, the EOS
     is the token that first occurs at the most distinct steps among them, and for each of
     ``--prompts`` evenly spaced target lengths the unused candidate ending closest to it is taken
-    (outputs without the EOS end at ``--new_tokens``)."""
+    (outputs without the EOS end at ``--new_tokens``), in random order."""
     rng = np.random.default_rng(1)
     vocab, n = model.cfg.vocab_size, args.new_tokens
     cands = [rng.integers(7, vocab, rng.integers(4, 17)).tolist() for _ in range(8 * args.prompts)]
@@ -254,6 +254,7 @@ def mixed_length_set(model, params, args) -> tuple[list[list[int]], int, list[in
         gap = np.abs(ends - target).astype(float)
         gap[pick] = np.inf
         pick.append(int(np.argmin(gap)))
+    pick = rng.permutation(pick)  # arrival order unrelated to the output length
     return [cands[i] for i in pick], int(eos), ends[pick].tolist()
 
 
