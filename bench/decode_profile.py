@@ -119,9 +119,10 @@ def main(argv=None) -> None:
                     "n": n, "GFLOP/s": gf / ms * 1e3 if gf and ms else None}
                    for (c, t, f), (ms, n, gf) in sorted(by_shape.items(),
                                                          key=lambda kv: -kv[1][0])[:args.shapes]]
-    print(json.dumps({"benchmark": "decode_profile", "model": args.model, "prompt_len": args.prompt_len,
-                      "cache_slots": (args.prompt_len if cfg.family == "decoder" else 1) + args.new_tokens, "rows": rows, "top": top,
-                      "shapes": shapes}))
+    prefix = args.prompt_len if cfg.family == "decoder" else 1  # T5: the start token
+    print(json.dumps({"benchmark": "decode_profile", "model": args.model,
+                      "prompt_len": args.prompt_len, "cache_slots": prefix + args.new_tokens,
+                      "rows": rows, "top": top, "shapes": shapes}))
     print(format_table(rows, [("batch", "B", "d"), ("wall_ms", "wall ms", ".2f"),
                               ("ops_ms", "ops ms", ".2f"), ("dot_ms", "dot", ".2f"),
                               ("copy_ms", "copy", ".2f"), ("reduce_ms", "reduce", ".2f"),
