@@ -33,7 +33,7 @@ from common import format_table  # noqa: E402
 from decode import model_config, random_params  # noqa: E402
 from op_profile import CATEGORIES, attribute, classify, parse_hlo, source, thunk_intervals  # noqa: E402
 
-from jaxformer.decode import steps  # noqa: E402
+from jaxformer.decode import argmax, steps  # noqa: E402
 from jaxformer.models import build_model  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def compiled_step(model, params, batch: int, args) -> dict:
 
     def step(p, st, tok, pos):
         logits, st = steps.step(model, p, st, tok, pos)
-        return jnp.argmax(logits, -1).astype(jnp.int32), st
+        return argmax(logits), st  # what greedy decoding picks with
 
     step.__name__ = step.__qualname__ = f"decode_step_b{batch}"
     tokens = jnp.zeros((batch,), jnp.int32)

@@ -461,6 +461,21 @@ def test_samples_follow_the_filtered_distribution(rng):
         np.testing.assert_allclose(freq, want, atol=0.02, err_msg=str(kw))
 
 
+def test_argmax_equals_jnp_argmax_with_ties_and_nans(rng):
+    """`sampling.argmax` (max, then the smallest id reaching it) = `jnp.argmax`: random rows, rows
+    of few values (ties: the first), rows with NaNs (the first NaN), -inf rows, any leading shape."""
+    from jaxformer.decode import argmax
+    x = rng.normal(size=(6, 3, 50)).astype(np.float32)
+    x[0] = rng.integers(0, 3, size=(3, 50))       # many ties
+    x[1, 0, [7, 20]] = np.nan                      # NaN: the first one
+    x[1, 1, :] = -np.inf
+    x[2, 2, 49] = np.inf
+    want = np.argmax(np.where(np.isnan(x), np.inf, x), axis=-1)  # NumPy argmax, NaN as largest
+    got = argmax(jnp.asarray(x))
+    assert got.dtype == jnp.int32 and got.tolist() == want.tolist()
+    assert got.tolist() == jnp.argmax(jnp.asarray(x), axis=-1).tolist()
+
+
 def test_temperature_to_zero_is_argmax(rng):
     logits = jnp.asarray(rng.normal(size=(200, 50)).astype(np.float32))
     argmax = np.asarray(jnp.argmax(logits, -1))
