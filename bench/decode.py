@@ -268,9 +268,10 @@ def main_refill(args) -> None:
     prompts, eos, lengths = mixed_length_set(model, params, args)
     gen = GenerationConfig(max_new_tokens=args.new_tokens, eos_id=eos)
     batch = int(args.batch.split(",")[0])
-    calls = {"batches": lambda: generate_batches(model, params, prompts, gen, batch_size=batch),
-             "refill": lambda: generate_batches(model, params, prompts, gen, batch_size=batch,
-                                                refill=True, segment=args.segment)}
+    calls = {"batches": lambda: generate_batches(model, params, prompts, gen, batch_size=batch)}
+    for seg in map(int, args.segment.split(",")):
+        calls[f"refill (segment {seg})"] = lambda seg=seg: generate_batches(
+            model, params, prompts, gen, batch_size=batch, refill=True, segment=seg)
     outputs = {k: f() for k, f in calls.items()}  # compiles
     times = round_robin_times(calls, args.repeats)
     tokens = sum(lengths)
@@ -281,7 +282,7 @@ def main_refill(args) -> None:
     for r in rows:
         r["vs_batches"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
     print(json.dumps({"benchmark": "decode_refill", "new_tokens": args.new_tokens, "eos_id": eos,
-                      "segment": args.segment, "output_lengths": lengths, "results": rows}))
+                      "output_lengths": lengths, "results": rows}))
     print(f"output lengths (EOS included): mean {np.mean(lengths):.0f}, min {min(lengths)}, "
           f"max {max(lengths)}")
     print(format_table(rows, [("system", "system", "s"), ("batch", "B", "d"),
@@ -297,7 +298,8 @@ def main(argv=None) -> None:
     ap.add_argument("--refill", action="store_true",
                     help="mixed output lengths: generate_batches with and without refill")
     ap.add_argument("--prompts", type=int, default=32, help="with --refill")
-    ap.add_argument("--segment", type=int, default=32, help="with --refill: steps between refills")
+    ap.add_argument("--segment", default="32",
+                    help="with --refill: steps between refills (comma-separated: one row each)")
     ap.add_argument("--models", default=None,
                     help="default gpt_tiny,gpt_d512 (--peers: gpt_d512; t5_d512 with --peers only)")
     ap.add_argument("--batch", default=None, help="comma-separated; default 1,2 (--peers: 1,8)")
