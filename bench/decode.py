@@ -171,7 +171,8 @@ def bench_peers(name: str, batch: int, strategy: str, args) -> list[dict]:
                                                     gen).tokens}
     with tempfile.TemporaryDirectory() as tmp:
         peers = hf_generators(cfg, params, tmp, new_tokens=args.new_tokens, beams=beams)
-    systems.update({k: (lambda f=f: f(prompt)) for k, f in peers.items()})
+    systems.update({k: (lambda f=f: f(prompt)) for k, f in peers.items()
+                    if not (args.skip_torch and k == "torch")})
     outputs = {k: np.asarray(block(f())) for k, f in systems.items()}  # compiles
     times = round_robin_times(systems, args.repeats)
     rows = []
@@ -304,6 +305,8 @@ def main(argv=None) -> None:
                     help="default gpt_tiny,gpt_d512 (--peers: gpt_d512; t5_d512 with --peers only)")
     ap.add_argument("--batch", default=None, help="comma-separated; default 1,2 (--peers: 1,8)")
     ap.add_argument("--strategies", default="greedy,beam", help="with --peers")
+    ap.add_argument("--skip_torch", action="store_true",
+                    help="with --peers: HF Flax only (PyTorch's eager generate is slow on a loaded CPU)")
     ap.add_argument("--prompt_len", type=int, default=16)
     ap.add_argument("--new_tokens", type=int, default=256)
     ap.add_argument("--bucket", type=int, default=32, help="uncached prefix buffer granularity")
