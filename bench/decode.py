@@ -299,7 +299,7 @@ def main(argv=None) -> None:
     ap.add_argument("--refill", action="store_true",
                     help="mixed output lengths: generate_batches with and without refill")
     ap.add_argument("--prompts", type=int, default=32, help="with --refill")
-    ap.add_argument("--segment", default="32",
+    ap.add_argument("--segment", default="16,32",
                     help="with --refill: steps between refills (comma-separated: one row each)")
     ap.add_argument("--models", default=None,
                     help="default gpt_tiny,gpt_d512 (--peers: gpt_d512; t5_d512 with --peers only)")

@@ -23,7 +23,7 @@ Batches have ``--batch_size`` rows (the last one padded). Generation sorts the i
 pads each batch to its longest rounded up to a power of two (`jaxformer.decode.generate_batches`):
 short inputs do not pay for the longest one, and a few programs are compiled (one per width);
 classification batches have one shape. ``--refill`` (greedy and sampling) instead keeps one
-batch running and puts the next input in each row that finished, every 32 steps
+batch running and puts the next input in each row that finished, every 16 steps
 (`jaxformer.decode.refill`): outputs of very different lengths then do not hold a batch to its
 longest; greedy outputs are the same.
 """
@@ -103,7 +103,7 @@ def continue_texts(model: Any, params: Any, tokenizer: Tokenizer, texts: Sequenc
                    **kwargs) -> list[str]:
     """The generated text of each of ``texts``, in order, decoded ``batch_size`` inputs of similar
     lengths at a time (`jaxformer.decode.generate_batches`; ``refill``: finished rows take the
-    next input every 32 steps); ``kwargs``: `GenerationConfig` fields (EOS and padding are the
+    next input every 16 steps); ``kwargs``: `GenerationConfig` fields (EOS and padding are the
     tokenizer's)."""
     special = tokenizer.special
     config = GenerationConfig(eos_id=special.eos_id, pad_id=max(special.pad_id, 0), **kwargs)

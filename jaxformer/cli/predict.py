@@ -37,7 +37,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", default="-", help="JSONL file to write (default: stdout)")
     p.add_argument("--batch_size", type=int, default=32, help="examples per compiled batch")
     p.add_argument("--refill", action="store_true",
-                   help="greedy/sampling: a row that finished takes the next input (every 32 "
+                   help="greedy/sampling: a row that finished takes the next input (every 16 "
                         "steps) instead of idling until its batch ends")
     p.add_argument("--progress_bar", choices=PROGRESS_CHOICES, default="auto", help=PROGRESS_HELP)
     add_generation_flags(p)

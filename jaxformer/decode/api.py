@@ -290,7 +290,7 @@ def generate_batches(model: FunctionalModel | nnx.Module, params: Any,
                      prompts: Sequence[Sequence[int]], config: GenerationConfig, *,
                      batch_size: int, rng: jax.Array | None = None,
                      progress: bool | None = False, refill: bool = False,
-                     segment: int = 32) -> list[list[int]]:
+                     segment: int = 16) -> list[list[int]]:
     """Generated ids (EOS and what follows removed) for each of ``prompts``, in their order,
     decoded ``batch_size`` at a time (what `predict` and `evaluate` decode with).
 

@@ -201,7 +201,7 @@ def refill_supported(config) -> bool:
 
 def generate_refill(model: FunctionalModel, params: Any, rows: Sequence[Sequence[int]], config, *,
                     batch_size: int, width: int, pad_rows, program, knobs: tuple[Array, Array],
-                    segment: int = 32, rng: jax.Array | None = None) -> list[list[int]]:
+                    segment: int = 16, rng: jax.Array | None = None) -> list[list[int]]:
     """Generated ids of each of ``rows`` (token-id lists), in order, ``batch_size`` rows decoding at
     once and finished rows refilled every ``segment`` steps (module docstring). ``width``: the
     padded input width of every prompt; ``pad_rows(rows, width)`` → (`[n, width]`, `[n]`) NumPy
