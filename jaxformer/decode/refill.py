@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 from jaxformer.decode import steps
-from jaxformer.decode.cache import NO_BATCH_AXIS, cache_batch_axes, cache_slot_axes
+from jaxformer.decode.cache import NO_BATCH_AXIS, cache_batch_axes, cache_slot_axes, grow_slots
 from jaxformer.decode.sampling import sample
 from jaxformer.nnx.functional import FunctionalModel
 
@@ -99,6 +99,7 @@ def empty_pool(model: FunctionalModel, params: Any, batch_size: int, width: int,
     prompt (source) width of every prompt."""
     family = model.cfg.family
     prefix = width if family == "decoder" else 1
+
     def fresh(p):
         s = _fresh(model, p, jnp.zeros((batch_size, width), jnp.int32),
                    jnp.ones((batch_size,), jnp.int32), config)
@@ -106,15 +107,7 @@ def empty_pool(model: FunctionalModel, params: Any, batch_size: int, width: int,
 
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fresh, params))
     slot_axes = cache_slot_axes(model, batch_size, None if family == "decoder" else width)
-
-    def grow(x, ax):
-        if ax == NO_BATCH_AXIS:
-            return x
-        pad = [(0, 0)] * x.ndim
-        pad[ax] = (0, slots - x.shape[ax])
-        return jnp.pad(x, pad)
-
-    state = {**zeros["state"], "cache": jax.tree.map(grow, zeros["state"]["cache"], slot_axes)}
+    state = {**zeros["state"], "cache": grow_slots(zeros["state"]["cache"], slot_axes, slots)}
     state["cache"]["index"] = jnp.int32(prefix)
     n = config.max_new_tokens
     return {"state": state, "logits": zeros["logits"], "positions": zeros["positions"],
