@@ -21,6 +21,7 @@ of ``--repeats`` calls).
     .venv-peers/bin/python bench/decode.py --peers     # vs Hugging Face Flax and PyTorch generate
     .venv-peers/bin/python bench/decode.py --peers --models t5_d512 --batch 8
     python bench/decode.py --scaling --models gpt_d512    # throughput at batch 1, 8, 32
+    python bench/decode.py --refill --models gpt_d512     # outputs of mixed lengths: refill or not
 
 With ``--peers`` (default then: ``gpt_d512``, batch 1 and 8, greedy and beam-4) the cached path is
 timed against Hugging Face ``generate`` of the same weights (exported with
@@ -58,7 +59,7 @@ from common import block, format_table, round_robin_times, time_calls  # noqa: E
 from peer_models import hf_generators  # noqa: E402
 
 from jaxformer.config import ModelConfig  # noqa: E402
-from jaxformer.decode import GenerationConfig, generate_padded  # noqa: E402
+from jaxformer.decode import GenerationConfig, generate_batches, generate_padded  # noqa: E402
 from jaxformer.models import build_model  # noqa: E402
 from jaxformer.models.presets import preset  # noqa: E402
 
@@ -170,7 +171,8 @@ def bench_peers(name: str, batch: int, strategy: str, args) -> list[dict]:
                                                     gen).tokens}
     with tempfile.TemporaryDirectory() as tmp:
         peers = hf_generators(cfg, params, tmp, new_tokens=args.new_tokens, beams=beams)
-    systems.update({k: (lambda f=f: f(prompt)) for k, f in peers.items()})
+    systems.update({k: (lambda f=f: f(prompt)) for k, f in peers.items()
+                    if not (args.skip_torch and k == "torch")})
     outputs = {k: np.asarray(block(f())) for k, f in systems.items()}  # compiles
     times = round_robin_times(systems, args.repeats)
     rows = []
@@ -230,22 +232,91 @@ def main_scaling(args) -> None:
                               ("vs_first_batch", "vs first batch", ".2f")]))
 
 
+def mixed_length_set(model, params, args) -> tuple[list[list[int]], int, list[int]]:
+    """(prompts, eos_id, output lengths): ``--prompts`` random prompts (4–16 tokens) whose greedy
+    outputs end at lengths spread evenly over 1 … ``--new_tokens``. Random weights emit no
+    natural EOS, so one is chosen: ``8 · --prompts`` candidates are decoded without EOS, the EOS
+    is the token that first occurs at the most distinct steps among them, and for each of
+    ``--prompts`` evenly spaced target lengths the unused candidate ending closest to it is taken
+    (outputs without the EOS end at ``--new_tokens``), in random order."""
+    rng = np.random.default_rng(1)
+    vocab, n = model.cfg.vocab_size, args.new_tokens
+    cands = [rng.integers(7, vocab, rng.integers(4, 17)).tolist() for _ in range(8 * args.prompts)]
+    free = np.array(generate_batches(model, params, cands, GenerationConfig(
+        max_new_tokens=n, eos_id=None), batch_size=32))
+
+    def lengths(tok):
+        hit = free == tok
+        return np.where(hit.any(1), hit.argmax(1) + 1, n)
+
+    eos = max(np.unique(free).tolist(), key=lambda t: len(np.unique(lengths(t))))
+    ends, pick = lengths(eos), []
+    for target in (np.arange(args.prompts) + 0.5) * n / args.prompts:
+        gap = np.abs(ends - target).astype(float)
+        gap[pick] = np.inf
+        pick.append(int(np.argmin(gap)))
+    pick = rng.permutation(pick)  # arrival order unrelated to the output length
+    return [cands[i] for i in pick], int(eos), ends[pick].tolist()
+
+
+def main_refill(args) -> None:
+    """tokens/s of `generate_batches` on a set whose outputs end at very different lengths: fixed
+    batches (each runs to its longest row) vs refilled rows (`jaxformer.decode.refill`), timed
+    round-robin; both must give the same outputs."""
+    cfg = model_config(args.models.split(",")[0], max_len=args.prompt_len + args.new_tokens)
+    model = build_model(cfg)
+    params = random_params(model)
+    prompts, eos, lengths = mixed_length_set(model, params, args)
+    gen = GenerationConfig(max_new_tokens=args.new_tokens, eos_id=eos)
+    batch = int(args.batch.split(",")[0])
+    calls = {"batches": lambda: generate_batches(model, params, prompts, gen, batch_size=batch)}
+    for seg in map(int, args.segment.split(",")):
+        calls[f"refill (segment {seg})"] = lambda seg=seg: generate_batches(
+            model, params, prompts, gen, batch_size=batch, refill=True, segment=seg)
+    outputs = {k: f() for k, f in calls.items()}  # compiles
+    times = round_robin_times(calls, args.repeats)
+    tokens = sum(lengths)
+    rows = [{"model": cfg.family, "batch": batch, "system": k, "prompts": len(prompts),
+             "tokens": tokens, "seconds": statistics.median(t),
+             "tokens_per_s": tokens / statistics.median(t),
+             "same_outputs": outputs[k] == outputs["batches"]} for k, t in times.items()]
+    for r in rows:
+        r["vs_batches"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
+    print(json.dumps({"benchmark": "decode_refill", "new_tokens": args.new_tokens, "eos_id": eos,
+                      "output_lengths": lengths, "results": rows}))
+    print(f"output lengths (EOS included): mean {np.mean(lengths):.0f}, min {min(lengths)}, "
+          f"max {max(lengths)}")
+    print(format_table(rows, [("system", "system", "s"), ("batch", "B", "d"),
+                              ("tokens_per_s", "tok/s", ".1f"), ("vs_batches", "vs batches", ".2f"),
+                              ("same_outputs", "same outputs", "")]))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--peers", action="store_true", help="against Hugging Face generate (see above)")
     ap.add_argument("--scaling", action="store_true",
                     help="jaxformer's greedy tokens/s per --batch, round-robin (default 1,8,32)")
+    ap.add_argument("--refill", action="store_true",
+                    help="mixed output lengths: generate_batches with and without refill")
+    ap.add_argument("--prompts", type=int, default=32, help="with --refill")
+    ap.add_argument("--segment", default="16,32",
+                    help="with --refill: steps between refills (comma-separated: one row each)")
     ap.add_argument("--models", default=None,
                     help="default gpt_tiny,gpt_d512 (--peers: gpt_d512; t5_d512 with --peers only)")
     ap.add_argument("--batch", default=None, help="comma-separated; default 1,2 (--peers: 1,8)")
     ap.add_argument("--strategies", default="greedy,beam", help="with --peers")
+    ap.add_argument("--skip_torch", action="store_true",
+                    help="with --peers: HF Flax only (PyTorch's eager generate is slow on a loaded CPU)")
     ap.add_argument("--prompt_len", type=int, default=16)
     ap.add_argument("--new_tokens", type=int, default=256)
     ap.add_argument("--bucket", type=int, default=32, help="uncached prefix buffer granularity")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls of the cached path")
     args = ap.parse_args(argv)
     args.models = args.models or ("gpt_d512" if args.peers else "gpt_tiny,gpt_d512")
-    args.batch = args.batch or ("1,8" if args.peers else "1,8,32" if args.scaling else "1,2")
+    args.batch = args.batch or ("1,8" if args.peers else "1,8,32" if args.scaling
+                                else "8" if args.refill else "1,2")
+    if args.refill:
+        return main_refill(args)
     if args.scaling:
         return main_scaling(args)
     if args.peers:

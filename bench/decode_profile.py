@@ -1,4 +1,4 @@
-"""Where one cached decoding step goes, op by op, at several batch sizes (GPT d512 of
+"""Where one cached decoding step goes, op by op, at several batch sizes (GPT d512 or T5 d512 of
 `bench/decode.py`, float32, CPU).
 
 One jitted greedy step (`jaxformer.decode.steps.step` + argmax, the cache donated) per batch size,
@@ -10,6 +10,7 @@ category and per source (the JAX op path). ``bytes`` and ``GFLOP`` are the step'
 
     PYTHONPATH=. python bench/decode_profile.py                  # batch 1, 8 and 32
     PYTHONPATH=. python bench/decode_profile.py --batch 8 --top 12
+    PYTHONPATH=. python bench/decode_profile.py --model t5_d512     # the prompt is the source
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from common import format_table  # noqa: E402
 from decode import model_config, random_params  # noqa: E402
 from op_profile import CATEGORIES, attribute, classify, parse_hlo, source, thunk_intervals  # noqa: E402
 
-from jaxformer.decode import steps  # noqa: E402
+from jaxformer.decode import argmax, steps  # noqa: E402
 from jaxformer.models import build_model  # noqa: E402
 
 
@@ -47,7 +48,7 @@ def compiled_step(model, params, batch: int, args) -> dict:
 
     def step(p, st, tok, pos):
         logits, st = steps.step(model, p, st, tok, pos)
-        return jnp.argmax(logits, -1).astype(jnp.int32), st
+        return argmax(logits), st  # what greedy decoding picks with
 
     step.__name__ = step.__qualname__ = f"decode_step_b{batch}"
     tokens = jnp.zeros((batch,), jnp.int32)
@@ -70,13 +71,16 @@ def run(e: dict, params) -> float:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="gpt_d512", choices=("gpt_d512", "t5_d512"))
     ap.add_argument("--batch", default="1,8,32")
     ap.add_argument("--prompt_len", type=int, default=16)
     ap.add_argument("--new_tokens", type=int, default=256)
     ap.add_argument("--steps", type=int, default=10, help="profiled steps per batch size")
     ap.add_argument("--top", type=int, default=6, help="sources listed per batch size")
+    ap.add_argument("--shapes", type=int, default=0,
+                    help="also list this many (category, result shape, fused ops) groups per batch")
     args = ap.parse_args(argv)
-    cfg = model_config("gpt_d512", args.prompt_len + args.new_tokens)
+    cfg = model_config(args.model, args.prompt_len + args.new_tokens)
     model = build_model(cfg)
     params = random_params(model)
     entries = [compiled_step(model, params, int(b), args) for b in args.batch.split(",")]
@@ -90,17 +94,20 @@ def main(argv=None) -> None:
                 for e in entries:
                     e["wall"].append(run(e, params))
         intervals = thunk_intervals(glob.glob(f"{tmp}/**/*.xplane.pb", recursive=True)[0])
-    rows, top = [], []
+    rows, top, shapes = [], [], []
     for e in entries:
         ops = intervals[e["module"]]
         shares = attribute(ops)
         by_cat, by_src = defaultdict(float), defaultdict(float)
+        by_shape = defaultdict(lambda: [0.0, 0, 0.0])  # ms, instructions, GFLOP per step
         for name, runs in ops.items():
             inst = e["hlo"]["instructions"].get(name, {"opcode": "?", "calls": None,
                                                        "op_name": "", "type": ""})
-            category = classify(inst, e["hlo"])[0]
+            category, flops, fused = classify(inst, e["hlo"])
             ms = min(shares[name]) * len(runs) / args.steps / 1e6  # least disturbed run
             by_cat[category] += ms
+            g = by_shape[(category, inst["type"].split("{")[0], fused)]
+            g[0], g[1], g[2] = g[0] + ms, g[1] + 1, g[2] + flops * len(runs) / args.steps / 1e9
             by_src[(category, source(inst["op_name"]) or "fwd:")] += ms
         row = {"batch": e["batch"], "wall_ms": 1e3 * float(np.median(e["wall"])),
                "ops_ms": sum(by_cat.values()), "MB": e["bytes"] / 1e6, "GFLOP": e["flops"] / 1e9}
@@ -108,8 +115,14 @@ def main(argv=None) -> None:
         rows.append(row)
         top += [{"batch": e["batch"], "category": c, "source": s[:70], "ms": ms}
                 for (c, s), ms in sorted(by_src.items(), key=lambda kv: -kv[1])[:args.top]]
-    print(json.dumps({"benchmark": "decode_profile", "prompt_len": args.prompt_len,
-                      "cache_slots": args.prompt_len + args.new_tokens, "rows": rows, "top": top}))
+        shapes += [{"batch": e["batch"], "category": c, "shape": t[:40], "fused": f[:40], "ms": ms,
+                    "n": n, "GFLOP/s": gf / ms * 1e3 if gf and ms else None}
+                   for (c, t, f), (ms, n, gf) in sorted(by_shape.items(),
+                                                         key=lambda kv: -kv[1][0])[:args.shapes]]
+    prefix = args.prompt_len if cfg.family == "decoder" else 1  # T5: the start token
+    print(json.dumps({"benchmark": "decode_profile", "model": args.model,
+                      "prompt_len": args.prompt_len, "cache_slots": prefix + args.new_tokens,
+                      "rows": rows, "top": top, "shapes": shapes}))
     print(format_table(rows, [("batch", "B", "d"), ("wall_ms", "wall ms", ".2f"),
                               ("ops_ms", "ops ms", ".2f"), ("dot_ms", "dot", ".2f"),
                               ("copy_ms", "copy", ".2f"), ("reduce_ms", "reduce", ".2f"),
@@ -117,6 +130,11 @@ def main(argv=None) -> None:
                               ("GFLOP", "GFLOP", ".2f")]))
     print(format_table(top, [("batch", "B", "d"), ("category", "category", "s"),
                              ("source", "source", "s"), ("ms", "ms", ".3f")]))
+    if shapes:
+        print(format_table(shapes, [("batch", "B", "d"), ("category", "category", "s"),
+                                    ("shape", "result", "s"), ("fused", "fused ops", "s"),
+                                    ("n", "n", "d"), ("ms", "ms", ".3f"),
+                                    ("GFLOP/s", "GFLOP/s", ".1f")]))
 
 
 if __name__ == "__main__":

@@ -81,8 +81,30 @@ def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, d
     pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``: an all-reduce's result
     is its outputs (summed); the others' result tuples hold the input and output buffers and
     scalar sync flags, of which the output is the largest. A synchronous instruction's bytes are
-    its results'."""
+    its results'. One collective counts once however many instructions carry its ``channel_id``:
+    the TPU compiler clones a collective into each fusion of an async-collective chain (an
+    all-gather overlapped with the matmuls of a layer, ``chain_id`` in the backend config), 18
+    copies of one table all-gather in a 2-layer GPT. The TPU's fused reduce-scatter (an
+    ``all-reduce-scatter`` fusion: all-reduce and dynamic-slice of the shard) is a reduce-scatter
+    of its result (the shards), not the all-reduce its body holds."""
     stats = {k: {"count": 0, "bytes": 0, "dcn_count": 0, "dcn_bytes": 0} for k in COLLECTIVES}
+    seen = set()
+
+    def add(kind: str, moved: int, line: str) -> None:
+        channel = re.search(r"\bchannel_id=(\d+)", line)
+        if channel and (kind, channel.group(1)) in seen:
+            return  # the same collective again, in the next fusion of an async-collective chain
+        seen.add((kind, channel.group(1) if channel else line))
+        stat = stats[kind]
+        stat["count"] += 1
+        stat["bytes"] += moved
+        if slice_of and any(len({slice_of[d] for d in g}) > 1 for g in _groups(line)):
+            stat["dcn_count"] += 1
+            stat["dcn_bytes"] += moved
+
+    hlo_text, fused = _fused_reduce_scatters(hlo_text)
+    for m in _FUSED_RS_CALL.finditer(hlo_text):  # counted where called, sized by their shards
+        add("reduce-scatter", sum(_shape_bytes(m.group(1))), fused.get(m.group(2), ""))
     pattern = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.+?) (" + "|".join(COLLECTIVES)
                          + r")(-start)?\(.*$", re.M)
     for m in pattern.finditer(hlo_text):
@@ -90,27 +112,40 @@ def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, d
         if not sizes:
             continue
         one_output = m.group(3) and m.group(2) != "all-reduce"
-        moved = max(sizes) if one_output else sum(sizes)
-        stat = stats[m.group(2)]
-        stat["count"] += 1
-        stat["bytes"] += moved
-        if slice_of and any(len({slice_of[d] for d in g}) > 1 for g in _groups(m.group(0))):
-            stat["dcn_count"] += 1
-            stat["dcn_bytes"] += moved
+        add(m.group(2), max(sizes) if one_output else sum(sizes), m.group(0))
     # TPU multi-slice: the compiler splits a collective over slices into an ICI part (above,
     # within a slice) and host transfers to the DCN runtime ("megascale" sends, named by a
     # rendezvous key, counted once per key: about one per tensor, so more than the ICI count).
     sends = re.finditer(r"^\s*%?[\w.\-]+ = (.+?) send\(.*?_xla_host_transfer_rendezvous="
                         r"\"([^\"]+)\".*?_xla_megascale_transfer_type=\"(\w+)\"", hlo_text, re.M)
-    seen = set()
+    keys = set()
     for m in sends:
         kind = _MEGASCALE_KINDS.get(m.group(3), "collective-permute")
         stats[kind]["dcn_bytes"] += max(_shape_bytes(m.group(1)) or [0])
         key = m.group(2).rsplit("_", 1)[0]
-        if key not in seen:
-            seen.add(key)
+        if key not in keys:
+            keys.add(key)
             stats[kind]["dcn_count"] += 1
     return stats
+
+
+# The TPU compiler's reduce-scatter of a GSPMD-partitioned gradient: a ``kind=kCustom`` fusion
+# calling a computation ``%all-reduce-scatter.N`` whose body is an all-reduce of the whole array and
+# the dynamic-slice of this device's shard, and whose result is the shard. It is one reduce-scatter
+# (sized by the shards, as `psum_scatter`'s ``reduce-scatter`` instruction is), not an all-reduce.
+_FUSED_RS_BODY = re.compile(r"^%?(all-reduce-scatter[\w.\-]*) \(.*?^\}$", re.M | re.S)
+_FUSED_RS_CALL = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.+?) fusion\(.*?calls=%?"
+                            r"(all-reduce-scatter[\w.\-]*).*$", re.M)
+
+
+def _fused_reduce_scatters(hlo_text: str) -> tuple[str, dict[str, str]]:
+    """(``hlo_text`` without the bodies of the ``all-reduce-scatter`` computations, {computation
+    name: its all-reduce's line}, whose device groups are the reduce-scatter's)."""
+    inner = {}
+    for m in _FUSED_RS_BODY.finditer(hlo_text):
+        line = re.search(r"^.* all-reduce(?:-start)?\(.*$", m.group(0), re.M)
+        inner[m.group(1)] = line.group(0) if line else ""
+    return _FUSED_RS_BODY.sub("", hlo_text), inner
 
 
 _MEGASCALE_KINDS = {"ALL_REDUCE": "all-reduce", "ALL_GATHER": "all-gather",

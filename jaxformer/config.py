@@ -16,7 +16,7 @@ regularization  training noise (dropout rates)                       resuming, f
 init            the scale of freshly initialised parameters          resuming, fine-tuning
 compute         how the same function is computed (dtype, remat)     resuming, fine-tuning
 layout          how the same parameters are stored (param dtype,     fine-tuning
-                scanned or unrolled stack)
+                scanned or unrolled stack, vocabulary padding)
 ==============  ===================================================  ==========================
 
 `architecture_fields`, `fine_tuning_fields`, `resumable_fields` and `exported_fields` name them.
@@ -70,7 +70,8 @@ class ModelConfig:
     family: str = _field(
         ARCHITECTURE, "decoder", '"encoder" (BERT), "decoder" (GPT) or "encoder_decoder" (T5 / Vaswani)')
     vocab_size: int = _field(
-        ARCHITECTURE, 32_000, "rows of the token embedding table (>= the tokenizer's ids)")
+        ARCHITECTURE, 32_000, "token ids are in [0, vocab_size) (>= the tokenizer's ids); the tables' "
+        "rows: padded_vocab_size (vocab_pad_multiple)")
     d_model: int = _field(ARCHITECTURE, 512, "width of the hidden states")
     num_heads: int = _field(ARCHITECTURE, 8, "attention (query) heads")
     num_kv_heads: int | None = _field(
@@ -196,6 +197,11 @@ class ModelConfig:
     param_dtype: str = _field(LAYOUT, "float32", "storage dtype of the parameters")
     scan_layers: bool = _field(
         LAYOUT, False, "lax.scan over the layers (one compiled layer; parameters stacked on a 'layers' axis)")
+    vocab_pad_multiple: int = _field(
+        LAYOUT, 1, "the vocabulary tables (token embedding, LM / MLM output kernel and bias) hold "
+        "vocab_size rounded up to a multiple of this, so a tensor-parallel mesh divides them "
+        "(Megatron's make-vocab-size-divisible-by; 128 covers tensor = 2 ... 128); the padded "
+        "logits are masked, so the model computes the same function; 1 = no padding")
 
     def __post_init__(self):
         if (self.head_dim is None and isinstance(self.num_heads, int) and self.num_heads > 0
@@ -232,7 +238,7 @@ class ModelConfig:
         for f in ["vocab_size", "d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff",
                   "num_layers", "num_encoder_layers", "num_decoder_layers", "max_len",
                   "relative_num_buckets", "relative_max_distance", "num_classes",
-                  "attention_chunk_size"]:
+                  "attention_chunk_size", "vocab_pad_multiple"]:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 bad(f, v, "must be a positive integer")
@@ -364,6 +370,12 @@ class ModelConfig:
         return RopeScaling(self.rope_scaling, self.rope_scaling_factor, self.rope_original_max_len,
                            self.rope_low_freq_factor, self.rope_high_freq_factor,
                            self.rope_beta_fast, self.rope_beta_slow, self.rope_attention_factor)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the vocabulary tables: ``vocab_size`` rounded up to a multiple of
+        ``vocab_pad_multiple`` (ids and logits past ``vocab_size`` are padding, never used)."""
+        return -(-self.vocab_size // self.vocab_pad_multiple) * self.vocab_pad_multiple
 
     @property
     def causal(self) -> bool:

@@ -7,7 +7,8 @@ line is `jaxformer.cli.plan`:
 
 The report (the CLI prints it as a table and a JSON line; ``--json PATH`` also writes it) holds
 
-* the parameter count ``N`` (from `jax.eval_shape` of ``model.init``);
+* the parameter count ``N`` (from `jax.eval_shape` of ``model.init``: what is stored, the
+  padding rows of a padded vocabulary included, ``model.vocab_pad_multiple``);
 * model FLOPs per step and per token (training = forward + backward, no rematerialisation)::
 
       6 · Σ_p |p| · tokens(p)  +  Σ_attention 12 · B · T_q · T_k · H · Dh · (½ if causal)

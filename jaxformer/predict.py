@@ -22,7 +22,10 @@ object per line, in the input's order:
 Batches have ``--batch_size`` rows (the last one padded). Generation sorts the inputs by length and
 pads each batch to its longest rounded up to a power of two (`jaxformer.decode.generate_batches`):
 short inputs do not pay for the longest one, and a few programs are compiled (one per width);
-classification batches have one shape.
+classification batches have one shape. ``--refill`` (greedy and sampling) instead keeps one
+batch running and puts the next input in each row that finished, every 16 steps
+(`jaxformer.decode.refill`): outputs of very different lengths then do not hold a batch to its
+longest; greedy outputs are the same.
 """
 
 from __future__ import annotations
@@ -96,22 +99,26 @@ def classify(model: Any, params: Any, tokenizer: Tokenizer, run_config: dict,
 
 def continue_texts(model: Any, params: Any, tokenizer: Tokenizer, texts: Sequence[str],
                    batch_size: int, add_bos: bool, *, rng: jax.Array | None = None,
-                   progress: bool | str | None = False, **kwargs) -> list[str]:
+                   progress: bool | str | None = False, refill: bool = False,
+                   **kwargs) -> list[str]:
     """The generated text of each of ``texts``, in order, decoded ``batch_size`` inputs of similar
-    lengths at a time (`jaxformer.decode.generate_batches`); ``kwargs``: `GenerationConfig`
-    fields (EOS and padding are the tokenizer's)."""
+    lengths at a time (`jaxformer.decode.generate_batches`; ``refill``: finished rows take the
+    next input every 16 steps); ``kwargs``: `GenerationConfig` fields (EOS and padding are the
+    tokenizer's)."""
     special = tokenizer.special
     config = GenerationConfig(eos_id=special.eos_id, pad_id=max(special.pad_id, 0), **kwargs)
     ids = encode_prompts(tokenizer, texts, model.cfg.family, add_bos=add_bos)
     return [tokenizer.decode(s) for s in generate_batches(
-        model, params, ids, config, batch_size=batch_size, rng=rng, progress=progress)]
+        model, params, ids, config, batch_size=batch_size, rng=rng, progress=progress,
+        refill=refill)]
 
 
 def predict(workdir: str, path: str, *, step: int | None = None, best: bool = False,
-            batch_size: int = 32, progress: bool | str | None = None, **generation
-            ) -> Iterator[dict]:
+            batch_size: int = 32, progress: bool | str | None = None, refill: bool = False,
+            **generation) -> Iterator[dict]:
     """The prediction rows (module docstring) for the examples of ``path``, in order.
-    ``generation``: `jaxformer.decode.generate` options (LM and seq2seq runs)."""
+    ``generation``: `jaxformer.decode.generate` options (LM and seq2seq runs); ``refill``: keep
+    the decoding batch full (`jaxformer.decode.refill`; greedy and sampling)."""
     run = open_run(workdir, step=step, best=best)
     if run.tokenizer is None:
         raise ValueError(f"{workdir} has no tokenizer.model, so the input text cannot be encoded")
@@ -139,7 +146,8 @@ def predict(workdir: str, path: str, *, step: int | None = None, best: bool = Fa
     else:
         add_bos = model_cfg.family == "decoder" and example_framing(data_cfg, objective) == "bos_eos"
         for ex, out in zip(examples, continue_texts(model, params, tokenizer, texts, batch_size,
-                                                    add_bos, progress=progress, **generation)):
+                                                    add_bos, progress=progress, refill=refill,
+                                                    **generation)):
             bar.update(1)
             yield {"id": ex["id"], "input": ex["text"], "output": out}
     bar.close()

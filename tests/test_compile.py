@@ -168,3 +168,55 @@ def test_collectives_counts_async_pairs_once_and_sizes_results():
 def test_bad_topology_names_are_refused_naming_the_forms(name, match):
     with pytest.raises(ValueError, match=match):
         parse_topology(name)
+
+
+FUSED_HLO = """
+%all-reduce-scatter.7 (input.7: f32[512,64]) -> f32[512,16] {
+  %input.7 = f32[512,64]{0,1} parameter(0)
+  %all-reduce.9 = f32[512,64]{0,1} all-reduce(%input.7), channel_id=5, to_apply=%add
+  ROOT %dynamic-slice.3 = f32[512,16]{0,1} dynamic-slice(%all-reduce.9, %c0, %o)
+}
+
+%async_collective_fusion.1 (param_0: bf16[512,16]) -> (bf16[512,64], f32[8]) {
+  %all-gather.3 = bf16[512,64]{0,1} all-gather(%param_0), channel_id=2, dimensions={1}
+}
+
+%async_collective_fusion.2 (param_0: bf16[512,16]) -> (bf16[512,64], f32[8]) {
+  %all-gather.4 = bf16[512,64]{0,1} all-gather(%param_0), channel_id=2, dimensions={1}
+}
+
+ENTRY %main {
+  %fusion.1 = f32[512,16]{0,1} fusion(%g), kind=kCustom, calls=%all-reduce-scatter.7, metadata={op_name="x"}
+  %all-reduce.2 = f32[64]{0} all-reduce(%b), channel_id=6, replica_groups={{0,1,2,3}}, to_apply=%add
+}
+"""
+
+
+def test_tpu_fused_reduce_scatters_and_async_collective_chains_count_once():
+    """A TPU ``all-reduce-scatter`` fusion (all-reduce + dynamic-slice of the shard) is one
+    reduce-scatter of its shard, not a full all-reduce; an all-gather cloned into each fusion of
+    an async-collective chain (one ``channel_id``) is one all-gather."""
+    counts = {k: (v["count"], v["bytes"]) for k, v in collectives(FUSED_HLO).items()}
+    assert counts["reduce-scatter"] == (1, 512 * 16 * 4)
+    assert counts["all-reduce"] == (1, 64 * 4)
+    assert counts["all-gather"] == (1, 512 * 64 * 2)
+
+
+def test_fsdp_embedding_gradient_is_not_reduced_as_a_whole_table():
+    """FSDP (``fsdp=4``) on a TPU: the token table's lookup gradient (a scatter-add of the
+    batch-sharded rows) is not summed into a full `[V, D]` table on every chip (it was: a float32
+    reduce-scatter of the whole table, the lookup's gathered whole rows pinning the gradient's
+    sharding too); the rows travel to the chips holding their columns instead (an all-to-all of
+    `[B, L, D]`), and no all-reduce comes near the table's size."""
+    vocab, d = 4096, 64
+    compiled, _ = compiled_for(tiny("gpt_tiny", "fsdp=4", vocab_size=vocab, dtype="bfloat16"))
+    text = compiled.as_text()
+    comm = collectives(text)
+    assert comm["all-reduce"]["bytes"] < vocab * d * 4 / 16, comm["all-reduce"]
+    reductions = re.findall(r"^\s*%[\w.\-]+ = (.*(?:calls=%all-reduce-scatter| all-reduce\(|"
+                            r" reduce-scatter\().*)$", text, re.M)
+    of_lookup = [line[:120] for line in reductions
+                 if f"[{vocab}," in line.split(" fusion(")[0].split(" all-reduce(")[0]
+                 and "scatter-add" in line]
+    assert not of_lookup, of_lookup
+    assert comm["all-to-all"]["count"] >= 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from functools import partial
 
 import flax.linen as nn
 import jax
@@ -254,6 +255,81 @@ def test_generate_batches_equals_each_prompt_alone(strategy):
     assert bucket_width(9, 40) == 16
 
 
+@pytest.mark.parametrize("strategy", ["greedy", "sample", "beam"])
+def test_loops_stop_when_every_row_has_finished(strategy):
+    """The decoding loops stop stepping the model once every row has emitted EOS (beam search: once
+    every example is settled), across the cache's segments: a toy step whose row ``b`` predicts
+    EOS from its ``L_b``-th token on (every other token but one has log-prob −1e9) is called
+    max L_b = 5 times, not ``max_new_tokens`` = 12 (beam: alive beams at −1e9 cannot beat the
+    finished, so it settles there too), and each row ends at its ``L_b``."""
+    from jaxformer.decode import beam_search, decode_loop
+
+    ends_at, vocab, eos, n = jnp.array([2, 5, 3]), 8, 1, 12
+    calls = []
+
+    def logits_for(count):  # [B, V]: EOS from the row's L_b-th token on, else token 3
+        tok = jnp.where(count >= ends_at - 1, eos, 3)
+        return jnp.where(jnp.arange(vocab) == tok[:, None], 0.0, -1e9)
+
+    def step_fn(state, tokens, positions, mask=None):
+        jax.debug.callback(lambda c: calls.append(int(c)), state)
+        logits = logits_for(state + 1)
+        return (logits if tokens.ndim == 1 else jnp.repeat(logits[:, None], tokens.shape[1], 1),
+                state + 1)
+
+    loop = dict(max_new_tokens=n, eos_id=eos, pad_id=0, ends=(2, 4, 8, 12),
+                grow=lambda state, end: state)
+    positions = jnp.zeros((3,), jnp.int32)
+    if strategy == "beam":
+        res = beam_search(step_fn, logits_for(0), jnp.int32(0), positions, prefix_slots=1,
+                          beam_size=2, alpha=0.0, **loop)
+        jax.effects_barrier()
+        assert len(calls) <= 5 + 2, calls
+    else:
+        res = decode_loop(step_fn, logits_for(0), jnp.int32(0), positions,
+                          partial(sample, temperature=0.0 if strategy == "greedy" else 1.0),
+                          rng=jax.random.key(0), **loop)
+    jax.effects_barrier()
+    assert len(calls) == 5, calls  # beam: settled when its last hypotheses end
+    assert res.lengths.tolist() == [2, 5, 3]
+
+
+REFILL_CASES = [  # (preset, overrides, distinct output lengths at least)
+    ("gpt_tiny", {}, 4),                                        # learned positions
+    ("gpt_tiny", {"position": "rope", "scan_layers": True}, 4),  # RoPE keys; cache [layers, B, …]
+    ("t5_tiny", {}, 2),  # relative bias, cross K/V per row (random T5s repeat one token: 2)
+]
+
+
+@pytest.mark.parametrize("name,overrides,distinct", REFILL_CASES)
+def test_refill_equals_each_prompt_alone(name, overrides, distinct):
+    """Continuous batching (`jaxformer.decode.refill`): 7 prompts through 3 rows, refilled every 4
+    steps, give what each prompt gives alone, in input order. The EOS is chosen so that outputs
+    end at several different steps (many refills and cache compactions): greedy with an EOS
+    equals the EOS-free output cut after its first EOS, which the test checks too."""
+    model, params = tiny(name, **overrides)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(7, VOCAB, rng.integers(1, 9)).tolist() for _ in range(7)]
+    n = 20
+    free = [generate(model, params, [p], max_new_tokens=n, eos_id=None, pad_to=8
+                     ).tokens[0].tolist() for p in prompts]
+
+    def cut(row, eos):  # the output with this EOS: up to its first occurrence (dropped)
+        return row[:row.index(eos)] if eos in row else row
+
+    eos = max(range(7, VOCAB), key=lambda t: len({len(cut(r, t)) for r in free}))
+    want = [cut(r, eos) for r in free]
+    assert len({len(w) for w in want}) >= distinct, [len(w) for w in want]  # refills, compactions
+    gen = GenerationConfig(max_new_tokens=n, eos_id=eos)
+    got = generate_batches(model, params, prompts, gen, batch_size=3, refill=True, segment=4)
+    assert got == want
+    # sampling through the same loop: top_k=1 is the argmax
+    sampled = generate_batches(model, params, prompts, dataclasses.replace(
+        gen, strategy="sample", top_k=1), batch_size=3, refill=True, segment=4,
+        rng=jax.random.key(0))
+    assert sampled == want
+
+
 def test_repeated_ngram_mask_matches_python(rng):
     """Every prefix length of random rows over 4 symbols (repeats are frequent), n = 0..4."""
     from jaxformer.decode import repeated_ngram_mask
@@ -383,6 +459,21 @@ def test_samples_follow_the_filtered_distribution(rng):
         freq = np.bincount(np.asarray(draw), minlength=12) / len(keys)
         assert np.all(freq[~allowed] == 0), kw
         np.testing.assert_allclose(freq, want, atol=0.02, err_msg=str(kw))
+
+
+def test_argmax_equals_jnp_argmax_with_ties_and_nans(rng):
+    """`sampling.argmax` (max, then the smallest id reaching it) = `jnp.argmax`: random rows, rows
+    of few values (ties: the first), rows with NaNs (the first NaN), -inf rows, any leading shape."""
+    from jaxformer.decode import argmax
+    x = rng.normal(size=(6, 3, 50)).astype(np.float32)
+    x[0] = rng.integers(0, 3, size=(3, 50))       # many ties
+    x[1, 0, [7, 20]] = np.nan                      # NaN: the first one
+    x[1, 1, :] = -np.inf
+    x[2, 2, 49] = np.inf
+    want = np.argmax(np.where(np.isnan(x), np.inf, x), axis=-1)  # NumPy argmax, NaN as largest
+    got = argmax(jnp.asarray(x))
+    assert got.dtype == jnp.int32 and got.tolist() == want.tolist()
+    assert got.tolist() == jnp.argmax(jnp.asarray(x), axis=-1).tolist()
 
 
 def test_temperature_to_zero_is_argmax(rng):

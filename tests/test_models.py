@@ -142,13 +142,21 @@ def forward(name: str):
                                        ("t5_small", 60_506_624),
                                        ("llama2_7b", 6_738_415_616)])
 def test_parameter_counts_match_published_models(name, want):
+    """At the published vocabulary (``vocab_pad_multiple=1``); as the presets store them, plus
+    their vocabulary padding's rows (GPT-2: 47 rows of the tied table)."""
     overrides = dict(head="none") if name == "bert_base" else {}
-    cfg = ModelConfig.from_dict(preset(name, **overrides))
-    model = build_model(cfg)
-    ids = jnp.zeros((1, 8), jnp.int32)
-    args = (ids, ids) if cfg.family == "encoder_decoder" else (ids,)
-    shapes = jax.eval_shape(model.init, KEY(0), *args)
-    assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"])) == want
+
+    def count(cfg):
+        ids = jnp.zeros((1, 8), jnp.int32)
+        args = (ids, ids) if cfg.family == "encoder_decoder" else (ids,)
+        shapes = jax.eval_shape(build_model(cfg).init, KEY(0), *args)
+        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"]))
+
+    stored = ModelConfig.from_dict(preset(name, **overrides))
+    assert count(stored.replace(vocab_pad_multiple=1)) == want
+    padding = stored.padded_vocab_size - stored.vocab_size
+    assert padding == (47 if name == "gpt2_small" else 0)
+    assert count(stored) == want + padding * stored.d_model
 
 
 def assert_all_gradients_finite_and_used(grads):

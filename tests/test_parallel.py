@@ -470,16 +470,18 @@ def test_plan_matches_the_real_sharded_state(runs):
 
 
 def test_plan_gpt2_small_parameters_and_flops():
-    """GPT-2 small: 124,439,808 parameters; per token 6N' + 6·n_layer·n_ctx·d (Kaplan et al. 2020), N' the
-    matmul weights: per layer QKVO 4·d² and the FFN 2·d·4d, plus the tied unembedding V·d."""
+    """GPT-2 small: 124,439,808 parameters, stored with the preset's 47 vocabulary padding rows
+    (50,304 = 393 · 128); per token 6N' + 6·n_layer·n_ctx·d (Kaplan et al. 2020), N' the matmul
+    weights: per layer QKVO 4·d² and the FFN 2·d·4d, plus the tied unembedding V·d, which
+    multiplies the padding rows too."""
     from jaxformer import plan
 
     config = plan.preset_config("gpt2_small", batch=8, seq_len=1024, mesh="fsdp=8")
     report = plan.plan(config, devices=8, compile=False)
-    assert report["parameters"] == 124_439_808
-    d, layers, vocab = 768, 12, 50257
+    assert report["parameters"] == 124_439_808 + 47 * 768
+    d, layers, vocab = 768, 12, 50304
     n_dense = layers * (4 * d * d + 2 * d * 4 * d) + vocab * d
-    assert n_dense == 123_532_032  # without positions (a lookup), biases and norm scales
+    assert n_dense == 123_532_032 + 47 * 768  # without positions (a lookup), biases and norm scales
     assert report["flops_per_token"] == pytest.approx(6 * n_dense + 6 * 12 * 1024 * 768)
     assert report["params_bytes"]["per_device"] == pytest.approx(
         report["params_bytes"]["total"] / 8, rel=0.01)

@@ -124,6 +124,11 @@ def test_language_model_rows_equal_generate_text_in_input_order(runs, tmp_path, 
     model_cfg, params, tok = load_for_inference(runs / "lm", step=3)
     want = generate_text(build_model(model_cfg), params, tok, texts, max_new_tokens=5)
     assert [r["output"] for r in rows] == want
+    # --refill (finished rows take the next input every 16 steps): the same rows
+    assert main(["--workdir", str(runs / "lm" / "checkpoints" / "3"), "--input",
+                 str(tmp_path / "prompts.txt"), "--output", str(tmp_path / "refill.jsonl"),
+                 "--batch_size", "3", "--max_new_tokens", "5", "--refill"]) == 0
+    assert predictions(tmp_path / "refill.jsonl") == rows
     # bad input: one line on stderr, exit status 2
     for args, message in [(["--step", "4"], "has no step 4: its steps are [3, 6]"),
                           (["--best"], "kept no best checkpoint")]:

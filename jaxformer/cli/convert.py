@@ -1,6 +1,7 @@
 """Command line: convert a Hugging Face directory to a jaxformer checkpoint, or back.
 
-    python -m jaxformer.cli.convert --from-hf HF_DIR --to CKPT_DIR [--scan-layers] [--head H]
+    python -m jaxformer.cli.convert --from-hf HF_DIR --to CKPT_DIR [--scan-layers] [--head H] \\
+        [--vocab-pad-multiple 128]
     python -m jaxformer.cli.convert --from CKPT_DIR --to-hf HF_DIR
 
 What is written, tokenizer and ``config.json`` included, and how a LoRA run is merged:
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scan-layers", action="store_true", help="write the scanned layer layout")
     ap.add_argument("--head", help="jaxformer head (default: the checkpoint's)")
     ap.add_argument("--num-classes", type=int, help="classes of a classification head")
+    ap.add_argument("--vocab-pad-multiple", type=int, default=1,
+                    help="pad the vocabulary tables to a multiple of this (model.vocab_pad_multiple; "
+                         "exports always write the real vocabulary)")
     args = ap.parse_args(argv)
     return report_bad_input("convert", lambda: _run(ap, args))
 
@@ -38,7 +42,8 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             ap.error("--from-hf needs --to (a jaxformer checkpoint directory)")
         _check_output("--to", args.to)
         cfg, copied = import_hf_dir(args.from_hf, args.to, scan_layers=args.scan_layers,
-                                    head=args.head, num_classes=args.num_classes)
+                                    head=args.head, num_classes=args.num_classes,
+                                    vocab_pad_multiple=args.vocab_pad_multiple)
         print(f"wrote {args.to} ({cfg['family']}, head={cfg['head']}); tokenizer files: {copied}")
     else:
         if not args.to_hf or args.to:

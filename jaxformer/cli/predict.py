@@ -36,6 +36,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input", required=True, help="text / JSONL / TSV file (or a glob) to predict")
     p.add_argument("--output", default="-", help="JSONL file to write (default: stdout)")
     p.add_argument("--batch_size", type=int, default=32, help="examples per compiled batch")
+    p.add_argument("--refill", action="store_true",
+                   help="greedy/sampling: a row that finished takes the next input (every 16 "
+                        "steps) instead of idling until its batch ends")
     p.add_argument("--progress_bar", choices=PROGRESS_CHOICES, default="auto", help=PROGRESS_HELP)
     add_generation_flags(p)
     args = p.parse_args(argv)
@@ -54,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.redirect_stdout(sys.stderr):
             rows = predict(args.workdir, args.input, step=args.step, best=args.best,
                            batch_size=args.batch_size, progress=args.progress_bar,
-                           **generation_kwargs(args))
+                           refill=args.refill, **generation_kwargs(args))
             if out is None:
                 Path(args.output).parent.mkdir(parents=True, exist_ok=True)
                 out = open(args.output, "w", encoding="utf-8")  # noqa: SIM115 (closed below)

@@ -33,10 +33,12 @@ HF_CONFIG = "hf_config.json"
 
 
 def import_hf_dir(hf_dir: str, out: str, *, scan_layers: bool = False, head: str | None = None,
-                  num_classes: int | None = None) -> tuple[dict, list[str]]:
+                  num_classes: int | None = None, vocab_pad_multiple: int = 1
+                  ) -> tuple[dict, list[str]]:
     """Write ``hf_dir``'s model as the jaxformer checkpoint directory ``out``; returns its
     ModelConfig fields and the tokenizer files copied to ``out/tokenizer/``."""
-    cfg, params, _ = load_hf(hf_dir, scan_layers=scan_layers, head=head, num_classes=num_classes)
+    cfg, params, _ = load_hf(hf_dir, scan_layers=scan_layers, head=head, num_classes=num_classes,
+                             vocab_pad_multiple=vocab_pad_multiple)
     # as <workdir>/tokenizer.model (sentencepiece, or the HF tokenizer of RoBERTa, BART, …),
     # which the trainer and `jaxformer.cli.generate` read
     start = read_config(hf_dir).get("decoder_start_token_id")

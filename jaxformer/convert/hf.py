@@ -62,6 +62,7 @@ from jaxformer.convert.mapping import (
 from jaxformer.data.fast_tokenizer import FastTokenizer, is_saved_fast_tokenizer
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.layers.heads import is_head_module
+from jaxformer.layers.vocab_padding import fit_vocab
 from jaxformer.models import build_model
 from jaxformer.nnx import from_params
 
@@ -151,7 +152,7 @@ def hf_model_config(directory: str | os.PathLike, *, head: str | None = None,
 
 
 def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: str | None = None,
-            num_classes: int | None = None, seed: int = 0
+            num_classes: int | None = None, seed: int = 0, vocab_pad_multiple: int = 1
             ) -> tuple[dict[str, Any], dict, str | None]:
     """Read a local Hugging Face directory (a `CONVERTERS` model type).
 
@@ -165,6 +166,9 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
         checkpoint lacks (e.g. "classify" on a BertForMaskedLM checkpoint) is initialised as
         ``build_model(model_cfg).init(jax.random.key(seed))`` would; unused checkpoint heads are dropped.
       num_classes: classes of a classification head (default: the checkpoint's ``num_labels``).
+      vocab_pad_multiple: pad the vocabulary tables with zero rows to a multiple of this (and set
+        it in the config; `jaxformer.layers.vocab_padding`): the same function, shapes a
+        tensor-parallel mesh divides.
 
     Returns:
       (ModelConfig fields as a dict, params pytree of NumPy arrays, the tokenizer file or None:
@@ -201,15 +205,17 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
         log.warning("head=%r: initialising %s (seed %d)", model_cfg.head, missing, seed)
         flat.update(_init_subset(model_cfg, missing, seed))
 
-    params = unflatten(flat)
+    padded = model_cfg.replace(scan_layers=scan_layers, vocab_pad_multiple=vocab_pad_multiple)
+    params = unflatten(fit_vocab(flat, model_cfg, padded))
     if scan_layers:
         params = stack_layers(params)
-    return model_cfg.replace(scan_layers=scan_layers).to_dict(), params, find_tokenizer(directory)
+    return padded.to_dict(), params, find_tokenizer(directory)
 
 
 def from_hf(directory: str | os.PathLike, **kwargs) -> nnx.Module:
     """The NNX model (`jaxformer.nnx`) of a local Hugging Face directory, holding its weights;
-    ``kwargs`` as `load_hf` (``scan_layers``, ``head``, ``num_classes``, ``seed``)."""
+    ``kwargs`` as `load_hf` (``scan_layers``, ``head``, ``num_classes``, ``seed``,
+    ``vocab_pad_multiple``)."""
     cfg, params, _ = load_hf(directory, **kwargs)
     return from_params(ModelConfig.from_dict(cfg), params)
 
@@ -254,7 +260,7 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     conv = export_converter(cfg)
     hf_config, prefix = conv.config_to_hf(cfg)
-    flat = _host_params(params)
+    flat = fit_vocab(_host_params(params), cfg, cfg.replace(vocab_pad_multiple=1))  # unpadded
     if cfg.permutation_lm:  # XLNet's query-stream table trains the GPT; the export is the GPT
         flat = {k: v for k, v in flat.items() if not k.startswith("jump_embed/")}
     tensors, used = apply_export(conv.rules(cfg, prefix, export=True), flat)

@@ -37,7 +37,8 @@ def load_merged(path: str | os.PathLike, *, step: int | None = None, best: bool 
         return load_for_inference(path, step=step, best=best)
     model_cfg = ModelConfig.from_dict(c["model"])
     base = load_hf(c["init_from"], scan_layers=model_cfg.scan_layers, head=model_cfg.head,
-                   num_classes=model_cfg.num_classes, seed=c["seed"])[1]
+                   num_classes=model_cfg.num_classes, seed=c["seed"],
+                   vocab_pad_multiple=model_cfg.vocab_pad_multiple)[1]
     dtype = jnp.dtype(model_cfg.param_dtype)
     base = jax.tree.map(lambda x: np.asarray(x, dtype=dtype), base)
     trained = load_checkpoint_params(run.step_dir, verified=True)

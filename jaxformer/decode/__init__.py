@@ -20,6 +20,7 @@ from jaxformer.decode.cache import (
 from jaxformer.decode.ngram import block_repeated_ngrams, repeated_ngram_mask
 from jaxformer.decode.sampling import (
     apply_temperature,
+    argmax,
     sample,
     top_k_filter,
     top_k_top_p_filter,
@@ -34,6 +35,6 @@ __all__ = [
     "block_repeated_ngrams", "repeated_ngram_mask",
     "cache_batch_axes", "cache_slot_axes", "expand_beams", "gather_rows", "grow_slots",
     "init_cache",
-    "apply_temperature", "sample", "top_k_filter", "top_k_top_p_filter", "top_p_filter",
+    "apply_temperature", "argmax", "sample", "top_k_filter", "top_k_top_p_filter", "top_p_filter",
     "DecodeResult", "decode_loop",
 ]

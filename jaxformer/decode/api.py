@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from jaxformer.decode import steps
 from jaxformer.decode.beam import BeamResult, beam_search
+from jaxformer.decode.refill import generate_refill, refill_supported
 from jaxformer.decode.sampling import sample
 from jaxformer.decode.search import DecodeResult, decode_loop
 from jaxformer.nnx.functional import FunctionalModel
@@ -288,9 +289,16 @@ def bucket_width(longest: int, cap: int, smallest: int = 8) -> int:
 def generate_batches(model: FunctionalModel | nnx.Module, params: Any,
                      prompts: Sequence[Sequence[int]], config: GenerationConfig, *,
                      batch_size: int, rng: jax.Array | None = None,
-                     progress: bool | None = False) -> list[list[int]]:
+                     progress: bool | None = False, refill: bool = False,
+                     segment: int = 16) -> list[list[int]]:
     """Generated ids (EOS and what follows removed) for each of ``prompts``, in their order,
     decoded ``batch_size`` at a time (what `predict` and `evaluate` decode with).
+
+    ``refill`` (greedy and sampling without ``no_repeat_ngram_size``; ignored otherwise): one
+    batch of ``batch_size`` rows runs ``segment`` steps at a time and, between segments, rows that
+    finished take the next waiting prompt (`jaxformer.decode.refill`): outputs that end at very
+    different lengths do not keep a batch running for its longest. Greedy results are the same
+    either way; sampled rows draw from ``fold_in(rng, segment number)``.
 
     The prompts are sorted by length and each batch is padded to its longest rounded up to a power
     of two (`bucket_width`), so that a batch of short prompts does not pay, in prefill and in every
@@ -307,6 +315,20 @@ def generate_batches(model: FunctionalModel | nnx.Module, params: Any,
     rows = [list(p) for p in prompts]
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     cap = max(len(r) for r in rows)
+    if refill and refill_supported(config):
+        if config.strategy == "sample" and config.temperature > 0 and rng is None:
+            raise ValueError("strategy='sample' needs rng (a jax.random.key) for reproducible "
+                             "samples")
+        if not isinstance(segment, int) or segment < 1:
+            raise ValueError(f"segment={segment!r} must be a positive integer (steps between "
+                             "refills)")
+        return generate_refill(
+            model, _unwrap(params), rows, config, batch_size=batch_size,
+            width=bucket_width(cap, 1 << max(cap - 1, 0).bit_length()),
+            pad_rows=lambda batch, width: _pad_rows(model.cfg, batch, config, width),
+            program=_program(config),
+            knobs=(jnp.float32(config.temperature), jnp.float32(config.top_p or 1.0)),
+            segment=segment, rng=rng if config.strategy == "sample" else None)
     out: list[list[int]] = [[] for _ in rows]
     starts = range(0, len(order), batch_size)
     for n, start in enumerate(tqdm(starts, desc=f"decode ({config.strategy})", unit="batch",

@@ -20,6 +20,17 @@ Array = jnp.ndarray
 NUCLEUS_CANDIDATES = 256  # top_p_filter looks for the nucleus among these first
 
 
+def argmax(logits: Array) -> Array:
+    """``jnp.argmax(logits, axis=-1)`` of `[..., V]` → `[...]` int32, the same ids (the first of ties;
+    the first NaN if a row has one) from two plain reductions, a max and a min over the ids that
+    reach it: XLA:CPU's (value, index) reduce behind ``jnp.argmax`` took 0.29 / 1.1 ms per greedy
+    step at batch 8 / 32 over 8,192 logits, these 0.07 / 0.2 ms (`docs/generation.md`)."""
+    top = jnp.max(logits, axis=-1, keepdims=True)  # NaN if the row has one
+    hit = jnp.logical_or(logits == top, jnp.isnan(logits))
+    ids = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where(hit, ids, logits.shape[-1]), axis=-1)
+
+
 def apply_temperature(logits: Array, temperature: float) -> Array:
     """`[..., V]` logits / ``temperature`` (> 0). `sample(temperature=0)` gives the argmax."""
     if isinstance(temperature, (int, float)) and temperature <= 0:
@@ -114,7 +125,7 @@ def sample(
         if temperature < 0:
             raise ValueError(f"temperature={temperature!r} is invalid: must be >= 0 (0 = greedy)")
         if temperature == 0:
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+            return argmax(logits)
     logits = apply_temperature(logits.astype(jnp.float32), temperature)
     if isinstance(top_p, (int, float)):
         if not 0.0 < top_p <= 1.0:

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxformer.config import ModelConfig
+from jaxformer.layers.params import embedding_width
 from jaxformer.ops import permutation, ring_attention
 from jaxformer.ops.dropout import token_dropout
 from jaxformer.ops.embedding import check_token_ids
@@ -141,13 +142,15 @@ def embed(parts: Parts, name: str, ids, positions, token_types=None, *, word_dro
     """Token lookup, word dropout (``cfg.target_token_dropout_rate``, when asked), then part
     ``name``'s input embedding: `[B, L]` → `[B, L, D]`."""
     cfg = parts.cfg
+    columns = embedding_width(cfg)[1]  # the tables' column axis: their gradients' sharding
     x = embed_tokens(parts.params("token_embed")["embedding"], ids, dtype=cfg.dtype,
-                     constrain=constrain)
+                     constrain=constrain, columns=columns)
     if word_dropout:
         x = token_dropout(x, cfg.target_token_dropout_rate,
                           _rng(parts, None, cfg.target_token_dropout_rate))
     return embed_inputs(parts.params(name), x, positions, token_types, cfg=cfg,
-                        dropout_rng=_rng(parts, name, cfg.dropout_rate), constrain=constrain)
+                        dropout_rng=_rng(parts, name, cfg.dropout_rate), constrain=constrain,
+                        columns=columns)
 
 
 def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bool,

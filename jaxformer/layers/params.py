@@ -218,9 +218,10 @@ def _table(cfg: ModelConfig, rows: int, axes: tuple[str, str], cols: int | None 
 
 def token_embed_spec(cfg: ModelConfig) -> dict:
     """The `[vocab, E]` token table, E = d_model or ``embedding_size`` (also the tied output
-    projection)."""
+    projection); vocab = ``cfg.padded_vocab_size`` (``vocab_pad_multiple``), as for every table
+    on the ``vocab`` axis."""
     width, axis = embedding_width(cfg)
-    return {"embedding": _table(cfg, cfg.vocab_size, ("vocab", axis), width)}
+    return {"embedding": _table(cfg, cfg.padded_vocab_size, ("vocab", axis), width)}
 
 
 def input_embedding_spec(cfg: ModelConfig) -> dict:
@@ -258,9 +259,10 @@ def head_dense_spec(cfg: ModelConfig, d_out: int, axes: tuple[str, str], bias: b
 
 def lm_head_spec(cfg: ModelConfig) -> dict:
     """Tied: at most a `[vocab]` bias; untied: a `[d_model, vocab]` kernel (`jaxformer.ops.heads`)."""
+    vocab = cfg.padded_vocab_size
     if cfg.tie_embeddings:
-        return {"bias": ParamSpec((cfg.vocab_size,), ("vocab",), "zeros")} if cfg.lm_head_bias else {}
-    return head_dense_spec(cfg, cfg.vocab_size, ("embed", "vocab"), cfg.lm_head_bias)
+        return {"bias": ParamSpec((vocab,), ("vocab",), "zeros")} if cfg.lm_head_bias else {}
+    return head_dense_spec(cfg, vocab, ("embed", "vocab"), cfg.lm_head_bias)
 
 
 def mlm_head_spec(cfg: ModelConfig) -> dict:
@@ -272,7 +274,8 @@ def mlm_head_spec(cfg: ModelConfig) -> dict:
         spec = {"dense": head_dense_spec(cfg, width, axes, True), "norm": norm_spec(cfg, width, axis)}
     decoder = lm_head_spec(cfg)
     if cfg.embedding_size is not None and not cfg.tie_embeddings:  # decodes the E-wide transform
-        decoder["kernel"] = _kernel(cfg, (width, cfg.vocab_size), (axis, "vocab"), "head", width)
+        decoder["kernel"] = _kernel(cfg, (width, cfg.padded_vocab_size), (axis, "vocab"), "head",
+                                    width)
     return {**spec, "decoder": decoder} if decoder else spec
 
 

@@ -9,6 +9,13 @@ one block shared by the 12 layers; with pooler, without MLM head); GPT-2 medium 
 T5-base v1.0 222,903,552; Llama-2-7B 6,738,415,616 ("llama2_7b"; ``llama_tiny`` is its 2-layer
 width-64 twin with GQA).
 
+The GPT-2 presets pad the vocabulary of 50,257 to 50,304 rows (``vocab_pad_multiple=128``, as
+Megatron does), so that tensor = 2 … 128 divides the vocabulary tables; the padding is masked, so
+the function is GPT-2's. Counts of what is stored include the 47 padding rows: GPT-2 small
+124,475,904 (= 124,439,808 + 47 · 768), medium 354,871,296 (+ 47 · 1024); with
+``vocab_pad_multiple=1`` they are the published counts. The other presets' vocabularies are left
+as published (T5's 32,128 and Llama's 32,000 are multiples of 128 already).
+
 Each family initialises as its reference does (``init_scheme``, rules in
 `jaxformer.layers.params.initializer_of`): GPT-2 "gpt2", BERT and ALBERT "bert", T5 "t5" (with
 ``init_std`` = 1.0, T5's factor), the Vaswani presets "transformer" (tensor2tensor's; embeddings
@@ -60,9 +67,9 @@ _MINI = dict(vocab_size=2048, d_model=128, num_heads=4, d_ff=512, num_layers=4, 
 
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2_small": dict(_GPT2, vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
-                       max_len=1024),
+                       max_len=1024, vocab_pad_multiple=128),
     "gpt2_medium": dict(_GPT2, vocab_size=50257, d_model=1024, num_heads=16, d_ff=4096,
-                        num_layers=24, max_len=1024),
+                        num_layers=24, max_len=1024, vocab_pad_multiple=128),
     "gpt_tiny": dict(_GPT2, vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_layers=2,
                      max_len=128),
     "gpt_mini": dict(_GPT2, **_MINI),

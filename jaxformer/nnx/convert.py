@@ -47,6 +47,10 @@ def check_params(cfg: ModelConfig, params: Mapping) -> None:
         if any("/layers/" in p for p in missing) != any("/layers/" in p for p in extra):
             layout = (f"; the stacks are {'unrolled' if cfg.scan_layers else 'scanned'} in these "
                       f"parameters: set model.scan_layers={not cfg.scan_layers}")
+        elif any(p.startswith("token_embed/") for p in shapes):
+            layout = (f"; the vocabulary tables have {cfg.padded_vocab_size} rows in this model "
+                      f"(vocab_pad_multiple={cfg.vocab_pad_multiple}): re-pad the parameters with "
+                      "jaxformer.layers.vocab_padding.fit_vocab")
         raise ValueError(f"parameters do not fit the model: missing {missing[:6]}, unexpected "
                          f"{extra[:6]}, shapes {shapes[:6]}{layout}")
 

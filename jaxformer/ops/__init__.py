@@ -19,7 +19,7 @@ from jaxformer.ops.dense import dense
 from jaxformer.ops.dropout import dropout, token_dropout
 from jaxformer.ops.embedding import attend, check_token_ids, embed
 from jaxformer.ops.ffn import ffn
-from jaxformer.ops.heads import classify, lm_logits, mlm_logits, pool, pooled
+from jaxformer.ops.heads import classify, lm_logits, mask_padded_vocab, mlm_logits, pool, pooled
 from jaxformer.ops.inputs import embed_inputs, embed_tokens
 from jaxformer.ops.losses import (
     cross_entropy_with_integer_labels,
@@ -60,6 +60,6 @@ __all__ = [
     "layer_norm", "normalize", "rms_norm", "apply_rope", "RopeScaling", "rope_frequencies",
     "lookup_positions", "alibi_bias", "alibi_slopes",
     "relative_position_bias", "relative_position_bucket", "sinusoidal", "sinusoidal_table",
-    "classify", "lm_logits", "mlm_logits", "pool", "pooled", "embed_inputs", "embed_tokens",
-    "run_stack",
+    "classify", "lm_logits", "mask_padded_vocab", "mlm_logits", "pool", "pooled", "embed_inputs",
+    "embed_tokens", "run_stack",
 ]

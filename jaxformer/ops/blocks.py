@@ -138,6 +138,10 @@ def attention_sublayer(
     if cache is not None:
         valid_new = (jnp.ones(x.shape[:2], bool) if segment_ids is None else segment_ids != 0)
         new_cache = update_cache(cache, k_BxSxKxDh, v_BxSxKxDh, valid_new, cache_index)
+        # One buffer for the attention below and the returned cache: at batch 1 XLA:CPU otherwise
+        # fuses the update twice (once per consumer) and copies the cache 4× per layer per step,
+        # a fifth of a batch-1 T5 d512 step (`docs/generation.md`).
+        new_cache = lax.optimization_barrier(new_cache)
         # heads-major, S: all the cache's slots
         k_BxSxKxDh, v_BxSxKxDh, kv_layout = new_cache["key"], new_cache["value"], "bksd"
         visible_Bx1xLxS = combine_masks(

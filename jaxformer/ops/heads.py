@@ -1,7 +1,8 @@
 """Output heads as pure functions of their parameter dicts (laid out by `jaxformer.layers.params`).
 
 * `lm_logits`: tied (logits = h·Eᵀ, Press & Wolf 2017; T5 first scales h by d_model^-0.5) or an
-  untied `[d_model, vocab]` kernel, plus an optional vocabulary bias.
+  untied `[d_model, vocab]` kernel, plus an optional vocabulary bias; the columns of a padded
+  vocabulary masked (`mask_padded_vocab`).
 * `mlm_logits`: BERT's masked-LM head (Devlin et al. 2019): dense → activation → norm, then
   `lm_logits` with the parameters under ``"decoder"``.
 * `pool` / `pooled`: one `[B, D]` vector per sequence, BERT's dense+tanh pooler (DistilBERT's
@@ -27,15 +28,32 @@ Array = jnp.ndarray
 
 def lm_logits(params: dict, x: Array, table: Array, *, cfg: ModelSettings) -> Array:
     """`[B, L, D]` → `[B, L, vocab]`. Tied: the token table ``table`` `[vocab, D]` (``params`` holds
-    at most a ``bias`` `[vocab]`); untied: ``params`` is a dense ``kernel`` `[D, vocab]` (+ bias)."""
+    at most a ``bias`` `[vocab]`); untied: ``params`` is a dense ``kernel`` `[D, vocab]` (+ bias).
+    Tables with more rows than ``cfg.vocab_size`` (a padded vocabulary) give logits whose padding
+    columns are masked (`mask_padded_vocab`)."""
     if not cfg.tie_embeddings:
-        return dense(params, x)
+        return mask_padded_vocab(dense(params, x), cfg.vocab_size)
     if cfg.rescale_tied_logits:
         x = x * (cfg.d_model ** -0.5)
     logits = attend(table, x)
     if cfg.lm_head_bias:
         logits = logits + params["bias"].astype(logits.dtype)
-    return logits
+    return mask_padded_vocab(logits, cfg.vocab_size)
+
+
+def mask_padded_vocab(logits: Array, vocab_size: int) -> Array:
+    """`[..., V']` logits of a vocabulary padded from ``vocab_size`` to V' rows (Megatron's
+    make-vocab-size-divisible-by) with the padding columns at the dtype's lowest finite value:
+    they get probability exactly 0 (exp underflows), never win an argmax or a top-k, receive zero
+    gradient, and stay finite (a product with a zero probability is 0, not NaN). Elementwise, so
+    a ``vocab``-sharded array stays sharded. Unchanged (the same program) when V' = vocab_size."""
+    padded = logits.shape[-1]
+    if padded == vocab_size:
+        return logits
+    if padded < vocab_size:
+        raise ValueError(f"logits have {padded} columns, fewer than vocab_size={vocab_size}")
+    real = jnp.arange(padded) < vocab_size
+    return jnp.where(real, logits, jnp.finfo(logits.dtype).min)
 
 
 def mlm_logits(params: dict, x: Array, table: Array, *, cfg: ModelSettings) -> Array:

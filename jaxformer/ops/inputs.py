@@ -7,6 +7,8 @@ names)`` is the optional sharding hook of `jaxformer.ops.blocks` (logical axis n
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -25,25 +27,53 @@ def _no_constraint(x: Array, _names) -> Array:
     return x
 
 
-def _whole_rows(table: Array, row_axis: str, constrain: Constrain) -> Array:
-    """A `[rows, d_model]` table constrained to whole rows (d_model gathered over the FSDP axis).
+def _whole_rows(table: Array, axes: tuple[str, str], constrain: Constrain) -> Array:
+    """A `[rows, d_model]` table stored with logical ``axes`` (rows, columns), constrained to
+    whole rows (d_model gathered over the FSDP axis); its gradient keeps the stored ``axes``.
 
     Gathering rows of an FSDP-sharded table would give d_model-sharded activations, which the
     compiler cannot reshard to batch-sharded ones without replicating them first.
     """
-    return constrain(table, (row_axis, None))
+    return _gathered(table, axes, constrain)
 
 
-def embed_tokens(table: Array, ids: Array, *, dtype, constrain: Constrain | None = None) -> Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _gathered(table: Array, axes: tuple[str, str], constrain: Constrain) -> Array:
+    """``constrain(table, (axes[0], None))`` whose gradient is constrained to ``axes``, the
+    table's own sharding. A plain sharding constraint's transpose pins the cotangent to the
+    forward's sharding, whole rows on every FSDP shard: the scatter-add of a batch-sharded
+    lookup's gradient is then summed over the batch shards into a full `[rows, d_model]` array
+    before each device keeps its columns (on a TPU, a float32 reduce-scatter of the whole table,
+    V·D·4 bytes; `tests/test_compile.py`). In the table's sharding, the compiler sends the
+    `[B, L, D]` row updates to the devices holding their columns instead (an all-to-all, B·L·D)."""
+    return constrain(table, (axes[0], None))
+
+
+def _gathered_fwd(table: Array, axes: tuple[str, str], constrain: Constrain):
+    return constrain(table, (axes[0], None)), None
+
+
+def _gathered_bwd(axes: tuple[str, str], constrain: Constrain, _, g: Array):
+    return (constrain(g, axes),)
+
+
+_gathered.defvjp(_gathered_fwd, _gathered_bwd)
+
+
+def embed_tokens(table: Array, ids: Array, *, dtype, constrain: Constrain | None = None,
+                 columns: str = "embed") -> Array:
     """Rows of the `[vocab, d_model]` token table at `[B, L]` ids → `[B, L, D]` in ``dtype`` (NaN rows
-    for out-of-vocabulary ids, see `jaxformer.ops.embedding.embed`)."""
+    for out-of-vocabulary ids, see `jaxformer.ops.embedding.embed`). ``columns``: the logical axis
+    of the table's columns (its gradient's sharding, `_gathered`)."""
     pin = constrain or _no_constraint
-    return pin(embed(_whole_rows(table, "vocab", pin), ids, dtype=jnp.dtype(dtype)), ACTIVATION_AXES)
+    rows = _whole_rows(table, ("vocab", columns), pin)
+    return pin(embed(rows, ids, dtype=jnp.dtype(dtype)), ACTIVATION_AXES)
 
 
 def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
                  token_types: Array | None = None, *, cfg: ModelSettings,
-                 dropout_rng: jax.Array | None = None, constrain: Constrain | None = None) -> Array:
+                 dropout_rng: jax.Array | None = None, constrain: Constrain | None = None,
+                 columns: str = "embed") -> Array:
     """x = proj?(dropout(norm?(scale · E[tokens] + P[positions] + T[token_types]))), `[B, L, D]`.
 
     ``scale`` is sqrt(d_model) when ``cfg.scale_embeddings`` (Vaswani et al. 2017 §3.4), else 1.
@@ -60,6 +90,7 @@ def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
       token_embeddings: `[B, L, E]` (see `embed_tokens`; E = d_model unless factorised).
       positions: `[B, L]` int32.
       dropout_rng: enables dropout at ``cfg.dropout_rate`` when given.
+      columns: the logical axis of the tables' columns (``embed``, or ALBERT's E axis).
     """
     pin = constrain or _no_constraint
     x = token_embeddings
@@ -68,7 +99,7 @@ def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
     if cfg.position == "learned":
         check_ids(positions, cfg.max_len, "positions", f"the learned table [0, model.max_len="
                   f"{cfg.max_len})", "use shorter rows or a larger model.max_len")
-        table = _whole_rows(params["pos_embedding"], "length", pin)
+        table = _whole_rows(params["pos_embedding"], ("length", columns), pin)
         x = x + lookup_positions(table, positions + cfg.position_offset).astype(x.dtype)
     elif cfg.position == "sinusoidal":
         x = x + sinusoidal(positions, x.shape[-1], dtype=x.dtype)
@@ -76,7 +107,8 @@ def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
         types = jnp.zeros_like(positions) if token_types is None else token_types
         check_ids(types, cfg.type_vocab_size, "token_types",
                   f"[0, model.type_vocab_size={cfg.type_vocab_size})", "segment A is 0, segment B 1")
-        x = x + embed(_whole_rows(params["type_embedding"], "types", pin), types, dtype=x.dtype)
+        x = x + embed(_whole_rows(params["type_embedding"], ("types", columns), pin), types,
+                      dtype=x.dtype)
     if cfg.embedding_norm:
         x = normalize(cfg.norm, x, params["norm"], eps=cfg.norm_eps)
     x = dropout(x, cfg.dropout_rate, dropout_rng)

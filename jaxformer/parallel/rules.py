@@ -88,20 +88,26 @@ def logical_to_shardings(logical_specs, abstract_values, mesh: Mesh,
     """
     mesh_specs = nn.logical_to_mesh(logical_specs, check_rules(rules))
 
-    def check(path, spec, value):
+    def check(path, spec, logical, value):
         spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
+        logical = logical if isinstance(logical, PartitionSpec) else PartitionSpec()
         for i, (dim, axes) in enumerate(zip(value.shape, spec)):
             n = _mesh_axis_size(mesh, axes)
             if dim % n:
                 names = "×".join((axes,) if isinstance(axes, str) else axes)
+                fix = "choose mesh sizes that divide it"
+                if i < len(logical) and logical[i] == "vocab":  # Megatron pads it: so do we
+                    fix += (f", or pad the vocabulary: model.vocab_pad_multiple={n} (or 128, "
+                            "which tensor = 2 … 128 divide)")
                 raise ValueError(
                     f"parameter {jax.tree_util.keystr(path)} of shape {value.shape} cannot be sharded "
                     f"as {spec} on mesh {dict(mesh.shape)}: dimension {i} (size {dim}) is not "
-                    f"divisible by mesh.{names}={n}; choose mesh sizes that divide it")
+                    f"divisible by mesh.{names}={n}; {fix}")
         return NamedSharding(mesh, spec)
 
-    return jax.tree_util.tree_map_with_path(
-        check, mesh_specs, abstract_values, is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
+    is_spec = lambda x: isinstance(x, PartitionSpec) or x is None  # noqa: E731
+    return jax.tree_util.tree_map_with_path(check, mesh_specs, logical_specs, abstract_values,
+                                            is_leaf=is_spec)
 
 
 def param_shardings(boxed_abstract_params, mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES):

@@ -74,13 +74,14 @@ def with_teacher_tokenizer(config: ml_collections.ConfigDict) -> ml_collections.
 
 def check_student(student: ModelConfig, teacher: ModelConfig, s: DistillSettings) -> None:
     """ValueError naming every ``model.*`` field the student must share with the teacher: family
-    and head; the output size (``vocab_size``, or ``num_classes`` for classification); ``d_model``
-    for the cosine term (γ > 0); with ``init_student`` every architecture field but the layer
-    counts (and ``type_vocab_size``: an encoder student may drop the teacher's token types,
-    `dropped_token_types`), and at most ⌈teacher layers / 2⌉ layers."""
+    and head; the output size (``vocab_size`` and its padding, or ``num_classes`` for
+    classification); ``d_model`` for the cosine term (γ > 0); with ``init_student`` every
+    architecture field but the layer counts (and ``type_vocab_size``: an encoder student may drop
+    the teacher's token types, `dropped_token_types`), and at most ⌈teacher layers / 2⌉ layers."""
     if student.family not in STACKS:
         raise ValueError(f"model.family={student.family!r}: distillation supports {tuple(STACKS)}")
-    names = ["family", "head", "num_classes" if student.head == "classify" else "vocab_size"]
+    names = ["family", "head", *(["num_classes"] if student.head == "classify" else
+                                 ["vocab_size", "vocab_pad_multiple"])]  # logits of one width
     names += ["d_model"] if s.gamma else []
     names += [f for f in architecture_fields() if s.init_student and f not in LAYER_COUNTS
               and not (f == "type_vocab_size" and dropped_token_types(student, teacher))]

@@ -50,6 +50,7 @@ from jaxformer.data.pipeline import make_dataset, source_texts
 from jaxformer.data.sources import get_source, label_names_from_data
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from jaxformer.layers.heads import HEAD_MODULE_NAMES
+from jaxformer.layers.vocab_padding import fit_vocab
 from jaxformer.models import build_model
 from jaxformer.objectives import bind_objective
 from jaxformer.objectives.mlm import uses_word_initial
@@ -369,9 +370,10 @@ def load_pretrained(resolved: ResolvedConfig, built: Built) -> tuple[Any, list[s
     if pretrained.is_hf:  # the importer initialises any head the checkpoint lacks (logged)
         backbone = load_hf(pretrained.path, scan_layers=model_cfg.scan_layers,
                            head=model_cfg.head, num_classes=model_cfg.num_classes,
-                           seed=config.seed)[1]
-    else:
-        backbone = load_checkpoint_params(pretrained.run.step_dir)  # verified first
+                           seed=config.seed, vocab_pad_multiple=model_cfg.vocab_pad_multiple)[1]
+    else:  # verified first; its vocabulary tables re-padded as the model pads them (a layout)
+        backbone = fit_vocab(load_checkpoint_params(pretrained.run.step_dir),
+                             ModelConfig.from_dict(pretrained.model), model_cfg)
     fresh_params = create_params(built.model, model_cfg, built.param_shardings, config.seed)
     return merge_backbone(fresh_params, backbone)
 

@@ -30,7 +30,15 @@ def loss_and_metrics(model: FunctionalModel, params, prepared: dict, *, determin
     next-sentence prediction, ``nsp_targets``/``nsp_weights``.
     """
     logits, nsp_logits = _forward(model, params, prepared, deterministic, dropout_rng)
-    return _sums(logits, nsp_logits, prepared, label_smoothing, z_loss)
+    return _sums(logits, nsp_logits, prepared, label_smoothing, z_loss,
+                 _real_classes(model.cfg, prepared))
+
+
+def _real_classes(cfg, prepared: dict) -> int | None:
+    """``cfg.vocab_size`` when the logits are over a padded vocabulary (``vocab_pad_multiple``;
+    `weighted_cross_entropy`'s ``num_classes``), else None (the logits' last axis)."""
+    padded = cfg.head in ("lm", "mlm") and cfg.padded_vocab_size != cfg.vocab_size
+    return cfg.vocab_size if padded and "class_positions" not in prepared else None
 
 
 def _forward(model: FunctionalModel, params, prepared: dict, deterministic: bool,
@@ -44,11 +52,12 @@ def _forward(model: FunctionalModel, params, prepared: dict, deterministic: bool
 
 
 def _sums(logits: jax.Array, nsp_logits: jax.Array | None, prepared: dict,
-          label_smoothing: float = 0.0, z_loss: float = 0.0) -> dict:
-    """Sums of loss, correct predictions and weights (and NSP's) of one batch's logits."""
+          label_smoothing: float = 0.0, z_loss: float = 0.0, num_classes: int | None = None) -> dict:
+    """Sums of loss, correct predictions and weights (and NSP's) of one batch's logits
+    (``num_classes``: the real vocabulary of padded logits, `_real_classes`)."""
     loss_sum, weight_sum = weighted_cross_entropy(
         logits, prepared["targets"], prepared["weights"], label_smoothing=label_smoothing,
-        z_loss=z_loss)
+        z_loss=z_loss, num_classes=num_classes)
     correct, _ = weighted_accuracy(logits, prepared["targets"], prepared["weights"])
     sums = {"loss": loss_sum, "correct": correct, "weight": weight_sum}
     if nsp_logits is not None and "nsp_targets" in prepared:
@@ -116,8 +125,9 @@ def make_train_step(model: FunctionalModel, tx: optax.GradientTransformation, pr
             full = p if base is None else lora.model_params(base, p, lora_scale)
             if distill is not None:  # knowledge distillation: the hook adds the teacher's terms
                 sums = distill(model, full, teacher, prepared, dropout_rng=drop_key,
-                               hard_sums=lambda lg, nsp, pr: _sums(lg, nsp, pr, label_smoothing,
-                                                                   z_loss))
+                               hard_sums=lambda lg, nsp, pr: _sums(
+                                   lg, nsp, pr, label_smoothing, z_loss,
+                                   _real_classes(model.cfg, pr)))
                 return sums["loss"] + sums.get("nsp_loss", 0.0), sums
             sums = loss_and_metrics(model, full, prepared, deterministic=False, dropout_rng=drop_key,
                                     label_smoothing=label_smoothing, z_loss=z_loss)
@@ -195,7 +205,7 @@ def make_eval_step(model: FunctionalModel, prepare: Callable, *, predictions: bo
     def eval_step(params, batch, key):
         prepared = prepare(batch, key)
         logits, nsp_logits = _forward(model, params, prepared, True, None)
-        sums = _sums(logits, nsp_logits, prepared)
+        sums = _sums(logits, nsp_logits, prepared, num_classes=_real_classes(model.cfg, prepared))
         if not predictions:
             return sums
         return sums, {"predictions": jnp.argmax(logits, axis=-1).astype(jnp.int32),
