@@ -69,7 +69,16 @@ MULTI_DEVICE_FILES = frozenset({
     "test_parallel.py",  # every mesh, pmap and shard_map against one device
     "test_ring_attention.py",  # context parallelism
     "test_scheduled_sampling.py",  # its shard_map and pmap paths
+    "test_vocab_padding.py",  # a padded GPT-2 on data × fsdp × tensor against one device
 })
+
+# Files that name meshes, pmap or shard_map but need no devices of their own process:
+# tests/test_scheduling.py checks that every other such file is in `MULTI_DEVICE_FILES`.
+ONE_DEVICE_IS_ENOUGH = {
+    "test_configs.py": "pmap / shard_map / mesh sizes only as settings the validation refuses",
+    "test_distill.py": "parallel='pmap' only as a setting distillation refuses",
+    "test_multiprocess.py": "its train.py processes set their own XLA_FLAGS (4 devices each)",
+}
 
 
 def devices_for_this_process() -> int:
@@ -93,20 +102,27 @@ def needs_many_devices(scope: str) -> bool:
     return os.path.basename(scope) in MULTI_DEVICE_FILES
 
 
+def next_scope(scopes, many_devices: bool) -> str | None:
+    """The work unit a worker takes next from the queue's ``scopes`` (longest first): the
+    many-device worker its first multi-device file if one is left, else the first file; a
+    one-device worker the first file it can run, or None (it waits)."""
+    fits = [s for s in scopes if needs_many_devices(s) == many_devices]
+    if fits:
+        return fits[0]
+    return next(iter(scopes), None) if many_devices else None
+
+
 def make_device_split_scheduler(config, log):
     """xdist's file scheduler, with `MULTI_DEVICE_FILES` sent to ``gw0`` only (and first there)."""
     from xdist.scheduler import LoadFileScheduling
 
     class DeviceSplitScheduling(LoadFileScheduling):
         def _assign_work_unit(self, node) -> None:
-            many = node.gateway.id == MANY_DEVICE_WORKER
-            # gw0: the first multi-device file if any is left, else the first file. The others:
-            # the first file they can run, or nothing yet (they wait; xdist shuts every worker
-            # down once the queue is empty and all assigned work is done).
-            fits = [s for s in self.workqueue if needs_many_devices(s) == many]
-            if not fits and not many:
+            # xdist shuts every worker down once the queue is empty and all assigned work is
+            # done, so a one-device worker left with nothing it can run just waits until then.
+            scope = next_scope(list(self.workqueue), node.gateway.id == MANY_DEVICE_WORKER)
+            if scope is None:
                 return
-            scope = fits[0] if fits else next(iter(self.workqueue))
             self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 

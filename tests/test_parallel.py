@@ -500,8 +500,8 @@ def test_plan_gpt2_small_parameters_and_flops():
 def test_a_mesh_the_heads_do_not_divide_fails_before_any_work(tmp_path):
     """The trainer refuses tensor=8 for 4 heads, naming the field, before it trains a tokenizer
     or writes config.json."""
-    from jaxformer.train.loop import Trainer
     from jaxformer.train.config import set_key
+    from jaxformer.train.loop import Trainer
 
     config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs",
                                       "gpt_pretrain_tiny.py"))
