@@ -22,7 +22,8 @@ bandwidth vs collective bytes at ICI bandwidth), not a measured MFU. With scanne
 cost analysis counts the loop body once, so the HBM term undercounts the layers' bytes (the
 compute term uses the model-FLOPs formula and is exact). Results are appended to the JSON file
 cell by cell, and cells already there are skipped, so an interrupted run resumes; the markdown
-table is rewritten from the JSON after each cell.
+table is rewritten from the JSON after each cell. ``--unrolled gpt2_medium_bf16@v5p:2x2x1`` gives
+the roofline with every layer's bytes (`unrolled_roofline`: two small compiles).
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def compile_cell(name: str, topology: str) -> dict:
             "fits": bool(r["fits"]), "hbm_gib": m["peak_estimate"] / 2**30,
             "args_gib": m["argument_size"] / 2**30, "temp_gib": m["temp_size"] / 2**30,
             "capacity_gib": r["hbm_capacity"] / 2**30, "mfu_bound": roof["mfu_bound"],
-            "bound_by": roof["bound_by"], "roofline": roof,
+            "bound_by": roof["bound_by"], "roofline": roof, "xla": r["xla"],
+            "model_flops_per_chip": r["model_flops_per_step"] / topo.num_chips,
             "collectives": {k: [c["count"], c["bytes"]] for k, c in r["collectives"].items()
                             if c["count"]},
             "compile_s": r["compile_s"], "wall_s": time.perf_counter() - t0}
@@ -106,6 +108,29 @@ def smallest_fit(name: str, chip: str, done: dict, save) -> dict | None:
         if cell["fits"]:
             return cell
     return None
+
+
+def unrolled_roofline(name: str, topology: str) -> dict:
+    """The roofline of ``name`` unrolled on ``topology`` (its `cell_config`), its HBM term from
+    two small unrolled compiles (1 and 2 layers): XLA's bytes accessed are linear in the layers,
+    so bytes(L) = bytes(1) + (L - 1)·(bytes(2) − bytes(1)) — the scanned program counts one layer."""
+    from jaxformer.compile import compile_report
+    from jaxformer.parallel.topology import parse_topology
+
+    topo = parse_topology(topology)
+    out = []
+    for layers in (1, 2):
+        c = cell_config(name, topo.num_chips)
+        c.model.scan_layers, c.model.num_layers = False, layers
+        r = compile_report(c, topo)
+        out.append((r["xla"]["bytes"], r["model_flops_per_step"] / topo.num_chips))
+    layers = cell_config(name, 1).model.num_layers
+    (b1, f1), (b2, f2) = out
+    total, flops = b1 + (layers - 1) * (b2 - b1), f1 + (layers - 1) * (f2 - f1)
+    compute_s, hbm_s = flops / topo.chip.bf16_flops, total / topo.chip.hbm_bytes_per_s
+    return {"preset": name, "topology": topology, "bytes_per_layer": b2 - b1,
+            "bytes_outside_layers": b1 - (b2 - b1), "bytes": total, "compute_s": compute_s,
+            "hbm_s": hbm_s, "mfu_bound": compute_s / max(compute_s, hbm_s)}
 
 
 def _parameters(name: str) -> int:
@@ -141,9 +166,14 @@ def main() -> None:
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--chips", default=",".join(SLICES))
     ap.add_argument("--fixed", default="", help="compile every preset on this one slice instead")
+    ap.add_argument("--unrolled", default="",
+                    help="preset@topology: its unrolled roofline by 1- and 2-layer compiles")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "fits.json"))
     ap.add_argument("--markdown", default=os.path.join(HERE, "results", "fits.md"))
     args = ap.parse_args()
+    if args.unrolled:
+        print(json.dumps(unrolled_roofline(*args.unrolled.split("@"))))
+        return
     cells = json.load(open(args.json)) if os.path.exists(args.json) else []
     done = {(c["preset"], c["topology"]): c for c in cells}
 
