@@ -141,7 +141,9 @@ def _parameters(name: str) -> int:
 
 
 def markdown(cells: list[dict]) -> str:
-    """The docs table: one row a preset, one column a chip (smallest fitting slice)."""
+    """The docs table: one row a preset, one column a chip: the smallest fitting slice, its HBM per
+    chip and its collectives' ICI time as a share of the compute time (the roofline's compute and
+    ICI terms; the HBM term of a scanned compile counts one layer, see `unrolled_roofline`)."""
     chips = [c for c in SLICES if any(x["topology"].startswith(c) for x in cells)]
     head = "| preset | params | " + " | ".join(chips) + " |\n|---|---:|" + "---|" * len(chips)
     rows = []
@@ -152,8 +154,10 @@ def markdown(cells: list[dict]) -> str:
             fit = [x for x in mine if x["topology"].startswith(chip) and x["fits"]]
             if fit:
                 x = min(fit, key=lambda x: x["chips"])
-                out.append(f"{x['topology']} fsdp={x['chips']}, {x['hbm_gib']:.1f} GiB, "
-                           f"MFU ≤ {x['mfu_bound']:.0%} ({x['bound_by']})")
+                roof = x["roofline"] if "roofline" in x else {}
+                ici = (f", ICI {roof['ici_s'] / roof['compute_s']:.0%} of compute"
+                       if roof.get("compute_s") else "")
+                out.append(f"{x['topology']} fsdp={x['chips']}, {x['hbm_gib']:.1f} GiB{ici}")
             else:
                 tried = [x["topology"] for x in mine if x["topology"].startswith(chip)]
                 out.append(f"not fit on {', '.join(tried)}" if tried else "not compiled")

@@ -51,12 +51,12 @@ def test_cell_config_is_fsdp_over_every_chip_with_scanned_layers():
 
 
 def test_markdown_reports_the_smallest_fitting_slice_and_the_misses():
-    cell = dict(preset="gpt2_xl_bf16", parameters=1_557_686_400, hbm_gib=20.0, mfu_bound=0.41,
-                bound_by="hbm")
+    cell = dict(preset="gpt2_xl_bf16", parameters=1_557_686_400, hbm_gib=20.0,
+                roofline=dict(compute_s=0.2, ici_s=0.01))
     cells = [dict(cell, topology="v5e:2x4", chips=8, fits=False),
              dict(cell, topology="v5e:4x4", chips=16, fits=True),
              dict(cell, topology="v5e:4x8", chips=32, fits=True),
              dict(cell, topology="v5p:2x2x1", chips=4, fits=False)]
     row = fits.markdown(cells).splitlines()[-1]
-    assert row.startswith("| gpt2_xl_bf16 | 1,558 M | v5e:4x4 fsdp=16, 20.0 GiB, MFU ≤ 41% (hbm)")
+    assert row.startswith("| gpt2_xl_bf16 | 1,558 M | v5e:4x4 fsdp=16, 20.0 GiB, ICI 5% of compute")
     assert row.endswith("| not fit on v5p:2x2x1 |")
