@@ -159,6 +159,29 @@ def test_parameter_counts_match_published_models(name, want):
     assert count(stored) == want + padding * stored.d_model
 
 
+@pytest.mark.parametrize("name,want", [("gpt2_large", 774_030_080), ("gpt2_xl", 1_557_611_200),
+                                       ("bert_large", 335_141_888), ("t5_large", 737_668_096),
+                                       ("t5_3b", 2_851_598_336)])
+def test_large_preset_parameter_counts_match_published_models(name, want):
+    """The "what fits where" presets (HF gpt2-large / gpt2-xl / bert-large-uncased BertModel /
+    t5-large / t5-3b counts), at the published vocabulary; GPT-2 stores 47 padding rows more; the
+    ``_bf16`` variants hold the same parameters."""
+    overrides = dict(head="none") if name.startswith("bert") else {}
+
+    def count(cfg):
+        ids = jnp.zeros((1, 8), jnp.int32)
+        args = (ids, ids) if cfg.family == "encoder_decoder" else (ids,)
+        shapes = jax.eval_shape(build_model(cfg).init, KEY(0), *args)
+        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"]))
+
+    stored = ModelConfig.from_dict(preset(name, **overrides))
+    assert count(stored.replace(vocab_pad_multiple=1)) == want
+    padding = stored.padded_vocab_size - stored.vocab_size
+    assert padding == (47 if name.startswith("gpt2") else 0)
+    bf16 = ModelConfig.from_dict(preset(f"{name}_bf16", **overrides))
+    assert count(bf16) == want + padding * stored.d_model
+
+
 def assert_all_gradients_finite_and_used(grads):
     for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
         assert np.all(np.isfinite(g)), jax.tree_util.keystr(path)

@@ -6,13 +6,15 @@ Parameter counts (tested) equal the published models at the same vocabulary:
 GPT-2 small 124,439,808; BERT-base-uncased 109,482,240 (with pooler, without MLM head);
 T5-small v1.0 60,506,624; ALBERT-base v2 11,683,584 (Lan et al. 2019: E = 128 factorised embedding,
 one block shared by the 12 layers; with pooler, without MLM head); GPT-2 medium 354,823,168;
-T5-base v1.0 222,903,552; Llama-2-7B 6,738,415,616 ("llama2_7b"; ``llama_tiny`` is its 2-layer
-width-64 twin with GQA).
+T5-base v1.0 222,903,552; GPT-2 large 774,030,080; GPT-2 XL 1,557,611,200; BERT-large-uncased
+335,141,888 (with pooler, without MLM head); T5-large v1.0 737,668,096; T5-3B 2,851,598,336;
+Llama-2-7B 6,738,415,616 ("llama2_7b"; ``llama_tiny`` is its 2-layer width-64 twin with GQA).
 
 The GPT-2 presets pad the vocabulary of 50,257 to 50,304 rows (``vocab_pad_multiple=128``, as
 Megatron does), so that tensor = 2 … 128 divides the vocabulary tables; the padding is masked, so
 the function is GPT-2's. Counts of what is stored include the 47 padding rows: GPT-2 small
-124,475,904 (= 124,439,808 + 47 · 768), medium 354,871,296 (+ 47 · 1024); with
+124,475,904 (= 124,439,808 + 47 · 768), medium 354,871,296 (+ 47 · 1024), large 774,090,240
+(+ 47 · 1280), XL 1,557,686,400 (+ 47 · 1600); with
 ``vocab_pad_multiple=1`` they are the published counts. The other presets' vocabularies are left
 as published (T5's 32,128 and Llama's 32,000 are multiples of 128 already).
 
@@ -21,11 +23,12 @@ Each family initialises as its reference does (``init_scheme``, rules in
 ``init_std`` = 1.0, T5's factor), the Vaswani presets "transformer" (tensor2tensor's; embeddings
 at d_model^-1/2).
 
-``<name>_bf16`` (gpt2_small, gpt2_medium, bert_base, t5_base, llama2_7b): the same model computing in bfloat16
-with float32 parameters, for GPUs and TPUs, and without attention dropout so that the fused kernels
-can run it. They state ``attention_impl="xla"`` (a preset validates on any machine); pick the
-backend's kernel with ``attention_impl=jaxformer.ops.attention_kernels.fastest_attention(...)``
-("cudnn" on a CUDA GPU, "splash" on a TPU, "xla" for T5's relative bias or elsewhere).
+``<name>_bf16`` (gpt2_small … gpt2_xl, bert_base, bert_large, t5_base, t5_large, t5_3b,
+llama2_7b): the same model computing in bfloat16 with float32 parameters, for GPUs and TPUs, and
+without attention dropout so that the fused kernels can run it. They state
+``attention_impl="xla"`` (a preset validates on any machine); pick the backend's kernel with
+``attention_impl=jaxformer.ops.attention_kernels.fastest_attention(...)`` ("cudnn" on a CUDA GPU,
+"splash" on a TPU, "xla" for T5's relative bias or elsewhere).
 """
 
 from __future__ import annotations
@@ -70,11 +73,19 @@ PRESETS: dict[str, dict[str, Any]] = {
                        max_len=1024, vocab_pad_multiple=128),
     "gpt2_medium": dict(_GPT2, vocab_size=50257, d_model=1024, num_heads=16, d_ff=4096,
                         num_layers=24, max_len=1024, vocab_pad_multiple=128),
+    # Radford et al. 2019 Table 2 (HF gpt2-large, gpt2-xl): 774,030,080 and 1,557,611,200 at 50,257.
+    "gpt2_large": dict(_GPT2, vocab_size=50257, d_model=1280, num_heads=20, d_ff=5120,
+                       num_layers=36, max_len=1024, vocab_pad_multiple=128),
+    "gpt2_xl": dict(_GPT2, vocab_size=50257, d_model=1600, num_heads=25, d_ff=6400, num_layers=48,
+                    max_len=1024, vocab_pad_multiple=128),
     "gpt_tiny": dict(_GPT2, vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_layers=2,
                      max_len=128),
     "gpt_mini": dict(_GPT2, **_MINI),
     "bert_base": dict(_BERT, vocab_size=30522, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
                       max_len=512),
+    # Devlin et al. 2019 §3 BERT-LARGE (L=24, H=1024, A=16; HF bert-large-uncased): 335,141,888.
+    "bert_large": dict(_BERT, vocab_size=30522, d_model=1024, num_heads=16, d_ff=4096,
+                       num_layers=24, max_len=512),
     "bert_tiny": dict(_BERT, vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_layers=2,
                       max_len=128),
     "bert_mini": dict(_BERT, **_MINI),
@@ -86,6 +97,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                      max_len=512),
     "t5_base": dict(_T5_V1_0, vocab_size=32128, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
                     max_len=512),
+    # Raffel et al. 2020 §3.7 (HF t5-large, t5-3b): 737,668,096 and 2,851,598,336. T5-3B's
+    # attention is 32 heads of 128 (inner 4,096 ≠ d_model 1,024), its FFN 16,384 wide.
+    "t5_large": dict(_T5_V1_0, vocab_size=32128, d_model=1024, num_heads=16, d_ff=4096,
+                     num_layers=24, max_len=512),
+    "t5_3b": dict(_T5_V1_0, vocab_size=32128, d_model=1024, num_heads=32, head_dim=128,
+                  d_ff=16384, num_layers=24, max_len=512),
     "t5_tiny": dict(_T5_V1_0, vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_layers=2,
                     max_len=128),
     "t5_mini": dict(_T5_V1_0, **dict(_MINI, num_layers=3, ffn_dropout_rate=0.0)),
@@ -99,7 +116,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                              num_layers=2, max_len=128, embed_init_std=64 ** -0.5),
 }
 PRESETS.update({f"{name}_bf16": dict(PRESETS[name], **_BF16)
-                for name in ("gpt2_small", "gpt2_medium", "bert_base", "t5_base", "llama2_7b")})
+                for name in ("gpt2_small", "gpt2_medium", "gpt2_large", "gpt2_xl", "bert_base",
+                             "bert_large", "t5_base", "t5_large", "t5_3b", "llama2_7b")})
 
 
 def preset(name: str, **overrides) -> dict[str, Any]:

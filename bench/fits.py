@@ -1,0 +1,206 @@
+"""What fits where: for each base/large preset (bfloat16 compute, float32 parameters and AdamW
+state) and each TPU chip, the smallest slice whose compiled train step fits the chip's HBM, with
+its mesh, HBM per chip and the roofline MFU bound (`jaxformer.compile.compile_report`: compiled by
+libtpu for compile-only devices; nothing runs).
+
+    python bench/fits.py                                   # every preset × v5e, v5p, v6e
+    python bench/fits.py --chips v5p --presets gpt2_medium_bf16,t5_3b_bf16
+    python bench/fits.py --fixed v5p:4x8x8                 # every preset on one slice (the target)
+
+Search (`candidates`): slices of each chip in increasing size; the first tried is the smallest whose
+chips hold the training state (parameters, gradients and AdamW moments: 16 bytes a float32
+parameter, `STATE_BYTES_PER_PARAM`) in at most `STATE_SHARE` of their HBM, leaving the rest for
+activations; on a compiled step that does not fit, the next larger slice. The mesh is fully
+sharded data parallelism over every chip (``fsdp`` = chips); the batch is `ROWS_PER_CHIP`
+sequences per chip (global batch = rows × chips) of the preset's length (1,024 for GPT-2, 512 for
+BERT and T5, T5's targets 512 too). ``model.scan_layers=True`` (one compiled layer: minutes per
+compile, not tens) and no remat.
+
+Caveats: compile-only — HBM is XLA's buffer assignment for that chip, and the MFU is the
+roofline's upper bound (`jaxformer.compile.roofline`: model FLOPs at peak vs bytes accessed at HBM
+bandwidth vs collective bytes at ICI bandwidth), not a measured MFU. With scanned layers XLA's
+cost analysis counts the loop body once, so the HBM term undercounts the layers' bytes (the
+compute term uses the model-FLOPs formula and is exact). Results are appended to the JSON file
+cell by cell, and cells already there are skipped, so an interrupted run resumes; the markdown
+table is rewritten from the JSON after each cell. ``--unrolled gpt2_medium_bf16@v5p:2x2x1`` gives
+the roofline with every layer's bytes (`unrolled_roofline`: two small compiles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only: this process needs no accelerator
+
+PRESETS = ("gpt2_small_bf16", "gpt2_medium_bf16", "gpt2_large_bf16", "gpt2_xl_bf16",
+           "bert_base_bf16", "bert_large_bf16", "t5_base_bf16", "t5_large_bf16", "t5_3b_bf16")
+# Cloud TPU slice shapes, smallest first (v5e / v6e: 2-D tori; v5p: 3-D).
+SLICES = {"v5e": ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+          "v5p": ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8"),
+          "v6e": ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")}
+STATE_BYTES_PER_PARAM = 16  # float32 parameter + gradient + AdamW's two moments
+STATE_SHARE = 0.5
+ROWS_PER_CHIP = 4
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def chips_of(shape: str) -> int:
+    """Chips of a slice shape such as ``"4x8x8"``."""
+    out = 1
+    for s in shape.split("x"):
+        out *= int(s)
+    return out
+
+
+def candidates(chip: str, parameters: int, hbm_bytes: float) -> list[str]:
+    """The slices of ``chip`` to try in order: from the smallest whose chips hold the sharded
+    training state in `STATE_SHARE` of their HBM, upwards ([] when even the largest cannot)."""
+    need = parameters * STATE_BYTES_PER_PARAM
+    shapes = SLICES[chip]
+    first = next((i for i, s in enumerate(shapes) if need / chips_of(s) <= STATE_SHARE * hbm_bytes),
+                 len(shapes))
+    return [f"{chip}:{s}" for s in shapes[first:]]
+
+
+def cell_config(name: str, chips: int):
+    """The training config of one table cell: ``name`` on ``chips`` chips (module docstring)."""
+    from jaxformer.models.presets import PRESETS as ALL
+    from jaxformer.plan import preset_config
+
+    seq = min(1024, ALL[name]["max_len"])
+    c = preset_config(name, batch=ROWS_PER_CHIP * chips, seq_len=seq, mesh=f"fsdp={chips}")
+    c.model.scan_layers = True
+    return c
+
+
+def compile_cell(name: str, topology: str) -> dict:
+    """One compile: the row of the table for ``name`` on ``topology``."""
+    from jaxformer.compile import compile_report
+    from jaxformer.parallel.topology import parse_topology
+
+    topo = parse_topology(topology)
+    t0 = time.perf_counter()
+    r = compile_report(cell_config(name, topo.num_chips), topo)
+    m, roof = r["memory"], r["roofline"]
+    return {"preset": name, "topology": topology, "chips": topo.num_chips, "mesh": r["mesh"],
+            "batch": r["batch"], "seq_len": r["seq_len"], "parameters": r["parameters"],
+            "fits": bool(r["fits"]), "hbm_gib": m["peak_estimate"] / 2**30,
+            "args_gib": m["argument_size"] / 2**30, "temp_gib": m["temp_size"] / 2**30,
+            "capacity_gib": r["hbm_capacity"] / 2**30, "mfu_bound": roof["mfu_bound"],
+            "bound_by": roof["bound_by"], "roofline": roof, "xla": r["xla"],
+            "model_flops_per_chip": r["model_flops_per_step"] / topo.num_chips,
+            "collectives": {k: [c["count"], c["bytes"]] for k, c in r["collectives"].items()
+                            if c["count"]},
+            "compile_s": r["compile_s"], "wall_s": time.perf_counter() - t0}
+
+
+def smallest_fit(name: str, chip: str, done: dict, save) -> dict | None:
+    """Walk `candidates` for ``name`` on ``chip`` until a compiled step fits (cells in ``done``
+    are reused; each new one is passed to ``save``); the fitting cell, or None."""
+    from jaxformer.parallel.topology import CHIPS
+
+    for topology in candidates(chip, _parameters(name), CHIPS[chip].hbm_bytes):
+        cell = done.get((name, topology)) or save(compile_cell(name, topology))
+        if cell["fits"]:
+            return cell
+    return None
+
+
+def unrolled_roofline(name: str, topology: str) -> dict:
+    """The roofline of ``name`` unrolled on ``topology`` (its `cell_config`), its HBM term from
+    two small unrolled compiles (1 and 2 layers): XLA's bytes accessed are linear in the layers,
+    so bytes(L) = bytes(1) + (L - 1)·(bytes(2) − bytes(1)) — the scanned program counts one layer."""
+    from jaxformer.compile import compile_report
+    from jaxformer.parallel.topology import parse_topology
+
+    topo = parse_topology(topology)
+    out = []
+    for layers in (1, 2):
+        c = cell_config(name, topo.num_chips)
+        c.model.scan_layers, c.model.num_layers = False, layers
+        r = compile_report(c, topo)
+        out.append((r["xla"]["bytes"], r["model_flops_per_step"] / topo.num_chips))
+    layers = cell_config(name, 1).model.num_layers
+    (b1, f1), (b2, f2) = out
+    total, flops = b1 + (layers - 1) * (b2 - b1), f1 + (layers - 1) * (f2 - f1)
+    compute_s, hbm_s = flops / topo.chip.bf16_flops, total / topo.chip.hbm_bytes_per_s
+    return {"preset": name, "topology": topology, "bytes_per_layer": b2 - b1,
+            "bytes_outside_layers": b1 - (b2 - b1), "bytes": total, "compute_s": compute_s,
+            "hbm_s": hbm_s, "mfu_bound": compute_s / max(compute_s, hbm_s)}
+
+
+def _parameters(name: str) -> int:
+    """Parameters of preset ``name`` (shapes only; nothing is allocated)."""
+    from jaxformer.plan import plan
+
+    return plan(cell_config(name, 1), devices=1, compile=False)["parameters"]
+
+
+def markdown(cells: list[dict]) -> str:
+    """The docs table: one row a preset, one column a chip: the smallest fitting slice, its HBM per
+    chip and its collectives' ICI time as a share of the compute time (the roofline's compute and
+    ICI terms; the HBM term of a scanned compile counts one layer, see `unrolled_roofline`)."""
+    chips = [c for c in SLICES if any(x["topology"].startswith(c) for x in cells)]
+    head = "| preset | params | " + " | ".join(chips) + " |\n|---|---:|" + "---|" * len(chips)
+    rows = []
+    for name in dict.fromkeys(x["preset"] for x in cells):
+        mine = [x for x in cells if x["preset"] == name]
+        out = []
+        for chip in chips:
+            fit = [x for x in mine if x["topology"].startswith(chip) and x["fits"]]
+            if fit:
+                x = min(fit, key=lambda x: x["chips"])
+                roof = x["roofline"] if "roofline" in x else {}
+                ici = (f", ICI {roof['ici_s'] / roof['compute_s']:.0%} of compute"
+                       if roof.get("compute_s") else "")
+                out.append(f"{x['topology']} fsdp={x['chips']}, {x['hbm_gib']:.1f} GiB{ici}")
+            else:
+                tried = [x["topology"] for x in mine if x["topology"].startswith(chip)]
+                out.append(f"not fit on {', '.join(tried)}" if tried else "not compiled")
+        rows.append(f"| {name} | {mine[0]['parameters'] / 1e6:,.0f} M | " + " | ".join(out) + " |")
+    return "\n".join([head, *rows])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--chips", default=",".join(SLICES))
+    ap.add_argument("--fixed", default="", help="compile every preset on this one slice instead")
+    ap.add_argument("--unrolled", default="",
+                    help="preset@topology: its unrolled roofline by 1- and 2-layer compiles")
+    ap.add_argument("--json", default=os.path.join(HERE, "results", "fits.json"))
+    ap.add_argument("--markdown", default=os.path.join(HERE, "results", "fits.md"))
+    args = ap.parse_args()
+    if args.unrolled:
+        print(json.dumps(unrolled_roofline(*args.unrolled.split("@"))))
+        return
+    cells = json.load(open(args.json)) if os.path.exists(args.json) else []
+    done = {(c["preset"], c["topology"]): c for c in cells}
+
+    def save(cell: dict) -> dict:
+        cells.append(cell)
+        done[(cell["preset"], cell["topology"])] = cell
+        with open(args.json, "w") as f:
+            json.dump(cells, f, indent=1)
+        with open(args.markdown, "w") as f:
+            f.write(markdown(cells) + "\n")
+        print(json.dumps({k: v for k, v in cell.items() if k not in ("roofline", "collectives")}),
+              flush=True)
+        return cell
+
+    for name in args.presets.split(","):
+        if args.fixed:
+            done.get((name, args.fixed)) or save(compile_cell(name, args.fixed))
+            continue
+        for chip in args.chips.split(","):
+            if smallest_fit(name, chip, done, save) is None:
+                print(f"{name}: nothing in {SLICES[chip]} of {chip} fits", file=sys.stderr)
+    print(markdown(cells))
+
+
+if __name__ == "__main__":
+    main()

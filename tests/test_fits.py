@@ -1,0 +1,62 @@
+"""bench/fits.py's search and table (no TPU compiles: those take minutes each)."""
+
+import importlib.util
+import os
+
+import pytest
+
+from jaxformer.parallel.topology import CHIPS
+from jaxformer.plan import plan
+
+_PATH = os.path.join(os.path.dirname(__file__), os.pardir, "bench", "fits.py")
+_SPEC = importlib.util.spec_from_file_location("fits", _PATH)
+fits = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(fits)
+
+
+@pytest.mark.parametrize("chip", sorted(fits.SLICES))
+@pytest.mark.parametrize("parameters", [124_475_904, 1_557_686_400, 2_851_598_336, 10**12])
+def test_candidates_start_at_the_smallest_slice_holding_the_state(chip, parameters):
+    hbm = CHIPS[chip].hbm_bytes
+    got = fits.candidates(chip, parameters, hbm)
+    shapes = fits.SLICES[chip]
+    # brute force: every slice whose chips hold 16 bytes a parameter in half their HBM, in order
+    want = [f"{chip}:{s}" for s in shapes
+            if all(16 * parameters / fits.chips_of(t) <= 0.5 * hbm
+                   for t in shapes[shapes.index(s):])]
+    assert got == want
+    chips = [fits.chips_of(t.split(":")[1]) for t in got]
+    assert chips == sorted(chips) and len(set(chips)) == len(chips)
+
+
+def test_slice_sizes():
+    assert [fits.chips_of(s) for s in fits.SLICES["v5p"]] == [4, 8, 16, 32, 64, 128, 256]
+    assert fits.chips_of(fits.SLICES["v5e"][-1]) == fits.chips_of(fits.SLICES["v6e"][-1]) == 256
+
+
+def test_state_bytes_per_parameter_matches_the_planner():
+    """Parameters and AdamW moments as the trainer shards them are 12 bytes a float32 parameter
+    (the 16 of the search add the gradient, a temporary)."""
+    r = plan(fits.cell_config("gpt_tiny", 1), devices=1, compile=False)
+    state = r["params_bytes"]["total"] + r["opt_state_bytes"]["total"]
+    assert 12 * r["parameters"] <= state <= 12 * r["parameters"] + 64  # + step counters
+    assert fits.STATE_BYTES_PER_PARAM == 12 + 4
+
+
+def test_cell_config_is_fsdp_over_every_chip_with_scanned_layers():
+    c = fits.cell_config("t5_base_bf16", 64)
+    assert dict(c.mesh)["fsdp"] == 64 and c.data.batch_size == fits.ROWS_PER_CHIP * 64
+    assert c.model.scan_layers and c.data.seq_len == 512
+    assert fits.cell_config("gpt2_small_bf16", 4).data.seq_len == 1024
+
+
+def test_markdown_reports_the_smallest_fitting_slice_and_the_misses():
+    cell = dict(preset="gpt2_xl_bf16", parameters=1_557_686_400, hbm_gib=20.0,
+                roofline=dict(compute_s=0.2, ici_s=0.01))
+    cells = [dict(cell, topology="v5e:2x4", chips=8, fits=False),
+             dict(cell, topology="v5e:4x4", chips=16, fits=True),
+             dict(cell, topology="v5e:4x8", chips=32, fits=True),
+             dict(cell, topology="v5p:2x2x1", chips=4, fits=False)]
+    row = fits.markdown(cells).splitlines()[-1]
+    assert row.startswith("| gpt2_xl_bf16 | 1,558 M | v5e:4x4 fsdp=16, 20.0 GiB, ICI 5% of compute")
+    assert row.endswith("| not fit on v5p:2x2x1 |")
