@@ -15,7 +15,7 @@ import pytest
 
 from jaxformer.config import ModelConfig
 from jaxformer.models import build_model
-from jaxformer.models.presets import preset
+from jaxformer.models.presets import PRESETS, preset
 from jaxformer.ops import cross_entropy_with_integer_labels
 
 KEY = functools.partial(jax.random.key, impl="rbg")  # as threefry, but compiles fast on CPU
@@ -137,49 +137,33 @@ def forward(name: str):
 
 
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,want", [("gpt2_small", 124_439_808),
-                                       ("bert_base", 109_482_240),
-                                       ("t5_small", 60_506_624),
-                                       ("llama2_7b", 6_738_415_616)])
+def _parameter_count(cfg: ModelConfig) -> int:
+    ids = jnp.zeros((1, 8), jnp.int32)
+    args = (ids, ids) if cfg.family == "encoder_decoder" else (ids,)
+    shapes = jax.eval_shape(build_model(cfg).init, KEY(0), *args)
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"]))
+
+
+@pytest.mark.parametrize("name,want", [
+    ("gpt2_small", 124_439_808), ("bert_base", 109_482_240), ("t5_small", 60_506_624),
+    ("llama2_7b", 6_738_415_616),
+    # the "what fits where" presets (docs/scaling.md): HF gpt2-large / gpt2-xl /
+    # bert-large-uncased BertModel / t5-large / t5-3b
+    ("gpt2_large", 774_030_080), ("gpt2_xl", 1_557_611_200), ("bert_large", 335_141_888),
+    ("t5_large", 737_668_096), ("t5_3b", 2_851_598_336)])
 def test_parameter_counts_match_published_models(name, want):
     """At the published vocabulary (``vocab_pad_multiple=1``); as the presets store them, plus
-    their vocabulary padding's rows (GPT-2: 47 rows of the tied table)."""
-    overrides = dict(head="none") if name == "bert_base" else {}
-
-    def count(cfg):
-        ids = jnp.zeros((1, 8), jnp.int32)
-        args = (ids, ids) if cfg.family == "encoder_decoder" else (ids,)
-        shapes = jax.eval_shape(build_model(cfg).init, KEY(0), *args)
-        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"]))
-
-    stored = ModelConfig.from_dict(preset(name, **overrides))
-    assert count(stored.replace(vocab_pad_multiple=1)) == want
-    padding = stored.padded_vocab_size - stored.vocab_size
-    assert padding == (47 if name == "gpt2_small" else 0)
-    assert count(stored) == want + padding * stored.d_model
-
-
-@pytest.mark.parametrize("name,want", [("gpt2_large", 774_030_080), ("gpt2_xl", 1_557_611_200),
-                                       ("bert_large", 335_141_888), ("t5_large", 737_668_096),
-                                       ("t5_3b", 2_851_598_336)])
-def test_large_preset_parameter_counts_match_published_models(name, want):
-    """The "what fits where" presets (HF gpt2-large / gpt2-xl / bert-large-uncased BertModel /
-    t5-large / t5-3b counts), at the published vocabulary; GPT-2 stores 47 padding rows more; the
-    ``_bf16`` variants hold the same parameters."""
+    their vocabulary padding's rows (GPT-2: 47 rows of the tied table); a ``_bf16`` variant, where
+    there is one, holds the same parameters."""
     overrides = dict(head="none") if name.startswith("bert") else {}
-
-    def count(cfg):
-        ids = jnp.zeros((1, 8), jnp.int32)
-        args = (ids, ids) if cfg.family == "encoder_decoder" else (ids,)
-        shapes = jax.eval_shape(build_model(cfg).init, KEY(0), *args)
-        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"]))
-
     stored = ModelConfig.from_dict(preset(name, **overrides))
-    assert count(stored.replace(vocab_pad_multiple=1)) == want
+    assert _parameter_count(stored.replace(vocab_pad_multiple=1)) == want
     padding = stored.padded_vocab_size - stored.vocab_size
     assert padding == (47 if name.startswith("gpt2") else 0)
-    bf16 = ModelConfig.from_dict(preset(f"{name}_bf16", **overrides))
-    assert count(bf16) == want + padding * stored.d_model
+    variants = [stored] + ([ModelConfig.from_dict(preset(f"{name}_bf16", **overrides))]
+                           if f"{name}_bf16" in PRESETS else [])
+    for cfg in variants:
+        assert _parameter_count(cfg) == want + padding * stored.d_model
 
 
 def assert_all_gradients_finite_and_used(grads):
