@@ -29,6 +29,7 @@ the roofline with every layer's bytes (`unrolled_roofline`: two small compiles).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import sys
@@ -66,14 +67,23 @@ def candidates(chip: str, parameters: int, hbm_bytes: float) -> list[str]:
     return [f"{chip}:{s}" for s in shapes[first:]]
 
 
-def cell_config(name: str, chips: int):
-    """The training config of one table cell: ``name`` on ``chips`` chips (module docstring)."""
+def cell_config(name: str, chips: int, overrides: tuple[str, ...] = ()):
+    """The training config of one table cell: ``name`` on ``chips`` chips (module docstring), with
+    ``key=value`` ``overrides`` (``model.attention_impl=splash``) as on the command line."""
     from jaxformer.models.presets import PRESETS as ALL
     from jaxformer.plan import preset_config
+    from jaxformer.train.config import set_key
 
     seq = min(1024, ALL[name]["max_len"])
     c = preset_config(name, batch=ROWS_PER_CHIP * chips, seq_len=seq, mesh=f"fsdp={chips}")
     c.model.scan_layers = True
+    for item in overrides:
+        key, _, value = item.partition("=")
+        try:  # numbers, booleans, None as Python literals; anything else a string
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            pass
+        set_key(c, key, value)
     return c
 
 
@@ -110,7 +120,7 @@ def smallest_fit(name: str, chip: str, done: dict, save) -> dict | None:
     return None
 
 
-def unrolled_roofline(name: str, topology: str) -> dict:
+def unrolled_roofline(name: str, topology: str, overrides: tuple[str, ...] = ()) -> dict:
     """The roofline of ``name`` unrolled on ``topology`` (its `cell_config`), its HBM term from
     two small unrolled compiles (1 and 2 layers): XLA's bytes accessed are linear in the layers,
     so bytes(L) = bytes(1) + (L - 1)·(bytes(2) − bytes(1)) — the scanned program counts one layer."""
@@ -120,7 +130,7 @@ def unrolled_roofline(name: str, topology: str) -> dict:
     topo = parse_topology(topology)
     out = []
     for layers in (1, 2):
-        c = cell_config(name, topo.num_chips)
+        c = cell_config(name, topo.num_chips, overrides)
         c.model.scan_layers, c.model.num_layers = False, layers
         r = compile_report(c, topo)
         out.append((r["xla"]["bytes"], r["model_flops_per_step"] / topo.num_chips))
@@ -128,7 +138,8 @@ def unrolled_roofline(name: str, topology: str) -> dict:
     (b1, f1), (b2, f2) = out
     total, flops = b1 + (layers - 1) * (b2 - b1), f1 + (layers - 1) * (f2 - f1)
     compute_s, hbm_s = flops / topo.chip.bf16_flops, total / topo.chip.hbm_bytes_per_s
-    return {"preset": name, "topology": topology, "bytes_per_layer": b2 - b1,
+    return {"preset": name, "topology": topology, "overrides": list(overrides),
+            "bytes_per_layer": b2 - b1,
             "bytes_outside_layers": b1 - (b2 - b1), "bytes": total, "compute_s": compute_s,
             "hbm_s": hbm_s, "mfu_bound": compute_s / max(compute_s, hbm_s)}
 
@@ -172,11 +183,13 @@ def main() -> None:
     ap.add_argument("--fixed", default="", help="compile every preset on this one slice instead")
     ap.add_argument("--unrolled", default="",
                     help="preset@topology: its unrolled roofline by 1- and 2-layer compiles")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for --unrolled, e.g. model.attention_impl=splash")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "fits.json"))
     ap.add_argument("--markdown", default=os.path.join(HERE, "results", "fits.md"))
     args = ap.parse_args()
     if args.unrolled:
-        print(json.dumps(unrolled_roofline(*args.unrolled.split("@"))))
+        print(json.dumps(unrolled_roofline(*args.unrolled.split("@"), tuple(args.set))))
         return
     cells = json.load(open(args.json)) if os.path.exists(args.json) else []
     done = {(c["preset"], c["topology"]): c for c in cells}

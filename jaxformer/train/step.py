@@ -31,12 +31,15 @@ def loss_and_metrics(model: FunctionalModel, params, prepared: dict, *, determin
     """
     logits, nsp_logits = _forward(model, params, prepared, deterministic, dropout_rng)
     return _sums(logits, nsp_logits, prepared, label_smoothing, z_loss,
-                 _real_classes(model.cfg, prepared))
+                 _real_classes(getattr(model, "cfg", None), prepared))
 
 
 def _real_classes(cfg, prepared: dict) -> int | None:
     """``cfg.vocab_size`` when the logits are over a padded vocabulary (``vocab_pad_multiple``;
-    `weighted_cross_entropy`'s ``num_classes``), else None (the logits' last axis)."""
+    `weighted_cross_entropy`'s ``num_classes``), else None (the logits' last axis; also for a
+    user's own module without a ``cfg``, whose logits are its own)."""
+    if cfg is None:
+        return None
     padded = cfg.head in ("lm", "mlm") and cfg.padded_vocab_size != cfg.vocab_size
     return cfg.vocab_size if padded and "class_positions" not in prepared else None
 
