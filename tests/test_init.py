@@ -219,7 +219,8 @@ def test_t5_starts_where_hf_pytorch_starts():
     seeds; golden) on the same batch within 0.25 nats (the spread of one init is about ±0.2)."""
     cfg = ModelConfig.from_dict(T5_STEP0_CONFIG)
     golden = init_stats()["t5_step0"]
-    assert ModelConfig.from_dict(golden["config"]) == cfg, "T5_STEP0_CONFIG changed: run python tests/make_golden.py"
+    assert ModelConfig.from_dict(golden["config"]) == cfg, (
+        "T5_STEP0_CONFIG changed: run python tests/make_golden.py")
     ours = np.mean([step0(cfg, seed)[0] for seed in range(3)])
     theirs = golden["losses"]
     assert abs(ours - np.mean(theirs)) < 0.25, (ours, theirs)
