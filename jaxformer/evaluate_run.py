@@ -173,8 +173,8 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
                  step: int | None = None, best: bool = False, decode: bool | None = None,
                  strategy: str | None = None, beam_size: int | None = None,
                  max_new_tokens: int | None = None, max_decode: int = 0,
-                 batch_size: int | None = None, progress: bool | None = None
-                 ) -> dict[str, Any]:
+                 batch_size: int | None = None, progress: bool | None = None,
+                 refill: bool = False) -> dict[str, Any]:
     """Score one checkpoint of ``workdir`` on ``split`` (or ``data``); see the module docstring.
 
     Args:
@@ -182,6 +182,9 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
       strategy, beam_size, max_new_tokens: decoding (default: the run's ``eval.generate_*``).
       max_decode: decode the first ``max_decode`` examples only (0 = all).
       batch_size: rows per decoding batch (default ``data.batch_size``).
+      refill: greedy decoding refills finished rows with waiting examples
+        (`jaxformer.decode.refill`): the same tokens, faster when outputs end at very different
+        lengths; beam search ignores it. Not part of the results' name: it does not change them.
       progress: progress bars (None: only when stderr is a terminal, `jaxformer.progress`).
 
     Returns:
@@ -213,10 +216,11 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
         examples = decoding_examples(config, loaded.tokenizer, split, limit=max_decode)
         scores, _ = score_decoding(loaded.model, loaded.params, loaded.tokenizer, examples, gen,
                                    batch_size=batch_size or config.data.batch_size,
-                                   progress=progress)
+                                   progress=progress, refill=refill)
         results["generation"] = {"strategy": gen.strategy, "max_new_tokens": gen.max_new_tokens,
                                  **({"beam_size": gen.beam_size} if gen.strategy == "beam" else {}),
-                                 "max_decode": max_decode, "examples": len(examples), **scores}
+                                 "max_decode": max_decode, "examples": len(examples), **scores,
+                                 **({"refill": True} if refill else {})}
     return results
 
 

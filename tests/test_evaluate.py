@@ -276,3 +276,7 @@ def test_seq2seq_eval_bleu_is_logged_and_selects_the_best_checkpoint(tmp_path):
     assert again["generation"]["bleu"] == pytest.approx(rows[40]["eval_bleu"])
     assert again["generation"]["exact_match"] == pytest.approx(rows[40]["eval_exact_match"])
     assert "perplexity" in again["metrics"]
+    # --refill: 4 rows over 8 examples, finished rows take the next ones; the same decodings
+    refilled = evaluate_run(tmp_path / "run", split="validation", max_decode=8, progress=False,
+                            batch_size=4, refill=True)
+    assert refilled["generation"] == again["generation"] | {"refill": True}

@@ -46,6 +46,8 @@ def define_flags() -> None:
                          "data.target_len).")
     flags.DEFINE_integer("max_decode", 0, "Decode only the first N examples (0 = all).")
     flags.DEFINE_integer("batch_size", None, "Rows per decoding batch (default: data.batch_size).")
+    flags.DEFINE_bool("refill", False, "Greedy: a row that finished takes the next example (every "
+                      "16 steps) instead of idling until its batch ends; the same tokens.")
     flags.DEFINE_enum("progress_bar", "auto", list(PROGRESS_CHOICES), PROGRESS_HELP)
     flags.DEFINE_string("out", None, "Results JSON path (default <workdir>/eval/<split>_step<N>"
                         "[_<strategy><beams>_new<max_new_tokens>].json).")
@@ -87,7 +89,8 @@ def main(argv):
                                decode={"auto": None, "yes": True, "no": False}[f.decode],
                                strategy=f.strategy, beam_size=f.beam_size,
                                max_new_tokens=f.max_new_tokens, max_decode=f.max_decode,
-                               batch_size=f.batch_size, progress=f.progress_bar)
+                               batch_size=f.batch_size, progress=f.progress_bar,
+                               refill=f.refill)
     except (ValueError, FileNotFoundError) as e:  # the message says what and why (damage included)
         sys.exit(f"python -m jaxformer.cli.evaluate: error: {e}")
     path = write_results(results, f.out or results_path(f.workdir, results))

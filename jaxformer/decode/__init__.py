@@ -12,8 +12,6 @@ from jaxformer.decode.beam import BeamResult, beam_search, length_penalty
 from jaxformer.decode.cache import (
     cache_batch_axes,
     cache_slot_axes,
-    expand_beams,
-    gather_rows,
     grow_slots,
     init_cache,
 )
@@ -33,7 +31,7 @@ __all__ = [
     "generate_text",
     "BeamResult", "beam_search", "length_penalty",
     "block_repeated_ngrams", "repeated_ngram_mask",
-    "cache_batch_axes", "cache_slot_axes", "expand_beams", "gather_rows", "grow_slots",
+    "cache_batch_axes", "cache_slot_axes", "grow_slots",
     "init_cache",
     "apply_temperature", "argmax", "sample", "top_k_filter", "top_k_top_p_filter", "top_p_filter",
     "DecodeResult", "decode_loop",

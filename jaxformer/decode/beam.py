@@ -17,7 +17,7 @@ The ``k`` beams of an example share one cache row and are never copied or reorde
 ancestry ``[B, k, N]`` (the column its token took at each step); reordering the beams reorders that
 small table, and a beam's query sees the prompt and the slots of its own path (the ``decode_mask``
 of the model's decode call). Gathering the ``B·k`` rows of the whole cache at every step instead
-(what `jaxformer.decode.cache.gather_rows` does) cost two copies of the cache per step and made a
+(a ``jnp.take`` of every cache leaf along its batch axis) cost two copies of the cache per step and made a
 batch-8 beam-4 step of a d512 GPT 3× slower (`docs/generation.md`). The loop stops early
 once, for every example, ``k`` hypotheses are finished and none of the alive beams can still beat
 the worst of them: log-probs only decrease, so an alive beam's best reachable score is

@@ -82,18 +82,3 @@ def grow_slots(tree: PyTree, axes: PyTree, slots: int) -> PyTree:
         return jnp.pad(x, widths)
 
     return jax.tree.map(pad, tree, axes)
-
-
-def expand_beams(tree: PyTree, axes: PyTree, beam_size: int) -> PyTree:
-    """Repeat each row ``beam_size`` times along its batch axis: row ``b`` → rows ``b·k … b·k+k−1``.
-
-    `[.., B, ..]` → `[.., B·k, ..]`; leaves with axis ``-1`` are returned unchanged.
-    """
-    return jax.tree.map(
-        lambda x, ax: x if ax == NO_BATCH_AXIS else jnp.repeat(x, beam_size, axis=ax), tree, axes)
-
-
-def gather_rows(tree: PyTree, axes: PyTree, indices: Array) -> PyTree:
-    """Select rows ``indices`` `[N]` along each leaf's batch axis (beam reordering)."""
-    return jax.tree.map(
-        lambda x, ax: x if ax == NO_BATCH_AXIS else jnp.take(x, indices, axis=ax), tree, axes)

@@ -134,10 +134,11 @@ def decoding_examples(config: Any, tokenizer: Tokenizer, split: str, *, limit: i
 
 
 def decode_prompts(model: FunctionalModel, params: Any, prompts: Sequence[Sequence[int]],
-                   gen: GenerationConfig, *, batch_size: int, progress: bool | None = False
-                   ) -> list[list[int]]:
+                   gen: GenerationConfig, *, batch_size: int, progress: bool | None = False,
+                   refill: bool = False) -> list[list[int]]:
     """Generated token ids (EOS and what follows removed) for each prompt, decoded in batches of
-    ``batch_size`` prompts of similar lengths (`jaxformer.decode.generate_batches`).
+    ``batch_size`` prompts of similar lengths (`jaxformer.decode.generate_batches`); ``refill``:
+    greedy rows that finish take the next prompt (same tokens; beam search ignores it).
 
     A decoder with learned positions keeps the last ``model.max_len - max_new_tokens`` tokens of a
     longer prompt (its position table ends there).
@@ -146,14 +147,16 @@ def decode_prompts(model: FunctionalModel, params: Any, prompts: Sequence[Sequen
     if cfg.family == "decoder" and cfg.position == "learned":
         room = cfg.max_len - gen.max_new_tokens
         prompts = [p[-room:] if room > 0 else p for p in prompts]
-    return generate_batches(model, params, prompts, gen, batch_size=batch_size, progress=progress)
+    return generate_batches(model, params, prompts, gen, batch_size=batch_size, progress=progress,
+                            refill=refill)
 
 
 def score_decoding(model: FunctionalModel, params: Any, tokenizer: Tokenizer,
                    examples: Sequence[DecodingExample], gen: GenerationConfig, *, batch_size: int,
-                   progress: bool | None = False) -> tuple[dict[str, Any], list[str]]:
+                   progress: bool | None = False, refill: bool = False
+                   ) -> tuple[dict[str, Any], list[str]]:
     """(`sequence_scores` of the generations against the references, the generated texts)."""
     ids = decode_prompts(model, params, [e.prompt for e in examples], gen, batch_size=batch_size,
-                         progress=progress)
+                         progress=progress, refill=refill)
     hypotheses = [tokenizer.decode(s) for s in ids]
     return sequence_scores(hypotheses, [e.reference for e in examples]), hypotheses
