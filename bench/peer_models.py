@@ -93,15 +93,15 @@ def hf_config(family: str, cfg: ModelConfig, transformers) -> Any:
     return transformers.AutoConfig.for_model(hf.pop("model_type"), **hf)
 
 
-def hf_flax_apply(family: str, cfg: ModelConfig):
-    """(``(params, batch) -> logits``, params) of the Hugging Face Flax model, or None when
-    transformers has no Flax models (transformers >= 5)."""
+def hf_flax_apply(family: str, cfg: ModelConfig, seed: int = 0):
+    """(``(params, batch) -> logits``, params) of the Hugging Face Flax model initialised from
+    ``seed``, or None when transformers has no Flax models (transformers >= 5)."""
     import transformers
 
     cls = getattr(transformers, "Flax" + HF_CLASSES[family], None)
     if cls is None:
         return None
-    model = cls(hf_config(family, cfg, transformers), seed=0, dtype=jnp.float32)
+    model = cls(hf_config(family, cfg, transformers), seed=seed, dtype=jnp.float32)
     if family == "gpt":
         fn = lambda p, b: model(b["tokens"][:, :-1], params=p, train=False).logits
     elif family == "bert":
@@ -112,12 +112,14 @@ def hf_flax_apply(family: str, cfg: ModelConfig):
     return fn, model.params
 
 
-def torch_step(family: str, cfg: ModelConfig, batch: dict[str, np.ndarray], lr: float, wd: float):
-    """(one AdamW step of the Hugging Face PyTorch model in eager mode -> loss, parameter count)."""
+def torch_step(family: str, cfg: ModelConfig, batch: dict[str, np.ndarray], lr: float, wd: float,
+               seed: int = 0):
+    """(one AdamW step of the Hugging Face PyTorch model, initialised from ``seed``, in eager mode
+    -> loss, parameter count)."""
     import torch
     import transformers
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = getattr(transformers, HF_CLASSES[family])(hf_config(family, cfg, transformers))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd)
