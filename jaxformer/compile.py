@@ -55,6 +55,37 @@ def _shape_bytes(text: str) -> list[int]:
     return out
 
 
+def _top_level(type_text: str) -> list[str]:
+    """The elements of an HLO tuple type, ``(a, (b, c), d)`` → ``["a", "(b, c)", "d"]`` (commas
+    inside shapes, layouts and nested tuples are not separators); ``[type_text]`` if no tuple."""
+    text = type_text.strip()
+    if not text.startswith("("):
+        return [text]
+    parts, depth, start = [], 0, 1
+    for i, ch in enumerate(text):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if (ch == "," and depth == 1) or (ch == ")" and depth == 0):
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [p for p in parts if p]
+
+
+def _result_bytes(type_text: str, kind: str, start: bool) -> int:
+    """Bytes a collective produces, from its HLO result type. Synchronous: all its results (a
+    combined collective's tuple summed). Asynchronous ``-start``: the GPU compiler's result is
+    ``((operands…), results…)`` — the results summed; the TPU compiler's is flat: an all-reduce's
+    outputs (summed), or the others' input and output buffers and scalar sync flags, of which
+    the output is the largest."""
+    parts = _top_level(type_text)
+    if start and len(parts) > 1 and parts[0].startswith("("):
+        return sum(sum(_shape_bytes(p)) for p in parts[1:])
+    sizes = _shape_bytes(type_text)
+    if start and kind != "all-reduce":
+        return max(sizes, default=0)
+    return sum(sizes)
+
+
 def _groups(line: str) -> list[list[int]]:
     """Device groups of a collective's HLO line: ``replica_groups={{0,1},{2,3}}``, the iota form
     ``replica_groups=[2,4]<=[4,2]T(1,0)``, or a permute's ``source_target_pairs={{0,1},{1,2}}``
@@ -78,10 +109,9 @@ def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, d
     text; ``dcn_*``: those that cross slices — a device group spanning several slices
     (``slice_of[i]``: the slice of the program's device ``i``), or the TPU's transfers to the
     data-center network (``_xla_megascale_*`` sends, bytes summed over their chunks). An asynchronous
-    pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``: an all-reduce's result
-    is its outputs (summed); the others' result tuples hold the input and output buffers and
-    scalar sync flags, of which the output is the largest. A synchronous instruction's bytes are
-    its results'. One collective counts once however many instructions carry its ``channel_id``:
+    pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``, sized by its results
+    (`_result_bytes`); a combined collective (the GPU compiler merges FSDP's gathers into one
+    instruction over a tuple of weights) counts once, its results summed. One collective counts once however many instructions carry its ``channel_id``:
     the TPU compiler clones a collective into each fusion of an async-collective chain (an
     all-gather overlapped with the matmuls of a layer, ``chain_id`` in the backend config), 18
     copies of one table all-gather in a 2-layer GPT. The TPU's fused reduce-scatter (an
@@ -108,11 +138,8 @@ def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, d
     pattern = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.+?) (" + "|".join(COLLECTIVES)
                          + r")(-start)?\(.*$", re.M)
     for m in pattern.finditer(hlo_text):
-        sizes = _shape_bytes(m.group(1))
-        if not sizes:
-            continue
-        one_output = m.group(3) and m.group(2) != "all-reduce"
-        add(m.group(2), max(sizes) if one_output else sum(sizes), m.group(0))
+        if _shape_bytes(m.group(1)):
+            add(m.group(2), _result_bytes(m.group(1), m.group(2), bool(m.group(3))), m.group(0))
     # TPU multi-slice: the compiler splits a collective over slices into an ICI part (above,
     # within a slice) and host transfers to the DCN runtime ("megascale" sends, named by a
     # rendezvous key, counted once per key: about one per tensor, so more than the ICI count).

@@ -164,7 +164,7 @@ def test_collectives_counts_async_pairs_once_and_sizes_results():
 
 
 @pytest.mark.parametrize("name,match", [("v9x:2x2", "chip one of"), ("v5e", "expected"),
-                                        ("h100:2x2", "GPU host")])
+                                        ("h100:2x2x2", "GPU")])
 def test_bad_topology_names_are_refused_naming_the_forms(name, match):
     with pytest.raises(ValueError, match=match):
         parse_topology(name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
+import jax
 from absl import app, flags, logging
 
 from jaxformer.cli import plan as plan_cli
@@ -78,6 +79,7 @@ def run() -> None:
     """The console script (`[project.scripts]`): defines the flags, then absl runs `main` (`run_absl`)."""
     # Compile-only: this process needs no accelerator of its own (and must not wait for one).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])  # jax read it on import
     define_flags()
     flags.adopt_module_key_flags(plan_cli)  # --help lists them as this command's own
     run_absl(main, __name__)
