@@ -111,10 +111,11 @@ def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, d
     data-center network (``_xla_megascale_*`` sends, bytes summed over their chunks). An asynchronous
     pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``, sized by its results
     (`_result_bytes`); a combined collective (the GPU compiler merges FSDP's gathers into one
-    instruction over a tuple of weights) counts once, its results summed. One collective counts once however many instructions carry its ``channel_id``:
-    the TPU compiler clones a collective into each fusion of an async-collective chain (an
-    all-gather overlapped with the matmuls of a layer, ``chain_id`` in the backend config), 18
-    copies of one table all-gather in a 2-layer GPT. The TPU's fused reduce-scatter (an
+    instruction over a tuple of weights) counts once, its results summed. One collective counts
+    once however many instructions carry its ``channel_id``: the TPU compiler clones a collective
+    into each fusion of an async-collective chain (an all-gather overlapped with the matmuls of a
+    layer, ``chain_id`` in the backend config), 18 copies of one table all-gather in a 2-layer
+    GPT. The TPU's fused reduce-scatter (an
     ``all-reduce-scatter`` fusion: all-reduce and dynamic-slice of the shard) is a reduce-scatter
     of its result (the shards), not the all-reduce its body holds."""
     stats = {k: {"count": 0, "bytes": 0, "dcn_count": 0, "dcn_bytes": 0} for k in COLLECTIVES}

@@ -15,7 +15,15 @@ import jax
 import pytest
 
 from jaxformer.compile import collectives, compile_report, refusal
-from jaxformer.parallel.topology import parse_topology
+from jaxformer.parallel.topology import (
+    CHIPS,
+    CUDA_AOT_INSTALL,
+    GPU_TARGETS,
+    cuda_plugin_installed,
+    gpu_target,
+    parse_topology,
+    topology_devices,
+)
 from jaxformer.plan import _setup, compile_on_topology, plan, preset_config
 from jaxformer.train.config import check_config
 from jaxformer.train.setup import resolve_config
@@ -220,3 +228,62 @@ def test_fsdp_embedding_gradient_is_not_reduced_as_a_whole_table():
                  and "scatter-add" in line]
     assert not of_lookup, of_lookup
     assert comm["all-to-all"]["count"] >= 1
+
+
+# GPUs: jax's CUDA plugin compiles for our target descriptions (jaxformer/parallel/gpu_targets/) on
+# this CPU host. The plugin is the [cuda-aot] extra, not in [test] (~0.67 GB installed): without it
+# the compiling tests skip, and the topology is refused naming the install command.
+needs_cuda_plugin = pytest.mark.skipif(
+    not cuda_plugin_installed(),
+    reason=f"jax's CUDA plugin is not installed ({CUDA_AOT_INSTALL}): no GPU compile-only devices")
+
+
+@pytest.mark.parametrize("key", sorted(GPU_TARGETS))
+def test_gpu_target_descriptions_state_the_chip_tables_memory_and_hopper(key):
+    """Our XLA target descriptions and `CHIPS` give the same capacity and bandwidth (the
+    report's "of 80 GiB" and the compiler's view of the GPU are one fact)."""
+    text, chip = gpu_target(key), CHIPS[key]
+
+    def field(name):
+        return float(re.search(rf"^\s*{name}: ([\d.]+)", text, re.M).group(1))
+
+    assert field("device_memory_size") == chip.hbm_bytes
+    assert field("memory_bandwidth") == chip.hbm_bytes_per_s
+    assert "cuda_compute_capability { major: 9 minor: 0 }" in text and field("core_count") == 132
+
+
+@pytest.mark.parametrize("name,count,kind", [("h100:8", 8, "NVIDIA H100 80GB HBM3"),
+                                             ("h200:8", 8, "NVIDIA H200"),
+                                             ("h100:2x8", 16, "NVIDIA H100 80GB HBM3")])
+def test_gpu_topologies_give_compile_only_gpus_or_name_the_install(name, count, kind):
+    topo = parse_topology(name)
+    if not cuda_plugin_installed():
+        with pytest.raises(ValueError, match=re.escape(CUDA_AOT_INSTALL)):
+            topology_devices(topo)
+        return
+    devices = topology_devices(topo)  # the plugin parsed our description: its name is theirs
+    assert len(devices) == count == topo.num_chips
+    assert {(d.platform, d.device_kind) for d in devices} == {("gpu", kind)}
+    assert sorted({d.process_index for d in devices}) == list(range(count // 8))  # 8 a host
+
+
+@needs_cuda_plugin
+def test_fsdp_on_eight_h100s_fits_and_moves_weights_as_gather_and_reduce_scatter():
+    """A tiny GPT with ``fsdp=8`` compiled by XLA's GPU compiler for 8 H100s: the state's shard per
+    GPU as planned (the shardings are the jit's, as on TPUs above), and ZeRO-3's traffic — the weights
+    all-gathered, the gradients reduce-scattered (the GPU compiler combines each into one
+    instruction over a tuple of weights), no all-reduce near the parameters' size."""
+    config, topology = tiny("gpt_tiny", "fsdp=8"), parse_topology("h100:8")
+    report = compile_report(config, topology)
+    assert report["chip"] == "NVIDIA H100 SXM" and report["fits"] and report["devices"] == 8
+    assert report["hbm_capacity"] == 80 * 2**30
+    params = report["params_bytes"]["total"]
+    comm = report["collectives"]
+    assert comm["all-gather"]["count"] >= 1 and comm["reduce-scatter"]["count"] >= 1
+    assert 0.9 * params <= comm["all-gather"]["bytes"] <= 1.1 * params  # every weight, gathered
+    assert 0.9 * params / 8 <= comm["reduce-scatter"]["bytes"] <= params / 8  # their shards
+    assert comm["all-reduce"]["bytes"] < params / 16, comm["all-reduce"]
+    roof = report["roofline"]  # no XLA cost analysis on GPU: the planner's FLOPs bound compute
+    assert report["xla"] == {} and roof["hbm_s"] is None and 0 < roof["mfu_bound"] <= 1
+    state = report["params_bytes"]["per_device"] + report["opt_state_bytes"]["per_device"]
+    assert state <= report["memory"]["argument_size"] <= state + 2**20  # + the batch shard
