@@ -42,7 +42,8 @@ PRESETS = ("gpt2_small_bf16", "gpt2_medium_bf16", "gpt2_large_bf16", "gpt2_xl_bf
 # Cloud TPU slice shapes, smallest first (v5e / v6e: 2-D tori; v5p: 3-D).
 SLICES = {"v5e": ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
           "v5p": ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8"),
-          "v6e": ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")}
+          "v6e": ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+          "h100": ("8", "2x8", "4x8")}  # GPU hosts of 8 (jax's CUDA plugin: the [cuda-aot] extra)
 STATE_BYTES_PER_PARAM = 16  # float32 parameter + gradient + AdamW's two moments
 STATE_SHARE = 0.5
 ROWS_PER_CHIP = 4
