@@ -1,9 +1,10 @@
 """What fits where: for each base/large preset (bfloat16 compute, float32 parameters and AdamW
-state) and each TPU chip, the smallest slice whose compiled train step fits the chip's HBM, with
-its mesh, HBM per chip and the roofline MFU bound (`jaxformer.compile.compile_report`: compiled by
-libtpu for compile-only devices; nothing runs).
+state) and each TPU chip or GPU, the smallest slice (GPU hosts) whose compiled train step fits the
+chip's HBM, with its mesh, HBM per chip and the roofline MFU bound
+(`jaxformer.compile.compile_report`: compiled by libtpu, or jax's CUDA plugin for ``h100``, for
+compile-only devices; nothing runs).
 
-    python bench/fits.py                                   # every preset × v5e, v5p, v6e
+    python bench/fits.py                                   # every preset × v5e, v5p, v6e, h100
     python bench/fits.py --chips v5p --presets gpt2_medium_bf16,t5_3b_bf16
     python bench/fits.py --fixed v5p:4x8x8                 # every preset on one slice (the target)
 
@@ -134,6 +135,9 @@ def unrolled_roofline(name: str, topology: str, overrides: tuple[str, ...] = ())
         c = cell_config(name, topo.num_chips, overrides)
         c.model.scan_layers, c.model.num_layers = False, layers
         r = compile_report(c, topo)
+        if "bytes" not in r["xla"]:
+            raise SystemExit(f"--unrolled {name}@{topology}: the {topo.chip.name} compiler reports "
+                             "no bytes accessed (GPU compile-only programs have no cost analysis)")
         out.append((r["xla"]["bytes"], r["model_flops_per_step"] / topo.num_chips))
     layers = cell_config(name, 1).model.num_layers
     (b1, f1), (b2, f2) = out

@@ -10,22 +10,25 @@
 The step is the one `train.py` runs — same config resolution and checks, mesh rules, optimizer,
 remat, scan, attention implementation, objective and gradient accumulation (`jaxformer.plan`'s
 `_setup`) — lowered from abstract inputs onto compile-only devices of the topology
-(`jaxformer.parallel.topology`: libtpu on a CPU host, as MaxText's ``train_compile``). Nothing is
-allocated. Kernel choices are checked against the topology's platform, not this machine's. The
-report (the CLI prints a table, then one JSON line):
+(`jaxformer.parallel.topology`: libtpu on a CPU host, as MaxText's ``train_compile``; for GPUs jax's
+CUDA plugin with our description of the GPU, no GPU needed). Nothing is allocated. Kernel choices
+are checked against the topology's platform, not this machine's. The report (the CLI prints a
+table, then one JSON line):
 
 * compile time;
 * per-chip HBM from XLA's buffer assignment — arguments (state + batch), temporaries, outputs
   not aliased to donated inputs, their sum — against the chip's capacity (`topology.CHIPS`);
 * model FLOPs per step (`jaxformer.plan.model_flops`) and, where the backend reports them, XLA's
-  FLOPs and bytes accessed per chip;
+  FLOPs and bytes accessed per chip (the TPU compiler does; the GPU compiler's compile-only
+  programs report none);
 * the collectives of the compiled HLO by kind (all-gather, reduce-scatter, all-reduce,
   all-to-all, collective-permute): instructions and bytes of their results, counted as they
   appear in the program text (an instruction inside a scanned layer's loop body runs once per
   layer and is counted once);
 * a roofline: the step cannot be faster than its model FLOPs at the chip's peak, nor than its
-  bytes accessed at the HBM bandwidth, nor than its collective bytes at the ICI bandwidth; the
-  largest of the three bounds the step time, and model-FLOPs time / that bound bounds the MFU.
+  bytes accessed at the HBM bandwidth (where XLA reports them), nor than its collective bytes at
+  the ICI (NVLink) bandwidth; the largest bounds the step time, and model-FLOPs time / that bound
+  bounds the MFU.
 
 A plan that does not fit the chip's HBM is refused with one line naming the largest part and what
 to change (exit status 1).

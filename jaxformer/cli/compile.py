@@ -6,6 +6,7 @@ have, and report its memory, collectives and roofline (`jaxformer.compile`, the 
         --config.mesh.fsdp=4 --config.model.attention_impl=splash
     python -m jaxformer.cli.compile --preset t5_base_bf16 --topology v5e:2x2 --num_slices 2 \\
         --mesh dcn_data=2,fsdp=4 --json t5.json
+    python -m jaxformer.cli.compile --preset gpt2_small_bf16 --topology h100:8 --mesh fsdp=8
 
 The flags are ``python -m jaxformer.cli.plan``'s (config or preset, sizes, mesh, ``--topology``,
 ``--json``). Prints a table, then the report as one JSON line. A plan that does not fit the chip's
@@ -64,7 +65,7 @@ def main(argv) -> None:
     if (f.config is None) == (not f.preset):
         raise app.UsageError("give either --config configs/<name>.py or --preset <name>")
     if not f.topology:
-        raise app.UsageError("give --topology, e.g. v5e:2x2, v5p:4x4x4 or v6e:16x16")
+        raise app.UsageError("give --topology, e.g. v5e:2x2, v5p:4x4x4, v6e:16x16 or h100:8")
     try:
         report = compile_report(config_from_flags(f), parse_topology(f.topology, f.num_slices))
     except (ValueError, KeyError) as e:

@@ -110,10 +110,11 @@ def define_flags() -> None:
     flags.DEFINE_integer("devices", 0, "Devices to plan for (0: see the module docstring).")
     flags.DEFINE_bool("compile", True, "Compile the step for XLA's activation/temp bytes.")
     flags.DEFINE_string("json", "", "Also write the JSON report to this path.")
-    flags.DEFINE_string("topology", "", "Plan for a TPU slice, compiled by its own compiler on "
-                        "compile-only devices: v5e:2x2, v5p:4x4x4, v6e:16x16, v4:2x2x1 "
-                        "(jaxformer.parallel.topology; needs the [tpu] extra).")
-    flags.DEFINE_integer("num_slices", 1, "With --topology: slices of it.")
+    flags.DEFINE_string("topology", "", "Plan for a TPU slice or GPU hosts, compiled by their own "
+                        "compiler on compile-only devices: v5e:2x2, v5p:4x4x4, v6e:16x16, "
+                        "v4:2x2x1, h100:8, h200:8, h100:2x8 (jaxformer.parallel.topology; needs "
+                        "the [tpu] or [cuda-aot] extra).")
+    flags.DEFINE_integer("num_slices", 1, "With --topology: slices of it (TPUs).")
     flags.DEFINE_bool(CHILD_FLAG[2:], False, "Internal: compile on simulated devices, print JSON.")
 
 
