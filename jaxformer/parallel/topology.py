@@ -166,7 +166,11 @@ def gpu_devices(topo: Topology) -> list:
     try:
         desc = topologies.get_topology_desc(platform="cuda", topology=f"1x{hosts}x{gpus}",
                                             target_config=gpu_target(key))
-    except (RuntimeError, ValueError, NotImplementedError, jax.errors.JaxRuntimeError) as e:
+    except NotImplementedError as e:  # the plugin did not load: jax started before we could ask
+        raise ValueError(f"--topology {topo.name}: jax's CUDA plugin did not load in this process "
+                         "(without a GPU its start-up check fails unless jax starts with "
+                         "JAX_PLATFORMS=cpu or JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 set)") from e
+    except (RuntimeError, ValueError, jax.errors.JaxRuntimeError) as e:
         raise ValueError(f"--topology {topo.name}: jax's CUDA plugin could not describe it "
                          f"({e}); is it the version of jaxlib ({CUDA_AOT_INSTALL})?") from e
     return list(desc.devices)
