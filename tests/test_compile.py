@@ -178,6 +178,26 @@ def test_bad_topology_names_are_refused_naming_the_forms(name, match):
         parse_topology(name)
 
 
+GPU_HLO = """
+  %all-gather-start = ((f32[8]{0}, bf16[96,64]{1,0}), (f32[64]{0}, bf16[768,64]{1,0})) all-gather-start(%a)
+  %all-gather-done = (f32[64]{0}, bf16[768,64]{1,0}) all-gather-done(%all-gather-start)
+  %all-reduce-start = ((f32[898]{0}), f32[898]{0}) all-reduce-start(%c), to_apply=%add
+  %reduce-scatter.30 = (f32[8,256]{1,0}, f32[8]{0}, /*index=2*/f32[8,4,16]{2,1,0}) reduce-scatter(%d)
+  %all-to-all-start = ((f32[1,64,8,8]{3,1,0,2}), f32[1,64,8,8]{3,1,0,2}) all-to-all-start(%g)
+"""
+
+
+def test_gpu_combined_and_async_collectives_are_sized_by_their_results():
+    """The GPU compiler's forms: an asynchronous ``-start`` returns ``((operands…), results…)`` and
+    a combined collective (FSDP's gathers merged) holds a tuple of weights — one instruction each,
+    sized by the sum of its results, never by its operands."""
+    counts = {k: (v["count"], v["bytes"]) for k, v in collectives(GPU_HLO).items()}
+    assert counts["all-gather"] == (1, 64 * 4 + 768 * 64 * 2)
+    assert counts["all-reduce"] == (1, 898 * 4)
+    assert counts["reduce-scatter"] == (1, (8 * 256 + 8 + 8 * 4 * 16) * 4)
+    assert counts["all-to-all"] == (1, 64 * 8 * 8 * 4)
+
+
 FUSED_HLO = """
 %all-reduce-scatter.7 (input.7: f32[512,64]) -> f32[512,16] {
   %input.7 = f32[512,64]{0,1} parameter(0)
