@@ -91,12 +91,23 @@ def _result_bytes(type_text: str, kind: str, start: bool) -> int:
 
 def _groups(line: str) -> list[list[int]]:
     """Device groups of a collective's HLO line: ``replica_groups={{0,1},{2,3}}``, the iota form
-    ``replica_groups=[2,4]<=[4,2]T(1,0)``, or a permute's ``source_target_pairs={{0,1},{1,2}}``
-    (each pair a group); [] when the line names none."""
+    ``replica_groups=[2,4]<=[4,2]T(1,0)``, the mesh form ``replica_groups=mesh['data'=2,
+    'fsdp'=4] {'fsdp'}`` (the devices in order over the named axes, a group for each index of
+    the axes not in braces), or a permute's ``source_target_pairs={{0,1},{1,2}}`` (each pair a
+    group); [] when the line names none."""
     m = re.search(r"(?:replica_groups|source_target_pairs)=\{((?:\{[\d,]*\},?)*)\}", line)
     if m:
         return [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}",
                                                                         m.group(1))]
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if m:
+        axes = [(a, int(n)) for a, n in re.findall(r"'([^']+)'=(\d+)", m.group(1))]
+        inside = re.findall(r"'([^']+)'", m.group(2))
+        order = [i for i, (a, _) in enumerate(axes) if a not in inside] + [
+            [a for a, _ in axes].index(a) for a in inside]
+        ids = np.arange(math.prod(n for _, n in axes)).reshape([n for _, n in axes])
+        size = math.prod(n for a, n in axes if a in inside)
+        return ids.transpose(order).reshape(-1, size).tolist()
     m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
     if not m:
         return []
@@ -184,13 +195,18 @@ _MEGASCALE_KINDS = {"ALL_REDUCE": "all-reduce", "ALL_GATHER": "all-gather",
 
 
 def roofline(topo: Topology, model_flops_per_device: float, xla: dict, comm_bytes: float,
-             devices_per_chip: int = 1) -> dict:
+             devices_per_chip: int = 1, network_bytes: float = 0.0) -> dict:
     """Lower bounds on the step time from each resource of one device (a chip, or one of its
-    ``devices_per_chip`` TensorCores), the largest, and the MFU it allows."""
+    ``devices_per_chip`` TensorCores), the largest, and the MFU it allows. Where the chip has a
+    network figure (GPUs: `topology.Chip.network_bytes_per_s`), the ``network_bytes`` of
+    collectives that cross hosts are priced at it, the rest of ``comm_bytes`` at the ICI."""
     chip, share = topo.chip, 1.0 / devices_per_chip
+    network = chip.network_bytes_per_s
+    ici_bytes = comm_bytes - network_bytes if network else comm_bytes
     bounds = {"compute_s": model_flops_per_device / (chip.bf16_flops * share),
               "hbm_s": xla["bytes"] / (chip.hbm_bytes_per_s * share) if "bytes" in xla else None,
-              "ici_s": comm_bytes / (chip.ici_bytes_per_s * share)}
+              "ici_s": ici_bytes / (chip.ici_bytes_per_s * share),
+              "network_s": network_bytes / (network * share) if network else None}
     step = max(v for v in bounds.values() if v is not None)
     bound = max(bounds, key=lambda k: bounds[k] or 0.0)
     return {**bounds, "step_s": step, "bound_by": bound.removesuffix("_s"),
@@ -204,17 +220,22 @@ def compile_report(config, topo: Topology) -> dict:
     compiled, seconds, mesh = compile_on_topology(config, topo)
     mem, xla = compiled_memory(compiled), compiled_cost(compiled)
     n_devices = mesh.size
-    # The program's device i is the mesh's i-th device (its device assignment).
+    # The program's device i is the mesh's i-th device (its device assignment). What crosses:
+    # TPU slices (the data-center network), or GPU hosts (InfiniBand; NVLink within a host).
+    gpu = topo.chip.platform == "cuda"
     comm = collectives(compiled.as_text(),
-                       [getattr(d, "slice_index", 0) or 0 for d in mesh.devices.flat])
+                       [d.process_index if gpu else getattr(d, "slice_index", 0) or 0
+                        for d in mesh.devices.flat])
     per_chip = max(1, n_devices // topo.num_chips)  # 1: v4 and v5p in megacore mode
     capacity = topo.chip.hbm_bytes / per_chip
     report.update(
         topology=topo.name, num_slices=topo.num_slices, chip=topo.chip.name,
+        platform=topo.chip.platform, hosts=len({d.process_index for d in mesh.devices.flat}),
         chip_source=topo.chip.source, devices_per_chip=per_chip, compile_s=seconds, memory=mem,
         hbm_capacity=capacity, fits=mem["peak_estimate"] <= capacity, xla=xla, collectives=comm,
         roofline=roofline(topo, report["model_flops_per_step"] / n_devices, xla,
-                          sum(c["bytes"] for c in comm.values()), per_chip))
+                          sum(c["bytes"] for c in comm.values()), per_chip,
+                          sum(c["dcn_bytes"] for c in comm.values())))
     return report
 
 

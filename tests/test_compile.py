@@ -146,6 +146,10 @@ def test_device_groups_of_the_hlo_forms():
     assert _groups("replica_groups=[2,2]<=[4]") == [[0, 1], [2, 3]]
     assert _groups("replica_groups=[2,2]<=[2,2]T(1,0)") == [[0, 2], [1, 3]]
     assert _groups("source_target_pairs={{0,1},{1,0}}") == [[0, 1], [1, 0]]
+    mesh = "replica_groups=mesh['data'=2,'fsdp'=4,'context'=1,'tensor'=1] "  # the GPU compiler's
+    assert _groups(mesh + "{'fsdp'}, x") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert _groups(mesh + "{'data'}") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert _groups(mesh + "{'data','fsdp'}") == [list(range(8))]
     assert collectives("  %ar = f32[4]{0} all-reduce(%x), replica_groups={{0,4},{1,5}}",
                        [0, 0, 0, 0, 1, 1, 1, 1])["all-reduce"]["dcn_count"] == 1
 
@@ -307,3 +311,21 @@ def test_fsdp_on_eight_h100s_fits_and_moves_weights_as_gather_and_reduce_scatter
     assert report["xla"] == {} and roof["hbm_s"] is None and 0 < roof["mfu_bound"] <= 1
     state = report["params_bytes"]["per_device"] + report["opt_state_bytes"]["per_device"]
     assert state <= report["memory"]["argument_size"] <= state + 2**20  # + the batch shard
+
+
+@needs_cuda_plugin
+def test_two_gpu_hosts_only_the_data_parallel_gradient_reduction_crosses_the_network():
+    """``h100:2x8`` with ``mesh.dcn_data=2`` (each host a slice: `jaxformer.parallel.mesh`'s hybrid
+    mesh by process): FSDP's gathers and reduce-scatters stay on NVLink inside a host; the data
+    axis's all-reduces cross hosts, and the roofline prices them at the network's bandwidth."""
+    config = tiny("gpt_tiny", "fsdp=8,dcn_data=2")
+    config.data.batch_size = 16
+    report = compile_report(config, parse_topology("h100:2x8"))
+    assert report["hosts"] == 2 and report["mesh"]["data"] == 2 and report["devices"] == 16
+    comm = report["collectives"]
+    assert comm["all-gather"]["count"] >= 1 and comm["all-gather"]["dcn_count"] == 0
+    assert comm["reduce-scatter"]["count"] >= 1 and comm["reduce-scatter"]["dcn_count"] == 0
+    crossing = {k: c["dcn_bytes"] for k, c in comm.items() if c["dcn_count"]}
+    assert set(crossing) == {"all-reduce"}, crossing
+    roof, chip = report["roofline"], parse_topology("h100:2x8").chip
+    assert roof["network_s"] == pytest.approx(crossing["all-reduce"] / chip.network_bytes_per_s)

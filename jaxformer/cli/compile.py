@@ -44,10 +44,12 @@ def format_report(r: dict) -> str:
             + (f"; XLA per chip: {r['xla']['flops']:.4e} FLOPs" if "flops" in r["xla"] else "")
             + (f", {r['xla']['bytes'] / 2**30:.2f} GiB accessed" if "bytes" in r["xla"] else ""),
             "  collectives (instructions in the program, bytes of their results):"]
+    across = ("slices" if r["num_slices"] > 1 else
+              "hosts" if r.get("platform") == "cuda" and r.get("hosts", 1) > 1 else None)
     for kind, c in r["collectives"].items():
         if c["count"]:
-            dcn = (f"   (across slices: {c['dcn_count']}, {c['dcn_bytes'] / 2**20:.2f} MiB)"
-                   if r["num_slices"] > 1 else "")
+            dcn = (f"   (across {across}: {c['dcn_count']}, {c['dcn_bytes'] / 2**20:.2f} MiB)"
+                   if across else "")
             rows.append(f"    {kind:20} {c['count']:6d}  {c['bytes'] / 2**20:12.2f} MiB{dcn}")
     if not any(c["count"] for c in r["collectives"].values()):
         rows.append("    none")

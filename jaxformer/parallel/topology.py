@@ -38,6 +38,9 @@ class Chip:
     hbm_bytes_per_s: float  # HBM bandwidth
     ici_bytes_per_s: float  # bidirectional inter-chip bandwidth per chip (NVLink for GPUs)
     source: str
+    # Bidirectional bandwidth per chip between hosts (GPUs: InfiniBand), where the roofline prices
+    # what crosses hosts separately; None: not modelled (TPU slices: the DCN is in the ICI term).
+    network_bytes_per_s: float | None = None
 
 
 _GB = 1e9
@@ -50,11 +53,14 @@ CHIPS = {
                 "https://cloud.google.com/tpu/docs/v5p"),
     "v6e": Chip("TPU v6e (Trillium)", "tpu", 918e12, 32 * _GB, 1638 * _GB, 800 * _GB,
                 "https://cloud.google.com/tpu/docs/v6e"),
-    # GPUs: NVLink 4 is 900 GB/s per GPU, 450 each way; "80 GB" is 80 GiB (gpu_targets/).
+    # GPUs: NVLink 4 is 900 GB/s per GPU, 450 each way; "80 GB" is 80 GiB (gpu_targets/); between
+    # hosts, a DGX's one 400 Gb/s ConnectX-7 InfiniBand port per GPU: 50 GB/s each way.
     "h100": Chip("NVIDIA H100 SXM", "cuda", 989e12, 80 * 2**30, 3350 * _GB, 900 * _GB,
-                 "NVIDIA H100 Tensor Core GPU datasheet (SXM: dense bf16, HBM3, NVLink)"),
+                 "NVIDIA H100 Tensor Core GPU datasheet (SXM: dense bf16, HBM3, NVLink); "
+                 "DGX H100 datasheet (InfiniBand)", 100 * _GB),
     "h200": Chip("NVIDIA H200 SXM", "cuda", 989e12, 141 * 2**30, 4800 * _GB, 900 * _GB,
-                 "NVIDIA H200 Tensor Core GPU datasheet (SXM: dense bf16, HBM3e, NVLink)"),
+                 "NVIDIA H200 Tensor Core GPU datasheet (SXM: dense bf16, HBM3e, NVLink); "
+                 "DGX H200 datasheet (InfiniBand)", 100 * _GB),
 }
 # XLA GPU target descriptions (text `stream_executor.GpuTargetConfigProto`) in gpu_targets/.
 GPU_TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200_sxm.txtpb"}
