@@ -127,7 +127,7 @@ def _hybrid_mesh(shape: tuple[int, ...], dcn: tuple[int, ...], devices: list) ->
     slices = {getattr(d, "slice_index", None) for d in devices}
     if len(slices) > 1 and None not in slices:
         grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
-    elif devices[0].platform != "tpu" and len({d.process_index for d in devices}) > 1:
+    elif devices[0].platform in ("gpu", "cuda") and len({d.process_index for d in devices}) > 1:
         grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=True)
     elif all(hasattr(d, "slice_index") for d in devices):  # one TPU slice: its error names it
         grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
