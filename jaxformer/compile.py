@@ -206,7 +206,7 @@ def roofline(topo: Topology, model_flops_per_device: float, xla: dict, comm_byte
     bounds = {"compute_s": model_flops_per_device / (chip.bf16_flops * share),
               "hbm_s": xla["bytes"] / (chip.hbm_bytes_per_s * share) if "bytes" in xla else None,
               "ici_s": ici_bytes / (chip.ici_bytes_per_s * share),
-              "network_s": network_bytes / (network * share) if network else None}
+              "network_s": network_bytes / (network * share) if network and network_bytes else None}
     step = max(v for v in bounds.values() if v is not None)
     bound = max(bounds, key=lambda k: bounds[k] or 0.0)
     return {**bounds, "step_s": step, "bound_by": bound.removesuffix("_s"),

@@ -1,4 +1,5 @@
-"""Compiling the trainer's step for TPU slices this machine does not have (`jaxformer.compile`).
+"""Compiling the trainer's step for TPU slices and GPU hosts this machine does not have
+(`jaxformer.compile`).
 
 libtpu (the ``[tpu]`` extra, in ``[test]``) gives compile-only devices of a TPU topology on this CPU
 host. Tiny configs of the three families are compiled for v5e:2x2 and v4:2x2x1 on data, FSDP, tensor
@@ -7,6 +8,8 @@ predict (every parameter's sharding; two all-reduces per layer in the forward pa
 parallelism), the splash kernel compiles inside the sharded step with packed rows (XLA cannot
 partition a Pallas kernel: it runs under `shard_map`), and kernel choices are checked against the
 topology's platform, not this host's. The collective counter is checked on hand-written HLO.
+GPUs (8 H100s, 2 hosts of 8): jax's CUDA plugin with our target descriptions, when installed (the
+``[cuda-aot]`` extra, not in ``[test]``; the compiling tests skip without it).
 """
 
 import re
@@ -329,3 +332,16 @@ def test_two_gpu_hosts_only_the_data_parallel_gradient_reduction_crosses_the_net
     assert set(crossing) == {"all-reduce"}, crossing
     roof, chip = report["roofline"], parse_topology("h100:2x8").chip
     assert roof["network_s"] == pytest.approx(crossing["all-reduce"] / chip.network_bytes_per_s)
+
+
+@needs_cuda_plugin
+def test_cudnn_attention_compiles_inside_the_sharded_step_for_h100s():
+    """``attention_impl="cudnn"`` is checked against the target (a CUDA GPU), not this CPU host,
+    and the fused kernel is what the GPU compiler emits, forward and backward, on ``fsdp=8``."""
+    config = tiny("gpt_tiny", "fsdp=8", attention_impl="cudnn", dtype="bfloat16",
+                  attention_dropout_rate=0.0)
+    with pytest.raises(ValueError, match="needs a CUDA GPU, but jax's backend is 'cpu'"):
+        check_config(resolve_config(config), resolve_config(config).model_cfg, resolved=True)
+    text = compiled_for(config, "h100:8")[0].as_text()
+    kernels = set(re.findall(r'custom_call_target="__cudnn\$(fmha\w*)"', text))
+    assert {k.endswith("Backward") for k in kernels} == {False, True}, kernels
