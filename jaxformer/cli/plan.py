@@ -53,9 +53,10 @@ def format_table(r: dict) -> str:
                  f"    state + batch (arguments)     {_gb(c['argument_size']):>14}",
                  f"    activations + temporaries     {_gb(c['temp_size']):>14}",
                  f"    outputs not aliased to inputs {_gb(c['output_size'] - c['alias_size']):>14}",
-                 f"    peak estimate (sum of above)  {_gb(c['peak_estimate']):>14}",
-                 f"    compiled FLOPs / step         {c['xla_flops_per_device']:>14.4e}   (model "
-                 f"FLOPs / devices: {r['model_flops_per_step'] / r['devices']:.4e})"]
+                 f"    peak estimate (sum of above)  {_gb(c['peak_estimate']):>14}"]
+        flops = c["xla_flops_per_device"]  # 0: not reported (GPU compile-only programs)
+        rows.append(f"    compiled FLOPs / step         {f'{flops:.4e}' if flops else 'n/a':>14}   "
+                    f"(model FLOPs / devices: {r['model_flops_per_step'] / r['devices']:.4e})")
     return "\n".join(rows)
 
 
