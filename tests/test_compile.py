@@ -12,6 +12,7 @@ GPUs (8 H100s, 2 hosts of 8): jax's CUDA plugin with our target descriptions, wh
 ``[cuda-aot]`` extra, not in ``[test]``; the compiling tests skip without it).
 """
 
+import importlib.util
 import re
 
 import jax
@@ -335,6 +336,9 @@ def test_two_gpu_hosts_only_the_data_parallel_gradient_reduction_crosses_the_net
 
 
 @needs_cuda_plugin
+@pytest.mark.skipif(importlib.util.find_spec("nvidia.cudnn") is None,
+                    reason="cuDNN is not installed (nvidia-cudnn-cu13): jax traces its fused "
+                           "attention only with cuDNN present")
 def test_cudnn_attention_compiles_inside_the_sharded_step_for_h100s():
     """``attention_impl="cudnn"`` is checked against the target (a CUDA GPU), not this CPU host,
     and the fused kernel is what the GPU compiler emits, forward and backward, on ``fsdp=8``."""
