@@ -129,9 +129,9 @@ def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, d
     once however many instructions carry its ``channel_id``: the TPU compiler clones a collective
     into each fusion of an async-collective chain (an all-gather overlapped with the matmuls of a
     layer, ``chain_id`` in the backend config), 18 copies of one table all-gather in a 2-layer
-    GPT. The TPU's fused reduce-scatter (an
-    ``all-reduce-scatter`` fusion: all-reduce and dynamic-slice of the shard) is a reduce-scatter
-    of its result (the shards), not the all-reduce its body holds."""
+    GPT. The TPU's fused reduce-scatter (an ``all-reduce-scatter`` fusion: all-reduce and
+    dynamic-slice of the shard) is a reduce-scatter of its result (the shards), not the all-reduce
+    its body holds."""
     stats = {k: {"count": 0, "bytes": 0, "dcn_count": 0, "dcn_bytes": 0} for k in COLLECTIVES}
     seen = set()
 
