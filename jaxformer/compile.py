@@ -120,8 +120,8 @@ def _groups(line: str) -> list[list[int]]:
 
 def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, dict[str, int]]:
     """``{kind: {"count", "bytes", "dcn_count", "dcn_bytes"}}`` of the collectives in compiled HLO
-    text; ``dcn_*``: those that cross slices — a device group spanning several slices
-    (``slice_of[i]``: the slice of the program's device ``i``), or the TPU's transfers to the
+    text; ``dcn_*``: those that cross slices (or GPU hosts) — a device group spanning several
+    (``slice_of[i]``: the slice or host of the program's device ``i``), or the TPU's transfers to the
     data-center network (``_xla_megascale_*`` sends, bytes summed over their chunks). An asynchronous
     pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``, sized by its results
     (`_result_bytes`); a combined collective (the GPU compiler merges FSDP's gathers into one
