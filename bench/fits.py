@@ -1,9 +1,10 @@
 """What fits where: for each base/large preset (bfloat16 compute, float32 parameters and AdamW
-state) and each TPU chip, the smallest slice whose compiled train step fits the chip's HBM, with
-its mesh, HBM per chip and the roofline MFU bound (`jaxformer.compile.compile_report`: compiled by
-libtpu for compile-only devices; nothing runs).
+state) and each TPU chip or GPU, the smallest slice (GPU hosts) whose compiled train step fits the
+chip's HBM, with its mesh, HBM per chip and the roofline MFU bound
+(`jaxformer.compile.compile_report`: compiled by libtpu, or jax's CUDA plugin for ``h100``, for
+compile-only devices; nothing runs).
 
-    python bench/fits.py                                   # every preset × v5e, v5p, v6e
+    python bench/fits.py                                   # every preset × v5e, v5p, v6e, h100
     python bench/fits.py --chips v5p --presets gpt2_medium_bf16,t5_3b_bf16
     python bench/fits.py --fixed v5p:4x8x8                 # every preset on one slice (the target)
 
@@ -42,7 +43,8 @@ PRESETS = ("gpt2_small_bf16", "gpt2_medium_bf16", "gpt2_large_bf16", "gpt2_xl_bf
 # Cloud TPU slice shapes, smallest first (v5e / v6e: 2-D tori; v5p: 3-D).
 SLICES = {"v5e": ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
           "v5p": ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8"),
-          "v6e": ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")}
+          "v6e": ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+          "h100": ("8", "2x8", "4x8")}  # GPU hosts of 8 (jax's CUDA plugin: the [cuda-aot] extra)
 STATE_BYTES_PER_PARAM = 16  # float32 parameter + gradient + AdamW's two moments
 STATE_SHARE = 0.5
 ROWS_PER_CHIP = 4
@@ -133,6 +135,9 @@ def unrolled_roofline(name: str, topology: str, overrides: tuple[str, ...] = ())
         c = cell_config(name, topo.num_chips, overrides)
         c.model.scan_layers, c.model.num_layers = False, layers
         r = compile_report(c, topo)
+        if "bytes" not in r["xla"]:
+            raise SystemExit(f"--unrolled {name}@{topology}: the {topo.chip.name} compiler reports "
+                             "no bytes accessed (GPU compile-only programs have no cost analysis)")
         out.append((r["xla"]["bytes"], r["model_flops_per_step"] / topo.num_chips))
     layers = cell_config(name, 1).model.num_layers
     (b1, f1), (b2, f2) = out

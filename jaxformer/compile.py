@@ -10,22 +10,25 @@
 The step is the one `train.py` runs — same config resolution and checks, mesh rules, optimizer,
 remat, scan, attention implementation, objective and gradient accumulation (`jaxformer.plan`'s
 `_setup`) — lowered from abstract inputs onto compile-only devices of the topology
-(`jaxformer.parallel.topology`: libtpu on a CPU host, as MaxText's ``train_compile``). Nothing is
-allocated. Kernel choices are checked against the topology's platform, not this machine's. The
-report (the CLI prints a table, then one JSON line):
+(`jaxformer.parallel.topology`: libtpu on a CPU host, as MaxText's ``train_compile``; for GPUs jax's
+CUDA plugin with our description of the GPU, no GPU needed). Nothing is allocated. Kernel choices
+are checked against the topology's platform, not this machine's. The report (the CLI prints a
+table, then one JSON line):
 
 * compile time;
 * per-chip HBM from XLA's buffer assignment — arguments (state + batch), temporaries, outputs
   not aliased to donated inputs, their sum — against the chip's capacity (`topology.CHIPS`);
 * model FLOPs per step (`jaxformer.plan.model_flops`) and, where the backend reports them, XLA's
-  FLOPs and bytes accessed per chip;
+  FLOPs and bytes accessed per chip (the TPU compiler does; the GPU compiler's compile-only
+  programs report none);
 * the collectives of the compiled HLO by kind (all-gather, reduce-scatter, all-reduce,
   all-to-all, collective-permute): instructions and bytes of their results, counted as they
   appear in the program text (an instruction inside a scanned layer's loop body runs once per
   layer and is counted once);
 * a roofline: the step cannot be faster than its model FLOPs at the chip's peak, nor than its
-  bytes accessed at the HBM bandwidth, nor than its collective bytes at the ICI bandwidth; the
-  largest of the three bounds the step time, and model-FLOPs time / that bound bounds the MFU.
+  bytes accessed at the HBM bandwidth (where XLA reports them), nor than its collective bytes at
+  the ICI (NVLink) bandwidth; the largest bounds the step time, and model-FLOPs time / that bound
+  bounds the MFU.
 
 A plan that does not fit the chip's HBM is refused with one line naming the largest part and what
 to change (exit status 1).
@@ -55,14 +58,56 @@ def _shape_bytes(text: str) -> list[int]:
     return out
 
 
+def _top_level(type_text: str) -> list[str]:
+    """The elements of an HLO tuple type, ``(a, (b, c), d)`` → ``["a", "(b, c)", "d"]`` (commas
+    inside shapes, layouts and nested tuples are not separators); ``[type_text]`` if no tuple."""
+    text = type_text.strip()
+    if not text.startswith("("):
+        return [text]
+    parts, depth, start = [], 0, 1
+    for i, ch in enumerate(text):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if (ch == "," and depth == 1) or (ch == ")" and depth == 0):
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [p for p in parts if p]
+
+
+def _result_bytes(type_text: str, kind: str, start: bool) -> int:
+    """Bytes a collective produces, from its HLO result type. Synchronous: all its results (a
+    combined collective's tuple summed). Asynchronous ``-start``: the GPU compiler's result is
+    ``((operands…), results…)`` — the results summed; the TPU compiler's is flat: an all-reduce's
+    outputs (summed), or the others' input and output buffers and scalar sync flags, of which
+    the output is the largest."""
+    parts = _top_level(type_text)
+    if start and len(parts) > 1 and parts[0].startswith("("):
+        return sum(sum(_shape_bytes(p)) for p in parts[1:])
+    sizes = _shape_bytes(type_text)
+    if start and kind != "all-reduce":
+        return max(sizes, default=0)
+    return sum(sizes)
+
+
 def _groups(line: str) -> list[list[int]]:
     """Device groups of a collective's HLO line: ``replica_groups={{0,1},{2,3}}``, the iota form
-    ``replica_groups=[2,4]<=[4,2]T(1,0)``, or a permute's ``source_target_pairs={{0,1},{1,2}}``
-    (each pair a group); [] when the line names none."""
+    ``replica_groups=[2,4]<=[4,2]T(1,0)``, the mesh form ``replica_groups=mesh['data'=2,
+    'fsdp'=4] {'fsdp'}`` (the devices in order over the named axes, a group for each index of
+    the axes not in braces), or a permute's ``source_target_pairs={{0,1},{1,2}}`` (each pair a
+    group); [] when the line names none."""
     m = re.search(r"(?:replica_groups|source_target_pairs)=\{((?:\{[\d,]*\},?)*)\}", line)
     if m:
         return [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}",
                                                                         m.group(1))]
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if m:
+        axes = [(a, int(n)) for a, n in re.findall(r"'([^']+)'=(\d+)", m.group(1))]
+        inside = re.findall(r"'([^']+)'", m.group(2))
+        order = [i for i, (a, _) in enumerate(axes) if a not in inside] + [
+            [a for a, _ in axes].index(a) for a in inside]
+        ids = np.arange(math.prod(n for _, n in axes)).reshape([n for _, n in axes])
+        size = math.prod(n for a, n in axes if a in inside)
+        return ids.transpose(order).reshape(-1, size).tolist()
     m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
     if not m:
         return []
@@ -75,18 +120,18 @@ def _groups(line: str) -> list[list[int]]:
 
 def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, dict[str, int]]:
     """``{kind: {"count", "bytes", "dcn_count", "dcn_bytes"}}`` of the collectives in compiled HLO
-    text; ``dcn_*``: those that cross slices — a device group spanning several slices
-    (``slice_of[i]``: the slice of the program's device ``i``), or the TPU's transfers to the
+    text; ``dcn_*``: those that cross slices (or GPU hosts) — a device group spanning several
+    (``slice_of[i]``: the slice or host of the program's device ``i``), or the TPU's transfers to the
     data-center network (``_xla_megascale_*`` sends, bytes summed over their chunks). An asynchronous
-    pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``: an all-reduce's result
-    is its outputs (summed); the others' result tuples hold the input and output buffers and
-    scalar sync flags, of which the output is the largest. A synchronous instruction's bytes are
-    its results'. One collective counts once however many instructions carry its ``channel_id``:
-    the TPU compiler clones a collective into each fusion of an async-collective chain (an
-    all-gather overlapped with the matmuls of a layer, ``chain_id`` in the backend config), 18
-    copies of one table all-gather in a 2-layer GPT. The TPU's fused reduce-scatter (an
-    ``all-reduce-scatter`` fusion: all-reduce and dynamic-slice of the shard) is a reduce-scatter
-    of its result (the shards), not the all-reduce its body holds."""
+    pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``, sized by its results
+    (`_result_bytes`); a combined collective (the GPU compiler merges FSDP's gathers into one
+    instruction over a tuple of weights) counts once, its results summed. One collective counts
+    once however many instructions carry its ``channel_id``: the TPU compiler clones a collective
+    into each fusion of an async-collective chain (an all-gather overlapped with the matmuls of a
+    layer, ``chain_id`` in the backend config), 18 copies of one table all-gather in a 2-layer
+    GPT. The TPU's fused reduce-scatter (an ``all-reduce-scatter`` fusion: all-reduce and
+    dynamic-slice of the shard) is a reduce-scatter of its result (the shards), not the all-reduce
+    its body holds."""
     stats = {k: {"count": 0, "bytes": 0, "dcn_count": 0, "dcn_bytes": 0} for k in COLLECTIVES}
     seen = set()
 
@@ -108,11 +153,8 @@ def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, d
     pattern = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.+?) (" + "|".join(COLLECTIVES)
                          + r")(-start)?\(.*$", re.M)
     for m in pattern.finditer(hlo_text):
-        sizes = _shape_bytes(m.group(1))
-        if not sizes:
-            continue
-        one_output = m.group(3) and m.group(2) != "all-reduce"
-        add(m.group(2), max(sizes) if one_output else sum(sizes), m.group(0))
+        if _shape_bytes(m.group(1)):
+            add(m.group(2), _result_bytes(m.group(1), m.group(2), bool(m.group(3))), m.group(0))
     # TPU multi-slice: the compiler splits a collective over slices into an ICI part (above,
     # within a slice) and host transfers to the DCN runtime ("megascale" sends, named by a
     # rendezvous key, counted once per key: about one per tensor, so more than the ICI count).
@@ -153,13 +195,18 @@ _MEGASCALE_KINDS = {"ALL_REDUCE": "all-reduce", "ALL_GATHER": "all-gather",
 
 
 def roofline(topo: Topology, model_flops_per_device: float, xla: dict, comm_bytes: float,
-             devices_per_chip: int = 1) -> dict:
+             devices_per_chip: int = 1, network_bytes: float = 0.0) -> dict:
     """Lower bounds on the step time from each resource of one device (a chip, or one of its
-    ``devices_per_chip`` TensorCores), the largest, and the MFU it allows."""
+    ``devices_per_chip`` TensorCores), the largest, and the MFU it allows. Where the chip has a
+    network figure (GPUs: `topology.Chip.network_bytes_per_s`), the ``network_bytes`` of
+    collectives that cross hosts are priced at it, the rest of ``comm_bytes`` at the ICI."""
     chip, share = topo.chip, 1.0 / devices_per_chip
+    network = chip.network_bytes_per_s
+    ici_bytes = comm_bytes - network_bytes if network else comm_bytes
     bounds = {"compute_s": model_flops_per_device / (chip.bf16_flops * share),
               "hbm_s": xla["bytes"] / (chip.hbm_bytes_per_s * share) if "bytes" in xla else None,
-              "ici_s": comm_bytes / (chip.ici_bytes_per_s * share)}
+              "ici_s": ici_bytes / (chip.ici_bytes_per_s * share),
+              "network_s": network_bytes / (network * share) if network and network_bytes else None}
     step = max(v for v in bounds.values() if v is not None)
     bound = max(bounds, key=lambda k: bounds[k] or 0.0)
     return {**bounds, "step_s": step, "bound_by": bound.removesuffix("_s"),
@@ -173,17 +220,22 @@ def compile_report(config, topo: Topology) -> dict:
     compiled, seconds, mesh = compile_on_topology(config, topo)
     mem, xla = compiled_memory(compiled), compiled_cost(compiled)
     n_devices = mesh.size
-    # The program's device i is the mesh's i-th device (its device assignment).
+    # The program's device i is the mesh's i-th device (its device assignment). What crosses:
+    # TPU slices (the data-center network), or GPU hosts (InfiniBand; NVLink within a host).
+    gpu = topo.chip.platform == "cuda"
     comm = collectives(compiled.as_text(),
-                       [getattr(d, "slice_index", 0) or 0 for d in mesh.devices.flat])
+                       [d.process_index if gpu else getattr(d, "slice_index", 0) or 0
+                        for d in mesh.devices.flat])
     per_chip = max(1, n_devices // topo.num_chips)  # 1: v4 and v5p in megacore mode
     capacity = topo.chip.hbm_bytes / per_chip
     report.update(
         topology=topo.name, num_slices=topo.num_slices, chip=topo.chip.name,
+        platform=topo.chip.platform, hosts=len({d.process_index for d in mesh.devices.flat}),
         chip_source=topo.chip.source, devices_per_chip=per_chip, compile_s=seconds, memory=mem,
         hbm_capacity=capacity, fits=mem["peak_estimate"] <= capacity, xla=xla, collectives=comm,
         roofline=roofline(topo, report["model_flops_per_step"] / n_devices, xla,
-                          sum(c["bytes"] for c in comm.values()), per_chip))
+                          sum(c["bytes"] for c in comm.values()), per_chip,
+                          sum(c["dcn_bytes"] for c in comm.values())))
     return report
 
 

@@ -27,8 +27,9 @@ The report (the CLI prints it as a table and a JSON line; ``--json PATH`` also w
   (``jax.jit(step).lower(...).compile().memory_analysis()``) and its temp bytes, argument/output
   bytes and the compiled FLOP count (`cost_analysis`, per device) are reported.
 
-``--topology v5e:2x2`` (etc.): the step is compiled for that TPU slice's chips by libtpu on this
-host (`jaxformer.parallel.topology`), so the activation bytes are the TPU compiler's;
+``--topology v5e:2x2`` (etc.; ``h100:8`` for GPUs): the step is compiled for that slice's chips by
+their own compiler on this host (`jaxformer.parallel.topology`: libtpu, or jax's CUDA plugin), so the
+activation bytes are the accelerator compiler's;
 `python -m jaxformer.cli.compile` reports more of that program (collectives, roofline).
 
 Devices: the plan is for ``--devices`` devices (default: this machine's count if the mesh fits it,

@@ -1,4 +1,5 @@
-"""Compiling the trainer's step for TPU slices this machine does not have (`jaxformer.compile`).
+"""Compiling the trainer's step for TPU slices and GPU hosts this machine does not have
+(`jaxformer.compile`).
 
 libtpu (the ``[tpu]`` extra, in ``[test]``) gives compile-only devices of a TPU topology on this CPU
 host. Tiny configs of the three families are compiled for v5e:2x2 and v4:2x2x1 on data, FSDP, tensor
@@ -7,15 +8,26 @@ predict (every parameter's sharding; two all-reduces per layer in the forward pa
 parallelism), the splash kernel compiles inside the sharded step with packed rows (XLA cannot
 partition a Pallas kernel: it runs under `shard_map`), and kernel choices are checked against the
 topology's platform, not this host's. The collective counter is checked on hand-written HLO.
+GPUs (8 H100s, 2 hosts of 8): jax's CUDA plugin with our target descriptions, when installed (the
+``[cuda-aot]`` extra, not in ``[test]``; the compiling tests skip without it).
 """
 
+import importlib.util
 import re
 
 import jax
 import pytest
 
 from jaxformer.compile import collectives, compile_report, refusal
-from jaxformer.parallel.topology import parse_topology
+from jaxformer.parallel.topology import (
+    CHIPS,
+    CUDA_AOT_INSTALL,
+    GPU_TARGETS,
+    cuda_plugin_installed,
+    gpu_target,
+    parse_topology,
+    topology_devices,
+)
 from jaxformer.plan import _setup, compile_on_topology, plan, preset_config
 from jaxformer.train.config import check_config
 from jaxformer.train.setup import resolve_config
@@ -138,6 +150,10 @@ def test_device_groups_of_the_hlo_forms():
     assert _groups("replica_groups=[2,2]<=[4]") == [[0, 1], [2, 3]]
     assert _groups("replica_groups=[2,2]<=[2,2]T(1,0)") == [[0, 2], [1, 3]]
     assert _groups("source_target_pairs={{0,1},{1,0}}") == [[0, 1], [1, 0]]
+    mesh = "replica_groups=mesh['data'=2,'fsdp'=4,'context'=1,'tensor'=1] "  # the GPU compiler's
+    assert _groups(mesh + "{'fsdp'}, x") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert _groups(mesh + "{'data'}") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert _groups(mesh + "{'data','fsdp'}") == [list(range(8))]
     assert collectives("  %ar = f32[4]{0} all-reduce(%x), replica_groups={{0,4},{1,5}}",
                        [0, 0, 0, 0, 1, 1, 1, 1])["all-reduce"]["dcn_count"] == 1
 
@@ -164,10 +180,30 @@ def test_collectives_counts_async_pairs_once_and_sizes_results():
 
 
 @pytest.mark.parametrize("name,match", [("v9x:2x2", "chip one of"), ("v5e", "expected"),
-                                        ("h100:2x2", "GPU host")])
+                                        ("h100:2x2x2", "GPU")])
 def test_bad_topology_names_are_refused_naming_the_forms(name, match):
     with pytest.raises(ValueError, match=match):
         parse_topology(name)
+
+
+GPU_HLO = """
+  %all-gather-start = ((f32[8]{0}, bf16[96,64]{1,0}), (f32[64]{0}, bf16[768,64]{1,0})) all-gather-start(%a)
+  %all-gather-done = (f32[64]{0}, bf16[768,64]{1,0}) all-gather-done(%all-gather-start)
+  %all-reduce-start = ((f32[898]{0}), f32[898]{0}) all-reduce-start(%c), to_apply=%add
+  %reduce-scatter.30 = (f32[8,256]{1,0}, f32[8]{0}, /*index=2*/f32[8,4,16]{2,1,0}) reduce-scatter(%d)
+  %all-to-all-start = ((f32[1,64,8,8]{3,1,0,2}), f32[1,64,8,8]{3,1,0,2}) all-to-all-start(%g)
+"""
+
+
+def test_gpu_combined_and_async_collectives_are_sized_by_their_results():
+    """The GPU compiler's forms: an asynchronous ``-start`` returns ``((operands…), results…)`` and
+    a combined collective (FSDP's gathers merged) holds a tuple of weights — one instruction each,
+    sized by the sum of its results, never by its operands."""
+    counts = {k: (v["count"], v["bytes"]) for k, v in collectives(GPU_HLO).items()}
+    assert counts["all-gather"] == (1, 64 * 4 + 768 * 64 * 2)
+    assert counts["all-reduce"] == (1, 898 * 4)
+    assert counts["reduce-scatter"] == (1, (8 * 256 + 8 + 8 * 4 * 16) * 4)
+    assert counts["all-to-all"] == (1, 64 * 8 * 8 * 4)
 
 
 FUSED_HLO = """
@@ -220,3 +256,96 @@ def test_fsdp_embedding_gradient_is_not_reduced_as_a_whole_table():
                  and "scatter-add" in line]
     assert not of_lookup, of_lookup
     assert comm["all-to-all"]["count"] >= 1
+
+
+# GPUs: jax's CUDA plugin compiles for our target descriptions (jaxformer/parallel/gpu_targets/) on
+# this CPU host. The plugin is the [cuda-aot] extra, not in [test] (~0.67 GB installed): without it
+# the compiling tests skip, and the topology is refused naming the install command.
+needs_cuda_plugin = pytest.mark.skipif(
+    not cuda_plugin_installed(),
+    reason=f"jax's CUDA plugin is not installed ({CUDA_AOT_INSTALL}): no GPU compile-only devices")
+
+
+@pytest.mark.parametrize("key", sorted(GPU_TARGETS))
+def test_gpu_target_descriptions_state_the_chip_tables_memory_and_hopper(key):
+    """Our XLA target descriptions and `CHIPS` give the same capacity and bandwidth (the
+    report's "of 80 GiB" and the compiler's view of the GPU are one fact)."""
+    text, chip = gpu_target(key), CHIPS[key]
+
+    def field(name):
+        return float(re.search(rf"^\s*{name}: ([\d.]+)", text, re.M).group(1))
+
+    assert field("device_memory_size") == chip.hbm_bytes
+    assert field("memory_bandwidth") == chip.hbm_bytes_per_s
+    assert "cuda_compute_capability { major: 9 minor: 0 }" in text and field("core_count") == 132
+
+
+@pytest.mark.parametrize("name,count,kind", [("h100:8", 8, "NVIDIA H100 80GB HBM3"),
+                                             ("h200:8", 8, "NVIDIA H200"),
+                                             ("h100:2x8", 16, "NVIDIA H100 80GB HBM3")])
+def test_gpu_topologies_give_compile_only_gpus_or_name_the_install(name, count, kind):
+    topo = parse_topology(name)
+    if not cuda_plugin_installed():
+        with pytest.raises(ValueError, match=re.escape(CUDA_AOT_INSTALL)):
+            topology_devices(topo)
+        return
+    devices = topology_devices(topo)  # the plugin parsed our description: its name is theirs
+    assert len(devices) == count == topo.num_chips
+    assert {(d.platform, d.device_kind) for d in devices} == {("gpu", kind)}
+    assert sorted({d.process_index for d in devices}) == list(range(count // 8))  # 8 a host
+
+
+@needs_cuda_plugin
+def test_fsdp_on_eight_h100s_fits_and_moves_weights_as_gather_and_reduce_scatter():
+    """A tiny GPT with ``fsdp=8`` compiled by XLA's GPU compiler for 8 H100s: the state's shard per
+    GPU as planned (the shardings are the jit's, as on TPUs above), and ZeRO-3's traffic — the weights
+    all-gathered, the gradients reduce-scattered (the GPU compiler combines each into one
+    instruction over a tuple of weights), no all-reduce near the parameters' size."""
+    config, topology = tiny("gpt_tiny", "fsdp=8"), parse_topology("h100:8")
+    report = compile_report(config, topology)
+    assert report["chip"] == "NVIDIA H100 SXM" and report["fits"] and report["devices"] == 8
+    assert report["hbm_capacity"] == 80 * 2**30
+    params = report["params_bytes"]["total"]
+    comm = report["collectives"]
+    assert comm["all-gather"]["count"] >= 1 and comm["reduce-scatter"]["count"] >= 1
+    assert 0.9 * params <= comm["all-gather"]["bytes"] <= 1.1 * params  # every weight, gathered
+    assert 0.9 * params / 8 <= comm["reduce-scatter"]["bytes"] <= params / 8  # their shards
+    assert comm["all-reduce"]["bytes"] < params / 16, comm["all-reduce"]
+    roof = report["roofline"]  # no XLA cost analysis on GPU: the planner's FLOPs bound compute
+    assert report["xla"] == {} and roof["hbm_s"] is None and 0 < roof["mfu_bound"] <= 1
+    state = report["params_bytes"]["per_device"] + report["opt_state_bytes"]["per_device"]
+    assert state <= report["memory"]["argument_size"] <= state + 2**20  # + the batch shard
+
+
+@needs_cuda_plugin
+def test_two_gpu_hosts_only_the_data_parallel_gradient_reduction_crosses_the_network():
+    """``h100:2x8`` with ``mesh.dcn_data=2`` (each host a slice: `jaxformer.parallel.mesh`'s hybrid
+    mesh by process): FSDP's gathers and reduce-scatters stay on NVLink inside a host; the data
+    axis's all-reduces cross hosts, and the roofline prices them at the network's bandwidth."""
+    config = tiny("gpt_tiny", "fsdp=8,dcn_data=2")
+    config.data.batch_size = 16
+    report = compile_report(config, parse_topology("h100:2x8"))
+    assert report["hosts"] == 2 and report["mesh"]["data"] == 2 and report["devices"] == 16
+    comm = report["collectives"]
+    assert comm["all-gather"]["count"] >= 1 and comm["all-gather"]["dcn_count"] == 0
+    assert comm["reduce-scatter"]["count"] >= 1 and comm["reduce-scatter"]["dcn_count"] == 0
+    crossing = {k: c["dcn_bytes"] for k, c in comm.items() if c["dcn_count"]}
+    assert set(crossing) == {"all-reduce"}, crossing
+    roof, chip = report["roofline"], parse_topology("h100:2x8").chip
+    assert roof["network_s"] == pytest.approx(crossing["all-reduce"] / chip.network_bytes_per_s)
+
+
+@needs_cuda_plugin
+@pytest.mark.skipif(importlib.util.find_spec("nvidia.cudnn") is None,
+                    reason="cuDNN is not installed (nvidia-cudnn-cu13): jax traces its fused "
+                           "attention only with cuDNN present")
+def test_cudnn_attention_compiles_inside_the_sharded_step_for_h100s():
+    """``attention_impl="cudnn"`` is checked against the target (a CUDA GPU), not this CPU host,
+    and the fused kernel is what the GPU compiler emits, forward and backward, on ``fsdp=8``."""
+    config = tiny("gpt_tiny", "fsdp=8", attention_impl="cudnn", dtype="bfloat16",
+                  attention_dropout_rate=0.0)
+    with pytest.raises(ValueError, match="needs a CUDA GPU, but jax's backend is 'cpu'"):
+        check_config(resolve_config(config), resolve_config(config).model_cfg, resolved=True)
+    text = compiled_for(config, "h100:8")[0].as_text()
+    kernels = set(re.findall(r'custom_call_target="__cudnn\$(fmha\w*)"', text))
+    assert {k.endswith("Backward") for k in kernels} == {False, True}, kernels

@@ -6,6 +6,7 @@ have, and report its memory, collectives and roofline (`jaxformer.compile`, the 
         --config.mesh.fsdp=4 --config.model.attention_impl=splash
     python -m jaxformer.cli.compile --preset t5_base_bf16 --topology v5e:2x2 --num_slices 2 \\
         --mesh dcn_data=2,fsdp=4 --json t5.json
+    python -m jaxformer.cli.compile --preset gpt2_small_bf16 --topology h100:8 --mesh fsdp=8
 
 The flags are ``python -m jaxformer.cli.plan``'s (config or preset, sizes, mesh, ``--topology``,
 ``--json``). Prints a table, then the report as one JSON line. A plan that does not fit the chip's
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
+import jax
 from absl import app, flags, logging
 
 from jaxformer.cli import plan as plan_cli
@@ -42,10 +44,12 @@ def format_report(r: dict) -> str:
             + (f"; XLA per chip: {r['xla']['flops']:.4e} FLOPs" if "flops" in r["xla"] else "")
             + (f", {r['xla']['bytes'] / 2**30:.2f} GiB accessed" if "bytes" in r["xla"] else ""),
             "  collectives (instructions in the program, bytes of their results):"]
+    across = ("slices" if r["num_slices"] > 1 else
+              "hosts" if r.get("platform") == "cuda" and r.get("hosts", 1) > 1 else None)
     for kind, c in r["collectives"].items():
         if c["count"]:
-            dcn = (f"   (across slices: {c['dcn_count']}, {c['dcn_bytes'] / 2**20:.2f} MiB)"
-                   if r["num_slices"] > 1 else "")
+            dcn = (f"   (across {across}: {c['dcn_count']}, {c['dcn_bytes'] / 2**20:.2f} MiB)"
+                   if across else "")
             rows.append(f"    {kind:20} {c['count']:6d}  {c['bytes'] / 2**20:12.2f} MiB{dcn}")
     if not any(c["count"] for c in r["collectives"].values()):
         rows.append("    none")
@@ -63,7 +67,7 @@ def main(argv) -> None:
     if (f.config is None) == (not f.preset):
         raise app.UsageError("give either --config configs/<name>.py or --preset <name>")
     if not f.topology:
-        raise app.UsageError("give --topology, e.g. v5e:2x2, v5p:4x4x4 or v6e:16x16")
+        raise app.UsageError("give --topology, e.g. v5e:2x2, v5p:4x4x4, v6e:16x16 or h100:8")
     try:
         report = compile_report(config_from_flags(f), parse_topology(f.topology, f.num_slices))
     except (ValueError, KeyError) as e:
@@ -78,6 +82,7 @@ def run() -> None:
     """The console script (`[project.scripts]`): defines the flags, then absl runs `main` (`run_absl`)."""
     # Compile-only: this process needs no accelerator of its own (and must not wait for one).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])  # jax read it on import
     define_flags()
     flags.adopt_module_key_flags(plan_cli)  # --help lists them as this command's own
     run_absl(main, __name__)

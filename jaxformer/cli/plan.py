@@ -53,9 +53,10 @@ def format_table(r: dict) -> str:
                  f"    state + batch (arguments)     {_gb(c['argument_size']):>14}",
                  f"    activations + temporaries     {_gb(c['temp_size']):>14}",
                  f"    outputs not aliased to inputs {_gb(c['output_size'] - c['alias_size']):>14}",
-                 f"    peak estimate (sum of above)  {_gb(c['peak_estimate']):>14}",
-                 f"    compiled FLOPs / step         {c['xla_flops_per_device']:>14.4e}   (model "
-                 f"FLOPs / devices: {r['model_flops_per_step'] / r['devices']:.4e})"]
+                 f"    peak estimate (sum of above)  {_gb(c['peak_estimate']):>14}"]
+        flops = c["xla_flops_per_device"]  # 0: not reported (GPU compile-only programs)
+        rows.append(f"    compiled FLOPs / step         {f'{flops:.4e}' if flops else 'n/a':>14}   "
+                    f"(model FLOPs / devices: {r['model_flops_per_step'] / r['devices']:.4e})")
     return "\n".join(rows)
 
 
@@ -110,10 +111,11 @@ def define_flags() -> None:
     flags.DEFINE_integer("devices", 0, "Devices to plan for (0: see the module docstring).")
     flags.DEFINE_bool("compile", True, "Compile the step for XLA's activation/temp bytes.")
     flags.DEFINE_string("json", "", "Also write the JSON report to this path.")
-    flags.DEFINE_string("topology", "", "Plan for a TPU slice, compiled by its own compiler on "
-                        "compile-only devices: v5e:2x2, v5p:4x4x4, v6e:16x16, v4:2x2x1 "
-                        "(jaxformer.parallel.topology; needs the [tpu] extra).")
-    flags.DEFINE_integer("num_slices", 1, "With --topology: slices of it.")
+    flags.DEFINE_string("topology", "", "Plan for a TPU slice or GPU hosts, compiled by their own "
+                        "compiler on compile-only devices: v5e:2x2, v5p:4x4x4, v6e:16x16, "
+                        "v4:2x2x1, h100:8, h200:8, h100:2x8 (jaxformer.parallel.topology; needs "
+                        "the [tpu] or [cuda-aot] extra).")
+    flags.DEFINE_integer("num_slices", 1, "With --topology: slices of it (TPUs).")
     flags.DEFINE_bool(CHILD_FLAG[2:], False, "Internal: compile on simulated devices, print JSON.")
 
 

@@ -118,11 +118,18 @@ def make_mesh(mesh_cfg: Mapping[str, int] | None = None,
 
 def _hybrid_mesh(shape: tuple[int, ...], dcn: tuple[int, ...], devices: list) -> Mesh:
     """The mesh of several slices: `mesh_utils.create_hybrid_device_mesh` (ICI axes within a
-    slice, DCN axes across). Devices without a slice index (CPU, GPU) stand in one slice per block
-    of consecutive devices, in order: same shardings, no physical meaning."""
+    slice, DCN axes across). GPUs of several hosts, which share one slice index, are slices by host
+    (``process_is_granule``: NVLink within a host, the network across). Devices of one process
+    without a slice index (CPU) stand in one slice per block of consecutive devices, in order:
+    same shardings, no physical meaning."""
     ici = tuple(s // d for s, d in zip(shape, dcn))
     auto = (AxisType.Auto,) * len(MESH_AXES)
-    if all(hasattr(d, "slice_index") for d in devices):
+    slices = {getattr(d, "slice_index", None) for d in devices}
+    if len(slices) > 1 and None not in slices:
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+    elif devices[0].platform in ("gpu", "cuda") and len({d.process_index for d in devices}) > 1:
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=True)
+    elif all(hasattr(d, "slice_index") for d in devices):  # one TPU slice: its error names it
         grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
     else:
         blocks = np.asarray(devices).reshape(*dcn, *ici)  # [dcn axes..., ici axes...]

@@ -6,10 +6,12 @@ does not have (libtpu, from the package registry, compiles for them on a CPU hos
 real step, and nothing is allocated. Names follow Cloud TPU's accelerator types:
 
     v5e:2x2   v5e:16x16   v5p:4x4x4   v5p:8x8x4   v6e:16x16   v4:2x2x1   (TPU slices)
-    h100:8    h200:8                                                    (one GPU host)
+    h100:8    h200:8    h100:2x8                      (GPU hosts: <gpus> or <hosts>x<gpus per host>)
 
 A v5p / v4 name counts chips (Cloud TPU's ``v5p-128`` is 64 chips, ``v5p:4x4x4``). GPUs need jax's
-CUDA plugin and a GPU target description (not shipped by any wheel; see docs/scaling.md).
+CUDA plugin (the ``[cuda-aot]`` extra) and a description of the GPU for XLA's compiler, a
+``GpuTargetConfigProto`` in text form: ours are in ``gpu_targets/`` (`GPU_TARGETS`), written from
+NVIDIA's published figures.
 
 `CHIPS` holds each chip's published peak bf16 rate, HBM capacity and bandwidth, and ICI bandwidth,
 with its source: the roofline of `jaxformer.compile` divides by these, not by measurements.
@@ -36,6 +38,9 @@ class Chip:
     hbm_bytes_per_s: float  # HBM bandwidth
     ici_bytes_per_s: float  # bidirectional inter-chip bandwidth per chip (NVLink for GPUs)
     source: str
+    # Bidirectional bandwidth per chip between hosts (GPUs: InfiniBand), where the roofline prices
+    # what crosses hosts separately; None: not modelled (TPU slices: the DCN is in the ICI term).
+    network_bytes_per_s: float | None = None
 
 
 _GB = 1e9
@@ -48,11 +53,21 @@ CHIPS = {
                 "https://cloud.google.com/tpu/docs/v5p"),
     "v6e": Chip("TPU v6e (Trillium)", "tpu", 918e12, 32 * _GB, 1638 * _GB, 800 * _GB,
                 "https://cloud.google.com/tpu/docs/v6e"),
-    "h100": Chip("NVIDIA H100 SXM", "cuda", 989e12, 80 * _GB, 3350 * _GB, 900 * _GB,
-                 "NVIDIA H100 Tensor Core GPU datasheet (dense bf16, SXM5)"),
-    "h200": Chip("NVIDIA H200 SXM", "cuda", 989e12, 141 * _GB, 4800 * _GB, 900 * _GB,
-                 "NVIDIA H200 Tensor Core GPU datasheet (dense bf16, SXM)"),
+    # GPUs: NVLink 4 is 900 GB/s per GPU, 450 each way; "80 GB" is 80 GiB (gpu_targets/); between
+    # hosts, a DGX's one 400 Gb/s ConnectX-7 InfiniBand port per GPU: 50 GB/s each way.
+    "h100": Chip("NVIDIA H100 SXM", "cuda", 989e12, 80 * 2**30, 3350 * _GB, 900 * _GB,
+                 "NVIDIA H100 Tensor Core GPU datasheet (SXM: dense bf16, HBM3, NVLink); "
+                 "DGX H100 datasheet (InfiniBand)", 100 * _GB),
+    "h200": Chip("NVIDIA H200 SXM", "cuda", 989e12, 141 * 2**30, 4800 * _GB, 900 * _GB,
+                 "NVIDIA H200 Tensor Core GPU datasheet (SXM: dense bf16, HBM3e, NVLink); "
+                 "DGX H200 datasheet (InfiniBand)", 100 * _GB),
 }
+# XLA GPU target descriptions (text `stream_executor.GpuTargetConfigProto`) in gpu_targets/.
+GPU_TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200_sxm.txtpb"}
+# jax's CUDA plugin for compiling without a GPU: the plugin matching jaxlib, without the CUDA
+# runtime wheels, plus what XLA's GPU compiler itself loads — libdevice (nvidia-nvvm) and a PTX
+# assembler (nvJitLink; or ptxas from nvidia-cuda-nvcc / a CUDA toolkit).
+CUDA_AOT_INSTALL = "pip install -e '.[cuda-aot]'"
 # libtpu's topology names: the chip generation as its compiler knows it.
 _TPU_NAMES = {"v4": "v4", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
 
@@ -84,8 +99,10 @@ def parse_topology(name: str, num_slices: int = 1) -> Topology:
                          "e.g. v5e:2x2, v5p:4x4x4, h100:8")
     chip = CHIPS[m.group(1)]
     shape = tuple(int(s) for s in m.group(2).split("x"))
-    if chip.platform == "cuda" and len(shape) != 1:
-        raise ValueError(f"--topology {name!r}: a GPU host is <gpu>:<count>, e.g. h100:8")
+    if chip.platform == "cuda" and (len(shape) > 2 or num_slices != 1):
+        raise ValueError(f"--topology {name!r} with {num_slices} slices: GPUs are <gpu>:<gpus> "
+                         "(one host) or <gpu>:<hosts>x<gpus per host>, e.g. h100:8 or h100:2x8; "
+                         "--num_slices is for TPUs")
     if num_slices < 1 or min(shape) < 1:
         raise ValueError(f"--topology {name!r} with {num_slices} slices: sizes must be positive")
     return Topology(name, chip, shape, num_slices)
@@ -97,9 +114,12 @@ def topology_devices(topo: Topology) -> list:
     TPU: needs libtpu (``pip install -e '.[tpu]'``). libtpu takes a machine-wide lock file on
     start-up; compile-only use allocates nothing, so the lock is waived for this process
     (``ALLOW_MULTIPLE_LIBTPU_LOAD``), and other jax processes on the machine are not blocked.
+    GPU: `gpu_devices`.
     """
     from jax.experimental import topologies
 
+    if topo.chip.platform == "cuda":
+        return gpu_devices(topo)
     if topo.chip.platform == "tpu":
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         key = next(k for k, c in CHIPS.items() if c is topo.chip)
@@ -116,8 +136,51 @@ def topology_devices(topo: Topology) -> list:
                              "is libtpu installed (pip install -e '.[tpu]') and the shape one "
                              "Cloud TPU offers?") from e
         return list(desc.devices)
-    raise ValueError(f"--topology {topo.name}: compiling for GPUs without one needs jax's CUDA "
-                     "plugin and an XLA GPU target description (docs/scaling.md); not set up here")
+    raise ValueError(f"--topology {topo.name}: no compile-only devices for {topo.chip.platform}")
 
 
-__all__ = ["CHIPS", "Chip", "Topology", "parse_topology", "topology_devices"]
+def gpu_target(key: str) -> str:
+    """The text `GpuTargetConfigProto` of GPU ``key`` (`GPU_TARGETS`), from the package data."""
+    from importlib import resources
+
+    return resources.files(__package__).joinpath("gpu_targets", GPU_TARGETS[key]).read_text()
+
+
+def cuda_plugin_installed() -> bool:
+    """Whether jax's CUDA PJRT plugin (CUDA 13 or 12) is importable in this environment."""
+    from importlib.util import find_spec
+
+    return find_spec("jax_plugins") is not None and any(
+        find_spec(f"jax_plugins.{name}") is not None for name in ("xla_cuda13", "xla_cuda12"))
+
+
+def gpu_devices(topo: Topology) -> list:
+    """Compile-only devices of ``topo``'s GPUs (`Topology.shape`: ``(gpus,)`` or ``(hosts, gpus)``),
+    host by host: jax's CUDA plugin describes ``1 x hosts x gpus`` GPUs of our target description
+    (`gpu_target`), and XLA's GPU compiler compiles for them on this machine, GPU or not. The
+    process's own platform is unchanged (``JAX_PLATFORMS=cpu`` is fine)."""
+    from jax.experimental import topologies
+
+    key = next(k for k, c in CHIPS.items() if c is topo.chip)
+    if not cuda_plugin_installed():
+        raise ValueError(f"--topology {topo.name}: compiling for GPUs needs jax's CUDA plugin, "
+                         f"which is not installed: {CUDA_AOT_INSTALL}")
+    # The plugin checks the CUDA runtime's version when it loads, unless told the process is
+    # CPU-only: compiling needs no runtime (and none may be here); the check is skipped.
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    hosts, gpus = topo.shape if len(topo.shape) == 2 else (1, topo.shape[0])
+    try:
+        desc = topologies.get_topology_desc(platform="cuda", topology=f"1x{hosts}x{gpus}",
+                                            target_config=gpu_target(key))
+    except NotImplementedError as e:  # the plugin did not load: jax started before we could ask
+        raise ValueError(f"--topology {topo.name}: jax's CUDA plugin did not load in this process "
+                         "(without a GPU its start-up check fails unless jax starts with "
+                         "JAX_PLATFORMS=cpu or JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 set)") from e
+    except (RuntimeError, ValueError, jax.errors.JaxRuntimeError) as e:
+        raise ValueError(f"--topology {topo.name}: jax's CUDA plugin could not describe it "
+                         f"({e}); is it the version of jaxlib ({CUDA_AOT_INSTALL})?") from e
+    return list(desc.devices)
+
+
+__all__ = ["CHIPS", "CUDA_AOT_INSTALL", "Chip", "GPU_TARGETS", "Topology", "cuda_plugin_installed",
+           "gpu_devices", "gpu_target", "parse_topology", "topology_devices"]
