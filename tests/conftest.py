@@ -24,7 +24,11 @@ if not any(f.startswith(_DEVICES_FLAG.split("=")[0]) for f in _flags):
 # float32 results (LLVM does not reassociate floating point without fast-math at any level).
 # Not level 0: it miscompiles the chunked-attention gradient with an additive bias into NaNs
 # (jax 0.10.2 and still 0.12, XLA:CPU; tests/test_attention.py::test_chunked_equals_plain_values_
-# and_gradients fails there and passes at 1 and 2). An explicit level in XLA_FLAGS wins.
+# and_gradients fails there and passes at 1 and 2), and it is no quicker overall: what it saves in
+# compiling it loses in running (tests/test_qa.py: 36.8 / 37.4 s of CPU at level 0, 32.7 / 35.1 s at
+# level 1, alternated). Neither do --xla_llvm_disable_expensive_passes or
+# --xla_cpu_parallel_codegen_split_count=1 help (same file, within the noise). An explicit level in
+# XLA_FLAGS wins.
 if not any(f.startswith("--xla_backend_optimization_level") for f in _flags):
     _flags.append("--xla_backend_optimization_level=1")
 os.environ["XLA_FLAGS"] = " ".join(_flags)
