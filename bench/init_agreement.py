@@ -73,10 +73,11 @@ def family_losses(family: str, args) -> dict[str, dict[str, list[float]]]:
         row = out.setdefault(system, {"first": [], "last": []})
         row["first"].append(first)
         row["last"].append(last)
-        print(f"{family} {system} seed {len(row['first']) - 1}: {first:.4f} -> {last:.4f}",
+        print(f"{family} {system} seed {args.first_seed + len(row['first']) - 1}: {first:.4f} -> "
+              f"{last:.4f}",
               file=sys.stderr, flush=True)
 
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         record("jaxformer", *jax_losses(steps["jaxformer"], tx, init(jax.random.key(seed), *init_args),
                                         batch, args.steps))
         hf = hf_flax_apply(family, cfg, seed=seed)
@@ -108,6 +109,7 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--families", default="gpt,bert,t5")
     p.add_argument("--seeds", type=int, default=3, help="initialisations per system")
+    p.add_argument("--first_seed", type=int, default=0, help="seeds first_seed, first_seed + 1, …")
     p.add_argument("--steps", type=int, default=6, help="AdamW updates before 'loss N'")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq_len", type=int, default=256)
@@ -128,7 +130,7 @@ def main(argv=None) -> dict:
         rows += summarise(family, family_losses(family, args))
     report = {"benchmark": "init_agreement", "backend": jax.default_backend(),
               "versions": {"jax": jax.__version__, "transformers": transformers_version()},
-              "config": {k: getattr(args, k) for k in ("seeds", "steps", "batch", "seq_len",
+              "config": {k: getattr(args, k) for k in ("seeds", "first_seed", "steps", "batch", "seq_len",
                                                        "target_len", "d_model", "layers", "heads",
                                                        "d_ff", "vocab")},
               "results": rows}
