@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import format_table  # noqa: E402
 from peer_models import (  # noqa: E402
+    add_model_args,
     hf_flax_apply,
     jaxformer_apply,
     make_batch,
@@ -111,15 +112,7 @@ def main(argv=None) -> dict:
     p.add_argument("--seeds", type=int, default=3, help="initialisations per system")
     p.add_argument("--first_seed", type=int, default=0, help="seeds first_seed, first_seed + 1, …")
     p.add_argument("--steps", type=int, default=6, help="AdamW updates before 'loss N'")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq_len", type=int, default=256)
-    p.add_argument("--target_len", type=int, default=64, help="T5 decoder length")
-    p.add_argument("--d_model", type=int, default=512)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--d_ff", type=int, default=2048)
-    p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--no_torch", action="store_true", help="skip the PyTorch peer")
+    add_model_args(p)
     p.add_argument("--json", default=None, help="also write the report here")
     args = p.parse_args(argv)
     if args.seeds < 2:

@@ -35,6 +35,20 @@ NO_DROPOUT = dict(dropout_rate=0.0, attention_dropout_rate=0.0, ffn_dropout_rate
 HF_CLASSES = {"gpt": "GPT2LMHeadModel", "bert": "BertForMaskedLM", "t5": "T5ForConditionalGeneration"}
 
 
+def add_model_args(parser) -> None:
+    """The bench model's sizes (the defaults: the issue's GPT) and ``--no_torch``, on an
+    ``argparse`` parser; `model_config` and `make_batch` read them."""
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq_len", type=int, default=256)
+    parser.add_argument("--target_len", type=int, default=64, help="T5 decoder length")
+    parser.add_argument("--d_model", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--d_ff", type=int, default=2048)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--no_torch", action="store_true", help="skip the PyTorch peer")
+
+
 def model_config(family: str, args, **overrides) -> ModelConfig:
     """The preset of ``family`` at the bench's sizes, float32, dropout off (BERT without pooler:
     its MLM head does not read it, nor does HF's ``BertForMaskedLM`` have one)."""

@@ -52,6 +52,7 @@ from common import (  # noqa: E402
     time_round_robin,
 )
 from peer_models import (  # noqa: E402
+    add_model_args,
     hf_flax_apply,
     jaxformer_apply,
     make_batch,
@@ -156,15 +157,7 @@ def main(argv=None) -> dict:
     p.add_argument("--families", default="gpt,bert,t5")
     p.add_argument("--steps", type=int, default=4, help="timed steps per system")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps after the first")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq_len", type=int, default=256)
-    p.add_argument("--target_len", type=int, default=64, help="T5 decoder length")
-    p.add_argument("--d_model", type=int, default=512)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--d_ff", type=int, default=2048)
-    p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--no_torch", action="store_true", help="skip the PyTorch peer")
+    add_model_args(p)
     p.add_argument("--scan_compile", default="2,24",
                    help="layer counts whose scan_layers compile time is measured ('' skips)")
     p.add_argument("--matmul_n", type=int, default=2048)
