@@ -26,7 +26,6 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp
 import optax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -34,17 +33,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import format_table  # noqa: E402
 from peer_models import (  # noqa: E402
     add_model_args,
+    bench_model,
     hf_flax_apply,
     jaxformer_apply,
-    make_batch,
-    model_config,
     torch_step,
     transformers_version,
 )
 from train_families import LR, WEIGHT_DECAY, jitted_step  # noqa: E402
 
 from demo.stats import mean_se  # noqa: E402
-from jaxformer.models import build_model  # noqa: E402
 
 
 def jax_losses(step, tx, params, batch, steps: int) -> tuple[float, float]:
@@ -59,15 +56,10 @@ def jax_losses(step, tx, params, batch, steps: int) -> tuple[float, float]:
 
 def family_losses(family: str, args) -> dict[str, dict[str, list[float]]]:
     """``{system: {"first": [per seed], "last": [per seed]}}`` for ``family``."""
-    cfg = model_config(family, args)
-    np_batch = make_batch(family, cfg, args)
-    batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
-    model = build_model(cfg)
-    init_args = ((batch["inputs"], batch["targets"]) if family == "t5"
-                 else (batch["tokens"][:, : args.seq_len],))
-    init = jax.jit(model.init)
+    bench = bench_model(family, args)
+    cfg, np_batch, batch = bench.cfg, bench.np_batch, bench.batch
     tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
-    steps = {"jaxformer": jitted_step(family, jaxformer_apply(family, model), tx, "jaxformer")}
+    steps = {"jaxformer": jitted_step(family, jaxformer_apply(family, bench.model), tx, "jaxformer")}
     out: dict[str, dict[str, list[float]]] = {}
 
     def record(system: str, first: float, last: float) -> None:
@@ -79,8 +71,7 @@ def family_losses(family: str, args) -> dict[str, dict[str, list[float]]]:
               file=sys.stderr, flush=True)
 
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        record("jaxformer", *jax_losses(steps["jaxformer"], tx, init(jax.random.key(seed), *init_args),
-                                        batch, args.steps))
+        record("jaxformer", *jax_losses(steps["jaxformer"], tx, bench.init(seed), batch, args.steps))
         hf = hf_flax_apply(family, cfg, seed=seed)
         if hf is not None:  # one compiled step for every seed: the architecture is the same
             steps.setdefault("hf-flax", jitted_step(family, hf[0], tx, "hf_flax"))

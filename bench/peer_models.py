@@ -73,6 +73,33 @@ def make_batch(family: str, cfg: ModelConfig, args, seed: int = 0) -> dict[str, 
     return {"inputs": ids(b, n), "targets": ids(b, args.target_len)}
 
 
+@dataclasses.dataclass(frozen=True)
+class BenchModel:
+    """One family's bench set-up: the jaxformer config and model, the fixed batch (NumPy and
+    device arrays), and ``init(seed)`` -> the jaxformer parameters (jitted)."""
+
+    cfg: ModelConfig
+    model: Any
+    np_batch: dict[str, np.ndarray]
+    batch: dict[str, Any]
+    init: Any
+
+
+def bench_model(family: str, args) -> BenchModel:
+    """The `BenchModel` of ``family`` at the sizes of ``args`` (`add_model_args`)."""
+    from jaxformer.models import build_model
+
+    cfg = model_config(family, args)
+    np_batch = make_batch(family, cfg, args)
+    batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
+    model = build_model(cfg)
+    init_args = ((batch["inputs"], batch["targets"]) if family == "t5"
+                 else (batch["tokens"][:, : args.seq_len],))
+    init = jax.jit(model.init)
+    return BenchModel(cfg, model, np_batch, batch,
+                      lambda seed: init(jax.random.key(seed), *init_args))
+
+
 def shift_right(targets):
     """Decoder inputs: ``targets`` `[B, L_t]` shifted right by one, start id 0 first."""
     return jnp.concatenate([jnp.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)

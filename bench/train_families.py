@@ -53,6 +53,7 @@ from common import (  # noqa: E402
 )
 from peer_models import (  # noqa: E402
     add_model_args,
+    bench_model,
     hf_flax_apply,
     jaxformer_apply,
     make_batch,
@@ -105,13 +106,9 @@ def prepare_jax(name: str, family: str, apply, params, batch) -> dict:
 
 def prepare_family(family: str, args) -> tuple[list[dict], dict]:
     """The entries of ``family`` (jaxformer, hf-flax if installed, torch) and its FLOPs."""
-    cfg = model_config(family, args)
-    np_batch = make_batch(family, cfg, args)
-    batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
-    model = build_model(cfg)
-    init_args = ((batch["inputs"], batch["targets"]) if family == "t5"
-                 else (batch["tokens"][:, : args.seq_len],))
-    params = jax.jit(model.init)(jax.random.key(0), *init_args)
+    bench = bench_model(family, args)
+    cfg, np_batch, batch, model = bench.cfg, bench.np_batch, bench.batch, bench.model
+    params = bench.init(0)
     flops = model_flops(cfg, params["params"], args.batch, args.seq_len, args.target_len)
     entries = [prepare_jax("jaxformer", family, jaxformer_apply(family, model), params, batch)]
     hf = hf_flax_apply(family, cfg)
