@@ -32,7 +32,8 @@ LONGEST_FIRST = (
     "test_ring_attention.py",  # context-parallel train steps and loss curves (~130 s: 1-layer
     # models, one run per family and mesh for the step and loss-curve tests)
     "test_demo.py",  # the whole demo at tiny settings (~80 s)
-    "test_compile.py",  # seven train steps compiled for TPU slices by libtpu (~85 s)
+    "test_compile.py",  # train steps compiled for TPU slices by libtpu (~110 s; the GPU ones skip
+    # without the [cuda-aot] extra)
     "test_lora.py",
     "test_nnx.py",
     "test_distill.py",
