@@ -55,6 +55,9 @@ def search(family: str, rates: list[float], workdir: Path, settings: DemoSetting
         trainer, run = train_run(f"{family}_pretrain_{rate:g}", config, workdir / f"{rate:g}")
         tokenizer = tokenizer or str(Path(run.workdir) / "tokenizer.model")
         evals = curve(run.rows, "eval_loss")
+        if not evals or evals[-1][0] != config.num_train_steps:  # preempted (SIGTERM)
+            raise SystemExit(f"{run.name} stopped before its last evaluation (step "
+                             f"{config.num_train_steps}); rerun the same command to resume")
         runs.append({"rate": rate, "end_rate": config.optimizer.end_lr,
                      "warmup_steps": config.optimizer.warmup_steps,
                      "validation_loss": evals, "final": evals[-1][1], **run.summary()})
