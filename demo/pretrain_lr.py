@@ -59,6 +59,7 @@ def search(family: str, rates: list[float], workdir: Path, settings: DemoSetting
             raise SystemExit(f"{run.name} stopped before its last evaluation (step "
                              f"{config.num_train_steps}); rerun the same command to resume")
         runs.append({"rate": rate, "end_rate": config.optimizer.end_lr,
+                     "num_train_steps": config.num_train_steps,
                      "warmup_steps": config.optimizer.warmup_steps,
                      "validation_loss": evals, "final": evals[-1][1], **run.summary()})
         print(f"  peak {rate:g}: validation loss {evals[-1][1]:.4f} at step {evals[-1][0]}",
@@ -73,15 +74,17 @@ def markdown(r: dict, command: str) -> str:
     first = r["runs"][0]
     lines = [f"# {r['family']} pretraining: peak learning rate against validation loss", "",
              f"Command: `{command}` on {r['cpu']} (load average {r['load_at_end']:.1f} at the "
-             f"end). `{r['config']}`, {first['steps']:,} steps, warmup {first['warmup_steps']}, "
+             f"end). `{r['config']}`, {first['num_train_steps']:,} steps, warmup {first['warmup_steps']}, "
              "end rate scaled with the peak (the config's end/peak ratio); validation loss at "
-             "each evaluation:", "",
+             "each evaluation; minutes of training in this invocation (– for a run resumed from "
+             "an earlier one's checkpoints):", "",
              "| peak rate | " + " | ".join(f"step {s:,}" for s in steps) + " | minutes |",
              "|---:|" + "---:|" * (len(steps) + 1)]
     for run in sorted(r["runs"], key=lambda run: run["rate"]):
         cells = [f"**{v:.3f}**" if run["rate"] == r["best"] and s == steps[-1] else f"{v:.3f}"
                  for s, v in run["validation_loss"]]
-        lines.append(f"| {run['rate']:g} | " + " | ".join(cells) + f" | {run['minutes']:.1f} |")
+        minutes = f"{run['minutes']:.1f}" if run["steps"] == run["num_train_steps"] else "–"
+        lines.append(f"| {run['rate']:g} | " + " | ".join(cells) + f" | {minutes} |")
     lines += ["", f"Best by the final validation loss: **{r['best']:g}**."]
     return "\n".join(lines) + "\n"
 
