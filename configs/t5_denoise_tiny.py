@@ -26,7 +26,7 @@ def get_config():
     c.num_train_steps = 1600
     c.optimizer.warmup_steps = 120
     # Peak 2e-3 (t5_pretrain_tiny's 3e-3 was chosen under the former flat init): with T5's
-    # published fan-in init the final validation loss is lowest at 2e-3 of {2e-3, 3e-3, 5e-3}
+    # published fan-in init the final validation loss is lowest at 2e-3 of {1e-3, 2e-3, 3e-3, 5e-3}
     # (end rate a tenth of the peak; demo_results/t5_pretrain_lr/pretrain_lr.md).
     c.optimizer.peak_lr = 2e-3
     c.optimizer.end_lr = 2e-4
