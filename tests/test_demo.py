@@ -14,9 +14,11 @@ from demo import DemoSettings, run_demo
 from demo.__main__ import main
 from demo.bert import low_resource_records, sentiment_records
 from demo.compare import choose
-from demo.configs import load_config, parse_overrides
+from demo.configs import load_config, parse_overrides, pretrain_config
+from demo.pretrain_lr import main as pretrain_lr_main
+from demo.pretrain_lr import rate_config
 from demo.report import goals, headline
-from demo.settings import CHOSEN_LR, LR_GRID, chosen_lr
+from demo.settings import CHOSEN_LR, LR_GRID, PRETRAIN_STEPS, chosen_lr
 from demo.stats import compare, mean_se
 from jaxformer.data.sources import get_source
 
@@ -205,3 +207,26 @@ def test_demo_cli_reports_bad_set_items(tmp_path, capsys):
         main(["--set", "model.d_modle=3", "--only", "gpt", "--budget_scale", "0.001",
               "--workdir", str(tmp_path), "--out", str(tmp_path)])
     assert "has no key 'model.d_modle'" in capsys.readouterr().err
+
+
+def test_pretrain_lr_scales_the_whole_schedule_and_nothing_else():
+    base = load_config("t5_denoise_tiny").optimizer
+    for scale, steps in [(1.0, PRETRAIN_STEPS["t5"]), (2.0, 2 * PRETRAIN_STEPS["t5"])]:
+        settings = DemoSettings(pretrain_scale=scale)
+        c = rate_config("t5", 5e-3, settings)
+        ref = pretrain_config("t5", "t5_denoise_tiny", settings, None)
+        assert c.optimizer.peak_lr == 5e-3 and base.peak_lr != 5e-3
+        assert c.optimizer.end_lr == pytest.approx(base.end_lr * 5e-3 / base.peak_lr)
+        assert c.num_train_steps == steps and c.optimizer.warmup_steps == round(base.warmup_steps
+                                                                                * scale)
+        c.optimizer.peak_lr, c.optimizer.end_lr = ref.optimizer.peak_lr, ref.optimizer.end_lr
+        assert c.to_dict() == ref.to_dict()  # only the two rates differ from the demo's run
+
+
+@pytest.mark.parametrize("argv, message", [(["--rates", "1e-3,x"], "expected comma-separated"),
+                                           (["--rates", "0,1e-3"], "must be positive"),
+                                           (["--set", "model.d_modle=3"], "has no key")])
+def test_pretrain_lr_cli_rejects_bad_input(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        pretrain_lr_main([*argv, "--workdir", "/nonexistent", "--out", "/nonexistent"])
+    assert message in capsys.readouterr().err
