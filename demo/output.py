@@ -40,3 +40,13 @@ def write_jsonl(path: Path, records) -> int:
             n += 1
     os.replace(tmp, path)
     return n
+
+
+def write_tool_report(out: str | Path, stem: str, results, markdown: str) -> None:
+    """A side tool's report (`demo.t5_budget`, `demo.pretrain_lr`): ``<out>/<stem>.json`` (the
+    results) and ``<out>/<stem>.md`` (``markdown``), then say where they are."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    (out / f"{stem}.md").write_text(markdown)
+    print(f"Wrote {out}/{stem}.json, {stem}.md")

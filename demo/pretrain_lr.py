@@ -15,13 +15,12 @@ rate, the best rate by the final validation loss.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from demo.configs import Overrides, parse_overrides, pretrain_config
 from demo.main import _cpu_name, _load
-from demo.output import banner, curve, start_clock
+from demo.output import banner, curve, start_clock, write_tool_report
 from demo.runs import train_run
 from demo.settings import DemoSettings
 
@@ -116,11 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = DemoSettings(pretrain_scale=args.pretrain_scale)
     results = search(args.family, rates, Path(args.workdir), settings, overrides)
     command = "python -m demo.pretrain_lr " + " ".join(sys.argv[1:] if argv is None else argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "pretrain_lr.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    (out / "pretrain_lr.md").write_text(markdown(results, command.strip()))
-    print(f"Wrote {out}/pretrain_lr.json, pretrain_lr.md")
+    write_tool_report(args.out, "pretrain_lr", results, markdown(results, command.strip()))
 
 
 if __name__ == "__main__":

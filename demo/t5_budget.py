@@ -17,12 +17,11 @@ Writes ``<out>/t5_budget.json`` and ``<out>/t5_budget.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from demo.configs import Overrides, load_config, parse_overrides
-from demo.output import banner, start_clock
+from demo.output import banner, start_clock, write_tool_report
 from demo.runs import train_run
 from demo.settings import DemoSettings
 from demo.t5 import (
@@ -45,12 +44,20 @@ def demo_tokenizer(workdir: Path, overrides: Overrides | None = None):
                                    lambda: source_texts(get_source(config.data, "train")))
 
 
+# The decodings the budget study chooses among on validation BLEU (besides greedy): beam search with
+# these GNMT length-penalty exponents, each with and without 3-gram blocking. They were
+# `DemoSettings` fields until the demo itself went greedy-only; this tool kept reading them there
+# and failed at import.
+LENGTH_PENALTIES = (1.3, 1.6)
+NO_REPEAT_NGRAMS = (0, 3)
+
+
 def run_budget(workdir: Path, steps: int, every: int, *, tokenizer_path: str = "",
                max_tokens: int = DemoSettings.t5_max_tokens, test_verses: int = 500,
                curve_verses: int = 200,
                select_verses: int = 200, beam_size: int = 4,
-               length_penalties: tuple[float, ...] = DemoSettings.t5_length_penalties,
-               no_repeat_ngrams: tuple[int, ...] = DemoSettings.t5_no_repeat_ngrams,
+               length_penalties: tuple[float, ...] = LENGTH_PENALTIES,
+               no_repeat_ngrams: tuple[int, ...] = NO_REPEAT_NGRAMS,
                decode_batch: int = 64,
                overrides: Overrides | None = None) -> dict:
     workdir = Path(workdir)
@@ -135,11 +142,7 @@ def main(argv: list[str] | None = None) -> None:
                          max_tokens=args.max_tokens, overrides=overrides)
     command = "python -m demo.t5_budget " + " ".join(sys.argv[1:] if argv is None
                                                                else argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "t5_budget.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    (out / "t5_budget.md").write_text(markdown(results, command.strip()))
-    print(f"Wrote {out}/t5_budget.json, t5_budget.md")
+    write_tool_report(args.out, "t5_budget", results, markdown(results, command.strip()))
 
 
 if __name__ == "__main__":

@@ -230,3 +230,17 @@ def test_pretrain_lr_cli_rejects_bad_input(argv, message, capsys):
     with pytest.raises(SystemExit):
         pretrain_lr_main([*argv, "--workdir", "/nonexistent", "--out", "/nonexistent"])
     assert message in capsys.readouterr().err
+
+
+def test_every_demo_module_imports():
+    """Side tools (`demo.t5_budget`, `demo.pretrain_lr`, …) are not run by the suite: importing
+    them at least catches a setting they read that has gone (t5_budget read two removed
+    `DemoSettings` fields at import until 2026-11-27)."""
+    import importlib
+    import pkgutil
+
+    import demo
+    names = [m.name for m in pkgutil.iter_modules(demo.__path__) if m.name != "__main__"]
+    assert {"t5_budget", "pretrain_lr", "settings"} <= set(names)
+    for name in names:
+        importlib.import_module(f"demo.{name}")
