@@ -24,8 +24,11 @@ with a stack trace. `watch_peers` gets there first, with one line: each process'
 writes a heartbeat into the service's key-value store every second and reads the others'; a process
 whose heartbeat has not changed for ``JAXFORMER_HEARTBEAT_TIMEOUT`` seconds (default
 `HEARTBEAT_TIMEOUT_S`) is gone, and the others print one line naming it and exit with code 1.
-JAX's own ``heartbeat_timeout_seconds`` is set to twice that, a fallback. A process that ends
-normally says so first (a peer that ended is not a lost one), then waits at most
+JAX's own ``heartbeat_timeout_seconds`` is set to `JAX_HEARTBEAT_FACTOR` times that, a fallback:
+JAX's agents beat every half of its timeout, so its service may declare a killed process dead as
+soon as half its timeout after the kill; at twice ours it sometimes came first and aborted the
+survivor with a stack trace (tests/test_multiprocess.py, once in a full-suite run). A process
+that ends normally says so first (a peer that ended is not a lost one), then waits at most
 ``JAXFORMER_SHUTDOWN_TIMEOUT`` seconds (default `SHUTDOWN_TIMEOUT_S`, JAX's
 ``shutdown_timeout_seconds``) for the others to end too. If process 0 itself dies, the service goes
 with it and JAX ends the others at once with its own message ("Terminating process because the JAX
@@ -46,7 +49,8 @@ from collections.abc import Mapping
 
 import jax
 
-HEARTBEAT_TIMEOUT_S = 50  # a process whose heartbeat is this old is gone (JAX's: twice that)
+HEARTBEAT_TIMEOUT_S = 50  # a process whose heartbeat is this old is gone
+JAX_HEARTBEAT_FACTOR = 4  # JAX's own timeout, in multiples of ours (module docstring)
 _watching: dict[str, int] = {}  # the running watchdog's timeout_s (`watch_peers`)
 SHUTDOWN_TIMEOUT_S = 300  # JAX's default: how long an ending process waits for the others
 
@@ -83,7 +87,7 @@ def maybe_initialize_distributed() -> bool:
         return False
     env = os.environ
     heartbeat = _seconds(env, "JAXFORMER_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT_S)
-    timeouts = {"heartbeat_timeout_seconds": 2 * heartbeat,  # JAX's: `watch_peers` comes first
+    timeouts = {"heartbeat_timeout_seconds": JAX_HEARTBEAT_FACTOR * heartbeat,  # ours first
                 "shutdown_timeout_seconds": _seconds(env, "JAXFORMER_SHUTDOWN_TIMEOUT",
                                                      SHUTDOWN_TIMEOUT_S)}
     if trigger == "JAX_COORDINATOR_ADDRESS":
