@@ -22,9 +22,10 @@ table, then one JSON line):
   FLOPs and bytes accessed per chip (the TPU compiler does; the GPU compiler's compile-only
   programs report none);
 * the collectives of the compiled HLO by kind (all-gather, reduce-scatter, all-reduce,
-  all-to-all, collective-permute): instructions and bytes of their results, counted as they
-  appear in the program text (an instruction inside a scanned layer's loop body runs once per
-  layer and is counted once);
+  all-to-all, collective-permute): how many run per step and the bytes of their results. An
+  instruction inside a while loop's body (a scanned layer, ``model.scan_layers``) runs once per
+  iteration and counts so: the trip count is XLA's ``known_trip_count`` where the compiler
+  states it (GPU), else the bound of the loop condition's ``counter < N`` (TPU);
 * a roofline: the step cannot be faster than its model FLOPs at the chip's peak, nor than its
   bytes accessed at the HBM bandwidth (where XLA reports them), nor than its collective bytes at
   the ICI (NVLink) bandwidth; the largest bounds the step time, and model-FLOPs time / that bound
@@ -119,11 +120,13 @@ def _groups(line: str) -> list[list[int]]:
 
 
 def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, dict[str, int]]:
-    """``{kind: {"count", "bytes", "dcn_count", "dcn_bytes"}}`` of the collectives in compiled HLO
-    text; ``dcn_*``: those that cross slices (or GPU hosts) — a device group spanning several
-    (``slice_of[i]``: the slice or host of the program's device ``i``), or the TPU's transfers to the
-    data-center network (``_xla_megascale_*`` sends, bytes summed over their chunks). An asynchronous
-    pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``, sized by its results
+    """``{kind: {"count", "bytes", "dcn_count", "dcn_bytes"}}`` of the collectives that one run of
+    compiled HLO text executes: an instruction in a computation that runs ``n`` times (a while
+    body, `_executions`) counts ``n`` times, its bytes too. ``dcn_*``: those that cross slices (or
+    GPU hosts) — a device group spanning several (``slice_of[i]``: the slice or host of the
+    program's device ``i``), or the TPU's transfers to the data-center network
+    (``_xla_megascale_*`` sends, bytes summed over their chunks). An asynchronous
+pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``, sized by its results
     (`_result_bytes`); a combined collective (the GPU compiler merges FSDP's gathers into one
     instruction over a tuple of weights) counts once, its results summed. One collective counts
     once however many instructions carry its ``channel_id``: the TPU compiler clones a collective
@@ -135,40 +138,108 @@ def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, d
     stats = {k: {"count": 0, "bytes": 0, "dcn_count": 0, "dcn_bytes": 0} for k in COLLECTIVES}
     seen = set()
 
-    def add(kind: str, moved: int, line: str) -> None:
+    def add(kind: str, moved: int, line: str, times: int) -> None:
         channel = re.search(r"\bchannel_id=(\d+)", line)
         if channel and (kind, channel.group(1)) in seen:
             return  # the same collective again, in the next fusion of an async-collective chain
         seen.add((kind, channel.group(1) if channel else line))
         stat = stats[kind]
-        stat["count"] += 1
-        stat["bytes"] += moved
+        stat["count"] += times
+        stat["bytes"] += moved * times
         if slice_of and any(len({slice_of[d] for d in g}) > 1 for g in _groups(line)):
-            stat["dcn_count"] += 1
-            stat["dcn_bytes"] += moved
+            stat["dcn_count"] += times
+            stat["dcn_bytes"] += moved * times
 
     hlo_text, fused = _fused_reduce_scatters(hlo_text)
-    for m in _FUSED_RS_CALL.finditer(hlo_text):  # counted where called, sized by their shards
-        add("reduce-scatter", sum(_shape_bytes(m.group(1))), fused.get(m.group(2), ""))
     pattern = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.+?) (" + "|".join(COLLECTIVES)
                          + r")(-start)?\(.*$", re.M)
-    for m in pattern.finditer(hlo_text):
-        if _shape_bytes(m.group(1)):
-            add(m.group(2), _result_bytes(m.group(1), m.group(2), bool(m.group(3))), m.group(0))
-    # TPU multi-slice: the compiler splits a collective over slices into an ICI part (above,
-    # within a slice) and host transfers to the DCN runtime ("megascale" sends, named by a
-    # rendezvous key, counted once per key: about one per tensor, so more than the ICI count).
-    sends = re.finditer(r"^\s*%?[\w.\-]+ = (.+?) send\(.*?_xla_host_transfer_rendezvous="
-                        r"\"([^\"]+)\".*?_xla_megascale_transfer_type=\"(\w+)\"", hlo_text, re.M)
-    keys = set()
-    for m in sends:
-        kind = _MEGASCALE_KINDS.get(m.group(3), "collective-permute")
-        stats[kind]["dcn_bytes"] += max(_shape_bytes(m.group(1)) or [0])
-        key = m.group(2).rsplit("_", 1)[0]
-        if key not in keys:
-            keys.add(key)
-            stats[kind]["dcn_count"] += 1
+    keys, executions = set(), _executions(hlo_text)
+    for name, text in _computations(hlo_text).items():
+        times = executions.get(name, 1)
+        for m in _FUSED_RS_CALL.finditer(text):  # counted where called, sized by their shards
+            add("reduce-scatter", sum(_shape_bytes(m.group(1))), fused.get(m.group(2), ""), times)
+        for m in pattern.finditer(text):
+            if _shape_bytes(m.group(1)):
+                add(m.group(2), _result_bytes(m.group(1), m.group(2), bool(m.group(3))),
+                    m.group(0), times)
+        # TPU multi-slice: the compiler splits a collective over slices into an ICI part (above,
+        # within a slice) and host transfers to the DCN runtime ("megascale" sends, named by a
+        # rendezvous key, counted once per key: about one per tensor, so more than the ICI count).
+        sends = re.finditer(r"^\s*%?[\w.\-]+ = (.+?) send\(.*?_xla_host_transfer_rendezvous="
+                            r"\"([^\"]+)\".*?_xla_megascale_transfer_type=\"(\w+)\"", text, re.M)
+        for m in sends:
+            kind = _MEGASCALE_KINDS.get(m.group(3), "collective-permute")
+            stats[kind]["dcn_bytes"] += max(_shape_bytes(m.group(1)) or [0]) * times
+            key = m.group(2).rsplit("_", 1)[0]
+            if key not in keys:
+                keys.add(key)
+                stats[kind]["dcn_count"] += times
     return stats
+
+
+_HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
+_CALLS = re.compile(r"\b(calls|to_apply|body|condition|true_computation|false_computation)="
+                    r"%?([\w.\-]+)|\b(?:branch_computations|called_computations)=\{([^}]*)\}")
+
+
+def _computations(hlo_text: str) -> dict[str, str]:
+    """{name: text} of the computations of HLO module text (``ENTRY`` under ``"ENTRY"``); text
+    that is no module (instruction lines only, as in tests) is one computation, ``"ENTRY"``."""
+    out, name, lines = {}, None, []
+    for line in hlo_text.splitlines():
+        header = _HEADER.match(line) if not line[:1].isspace() else None
+        if header:
+            name, lines = ("ENTRY" if line.startswith("ENTRY") else header.group(1)), []
+        elif line.startswith("}") and name is not None:
+            out[name], name = "\n".join(lines), None
+        elif name is not None:
+            lines.append(line)
+    return out or {"ENTRY": hlo_text}
+
+
+def _trip_count(while_line: str, computations: dict[str, str], condition: str) -> int:
+    """Iterations of a ``while``: XLA's ``known_trip_count`` on the instruction (GPU), else
+    ``N`` of a condition ``counter < N`` with a constant N (a `lax.scan`'s loop on TPU; the
+    counter starts at 0); 1 when neither is there (counted as one iteration)."""
+    known = re.search(r'"known_trip_count":\{"n":"(\d+)"', while_line)
+    if known:
+        return int(known.group(1))
+    text = computations.get(condition, "")
+    bound = re.search(r"ROOT .*compare\(%?[\w.\-]+, %?([\w.\-]+)\), direction=LT", text)
+    if bound:
+        constant = re.search(r"%?" + re.escape(bound.group(1)) + r" = s(?:32|64)\[\]\S* "
+                             r"constant\((\d+)\)", text)
+        if constant:
+            return int(constant.group(1))
+    return 1
+
+
+def _executions(hlo_text: str) -> dict[str, int]:
+    """How many times each computation runs per execution of the module: ENTRY once; a callee
+    as often as its callers call it, a while body ``trip count`` times per run of the ``while``
+    (nested loops multiply)."""
+    computations = _computations(hlo_text)
+    callers: dict[str, list[tuple[str, int]]] = {}
+    for parent, text in computations.items():
+        for line in text.splitlines():
+            condition = re.search(r"\bcondition=%?([\w.\-]+)", line)
+            for kind, callee, listed in _CALLS.findall(line):
+                times = (_trip_count(line, computations, condition.group(1))
+                         if kind == "body" and condition else 1)
+                for c in ([callee] if callee else re.findall(r"%?([\w.\-]+)", listed)):
+                    callers.setdefault(c, []).append((parent, times))
+    result: dict[str, int] = {}
+
+    def runs(name: str, depth: int = 0) -> int:
+        if name not in result:
+            sites = callers.get(name)
+            result[name] = 1 if name == "ENTRY" or not sites or depth > 64 else sum(
+                runs(p, depth + 1) * t for p, t in sites)
+        return result[name]
+
+    for name in computations:
+        runs(name)
+    return result
 
 
 # The TPU compiler's reduce-scatter of a GSPMD-partitioned gradient: a ``kind=kCustom`` fusion

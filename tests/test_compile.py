@@ -244,6 +244,56 @@ def test_tpu_fused_reduce_scatters_and_async_collective_chains_count_once():
     assert counts["all-gather"] == (1, 512 * 64 * 2)
 
 
+LOOP_HLO = """
+HloModule jit_train_step, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%layer_body (p: (s32[], bf16[4,64])) -> (s32[], bf16[4,64]) {
+  %w = bf16[4,64]{1,0} get-tuple-element(%p), index=1
+  %all-gather.1 = bf16[16,64]{1,0} all-gather(%w), channel_id=1, dimensions={0}
+  %fusion.2 = bf16[4,64]{1,0} fusion(%all-gather.1), kind=kLoop, calls=%inner
+  ROOT %t = (s32[], bf16[4,64]) tuple(%i, %fusion.2)
+}
+
+%inner (x: bf16[16,64]) -> bf16[4,64] {
+  %reduce-scatter.3 = bf16[4,64]{1,0} reduce-scatter(%x), channel_id=3, dimensions={0}, to_apply=%add
+}
+
+%layer_cond (p: (s32[], bf16[4,64])) -> pred[] {
+  %constant.7 = s32[] constant(6)
+  %i = s32[] get-tuple-element(%p), index=0
+  ROOT %lt = pred[] compare(%i, %constant.7), direction=LT
+}
+
+%gpu_body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %all-reduce.4 = f32[8]{0} all-reduce(%y), channel_id=4, to_apply=%add
+}
+
+%gpu_cond (p: (s32[], f32[8])) -> pred[] {
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main.9 (x: f32[8]) -> f32[8] {
+  %while.5 = (s32[], bf16[4,64]) while(%init), condition=%layer_cond, body=%layer_body
+  %while.6 = (s32[], f32[8]) while(%init2), condition=%gpu_cond, body=%gpu_body, backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %all-reduce.8 = f32[8]{0} all-reduce(%x), channel_id=8, to_apply=%add
+}
+"""
+
+
+def test_collectives_in_a_loop_body_count_once_per_iteration():
+    """A scanned layer stack is one while loop: its collectives run once per layer. The trip
+    count is the bound of the TPU loop condition's ``counter < 6``, or the GPU compiler's
+    ``known_trip_count`` (3); a collective in a fusion called from the body runs as often."""
+    counts = {k: (v["count"], v["bytes"]) for k, v in collectives(LOOP_HLO).items()}
+    assert counts["all-gather"] == (6, 6 * 16 * 64 * 2)
+    assert counts["reduce-scatter"] == (6, 6 * 4 * 64 * 2)
+    assert counts["all-reduce"] == (3 + 1, 4 * 8 * 4)
+
+
 def test_fsdp_embedding_gradient_is_not_reduced_as_a_whole_table():
     """FSDP (``fsdp=4``) on a TPU: the token table's lookup gradient (a scatter-add of the
     batch-sharded rows) is not summed into a full `[V, D]` table on every chip (it was: a float32

@@ -64,10 +64,40 @@ def embed_tokens(table: Array, ids: Array, *, dtype, constrain: Constrain | None
                  columns: str = "embed") -> Array:
     """Rows of the `[vocab, d_model]` token table at `[B, L]` ids → `[B, L, D]` in ``dtype`` (NaN rows
     for out-of-vocabulary ids, see `jaxformer.ops.embedding.embed`). ``columns``: the logical axis
-    of the table's columns (its gradient's sharding, `_gathered`)."""
-    pin = constrain or _no_constraint
-    rows = _whole_rows(table, ("vocab", columns), pin)
-    return pin(embed(rows, ids, dtype=jnp.dtype(dtype)), ACTIVATION_AXES)
+    of the table's columns (its gradient's sharding, `_gathered`). A float32 table looked up for
+    a narrower compute ``dtype`` is cast before it is gathered (`_cast_lookup`)."""
+    pin, dtype, axes = constrain or _no_constraint, jnp.dtype(dtype), ("vocab", columns)
+    if dtype != table.dtype and jnp.issubdtype(dtype, jnp.floating):
+        return pin(_cast_lookup(table, ids, dtype, axes, pin), ACTIVATION_AXES)
+    rows = _whole_rows(table, axes, pin)
+    return pin(embed(rows, ids, dtype=dtype), ACTIVATION_AXES)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _cast_lookup(table: Array, ids: Array, dtype, axes: tuple[str, str],
+                 constrain: Constrain) -> Array:
+    """`embed` of ``table`` cast to ``dtype`` first: whole rows of the *cast* table are gathered
+    over the FSDP axis, so mixed precision moves the table once, in ``dtype`` — the same cast the
+    tied LM head (`jaxformer.ops.embedding.attend`) gathers — not a second time in float32 (a
+    GPT-2-small step on 8 H100s gathered its 147 MiB float32 table besides the bfloat16 one).
+    Casting commutes with taking rows, so the values are unchanged. The gradient is the
+    scatter-add of the row cotangents in the table's own dtype (float32: repeated tokens are not
+    summed in bfloat16), in the table's stored sharding ``axes`` (`_gathered`'s reason)."""
+    return embed(constrain(table.astype(dtype), (axes[0], None)), ids)
+
+
+def _cast_lookup_fwd(table: Array, ids: Array, dtype, axes, constrain):
+    return _cast_lookup(table, ids, dtype, axes, constrain), (table, ids)
+
+
+def _cast_lookup_bwd(dtype, axes, constrain, residuals, g: Array):
+    table, ids = residuals
+    ids = jnp.where(ids < 0, table.shape[0], ids)  # as `take_rows`: no wrap-around, dropped
+    grad = jnp.zeros(table.shape, table.dtype).at[ids].add(g.astype(table.dtype), mode="drop")
+    return constrain(grad, axes), None
+
+
+_cast_lookup.defvjp(_cast_lookup_fwd, _cast_lookup_bwd)
 
 
 def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
