@@ -24,7 +24,11 @@ cost analysis counts the loop body once, so the HBM term undercounts the layers'
 compute term uses the model-FLOPs formula and is exact). Results are appended to the JSON file
 cell by cell, and cells already there are skipped, so an interrupted run resumes; the markdown
 table is rewritten from the JSON after each cell. ``--unrolled gpt2_medium_bf16@v5p:2x2x1`` gives
-the roofline with every layer's bytes (`unrolled_roofline`: two small compiles).
+the roofline with every layer's bytes (`unrolled_roofline`: two small compiles);
+``--rooflines v5p`` runs it for every preset on its smallest fitting v5p slice of the JSON and adds
+the table's MFU column: v5p's bound from those compiles, v5e's and v6e's from the same bytes per
+chip at their own peak and HBM bandwidth (the cells hold the same 4 sequences per chip; derived, not
+compiled: marked ≈), none for GPUs (their compile-only programs report no bytes accessed).
 """
 
 from __future__ import annotations
@@ -161,7 +165,9 @@ def markdown(cells: list[dict]) -> str:
     chip and its collectives' ICI time as a share of the compute time (the roofline's compute and
     ICI terms; the HBM term of a scanned compile counts one layer, see `unrolled_roofline`)."""
     chips = [c for c in SLICES if any(x["topology"].startswith(c) for x in cells)]
-    head = "| preset | params | " + " | ".join(chips) + " |\n|---|---:|" + "---|" * len(chips)
+    bounds = any("unrolled" in x for x in cells)
+    head = ("| preset | params | " + " | ".join(chips) + " |" + (" MFU ≤ (v5e / v5p / v6e) |"
+            if bounds else "") + "\n|---|---:|" + "---|" * (len(chips) + bounds))
     rows = []
     for name in dict.fromkeys(x["preset"] for x in cells):
         mine = [x for x in cells if x["preset"] == name]
@@ -177,8 +183,33 @@ def markdown(cells: list[dict]) -> str:
             else:
                 tried = [x["topology"] for x in mine if x["topology"].startswith(chip)]
                 out.append(f"not fit on {', '.join(tried)}" if tried else "not compiled")
+        if bounds:
+            out.append(" / ".join(mfu_bounds(mine)))
         rows.append(f"| {name} | {mine[0]['parameters'] / 1e6:,.0f} M | " + " | ".join(out) + " |")
     return "\n".join([head, *rows])
+
+
+def mfu_bounds(mine: list[dict]) -> list[str]:
+    """One preset's MFU bounds on v5e, v5p and v6e: v5p's from its unrolled compiles (``unrolled``
+    of its fitting v5p cell), the others from the same bytes per chip at their own peak FLOP/s
+    and HBM bandwidth (≈: derived), each with its fitting cell's model FLOPs per chip."""
+    from jaxformer.parallel.topology import CHIPS
+
+    measured = next((x["unrolled"] for x in mine if "unrolled" in x), None)
+    out = []
+    for chip in ("v5e", "v5p", "v6e"):
+        fit = [x for x in mine if x["topology"].startswith(chip + ":") and x["fits"]]
+        if measured is None or not fit:
+            out.append("–")
+            continue
+        cell = min(fit, key=lambda x: x["chips"])
+        if "unrolled" in cell:
+            out.append(f"{cell['unrolled']['mfu_bound']:.0%}")
+            continue
+        spec = CHIPS[chip]
+        compute = cell["model_flops_per_chip"] / spec.bf16_flops
+        out.append(f"≈{compute / max(compute, measured['bytes'] / spec.hbm_bytes_per_s):.0%}")
+    return out
 
 
 def main() -> None:
@@ -188,6 +219,8 @@ def main() -> None:
     ap.add_argument("--fixed", default="", help="compile every preset on this one slice instead")
     ap.add_argument("--unrolled", default="",
                     help="preset@topology: its unrolled roofline by 1- and 2-layer compiles")
+    ap.add_argument("--rooflines", default="", metavar="CHIP",
+                    help="--unrolled for each preset's smallest fitting CHIP cell of the JSON")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for --unrolled, e.g. model.attention_impl=splash")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "fits.json"))
@@ -210,6 +243,17 @@ def main() -> None:
               flush=True)
         return cell
 
+    if args.rooflines:
+        for name in args.presets.split(","):
+            fit = [c for c in cells if c["preset"] == name and c["fits"]
+                   and c["topology"].startswith(args.rooflines + ":")]
+            if fit and "unrolled" not in min(fit, key=lambda c: c["chips"]):
+                cell = min(fit, key=lambda c: c["chips"])
+                cell["unrolled"] = unrolled_roofline(name, cell["topology"], tuple(args.set))
+                cells.remove(cell)
+                save(cell)
+        print(markdown(cells))
+        return
     for name in args.presets.split(","):
         if args.fixed:
             done.get((name, args.fixed)) or save(compile_cell(name, args.fixed))

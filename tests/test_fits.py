@@ -60,3 +60,22 @@ def test_markdown_reports_the_smallest_fitting_slice_and_the_misses():
     row = fits.markdown(cells).splitlines()[-1]
     assert row.startswith("| gpt2_xl_bf16 | 1,558 M | v5e:4x4 fsdp=16, 20.0 GiB, ICI 5% of compute")
     assert row.endswith("| not fit on v5p:2x2x1 |")
+
+
+def test_mfu_column_is_v5ps_unrolled_bound_and_derived_for_v5e_and_v6e():
+    """v5p's bound comes from its unrolled compiles; v5e's and v6e's are the same bytes per chip at
+    their own peak and HBM bandwidth: compute / max(compute, bytes / bandwidth)."""
+    flops, moved = 2e12, 4e10  # model FLOPs and bytes accessed per chip
+    cell = dict(preset="gpt2_small_bf16", parameters=124_439_808, hbm_gib=8.0, fits=True,
+                model_flops_per_chip=flops, roofline=dict(compute_s=0.1, ici_s=0.001))
+    cells = [dict(cell, topology="v5e:2x2", chips=4),
+             dict(cell, topology="v5p:2x2x1", chips=4,
+                  unrolled=dict(bytes=moved, mfu_bound=0.46)),
+             dict(cell, topology="v6e:2x2", chips=4)]
+    table = fits.markdown(cells).splitlines()
+    assert table[0].endswith("| MFU ≤ (v5e / v5p / v6e) |")
+    want = ["≈{:.0%}".format(flops / c.bf16_flops / max(flops / c.bf16_flops,
+                                                          moved / c.hbm_bytes_per_s))
+            for c in (CHIPS["v5e"], CHIPS["v6e"])]
+    assert table[-1].endswith(f"| {want[0]} / 46% / {want[1]} |"), table[-1]
+    assert "MFU" not in fits.markdown(cells[:1]).splitlines()[0]  # no unrolled cell: no column
