@@ -43,7 +43,7 @@ def format_report(r: dict) -> str:
             f" ({r['model_flops_per_step'] / r['devices']:.4e} per chip)"
             + (f"; XLA per chip: {r['xla']['flops']:.4e} FLOPs" if "flops" in r["xla"] else "")
             + (f", {r['xla']['bytes'] / 2**30:.2f} GiB accessed" if "bytes" in r["xla"] else ""),
-            "  collectives (instructions in the program, bytes of their results):"]
+            "  collectives (run per step: a loop body's once per iteration; bytes of their results):"]
     across = ("slices" if r["num_slices"] > 1 else
               "hosts" if r.get("platform") == "cuda" and r.get("hosts", 1) > 1 else None)
     for kind, c in r["collectives"].items():
