@@ -101,7 +101,7 @@ def compile_cell(name: str, topology: str) -> dict:
     topo = parse_topology(topology)
     t0 = time.perf_counter()
     r = compile_report(cell_config(name, topo.num_chips), topo)
-    m, roof = r["memory"], r["roofline"]
+    m, roof = r["memory"], r["roofline"] or {"mfu_bound": None, "bound_by": "no program"}
     return {"preset": name, "topology": topology, "chips": topo.num_chips, "mesh": r["mesh"],
             "batch": r["batch"], "seq_len": r["seq_len"], "parameters": r["parameters"],
             "fits": bool(r["fits"]), "hbm_gib": m["peak_estimate"] / 2**30,

@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import math
 import re
+import time
 
+import jax
 import numpy as np
 
 from jaxformer.parallel.topology import Topology
@@ -288,7 +290,14 @@ def compile_report(config, topo: Topology) -> dict:
     """The report of the module docstring for ``config`` on ``topo`` (ValueError if it cannot
     be built: a mesh that does not fit the chips, a kernel the platform cannot run, ...)."""
     report = plan(config, compile=False, topology=topo)
-    compiled, seconds, mesh = compile_on_topology(config, topo)
+    started = time.perf_counter()
+    try:
+        compiled, seconds, mesh = compile_on_topology(config, topo)
+    except jax.errors.JaxRuntimeError as e:
+        oom = compiler_oom(str(e))
+        if oom is None:
+            raise
+        return _refused_by_compiler(report, topo, oom, time.perf_counter() - started)
     mem, xla = compiled_memory(compiled), compiled_cost(compiled)
     n_devices = mesh.size
     # The program's device i is the mesh's i-th device (its device assignment). What crosses:
@@ -310,6 +319,42 @@ def compile_report(config, topo: Topology) -> dict:
     return report
 
 
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def compiler_oom(message: str) -> dict | None:
+    """The TPU compiler's own refusal of a program that cannot fit (``RESOURCE_EXHAUSTED: …
+    CompileTimeHbmOom: Ran out of memory on HBM, the total memory required for HLO temporaries
+    (17.35G) exceeds available HBM (15.75G)``): ``{"what", "required", "available"}`` in bytes,
+    or None for any other error. libtpu stops there, so no buffer assignment comes back."""
+    m = re.search(r"memory required for ([^(]+?) \(([\d.]+)([KMGT])\) exceeds available HBM "
+                  r"\(([\d.]+)([KMGT])\)", message)
+    if "RESOURCE_EXHAUSTED" not in message or not m:
+        return None
+    return {"what": m.group(1).strip(), "required": float(m.group(2)) * _UNITS[m.group(3)],
+            "available": float(m.group(4)) * _UNITS[m.group(5)]}
+
+
+def _refused_by_compiler(report: dict, topo: Topology, oom: dict, seconds: float) -> dict:
+    """The report of a step the TPU compiler refused for HBM: the memory is the planner's exact
+    state (arguments, without the batch) and the compiler's own figure for what did not fit
+    (``temp_size``); no collectives or roofline (no program)."""
+    per_chip = max(1, report["devices"] // topo.num_chips)
+    state = report["params_bytes"]["per_device"] + report["opt_state_bytes"]["per_device"]
+    temps = oom["required"] if "temporaries" in oom["what"] else max(0.0, oom["required"] - state)
+    report.update(
+        topology=topo.name, num_slices=topo.num_slices, chip=topo.chip.name,
+        platform=topo.chip.platform, hosts=1, chip_source=topo.chip.source,
+        devices_per_chip=per_chip, compile_s=seconds, hbm_capacity=topo.chip.hbm_bytes / per_chip,
+        memory={"argument_size": state, "temp_size": temps, "output_size": 0, "alias_size": 0,
+                "peak_estimate": state + temps}, fits=False, xla={}, roofline=None,
+        collectives={k: {"count": 0, "bytes": 0, "dcn_count": 0, "dcn_bytes": 0}
+                     for k in COLLECTIVES},
+        refused_by_compiler=f"{oom['what']} need {gib(oom['required'])} of the "
+                            f"{gib(oom['available'])} available")
+    return report
+
+
 def refusal(report: dict) -> str | None:
     """One line saying why the plan does not fit the chip, or None when it fits."""
     if report["fits"]:
@@ -322,8 +367,11 @@ def refusal(report: dict) -> str | None:
            if largest.startswith("state") else
            "model.remat_policy='full' (or 'dots'), a smaller data.batch_size with "
            "optimizer.grad_accum_steps, or more chips on the batch axes")
+    compiler = (f" (the compiler stopped: {report['refused_by_compiler']})"
+                if report.get("refused_by_compiler") else "")
     return (f"does not fit {report['chip']}: {gib(m['peak_estimate'])} per chip of "
-            f"{gib(cap)} ({largest} {gib(parts[largest])} is the largest part); try {fix}")
+            f"{gib(cap)} ({largest} {gib(parts[largest])} is the largest part){compiler}; "
+            f"try {fix}")
 
 
 def gib(x: float) -> str:
@@ -331,4 +379,5 @@ def gib(x: float) -> str:
     return f"{x / 2**30:.2f} GiB"
 
 
-__all__ = ["COLLECTIVES", "collectives", "compile_report", "gib", "refusal", "roofline"]
+__all__ = ["COLLECTIVES", "collectives", "compile_report", "compiler_oom", "gib", "refusal",
+           "roofline"]

@@ -133,6 +133,32 @@ def test_compile_report_has_memory_collectives_and_roofline():
         assert abs(scanned_comm[kind]["bytes"] - want) <= 0.1 * want, (kind, scanned_comm, want)
 
 
+def test_a_step_the_tpu_compiler_cannot_fit_is_refused_in_one_line_with_its_figures():
+    """libtpu refuses to compile a program whose temporaries exceed the chip's HBM (no buffer
+    assignment comes back): the report says so in one line, with the compiler's own figures, and
+    the chip table's capacity is the one the compiler works from (binary GiB, less a reserve)."""
+    from jaxformer.cli.compile import format_report
+    from jaxformer.compile import compiler_oom
+
+    config = preset_config("gpt_tiny", batch=120_000, seq_len=128, mesh="fsdp=4")
+    config.model.num_layers = 1
+    report = compile_report(config, parse_topology("v5e:2x2"))
+    assert not report["fits"] and report["roofline"] is None, report.get("refused_by_compiler")
+    why = refusal(report)
+    assert why.startswith("does not fit TPU v5e") and "the compiler stopped: HLO temporaries need" \
+        in why and "remat_policy" in why, why
+    assert format_report(report).startswith("not compiled (refused by the compiler): gpt_tiny")
+    oom = compiler_oom("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the "
+                       "total memory required for HLO temporaries (20.47G) exceeds available HBM "
+                       "(15.75G). HLO module: jit_train_step.")
+    assert oom == {"what": "HLO temporaries", "required": 20.47 * 2**30,
+                   "available": 15.75 * 2**30}
+    capacity = CHIPS["v5e"].hbm_bytes
+    assert f"of the {15.75:.2f} GiB available" in report["refused_by_compiler"]
+    assert 0.95 * capacity <= oom["available"] <= capacity  # 16 GiB, not 16e9 bytes
+    assert compiler_oom("INTERNAL: something else") is None
+
+
 def test_two_slices_only_the_data_parallel_gradient_reduction_crosses_the_dcn():
     """Multi-slice (``mesh.dcn_data=2``, FSDP within each slice): the hybrid mesh keeps every
     FSDP all-gather inside a slice; what crosses the data-center network is the all-reduce of
@@ -276,17 +302,17 @@ HloModule jit_train_step, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
   ROOT %lt = pred[] compare(%i, %constant.7), direction=LT
 }
 
-%gpu_body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+%gb (p: (s32[], f32[8])) -> (s32[], f32[8]) {
   %all-reduce.4 = f32[8]{0} all-reduce(%y), channel_id=4, to_apply=%add
 }
 
-%gpu_cond (p: (s32[], f32[8])) -> pred[] {
+%gc (p: (s32[], f32[8])) -> pred[] {
   ROOT %lt = pred[] compare(%i, %n), direction=LT
 }
 
 ENTRY %main.9 (x: f32[8]) -> f32[8] {
   %while.5 = (s32[], bf16[4,64]) while(%init), condition=%layer_cond, body=%layer_body
-  %while.6 = (s32[], f32[8]) while(%init2), condition=%gpu_cond, body=%gpu_body, backend_config={"known_trip_count":{"n":"3"}}
+  %w.6 = (s32[], f32[8]) while(%i2), condition=%gc, body=%gb, backend_config={"known_trip_count":{"n":"3"}}
   ROOT %all-reduce.8 = f32[8]{0} all-reduce(%x), channel_id=8, to_apply=%add
 }
 """

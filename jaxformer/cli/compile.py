@@ -32,7 +32,8 @@ def format_report(r: dict) -> str:
     """The human-readable view of a `jaxformer.compile.compile_report` report."""
     mesh = " ".join(f"{a}={s}" for a, s in r["mesh"].items())
     m, roof = r["memory"], r["roofline"]
-    rows = [f"compiled {r['name']} ({r['family']}) for {r['topology']}"
+    verb = "not compiled (refused by the compiler):" if r.get("refused_by_compiler") else "compiled"
+    rows = [f"{verb} {r['name']} ({r['family']}) for {r['topology']}"
             f"{f' × {r['num_slices']} slices' if r['num_slices'] > 1 else ''} ({r['chip']}, "
             f"{r['devices']} chips), mesh {mesh}, batch {r['batch']} × {r['seq_len']}, "
             f"in {r['compile_s']:.1f} s",
@@ -44,6 +45,9 @@ def format_report(r: dict) -> str:
             + (f"; XLA per chip: {r['xla']['flops']:.4e} FLOPs" if "flops" in r["xla"] else "")
             + (f", {r['xla']['bytes'] / 2**30:.2f} GiB accessed" if "bytes" in r["xla"] else ""),
             "  collectives (run per step: a loop body's once per iteration; bytes of their results):"]
+    if r.get("refused_by_compiler"):  # no program: the planner's state, the compiler's figure
+        return "\n".join(rows[:3] + [f"  the compiler refused the program: "
+                                     f"{r['refused_by_compiler']}"])
     across = ("slices" if r["num_slices"] > 1 else
               "hosts" if r.get("platform") == "cuda" and r.get("hosts", 1) > 1 else None)
     for kind, c in r["collectives"].items():
