@@ -11,7 +11,9 @@ compile-only devices; nothing runs).
 Search (`candidates`): slices of each chip in increasing size; the first tried is the smallest whose
 chips hold the training state (parameters, gradients and AdamW moments: 16 bytes a float32
 parameter, `STATE_BYTES_PER_PARAM`) in at most `STATE_SHARE` of their HBM, leaving the rest for
-activations; on a compiled step that does not fit, the next larger slice. The mesh is fully
+activations; on a compiled step that does not fit, the same slice with every layer
+rematerialised (`REMAT`: a larger slice shrinks the state per chip, not the activations of its
+4 rows), then the next larger slice. The mesh is fully
 sharded data parallelism over every chip (``fsdp`` = chips); the batch is `ROWS_PER_CHIP`
 sequences per chip (global batch = rows × chips) of the preset's length (1,024 for GPT-2, 512 for
 BERT and T5, T5's targets 512 too). ``model.scan_layers=True`` (one compiled layer: minutes per
@@ -51,6 +53,7 @@ SLICES = {"v5e": ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
           "h100": ("8", "2x8", "4x8")}  # GPU hosts of 8 (jax's CUDA plugin: the [cuda-aot] extra)
 STATE_BYTES_PER_PARAM = 16  # float32 parameter + gradient + AdamW's two moments
 STATE_SHARE = 0.5
+REMAT = ("model.remat_policy=full",)  # the second try on a slice (module docstring)
 ROWS_PER_CHIP = 4
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -93,14 +96,14 @@ def cell_config(name: str, chips: int, overrides: tuple[str, ...] = ()):
     return c
 
 
-def compile_cell(name: str, topology: str) -> dict:
-    """One compile: the row of the table for ``name`` on ``topology``."""
+def compile_cell(name: str, topology: str, overrides: tuple[str, ...] = ()) -> dict:
+    """One compile: the row of the table for ``name`` on ``topology`` (with ``overrides``)."""
     from jaxformer.compile import compile_report
     from jaxformer.parallel.topology import parse_topology
 
     topo = parse_topology(topology)
     t0 = time.perf_counter()
-    r = compile_report(cell_config(name, topo.num_chips), topo)
+    r = compile_report(cell_config(name, topo.num_chips, overrides), topo)
     m, roof = r["memory"], r["roofline"] or {"mfu_bound": None, "bound_by": "no program"}
     return {"preset": name, "topology": topology, "chips": topo.num_chips, "mesh": r["mesh"],
             "batch": r["batch"], "seq_len": r["seq_len"], "parameters": r["parameters"],
@@ -111,7 +114,13 @@ def compile_cell(name: str, topology: str) -> dict:
             "model_flops_per_chip": r["model_flops_per_step"] / topo.num_chips,
             "collectives": {k: [c["count"], c["bytes"]] for k, c in r["collectives"].items()
                             if c["count"]},
-            "compile_s": r["compile_s"], "wall_s": time.perf_counter() - t0}
+            "compile_s": r["compile_s"], "wall_s": time.perf_counter() - t0,
+            "overrides": list(overrides)}
+
+
+def cell_key(cell: dict) -> tuple:
+    """A cell's identity in the JSON: preset, topology and config overrides."""
+    return cell["preset"], cell["topology"], tuple(cell.get("overrides", ()))
 
 
 def smallest_fit(name: str, chip: str, done: dict, save) -> dict | None:
@@ -120,9 +129,11 @@ def smallest_fit(name: str, chip: str, done: dict, save) -> dict | None:
     from jaxformer.parallel.topology import CHIPS
 
     for topology in candidates(chip, _parameters(name), CHIPS[chip].hbm_bytes):
-        cell = done.get((name, topology)) or save(compile_cell(name, topology))
-        if cell["fits"]:
-            return cell
+        for overrides in ((), REMAT):
+            cell = (done.get((name, topology, overrides))
+                    or save(compile_cell(name, topology, overrides)))
+            if cell["fits"]:
+                return cell
     return None
 
 
@@ -179,7 +190,8 @@ def markdown(cells: list[dict]) -> str:
                 roof = x["roofline"] if "roofline" in x else {}
                 ici = (f", ICI {roof['ici_s'] / roof['compute_s']:.0%} of compute"
                        if roof.get("compute_s") else "")
-                out.append(f"{x['topology']} fsdp={x['chips']}, {x['hbm_gib']:.1f} GiB{ici}")
+                remat = ", remat full" if x.get("overrides") else ""
+                out.append(f"{x['topology']} fsdp={x['chips']}{remat}, {x['hbm_gib']:.1f} GiB{ici}")
             else:
                 tried = [x["topology"] for x in mine if x["topology"].startswith(chip)]
                 out.append(f"not fit on {', '.join(tried)}" if tried else "not compiled")
@@ -192,7 +204,8 @@ def markdown(cells: list[dict]) -> str:
 def mfu_bounds(mine: list[dict]) -> list[str]:
     """One preset's MFU bounds on v5e, v5p and v6e: v5p's from its unrolled compiles (``unrolled``
     of its fitting v5p cell), the others from the same bytes per chip at their own peak FLOP/s
-    and HBM bandwidth (≈: derived), each with its fitting cell's model FLOPs per chip."""
+    and HBM bandwidth (≈: derived; not for a rematerialised cell, whose step moves other bytes),
+    each with its fitting cell's model FLOPs per chip."""
     from jaxformer.parallel.topology import CHIPS
 
     measured = next((x["unrolled"] for x in mine if "unrolled" in x), None)
@@ -205,6 +218,9 @@ def mfu_bounds(mine: list[dict]) -> list[str]:
         cell = min(fit, key=lambda x: x["chips"])
         if "unrolled" in cell:
             out.append(f"{cell['unrolled']['mfu_bound']:.0%}")
+            continue
+        if cell.get("overrides"):  # rematerialised: other bytes than v5p's step; not derived
+            out.append("–")
             continue
         spec = CHIPS[chip]
         compute = cell["model_flops_per_chip"] / spec.bf16_flops
@@ -230,11 +246,11 @@ def main() -> None:
         print(json.dumps(unrolled_roofline(*args.unrolled.split("@"), tuple(args.set))))
         return
     cells = json.load(open(args.json)) if os.path.exists(args.json) else []
-    done = {(c["preset"], c["topology"]): c for c in cells}
+    done = {cell_key(c): c for c in cells}
 
     def save(cell: dict) -> dict:
         cells.append(cell)
-        done[(cell["preset"], cell["topology"])] = cell
+        done[cell_key(cell)] = cell
         with open(args.json, "w") as f:
             json.dump(cells, f, indent=1)
         with open(args.markdown, "w") as f:
@@ -249,14 +265,15 @@ def main() -> None:
                    and c["topology"].startswith(args.rooflines + ":")]
             if fit and "unrolled" not in min(fit, key=lambda c: c["chips"]):
                 cell = min(fit, key=lambda c: c["chips"])
-                cell["unrolled"] = unrolled_roofline(name, cell["topology"], tuple(args.set))
+                cell["unrolled"] = unrolled_roofline(
+                    name, cell["topology"], tuple(cell.get("overrides", ())) + tuple(args.set))
                 cells.remove(cell)
                 save(cell)
         print(markdown(cells))
         return
     for name in args.presets.split(","):
         if args.fixed:
-            done.get((name, args.fixed)) or save(compile_cell(name, args.fixed))
+            done.get((name, args.fixed, ())) or save(compile_cell(name, args.fixed))
             continue
         for chip in args.chips.split(","):
             if smallest_fit(name, chip, done, save) is None:

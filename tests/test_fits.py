@@ -79,3 +79,22 @@ def test_mfu_column_is_v5ps_unrolled_bound_and_derived_for_v5e_and_v6e():
             for c in (CHIPS["v5e"], CHIPS["v6e"])]
     assert table[-1].endswith(f"| {want[0]} / 46% / {want[1]} |"), table[-1]
     assert "MFU" not in fits.markdown(cells[:1]).splitlines()[0]  # no unrolled cell: no column
+
+
+def test_a_slice_whose_activations_do_not_fit_is_tried_again_rematerialised(monkeypatch):
+    """A larger slice shrinks the state per chip, not the activations of its 4 rows: the search
+    tries full remat on the same slice before moving on, and the table says so."""
+    tried = []
+
+    def compile_cell(name, topology, overrides=()):
+        tried.append((topology, overrides))
+        return dict(preset=name, topology=topology, chips=fits.chips_of(topology.split(":")[1]),
+                    parameters=354_823_168, hbm_gib=12.0, overrides=list(overrides),
+                    fits=bool(overrides), roofline=dict(compute_s=0.1, ici_s=0.01))
+
+    monkeypatch.setattr(fits, "compile_cell", compile_cell)
+    monkeypatch.setattr(fits, "_parameters", lambda name: 354_823_168)
+    saved = []
+    cell = fits.smallest_fit("gpt2_medium_bf16", "v5e", {}, lambda c: saved.append(c) or c)
+    assert tried == [("v5e:2x2", ()), ("v5e:2x2", fits.REMAT)] and cell is saved[-1]
+    assert "v5e:2x2 fsdp=4, remat full, 12.0 GiB" in fits.markdown(saved)
