@@ -155,8 +155,9 @@ pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``, sized 
     hlo_text, fused = _fused_reduce_scatters(hlo_text)
     pattern = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.+?) (" + "|".join(COLLECTIVES)
                          + r")(-start)?\(.*$", re.M)
-    keys, executions = set(), _executions(hlo_text)
-    for name, text in _computations(hlo_text).items():
+    computations = _computations(hlo_text)
+    keys, executions = set(), _executions(computations)
+    for name, text in computations.items():
         times = executions.get(name, 1)
         for m in _FUSED_RS_CALL.finditer(text):  # counted where called, sized by their shards
             add("reduce-scatter", sum(_shape_bytes(m.group(1))), fused.get(m.group(2), ""), times)
@@ -216,11 +217,10 @@ def _trip_count(while_line: str, computations: dict[str, str], condition: str) -
     return 1
 
 
-def _executions(hlo_text: str) -> dict[str, int]:
+def _executions(computations: dict[str, str]) -> dict[str, int]:
     """How many times each computation runs per execution of the module: ENTRY once; a callee
     as often as its callers call it, a while body ``trip count`` times per run of the ``while``
-    (nested loops multiply)."""
-    computations = _computations(hlo_text)
+    (nested loops multiply). ``computations``: `_computations` of the module."""
     callers: dict[str, list[tuple[str, int]]] = {}
     for parent, text in computations.items():
         for line in text.splitlines():
@@ -232,11 +232,11 @@ def _executions(hlo_text: str) -> dict[str, int]:
                     callers.setdefault(c, []).append((parent, times))
     result: dict[str, int] = {}
 
-    def runs(name: str, depth: int = 0) -> int:
+    def runs(name: str) -> int:  # HLO's call graph is acyclic
         if name not in result:
             sites = callers.get(name)
-            result[name] = 1 if name == "ENTRY" or not sites or depth > 64 else sum(
-                runs(p, depth + 1) * t for p, t in sites)
+            result[name] = 1 if name == "ENTRY" or not sites else sum(runs(p) * t
+                                                                     for p, t in sites)
         return result[name]
 
     for name in computations:
