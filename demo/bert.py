@@ -23,13 +23,13 @@ from demo.runs import best_step, checkpoint_params, count_params, evaluate_split
 from demo.settings import DemoSettings
 from demo.stats import fmt
 from jaxformer.data.builders.base import SPLITS
-from jaxformer.data.sources import get_source
+from jaxformer.data.sources import get_source, read_records
 
 
 def sentiment_records(split: str) -> list[dict]:
     src = get_source({"source": "movie_sentiment"}, split)
     return [{"text": r["text"], "label": int(r["label"]), "id": r["id"]}
-            for r in (src[i] for i in range(len(src)))]
+            for r in read_records(src)]
 
 
 def low_resource_records(n: int) -> list[dict]:

@@ -22,7 +22,7 @@ from demo.output import banner, write_jsonl
 from demo.runs import best_step, checkpoint_params, count_params, evaluate_split, saved_steps, train_run
 from demo.settings import DemoSettings
 from jaxformer.data.builders.base import SPLITS
-from jaxformer.data.sources import get_source
+from jaxformer.data.sources import get_source, read_records
 
 DOMAIN = "kjv_bible"
 
@@ -33,7 +33,7 @@ def write_domain_split(directory: Path, size: int) -> dict:
     only). Returns the data-config keys that read them."""
     for split in SPLITS if not (directory / "test.jsonl").exists() else ():
         src = get_source({"source": DOMAIN}, split)
-        records = [{"text": r["text"], "id": r["id"]} for r in (src[i] for i in range(len(src)))]
+        records = [{"text": r["text"], "id": r["id"]} for r in read_records(src)]
         if split == "train":
             if not 0 < size <= len(records):
                 raise ValueError(f"{size} verses: choose 1 … {len(records)}")

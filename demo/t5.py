@@ -27,7 +27,7 @@ from demo.runs import best_step, checkpoint_params, count_params, saved_steps, t
 from demo.settings import DemoSettings
 from demo.stats import fmt
 from jaxformer.data.builders.base import SPLITS
-from jaxformer.data.sources import get_source
+from jaxformer.data.sources import get_source, read_records
 from jaxformer.decode import GenerationConfig, generate_padded
 from jaxformer.evaluation import sequence_scores
 
@@ -39,7 +39,7 @@ def write_translation_split(directory: Path, tokenizer, max_source: int, max_tar
     counts = {}
     for split in SPLITS:
         src = get_source({"source": "bible_en_es"}, split)
-        kept = [r for r in (src[i] for i in range(len(src)))
+        kept = [r for r in read_records(src)
                 if len(tokenizer.encode(r["source"])) < max_source
                 and len(tokenizer.encode(r["target"])) < max_target]
         write_jsonl(directory / f"{split}.jsonl",

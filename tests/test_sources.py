@@ -18,7 +18,7 @@ import pytest
 from jaxformer.data import fetch
 from jaxformer.data.builders import BUILDERS, bible_en_es, hash_split, kjv_versification, sword
 from jaxformer.data.builders.shakespeare import paragraphs
-from jaxformer.data.sources import get_source
+from jaxformer.data.sources import get_source, read_records
 
 SPLITS = ("train", "validation", "test")
 DOCUMENTED_SIZES = {
@@ -511,6 +511,25 @@ def test_predict_reads_the_input_field_by_the_usual_names():
     assert input_field(["input", "id"], text_key=None, source_key=None, task="seq2seq") == "input"
     assert input_field(["en", "es"], text_key=None, source_key="en", task="seq2seq") == "en"
     assert input_field(["text", "sentence"], text_key="text", source_key=None, task="lm") == "text"
+
+
+def test_batched_reads_equal_one_record_at_a_time(tmp_path):
+    """`read_records` (``__getitems__`` in chunks) gives the records `source[i]` gives, in the
+    order asked, across chunk boundaries: a TFDS array_record corpus through its mapping, a
+    held-out subset of it, a view without a batched read, a user file."""
+    sentiment = get_source({"source": "movie_sentiment"}, "validation")
+    assert hasattr(sentiment, "__getitems__")
+    order = [7, 0, 1033, 7, 500, 3]
+    assert list(read_records(sentiment, order, chunk=4)) == [sentiment[i] for i in order]
+    assert list(read_records(sentiment, chunk=300)) == _records(sentiment)
+    held = get_source({"source": "movie_sentiment", "validation_from_train": 0.1}, "validation")
+    assert list(read_records(held, chunk=64)) == _records(held) and 500 < len(held) < 1200
+    both = get_source({"source": "bible_en_es:both"}, "validation")
+    assert list(read_records(both, range(1520, 1540), chunk=8)) == [
+        both[i] for i in range(1520, 1540)]
+    _write(tmp_path / "train.txt", [f"line {i}" for i in range(10)])
+    lines = get_source({"source": f"files:{tmp_path}/{{split}}.txt", "format": "text"}, "train")
+    assert [r["text"] for r in read_records(lines, chunk=3)] == [f"line {i}" for i in range(10)]
 
 
 def test_validation_from_train_holds_out_texts_by_hash(tmp_path):

@@ -26,7 +26,7 @@ from typing import Any
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import example_framing
-from jaxformer.data.sources import get_source
+from jaxformer.data.sources import get_source, read_records
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode.api import GenerationConfig, generate_batches
 from jaxformer.evaluation.metrics import sequence_scores
@@ -114,8 +114,7 @@ def decoding_examples(config: Any, tokenizer: Tokenizer, split: str, *, limit: i
     prefix = {"bos_eos": [special.bos_id], "cls_sep": [special.cls_id]}.get(framing, [])
     source = get_source(config.data, split, task=task) if source is None else source
     out = []
-    for i in range(len(source) if not limit else min(limit, len(source))):
-        ex = source[i]
+    for ex in read_records(source, range(len(source) if not limit else min(limit, len(source)))):
         if task == "seq2seq":
             ids = tokenizer.encode(ex["source"])[:seq_len - 1] + [special.eos_id]
             out.append(DecodingExample(ids, ex["target"]))
