@@ -219,12 +219,16 @@ def _get_many(source: Sequence[Any], indices: Sequence[int]) -> list[Any]:
 
 def read_records(source: Sequence[dict[str, Any]], indices: Sequence[int] | None = None, *,
                  chunk: int = 4096) -> Iterator[dict[str, Any]]:
-    """The records of ``source`` at ``indices`` (default: all), in order, read ``chunk`` at a time
-    through ``__getitems__`` where the source has it. A TFDS array_record source decodes a batch
-    2–4× quicker than one record at a time (27,781 ``bible_en_es`` pairs: 1.2 s vs 5.0 s)."""
+    """The records of ``source`` at ``indices`` (default: all), in order, read in chunks through
+    ``__getitems__`` where the source has it. A TFDS array_record source decodes a batch 2–4×
+    quicker than one record at a time (27,781 ``bible_en_es`` pairs: 1.2 s vs 5.0 s). Chunks
+    double from 256 up to ``chunk`` records, so a reader that stops early (the tokenizer's first
+    ``max_train_texts``) reads at most twice what it takes."""
     indices = range(len(source)) if indices is None else indices
-    for start in range(0, len(indices), chunk):
-        yield from _get_many(source, [int(i) for i in indices[start:start + chunk]])
+    start, size = 0, min(256, chunk)
+    while start < len(indices):
+        yield from _get_many(source, [int(i) for i in indices[start:start + size]])
+        start, size = start + size, min(2 * size, chunk)
 
 
 class MappedSource:
