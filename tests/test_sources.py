@@ -524,6 +524,11 @@ def test_batched_reads_equal_one_record_at_a_time(tmp_path):
     assert list(read_records(sentiment, chunk=300)) == _records(sentiment)
     held = get_source({"source": "movie_sentiment", "validation_from_train": 0.1}, "validation")
     assert list(read_records(held, chunk=64)) == _records(held) and 500 < len(held) < 1200
+    for bad in (-1, len(held)):  # batched and single reads refuse the same indices
+        with pytest.raises(IndexError, match=f"index {bad} out of range"):
+            held[bad]
+        with pytest.raises(IndexError, match=f"index {bad} out of range"):
+            held.__getitems__([0, bad])
     both = get_source({"source": "bible_en_es:both"}, "validation")
     assert list(read_records(both, range(1520, 1540), chunk=8)) == [
         both[i] for i in range(1520, 1540)]

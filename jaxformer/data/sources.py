@@ -305,13 +305,18 @@ class Subset:
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def _base_index(self, index: int) -> int:
+        """The base record of this subset's ``index``; IndexError outside ``[0, len)`` (a negative
+        index would silently wrap around NumPy's ``indices``)."""
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for a source of length {len(self)}")
-        return self.base[int(self.indices[index])]
+        return int(self.indices[index])
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.base[self._base_index(index)]
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        return _get_many(self.base, [int(self.indices[i]) for i in indices])
+        return _get_many(self.base, [self._base_index(int(i)) for i in indices])
 
     def __repr__(self) -> str:
         return f"Subset({self.base!r}, len={len(self)})"
