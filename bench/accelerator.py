@@ -48,7 +48,7 @@ from jaxformer.objectives import bind_objective  # noqa: E402
 from jaxformer.ops.attention_kernels import fastest_attention  # noqa: E402
 from jaxformer.plan import model_flops  # noqa: E402
 from jaxformer.train.config import base_config  # noqa: E402
-from jaxformer.train.state import TrainState, init_model_params  # noqa: E402
+from jaxformer.train.state import TrainState, init_params_on_host  # noqa: E402
 from jaxformer.train.step import make_train_step  # noqa: E402
 from jaxformer.vocab import SpecialTokens  # noqa: E402
 
@@ -78,12 +78,11 @@ def model_config(name: str, impl: str, args) -> ModelConfig:
 
 
 def init_on_host(cfg: ModelConfig):
-    """Fresh parameters made by the host CPU, then put on the default device. Jitting the
-    initialiser for the GPU took over 4 minutes to compile for gpt2_medium (XLA's slow-compile
-    alarm; H100, jax 0.11.2); the CPU compiles it in seconds, and the values do not matter here."""
-    with jax.default_device(jax.devices("cpu")[0]):
-        params = jax.jit(lambda: init_model_params(build_model(cfg), cfg, jax.random.key(0)))()
-    return jax.device_put(params, jax.devices()[0])
+    """Fresh parameters drawn by the host CPU, then put on the default device, as the trainer does
+    on GPUs (`jaxformer.train.state.draws_on_host`: the GPU's compile of the initialiser is 5–6×
+    slower, `bench/init_compile.py`)."""
+    key_data = np.asarray(jax.random.key_data(jax.random.key(0)))
+    return jax.device_put(init_params_on_host(build_model(cfg), cfg, key_data), jax.devices()[0])
 
 
 def packed_batch(cfg: ModelConfig, objective: str, args) -> dict:

@@ -7,7 +7,9 @@
 #
 #   bash bench/gpu.sh OUT [WHEEL_DIR] [STAGES]     # STAGES: comma-separated, default
 #        install,tests,bench,suite (bench profiles each step it times; "profile" profiles one
-#        step alone, bench/gpu_profile.py with PROFILE_ARGS)
+#        step alone, bench/gpu_profile.py with PROFILE_ARGS; "init" times the compile of the
+#        trainer's initialiser, bench/init_compile.py with INIT_ARGS, in the background beside
+#        the tests: its rows compile on the host's cores and share the GPU without preallocating)
 #   BENCH_ARGS="--models gpt2_medium --impls cudnn" bash bench/gpu.sh /tmp/gpu
 set -uo pipefail
 OUT=${1:?usage: bash bench/gpu.sh OUT [WHEEL_DIR] [STAGES]}
@@ -41,11 +43,25 @@ if has install; then
   $PY -c "import jax; print(jax.__version__, jax.devices())" | tee -a "$OUT/versions.txt"
 fi
 
+if has init; then
+  stage init
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${INIT_TIMEOUT:-200} $PY bench/init_compile.py \
+    ${INIT_ARGS:---presets gpt2_small_bf16,gpt2_medium_bf16 --parallel 8 --timeout 150} \
+    > "$OUT/init_compile.log" 2>&1 &
+  init_pid=$!
+fi
+
 if has tests; then
   stage tests
   # tests/conftest.py defaults JAX_PLATFORMS to cpu (8 simulated devices): name the GPU.
-  JAX_PLATFORMS=cuda timeout ${TESTS_TIMEOUT:-150} $PY -m pytest -q -rs -p no:cacheprovider ${TESTS_ARGS:-tests/test_attention_impls.py} 2>&1 \
+  XLA_PYTHON_CLIENT_PREALLOCATE=$(has init && echo false || echo true) JAX_PLATFORMS=cuda \
+    timeout ${TESTS_TIMEOUT:-150} $PY -m pytest -q -rs -p no:cacheprovider ${TESTS_ARGS:-tests/test_attention_impls.py} 2>&1 \
     | tee "$OUT/test_attention_impls.log" | tail -15
+fi
+
+if has init; then
+  wait $init_pid; echo "init rc $?"
+  cat "$OUT/init_compile.log" | cut -c1-400
 fi
 
 if has bench; then

@@ -186,6 +186,29 @@ def runs():
 DATA_PARALLEL = ("shard_map", "shard_map_accum2", "pmap", "pmap_accum2")
 
 
+def test_parameters_drawn_on_the_host_equal_the_devices_draw(monkeypatch):
+    """GPU meshes draw fresh parameters on the host CPU and then place them (`draws_on_host`: the
+    GPU compiles the initialiser 5–6× slower). On CPU meshes the devices draw; the host path,
+    forced here, must give the same values in the same shardings, for the train state and for
+    `create_params` (fine-tuning's fresh heads)."""
+    from jaxformer.train import state as state_module
+
+    cfg, model, tx, _, _ = _setup("gpt")
+    mesh = make_mesh({"fsdp": 8})
+    assert not state_module.draws_on_host(mesh)
+    drawn, shardings = create_train_state(model, cfg, tx, mesh, seed=0)
+    fresh = state_module.create_params(model, cfg, shardings.params, seed=0)
+    calls = []
+    monkeypatch.setattr(state_module, "draws_on_host", lambda m: calls.append(m) or True)
+    on_host, _ = create_train_state(model, cfg, tx, mesh, seed=0)
+    fresh_on_host = state_module.create_params(model, cfg, shardings.params, seed=0)
+    assert len(calls) == 2  # both went through the host path
+    for got, want in ((on_host, drawn), (fresh_on_host, fresh)):
+        assert jax.tree.map(lambda x: x.sharding, got) == jax.tree.map(lambda x: x.sharding, want)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+                     jax.device_get(got), jax.device_get(want))
+
+
 @pytest.mark.slow
 def test_sharded_init_equals_single_device_init(runs):
     """`create_train_state` on fsdp=8 draws the same values as the unsharded init (threefry

@@ -4,6 +4,9 @@ The state's shardings come from the model's logical axis annotations: the model 
 abstractly (`jax.eval_shape`, nothing allocated), `jaxformer.parallel.rules` maps the logical names to
 mesh axes, and the real initialisation is jit-compiled with those output shardings, so each device
 only ever materialises its own shards.
+
+One exception, for start-up time (`draws_on_host`): on GPUs, in a single process, fresh parameters
+are drawn by the host CPU and then placed shard by shard.
 """
 
 from __future__ import annotations
@@ -63,6 +66,34 @@ def init_model_params(model: FunctionalModel, model_cfg, rng: jax.Array) -> Any:
     return nn.unbox(model.init(rng, **dummy_model_inputs(model_cfg))["params"])
 
 
+def draws_on_host(mesh: Mesh) -> bool:
+    """Whether fresh parameters for ``mesh`` are drawn by the host CPU and then placed shard by
+    shard (`jax.device_put`), rather than drawn on the devices by one jitted program.
+
+    True on GPUs in a single process, where a CPU backend is there (``JAX_PLATFORMS`` may leave it
+    out). The initialiser is one random-number kernel per parameter and layer, and compiling them for
+    an H100 took 71 s for gpt2_small_bf16 and 109 s for gpt2_medium_bf16; the host's compile took 8
+    and 17 s, placement included (jax 0.11.2, `bench/init_compile.py`, docs/benchmarks.md). The
+    values are the same threefry draws, computed by the CPU. Elsewhere the devices draw: on TPU
+    slices and across processes each device materialises only its own shards, never the whole
+    model, and the host is already the device on a CPU.
+    """
+    if mesh.devices.flat[0].platform != "gpu" or jax.process_count() > 1:
+        return False
+    try:
+        jax.devices("cpu")
+    except RuntimeError:
+        return False
+    return True
+
+
+def init_params_on_host(model: FunctionalModel, model_cfg, init_key_data: np.ndarray) -> Any:
+    """`init_model_params` computed by the host CPU (one jitted program) from raw key data."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        return jax.jit(lambda k: init_model_params(model, model_cfg, jax.random.wrap_key_data(k))
+                       )(init_key_data)
+
+
 def trainable_abstract(boxed: Any, lora_cfg: Any = None) -> Any:
     """The boxed abstract parameters the optimizer trains: all of ``boxed``, or with
     ``lora_cfg.rank`` > 0 the LoRA adapters and task heads (`jaxformer.models.lora.trainable`)."""
@@ -94,7 +125,8 @@ def create_train_state(model: FunctionalModel, model_cfg, tx: optax.GradientTran
 
     Returns (state, shardings). The parameter init key is ``fold_in(key(seed), 0)``; the step keys
     derive from ``fold_in(key(seed), 1)``. A LoRA state (``lora_cfg``) needs its trainable
-    ``params`` (`jaxformer.models.lora.trainable`).
+    ``params`` (`jaxformer.models.lora.trainable`). Fresh parameters are drawn by the host CPU
+    where `draws_on_host` says so (GPUs).
     """
     _, shardings = state_shardings(model, model_cfg, tx, mesh, lora_cfg)
     # The keys are arguments (host data, replicated), not constants: one compiled program per
@@ -102,6 +134,8 @@ def create_train_state(model: FunctionalModel, model_cfg, tx: optax.GradientTran
     key_data = [np.asarray(jax.random.key_data(k)) for k in (
         _init_key(seed), jax.random.fold_in(jax.random.key(seed), 1))]
     rep = replicated(mesh)
+    if params is None and draws_on_host(mesh):
+        params = init_params_on_host(model, model_cfg, key_data[0])
 
     def build(p, init_data, rng):
         if p is None:
@@ -126,6 +160,8 @@ def create_params(model: FunctionalModel, model_cfg, shardings: Any, seed: int) 
     """The fresh parameters `create_train_state` would start from, initialised directly into
     ``shardings`` (the ``params`` part of `state_shardings`), without optimizer state."""
     key_data = np.asarray(jax.random.key_data(_init_key(seed)))  # an argument: one program
+    if draws_on_host(jax.tree.leaves(shardings)[0].mesh):
+        return jax.device_put(init_params_on_host(model, model_cfg, key_data), shardings)
     return jax.jit(lambda k: init_model_params(model, model_cfg, jax.random.wrap_key_data(k)),
                    in_shardings=replicated(jax.tree.leaves(shardings)[0].mesh),
                    out_shardings=shardings)(key_data)
