@@ -78,7 +78,7 @@ def draws_on_host(mesh: Mesh) -> bool:
     slices and across processes each device materialises only its own shards, never the whole
     model, and the host is already the device on a CPU.
     """
-    if mesh.devices.flat[0].platform != "gpu" or jax.process_count() > 1:
+    if _platform(mesh) != "gpu" or jax.process_count() > 1:
         return False
     try:
         jax.devices("cpu")
@@ -87,11 +87,25 @@ def draws_on_host(mesh: Mesh) -> bool:
     return True
 
 
+def _platform(mesh: Mesh) -> str:
+    return mesh.devices.flat[0].platform
+
+
+def init_compiler_options(platform: str) -> dict | None:
+    """XLA options for the programs that draw fresh parameters on ``platform``.
+
+    On the CPU, backend optimisation level 1 instead of the default 2: the initialiser runs once,
+    and at level 1 XLA:CPU compiles it 2–3× faster and runs it as fast (gpt2_small_bf16: compile
+    14.9 → 6.5 s, run 1.65 → 1.80 s; gpt_tiny: 3.5 → 1.2 s). Level 0 would compile a little faster
+    still but runs 6× slower (9.4 s). Other backends keep their defaults."""
+    return {"xla_backend_optimization_level": 1} if platform == "cpu" else None
+
+
 def init_params_on_host(model: FunctionalModel, model_cfg, init_key_data: np.ndarray) -> Any:
     """`init_model_params` computed by the host CPU (one jitted program) from raw key data."""
     with jax.default_device(jax.devices("cpu")[0]):
-        return jax.jit(lambda k: init_model_params(model, model_cfg, jax.random.wrap_key_data(k))
-                       )(init_key_data)
+        return jax.jit(lambda k: init_model_params(model, model_cfg, jax.random.wrap_key_data(k)),
+                       compiler_options=init_compiler_options("cpu"))(init_key_data)
 
 
 def trainable_abstract(boxed: Any, lora_cfg: Any = None) -> Any:
@@ -144,7 +158,8 @@ def create_train_state(model: FunctionalModel, model_cfg, tx: optax.GradientTran
 
     if params is None:
         state = jax.jit(lambda k, r: build(None, k, r), in_shardings=(rep, rep),
-                        out_shardings=shardings)(*key_data)
+                        out_shardings=shardings,
+                        compiler_options=init_compiler_options(_platform(mesh)))(*key_data)
     else:
         params = jax.device_put(params, shardings.params)
         state = jax.jit(lambda p, r: build(p, None, r), in_shardings=(shardings.params, rep),
@@ -160,8 +175,9 @@ def create_params(model: FunctionalModel, model_cfg, shardings: Any, seed: int) 
     """The fresh parameters `create_train_state` would start from, initialised directly into
     ``shardings`` (the ``params`` part of `state_shardings`), without optimizer state."""
     key_data = np.asarray(jax.random.key_data(_init_key(seed)))  # an argument: one program
-    if draws_on_host(jax.tree.leaves(shardings)[0].mesh):
+    mesh = jax.tree.leaves(shardings)[0].mesh
+    if draws_on_host(mesh):
         return jax.device_put(init_params_on_host(model, model_cfg, key_data), shardings)
     return jax.jit(lambda k: init_model_params(model, model_cfg, jax.random.wrap_key_data(k)),
-                   in_shardings=replicated(jax.tree.leaves(shardings)[0].mesh),
-                   out_shardings=shardings)(key_data)
+                   in_shardings=replicated(mesh), out_shardings=shardings,
+                   compiler_options=init_compiler_options(_platform(mesh)))(key_data)
