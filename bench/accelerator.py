@@ -79,7 +79,7 @@ def model_config(name: str, impl: str, args) -> ModelConfig:
 
 def init_on_host(cfg: ModelConfig):
     """Fresh parameters drawn by the host CPU, then put on the default device, as the trainer does
-    on GPUs (`jaxformer.train.state.draws_on_host`: the GPU's compile of the initialiser is 5–6×
+    on GPUs (`jaxformer.train.state.draws_on_host`: the GPU's compile of the initialiser is 6–8×
     slower, `bench/init_compile.py`)."""
     key_data = np.asarray(jax.random.key_data(jax.random.key(0)))
     return jax.device_put(init_params_on_host(build_model(cfg), cfg, key_data), jax.devices()[0])

@@ -188,7 +188,7 @@ DATA_PARALLEL = ("shard_map", "shard_map_accum2", "pmap", "pmap_accum2")
 
 def test_parameters_drawn_on_the_host_equal_the_devices_draw(monkeypatch):
     """GPU meshes draw fresh parameters on the host CPU and then place them (`draws_on_host`: the
-    GPU compiles the initialiser 5–6× slower). On CPU meshes the devices draw; the host path,
+    GPU compiles the initialiser 6–8× slower). On CPU meshes the devices draw; the host path,
     forced here, must give the same values in the same shardings, for the train state and for
     `create_params` (fine-tuning's fresh heads)."""
     from jaxformer.train import state as state_module

@@ -72,8 +72,8 @@ def draws_on_host(mesh: Mesh) -> bool:
 
     True on GPUs in a single process, where a CPU backend is there (``JAX_PLATFORMS`` may leave it
     out). The initialiser is one random-number kernel per parameter and layer, and compiling them for
-    an H100 took 71 s for gpt2_small_bf16 and 109 s for gpt2_medium_bf16; the host's compile took 8
-    and 17 s, placement included (jax 0.11.2, `bench/init_compile.py`, docs/benchmarks.md). The
+    an H100 took 62 s for gpt2_small_bf16 and 97 s for gpt2_medium_bf16, the host CPU's compile 8
+    and 15 s (jax 0.11.2, `bench/init_compile.py`, docs/benchmarks.md). The
     values are the same threefry draws, computed by the CPU. Elsewhere the devices draw: on TPU
     slices and across processes each device materialises only its own shards, never the whole
     model, and the host is already the device on a CPU.
