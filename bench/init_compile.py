@@ -34,6 +34,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 VARIANTS = ("default", "device", "autotune0", "unpartitionable")
 
@@ -115,7 +116,6 @@ def main(argv=None) -> list[dict]:
         p.error(f"--variants: unknown {sorted(unknown)}; choose from {VARIANTS}")
     jobs = [(name, v) for name in args.presets.split(",") if name for v in variants]
     rows = []
-    from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max(1, args.parallel)) as pool:
         for row in pool.map(lambda job: run_row(*job, args.timeout), jobs):
             print(json.dumps(row), flush=True)
