@@ -1,6 +1,7 @@
 # Two commands: `make demo` and `make test`. Both create .venv if missing and install the project
-# with its [test] extra (which includes the [demo] extra; no PyTorch). `make test-fast` is the
-# inner-loop tier; `make test-hf` the live Hugging Face PyTorch tier (in .venv-hf).
+# with its [test] extra (which includes the [demo] extra; no PyTorch). `make test` is the suite CI
+# runs; `make test-all` adds the long end-to-end runs (marked slow); `make test-hf` is the live
+# Hugging Face PyTorch tier (in .venv-hf).
 # Python 3.12+ (jax >= 0.11 needs it): python3.12 / python3.13 on PATH, else pyenv's, else say so.
 PYTHON ?= $(shell r=$$(pyenv root 2>/dev/null); \
             for p in python3.12 python3.13 $$(ls -d $$r/versions/3.1[23].*/bin/python3 2>/dev/null | sort -V); do \
@@ -26,7 +27,7 @@ PEERS_STAMP = $(PEERS)/.install-stamp
 BENCH_ARGS ?=
 BENCH_ARGS_DECODE ?=
 
-.PHONY: install demo test test-fast test-hf test-floors lint bench peers clean
+.PHONY: install demo test test-all test-hf test-floors lint bench peers clean
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "jaxformer needs Python 3.12 or 3.13: install one (e.g. 'pyenv install 3.12') or run make PYTHON=/path/to/python3.12"; exit 1; }
@@ -50,13 +51,19 @@ DEMO_ARGS ?= --no_tune --sizes bert=250
 demo: $(STAMP)
 	$(PY) -m demo $(DEMO_ARGS)
 
-# The full suite, what CI runs (.ci/run): torch-free (the tests marked hf are `make test-hf`'s).
+# What CI runs (.ci/run), torch-free, within 10 minutes on 2 cores: every test but those marked
+# slow (the long end-to-end runs: the whole demo, multi-process kills, learning runs) and hf (live
+# PyTorch: `make test-hf`). The trainer's end-to-end runs that the mission rests on stay here:
+# train.py pretraining, fine-tuning and exact resume (test_train.py), checkpoint reliability
+# (test_reliability.py), one two-process run (test_multiprocess.py) and every mesh against one
+# device (test_parallel.py). docs/extending.md, "What a test costs": which tests are slow.
 test: $(STAMP)
-	$(DEVICE_SPLIT) $(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) -m "not hf" tests
+	$(DEVICE_SPLIT) $(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) -m "not slow and not hf" tests
 
-# Everything but the tests marked slow (end-to-end runs): about 2.5 minutes on 2 cores.
-test-fast: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow and not hf" tests
+# Everything torch-free, the slow tests too (about 19 minutes on 2 cores): before a release, and
+# after a change to the trainer, checkpoints, multi-process runs or the demo.
+test-all: $(STAMP)
+	$(DEVICE_SPLIT) $(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) -m "not hf" tests
 
 # Live Hugging Face PyTorch: the [hf] extra (torch, transformers) in .venv-hf, layered on .venv (a
 # .pth file adds .venv's site-packages after its own, so jax and the project are .venv's). Runs the

@@ -26,8 +26,6 @@ import pytest
 
 from jaxformer.checkpoint import load_checkpoint_params, read_metrics, resolve_checkpoint
 
-pytestmark = pytest.mark.slow  # subprocesses that each start JAX and train
-
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the king and queen of a far land rode out at dawn with their men to the sea where ships "
          "lay waiting under grey skies while old songs rose from the harbour and children ran "
@@ -134,6 +132,7 @@ def test_two_processes_train_and_checkpoint(jit_run):
     assert {"data/process_0-of-2.json", "data/process_1-of-2.json"} <= set(files)
 
 
+@pytest.mark.slow
 def test_two_process_data_parallel_trains_one_model(jit_run, tmp_path):
     """pmap and shard_map over the devices of both processes: gradients are summed globally, so
     both processes report the same metrics, which equal the sharded jit run's (the same update).
@@ -193,6 +192,7 @@ def _signal_mid_training(workdir: Path, corpus: Path, process: int, sig: int
     return [first, *rest], ended
 
 
+@pytest.mark.slow
 def test_a_killed_process_stops_the_other_in_one_line_and_a_rerun_resumes_bitwise(
         jit_run, straight, tmp_path):
     corpus, workdir = jit_run[0], tmp_path / "killed"
@@ -209,6 +209,7 @@ def test_a_killed_process_stops_the_other_in_one_line_and_a_rerun_resumes_bitwis
     assert _rows(workdir) == _rows(straight)
 
 
+@pytest.mark.slow
 def test_a_sigterm_to_one_process_checkpoints_one_step_of_both(jit_run, straight, tmp_path):
     """A preemption notice on one host of a pod: JAX's preemption sync point has every process
     save the same step and stop (143); the rerun resumes there bit for bit."""
@@ -230,6 +231,7 @@ def test_a_sigterm_to_one_process_checkpoints_one_step_of_both(jit_run, straight
     assert _rows(workdir) == _rows(straight)
 
 
+@pytest.mark.slow
 def test_plan_cli_compiles_on_simulated_devices(tmp_path):
     """One CPU device here, a plan for fsdp=8: the step is compiled in a child process on 8
     simulated devices, and XLA's per-device argument bytes equal the planner's sharding math."""

@@ -90,8 +90,8 @@ def test_the_default_test_install_has_no_torch():
 
 
 def test_slow_marker_is_registered_and_markers_are_strict(pytestconfig):
-    """`make test-fast` deselects ``-m "not slow"``: a misspelt ``@pytest.mark.slwo`` would
-    silently keep a slow test in the fast tier, so unknown markers are errors."""
+    """`make test` deselects ``-m "not slow"``: a misspelt ``@pytest.mark.slwo`` would silently
+    put a slow test into CI's tier, so unknown markers are errors."""
     assert pytestconfig.option.strict_markers
     assert any(line.startswith("slow:") for line in pytestconfig.getini("markers"))
     assert any(line.startswith("hf:") for line in pytestconfig.getini("markers"))

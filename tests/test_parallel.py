@@ -209,7 +209,6 @@ def test_parameters_drawn_on_the_host_equal_the_devices_draw(monkeypatch):
                      jax.device_get(got), jax.device_get(want))
 
 
-@pytest.mark.slow
 def test_sharded_init_equals_single_device_init(runs):
     """`create_train_state` on fsdp=8 draws the same values as the unsharded init (threefry
     random bits do not depend on the sharding; the reference is compiled at another LLVM
@@ -218,7 +217,6 @@ def test_sharded_init_equals_single_device_init(runs):
                  runs["fsdp8_init"], runs["host0"])
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", [*MESHES, *DATA_PARALLEL])
 def test_same_losses_and_parameters_on_every_mesh(runs, name):
     ref = runs["single"]
@@ -234,7 +232,6 @@ def test_same_losses_and_parameters_on_every_mesh(runs, name):
                  params, jax.device_get(ref["state"].params))
 
 
-@pytest.mark.slow
 def test_shard_map_step_needs_its_psum(runs):
     """The equalities above are not vacuous. Without the psum (a step built without
     ``axis_name``) each device normalises its own rows: `jax.shard_map`'s replication check
@@ -265,7 +262,6 @@ def test_shard_map_step_needs_its_psum(runs):
     assert gap > 100 * PARAM_ATOL, gap
 
 
-@pytest.mark.slow
 def test_shard_map_keeps_the_state_shardings(runs):
     """The shard_map step returns the state in the jit path's shardings (replicated on a data-only
     mesh), where evaluation and Orbax checkpoints expect it, and psums in compiled all-reduces."""
@@ -275,20 +271,17 @@ def test_shard_map_keeps_the_state_shardings(runs):
     assert "all-reduce" in run["hlo"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MESHES))
 def test_no_involuntary_rematerialization(runs, name):
     assert REMAT_WARNING not in runs[name]["stderr"], runs[name]["stderr"][-2000:]
 
 
-@pytest.mark.slow
 def test_micro_batches_stay_on_their_devices(runs):
     """Gradient accumulation splits each device's own rows: no collective moves batch rows."""
     assert "collective-permute" not in runs["tensor4"]["hlo"]
     assert "all-to-all" not in runs["tensor4"]["hlo"]
 
 
-@pytest.mark.slow
 def test_fsdp_shards_parameters_and_optimizer_state(runs):
     run = runs["fsdp8"]
     state, shardings = run["state"], run["shardings"]
@@ -311,7 +304,6 @@ def test_fsdp_shards_parameters_and_optimizer_state(runs):
     assert sharded >= 3 * n_matrices
 
 
-@pytest.mark.slow
 def test_fsdp_compiled_state_memory_is_an_eighth(runs):
     """Per-device arguments of the compiled step (parameters + optimizer state + batch)."""
     single = runs["single"]["memory"].argument_size_in_bytes
@@ -319,7 +311,6 @@ def test_fsdp_compiled_state_memory_is_an_eighth(runs):
     assert fsdp <= single / 8 * 1.10, (fsdp, single)
 
 
-@pytest.mark.slow
 def test_restore_onto_a_different_mesh(runs, tmp_path):
     cfg, model, tx, _, _ = runs["setup"]
     state = runs["data8"]["state"]
@@ -416,7 +407,6 @@ def test_head_dim_is_the_logical_name_of_the_per_head_width():
         sharded_jit(lambda x: x, make_mesh({"tensor": 2}), rules=(("kv", None),))
 
 
-@pytest.mark.slow
 def test_constraints_are_no_ops_without_a_mesh(runs):
     """`model.apply` outside `sharded_jit` (tests, generation) ignores the logical constraints and
     equals the same forward traced under a tensor-parallel mesh."""
@@ -465,7 +455,6 @@ def test_distributed_trigger_from_environment():
                                   "JAX_COORDINATOR_ADDRESS": "x:1"}) is None
 
 
-@pytest.mark.slow
 def test_plan_matches_the_real_sharded_state(runs):
     """The planner's abstract per-device bytes equal what the fsdp=8 run actually holds."""
     from jaxformer import plan

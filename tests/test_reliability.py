@@ -33,8 +33,6 @@ from jaxformer.train.config import load_config
 from jaxformer.train.loop import Trainer
 from jaxformer.train.metrics import MetricWriter, read_events
 
-pytestmark = pytest.mark.slow  # trains a base run, then train.py subprocesses on copies of it
-
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"model.vocab_size": 384, "model.d_model": 16, "model.num_heads": 2, "model.d_ff": 32,
         "model.num_layers": 1, "model.max_len": 32, "data.tokenizer.vocab_size": 384,

@@ -77,7 +77,6 @@ def pretrained(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_pretraining_lowers_loss_and_checkpoints(pretrained, family):
     wd = pretrained[family]
@@ -90,7 +89,6 @@ def test_pretraining_lowers_loss_and_checkpoints(pretrained, family):
     assert (wd / "tensorboard").is_dir()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_finetune_starts_from_pretrained_backbone(pretrained, tmp_path, family):
     config = load_config(f"{family}_finetune_tiny", init_from=str(pretrained[family]))
@@ -116,7 +114,6 @@ def test_finetune_starts_from_pretrained_backbone(pretrained, tmp_path, family):
     assert evals and all(("eval_perplexity" in r) == (family == "t5") for r in evals)
 
 
-@pytest.mark.slow
 def test_init_from_shape_mismatch_names_parameter(pretrained, tmp_path):
     config = load_config("gpt_finetune_tiny", init_from=str(pretrained["gpt"]))
     config.model.d_ff = 96  # an architecture field: refused by name, before any parameter is read
@@ -128,7 +125,6 @@ def test_init_from_shape_mismatch_names_parameter(pretrained, tmp_path):
         Trainer(config, tmp_path)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("field, value, message", [
     ("activation", "relu", r"model.activation: 'gelu_tanh' -> 'relu'"),
     ("norm_position", "post", r"model.norm_position: 'pre' -> 'post'"),
@@ -145,7 +141,6 @@ def test_init_from_a_run_refuses_an_architecture_change_by_name(pretrained, tmp_
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.slow
 def test_init_from_a_run_and_from_its_hf_export_start_the_same(pretrained, tmp_path):
     """The same fine-tuning config trains the same from a run and from its Hugging Face export:
     a value the config states wins even when it equals ModelConfig's default (t5_finetune_tiny's
@@ -168,7 +163,6 @@ def test_init_from_a_run_and_from_its_hf_export_start_the_same(pretrained, tmp_p
                  jax.device_get(from_hf.state.params))
 
 
-@pytest.mark.slow
 def test_another_seed_trains_another_model(pretrained, tmp_path):
     """Seed 1 differs from the pretrained fixture's seed 0. (That an equal seed gives a bitwise
     identical run is `test_killed_run_resumes_exactly`'s: its killed process and its uninterrupted
@@ -180,7 +174,6 @@ def test_another_seed_trains_another_model(pretrained, tmp_path):
     assert all(losses(other)[step] != ref[step] for step in (5, 30))
 
 
-@pytest.mark.slow
 def test_killed_run_resumes_exactly(tmp_path):
     """SIGKILL a training process after a checkpoint, rerun the same command, compare with an
     uninterrupted run: every step after the resume point has the identical loss."""
@@ -219,7 +212,6 @@ def test_killed_run_resumes_exactly(tmp_path):
                  load_checkpoint_params(straight))
 
 
-@pytest.mark.slow
 def test_sigterm_checkpoints_the_current_step_and_the_rerun_continues_exactly(tmp_path):
     """A preempted job (SIGTERM) saves the step it is at — not only the last periodic checkpoint —
     exits with 143, and rerunning the command continues bit for bit like an uninterrupted run."""
@@ -256,7 +248,6 @@ def test_sigterm_checkpoints_the_current_step_and_the_rerun_continues_exactly(tm
         assert resumed[step] == reference[step], step
 
 
-@pytest.mark.slow
 def test_init_from_hugging_face_directory(tmp_path):
     """``init_from`` a local HF GPT-2 directory (a golden tiny one, `tests/golden.py`): its
     architecture and weights are used, the new classification head is fresh, and fine-tuning
@@ -280,7 +271,6 @@ def test_init_from_hugging_face_directory(tmp_path):
 # choice of whole words: tests/test_objectives.py.)
 
 
-@pytest.mark.slow
 def test_init_from_a_step_dir_reuses_the_pretraining_tokenizer(pretrained, tmp_path):
     """``init_from=<run>/checkpoints/<step>`` reads the run's tokenizer, not a new one (a new one
     would read the pretrained embeddings with other ids)."""
@@ -292,7 +282,6 @@ def test_init_from_a_step_dir_reuses_the_pretraining_tokenizer(pretrained, tmp_p
                                   load_checkpoint_params(step_dir)["token_embed"]["embedding"])
 
 
-@pytest.mark.slow
 def test_resuming_with_another_architecture_fails_and_leaves_the_run_intact(pretrained, tmp_path):
     import shutil
 
@@ -308,7 +297,6 @@ def test_resuming_with_another_architecture_fails_and_leaves_the_run_intact(pret
     assert trainer.start_step == 30
 
 
-@pytest.mark.slow
 def test_a_tokenizer_left_by_a_run_without_checkpoints_is_replaced(pretrained, tmp_path):
     """A run that failed before its first checkpoint leaves ``tokenizer.model`` behind; the next
     run trains the tokenizer its own config asks for instead of silently reusing it."""
@@ -318,7 +306,6 @@ def test_a_tokenizer_left_by_a_run_without_checkpoints_is_replaced(pretrained, t
     assert Tokenizer.load(tmp_path / "tokenizer.model").vocab_size == 400
 
 
-@pytest.mark.slow
 def test_exported_workdir_fine_tunes_with_its_own_tokenizer(pretrained, tmp_path):
     """``convert --from <workdir> --to-hf D`` writes the run's sentencepiece model and special ids,
     so ``init_from=D`` fine-tunes with the same tokenizer."""
@@ -406,7 +393,6 @@ def test_metric_rows_name_the_count_for_what_it_counts(tmp_path, monkeypatch):
         metrics.MetricWriter(tmp_path, count_name="rows")
 
 
-@pytest.mark.slow
 def test_a_headerless_tsv_classifier_runs_with_one_override_per_fact(tmp_path, capsys):
     """The user's loop of issue 26 on a header-less six-class TSV: data.columns reads it,
     model.num_classes comes from data.label_names, a 12-step run of a config with 160 warmup steps
