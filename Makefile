@@ -60,7 +60,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(DEVICE_SPLIT) $(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) -m "not slow and not hf" tests
 
-# Everything torch-free, the slow tests too (about 19 minutes on 2 cores): before a release, and
+# Everything torch-free, the slow tests too (15–19 minutes on 2 cores): before a release, and
 # after a change to the trainer, checkpoints, multi-process runs or the demo.
 test-all: $(STAMP)
 	$(DEVICE_SPLIT) $(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) -m "not hf" tests
