@@ -55,8 +55,9 @@ demo: $(STAMP)
 # slow (the long end-to-end runs: the whole demo, multi-process kills, learning runs) and hf (live
 # PyTorch: `make test-hf`). The trainer's end-to-end runs that the mission rests on stay here:
 # train.py pretraining, fine-tuning and exact resume (test_train.py), checkpoint reliability
-# (test_reliability.py), one two-process run (test_multiprocess.py) and every mesh against one
-# device (test_parallel.py). docs/extending.md, "What a test costs": which tests are slow.
+# (test_reliability.py), a user's own TSV to a scored test split (test_own_data.py), one
+# two-process run (test_multiprocess.py) and every mesh against one device (test_parallel.py).
+# docs/extending.md, "What a test costs": which tests are slow.
 test: $(STAMP)
 	$(DEVICE_SPLIT) $(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) -m "not slow and not hf" tests
 

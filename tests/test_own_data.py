@@ -36,7 +36,6 @@ def _write(path: Path, n: int, rng: random.Random) -> list[str]:
     return [r.split("\t")[1] for r in rows]
 
 
-@pytest.mark.slow
 def test_a_headerless_tsv_with_train_and_test_files_reaches_a_scored_test_split(tmp_path):
     rng = random.Random(0)
     _write(tmp_path / "train.tsv", 400, rng)
