@@ -5,8 +5,12 @@ One jitted greedy step (`jaxformer.decode.steps.step` + argmax, the cache donate
 on a cache of ``--prompt_len + --new_tokens`` slots filled by a real prefill, runs round-robin under
 `jax.profiler.trace`; its thunks are put in `bench/op_profile.py`'s categories (``dot``: matmuls,
 ``copy``: data movement such as transposes, ``reduce``, ``gather``, ``elementwise``) and summed per
-category and per source (the JAX op path). ``bytes`` and ``GFLOP`` are the step's XLA cost analysis
-(deterministic: the memory traffic XLA plans, which does not depend on the machine's load).
+category and per source (the JAX op path). ``busy ms`` is a step's mean busy time (thunks in
+flight; ``wall ms`` adds the call's dispatch); ``ops ms`` and the categories sum each instruction's
+share from its least disturbed profiled step, a lower bound of a step (below ``busy ms`` by what
+the machine's other work and the threads' contention add). ``bytes`` and ``GFLOP`` are the step's
+XLA cost analysis (deterministic: the memory traffic XLA plans, which does not depend on the
+machine's load).
 
     PYTHONPATH=. python bench/decode_profile.py                  # batch 1, 8 and 32
     PYTHONPATH=. python bench/decode_profile.py --batch 8 --top 12
@@ -109,7 +113,8 @@ def main(argv=None) -> None:
             g = by_shape[(category, inst["type"].split("{")[0], fused)]
             g[0], g[1], g[2] = g[0] + ms, g[1] + 1, g[2] + flops * len(runs) / args.steps / 1e9
             by_src[(category, source(inst["op_name"]) or "fwd:")] += ms
-        row = {"batch": e["batch"], "wall_ms": 1e3 * float(np.median(e["wall"])),
+        busy = sum(sum(s) for s in shares.values()) / args.steps / 1e6  # shares sum to busy time
+        row = {"batch": e["batch"], "wall_ms": 1e3 * float(np.median(e["wall"])), "busy_ms": busy,
                "ops_ms": sum(by_cat.values()), "MB": e["bytes"] / 1e6, "GFLOP": e["flops"] / 1e9}
         row.update({f"{c}_ms": by_cat.get(c, 0.0) for c in CATEGORIES})
         rows.append(row)
@@ -124,7 +129,8 @@ def main(argv=None) -> None:
                       "prompt_len": args.prompt_len, "cache_slots": prefix + args.new_tokens,
                       "rows": rows, "top": top, "shapes": shapes}))
     print(format_table(rows, [("batch", "B", "d"), ("wall_ms", "wall ms", ".2f"),
-                              ("ops_ms", "ops ms", ".2f"), ("dot_ms", "dot", ".2f"),
+                              ("busy_ms", "busy ms", ".2f"), ("ops_ms", "ops ms", ".2f"),
+                              ("dot_ms", "dot", ".2f"),
                               ("copy_ms", "copy", ".2f"), ("reduce_ms", "reduce", ".2f"),
                               ("elementwise_ms", "elementwise", ".2f"), ("MB", "MB accessed", ".1f"),
                               ("GFLOP", "GFLOP", ".2f")]))
