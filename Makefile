@@ -19,6 +19,8 @@ PYTEST_ARGS ?= -n 2 -q --durations=15
 # (tests/scheduling.py).
 WHOLE_FILES = --dist loadfile
 DEVICE_SPLIT = JAXFORMER_TEST_DEVICE_SPLIT=1
+# The suite's pytest command after the interpreter (`make test`, `test-all`, `test-floors`).
+SUITE   = -m pytest $(PYTEST_ARGS) $(WHOLE_FILES)
 FLOORS  = .venv-floors
 HF      = .venv-hf
 HF_STAMP = $(HF)/.install-stamp
@@ -59,12 +61,12 @@ demo: $(STAMP)
 # two-process run (test_multiprocess.py) and every mesh against one device (test_parallel.py).
 # docs/extending.md, "What a test costs": which tests are slow.
 test: $(STAMP)
-	$(DEVICE_SPLIT) $(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) -m "not slow and not hf" tests
+	$(DEVICE_SPLIT) $(PY) $(SUITE) -m "not slow and not hf" tests
 
 # Everything torch-free, the slow tests too (15–19 minutes on 2 cores): before a release, and
 # after a change to the trainer, checkpoints, multi-process runs or the demo.
 test-all: $(STAMP)
-	$(DEVICE_SPLIT) $(PY) -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) -m "not hf" tests
+	$(DEVICE_SPLIT) $(PY) $(SUITE) -m "not hf" tests
 
 # Live Hugging Face PyTorch: the [hf] extra (torch, transformers) in .venv-hf, layered on .venv (a
 # .pth file adds .venv's site-packages after its own, so jax and the project are .venv's). Runs the
@@ -87,7 +89,7 @@ test-floors:
 	test -x $(FLOORS)/bin/python || $(PYTHON) -m venv $(FLOORS)
 	$(FLOORS)/bin/python -m pip install -q uv
 	$(FLOORS)/bin/uv pip install --python $(FLOORS)/bin/python --resolution lowest-direct -e '.[test]'
-	$(DEVICE_SPLIT) $(FLOORS)/bin/python -m pytest $(PYTEST_ARGS) $(WHOLE_FILES) tests
+	$(DEVICE_SPLIT) $(FLOORS)/bin/python $(SUITE) tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxformer demo tests bench configs train.py
