@@ -10,6 +10,8 @@ below it one replica writes the whole array (the saved values and the restore ar
 
 from __future__ import annotations
 
+import logging
+
 import jax
 import orbax.checkpoint as ocp
 
@@ -32,4 +34,15 @@ def register_array_handler() -> None:
             min_slice_bytes_for_replica_parallel=MIN_SLICE_BYTES)
     except TypeError:  # an Orbax without `min_slice_bytes_for_replica_parallel`
         return
-    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+    # Orbax logs a warning for every override, though this one is deliberate: drop that record only
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addFilter(_drop_override_notice)
+    try:
+        ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+    finally:
+        absl_logger.removeFilter(_drop_override_notice)
+
+
+def _drop_override_notice(record: logging.LogRecord) -> bool:
+    """False for Orbax's "Type handler registry type … overriding …" record (a logging filter)."""
+    return not record.getMessage().startswith("Type handler registry type")
