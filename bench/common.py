@@ -32,6 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.backends import skip_absent_tpu
+
+skip_absent_tpu()  # every benchmark imports this first: no failed libtpu start on a CPU host
+
 
 def block(x: Any) -> Any:
     """Wait for every array in ``x`` (asynchronous dispatch) and return it."""
