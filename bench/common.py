@@ -22,6 +22,7 @@ PaLM (Chowdhery et al. 2022, App. B), as MaxText logs it:
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import statistics
 import time
@@ -32,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.backends import skip_absent_tpu
+from jaxformer.host import cpu_name, skip_absent_tpu
 
 skip_absent_tpu()  # every benchmark imports this first: no failed libtpu start on a CPU host
 
@@ -82,6 +83,16 @@ def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 10) -> 
     flops = 2.0 * n**3
     return {"n": n, "dtype": jnp.dtype(dtype).name, "peak_flops": flops / t["min"],
             "median_flops": flops / t["median"]}
+
+
+def machine(matmul_n: int = 2048) -> dict[str, Any]:
+    """The machine a benchmark ran on, for its JSON: the CPU's name and cores, the load average as
+    it starts, and the float32 ``matmul_n``² matmul rate measured now. The 2-core machines here
+    differ by up to 3× in that rate, and same-run ratios against a peer move with it (a step that
+    is mostly matmuls leaves less for a peer's extra work to add), so a ratio is read beside it."""
+    return {"backend": jax.default_backend(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+            "load_average": round(os.getloadavg()[0], 2),
+            "matmul_f32_gflops": round(measure_matmul_peak(matmul_n)["peak_flops"] / 1e9, 1)}
 
 
 def measure_copy_bandwidth(n_bytes: int = 2**30, repeats: int = 10) -> dict[str, float]:

@@ -55,7 +55,7 @@ import numpy as np
 from jax import lax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import block, format_table, round_robin_times, time_calls  # noqa: E402
+from common import block, format_table, machine, round_robin_times, time_calls  # noqa: E402
 from peer_models import hf_generators  # noqa: E402
 
 from jaxformer.config import ModelConfig  # noqa: E402
@@ -197,7 +197,7 @@ def main_peers(args) -> None:
                 done = bench_peers(m, int(b), s, args)
                 print(json.dumps({"partial": done}), file=sys.stderr, flush=True)
                 rows += done
-    print(json.dumps({"benchmark": "decode_peers", "backend": jax.default_backend(),
+    print(json.dumps({"benchmark": "decode_peers", "machine": args.machine,
                       "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
                       "results": rows}))
     print(format_table(rows, [
@@ -226,7 +226,8 @@ def main_scaling(args) -> None:
              "tokens_per_s": b * args.new_tokens / statistics.median(t)} for b, t in times.items()]
     for r in rows:
         r["vs_first_batch"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
-    print(json.dumps({"benchmark": "decode_scaling", "new_tokens": args.new_tokens,
+    print(json.dumps({"benchmark": "decode_scaling", "machine": args.machine,
+                      "new_tokens": args.new_tokens,
                       "results": rows}))
     print(format_table(rows, [("batch", "B", "d"), ("tokens_per_s", "tok/s", ".1f"),
                               ("vs_first_batch", "vs first batch", ".2f")]))
@@ -282,8 +283,9 @@ def main_refill(args) -> None:
              "same_outputs": outputs[k] == outputs["batches"]} for k, t in times.items()]
     for r in rows:
         r["vs_batches"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
-    print(json.dumps({"benchmark": "decode_refill", "new_tokens": args.new_tokens, "eos_id": eos,
-                      "output_lengths": lengths, "results": rows}))
+    print(json.dumps({"benchmark": "decode_refill", "machine": args.machine,
+                      "new_tokens": args.new_tokens, "eos_id": eos, "output_lengths": lengths,
+                      "results": rows}))
     print(f"output lengths (EOS included): mean {np.mean(lengths):.0f}, min {min(lengths)}, "
           f"max {max(lengths)}")
     print(format_table(rows, [("system", "system", "s"), ("batch", "B", "d"),
@@ -315,6 +317,8 @@ def main(argv=None) -> None:
     args.models = args.models or ("gpt_d512" if args.peers else "gpt_tiny,gpt_d512")
     args.batch = args.batch or ("1,8" if args.peers else "1,8,32" if args.scaling
                                 else "8" if args.refill else "1,2")
+    args.machine = machine()  # recorded in every JSON below: ratios move with the machine
+    print(json.dumps({"machine": args.machine}), file=sys.stderr, flush=True)
     if args.refill:
         return main_refill(args)
     if args.scaling:
@@ -323,7 +327,7 @@ def main(argv=None) -> None:
         return main_peers(args)
     rows = [bench_model(m, int(b), args) for m in args.models.split(",")
             for b in args.batch.split(",")]
-    print(json.dumps({"benchmark": "decode", "backend": jax.default_backend(),
+    print(json.dumps({"benchmark": "decode", "machine": args.machine,
                       "devices": [str(d) for d in jax.devices()][:1], "results": rows}, indent=2))
     print(format_table(rows, [
         ("model", "model", "s"), ("batch", "B", "d"), ("new_tokens", "new", "d"),

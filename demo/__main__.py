@@ -8,7 +8,7 @@ import sys
 
 from demo import FAMILIES, DemoSettings, run_demo
 from demo.configs import BERT_HEAD_CONFIGS, DEMO_CONFIGS, parse_overrides
-from jaxformer.backends import skip_absent_tpu
+from jaxformer.host import skip_absent_tpu
 
 # The regimes of ``--full`` (0: the whole training split).
 FULL = {"gpt_sizes": (500, 2000, 8000), "bert_sizes": (250, 1000, 0),
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
                         "--set model.d_model=256, or of one of " + ", ".join(DEMO_CONFIGS) +
                         ", e.g. --set bert_finetune_tiny:data.seq_len=96")
     args = p.parse_args(argv)
-    skip_absent_tpu()  # no failed libtpu start on a CPU host (jaxformer.backends)
+    skip_absent_tpu()  # no failed libtpu start on a CPU host (jaxformer.host)
     for name in ("budget_scale", "pretrain_scale", "seeds"):
         if getattr(args, name) <= 0:
             p.error(f"--{name}={getattr(args, name)} must be positive")

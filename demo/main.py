@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform
 import shutil
 import sys
 import time
@@ -22,19 +21,10 @@ from demo.machine import xla_denormal_check
 from demo.output import banner, start_clock
 from demo.settings import DemoSettings
 from demo.t5 import run_t5
+from jaxformer.host import cpu_name
 
 RUNNERS = {"gpt": run_gpt, "bert": run_bert, "t5": run_t5}  # in the order they run
 FAMILIES = tuple(RUNNERS)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _load() -> float:
@@ -79,7 +69,7 @@ def run_demo(workdir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
     results["meta"] = {
         "command": command or "python -m demo",
         "families": list(only), "total_minutes": round((time.perf_counter() - t0) / 60, 2),
-        "cpu_count": os.cpu_count(), "cpu": _cpu_name(), "load_start": load_start,
+        "cpu_count": os.cpu_count(), "cpu": cpu_name(), "load_start": load_start,
         "load_end": _load(), "jax": jax.__version__, "python": sys.version.split()[0],
         "settings": dataclasses.asdict(settings),
     }

@@ -79,7 +79,7 @@ ONE_DEVICE_IS_ENOUGH = {
     "test_configs.py": "pmap / shard_map / mesh sizes only as settings the validation refuses",
     "test_distill.py": "parallel='pmap' only as a setting distillation refuses",
     "test_multiprocess.py": "its train.py processes set their own XLA_FLAGS (4 devices each)",
-    "test_backends.py": "its one jax.devices() is in a subprocess without the suite's XLA_FLAGS",
+    "test_host.py": "its one jax.devices() is in a subprocess without the suite's XLA_FLAGS",
 }
 
 

@@ -13,7 +13,7 @@ installed console script ``jaxformer-<command>`` (`[project.scripts]` in pyproje
 
 Each module holds flag definitions, ``main(argv)`` and ``run()`` (what the console script calls);
 the work itself is in the library module named above. Nothing in the library imports this package.
-Importing it, which every command does first, calls `jaxformer.backends.skip_absent_tpu`: on a host
+Importing it, which every command does first, calls `jaxformer.host.skip_absent_tpu`: on a host
 with libtpu installed but no TPU chip, JAX then starts only the CPU backend, without libtpu's failed
 start and the lines it prints.
 """
@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from absl import app, flags
 
-from jaxformer.backends import skip_absent_tpu
+from jaxformer.host import skip_absent_tpu
 
 skip_absent_tpu()  # before any command asks JAX for devices
 

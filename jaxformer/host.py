@@ -1,4 +1,5 @@
-"""Which JAX backends the command lines start: not libtpu's on a host with no TPU chip.
+"""The host a command runs on: what it has (TPU chips, the CPU's name) and which JAX backends the
+command lines start on it (not libtpu's where there is no TPU chip).
 
 `make install` brings libtpu (the ``[tpu]`` extra: tests/test_compile.py compiles for TPU slices
 on a CPU host, `jaxformer.parallel.topology`). With ``JAX_PLATFORMS`` unset, JAX starts every
@@ -22,6 +23,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import platform
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -43,6 +45,18 @@ def tpu_host() -> bool:
         except OSError:
             return True
     return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s "model name", else `platform.processor`): what
+    the demo's report and the benchmarks' JSON record beside their timings."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def other_jax_plugins() -> bool:

@@ -1,5 +1,5 @@
-"""A command's start-up output: no failed libtpu start on a host without TPU chips
-(`jaxformer.backends`), no Orbax notice for our deliberate handler override
+"""The host (`jaxformer.host`): the CPU's name, and a command's start-up output: no failed libtpu
+start on a host without TPU chips, no Orbax notice for our deliberate handler override
 (`jaxformer.checkpoint.orbax_arrays`)."""
 
 import importlib.util
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxformer.backends import other_jax_plugins, platforms_to_start, tpu_host
 from jaxformer.checkpoint import orbax_arrays
+from jaxformer.host import cpu_name, other_jax_plugins, platforms_to_start, tpu_host
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,3 +53,12 @@ def test_orbax_override_notice_dropped_and_filter_removed(caplog):
     assert not [r for r in caplog.records if "overriding" in r.getMessage()]
     logging.getLogger("absl").warning("Type handler registry type X overriding Y")  # not ours now
     assert [r for r in caplog.records if "overriding" in r.getMessage()]
+
+
+def test_cpu_name_is_the_cpuinfo_model_name():
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")]
+    assert cpu_name() == (names[0] if names else cpu_name()) and cpu_name()
