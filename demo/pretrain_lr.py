@@ -19,10 +19,11 @@ import sys
 from pathlib import Path
 
 from demo.configs import Overrides, parse_overrides, pretrain_config
-from demo.main import _cpu_name, _load
+from demo.main import _load
 from demo.output import banner, curve, start_clock, write_tool_report
 from demo.runs import train_run
 from demo.settings import DemoSettings
+from jaxformer.host import cpu_name
 
 # The config each family's demo pretraining runs (demo/gpt.py, bert.py, t5.py).
 PRETRAIN_CONFIGS = {"gpt": "gpt_pretrain_tiny", "bert": "bert_pretrain_tiny",
@@ -65,7 +66,7 @@ def search(family: str, rates: list[float], workdir: Path, settings: DemoSetting
               flush=True)
     best = min(runs, key=lambda r: r["final"])["rate"]
     return {"family": family, "config": PRETRAIN_CONFIGS[family], "runs": runs, "best": best,
-            "cpu": _cpu_name(), "load_at_end": _load()}
+            "cpu": cpu_name(), "load_at_end": _load()}
 
 
 def markdown(r: dict, command: str) -> str:
