@@ -14,8 +14,8 @@ installed, and neither ``JAX_PLATFORMS`` nor ``jax_platforms`` chosen by the use
 program gets are the same; only the failed start is gone. Compile-only TPU topologies
 (`jaxformer.parallel.topology`) load libtpu on their own, whatever the platforms.
 
-The command lines call it (``jaxformer.cli``, the demo); library functions leave JAX's
-configuration alone, as `jaxformer.compilation_cache` does.
+The command lines call it (``jaxformer.cli``, the demo, the benchmarks); library functions leave
+JAX's configuration alone, as `jaxformer.compilation_cache` does.
 """
 
 from __future__ import annotations
