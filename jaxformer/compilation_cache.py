@@ -7,6 +7,13 @@ turns that on at ``<jaxformer cache>/xla`` (``$JAXFORMER_CACHE``, default ``~/.c
 for ``train.py`` and ``python -m jaxformer.cli.evaluate`` / ``predict`` / ``generate`` / ``answer``.
 ``JAX_COMPILATION_CACHE_DIR`` (JAX's own setting) wins when set; ``JAXFORMER_COMPILATION_CACHE=0``
 turns it off. Library functions leave JAX's configuration alone; only these commands set it.
+
+The compile-only commands (``jaxformer-compile``, ``jaxformer-plan --topology``) do the opposite:
+`disable_compilation_cache`. Their programs are compiled for devices this process does not have (a
+TPU slice from libtpu's topology), which JAX can write to the cache but not load back ("PjRtCompiler
+must be constructed with a Client to call DeserializeLoadedExecutable"): with
+``JAX_COMPILATION_CACHE_DIR`` set, as many TPU users have it, each run left tens of MB of entries and
+the next run warned and compiled again.
 """
 
 from __future__ import annotations
@@ -34,3 +41,10 @@ def enable_compilation_cache() -> str | None:
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     return str(path)
+
+
+def disable_compilation_cache() -> None:
+    """Turn JAX's persistent compilation cache off for this process, whatever the environment
+    says. JAX decides once per process, at its first compile, whether to use the cache, so call
+    this before anything is compiled (a command's entry point)."""
+    jax.config.update("jax_enable_compilation_cache", False)

@@ -24,6 +24,7 @@ from absl import app, flags, logging
 from jaxformer.cli import plan as plan_cli
 from jaxformer.cli import run_absl
 from jaxformer.cli.plan import config_from_flags, define_flags, emit
+from jaxformer.compilation_cache import disable_compilation_cache
 from jaxformer.compile import compile_report, gib, refusal
 from jaxformer.parallel.topology import parse_topology
 
@@ -87,6 +88,7 @@ def run() -> None:
     # Compile-only: this process needs no accelerator of its own (and must not wait for one).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])  # jax read it on import
+    disable_compilation_cache()  # topology programs cannot be loaded back from it
     define_flags()
     flags.adopt_module_key_flags(plan_cli)  # --help lists them as this command's own
     run_absl(main, __name__)

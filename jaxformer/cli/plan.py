@@ -21,6 +21,7 @@ import ml_collections
 from absl import app, flags, logging
 
 from jaxformer.cli import run_absl
+from jaxformer.compilation_cache import disable_compilation_cache
 from jaxformer.parallel.mesh import make_mesh, mesh_shape
 from jaxformer.parallel.topology import parse_topology
 from jaxformer.plan import CHILD_FLAG, compile_step, plan, preset_config
@@ -71,6 +72,8 @@ def main(argv) -> None:
         sizes = mesh_shape(dict(config.mesh), f.devices)
         print(json.dumps(compile_step(config, make_mesh(sizes))))
         return
+    if f.topology:
+        disable_compilation_cache()  # topology programs cannot be loaded back from it
     try:
         config = config_from_flags(f)
         topology = parse_topology(f.topology, f.num_slices) if f.topology else None
@@ -91,11 +94,22 @@ def emit(table: str, report: dict, json_path: str = "") -> None:
             fh.write(text + "\n")
 
 
+# The sizes only ``--preset`` takes, and the config fields that set them with ``--config``.
+PRESET_SIZES = {"batch": "data.batch_size=8", "seq_len": "data.seq_len=1024",
+                "target_len": "data.target_len=128", "mesh": "mesh.fsdp=8"}
+
+
 def config_from_flags(f) -> ml_collections.ConfigDict:
-    """The config of ``--config`` (overrides applied) or of ``--preset`` and its sizes."""
+    """The config of ``--config`` (overrides applied) or of ``--preset`` and its sizes. With
+    ``--config``, a size flag of ``--preset`` is refused (ValueError), not silently ignored."""
     if f.preset:
         return preset_config(f.preset, batch=f.batch, seq_len=f.seq_len,
                              target_len=f.target_len or None, mesh=f.mesh)
+    given = [name for name in PRESET_SIZES if f[name].present]
+    if given:
+        raise ValueError(
+            f"--{given[0]} sizes a --preset; with --config set the config's own field instead, "
+            f"e.g. --config.{PRESET_SIZES[given[0]]}")
     return f.config
 
 
