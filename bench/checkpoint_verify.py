@@ -21,6 +21,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxformer.host import skip_absent_tpu
+
+skip_absent_tpu()  # no failed libtpu start-up on a CPU host (jaxformer.host)
+
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

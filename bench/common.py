@@ -35,7 +35,8 @@ import numpy as np
 
 from jaxformer.host import cpu_name, skip_absent_tpu
 
-skip_absent_tpu()  # every benchmark imports this first: no failed libtpu start on a CPU host
+skip_absent_tpu()  # no failed libtpu start on a CPU host (the benchmarks that do not import this
+# module call it themselves; the TPU-compile ones load libtpu on purpose)
 
 
 def block(x: Any) -> Any:

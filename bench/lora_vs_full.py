@@ -23,9 +23,12 @@ from pathlib import Path
 
 from absl import app, flags
 
+from jaxformer.host import skip_absent_tpu
 from jaxformer.models import lora
 from jaxformer.train.config import load_config, set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate
+
+skip_absent_tpu()  # no failed libtpu start-up on a CPU host (jaxformer.host)
 
 ROOT = Path(__file__).resolve().parents[1]
 flags.DEFINE_integer("pretrain_steps", 1200, "pretraining updates (configs/gpt_pretrain_tiny.py's)")

@@ -24,6 +24,9 @@ import numpy as np
 
 from jaxformer.data.pipeline import default_data_config, make_dataset
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
+from jaxformer.host import skip_absent_tpu
+
+skip_absent_tpu()  # no failed libtpu start-up on a CPU host (jaxformer.host)
 
 
 class ListSource:

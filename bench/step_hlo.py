@@ -25,8 +25,11 @@ import numpy as np
 import optax
 
 from jaxformer.config import ModelConfig
+from jaxformer.host import skip_absent_tpu
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
+
+skip_absent_tpu()  # no failed libtpu start-up on a CPU host (jaxformer.host)
 
 TINY = dict(vocab_size=256, d_model=64, num_heads=4, d_ff=128, num_layers=2, max_len=64)
 CASES = [("gpt_tiny", dict(scan_layers=True, remat_policy="dots")), ("bert_tiny", {}),
