@@ -180,16 +180,19 @@ def _command(module: str, *args: str, **env: str) -> subprocess.CompletedProcess
         env=environ, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-def test_the_compile_command_writes_nothing_to_the_persistent_cache(tmp_path):
+@pytest.mark.parametrize("command,report", [
+    ("compile", "compiled gpt_pretrain_tiny (decoder) for v5e:2x2 (TPU v5e, 4 chips)"),
+    ("plan", "step compiled for 4 compile-only tpu devices")])
+def test_compile_only_commands_write_nothing_to_the_persistent_cache(tmp_path, command, report):
     """A program compiled for compile-only TPU devices can be written to JAX's persistent cache but
-    not loaded back: with ``JAX_COMPILATION_CACHE_DIR`` set, the command used to leave the
-    step's executable there, and the next run warned and compiled again. It turns the cache off."""
+    not loaded back: with ``JAX_COMPILATION_CACHE_DIR`` set, ``jaxformer-compile`` and
+    ``jaxformer-plan --topology`` used to leave the step's executable there, and the next run warned
+    and compiled again. They turn the cache off."""
     cache = tmp_path / "xla"
-    proc = _command("compile", "--topology=v5e:2x2", "--config.mesh.fsdp=4",
+    proc = _command(command, "--topology=v5e:2x2", "--config.mesh.fsdp=4",
                     JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "compiled gpt_pretrain_tiny (decoder) for v5e:2x2" in proc.stdout
-    assert "mesh data=1 fsdp=4" in proc.stdout
+    assert report in proc.stdout and "mesh data=1 fsdp=4" in proc.stdout, proc.stdout
     assert not cache.exists() or not any(cache.iterdir()), sorted(cache.iterdir())
     assert "persistent compilation cache" not in proc.stderr
 
