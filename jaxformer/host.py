@@ -12,7 +12,8 @@ hostname …") that read as if the run had failed. Every ``train.py`` of a CPU u
 anyway: libtpu installed, no TPU chip on the PCI bus, no other JAX plugin (a CUDA one, say)
 installed, and neither ``JAX_PLATFORMS`` nor ``jax_platforms`` chosen by the user. The devices a
 program gets are the same; only the failed start is gone. Compile-only TPU topologies
-(`jaxformer.parallel.topology`) load libtpu on their own, whatever the platforms.
+(`jaxformer.parallel.topology`) load libtpu on their own, whatever the platforms; there
+`quiet_libtpu_start` describes the TPU-less host to libtpu, which then starts without the block.
 
 The command lines call it (``jaxformer.cli``, the demo, the benchmarks); library functions leave
 JAX's configuration alone, as `jaxformer.compilation_cache` does.

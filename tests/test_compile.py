@@ -183,11 +183,11 @@ def _command(module: str, *args: str, **env: str) -> subprocess.CompletedProcess
 @pytest.mark.parametrize("command,report", [
     ("compile", "compiled gpt_pretrain_tiny (decoder) for v5e:2x2 (TPU v5e, 4 chips)"),
     ("plan", "step compiled for 4 compile-only tpu devices")])
-def test_compile_only_commands_write_nothing_to_the_persistent_cache(tmp_path, command, report):
+def test_compile_only_commands_leave_the_cache_empty_and_stderr_quiet(tmp_path, command, report):
     """A program compiled for compile-only TPU devices can be written to JAX's persistent cache but
     not loaded back: with ``JAX_COMPILATION_CACHE_DIR`` set, ``jaxformer-compile`` and
     ``jaxformer-plan --topology`` used to leave the step's executable there, and the next run warned
-    and compiled again. They turn the cache off."""
+    and compiled again. They turn the cache off. Neither prints libtpu's failed host start-up."""
     cache = tmp_path / "xla"
     proc = _command(command, "--topology=v5e:2x2", "--config.mesh.fsdp=4",
                     JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
@@ -195,6 +195,8 @@ def test_compile_only_commands_write_nothing_to_the_persistent_cache(tmp_path, c
     assert report in proc.stdout and "mesh data=1 fsdp=4" in proc.stdout, proc.stdout
     assert not cache.exists() or not any(cache.iterdir()), sorted(cache.iterdir())
     assert "persistent compilation cache" not in proc.stderr
+    # nor libtpu's start-up error block on a host without a TPU (parallel.topology.quiet_libtpu_start)
+    assert "host bounds" not in proc.stderr and "worker hostname" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("command,flag,field", [("plan", "--mesh=fsdp=4", "--config.mesh.fsdp"),

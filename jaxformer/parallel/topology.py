@@ -26,6 +26,8 @@ import re
 
 import jax
 
+from jaxformer.host import tpu_host
+
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
@@ -74,6 +76,9 @@ GPU_TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200_sxm.txtpb"}
 CUDA_AOT_INSTALL = "pip install -e '.[cuda-aot]'"
 # libtpu's topology names: the chip generation as its compiler knows it.
 _TPU_NAMES = {"v4": "v4", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
+# Cloud TPU's accelerator types (``v5litepod-4``, ``v5p-8``): the name, and TensorCores per chip
+# (v4 and v5p count cores, so ``v5p-8`` is 4 chips).
+_ACCELERATOR_TYPES = {"v4": ("v4", 2), "v5e": ("v5litepod", 1), "v5p": ("v5p", 2), "v6e": ("v6e", 1)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +132,8 @@ def topology_devices(topo: Topology) -> list:
     if topo.chip.platform == "tpu":
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         key = next(k for k, c in CHIPS.items() if c is topo.chip)
+        if not tpu_host():
+            quiet_libtpu_start(key, topo.chips_per_slice)
         shape = "x".join(map(str, topo.shape))
         try:
             # v4 runs in "megacore" mode (one device per chip, as jax uses it); libtpu's default
@@ -141,6 +148,23 @@ def topology_devices(topo: Topology) -> list:
                              "Cloud TPU offers?") from e
         return list(desc.devices)
     raise ValueError(f"--topology {topo.name}: no compile-only devices for {topo.chip.platform}")
+
+
+def quiet_libtpu_start(key: str, chips: int) -> None:
+    """Describe this TPU-less host to libtpu as one worker of a ``key`` slice of ``chips`` chips.
+
+    On a host without a TPU, libtpu's start-up looks for the host's accelerator type (asking the
+    Cloud TPU metadata server) and its workers' hostnames, fails, and prints a block that reads as
+    an error ("Failed to find host bounds for accelerator type", "E0000 … unexpected worker
+    hostname", a source trace) before the compile-only topology works anyway. The environment
+    variables it reads instead (``TPU_SKIP_MDS_QUERY``, ``TPU_WORKER_HOSTNAMES``,
+    ``TPU_ACCELERATOR_TYPE``; a user's own values win) silence it. They describe only the local
+    host, which compiles nothing for itself: a step compiled for ``v5p:2x2x2`` gave the same report,
+    line for line, with and without them, also with another chip's type."""
+    name, cores_per_chip = _ACCELERATOR_TYPES[key]
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"{name}-{chips * cores_per_chip}")
 
 
 def gpu_target(key: str) -> str:
