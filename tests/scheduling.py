@@ -51,6 +51,7 @@ LONGEST_FIRST = (
     "test_checkpoint_select.py",
     "test_permutation_lm.py",
     "test_albert.py",
+    "test_cli.py",  # the compile-only commands in subprocesses (~30 s)
     "test_learning.py",  # one test (~20 s)
     "test_beam.py",
     "test_convert.py",

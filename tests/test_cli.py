@@ -1,11 +1,14 @@
 """The command lines live in `jaxformer.cli`, one module per command, each with ``main`` and ``run``;
 every one answers ``python -m jaxformer.cli.<command> --help``; the console scripts of
 pyproject.toml are exactly these ``run`` functions; and no library module imports the package
-(the CLI sits above everything it drives)."""
+(the CLI sits above everything it drives). The compile-only commands (``compile``, ``plan
+--topology``) leave JAX's persistent cache alone, print no libtpu start-up errors, and refuse
+``--preset``'s size flags beside ``--config``."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import subprocess
 import sys
@@ -84,3 +87,42 @@ def test_no_library_module_imports_the_command_lines():
     bad = {p: " → ".join(paths["jaxformer.cli"]) for p, paths in importers.items()
            if "jaxformer.cli" in paths}
     assert not bad, f"library packages import jaxformer.cli (it drives them, not the reverse): {bad}"
+
+
+def _command(module: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``python -m jaxformer.cli.<module> --config configs/gpt_pretrain_tiny.py`` (1 layer)."""
+    environ = {**os.environ, "JAX_PLATFORMS": "cpu", **env}
+    return subprocess.run(
+        [sys.executable, "-m", f"jaxformer.cli.{module}", "--config",
+         str(ROOT / "configs/gpt_pretrain_tiny.py"), "--config.model.num_layers=1", *args],
+        env=environ, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("command,report", [
+    ("compile", "compiled gpt_pretrain_tiny (decoder) for v5e:2x2 (TPU v5e, 4 chips)"),
+    ("plan", "step compiled for 4 compile-only tpu devices")])
+def test_compile_only_commands_leave_the_cache_empty_and_stderr_quiet(tmp_path, command, report):
+    """A program compiled for compile-only TPU devices can be written to JAX's persistent cache but
+    not loaded back: with ``JAX_COMPILATION_CACHE_DIR`` set, ``jaxformer-compile`` and
+    ``jaxformer-plan --topology`` used to leave the step's executable there, and the next run warned
+    and compiled again. They turn the cache off. Neither prints libtpu's failed host start-up."""
+    cache = tmp_path / "xla"
+    proc = _command(command, "--topology=v5e:2x2", "--config.mesh.fsdp=4",
+                    JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report in proc.stdout and "mesh data=1 fsdp=4" in proc.stdout, proc.stdout
+    assert not cache.exists() or not any(cache.iterdir()), sorted(cache.iterdir())
+    assert "persistent compilation cache" not in proc.stderr
+    # nor libtpu's start-up error block on a host without a TPU (parallel.topology.quiet_libtpu_start)
+    assert "host bounds" not in proc.stderr and "worker hostname" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("command,flag,field", [("plan", "--mesh=fsdp=4", "--config.mesh.fsdp"),
+                                                 ("compile", "--batch=4", "--config.data.batch_size")])
+def test_preset_sizes_with_a_config_are_refused_naming_the_config_field(command, flag, field):
+    """``--batch``, ``--seq_len``, ``--target_len`` and ``--mesh`` size a ``--preset``; given with
+    ``--config`` they used to be ignored without a word (``--mesh fsdp=4`` planned data=4)."""
+    proc = _command(command, flag, "--topology=v5e:2x2", "--nocompile")
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"error: {flag.split('=')[0]} sizes a --preset" in last and field in last, last

@@ -13,11 +13,7 @@ GPUs (8 H100s, 2 hosts of 8): jax's CUDA plugin with our target descriptions, wh
 """
 
 import importlib.util
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import pytest
@@ -36,11 +32,10 @@ from jaxformer.plan import _setup, compile_on_topology, plan, preset_config
 from jaxformer.train.config import check_config
 from jaxformer.train.setup import resolve_config
 
-ROOT = Path(__file__).resolve().parents[1]
 # The suite shares one persistent compilation cache (tests/conftest.py), on in this process from
 # its first compile: a topology program compiled here is written to it, and one compiled again
 # (a test of another file in the same worker, or a rerun) cannot be loaded back, so JAX warns and
-# compiles it anew. The commands turn the cache off (the persistent-cache test below); in-process,
+# compiles it anew. The commands turn the cache off (tests/test_cli.py); in-process,
 # it cannot be, as JAX decides once per process.
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Error reading persistent compilation cache entry:UserWarning")
@@ -169,45 +164,6 @@ def test_a_step_the_tpu_compiler_cannot_fit_is_refused_in_one_line_with_its_figu
     assert f"of the {15.75:.2f} GiB available" in report["refused_by_compiler"]
     assert 0.95 * capacity <= oom["available"] <= capacity  # 16 GiB, not 16e9 bytes
     assert compiler_oom("INTERNAL: something else") is None
-
-
-def _command(module: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """``python -m jaxformer.cli.<module> --config configs/gpt_pretrain_tiny.py`` (1 layer)."""
-    environ = {**os.environ, "JAX_PLATFORMS": "cpu", **env}
-    return subprocess.run(
-        [sys.executable, "-m", f"jaxformer.cli.{module}", "--config",
-         str(ROOT / "configs/gpt_pretrain_tiny.py"), "--config.model.num_layers=1", *args],
-        env=environ, cwd=ROOT, capture_output=True, text=True, timeout=300)
-
-
-@pytest.mark.parametrize("command,report", [
-    ("compile", "compiled gpt_pretrain_tiny (decoder) for v5e:2x2 (TPU v5e, 4 chips)"),
-    ("plan", "step compiled for 4 compile-only tpu devices")])
-def test_compile_only_commands_leave_the_cache_empty_and_stderr_quiet(tmp_path, command, report):
-    """A program compiled for compile-only TPU devices can be written to JAX's persistent cache but
-    not loaded back: with ``JAX_COMPILATION_CACHE_DIR`` set, ``jaxformer-compile`` and
-    ``jaxformer-plan --topology`` used to leave the step's executable there, and the next run warned
-    and compiled again. They turn the cache off. Neither prints libtpu's failed host start-up."""
-    cache = tmp_path / "xla"
-    proc = _command(command, "--topology=v5e:2x2", "--config.mesh.fsdp=4",
-                    JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert report in proc.stdout and "mesh data=1 fsdp=4" in proc.stdout, proc.stdout
-    assert not cache.exists() or not any(cache.iterdir()), sorted(cache.iterdir())
-    assert "persistent compilation cache" not in proc.stderr
-    # nor libtpu's start-up error block on a host without a TPU (parallel.topology.quiet_libtpu_start)
-    assert "host bounds" not in proc.stderr and "worker hostname" not in proc.stderr, proc.stderr
-
-
-@pytest.mark.parametrize("command,flag,field", [("plan", "--mesh=fsdp=4", "--config.mesh.fsdp"),
-                                                 ("compile", "--batch=4", "--config.data.batch_size")])
-def test_preset_sizes_with_a_config_are_refused_naming_the_config_field(command, flag, field):
-    """``--batch``, ``--seq_len``, ``--target_len`` and ``--mesh`` size a ``--preset``; given with
-    ``--config`` they used to be ignored without a word (``--mesh fsdp=4`` planned data=4)."""
-    proc = _command(command, flag, "--topology=v5e:2x2", "--nocompile")
-    assert proc.returncode != 0
-    last = proc.stderr.strip().splitlines()[-1]
-    assert f"error: {flag.split('=')[0]} sizes a --preset" in last and field in last, last
 
 
 def test_two_slices_only_the_data_parallel_gradient_reduction_crosses_the_dcn():
