@@ -45,11 +45,13 @@ def child(preset_name: str, variant: str) -> dict:
     import optax
 
     from jaxformer.config import ModelConfig
+    from jaxformer.host import skip_absent_tpu
     from jaxformer.models import build_model
     from jaxformer.models.presets import preset
     from jaxformer.parallel.mesh import make_mesh
     from jaxformer.train import state as state_module
 
+    skip_absent_tpu()  # no failed libtpu start-up on a CPU host (jaxformer.host)
     if variant != "default":  # drawn on the devices
         state_module.draws_on_host = lambda mesh: False
     if variant == "unpartitionable":
