@@ -42,11 +42,11 @@ from train_step import time_round_robin  # noqa: E402
 
 from jaxformer.config import ModelConfig  # noqa: E402
 from jaxformer.decode import GenerationConfig, generate_padded  # noqa: E402
+from jaxformer.flops import model_flops  # noqa: E402
 from jaxformer.models import build_model  # noqa: E402
 from jaxformer.models.presets import preset  # noqa: E402
 from jaxformer.objectives import bind_objective  # noqa: E402
 from jaxformer.ops.attention_kernels import fastest_attention  # noqa: E402
-from jaxformer.plan import model_flops  # noqa: E402
 from jaxformer.train.config import base_config  # noqa: E402
 from jaxformer.train.state import TrainState, init_params_on_host  # noqa: E402
 from jaxformer.train.step import make_train_step  # noqa: E402

@@ -3,7 +3,7 @@
 Every benchmark reports ratios against a reference measured in the same run, because the machines
 are shared and noisy: MFU divides by the matmul rate measured here, not by a datasheet number.
 
-Model FLOPs of one training step (forward + backward) come from `jaxformer.plan.model_flops` (the
+Model FLOPs of one training step (forward + backward) come from `jaxformer.flops.model_flops` (the
 same numbers `python -m jaxformer.cli.plan` prints), the accounting of Kaplan et al. (2020) §2.1 and
 PaLM (Chowdhery et al. 2022, App. B), as MaxText logs it:
 
@@ -31,8 +31,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from jaxformer.flops import measure_matmul_peak  # noqa: F401  (the benchmarks import it from here)
 from jaxformer.host import cpu_name, skip_absent_tpu
 
 skip_absent_tpu()  # no failed libtpu start on a CPU host (the benchmarks that do not import this
@@ -70,22 +70,6 @@ def compile_seconds(jitted: Callable, *args, **kwargs) -> tuple[Any, float]:
     return compiled, time.perf_counter() - t0
 
 
-def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 10) -> dict[str, float]:
-    """FLOP/s of a jitted ``[n, n] @ [n, n]`` (``2·n³`` FLOPs) on the default backend.
-
-    The best of ``repeats`` calls is the peak (noise from other processes only slows calls down);
-    the median is reported too.
-    """
-    rng = np.random.default_rng(0)
-    a = jnp.asarray(rng.standard_normal((n, n)), dtype)
-    b = jnp.asarray(rng.standard_normal((n, n)), dtype)
-    f = jax.jit(jnp.dot)
-    t = time_calls(lambda: f(a, b), steps=repeats, warmup=1)
-    flops = 2.0 * n**3
-    return {"n": n, "dtype": jnp.dtype(dtype).name, "peak_flops": flops / t["min"],
-            "median_flops": flops / t["median"]}
-
-
 def machine(matmul_n: int = 2048) -> dict[str, Any]:
     """The machine a benchmark ran on, for its JSON: the CPU's name and cores, the load average as
     it starts, and the float32 ``matmul_n``² matmul rate measured now. The 2-core machines here
@@ -107,9 +91,9 @@ def measure_copy_bandwidth(n_bytes: int = 2**30, repeats: int = 10) -> dict[str,
 
 
 def train_step_flops(cfg, params, *, batch: int, seq_len: int) -> dict[str, float]:
-    """Model FLOPs of one forward + backward step (`jaxformer.plan.model_flops`, the accounting
+    """Model FLOPs of one forward + backward step (`jaxformer.flops.model_flops`, the accounting
     above) of a decoder-only or encoder model with ``params`` (its ``"params"`` tree)."""
-    from jaxformer.plan import model_flops
+    from jaxformer.flops import model_flops
 
     f = model_flops(cfg, params, batch, seq_len, seq_len)
     return {"dense": f["dense_flops_per_step"], "attention": f["attention_flops_per_step"],

@@ -64,8 +64,8 @@ from peer_models import (  # noqa: E402
     with_layers,
 )
 
+from jaxformer.flops import model_flops  # noqa: E402
 from jaxformer.models import build_model  # noqa: E402
-from jaxformer.plan import model_flops  # noqa: E402
 
 LR, WEIGHT_DECAY = 1e-4, 0.01
 

@@ -18,7 +18,7 @@ table, then one JSON line):
 * compile time;
 * per-chip HBM from XLA's buffer assignment — arguments (state + batch), temporaries, outputs
   not aliased to donated inputs, their sum — against the chip's capacity (`topology.CHIPS`);
-* model FLOPs per step (`jaxformer.plan.model_flops`) and, where the backend reports them, XLA's
+* model FLOPs per step (`jaxformer.flops.model_flops`) and, where the backend reports them, XLA's
   FLOPs and bytes accessed per chip (the TPU compiler does; the GPU compiler's compile-only
   programs report none);
 * the collectives of the compiled HLO by kind (all-gather, reduce-scatter, all-reduce,

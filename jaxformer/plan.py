@@ -9,7 +9,8 @@ The report (the CLI prints it as a table and a JSON line; ``--json PATH`` also w
 
 * the parameter count ``N`` (from `jax.eval_shape` of ``model.init``: what is stored, the
   padding rows of a padded vocabulary included, ``model.vocab_pad_multiple``);
-* model FLOPs per step and per token (training = forward + backward, no rematerialisation)::
+* model FLOPs per step and per token (`jaxformer.flops.model_flops`, which the trainer logs too;
+  training = forward + backward, no rematerialisation)::
 
       6 · Σ_p |p| · tokens(p)  +  Σ_attention 12 · B · T_q · T_k · H · Dh · (½ if causal)
 
@@ -50,7 +51,6 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +59,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from jaxformer.checkpoint import with_shardings
 from jaxformer.config import ModelConfig
-from jaxformer.layers.heads import PER_ROW_MODULES
+from jaxformer.flops import model_flops
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective, check_data_task
@@ -115,40 +115,6 @@ def abstract_batch(data_cfg, model_cfg: ModelConfig, task: str) -> dict[str, jax
         out["inputs_token_types"] = jax.ShapeDtypeStruct((b, data_cfg.seq_len), jnp.int32)
         out["nsp_label"] = out["nsp_weight"] = jax.ShapeDtypeStruct((b,), jnp.int32)
     return out
-
-
-def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
-                target_len: int) -> dict:
-    """Training FLOPs of one step by the formula in the module docstring."""
-    m = model_cfg
-    enc_dec = m.family == "encoder_decoder"
-    src, tgt = batch * seq_len, batch * (target_len if enc_dec else seq_len)
-    output_matmul = m.head in ("lm", "mlm")
-    dense = 0
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        names = [str(getattr(k, "key", k)) for k in path]
-        names = [n for n in names if n != ".value"]  # the attribute of a boxed (partitioned) leaf
-        tied_output = names[0] == "token_embed" and m.tie_embeddings and output_matmul
-        if names[-1] != "kernel" and not tied_output:
-            continue
-        encoder_side = names[0].startswith("encoder") or (
-            enc_dec and "cross_attn" in names and names[-2] in ("key", "value"))
-        uses = batch if names[0] in PER_ROW_MODULES else src if encoder_side else tgt
-        if "shared" in names:  # ALBERT's cross-layer sharing: one block used num_layers times
-            uses *= m.num_layers
-        dense += 6 * math.prod(leaf.shape) * uses
-    hd = m.num_heads * m.head_dim
-    if enc_dec:
-        attn = 12 * batch * hd * (m.num_encoder_layers * seq_len ** 2
-                                  + m.num_decoder_layers * (target_len ** 2 / 2
-                                                            + target_len * seq_len))
-    else:
-        attn = 12 * batch * hd * m.num_layers * seq_len ** 2 * (0.5 if m.causal else 1.0)
-    tokens = src + (tgt if enc_dec else 0)
-    total = dense + attn
-    return {"model_flops_per_step": total, "dense_flops_per_step": dense,
-            "attention_flops_per_step": attn, "tokens_per_step": tokens,
-            "flops_per_token": total / tokens}
 
 
 def state_bytes(abstract, shardings) -> dict:

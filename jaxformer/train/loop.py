@@ -17,7 +17,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
 import jax
@@ -30,6 +32,7 @@ from jaxformer.checkpoint.lock import WorkdirLock
 from jaxformer.config import ModelConfig
 from jaxformer.data.sources import list_option
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
+from jaxformer.flops import device_peak_flops, model_flops
 from jaxformer.models import lora
 from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.objectives.scheduled_sampling import scheduled_sampling_mixer
@@ -55,6 +58,7 @@ from jaxformer.train.setup import (
     with_label_names_from_data,
 )
 from jaxformer.train.step import make_eval_step, make_train_step, summarize_eval
+from jaxformer.train.throughput import GOODPUT_FILE, ProfileWindow, Throughput, goodput_line, ready
 
 
 def _to_global(batch: dict, mesh) -> dict:
@@ -225,8 +229,35 @@ class Trainer:
                                    batch_size=c.data.batch_size)
         return {k: scores[k] for k in ("bleu", "chrf", "exact_match")}
 
+    def throughput(self) -> Throughput:
+        """The run's clock (`jaxformer.train.throughput`): model FLOPs of a step
+        (`jaxformer.flops.model_flops` of the model's parameters at ``data.batch_size`` rows) and
+        the peak of the mesh's devices, which process 0 names once."""
+        c = self.config
+        params = self.base if self.base is not None else self.state.params  # LoRA: the model's
+        flops = model_flops(self.model_cfg, params, c.data.batch_size, c.data.seq_len,
+                            c.data.target_len)["model_flops_per_step"]
+        peak = device_peak_flops(self.mesh.devices.flat[0])
+        if jax.process_index() == 0:
+            print(f"MFU: model FLOPs {flops:.4g} per step over {self.mesh.devices.size} devices, "
+                  f"against {peak['source']}")
+        return Throughput(self.start_step, flops_per_step=flops, num_devices=self.mesh.devices.size,
+                          peak_flops=peak["peak_flops"],
+                          count_name="examples" if self.predicts_labels else "tokens")
+
+    def _next_batch(self, clock: Throughput, previous) -> dict:
+        """The next training batch, checked; its fetch counts as data wait when the device had
+        finished the ``previous`` step's metrics by its end (`jaxformer.train.throughput`)."""
+        t0 = time.perf_counter()
+        batch = next(self.train_iter)
+        _check_batch(batch, self.model_cfg, self.predicts_labels)
+        if previous is None or ready(previous):
+            clock.add("data_wait", time.perf_counter() - t0)
+        return batch
+
     def run(self) -> dict:
-        """Train from ``start_step`` to ``num_train_steps``; returns the last logged metrics."""
+        """Train from ``start_step`` to ``num_train_steps``; returns the last logged metrics and
+        the run's ``goodput`` (also printed as one line and written to ``goodput.json``)."""
         c, total = self.config, self.config.num_train_steps
         if self.start_step >= total:
             print(f"{self.workdir} is already at step {self.start_step} of num_train_steps={total}: "
@@ -238,28 +269,38 @@ class Trainer:
         writer = MetricWriter(self.workdir, count_name="examples" if self.predicts_labels
                               else "tokens")  # one label per example
         progress = Progress(self.start_step, total, enabled=c.progress_bar)
-        last, train_metrics, state = {}, {}, self.state
+        clock = self.throughput()
+        profile = ProfileWindow(c.profile_steps, self.workdir, clock)
+        last, train_metrics, state, metrics = {}, {}, self.state, None
         stepped = self.start_step >= total  # False until a step has run: `WorkdirLock.release`
         watch = PreemptionWatch()
         guard = NonfiniteGuard(c.nonfinite, c.nonfinite_limit,
                                lambda: (self.ckpt.wait(), self.ckpt.resume_point())[1])
         try:
             for step in range(self.start_step + 1, total + 1):
-                batch = next(self.train_iter)
-                _check_batch(batch, self.model_cfg, self.predicts_labels)
+                batch = self._next_batch(clock, metrics)
+                profile.before(step)
+                t0 = time.perf_counter()
                 if pmap:
                     state, metrics = step_fn.step(batch)
                 else:
                     state, metrics = step_fn(state, _to_global(batch, self.mesh))
+                if not stepped:  # this process's first step: compiled, then run (blocked on)
+                    jax.block_until_ready(metrics)
+                    clock.add("compilation", time.perf_counter() - t0, steps=1)
                 stepped = True
+                profile.after(step, metrics)
                 guard.push(step, metrics)  # checks the step before: the nonfinite policy
                 self.ckpt.check()  # a background save that failed stops the run here
                 log_now = step % c.log_every_steps == 0 or step == total
                 eval_now = step % c.eval.every_steps == 0 or step == total
                 if log_now or eval_now:
                     train_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                    guard.flush()  # its scalars are here: checked now, counted in this row
+                if log_now:
+                    train_metrics.update(clock.row(step, train_metrics.get("tokens")))
                 progress.update(1, loss=train_metrics.get("loss"),  # None before the first log
-                                lr=train_metrics.get("learning_rate"),
+                                lr=train_metrics.get("learning_rate"), mfu=train_metrics.get("mfu"),
                                 tokens=float(np.sum(batch.get("inputs_segment_ids",
                                                               batch["inputs"]) != 0)))
                 row = dict(train_metrics) if log_now else {}
@@ -267,7 +308,8 @@ class Trainer:
                 if eval_now:
                     current = step_fn.state() if pmap else state
                     try:
-                        eval_metrics = self.evaluate(self.model_params(current), step)
+                        with clock.phase("evaluation"):
+                            eval_metrics = self.evaluate(self.model_params(current), step)
                     except Exception:  # e.g. a bad record further into the eval split: keep the
                         self.ckpt.save(step, current, self.train_iter)  # training done so far
                         logging.error("evaluation failed at step %d; the step is checkpointed", step)
@@ -276,13 +318,15 @@ class Trainer:
                 if row:
                     if guard.skipped:
                         row["skipped_updates"] = guard.skipped
-                    writer.write(step, row)
+                    writer.write(step, row)  # on disk before the step's checkpoint
+                    progress.log(step, writer.named(row))
                     last = {**last, **writer.named(row)}
                 preempted = self.ckpt.preempted(step, watch.signalled)
                 if step % c.checkpoint.every_steps == 0 or step == total or preempted:
                     guard.flush()
                     current = step_fn.state() if pmap else state
-                    self.ckpt.save(step, current, self.train_iter, metrics=eval_metrics or None)
+                    with clock.phase("checkpoint"):
+                        self.ckpt.save(step, current, self.train_iter, metrics=eval_metrics or None)
                 if preempted:
                     print(f"Preempted (SIGTERM) at step {step}: checkpoint saved; rerun the same "
                           "command to resume")
@@ -290,7 +334,12 @@ class Trainer:
                     break
             guard.flush()
             self.state = step_fn.state() if pmap else state
+            with clock.phase("checkpoint"):
+                self.ckpt.wait()  # the last save, committed
+            if stepped and self.start_step < total:
+                last.update(self._report_goodput(clock))
         finally:
+            profile.close()
             watch.restore()
             progress.close()
             try:
@@ -303,6 +352,15 @@ class Trainer:
                 # failed before its first step removes the workdir it created
                 self.lock.release(undo=not stepped)
         return last
+
+    def _report_goodput(self, clock: Throughput) -> dict:
+        """Print the goodput line and write ``<workdir>/goodput.json`` (process 0); returns the
+        summary's ``goodput`` share."""
+        g = clock.goodput()
+        if jax.process_index() == 0:
+            print(goodput_line(g), flush=True)
+            (self.workdir / GOODPUT_FILE).write_text(json.dumps(g, indent=2) + "\n")
+        return {"goodput": g["goodput"]}
 
 
 def train_and_evaluate(config, workdir: str | os.PathLike) -> dict:

@@ -48,6 +48,7 @@ from jaxformer.settings import (
 from jaxformer.train.distill_config import DistillSettings
 from jaxformer.train.nonfinite import POLICIES
 from jaxformer.train.optim import OptimizerSettings
+from jaxformer.train.throughput import check_profile_steps
 
 PARALLEL_MODES = ("jit", "shard_map", "pmap")  # see jaxformer.parallel: which to use and why
 MODULE_APIS = ("linen", "nnx")
@@ -103,6 +104,9 @@ class RunSettings:
     progress_bar: bool | None = setting(
         None, "tqdm progress bar: unset = only when stderr is a terminal (none in a redirected log), "
         "true = always, false = never")
+    profile_steps: str = setting(
+        "", "'N,M': a jax.profiler trace of steps N to M in <workdir>/profile (TensorBoard, XProf, "
+        "Perfetto); '' = none", check=check_profile_steps)
 
 
 @dataclasses.dataclass(frozen=True)
