@@ -321,6 +321,16 @@ def test_nonfinite_skip_leaves_the_update_out_and_counts_it(tmp_path, monkeypatc
     assert np.isfinite(rows[4]["loss"]) and rows[4]["loss"] != rows[2]["loss"]
 
 
+def test_skipped_updates_counts_the_logged_step_itself(tmp_path, monkeypatch):
+    """Issue 60 §3: the row of the first skipped step says so (it was one row behind: checked
+    when the next step was pushed, the row of step 2 showed no skip and step 3's showed it)."""
+    c = config(4, nonfinite="skip", **{"checkpoint.every_steps": 10})
+    poisoned(Trainer(c, tmp_path), {2}, monkeypatch).run()
+    rows = {r["step"]: r for r in read_metrics(tmp_path)}
+    assert rows[2]["skipped"] == 1.0 and rows[1].get("skipped_updates") is None
+    assert [rows[s]["skipped_updates"] for s in (2, 3, 4)] == [1, 1, 1]
+
+
 def test_nonfinite_skip_stops_after_the_limit_in_a_row(tmp_path, monkeypatch):
     trainer = poisoned(Trainer(config(8, nonfinite="skip", nonfinite_limit=2), tmp_path),
                        {3, 4, 5}, monkeypatch)
@@ -346,6 +356,43 @@ def test_metrics_keep_one_row_per_step_across_a_crash(run):
     assert 1.0 not in [value for _, value in losses]
     counts = collections.Counter((tag, step) for tag, step, _ in read_events(run))
     assert max(counts.values()) == 1, counts
+
+
+KILLED_AFTER_COMMIT = """
+import os, signal, sys
+from jaxformer.checkpoint.write import Checkpointer
+save = Checkpointer.save
+def save_then_die(self, step, *args, **kwargs):  # SIGKILL just after step {step}'s commit
+    save(self, step, *args, **kwargs)
+    self.wait()
+    if step == {step}:
+        os.kill(os.getpid(), signal.SIGKILL)
+Checkpointer.save = save_then_die
+from jaxformer.cli.train import run
+run()
+"""
+
+
+def test_tensorboard_keeps_every_step_across_a_kill_after_a_commit(tmp_path):
+    """Issue 60 §4: a SIGKILL just after step 4's checkpoint commit, then a resume from step 4.
+    Read from the event files, every step's scalars are there once — step 4's were lost for good
+    when tensorboardX's writer thread still held them at the kill."""
+    wd = tmp_path / "run"
+    killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_COMMIT.format(step=4), "--config",
+                             str(ROOT / "configs" / "gpt_pretrain_tiny.py"), "--workdir", str(wd),
+                             *flags(6)], cwd=ROOT, capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert steps(wd) == [2, 4]
+    Trainer(config(6), wd).run()  # resumes after step 4
+    rows = read_metrics(wd)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    events = collections.Counter((tag, step) for tag, step, _ in read_events(wd))
+    for r in rows:
+        tags = {k for k, v in r.items() if k != "step" and isinstance(v, (int, float))}
+        assert {tag: events[(tag, r["step"])] for tag in tags} == dict.fromkeys(tags, 1), r["step"]
+    assert sum(events.values()) == sum(1 for r in rows for k, v in r.items()
+                                       if k != "step" and isinstance(v, (int, float)))
 
 
 def test_the_checkpoint_limit_holds_after_kills(run):
