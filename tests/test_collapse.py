@@ -20,18 +20,20 @@ def test_prediction_counts_equal_a_numpy_histogram():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(4, 8, 5)).astype(np.float32)  # 4 batches of 8 rows, 5 classes
     weights = (rng.random((4, 8)) > 0.3).astype(np.float32)  # padding rows weigh 0
+    labels = rng.integers(0, 5, (4, 8))
 
     def eval_step(params, batch, key):
         del params, key
         sums = {"loss": jnp.sum(batch["w"]), "weight": jnp.sum(batch["w"])}
-        return sums, {"predictions": jnp.argmax(batch["logits"], -1), "targets": batch["w"],
+        return sums, {"predictions": jnp.argmax(batch["logits"], -1), "targets": batch["y"],
                       "weights": batch["w"]}
 
     step = jax.jit(with_prediction_counts(eval_step, 5))
-    total = sum(np.asarray(step(None, {"logits": logits[i], "w": weights[i]}, None)["predicted"])
-                for i in range(4))
+    outs = [step(None, {"logits": logits[i], "w": weights[i], "y": labels[i]}, None) for i in range(4)]
     expected = np.bincount(logits.argmax(-1).ravel(), weights=weights.ravel(), minlength=5)
-    np.testing.assert_array_equal(total, expected)
+    np.testing.assert_array_equal(sum(np.asarray(o["predicted"]) for o in outs), expected)
+    expected = np.bincount(labels.ravel(), weights=weights.ravel(), minlength=5)
+    np.testing.assert_array_equal(sum(np.asarray(o["labelled"]) for o in outs), expected)
 
 
 def test_the_warning_needs_two_collapsed_evaluations_in_a_row_and_comes_once(caplog):
@@ -46,6 +48,21 @@ def test_the_warning_needs_two_collapsed_evaluations_in_a_row_and_comes_once(cap
     other = CollapseWatch()
     other.push(1, [0, 0, 5])
     assert other.push(2, [0, 5, 0]) is None  # two different classes: no collapse to one
+
+
+def test_accuracy_at_or_below_the_majority_rate_twice_is_warned_about_naming_the_causes():
+    """Issue 60 §7: a run at chance that spreads its predictions over classes was not warned about.
+    Labels 60/30/10 (majority rate 0.6): accuracies 0.55 and 0.60 warn; 0.55 then 0.61 does not."""
+    watch = CollapseWatch(["a", "b", "c"])
+    assert watch.push(100, [40, 50, 10], [60, 30, 10], 0.55) is None  # one evaluation: not yet
+    assert watch.push(200, [30, 60, 10], [60, 30, 10], 0.61) is None  # above: no warning
+    assert watch.push(300, [30, 60, 10], [60, 30, 10], 0.55) is None
+    message = watch.push(400, [50, 40, 10], [60, 30, 10], 0.60)
+    assert message.startswith("eval_accuracy 0.5500, 0.6000 at steps 300, 400 is at or below the "
+                              "majority-class rate 0.6000 (class 0 ('a') is 60.0% of the evaluated "
+                              "examples)")
+    assert all(cause in message for cause in ("optimizer.peak_lr", "num_train_steps", "data.columns"))
+    assert watch.push(500, [50, 40, 10], [60, 30, 10], 0.5) is None  # once
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # in ml_collections

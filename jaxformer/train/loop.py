@@ -185,7 +185,8 @@ class Trainer:
     def evaluate(self, params, step: int | None = None) -> dict:
         """Loss, accuracy and perplexity over ``eval.num_batches`` batches of ``eval.split``, and
         decoding scores with ``eval.generate_examples``. A sequence classifier's evaluations at
-        ``step`` are watched for a collapse to one class (`jaxformer.train.collapse`)."""
+        ``step`` are watched for a collapse to one class or an accuracy at or below the
+        majority-class rate (`jaxformer.train.collapse`)."""
         c = self.config
         if c.eval.num_batches == 0:
             return {}
@@ -205,10 +206,10 @@ class Trainer:
             totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
         if totals is None:
             return {}
-        predicted = totals.pop("predicted", None)
-        if predicted is not None and step is not None and jax.process_index() == 0:
-            self._collapse.push(step, predicted)
+        predicted, labelled = totals.pop("predicted", None), totals.pop("labelled", None)
         out = summarize_eval(totals)
+        if predicted is not None and step is not None and jax.process_index() == 0:
+            self._collapse.push(step, predicted, labelled, out["accuracy"])
         if self.predicts_labels:  # exp(cross-entropy) of a label is no perplexity
             out.pop("perplexity")
         if c.eval.get("generate_examples", 0) > 0:
