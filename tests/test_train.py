@@ -430,3 +430,32 @@ def test_progress_bars_follow_the_terminal_unless_asked(capsys):
         bar.update(3, loss=1.0, lr=1e-3, tokens=10.0)
         bar.close()
         assert ("train: 100%" in capsys.readouterr().err) == shown
+
+
+def test_config_json_stores_what_the_run_used(tmp_path):
+    """Issue 60 §7: ``--config.data.columns=text,label`` (one string) was stored as
+    ``['text,label']``, and a loaded tokenizer's size as the config's ``vocab_size`` (2,048 for an
+    init_from whose tokenizer has 30,522 pieces). config.json holds the split list and the loaded
+    tokenizer's own size, and the run resumes under the same config."""
+    import json
+
+    lines = [f"question {i} about {' '.join(['thing'] * (i % 7))}\t{('neg', 'pos')[i % 2]}"
+             for i in range(120)]
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    overrides = {"data.source": f"files:{tmp_path}/train.tsv", "data.columns": ("text,label",),
+                 "data.label_key": "label", "model.num_classes": None, "eval.num_batches": 0}
+    first = Trainer(load_config("bert_finetune_tiny", **overrides), tmp_path / "first")
+    first.lock.release()
+    saved = json.loads((tmp_path / "first" / "config.json").read_text())
+    assert saved["data"]["columns"] == ["text", "label"]
+    path = tmp_path / "first" / "tokenizer.model"
+    size = Tokenizer.load(str(path)).vocab_size
+    c = load_config("bert_finetune_tiny", **overrides, **{"data.tokenizer.path": str(path)})
+    c.data.tokenizer.vocab_size = 2048  # a key that sizes only a tokenizer to be trained
+    c.num_train_steps = c.checkpoint.every_steps = 2
+    Trainer(c, tmp_path / "second").run()
+    assert json.loads((tmp_path / "second" / "config.json").read_text())["data"]["tokenizer"][
+        "vocab_size"] == size != 2048
+    resumed = Trainer(c, tmp_path / "second")  # the same config resumes: no "changed" refusal
+    resumed.lock.release()
+    assert resumed.start_step == 2

@@ -52,6 +52,7 @@ from jaxformer.train.setup import (
     open_data,
     open_tokenizer,
     plan_resume,
+    record_tokenizer,
     resolve_config,
     restore_state,
     wire_objective,
@@ -112,6 +113,7 @@ class Trainer:
             if jax.process_index() == 0:
                 print(f"Mesh {describe(self.mesh)}, parallel={config.parallel}")
             self.tokenizer = open_tokenizer(resolved, workdir, resuming=resume is not None)
+            record_tokenizer(config, self.tokenizer)  # config.json: the size it has
             self.prepare = wire_objective(config.objective, self.tokenizer)
             self.make_ds, self.train_iter = open_data(config, self.tokenizer)
             if lora.is_lora(config):

@@ -47,7 +47,7 @@ from jaxformer.config import ModelConfig, architecture_fields, changed_fields, f
 from jaxformer.convert.hf import hf_model_config, load_hf
 from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory, read_config
 from jaxformer.data.pipeline import make_dataset, source_texts
-from jaxformer.data.sources import get_source, label_names_from_data
+from jaxformer.data.sources import get_source, label_names_from_data, list_option
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from jaxformer.layers.heads import HEAD_MODULE_NAMES
 from jaxformer.layers.vocab_padding import fit_vocab
@@ -217,6 +217,9 @@ def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
                     "init_from=%s has no tokenizer: training a new tokenizer, so the "
                     "pretrained embeddings are read with other token ids; set "
                     "data.tokenizer.path to the pretraining tokenizer", pretrained.path)
+        for key in ("columns", "label_names"):  # ('text,label',) as the run reads it
+            if resolved.data.get(key):
+                resolved.data[key] = list_option(resolved.data, key)
     resolved.lock()
     model_cfg = ModelConfig.from_dict(resolved.model)
     tx, schedule = check_config(resolved, model_cfg, resolved=True)
@@ -277,6 +280,17 @@ def open_tokenizer(resolved: ResolvedConfig, workdir: Path, resuming: bool) -> T
     check_vocabulary(tokenizer.vocab_size, resolved.model_cfg, f"the tokenizer {path} "
                      f"({tokenizer.vocab_size} ids)")
     return tokenizer
+
+
+def record_tokenizer(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> None:
+    """``data.tokenizer.vocab_size`` of ``config`` (the resolved config, what ``config.json``
+    stores) set to the size of a tokenizer loaded from ``data.tokenizer.path``: the key sizes a
+    tokenizer to be trained, and a loaded one has its own (a Hugging Face ``init_from``'s 30,522
+    pieces were recorded as a tiny config's 2,048). Resuming compares it only for trained ones
+    (`jaxformer.train.config.resume`)."""
+    if config.data.tokenizer.get("path"):
+        with config.unlocked():
+            config.data.tokenizer.vocab_size = int(tokenizer.vocab_size)
 
 
 def wire_objective(objective_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer

@@ -24,8 +24,12 @@ from jaxformer.train.config.schema import schema
 
 def _effective_data(flat_config: dict[str, Any]) -> dict[str, Any]:
     """``data.task`` and an unset ``data.framing`` as the objective derives them, so a config.json
-    written when configs still stated them compares equal to today's config."""
+    written when configs still stated them compares equal to today's config; and no
+    ``data.tokenizer.vocab_size`` where ``data.tokenizer.path`` loads the tokenizer (the key sizes
+    only a tokenizer to be trained)."""
     out = {k: v for k, v in flat_config.items() if k != "data.task"}
+    if out.get("data.tokenizer.path"):  # a loaded tokenizer has its own size (config.json records
+        out.pop("data.tokenizer.vocab_size", None)  # it; runs written before recorded the key's)
     objective = get_objective(flat_config.get("objective.name", "clm"))
     if not out.get("data.framing") and objective.framing:
         out["data.framing"] = objective.framing
