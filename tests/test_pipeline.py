@@ -421,15 +421,17 @@ def test_a_split_reports_its_size_and_one_line_of_cuts_per_epoch(tok, capsys):
 
 
 def test_a_partly_read_split_reports_its_cuts_when_closed(tok, capsys):
-    """An iterator closed before an epoch ends (the end of a short run) reports what it counted
-    so far; one made with ``report=False`` (each evaluation's) reports nothing."""
+    """An iterator closed before an epoch ends (the end of a short run, the trainer's probe of the
+    eval split) reports what it counted so far beside the split's size (issue 60 §7: "read 40
+    examples so far" read as the size of a split of 1,406); one made with ``report=False`` (each
+    evaluation's) reports nothing."""
     long_docs = ListSource({"text": " ".join(WORDS)} for _ in range(40))
     it = iter(_make(tok, "lm", source=long_docs, packing=False, seq_len=16))
     next(it)
     capsys.readouterr()
     it.close()
     out = capsys.readouterr().out
-    assert out.startswith("data train/lm: read ") and "examples so far; " in out
+    assert out.startswith("data train/lm: 40 examples; of the first ") and " read, " in out
     assert "truncated to fit the row length" in out and out.count("\n") == 1
     quiet = iter(make_dataset(_cfg(packing=False, seq_len=16), "train", tok, seed=0,
                               objective=OBJECTIVE["lm"], process_index=0, process_count=1,

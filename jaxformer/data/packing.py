@@ -61,11 +61,17 @@ class TruncationCounter:
 
     def summary(self) -> str:
         """``data <name>: read all N examples (one epoch); T truncated to fit the row length (C
-        tokens cut); E empty skipped`` (``read N examples so far`` before the epoch ends)."""
+        tokens cut); E empty skipped``; before the epoch ends ``N examples; of the first n read,
+        T truncated …`` (the split's size stated, so the probe of one batch does not read as the
+        split's size), or ``read n examples so far; …`` when N is unknown."""
         whole = self.epoch_size is not None and self.seen >= self.epoch_size
-        read = (f"read all {self.seen:,} examples (one epoch)" if whole
-                else f"read {self.seen:,} examples so far")
-        return (f"data {self.name}: {read}; {self.truncated:,} truncated to fit the row length "
+        if whole:
+            read = f"read all {self.seen:,} examples (one epoch);"
+        elif self.epoch_size is not None:
+            read = f"{self.epoch_size:,} examples; of the first {self.seen:,} read,"
+        else:
+            read = f"read {self.seen:,} examples so far;"
+        return (f"data {self.name}: {read} {self.truncated:,} truncated to fit the row length "
                 f"({self.tokens_cut:,} tokens cut); {self.empty:,} empty skipped")
 
     def close(self) -> None:
