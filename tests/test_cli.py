@@ -126,3 +126,26 @@ def test_preset_sizes_with_a_config_are_refused_naming_the_config_field(command,
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert f"error: {flag.split('=')[0]} sizes a --preset" in last and field in last, last
+
+
+def test_our_own_warnings_are_plain_lines_among_absl_ones():
+    """Issue 60 §7: ``W1128 09:41:20.701422 … schedules.py:109] …`` among plain lines. The commands'
+    log handler (`jaxformer.cli.plain_own_lines`, installed by `run_absl`) writes jaxformer's own
+    records as ``warning: …`` and keeps absl's format for other libraries'."""
+    import logging
+
+    from absl.logging import PythonFormatter
+
+    from jaxformer.cli import OwnLinesPlain
+
+    fmt = OwnLinesPlain(PythonFormatter())
+
+    def record(path: str, level: int = logging.WARNING) -> logging.LogRecord:
+        return logging.LogRecord("absl", level, path, 109, "warmup_steps=%d clipped", (5,), None)
+
+    assert fmt.format(record(str(ROOT / "jaxformer" / "train" / "schedules.py"))) == (
+        "warning: warmup_steps=5 clipped")
+    assert fmt.format(record(str(ROOT / "jaxformer" / "data" / "tokenizer.py"), logging.INFO)) == (
+        "warmup_steps=5 clipped")
+    assert re.match(r"W\d{4} \d\d:\d\d:\d\d\.\d+ .*orbax_file.py:109\] warmup_steps=5 clipped$",
+                    fmt.format(record("/site-packages/orbax/orbax_file.py")))

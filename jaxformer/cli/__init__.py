@@ -20,10 +20,13 @@ start and the lines it prints.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from absl import app, flags
+from absl import logging as absl_logging
 
 from jaxformer.host import skip_absent_tpu
 
@@ -40,7 +43,41 @@ def run_absl(main: Callable[[list[str]], object], module_name: str) -> None:
         entry.__doc__ = command.__doc__
         for flag in flags.FLAGS.get_key_flags_for_module(command):
             flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    app.run(main)
+
+    def with_plain_lines(argv: list[str]) -> object:
+        plain_own_lines()  # absl's handler exists once app.run has started
+        return main(argv)
+
+    app.run(with_plain_lines)
+
+
+class OwnLinesPlain(logging.Formatter):
+    """jaxformer's own log records as plain lines (``warning: optimizer.warmup_steps=…``), among
+    the command's other plain lines; other libraries' keep absl's format (``W1128 09:41:20.701422
+    … file.py:109] …``), given by ``fallback``."""
+
+    def __init__(self, fallback: logging.Formatter):
+        super().__init__()
+        self.fallback = fallback
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not Path(record.pathname).resolve().is_relative_to(PACKAGE_DIR):
+            return self.fallback.format(record)
+        text = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            text = f"{record.levelname.lower()}: {text}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # jaxformer/
+
+
+def plain_own_lines() -> None:
+    """Give absl's handler (stderr) the `OwnLinesPlain` format."""
+    handler = absl_logging.get_absl_handler()
+    handler.setFormatter(OwnLinesPlain(handler.python_handler.formatter))
 
 
 def report_bad_input(command: str, work: Callable[[], object]) -> int:

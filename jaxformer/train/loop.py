@@ -242,7 +242,8 @@ class Trainer:
                             c.data.target_len)["model_flops_per_step"]
         peak = device_peak_flops(self.mesh.devices.flat[0])
         if jax.process_index() == 0:
-            print(f"MFU: model FLOPs {flops:.4g} per step over {self.mesh.devices.size} devices, "
+            n = self.mesh.devices.size
+            print(f"MFU: model FLOPs {flops:.4g} per step over {n} device{'s' * (n != 1)}, "
                   f"against {peak['source']}")
         return Throughput(self.start_step, flops_per_step=flops, num_devices=self.mesh.devices.size,
                           peak_flops=peak["peak_flops"],
