@@ -235,13 +235,13 @@ class Trainer:
     def throughput(self) -> Throughput:
         """The run's clock (`jaxformer.train.throughput`): model FLOPs of a step
         (`jaxformer.flops.model_flops` of the model's parameters at ``data.batch_size`` rows) and
-        the peak of the mesh's devices, which process 0 names once."""
+        the peak of the mesh's devices, which process 0 names once (when there are steps to run)."""
         c = self.config
         params = self.base if self.base is not None else self.state.params  # LoRA: the model's
         flops = model_flops(self.model_cfg, params, c.data.batch_size, c.data.seq_len,
                             c.data.target_len)["model_flops_per_step"]
         peak = device_peak_flops(self.mesh.devices.flat[0])
-        if jax.process_index() == 0:
+        if jax.process_index() == 0 and self.start_step < c.num_train_steps:
             n = self.mesh.devices.size
             print(f"MFU: model FLOPs {flops:.4g} per step over {n} device{'s' * (n != 1)}, "
                   f"against {peak['source']}")
@@ -310,9 +310,9 @@ class Trainer:
                 row = dict(train_metrics) if log_now else {}
                 eval_metrics = None
                 if eval_now:
-                    current = step_fn.state() if pmap else state
                     try:
                         with clock.phase("evaluation"):
+                            current = step_fn.state() if pmap else state
                             eval_metrics = self.evaluate(self.model_params(current), step)
                     except Exception:  # e.g. a bad record further into the eval split: keep the
                         self.ckpt.save(step, current, self.train_iter)  # training done so far
@@ -328,8 +328,8 @@ class Trainer:
                 preempted = self.ckpt.preempted(step, watch.signalled)
                 if step % c.checkpoint.every_steps == 0 or step == total or preempted:
                     guard.flush()
-                    current = step_fn.state() if pmap else state
                     with clock.phase("checkpoint"):
+                        current = step_fn.state() if pmap else state
                         self.ckpt.save(step, current, self.train_iter, metrics=eval_metrics or None)
                 if preempted:
                     print(f"Preempted (SIGTERM) at step {step}: checkpoint saved; rerun the same "
