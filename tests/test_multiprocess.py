@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from jaxformer.checkpoint import load_checkpoint_params, read_metrics, resolve_checkpoint
+from jaxformer.train.throughput import TIMING_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the king and queen of a far land rode out at dawn with their men to the sea where ships "
@@ -161,8 +162,8 @@ LONG = 40  # steps of the runs that one process's death or preemption interrupts
 
 
 def _rows(workdir: Path) -> list[dict]:
-    """The metrics rows of a run, but their wall-time rates."""
-    return [{k: v for k, v in r.items() if not k.endswith("_per_s")} for r in read_metrics(workdir)]
+    """The metrics rows of a run, but their wall-clock figures (rates, step time, MFU)."""
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in read_metrics(workdir)]
 
 
 @pytest.fixture(scope="module")

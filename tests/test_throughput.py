@@ -121,7 +121,8 @@ def test_logged_tflops_are_model_flops_over_the_step_time(run):
 def test_the_run_ends_with_a_goodput_line(run):
     wd, _, summary, out = run
     g = json.loads((wd / "goodput.json").read_text())
-    assert 0 < g["goodput"] < 1 and summary["goodput"] == g["goodput"]
+    assert 0 < g["goodput"] < 1
+    assert not set(throughput.TIMING_KEYS) & set(summary)  # the same summary on every process
     assert g["steps_s"] + sum(g[f"{k}_s"] for k in throughput.PHASES) == pytest.approx(g["wall_s"])
     assert g["compilation_s"] > 0 and g["evaluation_s"] > 0 and g["checkpoint_s"] > 0
     assert goodput_line(g) in out  # the same figures, printed

@@ -59,7 +59,14 @@ from jaxformer.train.setup import (
     with_label_names_from_data,
 )
 from jaxformer.train.step import make_eval_step, make_train_step, summarize_eval
-from jaxformer.train.throughput import GOODPUT_FILE, ProfileWindow, Throughput, goodput_line, ready
+from jaxformer.train.throughput import (
+    GOODPUT_FILE,
+    TIMING_KEYS,
+    ProfileWindow,
+    Throughput,
+    goodput_line,
+    ready,
+)
 
 
 def _to_global(batch: dict, mesh) -> dict:
@@ -260,8 +267,9 @@ class Trainer:
         return batch
 
     def run(self) -> dict:
-        """Train from ``start_step`` to ``num_train_steps``; returns the last logged metrics and
-        the run's ``goodput`` (also printed as one line and written to ``goodput.json``)."""
+        """Train from ``start_step`` to ``num_train_steps``; returns the last logged metrics (but
+        the wall-clock ones, `throughput.TIMING_KEYS`: every process returns the same). The run's
+        goodput is printed as one line and written to ``<workdir>/goodput.json``."""
         c, total = self.config, self.config.num_train_steps
         if self.start_step >= total:
             print(f"{self.workdir} is already at step {self.start_step} of num_train_steps={total}: "
@@ -324,7 +332,8 @@ class Trainer:
                         row["skipped_updates"] = guard.skipped
                     writer.write(step, row)  # on disk before the step's checkpoint
                     progress.log(step, writer.named(row))
-                    last = {**last, **writer.named(row)}
+                    last = {**last, **{k: v for k, v in writer.named(row).items()
+                                       if k not in TIMING_KEYS}}
                 preempted = self.ckpt.preempted(step, watch.signalled)
                 if step % c.checkpoint.every_steps == 0 or step == total or preempted:
                     guard.flush()
@@ -341,7 +350,7 @@ class Trainer:
             with clock.phase("checkpoint"):
                 self.ckpt.wait()  # the last save, committed
             if stepped and self.start_step < total:
-                last.update(self._report_goodput(clock))
+                self._report_goodput(clock)
         finally:
             profile.close()
             watch.restore()
@@ -357,14 +366,12 @@ class Trainer:
                 self.lock.release(undo=not stepped)
         return last
 
-    def _report_goodput(self, clock: Throughput) -> dict:
-        """Print the goodput line and write ``<workdir>/goodput.json`` (process 0); returns the
-        summary's ``goodput`` share."""
-        g = clock.goodput()
+    def _report_goodput(self, clock: Throughput) -> None:
+        """Print the goodput line and write ``<workdir>/goodput.json`` (process 0)."""
         if jax.process_index() == 0:
+            g = clock.goodput()
             print(goodput_line(g), flush=True)
             (self.workdir / GOODPUT_FILE).write_text(json.dumps(g, indent=2) + "\n")
-        return {"goodput": g["goodput"]}
 
 
 def train_and_evaluate(config, workdir: str | os.PathLike) -> dict:

@@ -33,6 +33,9 @@ from collections.abc import Iterator
 import jax
 
 PHASES = ("compilation", "data_wait", "evaluation", "checkpoint", "profile")
+# The row keys measured with the wall clock: they differ between runs, resumes and processes,
+# so the run's returned summary leaves them out (its processes report the same figures).
+TIMING_KEYS = ("step_time_s", "tokens_per_s", "examples_per_s", "tflops_per_device", "mfu")
 
 
 def ready(tree) -> bool:
