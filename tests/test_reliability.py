@@ -568,7 +568,8 @@ def test_kill9_loop_resumes_bitwise(tmp_path):
     """Kill ``train.py`` (async saves every 3 steps, keep 2) 15 times, rerunning the command each
     time — a third of the kills at random moments of start-up, the others at random moments of
     training — then finish. Losses equal an uninterrupted run's bit for bit, every step
-    has one metrics row, at most ``keep`` checkpoints remain and no temporary directory."""
+    has one metrics row and one TensorBoard loss, at most ``keep`` checkpoints remain and no
+    temporary directory."""
     total, kills = 399, int(os.environ.get("JAXFORMER_KILLS", "15"))
     extra = {"checkpoint.every_steps": 3, "checkpoint.keep": 2, "checkpoint.async_save": True}
     cmd = [sys.executable, str(ROOT / "train.py"), "--config",
@@ -596,5 +597,8 @@ def test_kill9_loop_resumes_bitwise(tmp_path):
     straight = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "straight")}
     assert [r["step"] for r in read_metrics(tmp_path / "killed")] == list(range(1, total + 1))
     assert killed == straight
+    losses = collections.Counter(step for tag, step, _ in read_events(tmp_path / "killed")
+                                 if tag == "loss")  # TensorBoard: every step once (issue 60 §4)
+    assert sorted(losses) == list(range(1, total + 1)) and set(losses.values()) == {1}
     left = sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir())
     assert left == [str(total - 3), str(total)], left
