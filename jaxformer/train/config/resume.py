@@ -24,12 +24,8 @@ from jaxformer.train.config.schema import schema
 
 def _effective_data(flat_config: dict[str, Any]) -> dict[str, Any]:
     """``data.task`` and an unset ``data.framing`` as the objective derives them, so a config.json
-    written when configs still stated them compares equal to today's config; and no
-    ``data.tokenizer.vocab_size`` where ``data.tokenizer.path`` loads the tokenizer (the key sizes
-    only a tokenizer to be trained)."""
+    written when configs still stated them compares equal to today's config."""
     out = {k: v for k, v in flat_config.items() if k != "data.task"}
-    if out.get("data.tokenizer.path"):  # a loaded tokenizer has its own size (config.json records
-        out.pop("data.tokenizer.vocab_size", None)  # it; runs written before recorded the key's)
     objective = get_objective(flat_config.get("objective.name", "clm"))
     if not out.get("data.framing") and objective.framing:
         out["data.framing"] = objective.framing
@@ -51,6 +47,11 @@ def check_resume(run_config: dict, config: ml_collections.ConfigDict) -> list[st
 
     current = json.loads(json.dumps(config.to_dict(), default=str))  # as config.json stores it
     now, before = _effective_data(flat(current)), _effective_data(flat(run_config))
+    if now.get("data.tokenizer.path") or before.get("data.tokenizer.path"):
+        # a loaded tokenizer has its own size, which config.json records (runs written before it
+        # did recorded the key's); the key sizes only a tokenizer to be trained
+        now.pop("data.tokenizer.vocab_size", None)
+        before.pop("data.tokenizer.vocab_size", None)
     old_model, new_model = (ModelConfig.from_dict(c["model"]) for c in (run_config, current))
     changed = [k for k in sorted(set(now) | set(before))
                if not k.startswith("model.") and before.get(k) != now.get(k)]
