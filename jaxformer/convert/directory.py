@@ -26,9 +26,10 @@ from jaxformer.checkpoint import open_run, save_params
 from jaxformer.config import ModelConfig
 from jaxformer.convert.hf import load_hf, save_hf
 from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files, find_tokenizer, read_config
-from jaxformer.convert.lora import load_merged
+from jaxformer.convert.lora import merged_params
 from jaxformer.data.pipeline import example_framing, framing_tokens
 from jaxformer.data.sources import list_option
+from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.objectives.registry import check_data_task
 from jaxformer.vocab import SpecialTokens
 
@@ -63,9 +64,9 @@ def export_hf_dir(ckpt_dir: str, out: str, *, step: int | None = None, best: boo
 
     ``config.json`` gets the run's special token ids (those its tokenizer has) and, for a
     classifier, ``id2label`` / ``label2id`` from ``data.label_names``."""
-    run = open_run(ckpt_dir, step=step, best=best, verify=False)  # verified as it is read
-    model_cfg, params, tokenizer = load_merged(ckpt_dir, step=step, best=best)
-    imported = os.path.join(ckpt_dir, TOKENIZER_DIR)
+    run = open_run(ckpt_dir, step=step, best=best)
+    model_cfg, params = ModelConfig.from_dict(run.run_config["model"]), merged_params(run)
+    imported, tokenizer = os.path.join(ckpt_dir, TOKENIZER_DIR), None
     extra, source = {}, None
     if os.path.isfile(os.path.join(ckpt_dir, HF_CONFIG)):  # an imported model
         with open(os.path.join(ckpt_dir, HF_CONFIG)) as f:
@@ -73,8 +74,10 @@ def export_hf_dir(ckpt_dir: str, out: str, *, step: int | None = None, best: boo
     framing = None
     if os.path.isdir(imported):
         tokenizer, source = imported, imported
-    elif tokenizer is not None:
-        source, special = str(run.tokenizer), tokenizer.special
+    elif run.tokenizer is not None:
+        source = str(run.tokenizer)
+        tokenizer = Tokenizer.load(source)
+        special = tokenizer.special
         extra.update({f"{role}_token_id": i for role, i in (
             ("pad", special.pad_id), ("eos", special.eos_id), ("bos", special.bos_id)) if i >= 0})
         framing = run_framing(run.run_config, model_cfg, special)
