@@ -25,7 +25,13 @@ import shutil
 from jaxformer.checkpoint import open_run, save_params
 from jaxformer.config import ModelConfig
 from jaxformer.convert.hf import load_hf, save_hf
-from jaxformer.convert.hf_io import CONFIG_NAME, copy_tokenizer_files, find_tokenizer, read_config
+from jaxformer.convert.hf_io import (
+    CONFIG_NAME,
+    copy_tokenizer_files,
+    find_tokenizer,
+    is_hf_directory,
+    read_config,
+)
 from jaxformer.convert.lora import merged_params
 from jaxformer.data.pipeline import example_framing, framing_tokens
 from jaxformer.data.sources import list_option
@@ -71,6 +77,8 @@ def export_hf_dir(ckpt_dir: str, out: str, *, step: int | None = None, best: boo
     if os.path.isfile(os.path.join(ckpt_dir, HF_CONFIG)):  # an imported model
         with open(os.path.join(ckpt_dir, HF_CONFIG)) as f:
             extra = json.load(f)
+    elif is_hf_directory(run.run_config.get("init_from") or ""):  # its model type (an mT5 stays one)
+        extra["model_type"] = read_config(run.run_config["init_from"])["model_type"]
     framing = None
     if os.path.isdir(imported):
         tokenizer, source = imported, imported

@@ -263,6 +263,8 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     conv = export_converter(cfg)
     hf_config, prefix = conv.config_to_hf(cfg)
+    if conv is hf_t5:  # an mT5 stays one
+        hf_config = hf_t5.keep_source_type(hf_config, (extra_config or {}).get("model_type"), cfg)
     flat = fit_vocab(_host_params(params), cfg, cfg.replace(vocab_pad_multiple=1))  # unpadded
     if cfg.permutation_lm:  # XLNet's query-stream table trains the GPT; the export is the GPT
         flat = {k: v for k, v in flat.items() if not k.startswith("jump_embed/")}
