@@ -92,6 +92,7 @@ def _jaxformer_spm(model_type: str):
     return make
 
 
+EXPORTED_TYPE = {"jaxformer_unigram": "gpt2", "jaxformer_bpe_classifier": "bert"}
 CLASSIFY = {"objective": {"name": "classify"}, "data": {"framing": "cls_sep"}}
 SEQ2SEQ = {"objective": {"name": "seq2seq"}, "data": {"framing": ""}}
 CLM = {"objective": {"name": "clm"}, "data": {"framing": ""}}
@@ -139,6 +140,8 @@ def test_the_runs_tokenizer_is_autotokenizers_and_its_export_frames_rows_as_the_
                             num_classes=2)
     written = write_hf_tokenizer(ours, tmp_path / "export", run_framing(run, model_cfg, s))
     assert "tokenizer.json" in written
+    (tmp_path / "export" / "config.json").write_text(json.dumps(  # as the export's model says
+        {"model_type": EXPORTED_TYPE.get(family, family.split("_")[0])}))
     config = json.loads((tmp_path / "export" / "tokenizer_config.json").read_text())
     assert all(isinstance(v, str) for v in config.values())  # no role of id -1
     exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
@@ -197,3 +200,32 @@ def test_a_distilbert_classifier_from_a_vocab_txt_exports_its_framing_labels_and
     assert convert_main(["--from", str(run), "--to-hf", str(tmp_path / "x"), "--step", "4"]) == 2
     with pytest.raises(SystemExit, match="2"):  # argparse's usage error
         convert_main(["--from-hf", str(hf_dir), "--to", str(tmp_path / "y"), "--best"])
+
+
+def test_albert_convert_and_init_from_read_one_tokenization(tmp_path):
+    """``--from-hf`` and ``init_from`` on an ALBERT directory store the tokenizer
+    ``Tokenizer.load(dir)`` and ``AutoTokenizer`` read: lowercased, accents stripped (before, both
+    took the raw ``spiece.model``: "Café" kept its capital and its accent)."""
+    from golden import golden_copy
+
+    from jaxformer.convert.directory import import_hf_dir
+    from jaxformer.train.config import load_config
+    from jaxformer.train.setup import resolve_config
+
+    src = tmp_path / "albert"
+    golden_copy("albert_mlm", src)
+    hf_config = json.loads((src / "config.json").read_text())
+    spm_dir = _albert(tmp_path / "tok")
+    (src / "spiece.model").write_bytes((spm_dir / "spiece.model").read_bytes())
+    auto = transformers.AutoTokenizer.from_pretrained(src)
+    want = [auto(t, add_special_tokens=False)["input_ids"] for t in HARD]
+    import_hf_dir(str(src), str(tmp_path / "ckpt"))
+    root = Path(__file__).resolve().parents[1]
+    resolved = resolve_config(load_config(root / "configs" / "bert_pretrain_tiny.py",
+                                          {"init_from": str(src), "data.seq_len": 16}))
+    for tok in (Tokenizer.load(tmp_path / "ckpt" / "tokenizer.model"),
+                Tokenizer.load(resolved.config.data.tokenizer.path), Tokenizer.load(src)):
+        assert [tok.encode(t) for t in HARD] == want
+        assert tok.encode("Café") == tok.encode("cafe")
+        assert (tok.special.cls_id, tok.special.sep_id, tok.special.mask_id) == (2, 3, 4)
+    assert hf_config["model_type"] == "albert"
