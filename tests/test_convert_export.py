@@ -256,3 +256,21 @@ def test_a_real_bert_tokenizer_all_minilm_l6_v2(tmp_path):
     for text in texts:
         assert exported(text)["input_ids"] == auto(text)["input_ids"], repr(text)
         assert exported(text, "second")["input_ids"] == auto(text, "second")["input_ids"]
+
+
+@pytest.mark.parametrize("build,options", [
+    (build_llama2_tokenizer, {"legacy": True}), (build_llama2_tokenizer, {"add_prefix_space": False}),
+    (_albert, {"tokenizer_class": "AlbertTokenizer", "keep_accents": True}),
+    (_albert, {"tokenizer_class": "AlbertTokenizer", "do_lower_case": False}),
+    (_albert, {"tokenizer_class": "AlbertTokenizer", "add_prefix_space": False})])
+def test_the_tokenizer_classes_options_are_read(build, options, tmp_path):
+    """``tokenizer_config.json``'s options of transformers' ALBERT / Llama classes change how they
+    read the SentencePiece model; the run reads it the same way."""
+    path = build(tmp_path / "hf")
+    config_file = Path(path) / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    config_file.write_text(json.dumps({**config, **options}))
+    auto = transformers.AutoTokenizer.from_pretrained(path)
+    ours = Tokenizer.load(find_tokenizer(path))
+    assert [ours.encode(t) for t in HARD] == [auto(t, add_special_tokens=False)["input_ids"]
+                                              for t in HARD]

@@ -53,6 +53,8 @@ SENTENCEPIECE_FILES = ("spiece.model", "sentencepiece.bpe.model", "tokenizer.mod
 # config.json's model_type
 STYLE_OF_CLASS = {"AlbertTokenizer": "albert", "LlamaTokenizer": "llama"}
 STYLE_OF_MODEL_TYPE = {"albert": "albert", "llama": "llama"}
+# their tokenizer_config.json options (`jaxformer.data.sentencepiece_json.sentencepiece_backend`)
+SENTENCEPIECE_OPTIONS = ("do_lower_case", "keep_accents", "add_prefix_space", "legacy")
 # The role tokens the slow tokenizer classes assume when the directory names none.
 LEGACY_ROLES = {
     BPE_FILES: {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "sep_token": "</s>",
@@ -196,9 +198,9 @@ class FastTokenizer:
         elif layout in STYLE_OF_CLASS.values():  # an ALBERT / Llama SentencePiece model
             names = {**LEGACY_ROLES[layout], **names}
             with open(sentencepiece_file(d), "rb") as f:
-                text = sentencepiece_backend(
-                    f.read(), layout, do_lower_case=config.get("do_lower_case", True),
-                    keep_accents=config.get("keep_accents", False)).to_str()
+                text = sentencepiece_backend(f.read(), layout, **{  # the class's options
+                    k: bool(config[k]) for k in SENTENCEPIECE_OPTIONS if config.get(k) is not None
+                }).to_str()
         else:
             names = {**LEGACY_ROLES[layout], **names}
             specials = dict.fromkeys(names.values())

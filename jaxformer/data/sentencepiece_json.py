@@ -14,8 +14,8 @@ in the behaviour of one of three readers of the same ``.model`` file (`STYLES`):
   (``do_lower_case``), the character map, then a ``▁`` before every whitespace-separated word.
 - ``"llama"``: transformers' (5.x) ``LlamaTokenizer`` on a Llama / Mistral ``tokenizer.model``: no
   normalizer, spaces become ``▁`` and one ``▁`` is prepended unless the text starts with one
-  (``Metaspace(prepend_scheme="first", split=False)``), so a text starting with a space gets one
-  ``▁`` less than SentencePiece gives it; BPE with byte fallback.
+  (``Metaspace(prepend_scheme="first", split=False)``; "always" with ``legacy``), so a text
+  starting with a space gets one ``▁`` less than SentencePiece gives it; BPE with byte fallback.
 
 transformers builds the last two from the model file whatever ``tokenizer.json`` says, so a run
 whose tokenizer comes from an ALBERT or Llama checkpoint encodes as ``AutoTokenizer`` does
@@ -70,11 +70,14 @@ def bpe_merges(pieces: list[str]) -> list[tuple[str, str]]:
 
 
 def sentencepiece_backend(proto_bytes: bytes, style: str = "sentencepiece", *,
-                          do_lower_case: bool = True, keep_accents: bool = False):
+                          do_lower_case: bool = True, keep_accents: bool = False,
+                          add_prefix_space: bool = True, legacy: bool = False):
     """The `tokenizers.Tokenizer` that reads text as ``style`` (`STYLES`, module docstring) reads
     it with the SentencePiece model ``proto_bytes``; no post-processor (no special tokens added).
-    ``do_lower_case`` / ``keep_accents``: the ALBERT tokenizer's options (``tokenizer_config.json``).
-    ValueError for a model `unsupported_reason` names or an unknown style."""
+    The options of transformers' classes (``tokenizer_config.json``): ``do_lower_case`` and
+    ``keep_accents`` (ALBERT's), ``add_prefix_space`` (False: no ``▁`` prepended) and ``legacy``
+    (Llama's: ``prepend_scheme`` "always" instead of "first"). ValueError for a model
+    `unsupported_reason` names or an unknown style."""
     from tokenizers import AddedToken, Tokenizer
 
     if style not in STYLES:
@@ -84,7 +87,9 @@ def sentencepiece_backend(proto_bytes: bytes, style: str = "sentencepiece", *,
         raise ValueError(f"this SentencePiece model cannot be converted: {reason}")
     proto = model_proto(proto_bytes)
     tok = Tokenizer(_model(proto, style))
-    _pipeline(tok, proto, style, do_lower_case, keep_accents)
+    prepend = "never" if not add_prefix_space else (
+        "first" if style == "llama" and not legacy else "always")
+    _pipeline(tok, proto, style, do_lower_case, keep_accents, prepend)
     specials = [p.piece for p in proto.pieces
                 if p.type == CONTROL or (style != "sentencepiece" and p.type == UNKNOWN)]
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
@@ -108,8 +113,10 @@ def _model(proto, style: str):
                           byte_fallback=byte_fallback and style != "albert")
 
 
-def _pipeline(tok, proto, style: str, do_lower_case: bool, keep_accents: bool) -> None:
-    """Normalizer, pre-tokenizer and decoder of ``style``."""
+def _pipeline(tok, proto, style: str, do_lower_case: bool, keep_accents: bool, prepend: str
+              ) -> None:
+    """Normalizer, pre-tokenizer and decoder of ``style`` (``prepend``: the ``▁`` prefix's
+    ``Metaspace`` scheme, transformers' styles)."""
     from tokenizers import Regex, decoders, normalizers, pre_tokenizers
 
     spec, w = proto.normalizer_spec, WORD_BOUNDARY
@@ -121,13 +128,14 @@ def _pipeline(tok, proto, style: str, do_lower_case: bool, keep_accents: bool) -
         steps += [normalizers.Lowercase()] if do_lower_case else []
         tok.normalizer = normalizers.Sequence(steps + charsmap)
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(w, prepend_scheme="always")])
-        tok.decoder = decoders.Metaspace(w, prepend_scheme="always")
+            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(w, prepend_scheme=prepend)])
+        tok.decoder = decoders.Metaspace(w, prepend_scheme=prepend)
         return
     if style == "llama":
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(w, prepend_scheme="first", split=False)
-        tok.decoder = decoders.Sequence([decoders.Replace(w, " "), decoders.ByteFallback(),
-                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(w, prepend_scheme=prepend, split=False)
+        tok.decoder = decoders.Sequence(
+            [decoders.Replace(w, " "), decoders.ByteFallback(), decoders.Fuse()]
+            + ([decoders.Strip(" ", 1, 0)] if prepend != "never" else []))
         return
     steps = list(charsmap)
     if spec.remove_extra_whitespaces:
