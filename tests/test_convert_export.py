@@ -92,7 +92,7 @@ def _jaxformer_spm(model_type: str):
     return make
 
 
-EXPORTED_TYPE = {"jaxformer_unigram": "gpt2", "jaxformer_bpe_classifier": "bert"}
+EXPORTED_TYPE = {"jaxformer_unigram": "gpt2", "jaxformer_bpe_classifier": "bert"}  # else the family
 CLASSIFY = {"objective": {"name": "classify"}, "data": {"framing": "cls_sep"}}
 SEQ2SEQ = {"objective": {"name": "seq2seq"}, "data": {"framing": ""}}
 CLM = {"objective": {"name": "clm"}, "data": {"framing": ""}}
@@ -114,6 +114,10 @@ FAMILIES = {
              ("encoder_decoder", "lm"), (None, "eos_id")),
     "t5": (_t5, SEQ2SEQ, ("encoder_decoder", "lm"), (None, "eos_id")),
     "llama": (build_llama2_tokenizer, SFT, ("decoder", "lm"), ("bos_id", None)),
+    # a run that stored Llama's SentencePiece model itself (before runs read it as transformers
+    # does): its export gives the ids it trained with
+    "llama_sentencepiece_run": (lambda p: Path(build_llama2_tokenizer(p)) / "tokenizer.model", SFT,
+                                ("decoder", "lm"), ("bos_id", None)),
     "jaxformer_unigram": (_jaxformer_spm("unigram"), CLM, ("decoder", "lm"), (None, None)),
     "jaxformer_bpe_classifier": (_jaxformer_spm("bpe"), CLASSIFY, ("encoder", "classify"),
                                  ("cls_id", "sep_id")),
