@@ -40,6 +40,7 @@ from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 transformers = pytest.importorskip("transformers")
 
 HARD = [*SAMPLES, SAMPLE, " Hello", "  Hello  World ", "Café Naïve ÀÉÎ ñ", "``quoted'' text",
+        "b<user>c",
         "日本語 中文 한국어", "emoji 😀 👩‍👩‍👧 🧪", "\ttab lead", "trailing   ", " ", "9,000 1,5"]
 
 
@@ -60,6 +61,12 @@ def _spm_dir(path: Path, model_type: str, **ids) -> Path:
 def _albert(path: Path) -> Path:
     return _spm_dir(path, "albert", pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
                     control_symbols=["[CLS]", "[SEP]", "[MASK]"])
+
+
+def _albert_user_pieces(path: Path) -> Path:
+    """An ALBERT model whose [MASK] is a user-defined piece (matched in text, not special)."""
+    return _spm_dir(path, "albert", pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
+                    control_symbols=["[CLS]", "[SEP]"], user_defined_symbols=["[MASK]", "<user>"])
 
 
 def _albert_saved_by_transformers(path: Path) -> Path:
@@ -106,6 +113,8 @@ FAMILIES = {
     "roberta": (_with_model_type(lambda p: build_byte_level_bpe(p, legacy=True), "roberta"),
                 CLASSIFY, ("encoder", "classify"), ("cls_id", "sep_id")),
     "albert": (_albert, CLASSIFY, ("encoder", "classify"), ("cls_id", "sep_id")),
+    "albert_user_pieces": (_albert_user_pieces, CLASSIFY, ("encoder", "classify"),
+                           ("cls_id", "sep_id")),
     "albert_tokenizer_json": (_albert_saved_by_transformers, CLASSIFY, ("encoder", "classify"),
                               ("cls_id", "sep_id")),
     "gpt2": (_with_model_type(lambda p: build_byte_level_bpe(p, legacy=True), "gpt2"), CLM,
@@ -133,7 +142,7 @@ def test_the_runs_tokenizer_is_autotokenizers_and_its_export_frames_rows_as_the_
     ours = Tokenizer.load(path)  # the run's tokenizer, as init_from and --from-hf take it
     if not str(source).endswith(".model"):  # one tokenization: what transformers reads there
         auto = transformers.AutoTokenizer.from_pretrained(source)
-        for text in HARD:
+        for text in [*HARD, "a [MASK] b [CLS] <s>"]:  # specials spelled out: as transformers
             assert ours.encode(text) == auto(text, add_special_tokens=False)["input_ids"], repr(text)
     # stored by the run and read back (<workdir>/tokenizer.model)
     ours.save(tmp_path / "run" / "tokenizer.model")

@@ -41,11 +41,15 @@ def model_proto(proto_bytes: bytes):
     return proto
 
 
-def unsupported_reason(proto_bytes: bytes) -> str | None:
-    """Why the model cannot be written as an exact ``tokenizer.json``, or None if it can."""
+def unsupported_reason(proto_bytes: bytes, style: str = "sentencepiece") -> str | None:
+    """Why the model cannot be written as an exact ``tokenizer.json`` of ``style``, or None if it
+    can (transformers' styles read user-defined pieces as added tokens, and the ALBERT one skips a
+    missing character map)."""
     proto = model_proto(proto_bytes)
     if proto.trainer_spec.model_type not in (UNIGRAM, BPE):
         return "only unigram and BPE SentencePiece models are converted (this one is neither)"
+    if style != "sentencepiece":
+        return None
     if any(p.type == USER_DEFINED for p in proto.pieces):
         return "user-defined pieces are not converted"
     if proto.normalizer_spec.name not in ("identity", "") and \
@@ -82,7 +86,7 @@ def sentencepiece_backend(proto_bytes: bytes, style: str = "sentencepiece", *,
 
     if style not in STYLES:
         raise ValueError(f"tokenizer style {style!r} is unknown; choose one of {STYLES}")
-    reason = unsupported_reason(proto_bytes)
+    reason = unsupported_reason(proto_bytes, style)
     if reason:
         raise ValueError(f"this SentencePiece model cannot be converted: {reason}")
     proto = model_proto(proto_bytes)
@@ -93,6 +97,8 @@ def sentencepiece_backend(proto_bytes: bytes, style: str = "sentencepiece", *,
     specials = [p.piece for p in proto.pieces
                 if p.type == CONTROL or (style != "sentencepiece" and p.type == UNKNOWN)]
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    tok.add_tokens([AddedToken(p.piece, special=False, normalized=False)  # transformers' styles
+                    for p in proto.pieces if p.type == USER_DEFINED])
     return tok
 
 
