@@ -17,9 +17,11 @@ in the behaviour of one of three readers of the same ``.model`` file (`STYLES`):
   (``Metaspace(prepend_scheme="first", split=False)``; "always" with ``legacy``), so a text
   starting with a space gets one ``▁`` less than SentencePiece gives it; BPE with byte fallback.
 
-transformers builds the last two from the model file whatever ``tokenizer.json`` says, so a run
-whose tokenizer comes from an ALBERT or Llama checkpoint encodes as ``AutoTokenizer`` does
-(`jaxformer.data.fast_tokenizer.FastTokenizer.from_directory`).
+A directory holding such a model is read in the last two styles
+(`jaxformer.data.fast_tokenizer.FastTokenizer.from_directory`), also when it holds a
+``tokenizer.json`` (transformers 5's ``LlamaTokenizer`` builds its pipeline anew whatever that file
+says), so a run whose tokenizer comes from an ALBERT or Llama checkpoint encodes as
+``AutoTokenizer`` does.
 """
 
 from __future__ import annotations
