@@ -287,3 +287,19 @@ def test_the_tokenizer_classes_options_are_read(build, options, tmp_path):
     ours = Tokenizer.load(find_tokenizer(path))
     assert [ours.encode(t) for t in HARD] == [auto(t, add_special_tokens=False)["input_ids"]
                                               for t in HARD]
+
+
+def test_a_roberta_tokenizer_json_export_keeps_ids_and_offsets(tmp_path):
+    """The run's framing replaces RoBERTa's post-processor but keeps its offset trimming, so the
+    export gives transformers' ids and ``offset_mapping`` of the checkpoint's own tokenizer."""
+    src = build_byte_level_bpe(tmp_path / "roberta")  # tokenizer.json, as transformers saves it
+    ours = Tokenizer.load(find_tokenizer(src))
+    cfg = ModelConfig(family="encoder", head="classify", vocab_size=ours.vocab_size, num_classes=2)
+    write_hf_tokenizer(ours, tmp_path / "export", run_framing(CLASSIFY, cfg, ours.special))
+    auto = transformers.AutoTokenizer.from_pretrained(src)
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    for text in HARD[:8]:
+        want = auto(text, return_offsets_mapping=True)
+        got = exported(text, return_offsets_mapping=True)
+        assert (got["input_ids"], got["offset_mapping"]) == (want["input_ids"],
+                                                             want["offset_mapping"]), repr(text)

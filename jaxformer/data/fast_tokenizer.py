@@ -238,14 +238,17 @@ class FastTokenizer:
     def framed(self, prefix: Sequence[int], suffix: Sequence[int]) -> FastTokenizer:
         """A copy whose post-processor adds the ids ``prefix`` before a text and ``suffix`` after
         it (a pair: ``prefix A suffix B suffix``, B with token type 1), as a run frames its rows;
-        what ``AutoTokenizer``'s ``add_special_tokens=True`` adds. Empty both: nothing added."""
+        what ``AutoTokenizer``'s ``add_special_tokens=True`` adds. Empty both: nothing added. A
+        byte-level tokenizer keeps its offset trimming (RoBERTa's, GPT-2's ``ByteLevel`` step)."""
         t = _tokenizers()
         tok = t.Tokenizer.from_str(self._json)
         names = [self._tok.id_to_token(int(i)) for i in (*prefix, *suffix)]
         pre, suf = names[:len(prefix)], names[len(prefix):]
-        tok.post_processor = t.processors.TemplateProcessing(
+        template = t.processors.TemplateProcessing(
             single=[*pre, "$A:0", *suf], pair=[*pre, "$A:0", *suf, "$B:1", *(f"{n}:1" for n in suf)],
             special_tokens=[(n, self._tok.token_to_id(n)) for n in dict.fromkeys(names)])
+        trim = _byte_level_step(json.loads(self._json).get("post_processor"))
+        tok.post_processor = t.processors.Sequence([trim, template]) if trim else template
         return FastTokenizer(tok.to_str(), self._special_ids)
 
     def write_hf_files(self, directory: str | os.PathLike) -> list[str]:
@@ -321,6 +324,18 @@ class FastTokenizer:
 
     def __repr__(self) -> str:
         return f"FastTokenizer(vocab_size={self.vocab_size}, special={self.special})"
+
+
+def _byte_level_step(post_processor: Mapping | None):
+    """The ``ByteLevel`` offset-trimming step of a post-processor (RoBERTa's ``RobertaProcessing``
+    holds its options), as a `tokenizers.processors.ByteLevel`; None without one."""
+    steps = (post_processor or {}).get("processors") or [post_processor or {}]
+    for step in steps:
+        if step.get("type") in ("ByteLevel", "RobertaProcessing"):
+            return _tokenizers().processors.ByteLevel(
+                add_prefix_space=step.get("add_prefix_space", False),
+                trim_offsets=step.get("trim_offsets", True))
+    return None
 
 
 def _special_ids(backend, names: Mapping[str, str], model_config: Mapping, *,
