@@ -91,3 +91,45 @@ def test_export_loads_in_pytorch_with_the_same_logits(name, tmp_path):
     save_hf(cfg, params, tmp_path / "out")
     assert rel_err(reference_outputs(_load(tmp_path / "out"))["logits"],
                    reference(name)["logits"]) <= 1e-5
+
+
+def test_stack_tables_that_differ_from_shared_are_refused_and_copies_import(tmp_path):
+    """transformers writes ``encoder.embed_tokens`` / ``decoder.embed_tokens`` as copies of
+    ``shared``, which import; a file whose tables differ (once imported silently, logits off) is
+    refused naming them."""
+    from golden import golden_copy
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "mt5"
+    golden_copy("mt5", src)
+    tensors = load_file(src / "model.safetensors")
+    _, want, _ = load_hf(src)
+    shared = tensors["shared.weight"]
+    save_file({**tensors, "encoder.embed_tokens.weight": shared.copy(),
+               "decoder.embed_tokens.weight": shared.copy()}, src / "model.safetensors",
+              metadata={"format": "pt"})
+    _, params, _ = load_hf(src)
+    jax.tree.map(np.testing.assert_array_equal, params, want)
+    save_file({**tensors, "encoder.embed_tokens.weight": shared.copy(),
+               "decoder.embed_tokens.weight": shared + 1.0}, src / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"checkpoint's decoder\.embed_tokens\.weight differ from "
+                                         r"shared\.weight"):
+        load_hf(src)
+
+
+def test_an_mt5_exports_as_mt5_and_a_t5_as_t5(tmp_path):
+    """The model type survives a round trip through a jaxformer checkpoint (an mT5, never rescaled,
+    is written as one); the same weights from a T5 source stay "t5"."""
+    import json
+
+    from jaxformer.convert.directory import export_hf_dir, import_hf_dir
+
+    import_hf_dir(golden_dir("mt5"), str(tmp_path / "ckpt"))
+    export_hf_dir(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == ("mt5", ["MT5ForConditionalGeneration"])
+    cfg, params, _ = load_hf(tmp_path / "out")
+    assert cfg == load_hf(golden_dir("mt5"))[0]
+    save_hf(cfg, params, tmp_path / "t5")
+    assert json.loads((tmp_path / "t5" / "config.json").read_text())["model_type"] == "t5"

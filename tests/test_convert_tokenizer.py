@@ -1,7 +1,9 @@
-"""GPT-2 / BERT exports carry a ``tokenizer.json`` that gives our SentencePiece ids in transformers."""
+"""Exports carry a ``tokenizer.json`` that gives our SentencePiece ids (unigram and BPE) in
+transformers (`jaxformer.convert.hf_tokenizer`, `jaxformer.data.sentencepiece_json`)."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 
@@ -9,11 +11,12 @@ import flax.core
 import jax
 import jax.numpy as jnp
 import pytest
+import sentencepiece as spm
 import transformers
 
 from jaxformer.config import ModelConfig
 from jaxformer.convert import save_hf
-from jaxformer.convert.hf_tokenizer import build_fast_tokenizer
+from jaxformer.data.sentencepiece_json import sentencepiece_backend
 from jaxformer.data.sources import get_source
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 from jaxformer.models import build_model
@@ -38,21 +41,22 @@ def held_out() -> list[str]:
 
 @pytest.fixture(scope="module")
 def spm_models(tmp_path_factory) -> dict[str, str]:
-    """Our default tokenizer (identity normalization) and an NFKC one (precompiled character map,
-    extra whitespace removed), trained on training text only."""
+    """Our default tokenizer (identity normalization), an NFKC one (precompiled character map,
+    extra whitespace removed) and a BPE one, trained on training text only."""
     out = {}
     corpus = _texts("shakespeare", "train", 3000) + _texts("movie_sentiment", "train", 3000)
-    for name, kwargs in {"identity": {}, "nmt_nfkc": {"normalization": "nmt_nfkc"}}.items():
+    for name, kwargs in {"identity": {}, "nmt_nfkc": {"normalization": "nmt_nfkc"},
+                         "bpe": {"model_type": "bpe"}}.items():
         path = tmp_path_factory.mktemp("spm") / f"{name}.model"
         path.write_bytes(train_sentencepiece(corpus, vocab_size=1200, **kwargs))
         out[name] = str(path)
     return out
 
 
-@pytest.mark.parametrize("normalization", ["identity", "nmt_nfkc"])
+@pytest.mark.parametrize("normalization", ["identity", "nmt_nfkc", "bpe"])
 def test_fast_tokenizer_gives_our_ids(spm_models, held_out, normalization):
     ours = Tokenizer.load(spm_models[normalization])
-    fast = build_fast_tokenizer(spm_models[normalization])
+    fast = sentencepiece_backend(ours.model_proto)
     for text in held_out:
         ids = ours.encode(text)
         assert fast.encode(text, add_special_tokens=False).ids == ids, repr(text)
@@ -71,7 +75,7 @@ def test_export_loads_with_auto_tokenizer(spm_models, held_out, tmp_path):
     ours = Tokenizer.load(spm)
     cfg = ModelConfig.from_dict(preset("gpt_tiny", vocab_size=ours.vocab_size, d_model=16,
                                        num_heads=2, d_ff=32, num_layers=1, max_len=16))
-    save_hf(cfg, _gpt_params(cfg), tmp_path / "out", tokenizer_path=spm)
+    save_hf(cfg, _gpt_params(cfg), tmp_path / "out", tokenizer=spm)
     auto = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     assert isinstance(auto, transformers.PreTrainedTokenizerFast)
     for text in held_out[::7]:
@@ -83,15 +87,25 @@ def test_export_loads_with_auto_tokenizer(spm_models, held_out, tmp_path):
     assert batch[0][-1] == special.pad_id
 
 
-def test_bpe_models_get_no_tokenizer_json(tmp_path, caplog):
-    spm = tmp_path / "bpe.model"
-    spm.write_bytes(train_sentencepiece(_texts("shakespeare", "train", 2000), vocab_size=800,
-                                        model_type="bpe"))
-    cfg = ModelConfig.from_dict(preset("gpt_tiny", vocab_size=800, d_model=16, num_heads=2,
-                                       d_ff=32, num_layers=1, max_len=16))
+def test_a_bpe_model_exports_and_a_model_with_user_pieces_is_written_as_is(spm_models, held_out,
+                                                                          tmp_path, caplog):
+    ours = Tokenizer.load(spm_models["bpe"])
+    cfg = ModelConfig.from_dict(preset("gpt_tiny", vocab_size=ours.vocab_size, d_model=16,
+                                       num_heads=2, d_ff=32, num_layers=1, max_len=16))
+    save_hf(cfg, _gpt_params(cfg), tmp_path / "out", tokenizer=spm_models["bpe"])
+    auto = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    for text in held_out[::7]:
+        assert auto(text)["input_ids"] == ours.encode(text), repr(text)  # no framing given
+    # a model tokenizers cannot express exactly: spiece.model only, and a warning naming why
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_texts("shakespeare", "train", 500)), model_writer=model,
+        vocab_size=200, user_defined_symbols=["<user>"], num_threads=1, minloglevel=2)
+    (tmp_path / "user.model").write_bytes(model.getvalue())
     with caplog.at_level(logging.WARNING):
-        save_hf(cfg, _gpt_params(cfg), tmp_path / "out", tokenizer_path=str(spm))
-    assert "only unigram" in caplog.text
-    assert not (tmp_path / "out" / "tokenizer.json").exists()
-    assert (tmp_path / "out" / "spiece.model").exists()
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "gpt2"
+        save_hf(cfg.replace(vocab_size=200), _gpt_params(cfg.replace(vocab_size=200)),
+                tmp_path / "user", tokenizer=str(tmp_path / "user.model"))
+    assert "user-defined pieces are not converted" in caplog.text
+    assert not (tmp_path / "user" / "tokenizer.json").exists()
+    assert (tmp_path / "user" / "spiece.model").read_bytes() == model.getvalue()
+    assert json.loads((tmp_path / "user" / "config.json").read_text())["model_type"] == "gpt2"

@@ -10,18 +10,18 @@ unrolled (``layer_0 …``) or, with ``scan_layers=True``, the scanned (``layers`
 axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert`, `hf_albert`,
 `hf_roberta`, `hf_distilbert`, `hf_t5`, `hf_bart` and `hf_llama`.
 
-Tokenizers are not converted: ``load_hf`` returns what `jaxformer.convert.hf_io.find_tokenizer`
-finds (the directory's SentencePiece model, T5's ``spiece.model`` or Llama 2's
-``tokenizer.model``; else its Hugging Face tokenizer, read by
-`jaxformer.data.fast_tokenizer.FastTokenizer`; or None); ``save_hf(..., tokenizer_path=dir)``
-copies a directory's tokenizer files next to the exported weights.
+Tokenizers: ``load_hf`` returns what `jaxformer.convert.hf_io.find_tokenizer` finds (T5's
+``spiece.model``; else the Hugging Face tokenizer, read by
+`jaxformer.data.fast_tokenizer.FastTokenizer` as ``AutoTokenizer`` reads it; or None);
+``save_hf(..., tokenizer=…)`` writes a tokenizer for ``AutoTokenizer`` next to the exported weights
+(`jaxformer.convert.hf_tokenizer`), or copies a directory's tokenizer files.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -49,7 +49,7 @@ from jaxformer.convert.hf_io import (
     read_tensors,
     write_model,
 )
-from jaxformer.convert.hf_tokenizer import fast_tokenizer_reason, write_fast_tokenizer
+from jaxformer.convert.hf_tokenizer import write_hf_tokenizer
 from jaxformer.convert.mapping import (
     Renamed,
     apply_export,
@@ -59,7 +59,7 @@ from jaxformer.convert.mapping import (
     unflatten,
     unstack_layers,
 )
-from jaxformer.data.fast_tokenizer import FastTokenizer, is_saved_fast_tokenizer
+from jaxformer.data.fast_tokenizer import FastTokenizer
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.layers.heads import is_head_module
 from jaxformer.layers.vocab_padding import fit_vocab
@@ -235,7 +235,9 @@ def _as_dict(tree):
 
 
 def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
-            directory: str | os.PathLike, *, tokenizer_path: str | os.PathLike | None = None,
+            directory: str | os.PathLike, *,
+            tokenizer: str | os.PathLike | Tokenizer | FastTokenizer | None = None,
+            framing: tuple[Sequence[int], Sequence[int]] | None = None,
             extra_config: Mapping[str, Any] | None = None) -> None:
     """Write ``config.json`` + ``model.safetensors`` (float32) that ``from_pretrained`` loads:
     GPT2LMHeadModel / GPT2Model, BertForMaskedLM / BertForPreTraining /
@@ -246,10 +248,11 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     Model (decoders with RoPE, `hf_llama.model_type_of`), chosen by `export_converter` and
     ``head``.
 
-    ``tokenizer_path``: a SentencePiece file (copied as ``spiece.model``; for GPT-2 / BERT also written
-    as an equivalent ``tokenizer.json``, `jaxformer.convert.hf_tokenizer`), a run's stored Hugging
-    Face tokenizer (written as ``tokenizer.json`` + ``tokenizer_config.json``,
-    `jaxformer.data.fast_tokenizer`) or a directory whose Hugging Face tokenizer files are copied.
+    ``tokenizer``: a tokenizer (`Tokenizer.load`'s), or a file it reads (a SentencePiece model, a
+    run's stored Hugging Face tokenizer), written as ``tokenizer.json`` + ``tokenizer_config.json``
+    (and a SentencePiece model as ``spiece.model``) with the post-processor ``framing`` (the ids
+    before and after a text; `jaxformer.convert.hf_tokenizer.write_hf_tokenizer`); or a directory
+    whose Hugging Face tokenizer files are copied as they are.
     ``extra_config``: further ``config.json`` entries, e.g. the source model's (token ids, label
     names); the architecture entries derived from ``model_cfg`` take precedence, and the converter's
     ``TOKEN_IDS`` (BART's) fill in the token ids ``extra_config`` leaves out. The settings HF
@@ -260,6 +263,8 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
     conv = export_converter(cfg)
     hf_config, prefix = conv.config_to_hf(cfg)
+    if conv is hf_t5:  # an mT5 stays one
+        hf_config = hf_t5.keep_source_type(hf_config, (extra_config or {}).get("model_type"), cfg)
     flat = fit_vocab(_host_params(params), cfg, cfg.replace(vocab_pad_multiple=1))  # unpadded
     if cfg.permutation_lm:  # XLNet's query-stream table trains the GPT; the export is the GPT
         flat = {k: v for k, v in flat.items() if not k.startswith("jump_embed/")}
@@ -275,24 +280,9 @@ def save_hf(model_cfg: ModelConfig | Mapping[str, Any], params: Mapping,
     # The converter's token ids (BART's pad / bos / eos / decoder start) unless the source's say else
     defaults = getattr(conv, "TOKEN_IDS", {})
     write_model(directory, {**defaults, **extra, **hf_config}, tensors)
-    if tokenizer_path is not None and is_saved_fast_tokenizer(tokenizer_path):
-        FastTokenizer.load(tokenizer_path).write_hf_files(directory)  # a run's HF tokenizer
-    elif tokenizer_path is not None:
-        copy_tokenizer_files(tokenizer_path, directory)
-        if cfg.family != "encoder_decoder" and os.path.isfile(tokenizer_path):
-            _write_fast_tokenizer(tokenizer_path, directory)
-
-
-def _write_fast_tokenizer(spm_path: str | os.PathLike, directory: str | os.PathLike) -> None:
-    """GPT-2 / BERT exports: also ``tokenizer.json`` for ``AutoTokenizer`` (their own tokenizer
-    classes cannot read SentencePiece); T5's ``spiece.model`` is read by ``T5Tokenizer``."""
-    try:
-        import tokenizers  # noqa: F401  (a transformers dependency, not one of ours)
-    except ImportError:
-        log.warning("no tokenizer.json written: the `tokenizers` package is not installed")
-        return
-    reason = fast_tokenizer_reason(spm_path)
-    if reason:
-        log.warning("no tokenizer.json written: %s", reason)
-        return
-    write_fast_tokenizer(spm_path, directory, Tokenizer.load(spm_path).special)
+    if isinstance(tokenizer, (str, os.PathLike)) and os.path.isdir(tokenizer):
+        copy_tokenizer_files(tokenizer, directory)  # an imported model's own files
+    elif tokenizer is not None:
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = Tokenizer.load(tokenizer)
+        write_hf_tokenizer(tokenizer, directory, framing)

@@ -18,15 +18,20 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from jaxformer.data.fast_tokenizer import TOKENIZER_JSON, has_tokenizer_files
+from jaxformer.data.fast_tokenizer import (
+    SENTENCEPIECE_FILES,
+    TOKENIZER_JSON,
+    has_tokenizer_files,
+    sentencepiece_file,
+    sentencepiece_style,
+)
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_NAME = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
-SENTENCEPIECE_NAMES = ("spiece.model", "sentencepiece.bpe.model", "tokenizer.model")
-TOKENIZER_FILES = SENTENCEPIECE_NAMES + (
+TOKENIZER_FILES = SENTENCEPIECE_FILES + (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
     "vocab.json", "merges.txt", "added_tokens.json")
 
@@ -144,23 +149,18 @@ def write_model(directory: str | os.PathLike, hf_config: dict,
         json.dump(hf_config, f, indent=2, sort_keys=True)
 
 
-def find_sentencepiece(directory: str | os.PathLike) -> str | None:
-    """Path of the SentencePiece model in ``directory`` (T5's ``spiece.model``), else None."""
-    for name in SENTENCEPIECE_NAMES:
-        path = os.path.join(os.fspath(directory), name)
-        if os.path.isfile(path):
-            return path
-    return None
-
-
 def find_tokenizer(directory: str | os.PathLike) -> str | None:
-    """What becomes a run's tokenizer (`jaxformer.data.tokenizer.Tokenizer.load` reads it): the
-    directory's SentencePiece model (T5, Llama 2, Mistral: `find_sentencepiece`), else its
+    """What becomes a run's tokenizer (`jaxformer.data.tokenizer.Tokenizer.load` reads it), the one
+    ``AutoTokenizer`` reads there: the directory itself for an ALBERT or Llama / Mistral
+    SentencePiece model (`jaxformer.data.fast_tokenizer.sentencepiece_style`: transformers reads it
+    its own way); else the directory's SentencePiece model (T5's ``spiece.model``), else its
     ``tokenizer.json`` (Llama 3, Qwen2, GPT-2, RoBERTa, BART, BERT: `jaxformer.data.fast_tokenizer`),
     else the directory itself when it holds a slow tokenizer's files (``vocab.json`` +
     ``merges.txt`` or ``vocab.txt``), else None."""
     json_path = os.path.join(os.fspath(directory), TOKENIZER_JSON)
-    if spm := find_sentencepiece(directory):
+    if sentencepiece_style(directory):
+        return os.fspath(directory)
+    if spm := sentencepiece_file(directory):
         return spm
     if os.path.isfile(json_path):
         return json_path

@@ -12,7 +12,13 @@ transformers 5 always ties ``lm_head`` unless the checkpoint stores a different 
 the rescale as ``scale_decoder_outputs``; older configs only have ``tie_word_embeddings``. Both are
 read. mT5 (``model_type`` "mt5", Xue et al. 2021) and Flan-T5 are v1.1 graphs; transformers 5
 saves mT5 configs with ``tie_word_embeddings`` forced to true and never rescales them, so an "mt5"
-config rescales only when ``scale_decoder_outputs`` says so. Exports are ``model_type`` "t5".
+config rescales only when ``scale_decoder_outputs`` says so. Exports are ``model_type`` "t5", or
+"mt5" when the source was an mT5 and the logits are not rescaled (`keep_source_type`).
+
+jaxformer's T5 reads one token table for the encoder and the decoder (``shared``). A checkpoint
+whose ``encoder.embed_tokens`` / ``decoder.embed_tokens`` are copies of ``shared`` (transformers
+saves them so) imports; one whose tables differ from ``shared`` is refused, naming them, since
+dropping them would change the logits.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from jaxformer.convert.mapping import (
 )
 
 MODEL_TYPE = "t5"
+STACK_TABLES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 BUFFERS = re.compile(r"^(encoder|decoder)\.embed_tokens\.weight$"
                      r"|^decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.")
 
@@ -65,6 +72,12 @@ def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str 
         raise ValueError(f"only T5ForConditionalGeneration checkpoints are supported (encoder and "
                          f"decoder); architectures={hf.get('architectures')}")
     activation, gated = _activation(hf.get("feed_forward_proj", "relu"))
+    own = [n for n in STACK_TABLES if n in tensors and not is_tied(tensors, n, "shared.weight")]
+    if own:
+        raise ValueError(f"this {hf.get('model_type', 't5')} checkpoint's {' and '.join(own)} "
+                         "differ from shared.weight; jaxformer's T5 reads one token table "
+                         "(shared.weight) for both stacks, so importing would change the logits: "
+                         "save the checkpoint with the stacks' embed_tokens tied to shared")
     if "scale_decoder_outputs" in hf:
         rescale = bool(hf["scale_decoder_outputs"])
     elif hf.get("model_type") == "mt5":  # never rescaled: the published mT5 are untied, and
@@ -166,3 +179,12 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict, str]:
         "eos_token_id": 1, "decoder_start_token_id": 0, "dtype": "float32",
     }
     return hf, ""
+
+
+def keep_source_type(hf: dict, source_type: str | None, cfg: ModelConfig) -> dict:
+    """``config_to_hf``'s ``hf`` as ``model_type`` "mt5" (``MT5ForConditionalGeneration``) when the
+    source model was an mT5 (``source_type``) and its logits are not rescaled, which mT5 never
+    does; else ``hf`` ("t5")."""
+    if source_type != "mt5" or cfg.rescale_tied_logits:
+        return hf
+    return {**hf, "model_type": "mt5", "architectures": ["MT5ForConditionalGeneration"]}

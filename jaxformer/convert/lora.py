@@ -16,7 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.checkpoint import load_checkpoint_params, load_for_inference, open_run
+from jaxformer.checkpoint import (
+    SavedRun,
+    load_checkpoint_params,
+    load_for_inference,
+    load_run_params,
+    open_run,
+)
 from jaxformer.config import ModelConfig
 from jaxformer.convert.hf import load_hf
 from jaxformer.convert.hf_io import is_hf_directory
@@ -29,12 +35,26 @@ def load_merged(path: str | os.PathLike, *, step: int | None = None, best: bool 
                 ) -> tuple[ModelConfig, Any, Tokenizer | None]:
     """(ModelConfig, params, tokenizer or None) of a run's checkpoint like
     `jaxformer.checkpoint.load_for_inference` (which merges a LoRA run on a jaxformer run); a LoRA
-    run on a Hugging Face model is merged here: its base read from ``init_from`` through
-    `load_hf`, the adapters added, the task heads taken from the checkpoint."""
+    run on a Hugging Face model is merged here (`merged_params`)."""
     run = open_run(path, step=step, best=best)
-    c = run.run_config
-    if not (lora.is_lora(c) and is_hf_directory(c["init_from"])):
+    if not is_lora_on_hf(run.run_config):
         return load_for_inference(path, step=step, best=best)
+    tokenizer = None if run.tokenizer is None else Tokenizer.load(str(run.tokenizer))
+    return ModelConfig.from_dict(run.run_config["model"]), merged_params(run), tokenizer
+
+
+def is_lora_on_hf(run_config: dict) -> bool:
+    """Whether a run's config is that of a LoRA run on a Hugging Face model."""
+    return lora.is_lora(run_config) and is_hf_directory(run_config["init_from"])
+
+
+def merged_params(run: SavedRun) -> Any:
+    """The parameters (NumPy arrays) ``run``'s model applies: `load_run_params`'s, or for a LoRA
+    run on a Hugging Face model its base read from ``init_from`` through `load_hf`, the adapters
+    added, the task heads taken from the checkpoint."""
+    c = run.run_config
+    if not is_lora_on_hf(c):
+        return jax.tree.map(np.asarray, load_run_params(run))
     model_cfg = ModelConfig.from_dict(c["model"])
     base = load_hf(c["init_from"], scan_layers=model_cfg.scan_layers, head=model_cfg.head,
                    num_classes=model_cfg.num_classes, seed=c["seed"],
@@ -43,5 +63,4 @@ def load_merged(path: str | os.PathLike, *, step: int | None = None, best: bool 
     base = jax.tree.map(lambda x: np.asarray(x, dtype=dtype), base)
     trained = load_checkpoint_params(run.step_dir, verified=True)
     merged = lora.inference_params(base, trained, c["optimizer"]["lora"], model_spec(model_cfg))
-    tokenizer = None if run.tokenizer is None else Tokenizer.load(str(run.tokenizer))
-    return model_cfg, jax.tree.map(np.asarray, merged), tokenizer
+    return jax.tree.map(np.asarray, merged)

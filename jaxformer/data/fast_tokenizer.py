@@ -5,30 +5,38 @@ Checkpoints whose tokenizer is no SentencePiece model ship a ``tokenizer.json`` 
 GPT-2, RoBERTa and BART (byte-level BPE), BERT and DistilBERT (WordPiece) — or, older ones, the
 slow tokenizer's files: ``vocab.json`` + ``merges.txt`` (byte-level BPE) or ``vocab.txt``
 (WordPiece), which `FastTokenizer.from_directory` builds into the same fast tokenizer transformers'
-converter builds. ``encode`` gives the ids ``AutoTokenizer.from_pretrained(dir)(text,
-add_special_tokens=False)`` gives (the pipeline frames sequences itself, as with SentencePiece);
-``decode`` stops at EOS and drops padding and other special tokens.
+converter builds. ALBERT and Llama / Mistral checkpoints ship a SentencePiece model that
+transformers does not read as SentencePiece does (ALBERT lowercases and strips accents; Llama gives a
+leading space no extra ``▁``): their directories are read in transformers' way
+(`jaxformer.data.sentencepiece_json`, `sentencepiece_style`). ``encode`` gives the ids
+``AutoTokenizer.from_pretrained(dir)(text, add_special_tokens=False)`` gives (the pipeline frames
+sequences itself, as with SentencePiece); ``decode`` stops at EOS and drops padding and other
+special tokens.
 
 The roles of the special tokens (pad, eos, bos, unk, mask, cls, sep) are not in ``tokenizer.json``;
 they are read from ``tokenizer_config.json`` / ``special_tokens_map.json``, else the ids in
-``config.json``. A role nothing names is -1 (BERT has no eos), as for SentencePiece models, except
-padding, which is EOS when only that is named (GPT-2).
+``config.json``, else the tokenizer class's defaults. A role nothing names is -1 (BERT has no eos,
+Llama no padding), as for SentencePiece models, except padding, which is EOS when only that is named
+and the tokenizer is no SentencePiece model (GPT-2).
 
 A run stores the tokenizer as one file (`FastTokenizer.save`: JSON holding the ``tokenizer.json``
 and the special ids), under the name a SentencePiece run uses (``<workdir>/tokenizer.model``);
 `jaxformer.data.tokenizer.Tokenizer.load` tells the formats apart by content, so resuming,
 evaluation, prediction and generation read either; `FastTokenizer.write_hf_files` writes it back as
-Hugging Face files for an export.
+Hugging Face files for an export, with a post-processor that frames text as the run framed its rows
+(`FastTokenizer.framed`). `FastTokenizer.from_sentencepiece` gives a SentencePiece run's tokenizer
+the same way out.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from jaxformer.data.sentencepiece_json import sentencepiece_backend
 from jaxformer.vocab import SpecialTokens
 
 FORMAT = "jaxformer.fast_tokenizer"  # the ``format`` entry of a saved FastTokenizer
@@ -39,12 +47,24 @@ ROLES = {"pad_id": "pad_token", "eos_id": "eos_token", "bos_id": "bos_token",
 WORD_START = ("\u2581", "\u0120")  # SentencePiece's "▁", byte-level BPE's "Ġ"
 # Files a Hugging Face directory may hold its tokenizer in, by preference.
 TOKENIZER_JSON, BPE_FILES, WORDPIECE_FILE = "tokenizer.json", ("vocab.json", "merges.txt"), "vocab.txt"
+SENTENCEPIECE_FILES = ("spiece.model", "sentencepiece.bpe.model", "tokenizer.model")
+# transformers' tokenizer classes that read a SentencePiece model their own way
+# (`jaxformer.data.sentencepiece_json.STYLES`), by tokenizer_config.json's tokenizer_class, else by
+# config.json's model_type
+STYLE_OF_CLASS = {"AlbertTokenizer": "albert", "LlamaTokenizer": "llama"}
+STYLE_OF_MODEL_TYPE = {"albert": "albert", "llama": "llama"}
+# their tokenizer_config.json options (`jaxformer.data.sentencepiece_json.sentencepiece_backend`)
+SENTENCEPIECE_OPTIONS = ("do_lower_case", "keep_accents", "add_prefix_space", "legacy")
 # The role tokens the slow tokenizer classes assume when the directory names none.
 LEGACY_ROLES = {
     BPE_FILES: {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "sep_token": "</s>",
                 "cls_token": "<s>", "pad_token": "<pad>", "mask_token": "<mask>"},  # RoBERTa's
     WORDPIECE_FILE: {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
                      "cls_token": "[CLS]", "mask_token": "[MASK]"},  # BERT's
+    "albert": {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "[CLS]",
+               "sep_token": "[SEP]", "mask_token": "[MASK]", "bos_token": "[CLS]",
+               "eos_token": "[SEP]"},
+    "llama": {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"},
 }
 
 
@@ -71,8 +91,33 @@ def has_tokenizer_files(directory: str | os.PathLike) -> bool:
     return _layout(os.fspath(directory)) is not None
 
 
+def sentencepiece_file(directory: str | os.PathLike) -> str | None:
+    """Path of the SentencePiece model in ``directory`` (`SENTENCEPIECE_FILES`), else None."""
+    for name in SENTENCEPIECE_FILES:
+        path = os.path.join(os.fspath(directory), name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def sentencepiece_style(directory: str | os.PathLike) -> str | None:
+    """"albert" / "llama" when ``directory`` holds a SentencePiece model that transformers reads
+    with its ALBERT / Llama tokenizer class (`jaxformer.data.sentencepiece_json`), else None
+    (T5's is read as SentencePiece reads it)."""
+    d = os.fspath(directory)
+    if sentencepiece_file(d) is None:
+        return None
+    name = _read_json(os.path.join(d, "tokenizer_config.json")).get("tokenizer_class")
+    if isinstance(name, str) and name:
+        return STYLE_OF_CLASS.get(name.removesuffix("Fast"))
+    return STYLE_OF_MODEL_TYPE.get(_read_json(os.path.join(d, "config.json")).get("model_type"))
+
+
 def _layout(d: str) -> str | tuple[str, str] | None:
-    """Which of `TOKENIZER_JSON`, `BPE_FILES`, `WORDPIECE_FILE` the directory ``d`` holds first."""
+    """Which of the SentencePiece styles (`sentencepiece_style`), `TOKENIZER_JSON`, `BPE_FILES`,
+    `WORDPIECE_FILE` the directory ``d`` holds first."""
+    if style := sentencepiece_style(d):
+        return style
     for layout in (TOKENIZER_JSON, BPE_FILES, WORDPIECE_FILE):
         names = layout if isinstance(layout, tuple) else (layout,)
         if os.path.isdir(d) and all(os.path.isfile(os.path.join(d, n)) for n in names):
@@ -141,7 +186,8 @@ class FastTokenizer:
         layout = _layout(d)
         if layout is None:
             raise ValueError(f"{d!r} holds no Hugging Face tokenizer: expected {TOKENIZER_JSON}, "
-                             f"{' + '.join(BPE_FILES)} or {WORDPIECE_FILE}")
+                             f"{' + '.join(BPE_FILES)}, {WORDPIECE_FILE}, or the SentencePiece "
+                             "model of an ALBERT or Llama checkpoint")
         config = _read_json(os.path.join(d, "tokenizer_config.json"))
         names = {k: _token_text(v) for k, v in {
             **_read_json(os.path.join(d, "special_tokens_map.json")), **config}.items()}
@@ -149,6 +195,12 @@ class FastTokenizer:
         if layout == TOKENIZER_JSON:
             with open(os.path.join(d, TOKENIZER_JSON), encoding="utf-8") as f:
                 text = f.read()
+        elif layout in STYLE_OF_CLASS.values():  # an ALBERT / Llama SentencePiece model
+            names = {**LEGACY_ROLES[layout], **names}
+            with open(sentencepiece_file(d), "rb") as f:
+                text = sentencepiece_backend(f.read(), layout, **{  # the class's options
+                    k: bool(config[k]) for k in SENTENCEPIECE_OPTIONS if config.get(k) is not None
+                }).to_str()
         else:
             names = {**LEGACY_ROLES[layout], **names}
             specials = dict.fromkeys(names.values())
@@ -156,7 +208,15 @@ class FastTokenizer:
                    _wordpiece(d, specials, config.get("do_lower_case", True)))
             text = tok.to_str()
         return cls(text, _special_ids(cls(text, {})._tok, names,
-                                      _read_json(os.path.join(d, "config.json"))))
+                                      _read_json(os.path.join(d, "config.json")),
+                                      pad_with_eos=layout != "llama"))
+
+    @classmethod
+    def from_sentencepiece(cls, proto_bytes: bytes, special: SpecialTokens) -> FastTokenizer:
+        """The SentencePiece model ``proto_bytes`` with its ids (`jaxformer.data.sentencepiece_json`,
+        style "sentencepiece") and its roles ``special`` (those >= 0)."""
+        text = sentencepiece_backend(proto_bytes).to_str()
+        return cls(text, {k: getattr(special, k) for k in ROLES if getattr(special, k) >= 0})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> FastTokenizer:
@@ -175,9 +235,26 @@ class FastTokenizer:
             json.dump({"format": FORMAT, "special": self._special_ids, "tokenizer": self._json}, f)
         os.replace(tmp, path)
 
+    def framed(self, prefix: Sequence[int], suffix: Sequence[int]) -> FastTokenizer:
+        """A copy whose post-processor adds the ids ``prefix`` before a text and ``suffix`` after
+        it (a pair: ``prefix A suffix B suffix``, B with token type 1), as a run frames its rows;
+        what ``AutoTokenizer``'s ``add_special_tokens=True`` adds. Empty both: nothing added. A
+        byte-level tokenizer keeps its offset trimming (RoBERTa's, GPT-2's ``ByteLevel`` step)."""
+        t = _tokenizers()
+        tok = t.Tokenizer.from_str(self._json)
+        names = [self._tok.id_to_token(int(i)) for i in (*prefix, *suffix)]
+        pre, suf = names[:len(prefix)], names[len(prefix):]
+        template = t.processors.TemplateProcessing(
+            single=[*pre, "$A:0", *suf], pair=[*pre, "$A:0", *suf, "$B:1", *(f"{n}:1" for n in suf)],
+            special_tokens=[(n, self._tok.token_to_id(n)) for n in dict.fromkeys(names)])
+        trim = _byte_level_step(json.loads(self._json).get("post_processor"))
+        tok.post_processor = t.processors.Sequence([trim, template]) if trim else template
+        return FastTokenizer(tok.to_str(), self._special_ids)
+
     def write_hf_files(self, directory: str | os.PathLike) -> list[str]:
         """``tokenizer.json`` and a ``tokenizer_config.json`` (``PreTrainedTokenizerFast``) naming
-        the special tokens, for ``AutoTokenizer.from_pretrained(directory)``; their names."""
+        the special tokens, for ``AutoTokenizer.from_pretrained(directory)``; their names. Roles
+        the tokenizer lacks are left out."""
         d = os.fspath(directory)
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, TOKENIZER_JSON), "w", encoding="utf-8") as f:
@@ -249,10 +326,23 @@ class FastTokenizer:
         return f"FastTokenizer(vocab_size={self.vocab_size}, special={self.special})"
 
 
-def _special_ids(backend, names: Mapping[str, str], model_config: Mapping) -> dict[str, int]:
+def _byte_level_step(post_processor: Mapping | None):
+    """The ``ByteLevel`` offset-trimming step of a post-processor (RoBERTa's ``RobertaProcessing``
+    holds its options), as a `tokenizers.processors.ByteLevel`; None without one."""
+    steps = (post_processor or {}).get("processors") or [post_processor or {}]
+    for step in steps:
+        if step.get("type") in ("ByteLevel", "RobertaProcessing"):
+            return _tokenizers().processors.ByteLevel(
+                add_prefix_space=step.get("add_prefix_space", False),
+                trim_offsets=step.get("trim_offsets", True))
+    return None
+
+
+def _special_ids(backend, names: Mapping[str, str], model_config: Mapping, *,
+                 pad_with_eos: bool = True) -> dict[str, int]:
     """{`SpecialTokens` field: id} of the role tokens ``names`` (tokenizer_config.json key →
     text) in ``backend``'s vocabulary, else ``model_config``'s ``<role>_token_id``; padding is EOS
-    when nothing names it."""
+    when nothing names it and ``pad_with_eos``."""
     special = {}
     for field, key in ROLES.items():
         token = names.get(key)
@@ -263,6 +353,6 @@ def _special_ids(backend, names: Mapping[str, str], model_config: Mapping) -> di
             i = i[0]
         if isinstance(i, int) and i >= 0:
             special[field] = i
-    if "pad_id" not in special and "eos_id" in special:  # GPT-2 names none: pad with EOS
+    if pad_with_eos and "pad_id" not in special and "eos_id" in special:  # GPT-2: pad with EOS
         special["pad_id"] = special["eos_id"]
     return special

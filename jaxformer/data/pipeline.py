@@ -166,7 +166,7 @@ class _Tokenize(grain.transforms.Map):
         return {"prompt": _i32(enc(prompt)), "response": _i32(enc(response))}
 
 
-def _framing_tokens(framing: str, special: SpecialTokens) -> tuple[list[int], list[int]]:
+def framing_tokens(framing: str, special: SpecialTokens) -> tuple[list[int], list[int]]:
     """(prefix, suffix) ids of ``framing``; ValueError when the tokenizer lacks one."""
     names = {"eos": ((), ("eos_id",)), "bos_eos": (("bos_id",), ("eos_id",)),
              "cls_sep": (("cls_id",), ("sep_id",)), "none": ((), ())}[framing]
@@ -197,7 +197,7 @@ class _Frame(grain.experimental.FlatMapTransform):
     def __init__(self, task, framing, special, seq_len, target_len, split, counter):
         self.task, self.special, self.split, self.counter = task, special, split, counter
         self.seq_len, self.target_len = seq_len, target_len
-        self.prefix, self.suffix = (_i32(t) for t in _framing_tokens(framing, special))
+        self.prefix, self.suffix = (_i32(t) for t in framing_tokens(framing, special))
         self.per_segment = framing == "cls_sep"
 
     def _pieces(self, body: np.ndarray, n: int) -> list[np.ndarray]:

@@ -215,6 +215,11 @@ class Tokenizer:
             sentinel_ids=tuple(sentinels))
 
     @property
+    def model_proto(self) -> bytes:
+        """The serialized SentencePiece model (the ``.model`` file's bytes)."""
+        return self._proto
+
+    @property
     def vocab_size(self) -> int:
         """Number of pieces (ids are ``0 .. vocab_size - 1``)."""
         return self._sp.get_piece_size()
