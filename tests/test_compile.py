@@ -464,11 +464,15 @@ def test_two_gpu_hosts_only_the_data_parallel_gradient_reduction_crosses_the_net
     assert roof["network_s"] == pytest.approx(crossing["all-reduce"] / chip.network_bytes_per_s)
 
 
+needs_cudnn = pytest.mark.skipif(
+    importlib.util.find_spec("nvidia") is None  # (a submodule's find_spec imports its parent)
+    or importlib.util.find_spec("nvidia.cudnn") is None,
+    reason="cuDNN is not installed (nvidia-cudnn-cu13): jax traces its fused attention only with "
+           "cuDNN present")
+
+
 @needs_cuda_plugin
-@pytest.mark.skipif(importlib.util.find_spec("nvidia") is None  # (a submodule's find_spec
-                    or importlib.util.find_spec("nvidia.cudnn") is None,  # imports its parent)
-                    reason="cuDNN is not installed (nvidia-cudnn-cu13): jax traces its fused "
-                           "attention only with cuDNN present")
+@needs_cudnn
 def test_cudnn_attention_compiles_inside_the_sharded_step_for_h100s():
     """``attention_impl="cudnn"`` is checked against the target (a CUDA GPU), not this CPU host,
     and the fused kernel is what the GPU compiler emits, forward and backward, on ``fsdp=8``."""
@@ -479,3 +483,30 @@ def test_cudnn_attention_compiles_inside_the_sharded_step_for_h100s():
     text = compiled_for(config, "h100:8")[0].as_text()
     kernels = set(re.findall(r'custom_call_target="__cudnn\$(fmha\w*)"', text))
     assert {k.endswith("Backward") for k in kernels} == {False, True}, kernels
+
+
+@needs_cuda_plugin
+@needs_cudnn
+def test_t5s_relative_bias_runs_in_cudnn_with_its_gradient_on_an_h100():
+    """T5 in bfloat16 with ``attention_impl="auto"`` (the presets' default) compiled for an H100:
+    auto is cuDNN for the target (not this CPU host), and every attention of the train step is a
+    fused cuDNN call that takes a bias operand, forward and backward (2 layers × encoder self,
+    decoder self, cross). The self-attentions' backward calls, which carry T5's relative bias,
+    return its gradient — a fourth result dbias `[B, H, L, L]` (per row: the packed rows' bias with
+    their segment mask added by jax), read by the table's gradient; the cross-attention's (a
+    boolean mask, no gradient wanted) return none. Numerics on a GPU: not checked here."""
+    config = tiny("t5_tiny", "", dtype="bfloat16", attention_dropout_rate=0.0)
+    assert config.model.attention_impl == "auto"
+    assert plan(config, compile=False, topology=parse_topology("h100:1"))["attention"] == \
+        "cudnn (auto)"
+    text = compiled_for(config, "h100:1")[0].as_text()
+    calls = re.findall(r'^\s*%([\w.\-]+) = (\(.*?\)) custom-call\(.*?'
+                       r'custom_call_target="__cudnn\$(fmha\w*)"', text, re.M)
+    kinds = sorted(kind for _, _, kind in calls)
+    assert kinds == ["fmhaScaleBiasSoftmax"] * 6 + ["fmhaScaleBiasSoftmaxBackward"] * 6, kinds
+    backward = {name: re.findall(r"(\w+\[[\d,]*\])\{", types) for name, types, kind in calls
+                if kind.endswith("Backward")}
+    dbias = {name: shapes[3] for name, shapes in backward.items() if len(shapes) == 5}
+    assert sorted(dbias.values()) == ["bf16[8,4,32,32]"] * 2 + ["bf16[8,4,64,64]"] * 2, backward
+    for name in dbias:  # used: it flows into the relative-position table's gradient
+        assert re.search(rf"get-tuple-element\(%{re.escape(name)}\), index=3", text), name
