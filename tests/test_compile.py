@@ -18,7 +18,9 @@ import re
 import jax
 import pytest
 
+from jaxformer.cli.compile import format_report
 from jaxformer.compile import collectives, compile_report, refusal
+from jaxformer.ops.attention_kernels import KERNELS
 from jaxformer.parallel.topology import (
     CHIPS,
     CUDA_AOT_INSTALL,
@@ -135,6 +137,20 @@ def assert_collectives_are_xlas(compiled) -> None:
     assert {k: count[k] for k in want} == want
 
 
+def test_auto_attention_is_chosen_for_the_topologys_platform_and_reported():
+    """``attention_impl="auto"`` (the presets' default) resolves for the target: splash on a TPU
+    topology where this CPU host takes xla; T5's bias on a TPU takes the Pallas flash kernel once it
+    is built, xla until then; ring attention on a context-parallel mesh."""
+    gpt, tpu = tiny("gpt_tiny", "fsdp=4", attention_dropout_rate=0.0), parse_topology("v5e:2x2")
+    assert plan(gpt, compile=False, topology=tpu)["attention"] == "splash (auto)"
+    assert plan(gpt, compile=False)["attention"] == "xla (auto)"  # this CPU host
+    t5 = tiny("t5_tiny", "fsdp=4", dtype="bfloat16", attention_dropout_rate=0.0)
+    want = "flash" if "flash" in KERNELS else "xla"
+    assert plan(t5, compile=False, topology=tpu)["attention"] == f"{want} (auto)"
+    ring = tiny("gpt_tiny", "context=2,fsdp=2", attention_dropout_rate=0.0)
+    assert plan(ring, compile=False, topology=tpu)["attention"] == "ring (mesh.context=2)"
+
+
 def test_compile_report_has_memory_collectives_and_roofline():
     """`jaxformer.compile`'s report, and `jaxformer.plan --topology` of the same config: the plan's
     activation bytes are the TPU compiler's for the same program; its parameter bytes (exact, from
@@ -147,6 +163,8 @@ def test_compile_report_has_memory_collectives_and_roofline():
     roof = report["roofline"]
     assert roof["step_s"] >= roof["compute_s"] > 0 and 0 < roof["mfu_bound"] <= 1
     assert refusal(report) is None
+    assert report["attention"] == "xla (auto)"  # the preset's attention dropout: no kernel takes it
+    assert "attention xla (auto)" in format_report(report)
     planned = plan(config, topology=topology)
     c = planned["compiled"]
     assert c["platform"] == "tpu" and not c["simulated"] and planned["devices"] == 4
