@@ -388,8 +388,9 @@ class ModelConfig:
         """The attention implementation that runs: ``attention_impl``, or for "auto" the fastest the
         target platform runs for this model (`jaxformer.ops.attention_kernels.fastest_attention`:
         the platform of a `target_platform` context, as `jaxformer.compile` sets for a topology,
-        else jax's backend). An additive bias no kernel takes (ALiBi, a sliding window) and XLNet's
-        dense two-stream masks run on "xla"; so does decoding with a KV cache, whatever this says."""
+        else jax's backend). ALiBi and a sliding window (additive biases `validate` keeps off the
+        kernels) and XLNet's dense two-stream masks run on "xla"; so does decoding with a KV cache,
+        whatever this says."""
         if self.attention_impl != "auto":
             return self.attention_impl
         if self.position == "alibi" or self.sliding_window is not None or self.permutation_lm:
