@@ -8,9 +8,9 @@ BERT, ``seq2seq`` for T5 (inputs ``--seq_len``, targets ``--seq_len // 4``, as s
 leaves them), on random tokens packed two documents per row (segment ids, as the data pipeline
 packs them). Implementations (``--impls auto``): ``xla`` plus the backend's fused kernel
 (`jaxformer.ops.attention_kernels.fastest_attention`: ``cudnn`` on a CUDA GPU, ``splash`` on a
-TPU); a pair the config refuses (T5's relative bias on a kernel) is listed with the reason. Steps
+TPU: what ``attention_impl="auto"`` picks for the model, `ModelConfig.attention_kernel`). Steps
 of one model's implementations are timed round-robin (`bench/train_step.py`), and MFU is model FLOPs
-(`bench/common.py`: 6·N·tokens + attention, causal halved) / step time / the bfloat16 matmul peak
+(`jaxformer.flops`: 6·N·tokens + attention, causal halved) / step time / the bfloat16 matmul peak
 measured in the same run, before and after (the best of both).
 
     python bench/accelerator.py                       # on a GPU / TPU
@@ -46,7 +46,6 @@ from jaxformer.flops import model_flops  # noqa: E402
 from jaxformer.models import build_model  # noqa: E402
 from jaxformer.models.presets import preset  # noqa: E402
 from jaxformer.objectives import bind_objective  # noqa: E402
-from jaxformer.ops.attention_kernels import fastest_attention  # noqa: E402
 from jaxformer.train.config import base_config  # noqa: E402
 from jaxformer.train.state import TrainState, init_params_on_host  # noqa: E402
 from jaxformer.train.step import make_train_step  # noqa: E402
@@ -189,7 +188,7 @@ def profile_of(entry: dict, args, name: str) -> dict:
 def implementations(name: str, args) -> list[str]:
     if args.impls != "auto":
         return [i for i in args.impls.split(",") if i]
-    kernel = fastest_attention()
+    kernel = model_config(name, "auto", args).attention_kernel  # the backend's, for this model
     return ["xla"] + ([kernel] if kernel != "xla" else [])
 
 

@@ -152,10 +152,9 @@ pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``, sized 
             stat["dcn_count"] += times
             stat["dcn_bytes"] += moved * times
 
-    hlo_text, fused = _fused_reduce_scatters(hlo_text)
     pattern = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.+?) (" + "|".join(COLLECTIVES)
                          + r")(-start)?\(.*$", re.M)
-    computations = _computations(hlo_text)
+    computations, fused = _fused_reduce_scatters(_computations(hlo_text))
     keys, executions = set(), _executions(computations)
     for name, text in computations.items():
         times = executions.get(name, 1)
@@ -183,20 +182,34 @@ pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``, sized 
 _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _CALLS = re.compile(r"\b(calls|to_apply|body|condition|true_computation|false_computation)="
                     r"%?([\w.\-]+)|\b(?:branch_computations|called_computations)=\{([^}]*)\}")
+# A brace outside a string, or a whole string (skipped: braces in a backend config's JSON count not).
+_BRACE_OR_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"|[{}]')
 
 
 def _computations(hlo_text: str) -> dict[str, str]:
-    """{name: text} of the computations of HLO module text (``ENTRY`` under ``"ENTRY"``); text
-    that is no module (instruction lines only, as in tests) is one computation, ``"ENTRY"``."""
-    out, name, lines = {}, None, []
+    """{name: text} of the computations of HLO module text (``ENTRY`` under ``"ENTRY"``), one
+    instruction per line; text that is no module (instruction lines only, as in tests) is one
+    computation, ``"ENTRY"``.
+
+    Computations and instructions are delimited by brace depth outside strings, not by line starts:
+    an attribute may span lines — the splash kernel's ``frontend_attributes={kernel_metadata={`` …
+    ``}}, metadata=…`` on the next lines — and such a line starting with ``}`` ends no
+    computation. An instruction's continuation lines are joined to it."""
+    out, name, lines, depth, instruction = {}, None, [], 0, ""
     for line in hlo_text.splitlines():
-        header = _HEADER.match(line) if not line[:1].isspace() else None
-        if header:
-            name, lines = ("ENTRY" if line.startswith("ENTRY") else header.group(1)), []
-        elif line.startswith("}") and name is not None:
+        before = depth
+        for token in _BRACE_OR_STRING.findall(line):
+            depth += (token == "{") - (token == "}")
+        if before == 0:  # between computations: a header opens one (depth 0 -> 1)
+            header = _HEADER.match(line) if depth == 1 else None
+            name, lines = (("ENTRY" if line.startswith("ENTRY") else header.group(1)), []) \
+                if header else (None, [])
+        elif name is not None and depth == 0:  # its closing brace
             out[name], name = "\n".join(lines), None
         elif name is not None:
-            lines.append(line)
+            instruction = line if before == 1 else f"{instruction} {line.strip()}"
+            if depth == 1:  # the instruction is complete
+                lines.append(instruction)
     return out or {"ENTRY": hlo_text}
 
 
@@ -248,19 +261,19 @@ def _executions(computations: dict[str, str]) -> dict[str, int]:
 # calling a computation ``%all-reduce-scatter.N`` whose body is an all-reduce of the whole array and
 # the dynamic-slice of this device's shard, and whose result is the shard. It is one reduce-scatter
 # (sized by the shards, as `psum_scatter`'s ``reduce-scatter`` instruction is), not an all-reduce.
-_FUSED_RS_BODY = re.compile(r"^%?(all-reduce-scatter[\w.\-]*) \(.*?^\}$", re.M | re.S)
 _FUSED_RS_CALL = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.+?) fusion\(.*?calls=%?"
                             r"(all-reduce-scatter[\w.\-]*).*$", re.M)
 
 
-def _fused_reduce_scatters(hlo_text: str) -> tuple[str, dict[str, str]]:
-    """(``hlo_text`` without the bodies of the ``all-reduce-scatter`` computations, {computation
-    name: its all-reduce's line}, whose device groups are the reduce-scatter's)."""
+def _fused_reduce_scatters(computations: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(``computations`` without the ``all-reduce-scatter`` ones, {their name: the line of the
+    all-reduce in their body}, whose device groups are the reduce-scatter's)."""
     inner = {}
-    for m in _FUSED_RS_BODY.finditer(hlo_text):
-        line = re.search(r"^.* all-reduce(?:-start)?\(.*$", m.group(0), re.M)
-        inner[m.group(1)] = line.group(0) if line else ""
-    return _FUSED_RS_BODY.sub("", hlo_text), inner
+    for name, text in computations.items():
+        if name.startswith("all-reduce-scatter"):
+            line = re.search(r"^.* all-reduce(?:-start)?\(.*$", text, re.M)
+            inner[name] = line.group(0) if line else ""
+    return {k: v for k, v in computations.items() if k not in inner}, inner
 
 
 _MEGASCALE_KINDS = {"ALL_REDUCE": "all-reduce", "ALL_GATHER": "all-gather",

@@ -30,6 +30,7 @@ from typing import Any
 
 from jaxformer.ops.activations import ACTIVATIONS
 from jaxformer.ops.attention import IMPLEMENTATIONS
+from jaxformer.ops.attention_kernels import fastest_attention
 from jaxformer.ops.attention_kernels import unsupported as _kernel_cannot_run
 from jaxformer.ops.positions import ROPE_SCALINGS, RopeScaling
 from jaxformer.ops.stack import REMAT_POLICIES as _REMAT
@@ -42,7 +43,7 @@ NORM_POSITIONS = ("pre", "post")
 HEADS = ("lm", "mlm", "classify", "token_classify", "span", "none")  # modules: `jaxformer.layers.heads`
 POOLINGS = ("first", "last", "mean", "max")
 REMAT_POLICIES = ("none", *_REMAT)  # "none": no activation checkpointing
-ATTENTION_IMPLS = IMPLEMENTATIONS
+ATTENTION_IMPLS = ("auto", *IMPLEMENTATIONS)  # "auto": `ModelConfig.attention_kernel`
 DTYPES = ("float32", "bfloat16", "float16")
 # Fresh-initialisation rules per family (`jaxformer.layers.params.initializer_of` holds them).
 INIT_SCHEMES = ("normal", "gpt2", "bert", "t5", "transformer")
@@ -189,7 +190,8 @@ class ModelConfig:
     remat_policy: str = _field(
         COMPUTE, "none", 'activation checkpointing policy per layer ("none" = keep all activations)')
     attention_impl: str = _field(
-        COMPUTE, "xla", '"xla", "chunked" (memory-efficient online softmax), "cudnn" (CUDA GPU), "splash" '
+        COMPUTE, "xla", '"auto" (the fastest the target platform runs for this model: the presets\' '
+        'default), "xla", "chunked" (memory-efficient online softmax), "cudnn" (CUDA GPU), "splash" '
         '(TPU) or "splash_interpret" (splash interpreted, CPU tests): jaxformer.ops.attention_kernels')
     attention_chunk_size: int = _field(
         COMPUTE, 512, 'key/value block length of attention_impl="chunked" and of the splash kernels')
@@ -288,7 +290,7 @@ class ModelConfig:
             bad("sliding_window", w, "must be a positive integer (or unset: full causal attention)")
         if w is not None and self.family != "decoder":
             bad("sliding_window", w, f"is a causal decoder's option, not {self.family!r}'s")
-        if w is not None and self.attention_impl not in ("xla", "chunked"):
+        if w is not None and self.attention_impl not in ("xla", "chunked", "auto"):
             bad("attention_impl", self.attention_impl, "the sliding window is an additive bias; "
                 "use 'xla' or 'chunked'")
         if self.permutation_lm and self.family != "decoder":
@@ -297,7 +299,7 @@ class ModelConfig:
         if self.permutation_lm and self.position in ("relative", "alibi"):
             bad("permutation_lm", True, f"the query stream's {self.position} bias is not "
                 "implemented; use position='learned', 'rope', 'sinusoidal' or 'none'")
-        if self.position == "alibi" and self.attention_impl not in ("xla", "chunked"):
+        if self.position == "alibi" and self.attention_impl not in ("xla", "chunked", "auto"):
             bad("position", "alibi", "ALiBi is an additive attention bias, which attention_impl="
                 f"{self.attention_impl!r} cannot add; use attention_impl='xla' or 'chunked'")
         kernel_problem = _kernel_cannot_run(
@@ -380,6 +382,31 @@ class ModelConfig:
     @property
     def causal(self) -> bool:
         return self.family == "decoder"
+
+    @property
+    def attention_kernel(self) -> str:
+        """The attention implementation that runs: ``attention_impl``, or for "auto" the fastest the
+        target platform runs for this model (`jaxformer.ops.attention_kernels.fastest_attention`:
+        the platform of a `target_platform` context, as `jaxformer.compile` sets for a topology,
+        else jax's backend). ALiBi and a sliding window (additive biases `validate` keeps off the
+        kernels) and XLNet's dense two-stream masks run on "xla"; so does decoding with a KV cache,
+        whatever this says."""
+        if self.attention_impl != "auto":
+            return self.attention_impl
+        if self.position == "alibi" or self.sliding_window is not None or self.permutation_lm:
+            return "xla"
+        return fastest_attention(dtype=self.dtype, head_dim=self.head_dim,
+                                 relative_bias=self.position == "relative",
+                                 attention_dropout_rate=self.attention_dropout_rate,
+                                 chunk_size=self.attention_chunk_size)
+
+    def attention_summary(self, context: int = 1) -> str:
+        """What computes the attention, for start-up lines and reports: `attention_kernel`
+        (``"splash (auto)"``, or ``"xla"`` set explicitly), or ring attention on a mesh whose
+        ``context`` axis (`jaxformer.parallel.context`) is larger than 1."""
+        if context > 1:
+            return f"ring (mesh.context={context})"
+        return self.attention_kernel + (" (auto)" if self.attention_impl == "auto" else "")
 
 
 # --------------------------------------------------------------------------------------------------

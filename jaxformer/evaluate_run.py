@@ -29,6 +29,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,8 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
       when decoding), JSON-serialisable.
     """
     loaded = load_run(workdir, step=step, best=best)
+    print(f"evaluating {workdir} step {loaded.step}, attention "
+          f"{loaded.model_cfg.attention_summary()}", file=sys.stderr)
     config = loaded.config
     if data:
         config, split = with_data(config, data, split)

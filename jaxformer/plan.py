@@ -220,9 +220,11 @@ def plan(config, *, devices: int = 0, compile: bool = True, argv: list[str] | No
                      config.optimizer.get("grad_accum_steps", 1))
     with target_platform(topology.chip.platform) if topology else contextlib.nullcontext():
         model_cfg, abstract, shardings, _ = _setup(config, abstract_mesh)
+        attention = model_cfg.attention_summary(sizes["context"])  # for the target platform
     params = abstract.params
     report = {
         "name": config.get("name", ""), "family": model_cfg.family, "mesh": sizes,
+        "attention": attention,
         "devices": n, "batch": config.data.batch_size, "seq_len": config.data.seq_len,
         "target_len": config.data.target_len if model_cfg.family == "encoder_decoder" else None,
         "param_dtype": model_cfg.param_dtype, "dtype": model_cfg.dtype,

@@ -18,7 +18,9 @@ import re
 import jax
 import pytest
 
+from jaxformer.cli.compile import format_report
 from jaxformer.compile import collectives, compile_report, refusal
+from jaxformer.ops.attention_kernels import KERNELS
 from jaxformer.parallel.topology import (
     CHIPS,
     CUDA_AOT_INSTALL,
@@ -101,6 +103,52 @@ def test_splash_compiles_inside_the_sharded_step_with_packed_rows():
         check_config(resolve_config(config), resolve_config(config).model_cfg, resolved=True)
     compiled, _ = compiled_for(config)
     assert "tpu_custom_call" in compiled.as_text()  # the Mosaic kernel itself, per device
+    assert_collectives_are_xlas(compiled)
+
+
+def xla_collectives(compiled) -> dict[str, int]:
+    """{kind: distinct channels} of the compiled program's collective instructions, read from XLA's
+    own module structure (jaxlib's ``HloModule.computations()`` and each instruction's opcode), not
+    from the module's text. A TPU ``all-reduce-scatter`` fusion's body holds an all-reduce, so an
+    all-reduce here is the counter's all-reduce or reduce-scatter."""
+    kinds = {"kAllGather": "all-gather", "kReduceScatter": "reduce-scatter",
+             "kAllReduce": "all-reduce", "kAllToAll": "all-to-all",
+             "kCollectivePermute": "collective-permute"}
+    channels = {k: set() for k in kinds.values()}
+    for module in compiled.runtime_executable().hlo_modules():
+        for computation in module.computations():
+            for instruction in computation.instructions():
+                kind = kinds.get(instruction.opcode.name.removesuffix("Start"))
+                if kind:
+                    channel = re.search(r"channel_id=(\d+)", instruction.to_string())
+                    channels[kind].add(channel.group(1) if channel else instruction.name)
+    return {k: len(v) for k, v in channels.items()}
+
+
+def assert_collectives_are_xlas(compiled) -> None:
+    """The text counter (`collectives`) finds every collective of a program without loops that
+    XLA's module holds. The splash kernel's multi-line attributes (lines starting with ``}}``) once
+    ended the computation there, dropping what followed (issue 59: 2 of this program's 17
+    all-reduces counted, no reduce-scatter)."""
+    want, got = xla_collectives(compiled), collectives(compiled.as_text())
+    count = {k: v["count"] for k, v in got.items()}
+    assert count["all-reduce"] + count["reduce-scatter"] == want.pop("all-reduce"), (count, want)
+    assert want.pop("reduce-scatter") == 0  # the TPU's reduce-scatters are fusions (above)
+    assert {k: count[k] for k in want} == want
+
+
+def test_auto_attention_is_chosen_for_the_topologys_platform_and_reported():
+    """``attention_impl="auto"`` (the presets' default) resolves for the target: splash on a TPU
+    topology where this CPU host takes xla; T5's bias on a TPU takes the Pallas flash kernel once it
+    is built, xla until then; ring attention on a context-parallel mesh."""
+    gpt, tpu = tiny("gpt_tiny", "fsdp=4", attention_dropout_rate=0.0), parse_topology("v5e:2x2")
+    assert plan(gpt, compile=False, topology=tpu)["attention"] == "splash (auto)"
+    assert plan(gpt, compile=False)["attention"] == "xla (auto)"  # this CPU host
+    t5 = tiny("t5_tiny", "fsdp=4", dtype="bfloat16", attention_dropout_rate=0.0)
+    want = "flash" if "flash" in KERNELS else "xla"
+    assert plan(t5, compile=False, topology=tpu)["attention"] == f"{want} (auto)"
+    ring = tiny("gpt_tiny", "context=2,fsdp=2", attention_dropout_rate=0.0)
+    assert plan(ring, compile=False, topology=tpu)["attention"] == "ring (mesh.context=2)"
 
 
 def test_compile_report_has_memory_collectives_and_roofline():
@@ -115,6 +163,8 @@ def test_compile_report_has_memory_collectives_and_roofline():
     roof = report["roofline"]
     assert roof["step_s"] >= roof["compute_s"] > 0 and 0 < roof["mfu_bound"] <= 1
     assert refusal(report) is None
+    assert report["attention"] == "xla (auto)"  # the preset's attention dropout: no kernel takes it
+    assert "attention xla (auto)" in format_report(report)
     planned = plan(config, topology=topology)
     c = planned["compiled"]
     assert c["platform"] == "tpu" and not c["simulated"] and planned["devices"] == 4
@@ -432,11 +482,15 @@ def test_two_gpu_hosts_only_the_data_parallel_gradient_reduction_crosses_the_net
     assert roof["network_s"] == pytest.approx(crossing["all-reduce"] / chip.network_bytes_per_s)
 
 
+needs_cudnn = pytest.mark.skipif(
+    importlib.util.find_spec("nvidia") is None  # (a submodule's find_spec imports its parent)
+    or importlib.util.find_spec("nvidia.cudnn") is None,
+    reason="cuDNN is not installed (nvidia-cudnn-cu13): jax traces its fused attention only with "
+           "cuDNN present")
+
+
 @needs_cuda_plugin
-@pytest.mark.skipif(importlib.util.find_spec("nvidia") is None  # (a submodule's find_spec
-                    or importlib.util.find_spec("nvidia.cudnn") is None,  # imports its parent)
-                    reason="cuDNN is not installed (nvidia-cudnn-cu13): jax traces its fused "
-                           "attention only with cuDNN present")
+@needs_cudnn
 def test_cudnn_attention_compiles_inside_the_sharded_step_for_h100s():
     """``attention_impl="cudnn"`` is checked against the target (a CUDA GPU), not this CPU host,
     and the fused kernel is what the GPU compiler emits, forward and backward, on ``fsdp=8``."""
@@ -447,3 +501,30 @@ def test_cudnn_attention_compiles_inside_the_sharded_step_for_h100s():
     text = compiled_for(config, "h100:8")[0].as_text()
     kernels = set(re.findall(r'custom_call_target="__cudnn\$(fmha\w*)"', text))
     assert {k.endswith("Backward") for k in kernels} == {False, True}, kernels
+
+
+@needs_cuda_plugin
+@needs_cudnn
+def test_t5s_relative_bias_runs_in_cudnn_with_its_gradient_on_an_h100():
+    """T5 in bfloat16 with ``attention_impl="auto"`` (the presets' default) compiled for an H100:
+    auto is cuDNN for the target (not this CPU host), and every attention of the train step is a
+    fused cuDNN call that takes a bias operand, forward and backward (2 layers × encoder self,
+    decoder self, cross). The self-attentions' backward calls, which carry T5's relative bias,
+    return its gradient — a fourth result dbias `[B, H, L, L]` (per row: the packed rows' bias with
+    their segment mask added by jax), read by the table's gradient; the cross-attention's (a
+    boolean mask, no gradient wanted) return none. Numerics on a GPU: not checked here."""
+    config = tiny("t5_tiny", "", dtype="bfloat16", attention_dropout_rate=0.0)
+    assert config.model.attention_impl == "auto"
+    assert plan(config, compile=False, topology=parse_topology("h100:1"))["attention"] == \
+        "cudnn (auto)"
+    text = compiled_for(config, "h100:1")[0].as_text()
+    calls = re.findall(r'^\s*%([\w.\-]+) = (\(.*?\)) custom-call\(.*?'
+                       r'custom_call_target="__cudnn\$(fmha\w*)"', text, re.M)
+    kinds = sorted(kind for _, _, kind in calls)
+    assert kinds == ["fmhaScaleBiasSoftmax"] * 6 + ["fmhaScaleBiasSoftmaxBackward"] * 6, kinds
+    backward = {name: re.findall(r"(\w+\[[\d,]*\])\{", types) for name, types, kind in calls
+                if kind.endswith("Backward")}
+    dbias = {name: shapes[3] for name, shapes in backward.items() if len(shapes) == 5}
+    assert sorted(dbias.values()) == ["bf16[8,4,32,32]"] * 2 + ["bf16[8,4,64,64]"] * 2, backward
+    for name in dbias:  # used: it flows into the relative-position table's gradient
+        assert re.search(rf"get-tuple-element\(%{re.escape(name)}\), index=3", text), name

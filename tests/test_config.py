@@ -137,7 +137,7 @@ def test_choices_come_from_the_ops_that_implement_them():
     from jaxformer.ops.stack import REMAT_POLICIES
 
     assert config.REMAT_POLICIES == ("none", *REMAT_POLICIES)
-    assert config.ATTENTION_IMPLS == IMPLEMENTATIONS
+    assert config.ATTENTION_IMPLS == ("auto", *IMPLEMENTATIONS)  # auto: resolved by the config
 
 
 def test_the_head_registry_names_every_head_module_a_model_builds():

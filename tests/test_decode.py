@@ -574,7 +574,9 @@ def test_cli_prints_generations_of_a_saved_workdir(tmp_path, capsys):
     ckpt.close()
     main(["--workdir", str(tmp_path), "--prompt", "the cat", "--prompt", "a dog ran",
           "--max_new_tokens", "6", "--strategy", "beam", "--beam_size", "2"])
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "attention xla (auto); decoding with a cache: xla" in captured.err  # start-up line
     want = generate_text(model, params, tok, ["the cat", "a dog ran"], max_new_tokens=6,
                          strategy="beam", beam_size=2)
     for prompt, text in zip(["the cat", "a dog ran"], want):

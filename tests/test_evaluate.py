@@ -187,6 +187,7 @@ def test_the_command_writes_json_and_a_finished_run_points_to_it(classifier, cap
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "evaluate validation" not in proc.stderr  # stderr is a pipe: no bar by default
+    assert "step 15, attention xla" in proc.stderr  # the start-up line names the attention
     written = json.loads((workdir / "eval" / "validation_step15.json").read_text())
     assert written["step"] == 15 and written["metrics"]["examples"] == 40
     assert "confusion (row = true" in proc.stdout and "pos" in proc.stdout

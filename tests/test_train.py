@@ -407,6 +407,7 @@ def test_a_headerless_tsv_classifier_runs_with_one_override_per_fact(tmp_path, c
     assert trainer.model_cfg.num_classes == 6 and trainer.config.model.num_classes == 6
     trainer.run()
     out = capsys.readouterr().out
+    assert ", attention xla (auto)" in out  # the preset's "auto", resolved for this CPU host
     sizes = {s: len(get_source(config.data, s)) for s in ("train", "validation")}
     assert f"data train: {sizes['train']:,} examples in data.source='files:" in out
     assert f"data validation: {sizes['validation']:,} examples in data.source=" in out

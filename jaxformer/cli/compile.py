@@ -37,7 +37,7 @@ def format_report(r: dict) -> str:
     rows = [f"{verb} {r['name']} ({r['family']}) for {r['topology']}"
             f"{f' × {r['num_slices']} slices' if r['num_slices'] > 1 else ''} ({r['chip']}, "
             f"{r['devices']} chips), mesh {mesh}, batch {r['batch']} × {r['seq_len']}, "
-            f"in {r['compile_s']:.1f} s",
+            f"attention {r['attention']}, in {r['compile_s']:.1f} s",
             f"  per chip: arguments {gib(m['argument_size'])}, temporaries {gib(m['temp_size'])}, "
             f"outputs {gib(m['output_size'] - m['alias_size'])}; total {gib(m['peak_estimate'])}"
             f" of {gib(r['hbm_capacity'])} ({m['peak_estimate'] / r['hbm_capacity']:.0%})",

@@ -120,7 +120,8 @@ def _generate(args: argparse.Namespace) -> None:
     model_cfg, params, tokenizer = load_for_inference(args.workdir, step=args.step, best=args.best)
     model = build_model(model_cfg)
     print(f"loaded {args.workdir} ({model_cfg.family}, "
-          f"{sum(x.size for x in jax.tree.leaves(params)):,} parameters) in "
+          f"{sum(x.size for x in jax.tree.leaves(params)):,} parameters, attention "
+          f"{model_cfg.attention_summary()}; decoding with a cache: xla) in "
           f"{time.perf_counter() - start:.1f}s; compiling and generating …", file=sys.stderr)
     kwargs = generation_kwargs(args)
     if model_cfg.family == "encoder_decoder":  # the run's (BART: 2), as training started it

@@ -38,7 +38,7 @@ def format_table(r: dict) -> str:
     lens = f"{r['seq_len']}" + (f" → {r['target_len']}" if r["target_len"] else "")
     rows = [f"plan: {r['name']} ({r['family']}), batch {r['batch']} × {lens}, mesh {mesh} "
             f"({r['devices']} device{'s' if r['devices'] != 1 else ''}), params "
-            f"{r['param_dtype']}, compute {r['dtype']}",
+            f"{r['param_dtype']}, compute {r['dtype']}, attention {r['attention']}",
             f"  parameters            {r['parameters']:>18,}",
             f"  model FLOPs / step    {r['model_flops_per_step']:>18.4e}   (dense "
             f"{r['dense_flops_per_step']:.3e} + attention {r['attention_flops_per_step']:.3e})",

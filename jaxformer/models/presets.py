@@ -25,10 +25,14 @@ at d_model^-1/2).
 
 ``<name>_bf16`` (gpt2_small … gpt2_xl, bert_base, bert_large, t5_base, t5_large, t5_3b,
 llama2_7b): the same model computing in bfloat16 with float32 parameters, for GPUs and TPUs, and
-without attention dropout so that the fused kernels can run it. They state
-``attention_impl="xla"`` (a preset validates on any machine); pick the backend's kernel with
-``attention_impl=jaxformer.ops.attention_kernels.fastest_attention(...)`` ("cudnn" on a CUDA GPU,
-"splash" on a TPU, "xla" for T5's relative bias or elsewhere).
+without attention dropout so that the fused kernels can run it.
+
+Every preset states ``attention_impl="auto"``: the fastest implementation the platform it runs on
+(or is compiled for: ``jaxformer-compile --topology``) has for the model, resolved when the model
+runs (`ModelConfig.attention_kernel`), so a preset validates on any machine and a checkpoint moves
+between them. On a TPU that is splash, on a CUDA GPU cuDNN (for the bf16 presets: the kernels take no
+attention dropout and cuDNN no float32), on a CPU "xla"; T5's relative bias on a TPU takes "xla"
+until a fused kernel adds it (`jaxformer.ops.attention_kernels.FASTEST`).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ _LLAMA = dict(family="decoder", position="rope", norm="rms", norm_position="pre"
               activation="silu", gated_ffn=True, use_bias=False, tie_embeddings=False,
               rope_theta=10_000.0, dropout_rate=0.0, attention_dropout_rate=0.0,
               init_scheme="normal", init_std=0.02)
-_BF16 = dict(dtype="bfloat16", param_dtype="float32", attention_dropout_rate=0.0, attention_impl="xla")
+_BF16 = dict(dtype="bfloat16", param_dtype="float32", attention_dropout_rate=0.0)
 _VASWANI = dict(family="encoder_decoder", position="sinusoidal", norm="layer", norm_position="post",
                 norm_eps=1e-6, activation="relu", use_bias=True, tie_embeddings=True,
                 scale_embeddings=True, dropout_rate=0.1, attention_dropout_rate=0.0,
@@ -118,6 +122,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 PRESETS.update({f"{name}_bf16": dict(PRESETS[name], **_BF16)
                 for name in ("gpt2_small", "gpt2_medium", "gpt2_large", "gpt2_xl", "bert_base",
                              "bert_large", "t5_base", "t5_large", "t5_3b", "llama2_7b")})
+PRESETS = {name: dict(kw, attention_impl="auto") for name, kw in PRESETS.items()}
 
 
 def preset(name: str, **overrides) -> dict[str, Any]:

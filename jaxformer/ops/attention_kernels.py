@@ -13,11 +13,18 @@ must arrive as the boolean ``mask`` (here: `jaxformer.ops.masks.segment_mask` AN
 cuDNN fills masked logits with a large negative number, not −∞, and its backward pass gives NaN
 for a fully masked row (a padding query) of a bidirectional mask: such rows are given every key
 (no fully masked row reaches cuDNN) and their outputs are zeroed here. Limits: bf16/fp16 inputs, head_dim a
-multiple of 8 and ≤ 256 (≤ 128 before Hopper), no dropout and no bias here (jax's API has no dropout
-argument; the gradient of an additive bias is computed by cuDNN only for some bias shapes, which
-this project could not check on a GPU: T5's learned relative-position bias stays on ``xla`` /
-``chunked``). With a mask, odd lengths are padded by one masked key / dropped query (cuDNN
-trains with a bias only at even lengths).
+multiple of 8 and ≤ 256 (≤ 128 before Hopper), no dropout (jax's API has no dropout argument).
+An additive ``bias`` `[1|B, H, L, S]` (T5's learned relative positions) goes to cuDNN with its
+gradient: jax's cuDNN primitive (``jax/_src/cudnn/fused_attention_stablehlo.py``, jax 0.12) asks the
+kernel for dbias whenever the bias is differentiable, of the bias's own shape — a batch-1 bias's
+gradient summed over the batch by the kernel, a per-row `[B, H, L, S]` bias's per row — and jax adds
+a boolean mask to the bias (one `[B|1, H, L, S]` operand), so with packing or padding the kernel
+reads a per-row bias. The bias is added in the inputs' dtype (cuDNN's operand; ``xla`` adds it to
+float32 logits). With a mask or a bias, odd lengths are padded by one masked key / dropped query
+(cuDNN trains with a bias only at even lengths). Checked on this CPU-only project by jax's own
+reference of the same call (``implementation="xla"``) and by an ahead-of-time compile for an H100
+(the fused forward and backward custom calls take the bias and return dbias): the numbers on a
+real GPU are unverified.
 
 ``"splash"``: the TPU Pallas splash-attention kernel (`jax.experimental.pallas.ops.tpu
 .splash_attention`, MaxText's TPU default): block-sparse flash attention with a static causal or
@@ -47,6 +54,7 @@ from jaxformer.ops.masks import causal_mask, combine_masks, segment_mask
 
 Array = jnp.ndarray
 KERNELS = ("cudnn", "splash", "splash_interpret")
+BIAS_KERNELS = ("cudnn",)  # the kernels that add T5's relative bias and give its gradient
 CUDNN_DTYPES = ("bfloat16", "float16")
 CUDNN_MAX_HEAD_DIM = 256  # Hopper and later; 128 on older GPUs (cuDNN refuses at compile time)
 SPLASH_LANES = 128  # TPU lane width: splash blocks and padded lengths are multiples of it
@@ -62,11 +70,9 @@ def unsupported(impl: str, *, dtype: str, head_dim: int, relative_bias: bool,
     if impl not in KERNELS:
         return None
     name = f"attention_impl={impl!r}"
-    if relative_bias:
-        why = ("cuDNN computes a bias gradient only for some bias shapes, unverified here"
-               if impl == "cudnn" else "splash has no bias operand")
-        return "position", (f"{name} cannot add T5's learned relative-position bias ({why}); "
-                            "use 'xla' or 'chunked'")
+    if relative_bias and impl not in BIAS_KERNELS:
+        return "position", (f"{name} cannot add T5's learned relative-position bias (it has no bias "
+                            f"operand); use 'xla', 'chunked' or one of {BIAS_KERNELS}")
     if attention_dropout_rate:
         return "attention_dropout_rate", f"{name} has no attention dropout; set it to 0.0"
     if impl == "cudnn" and dtype not in CUDNN_DTYPES:
@@ -95,19 +101,26 @@ def target_platform(platform: str, version: str = "") -> Iterator[None]:
         _TARGET.reset(token)
 
 
-def backend_problem(impl: str, platform: str | None = None, version: str | None = None
-                    ) -> str | None:
-    """Why the backend cannot run ``impl``, or None. The backend: ``platform`` if given, else the
-    `target_platform` in context, else jax's default backend."""
-    if impl not in ("cudnn", "splash"):
-        return None
+def _platform(platform: str | None = None, version: str | None = None) -> str:
+    """"tpu", "cuda", "cpu", ...: ``platform`` if given, else the `target_platform` in context, else
+    jax's default backend (a GPU backend counts as "cuda" when its version names CUDA)."""
     if platform is None and _TARGET.get() is not None:
         platform, version = _TARGET.get()
     if platform is None:
         backend = jax_backend.get_backend()
         platform, version = backend.platform, backend.platform_version
     cuda = platform == "cuda" or (platform == "gpu" and "cuda" in (version or "").lower())
-    if impl == "cudnn" and not cuda:
+    return "cuda" if cuda else platform
+
+
+def backend_problem(impl: str, platform: str | None = None, version: str | None = None
+                    ) -> str | None:
+    """Why the backend cannot run ``impl``, or None. The backend: ``platform`` if given, else the
+    `target_platform` in context, else jax's default backend."""
+    if impl not in ("cudnn", "splash"):
+        return None
+    platform = _platform(platform, version)
+    if impl == "cudnn" and platform != "cuda":
         return (f"model.attention_impl='cudnn' needs a CUDA GPU, but jax's backend is {platform!r}; "
                 "use 'xla' or 'chunked'")
     if impl == "splash" and platform != "tpu":
@@ -117,12 +130,27 @@ def backend_problem(impl: str, platform: str | None = None, version: str | None 
     return None
 
 
-def fastest_attention(*, relative_bias: bool = False, platform: str | None = None,
+# The fused kernels of each platform, fastest first: `fastest_attention` takes the first that is
+# built (in `KERNELS`) and runs the model. On a TPU splash (MaxText's default) leads, and the Pallas
+# flash kernel with T5's relative bias follows for the configs splash refuses (it is picked once it
+# is in `KERNELS`). Elsewhere (CPU) "xla": at the lengths a CPU trains, its one einsum over the
+# whole `[B, H, L, S]` score matrix is faster than "chunked"'s loop over key blocks (0.91× at L 256,
+# docs/models.md); "chunked" is the memory choice for long rows, named explicitly.
+FASTEST = {"tpu": ("splash", "flash"), "cuda": ("cudnn",)}
+
+
+def fastest_attention(*, dtype: str, head_dim: int, relative_bias: bool,
+                      attention_dropout_rate: float, chunk_size: int, platform: str | None = None,
                       version: str | None = None) -> str:
-    """The fused kernel the backend (default: jax's) runs — "cudnn" on a CUDA GPU, "splash" on a
-    TPU — or "xla" elsewhere and for T5's relative-position bias (no kernel takes it)."""
-    for impl in ("cudnn", "splash"):
-        if not relative_bias and backend_problem(impl, platform, version) is None:
+    """``model.attention_impl="auto"``: the fastest implementation the platform (``platform``, else
+    the `target_platform` in context, else jax's backend) runs for a model with these settings
+    (`unsupported`'s): the first of its `FASTEST` kernels that accepts them, else "xla"."""
+    target = _platform(platform, version)
+    settings = dict(dtype=dtype, head_dim=head_dim, relative_bias=relative_bias,
+                    attention_dropout_rate=attention_dropout_rate, chunk_size=chunk_size)
+    for impl in FASTEST.get(target, ()):
+        if (impl in KERNELS and backend_problem(impl, target) is None
+                and unsupported(impl, **settings) is None):
             return impl
     return "xla"
 
@@ -152,9 +180,9 @@ def _zero_blind_rows(out_BxLxHxDv: Array, visible: Array) -> Array:
 
 
 def _refuse(impl: str, bias, dropout_rate: float, dropout_rng) -> None:
-    if bias is not None:
+    if bias is not None and impl not in BIAS_KERNELS:
         raise ValueError(f"implementation={impl!r} takes no additive bias (T5's relative "
-                         "positions): use 'xla' or 'chunked'")
+                         f"positions): use 'xla', 'chunked' or one of {BIAS_KERNELS}")
     if dropout_rate and dropout_rng is not None:
         raise ValueError(f"implementation={impl!r} has no attention dropout: set the rate to 0")
 
@@ -163,18 +191,20 @@ def _refuse(impl: str, bias, dropout_rate: float, dropout_rng) -> None:
 # cuDNN.
 
 
-def cudnn_arguments(q: Array, k: Array, v: Array, *, mask: Array | None, causal: bool,
-                    q_segment_ids: Array | None, kv_segment_ids: Array | None,
+def cudnn_arguments(q: Array, k: Array, v: Array, *, bias: Array | None, mask: Array | None,
+                    causal: bool, q_segment_ids: Array | None, kv_segment_ids: Array | None,
                     scale: float) -> tuple[dict, Array | None]:
     """(keyword arguments of `jax.nn.dot_product_attention`, rows that see a key `[B|1, H|1, L]`
     or None when every row does) for our masks.
 
-    ``q`` `[B, L, H, Dh]`, ``k``/``v`` `[B, S, K, Dh]`; ``mask`` broadcastable to `[B, H, L, S]`;
-    segment ids `[B, L]` / `[B, S]`. Segments and ``mask`` become one boolean mask; causality
-    stays ``is_causal`` (cuDNN skips the upper triangle's blocks)."""
+    ``q`` `[B, L, H, Dh]`, ``k``/``v`` `[B, S, K, Dh]`; ``bias`` `[B|1, H, L, S]` or None, passed
+    in ``q.dtype``; ``mask`` broadcastable to `[B, H, L, S]`; segment ids `[B, L]` / `[B, S]`.
+    Segments and ``mask`` become one boolean mask; causality stays ``is_causal`` (cuDNN skips the
+    upper triangle's blocks)."""
     segments = None if q_segment_ids is None else segment_mask(q_segment_ids, kv_segment_ids)
     full = combine_masks(mask, segments)
-    kwargs = {"query": q, "key": k, "value": v, "mask": full, "is_causal": causal, "scale": scale}
+    kwargs = {"query": q, "key": k, "value": v, "mask": full, "is_causal": causal, "scale": scale,
+              "bias": None if bias is None else bias.astype(q.dtype)}
     if full is None:
         return kwargs, None
     seen = combine_masks(full, causal_mask(q.shape[1], k.shape[1])) if causal else full
@@ -198,7 +228,7 @@ def cudnn_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: A
     if implementation == "cudnn":
         check_backend("cudnn")
     lq, lk = q.shape[1], k.shape[1]
-    has_mask = mask is not None or q_segment_ids is not None
+    has_mask = mask is not None or q_segment_ids is not None or bias is not None
     pad_q, pad_k = (lq % 2, lk % 2) if has_mask else (0, 0)
     if pad_q or pad_k:
         q_segment_ids, kv_segment_ids = _default_segments(q_segment_ids, kv_segment_ids, q, k)
@@ -206,7 +236,9 @@ def cudnn_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: A
         k, v = _pad_to(k, 1, lk + pad_k), _pad_to(v, 1, lk + pad_k)
         kv_segment_ids = _pad_to(kv_segment_ids, 1, lk + pad_k)
         mask = _pad_to(_pad_to(mask, 2, lq + pad_q, True), 3, lk + pad_k, True)
-    kwargs, visible = cudnn_arguments(q, k, v, mask=mask, causal=causal, q_segment_ids=q_segment_ids,
+        bias = _pad_to(_pad_to(bias, 2, lq + pad_q), 3, lk + pad_k)  # their keys are masked
+    kwargs, visible = cudnn_arguments(q, k, v, bias=bias, mask=mask, causal=causal,
+                                      q_segment_ids=q_segment_ids,
                                       kv_segment_ids=kv_segment_ids, scale=scale)
     out = jax.nn.dot_product_attention(**kwargs, implementation=implementation)
     if visible is not None:
@@ -341,6 +373,7 @@ def fused_attention(implementation: str, q: Array, k: Array, v: Array, *, block:
                             **kw)
 
 
-__all__ = ["KERNELS", "unsupported", "backend_problem", "fastest_attention", "check_backend",
+__all__ = ["KERNELS", "BIAS_KERNELS", "FASTEST", "unsupported", "backend_problem",
+           "fastest_attention", "check_backend",
            "target_platform", "kernel_mesh",
            "cudnn_arguments", "cudnn_attention", "splash_attention", "fused_attention"]

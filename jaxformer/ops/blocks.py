@@ -159,7 +159,7 @@ def attention_sublayer(
     else:
         out_BxLxHxDh = dot_product_attention(
             q_BxLxHxDh, k_BxSxKxDh, v_BxSxKxDh, kv_layout=kv_layout,
-            implementation=cfg.attention_impl if cache is None else "xla",
+            implementation=cfg.attention_kernel if cache is None else "xla",
             q_chunk_size=cfg.attention_chunk_size, kv_chunk_size=cfg.attention_chunk_size,
             **common)
     return dense(params["out"], pin(out_BxLxHxDh, HEADS_AXES), in_axes=2), new_cache

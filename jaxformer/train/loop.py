@@ -118,7 +118,8 @@ class Trainer:
                                      async_save=config.checkpoint.async_save)
             resume = plan_resume(self.ckpt, workdir, config)
             if jax.process_index() == 0:
-                print(f"Mesh {describe(self.mesh)}, parallel={config.parallel}")
+                print(f"Mesh {describe(self.mesh)}, parallel={config.parallel}, attention "
+                      f"{self.model_cfg.attention_summary(self.mesh.shape['context'])}")
             self.tokenizer = open_tokenizer(resolved, workdir, resuming=resume is not None)
             record_tokenizer(config, self.tokenizer)  # config.json: the size it has
             self.prepare = wire_objective(config.objective, self.tokenizer)

@@ -83,7 +83,7 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
     check_scheduled_sampling(config.objective)
     check_distill(config)
     check_generation(config, model_cfg)
-    check_backend(model_cfg.attention_impl)  # e.g. cudnn without a CUDA GPU, before compiling
+    check_backend(model_cfg.attention_kernel)  # e.g. cudnn without a CUDA GPU, before compiling
     optimizer = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
     if config.optimizer.get("lora", {}).get("rank") and (not config.init_from
                                                           or config.parallel != "jit"):
@@ -104,7 +104,7 @@ def check_context_parallel(config: ml_collections.ConfigDict, model_cfg: ModelCo
     if n == 1:
         return
     name = f"mesh.context={n}"
-    if model_cfg.attention_impl not in ("xla", "chunked"):
+    if model_cfg.attention_impl not in ("xla", "chunked", "auto"):  # auto: ring attention runs
         raise ValueError(f"{name} runs attention as ring attention, whose blocks are XLA matmuls; "
                          f"model.attention_impl={model_cfg.attention_impl!r} cannot run inside it: "
                          "use 'xla' or 'chunked'")
