@@ -28,7 +28,7 @@ from jaxformer.checkpoint.lock import WorkdirBusy
 from jaxformer.cli import FAILED, REFUSED, exit_with_error, run_absl
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.parallel.distributed import await_lost_peer, maybe_initialize_distributed
-from jaxformer.train.config import base_config, define_config_flag
+from jaxformer.train.config import base_config, define_config_flag, split_list_options
 from jaxformer.train.config.printing import format_config
 from jaxformer.train.loop import Trainer
 
@@ -64,7 +64,8 @@ def config_first(argv: list[str]) -> list[str]:
 
 def main(argv):
     del argv
-    config = flags.FLAGS.config
+    config = flags.FLAGS.config  # overrides applied: their list options split
+    config = split_list_options(config) if config is not None else None
     if flags.FLAGS.print_config:
         print(format_config(config if config is not None else base_config()))
         return

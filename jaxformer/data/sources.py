@@ -378,6 +378,9 @@ def _text_of(record: Mapping[str, Any]) -> str:
     return str(record.get("text", record.get("source", "")))
 
 
+LIST_OPTIONS = ("label_names", "columns")  # the data options that name several strings
+
+
 def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
     """The list option ``data.<key>`` (``label_names``, ``columns``) as a tuple (None if unset);
     ``neg,pos`` — what an unquoted ``--config.data.label_names=neg,pos`` parses to, one string — is
@@ -554,15 +557,21 @@ def label_names_from_data(data_cfg: Any) -> tuple[str, ...] | None:
     """The distinct labels of the train split, sorted, when they are strings and
     ``data.label_names`` is unset (Hugging Face ``run_glue.py``'s ``label_list``); None when names
     are given, the labels are class indices, or the source is a built-in corpus (integer labels).
-    Reads every train example once."""
+
+    Reads every train example once (``files:`` and ``tfds:`` sources), so a bad record of the train
+    split stops the run before its first step, in one line naming its file:line (or record id) and
+    value: a label that is not one of the given ``data.label_names``, or not a class index,
+    a missing field, text that is not UTF-8, a TSV row with the wrong number of cells. Found
+    during training, the same record would stop the run from inside the data pipeline."""
     spec = option(data_cfg, "source", "")
-    if list_option(data_cfg, "label_names") or not set(_kinds(spec)) & {"files", "tfds"}:
+    if not set(_kinds(spec)) & {"files", "tfds"}:
         return None
-    source = get_source(data_cfg, "train", task="classify", raw_labels=True)
+    named = list_option(data_cfg, "label_names") is not None
+    source = get_source(data_cfg, "train", task="classify", raw_labels=not named)
     source = source.base if isinstance(source, Subset) else source  # held-out examples too
-    values = {ex["label"] for ex in read_records(source)}
-    if all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())
-           for v in values):
+    values = {ex["label"] for ex in read_records(source)}  # named: each is checked (`Fields`)
+    if named or all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())
+                    for v in values):
         return None
     return tuple(sorted(str(v) for v in values))
 

@@ -116,6 +116,11 @@ def _near_misses(glob: str) -> str:
     """For a glob that matches nothing: its directory's files of a close name (a typo), or that
     the directory does not exist ("" when neither helps)."""
     folder, name = os.path.split(os.path.expanduser(glob))
+    if os.path.isdir(os.path.expanduser(glob)):  # a folder: its files are what is meant
+        kinds = sorted({os.path.splitext(f)[1] for f in os.listdir(os.path.expanduser(glob))
+                        if os.path.splitext(f)[1]})[:3] or [""]
+        return (f"; {glob!r} is a directory: give a glob of its files, e.g. "
+                + " or ".join(repr(os.path.join(glob, "*" + k)) for k in kinds))
     if any(ch in folder for ch in "*?["):
         return ""
     if folder and not os.path.isdir(folder):
@@ -227,7 +232,8 @@ class FileSource:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where} ({self.paths[k]}): invalid JSON ({e.msg} at column "
+                at = "" if e.msg.endswith(" at") else " at"  # "Unterminated string starting at"
+                raise ValueError(f"{where} ({self.paths[k]}): invalid JSON ({e.msg}{at} column "
                                  f"{e.colno})") from None
             if not isinstance(record, dict):
                 raise ValueError(f"{where} ({self.paths[k]}): expected a JSON object, got "

@@ -22,6 +22,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from jaxformer.data.sources import LIST_OPTIONS, list_option
 from jaxformer.train.config.schema import HF_NAMES, base_config
 
 
@@ -92,6 +93,16 @@ def load_config(path: str | os.PathLike, overrides: Mapping[str, Any] | None = N
     for key, value in (overrides or {}).items():
         set_key(config, key, value)
     config.lock()
+    return split_list_options(config)
+
+
+def split_list_options(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``config`` (changed in place) with each data list option (`LIST_OPTIONS`: ``label_names``,
+    ``columns``) as the tuple the run uses (`list_option`): ``--config.data.label_names=neg,pos``
+    arrives as ``('neg,pos',)``, which messages, ``--print_config`` and config.json would show."""
+    for key in LIST_OPTIONS:
+        if key in config.data and config.data[key] is not None:
+            config.data[key] = list_option(config.data, key)
     return config
 
 
