@@ -69,3 +69,24 @@ def test_a_headerless_tsv_with_train_and_test_files_reaches_a_scored_test_split(
     assert wrong.returncode != 0
     assert wrong.stderr.strip().splitlines()[-1].endswith(
         "its splits are ['train', 'validation', 'test']")
+
+
+def test_a_bad_label_in_the_train_file_stops_train_py_in_one_line_before_the_workdir(tmp_path):
+    """Issue 60: a label outside ``data.label_names`` on line 13 of the train TSV gave a 34-line
+    traceback from inside the Grain iterator and left a workdir (``.lock``, ``config.json``,
+    ``tensorboard/``, ``tokenizer.model``). Now: one line naming train.tsv:13 and the label, exit
+    status 2 (refused), and no workdir."""
+    rows = [f"the film was {w} .\t{('neg', 'pos')[i % 2]}" for i, w in enumerate(NOUNS * 3)]
+    rows[12] = rows[12].split("\t")[0] + "\tneutral"
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    workdir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "train.py", "--config", "configs/bert_finetune_tiny.py", f"--workdir={workdir}",
+         f"--config.data.source=files:{tmp_path}/{{split}}.tsv", "--config.data.columns=text,label",
+         "--config.data.label_names=neg,pos", "--config.data.validation_from_train=0.1", *TINY],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "record train.tsv:13: label 'neutral' is not one of data.label_names=('neg', 'pos')"), (
+        proc.stderr[-3000:])
+    assert not workdir.exists()

@@ -524,7 +524,7 @@ def test_train_py_reports_a_workdir_without_intact_checkpoints_in_one_line(run):
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config",
                            str(ROOT / "configs/gpt_pretrain_tiny.py"), "--workdir", str(run),
                            *flags(6)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]  # refused
     assert proc.stderr.strip().splitlines()[-1] == (
         f"train.py: error: no intact checkpoint in {run}/checkpoints: 4: data/ (the data iterator "
         "state) is missing; 2: data/ (the data iterator state) is missing. Restore the files from "
