@@ -126,3 +126,29 @@ def test_preset_sizes_with_a_config_are_refused_naming_the_config_field(command,
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert f"error: {flag.split('=')[0]} sizes a --preset" in last and field in last, last
+
+
+@pytest.mark.parametrize("value", ["2", "0", "-0.5"])
+def test_generate_refuses_a_top_p_outside_0_1(value, capsys):
+    """Issue 60: ``generate --top_p 2`` was accepted (read as "off") and sampled. Refused as the
+    other sampling options are, before a checkpoint is read (the workdir need not exist)."""
+    from jaxformer.cli.generate import main
+    from jaxformer.cli.predict import main as predict
+
+    for command in (lambda a: main(["--prompt", "x", *a]), lambda a: predict(["--input", "x", *a])):
+        with pytest.raises(SystemExit) as e:
+            command(["--workdir", "/nonexistent", "--strategy", "sample", "--top_p", value])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+            f"error: argument --top_p: {value} is outside (0, 1]: the probability mass sampling keeps "
+            "(0.9 keeps the likeliest tokens up to 90%; 1 = off)")
+
+
+def test_a_workdir_that_cannot_be_created_is_named_in_words(tmp_path):
+    """Issue 60: a workdir under a file printed the raw errno text."""
+    from jaxformer.checkpoint.lock import WorkdirLock
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match=rf"^workdir '{tmp_path}/afile/run' cannot be created: not a "
+                                         rf"directory; '{tmp_path}/afile' is a file, not a directory$"):
+        WorkdirLock(tmp_path / "afile" / "run").acquire()
