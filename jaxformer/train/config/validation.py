@@ -152,12 +152,8 @@ def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig, resol
     (one read from a file is checked when it is read)."""
     data = config.data
     check_data_config(data, objective=config.objective)
-    for key, n in position_lengths(data, model_cfg).items():
-        if n > model_cfg.max_len and config.init_from:  # a pretrained table: its size is fixed
-            raise ValueError(f"data.{key}={n} exceeds the {model_cfg.max_len} positions of "
-                             f"init_from={config.init_from}'s learned position table; lower "
-                             f"data.{key} to at most {model_cfg.max_len}")
-        if n > model_cfg.max_len:
+    for key, n in position_lengths(data, model_cfg).items():  # init_from's table: resolve_config
+        if n > model_cfg.max_len:  # has fitted the lengths to it (it cannot grow)
             raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
                              f"learned position table; lower data.{key} or raise model.max_len")
     pairs = config.objective.get("sentence_pairs", "none")  # the pair label needs its head
