@@ -43,7 +43,7 @@ def test_the_test_map_lists_every_test_file():
 HF_PAGE = ROOT / "docs" / "huggingface.md"
 # sizes only, appended to each `train.py` line (the snippets' own flags are kept as written): a few
 # steps of a small batch; llama_sft's 512-token rows shortened (RoPE: no position table to fit)
-SHRINK = ["--config.num_train_steps=2", "--config.data.batch_size=4", "--config.eval.every_steps=2",
+SHRINK = ["--config.num_train_steps=2", "--config.data.batch_size=8", "--config.eval.every_steps=2",
           "--config.eval.num_batches=1", "--config.checkpoint.every_steps=2",
           "--config.log_every_steps=1", "--config.progress_bar=False"]
 SHRINK_CONFIG = {"configs/llama_sft.py": ["--config.data.seq_len=32", "--config.model.dtype=float32"]}
@@ -82,7 +82,7 @@ def _user_directory(tmp: Path) -> None:
     (tmp / "path" / "to").mkdir(parents=True)
     (tmp / "train.py").symlink_to(ROOT / "train.py")
     (tmp / "configs").symlink_to(ROOT / "configs")
-    _llama_directory(tmp / "path/to/Llama-2-7b-hf", build_llama2_tokenizer)
+    _llama_directory(tmp / "path/to/Llama-2-7b-hf", build_llama2_tokenizer, vocab_size=400)
     _pairs(tmp / "pairs.jsonl")
     checkpoint("roberta_bpe400", tmp / "path/to/roberta-base")
     checkpoint("bart_bpe400", tmp / "path/to/bart-base")

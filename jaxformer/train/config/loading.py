@@ -115,11 +115,12 @@ class ConfigError(ValueError):
 def _where(file: str, error: BaseException) -> str:
     """``file:line`` of ``error``: the line of a `SyntaxError`, else the deepest frame of its
     traceback inside ``file`` (the line that raised, or called what raised); ``file`` alone if none."""
-    if isinstance(error, SyntaxError) and error.lineno and os.path.samefile(error.filename or file,
-                                                                             file):
+    def same(path: str | None) -> bool:
+        return bool(path) and os.path.exists(path) and os.path.samefile(path, file)
+
+    if isinstance(error, SyntaxError) and error.lineno and same(error.filename):
         return f"{file}:{error.lineno}"
-    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__)
-             if f.filename and os.path.exists(f.filename) and os.path.samefile(f.filename, file)]
+    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if same(f.filename)]
     return f"{file}:{lines[-1]}" if lines else file
 
 
@@ -135,17 +136,17 @@ def _call_get_config(file: str, arg: str) -> ml_collections.ConfigDict:
         raise ConfigError(f"config file {_where(file, e)}: {_one_line(e)}") from e
     if not callable(getattr(module, "get_config", None)):
         raise ConfigError(f"config file {file} defines no get_config(): a config file returns its "
-                              "ml_collections.ConfigDict from get_config() (configs/gpt_pretrain_tiny.py "
-                              "is an example)")
+                          "ml_collections.ConfigDict from get_config() (configs/gpt_pretrain_tiny.py "
+                          "is an example)")
     try:
         config = module.get_config(arg) if arg else module.get_config()
     except Exception as e:
         raise ConfigError(f"config file {_where(file, e)}: get_config() raised "
-                              f"{_one_line(e)}") from e
+                          f"{_one_line(e)}") from e
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"config file {file}: get_config() returned a {type(config).__name__}, "
-                              "not an ml_collections.ConfigDict (start from "
-                              "jaxformer.train.config.base_config())")
+                          "not an ml_collections.ConfigDict (start from "
+                          "jaxformer.train.config.base_config())")
     return config
 
 
