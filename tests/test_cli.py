@@ -152,3 +152,38 @@ def test_a_workdir_that_cannot_be_created_is_named_in_words(tmp_path):
     with pytest.raises(ValueError, match=rf"^workdir '{tmp_path}/afile/run' cannot be created: not a "
                                          rf"directory; '{tmp_path}/afile' is a file, not a directory$"):
         WorkdirLock(tmp_path / "afile" / "run").acquire()
+
+
+def test_checkpoints_names_the_run_meant_in_the_shared_error_form(tmp_path, capsys):
+    """Issue 60: every command ends with ``<prog>: error: …`` and exit status 2 for what it refuses
+    (``checkpoints`` printed a bare ``error:``), and a workdir typo gets "did you mean"."""
+    from jaxformer.cli.checkpoints import main
+
+    (tmp_path / "runs" / "clf" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "runs" / "clf" / "config.json").write_text("{}")
+    assert main(["--workdir", str(tmp_path / "runs" / "clff")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"python -m jaxformer.cli.checkpoints: error: {tmp_path}/runs/clff/checkpoints is not a "
+        f"directory: is '{tmp_path}/runs/clff' a training workdir?; did you mean "
+        f"'{tmp_path}/runs/clf'?"]
+
+
+def test_absl_commands_refuse_in_one_line_with_status_2(tmp_path):
+    """Issue 60: ``train`` and ``evaluate`` exited 1 for what they refused (``generate``,
+    ``predict``, ``convert`` and ``checkpoints`` 2), and absl's flag errors were a two-line
+    "FATAL Flags parsing error" block. One convention: one line, status 2 (docs/training.md)."""
+    def run(*args):
+        return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+    proc = run("-m", "jaxformer.cli.evaluate", f"--workdir={tmp_path / 'none'}")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        f"python -m jaxformer.cli.evaluate: error: workdir '{tmp_path / 'none'}' does not exist"), (
+        proc.stderr[-2000:])
+    proc = run(str(ROOT / "train.py"), "--config", str(ROOT / "configs/gpt_pretrain_tiny.py"),
+               "--config.num_train_steps=many", f"--workdir={tmp_path / 'wd'}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "train.py: error: flag --config.num_train_steps=many: "), proc.stderr[-2000:]
+    assert not (tmp_path / "wd").exists()
