@@ -369,6 +369,8 @@ def test_a_mesh_too_big_for_the_devices_says_how_to_get_them():
         mesh_shape({"fsdp": 4, "dcn_data": 2}, 4)
     with pytest.raises(ValueError, match=r"available; set one axis to -1 to fill the rest$"):
         mesh_shape({"data": 2, "fsdp": 2, "tensor": 1}, 8)  # more devices than the mesh: no hint
+    with pytest.raises(ValueError, match=r"6 devices are not divisible by 4$"):
+        mesh_shape({"tensor": 4}, 6)  # enough devices, a size that does not divide them
 
 
 def test_mesh_shape_fills_and_validates():

@@ -75,12 +75,15 @@ def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> dict[str, int]:
 
 
 def _more_devices_hint(dcn: Mapping[str, int], num_devices: int) -> Callable[[int], str]:
-    """For a mesh whose slice needs ``needed`` devices but has fewer: how to get them. Several
-    slices (``dcn``): the sizes are per slice, and a topology compiled for needs ``--num_slices``
-    (`jaxformer.parallel.topology`); one: simulated devices on a CPU host (docs/scaling.md)."""
+    """For a mesh whose slice needs ``needed`` devices but has fewer: how to get them ("" when it
+    has enough, and the sizes are wrong otherwise). Several slices (``dcn``): the sizes are per
+    slice, and a topology compiled for needs ``--num_slices`` (`jaxformer.parallel.topology`); one:
+    simulated devices on a CPU host (docs/scaling.md)."""
     slices = math.prod(dcn.values())
 
     def hint(needed: int) -> str:
+        if needed <= num_devices // slices:
+            return ""
         if slices > 1:
             asked = " × ".join(f"mesh.dcn_{a}={n}" for a, n in dcn.items() if n > 1)
             return (f" ({asked}: {slices} slices of {num_devices // slices} of the {num_devices} "
@@ -113,7 +116,7 @@ def _ici_shape(mesh_cfg: Mapping[str, int], num_devices: int,
         raise ValueError(
             f"mesh {sizes} has {math.prod(sizes.values())} devices but {num_devices} are available; "
             "set one axis to -1 to fill the rest"
-            f"{hint(math.prod(sizes.values())) if math.prod(sizes.values()) > num_devices else ''}")
+            f"{hint(math.prod(sizes.values()))}")
     return sizes
 
 
