@@ -108,9 +108,8 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_the_hugging_face_worked_examples_run_as_written(tmp_path):
     """Issue 60: the page's sampling snippet failed as written (``strategy="sample"`` needed
     ``rng``) and the RoBERTa example's ``seq_len`` 128 exceeded a small checkpoint's position
-    table. Every block but the first (an outline naming three unrelated runs; its import and
-    export are tests/test_convert.py's) runs verbatim in a user's directory holding what the
-    placeholders name, only the run sizes appended (`SHRINK`)."""
+    table. Each block runs verbatim in a user's directory holding what the placeholders name, only
+    the run sizes appended (`SHRINK`); the first is `test_the_hugging_face_outline_runs_as_written`."""
     _user_directory(tmp_path)
     bash, python = snippets(HF_PAGE, "bash"), snippets(HF_PAGE, "python")
     for argv in commands(bash[1]):  # LoRA SFT of a Llama checkpoint, then the merged export
@@ -126,3 +125,31 @@ def test_the_hugging_face_worked_examples_run_as_written(tmp_path):
     for argv in commands(bash[3]):  # BART for seq2seq
         _run(argv, tmp_path)
     assert (tmp_path / "exported/bart_pairs/config.json").is_file()
+
+
+@pytest.mark.slow  # a conversion each way and a training run: about a minute on 2 cores
+def test_the_hugging_face_outline_runs_as_written(tmp_path):
+    """The page's first block: import a GPT-2 directory, continue its training with the matching
+    sentencepiece model, export a run. Its placeholders: a tiny random GPT-2 (vocabulary 128), a
+    sentencepiece model of at most 128 pieces, and ``runs/gpt``, a run (here the one this block trains)."""
+    import io
+
+    import sentencepiece as spm
+    from golden import golden_copy
+    from test_fast_tokenizer import CORPUS
+
+    (tmp_path / "path" / "to").mkdir(parents=True)
+    (tmp_path / "train.py").symlink_to(ROOT / "train.py")
+    (tmp_path / "configs").symlink_to(ROOT / "configs")
+    golden_copy("gpt2", tmp_path / "path/to/gpt2")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(CORPUS), model_writer=model,
+                                   vocab_size=128, model_type="unigram", minloglevel=2,
+                                   character_coverage=1.0, num_threads=1, hard_vocab_limit=False)
+    (tmp_path / "path/to/matching_spiece.model").write_bytes(model.getvalue())
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "gpt").symlink_to(tmp_path / "runs" / "gpt2_more")
+    for argv in commands(snippets(HF_PAGE, "bash")[0]):
+        _run(argv, tmp_path)
+    assert (tmp_path / "runs/gpt2_imported/config.json").is_file()
+    assert (tmp_path / "exported/config.json").is_file()
