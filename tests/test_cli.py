@@ -180,6 +180,9 @@ def test_absl_commands_refuse_in_one_line_with_status_2(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
         f"python -m jaxformer.cli.evaluate: error: workdir '{tmp_path / 'none'}' does not exist"), (
         proc.stderr[-2000:])
+    proc = run("-m", "jaxformer.cli.evaluate", "--bogus")  # absl's own refusal, named the same way
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "python -m jaxformer.cli.evaluate: error: Unknown command line flag 'bogus'"], proc.stderr
     proc = run(str(ROOT / "train.py"), "--config", str(ROOT / "configs/gpt_pretrain_tiny.py"),
                "--config.num_train_steps=many", f"--workdir={tmp_path / 'wd'}")
     assert proc.returncode == 2, proc.stderr[-2000:]

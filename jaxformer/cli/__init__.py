@@ -60,7 +60,8 @@ def run_absl(main: Callable[[list[str]], object], module_name: str, prog: str | 
         entry.__doc__ = command.__doc__
         for flag in flags.FLAGS.get_key_flags_for_module(command):
             flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    prog = prog or f"python -m {module_name}"
+    spec = getattr(command, "__spec__", None)  # started as ``python -m``: module_name is __main__
+    prog = prog or f"python -m {spec.name if spec else module_name}"
 
     def parse(argv: list[str]) -> list[str]:
         try:
