@@ -14,7 +14,8 @@ included, e.g. ``--config.data.seq_len=64``); without ``--config``, the base con
 any order (an override may come before ``--config``).
 
 Exit status: 0 done, 2 refused before training (a flag, the config, the data, the workdir), 1 the run
-failed (a save, the nonfinite policy, a busy workdir), 143 preempted after its checkpoint.
+failed (a save, the nonfinite policy, a bad record met mid-run, a busy workdir), 143 preempted after its
+checkpoint.
 """
 
 import sys
@@ -27,6 +28,7 @@ from jaxformer.checkpoint import SaveFailed
 from jaxformer.checkpoint.lock import WorkdirBusy
 from jaxformer.cli import FAILED, REFUSED, exit_with_error, run_absl
 from jaxformer.compilation_cache import enable_compilation_cache
+from jaxformer.data.builders.user_files import BadRecord
 from jaxformer.parallel.distributed import await_lost_peer, maybe_initialize_distributed
 from jaxformer.train.config import base_config, define_config_flag, split_list_options
 from jaxformer.train.config.printing import format_config
@@ -88,6 +90,9 @@ def main(argv):
             metrics = trainer.run()
         except (FloatingPointError, SaveFailed) as e:  # the nonfinite policy stopped the run (or
             exit_with_error(_prog(), e, FAILED)  # a NaN checkpoint), or a save failed
+        except BadRecord as e:  # read by the data pipeline mid-run (set-up reads only some)
+            exit_with_error(_prog(), f"{e}; {trainer.ckpt.resume_point()}; fix or remove that "
+                            "record and rerun the same command", FAILED)
     except jax.errors.JaxRuntimeError:  # with several processes: a collective whose peer died?
         await_lost_peer()  # if so, the watchdog ends the process with one line naming it
         raise

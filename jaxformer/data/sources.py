@@ -51,6 +51,7 @@ import numpy as np
 
 from jaxformer.data import builders
 from jaxformer.data.builders import user_files
+from jaxformer.data.builders.user_files import BadRecord
 from jaxformer.data.field_names import infer_roles
 from jaxformer.data.tfds_source import tfds_name, tfds_source
 from jaxformer.options import option
@@ -192,22 +193,22 @@ class Fields:
     def _text(record: Mapping[str, Any], key: str, where: str) -> str:
         value = _python(record[key])
         if not isinstance(value, str):
-            raise ValueError(f"{where}: field {key!r} is {value!r} ({type(value).__name__}), "
-                             "not text")
+            raise BadRecord(f"{where}: field {key!r} is {value!r} ({type(value).__name__}), "
+                            "not text")
         return value
 
     def _label(self, value: Any, where: str) -> int:
         if isinstance(value, str) and self.label_names:
             if value not in self.label_names:
-                raise ValueError(f"{where}: label {value!r} is not one of data.label_names="
-                                 f"{self.label_names}")
+                raise BadRecord(f"{where}: label {value!r} is not one of data.label_names="
+                                f"{self.label_names}")
             return self.label_names.index(value)
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
             return int(value)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ValueError(f"{where}: label {value!r} is not a class index (an integer); for "
-                         "string labels set data.label_names to the list of them (index = label)")
+        raise BadRecord(f"{where}: label {value!r} is not a class index (an integer); for "
+                        "string labels set data.label_names to the list of them (index = label)")
 
 
 def _get_many(source: Sequence[Any], indices: Sequence[int]) -> list[Any]:

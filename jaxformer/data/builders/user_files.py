@@ -138,6 +138,14 @@ def _glob_root(pattern: str) -> str:
     return os.path.dirname(pattern[:cut])
 
 
+class BadRecord(ValueError):
+    """A record of the data that cannot be an example (not UTF-8, invalid JSON, a TSV row of
+    another width, a missing field, a label outside the classes): one line naming the record
+    (``file:line``), what is wrong and the fix. Raised as the record is read: at set-up for the
+    records read then (`jaxformer.data.sources.label_names_from_data` reads a classifier's whole
+    train split), else from the data pipeline during training."""
+
+
 class FileSource:
     """The example lines of the files matching ``pattern`` that belong to ``split``."""
 
@@ -223,9 +231,9 @@ class FileSource:
         try:
             line = raw.decode("utf-8").rstrip("\r\n").lstrip("\ufeff")
         except UnicodeDecodeError as e:
-            raise ValueError(f"{where} ({self.paths[k]}): not UTF-8 ({e.reason} at byte "
-                             f"{e.start}); files: sources read UTF-8 text (or .gz/.bz2/.xz "
-                             "of it)") from None
+            raise BadRecord(f"{where} ({self.paths[k]}): not UTF-8 ({e.reason} at byte "
+                            f"{e.start}); files: sources read UTF-8 text (or .gz/.bz2/.xz "
+                            "of it)") from None
         if self.fmt == "text":
             record: dict[str, Any] = {"text": line}
         elif self.fmt == "jsonl":
@@ -233,16 +241,16 @@ class FileSource:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 at = "" if e.msg.endswith(" at") else " at"  # "Unterminated string starting at"
-                raise ValueError(f"{where} ({self.paths[k]}): invalid JSON ({e.msg}{at} column "
-                                 f"{e.colno})") from None
+                raise BadRecord(f"{where} ({self.paths[k]}): invalid JSON ({e.msg}{at} column "
+                                f"{e.colno})") from None
             if not isinstance(record, dict):
-                raise ValueError(f"{where} ({self.paths[k]}): expected a JSON object, got "
-                                 f"{type(record).__name__}")
+                raise BadRecord(f"{where} ({self.paths[k]}): expected a JSON object, got "
+                                f"{type(record).__name__}")
         else:
             cells = line.split("\t")
             if len(cells) != len(self.columns[k]):
-                raise ValueError(f"{where} ({self.paths[k]}): {len(cells)} tab-separated "
-                                 f"cells, expected {len(self.columns[k])} ({self.columns[k]})")
+                raise BadRecord(f"{where} ({self.paths[k]}): {len(cells)} tab-separated "
+                                f"cells, expected {len(self.columns[k])} ({self.columns[k]})")
             record = dict(zip(self.columns[k], cells))
         record.setdefault("id", where)
         return record
