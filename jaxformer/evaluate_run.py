@@ -40,6 +40,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxformer.checkpoint import load_run_params, open_run, resolve_checkpoint
+from jaxformer.checkpoint.run_files import workdir_hint
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import make_dataset
 from jaxformer.data.sources import list_option, source_splits
@@ -77,7 +78,7 @@ def checkpoint_path(workdir: str | os.PathLike, *, step: int | None = None, best
     ``step``, or the latest."""
     workdir = Path(workdir)
     if not workdir.is_dir():
-        raise FileNotFoundError(f"workdir {str(workdir)!r} does not exist")
+        raise FileNotFoundError(f"workdir {str(workdir)!r} does not exist{workdir_hint(workdir)}")
     if best and step is not None:
         raise ValueError("give --step or --best, not both")
     if best:

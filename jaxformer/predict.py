@@ -43,7 +43,7 @@ from jaxformer.checkpoint import load_run_params, open_run
 from jaxformer.config import ModelConfig
 from jaxformer.data.builders.user_files import FileSource
 from jaxformer.data.field_names import input_field
-from jaxformer.data.pipeline import example_framing, make_dataset
+from jaxformer.data.pipeline import data_line, example_framing, make_dataset
 from jaxformer.data.sources import Fields, list_option
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode.api import GenerationConfig, encode_prompts, generate_batches
@@ -145,6 +145,7 @@ def predict(workdir: str, path: str, *, step: int | None = None, best: bool = Fa
                    "probabilities": {n: float(x) for n, x in zip(names, p)}}
     else:
         add_bos = model_cfg.family == "decoder" and example_framing(data_cfg, objective) == "bos_eos"
+        print(data_line("predict", len(texts), f"--input {path!r}"))  # as `classify`'s pipeline
         for ex, out in zip(examples, continue_texts(model, params, tokenizer, texts, batch_size,
                                                     add_bos, progress=progress, refill=refill,
                                                     **generation)):

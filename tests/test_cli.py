@@ -149,3 +149,61 @@ def test_our_own_warnings_are_plain_lines_among_absl_ones():
         "warmup_steps=5 clipped")
     assert re.match(r"W\d{4} \d\d:\d\d:\d\d\.\d+ .*orbax_file.py:109\] warmup_steps=5 clipped$",
                     fmt.format(record("/site-packages/orbax/orbax_file.py")))
+
+
+@pytest.mark.parametrize("value", ["2", "0", "-0.5"])
+def test_generate_refuses_a_top_p_outside_0_1(value, capsys):
+    """Issue 60: ``generate --top_p 2`` was accepted (read as "off") and sampled. Refused as the
+    other sampling options are, before a checkpoint is read (the workdir need not exist)."""
+    from jaxformer.cli.generate import main
+    from jaxformer.cli.predict import main as predict
+
+    for command in (lambda a: main(["--prompt", "x", *a]), lambda a: predict(["--input", "x", *a])):
+        with pytest.raises(SystemExit) as e:
+            command(["--workdir", "/nonexistent", "--strategy", "sample", "--top_p", value])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+            f"error: argument --top_p: {value} is outside (0, 1]: the probability mass sampling keeps "
+            "(0.9 keeps the likeliest tokens up to 90%; 1 = off)")
+
+
+def test_a_workdir_that_cannot_be_created_is_named_in_words(tmp_path):
+    """Issue 60: a workdir under a file printed the raw errno text."""
+    from jaxformer.checkpoint.lock import WorkdirLock
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match=rf"^workdir '{tmp_path}/afile/run' cannot be created: not a "
+                                         rf"directory; '{tmp_path}/afile' is a file, not a directory$"):
+        WorkdirLock(tmp_path / "afile" / "run").acquire()
+
+
+def test_checkpoints_names_the_run_meant_in_the_shared_error_form(tmp_path, capsys):
+    """Issue 60: every command ends with ``<prog>: error: …`` and exit status 2 for what it refuses
+    (``checkpoints`` printed a bare ``error:``), and a workdir typo gets "did you mean"."""
+    from jaxformer.cli.checkpoints import main
+
+    (tmp_path / "runs" / "clf" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "runs" / "clf" / "config.json").write_text("{}")
+    assert main(["--workdir", str(tmp_path / "runs" / "clff")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"python -m jaxformer.cli.checkpoints: error: {tmp_path}/runs/clff/checkpoints is not a "
+        f"directory: is '{tmp_path}/runs/clff' a training workdir?; did you mean "
+        f"'{tmp_path}/runs/clf'?"]
+
+
+def test_absl_commands_refuse_in_one_line_with_status_2(tmp_path):
+    """Issue 60: ``train`` and ``evaluate`` exited 1 for what they refused (``generate``,
+    ``predict``, ``convert`` and ``checkpoints`` 2), and absl's flag errors were a two-line
+    "FATAL Flags parsing error" block. One convention: one line, status 2 (docs/training.md;
+    ``train.py``: tests/test_train_config.py)."""
+    def run(*args):
+        return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+    proc = run("-m", "jaxformer.cli.evaluate", f"--workdir={tmp_path / 'none'}")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        f"python -m jaxformer.cli.evaluate: error: workdir '{tmp_path / 'none'}' does not exist"), (
+        proc.stderr[-2000:])
+    proc = run("-m", "jaxformer.cli.evaluate", "--bogus")  # absl's own refusal, named the same way
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "python -m jaxformer.cli.evaluate: error: Unknown command line flag 'bogus'"], proc.stderr

@@ -274,4 +274,4 @@ def test_train_py_print_config_lists_the_keys_and_trains_nothing(tmp_path):
     assert len(out.stdout.splitlines()) > 100 and not list(tmp_path.iterdir())
     assert "--print_config" in run("--help").stdout
     refused = run("--config", config)
-    assert refused.returncode == 1 and "--workdir is required" in refused.stderr
+    assert refused.returncode == 2 and "--workdir is required" in refused.stderr  # a usage error

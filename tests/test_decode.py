@@ -504,6 +504,19 @@ def test_sampled_generation_is_reproducible_and_tends_to_greedy():
 # Validation, text API, CLI.
 
 
+def test_sampling_without_rng_draws_from_the_documented_default_key():
+    """Issue 60: ``generate_text(strategy="sample")`` as docs/huggingface.md writes it needed ``rng``.
+    Without one, sampling draws from ``key(DEFAULT_SEED)``: the same samples as passing that key,
+    other samples than another key."""
+    from jaxformer.decode.api import DEFAULT_SEED
+
+    model, params = tiny("gpt_tiny")
+    prompts, kw = [[5, 6], [7]], dict(strategy="sample", max_new_tokens=6, temperature=2.0)
+    default = generate(model, params, prompts, **kw).sequences()
+    assert default == generate(model, params, prompts, rng=jax.random.key(DEFAULT_SEED), **kw).sequences()
+    assert default != generate(model, params, prompts, rng=jax.random.key(1), **kw).sequences()
+
+
 def test_bad_inputs_raise_clear_errors():
     model, params = tiny("gpt_tiny")
     with pytest.raises(ValueError, match="strategy"):
@@ -518,8 +531,6 @@ def test_bad_inputs_raise_clear_errors():
         generate(model, params, [[5, VOCAB]])
     with pytest.raises(ValueError, match="max_len"):
         generate(model, params, [[5] * 100], max_new_tokens=29)
-    with pytest.raises(ValueError, match="needs rng"):
-        generate(model, params, [[5]], strategy="sample")
     with pytest.raises(ValueError, match="top_p"):
         GenerationConfig(top_p=1.5)
     with pytest.raises(ValueError, match="temperature"):

@@ -306,3 +306,26 @@ def test_roberta_mlms_export_computes_the_runs_logits(roberta_mlm):
         want = model(input_ids=torch.tensor(ids).long()).logits.numpy()
     got = np.asarray(loaded.model.apply({"params": loaded.params}, ids))
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1e-5
+
+
+def test_a_row_longer_than_the_checkpoints_position_table_takes_its_length(tmp_path, capsys):
+    """Issue 60: configs/hf_classify_finetune.py's ``data.seq_len=128`` exceeded a small RoBERTa's
+    64 positions and was refused with "raise model.max_len", which a pretrained table cannot.
+    The length is the checkpoint's, said in one line (``run_glue.py``'s min(max_seq_length,
+    model_max_length)); a shorter one is kept. BART: the targets' length too."""
+    from jaxformer.train.setup import resolve_config
+
+    roberta = checkpoint("roberta_bpe400", tmp_path / "roberta")
+    bart = checkpoint("bart_bpe400", tmp_path / "bart")
+    source = {"data.source": f"files:{tmp_path}/{{split}}.tsv"}
+    resolved = resolve_config(load_config(ROOT / "configs" / "hf_classify_finetune.py", {
+        "init_from": roberta, **source, "data.label_names": LABELS}))
+    assert (resolved.model_cfg.max_len, resolved.config.data.seq_len) == (64, 64)
+    assert f"data.seq_len=128 is longer than init_from={roberta}'s position table: data.seq_len=64, " \
+           "the checkpoint's" in capsys.readouterr().out
+    resolved = resolve_config(load_config(ROOT / "configs" / "hf_classify_finetune.py", {
+        "init_from": roberta, **source, "data.label_names": LABELS, "data.seq_len": 40}))
+    assert resolved.config.data.seq_len == 40
+    resolved = resolve_config(load_config(ROOT / "configs" / "hf_seq2seq_finetune.py", {
+        "init_from": bart, **source}))
+    assert (resolved.config.data.seq_len, resolved.config.data.target_len) == (64, 64)

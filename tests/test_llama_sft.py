@@ -33,9 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["apple", "river", "stone", "cloud", "green", "music", "table", "light", "ocean", "tiger"]
 
 
-def _llama_directory(path: Path, build_tokenizer) -> str:
-    """A Llama checkpoint directory: ``llama_tiny`` weights (random, seed 0) and a tokenizer."""
-    cfg = ModelConfig.from_dict(preset("llama_tiny", vocab_size=512, init_std=0.2))  # logits of
+def _llama_directory(path: Path, build_tokenizer, vocab_size: int = 512) -> str:
+    """A Llama checkpoint directory: ``llama_tiny`` weights (random, seed 0) of ``vocab_size`` rows
+    and a tokenizer (400 pieces: with 512 rows an untrained model can sample ids none decodes)."""
+    cfg = ModelConfig.from_dict(preset("llama_tiny", vocab_size=vocab_size, init_std=0.2))  # logits of
     # a useful range through the frozen head
     params = jax.jit(lambda k: init_model_params(build_model(cfg), cfg, k))(jax.random.key(0))
     save_hf(cfg, params, path, extra_config={"bos_token_id": 1, "eos_token_id": 2})

@@ -69,3 +69,54 @@ def test_a_headerless_tsv_with_train_and_test_files_reaches_a_scored_test_split(
     assert wrong.returncode != 0
     assert wrong.stderr.strip().splitlines()[-1].endswith(
         "its splits are ['train', 'validation', 'test']")
+
+
+def test_a_bad_label_in_the_train_file_stops_train_py_in_one_line_before_the_workdir(tmp_path):
+    """Issue 60: a label outside ``data.label_names`` on line 13 of the train TSV gave a 34-line
+    traceback from inside the Grain iterator and left a workdir (``.lock``, ``config.json``,
+    ``tensorboard/``, ``tokenizer.model``). Now: one line naming train.tsv:13 and the label, exit
+    status 2 (refused), and no workdir."""
+    rows = [f"the film was {w} .\t{('neg', 'pos')[i % 2]}" for i, w in enumerate(NOUNS * 3)]
+    rows[12] = rows[12].split("\t")[0] + "\tneutral"
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    workdir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "train.py", "--config", "configs/bert_finetune_tiny.py", f"--workdir={workdir}",
+         f"--config.data.source=files:{tmp_path}/{{split}}.tsv", "--config.data.columns=text,label",
+         "--config.data.label_names=neg,pos", "--config.data.validation_from_train=0.1", *TINY],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "record train.tsv:13: label 'neutral' is not one of data.label_names=('neg', 'pos')"), (
+        proc.stderr[-3000:])
+    assert not workdir.exists()
+
+
+def test_a_bad_record_met_during_training_is_one_line_and_the_run_resumable(tmp_path):
+    """Issue 60: a bad record past what set-up reads (a language model's train split is read at
+    set-up only for the tokenizer's first texts) surfaced as a traceback from inside the Grain
+    iterator. One line naming train.jsonl:590, the checkpoint a rerun resumes from, exit 1."""
+    rng = random.Random(0)
+    for split, n in (("train", 600), ("validation", 20)):
+        rows = [json.dumps({"text": " ".join(rng.choice(NOUNS) for _ in range(rng.randint(4, 10)))})
+                for _ in range(n)]
+        if split == "train":
+            rows[589] = '{"text": "the river'  # unterminated
+        (tmp_path / f"{split}.jsonl").write_text("\n".join(rows) + "\n")
+    workdir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "train.py", "--config", "configs/gpt_pretrain_tiny.py", f"--workdir={workdir}",
+         f"--config.data.source=files:{tmp_path}/{{split}}.jsonl", "--config.num_train_steps=100",
+         "--config.data.tokenizer.max_train_texts=10", "--config.data.tokenizer.vocab_size=320",
+         "--config.model.vocab_size=320", "--config.model.num_layers=1", "--config.model.d_model=16",
+         "--config.model.num_heads=2", "--config.model.d_ff=32", "--config.data.seq_len=16",
+         "--config.eval.every_steps=1000", "--config.checkpoint.every_steps=20",
+         "--config.optimizer.warmup_steps=2", "--config.progress_bar=False"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps and last == (
+        f"train.py: error: train.jsonl:590 ({tmp_path / 'train.jsonl'}): invalid JSON (Unterminated "
+        f"string starting at column 10); the last good checkpoint is step {steps[-1]} (rerunning the "
+        "command resumes there); fix or remove that record and rerun the same command"), last

@@ -352,6 +352,27 @@ def test_family_trains_on_mixed_mesh(family):
 # Mesh construction, rules and configs (no compilation).
 
 
+def test_a_mesh_too_big_for_the_devices_says_how_to_get_them():
+    """Issue 60: ``context=4`` on one device said "1 devices are not divisible by 4", and a
+    multi-slice mesh compiled without ``--num_slices`` "2 devices are not divisible by 4"."""
+    with pytest.raises(ValueError, match=r": 1 device is not divisible by 4; on a CPU host, simulate "
+                                         r"4 devices by starting with XLA_FLAGS=--xla_force_host_"
+                                         r"platform_device_count=4$"):
+        mesh_shape({"context": 4}, 1)
+    with pytest.raises(ValueError, match=r"has 8 devices but 2 are available; .*XLA_FLAGS=--xla_"
+                                         r"force_host_platform_device_count=8$"):
+        mesh_shape({"data": 2, "context": 4}, 2)
+    with pytest.raises(ValueError, match=r"2 devices are not divisible by 4 \(mesh.dcn_data=2: 2 "
+                                         r"slices of 2 of the 4 devices; the other mesh sizes are per "
+                                         r"slice. For 2 slices of a TPU topology pass "
+                                         r"--num_slices=2, else lower the sizes\)$"):
+        mesh_shape({"fsdp": 4, "dcn_data": 2}, 4)
+    with pytest.raises(ValueError, match=r"available; set one axis to -1 to fill the rest$"):
+        mesh_shape({"data": 2, "fsdp": 2, "tensor": 1}, 8)  # more devices than the mesh: no hint
+    with pytest.raises(ValueError, match=r"6 devices are not divisible by 4$"):
+        mesh_shape({"tensor": 4}, 6)  # enough devices, a size that does not divide them
+
+
 def test_mesh_shape_fills_and_validates():
     assert mesh_shape({}, 8) == {"data": 8, "fsdp": 1, "context": 1, "tensor": 1}
     assert mesh_shape({"data": -1, "tensor": 2}, 8) == {"data": 4, "fsdp": 1, "context": 1,

@@ -137,3 +137,25 @@ def test_language_model_rows_equal_generate_text_in_input_order(runs, tmp_path, 
                      *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert err.startswith("python -m jaxformer.cli.predict: error: ") and message in err, err
+
+
+def test_generation_logs_its_input_as_classification_does(runs, tmp_path, capsys):
+    """Issue 60: seq2seq and LM ``predict`` printed no ``data predict: …`` line; the classifier's
+    pipeline does."""
+    path = tmp_path / "prompts.txt"
+    path.write_text("the good dog\nthe bad cat\n")
+    capsys.readouterr()
+    assert main(["--workdir", str(runs / "lm"), "--input", str(path), "--max_new_tokens", "2"]) == 0
+    assert f"data predict: 2 examples in --input {str(path)!r}" in capsys.readouterr().err
+
+
+def test_a_workdir_typo_names_the_run_meant(runs, tmp_path, capsys):
+    """Issue 60: a data-path typo got "did you mean", a workdir typo did not (predict, evaluate)."""
+    from jaxformer.evaluate_run import evaluate_run
+
+    typo = runs / "clff"
+    assert main(["--workdir", str(typo), "--input", str(tmp_path / "x.txt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(f"; did you mean {str(runs / 'clf')!r}?"), err
+    with pytest.raises(FileNotFoundError, match=rf"does not exist; did you mean '{runs / 'clf'}'\?$"):
+        evaluate_run(typo)

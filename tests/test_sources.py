@@ -604,3 +604,43 @@ def test_string_labels_without_names_are_named_by_the_train_split_sorted(tmp_pat
     _write(tmp_path / "train.tsv", [f"q{i}\t{i % 3}" for i in range(30)])
     assert label_names_from_data(cfg) is None
     assert label_names_from_data({"source": "movie_sentiment"}) is None
+
+
+def test_a_bad_train_label_is_found_before_training_naming_its_line(tmp_path):
+    """Issue 60: a label not in ``data.label_names`` on line 13 of a train TSV surfaced as a
+    34-line traceback from inside the Grain iterator, after the workdir was written. The labels
+    are read once at set-up (`label_names_from_data`): one line, file:line and the value."""
+    from jaxformer.data.sources import label_names_from_data
+
+    rows = [f"review {i}\t{('neg', 'pos')[i % 2]}" for i in range(1, 31)]
+    rows[12] = "review 13\tneutral"
+    _write(tmp_path / "train.tsv", rows)
+    cfg = {"source": f"files:{tmp_path}/{{split}}.tsv", "columns": ("text", "label"),
+           "label_names": ("neg", "pos")}
+    with pytest.raises(ValueError, match=r"record train\.tsv:13: label 'neutral' is not one of "
+                                         r"data\.label_names=\('neg', 'pos'\)$"):
+        label_names_from_data(cfg)
+    with pytest.raises(ValueError, match=r"record train\.tsv:13: label 'neutral' is not one of"):
+        label_names_from_data({**cfg, "validation_from_train": 0.5})  # held out: still read
+
+
+def test_a_directory_as_a_files_source_asks_for_its_files(tmp_path):
+    """Issue 60: ``files:<a directory>`` got "did you mean '<the same path>'"."""
+    (tmp_path / "data").mkdir()
+    for name in ("a.tsv", "b.tsv", "c.jsonl"):
+        (tmp_path / "data" / name).write_text("x\t0\n")
+    with pytest.raises(ValueError) as e:
+        get_source({"source": f"files:{tmp_path / 'data'}"}, "train")
+    assert str(e.value).endswith(f"{str(tmp_path / 'data')!r} is a directory: give a glob of its "
+                                 f"files, e.g. {str(tmp_path / 'data' / '*.jsonl')!r} or "
+                                 f"{str(tmp_path / 'data' / '*.tsv')!r}"), e.value
+    assert "did you mean" not in str(e.value)
+
+
+def test_invalid_json_names_its_column_once(tmp_path):
+    """Issue 60: json's "Unterminated string starting at" read "starting at at column"."""
+    _write(tmp_path / "train.jsonl", ['{"text": "fine"}', '{"text": "cut'])
+    source = get_source({"source": f"files:{tmp_path}/{{split}}.jsonl"}, "train")
+    with pytest.raises(ValueError, match=r"train\.jsonl:2 .*: invalid JSON \(Unterminated string "
+                                         r"starting at column 10\)$"):
+        list(read_records(source))

@@ -205,3 +205,52 @@ def test_a_section_field_without_a_declared_doc_is_refused():
 
     with pytest.raises(TypeError, match=r"Undocumented.other is not declared with .*setting"):
         section(Undocumented)
+
+
+@pytest.mark.parametrize("body,line,message", [
+    ("def get_config(:\n    pass\n", 1, "SyntaxError: invalid syntax"),
+    ("from jaxformer.train.config import base_config\n\ndef get_config():\n"
+     "    raise ValueError('my own problem')\n", 4, "get_config() raised ValueError: my own problem"),
+    ("import not_a_module_xyz\n", 1, "ModuleNotFoundError: No module named 'not_a_module_xyz'"),
+    ("X = 1\n", None, "defines no get_config(): a config file returns its ml_collections.ConfigDict"),
+])
+def test_a_config_file_that_gives_no_config_is_one_line_naming_file_and_line(tmp_path, body, line,
+                                                                              message):
+    """Issue 60: a syntax error, a raising ``get_config``, a missing import or no ``get_config``
+    gave a 40-46-line absl traceback. One line: the file (and line), the user's own text."""
+    from jaxformer.train.config.loading import ConfigError
+
+    path = tmp_path / "mine.py"
+    path.write_text(body)
+    where = f"{path}:{line}" if line else str(path)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"config file {where}") and message in str(e.value), e.value
+    assert "\n" not in str(e.value)
+
+
+def test_train_py_reports_a_broken_config_file_in_one_line_and_takes_flags_in_any_order(tmp_path):
+    """Issue 60: ``train.py`` printed absl's traceback for a broken config file, refused an override
+    placed before ``--config``, and ``--print_config`` needed ``--config``."""
+    import subprocess
+    import sys
+
+    def train_py(*args):
+        return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+
+    (tmp_path / "broken.py").write_text("def get_config():\n    return 1 / 0\n")
+    proc = train_py("--config", str(tmp_path / "broken.py"), "--workdir", str(tmp_path / "wd"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"train.py: error: config file {tmp_path / 'broken.py'}:2: get_config() raised "
+        "ZeroDivisionError: division by zero"], proc.stderr[-3000:]
+    assert not (tmp_path / "wd").exists()
+    proc = train_py("--config.num_train_steps=7", "--config.data.label_names=neg,pos", "--config",
+                    str(ROOT / "configs" / "bert_finetune_tiny.py"), "--print_config")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {k.strip(): v for k, v in (line.split(" = ", 1) for line in proc.stdout.splitlines())}
+    assert rows["num_train_steps"].startswith("7  (base: 1000)"), rows["num_train_steps"]
+    assert rows["data.label_names"].startswith("('neg', 'pos')  (base: None)")  # split, as used
+    proc = train_py("--print_config")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == format_config(base_config()) + "\n"

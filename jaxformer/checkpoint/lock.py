@@ -12,6 +12,7 @@ process 0) and tells the others whether it got it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -26,6 +27,16 @@ LOCK_FILE = ".lock"
 
 class WorkdirBusy(RuntimeError):
     pass
+
+
+def _cannot_create(workdir: Path, error: OSError) -> str:
+    """One line for a workdir that cannot be created (or locked): which, why, and the fix."""
+    why = os.strerror(error.errno) if error.errno else str(error)
+    blocking = next((p for p in [workdir, *workdir.parents] if p.exists() and not p.is_dir()), None)
+    fix = (f"{str(blocking)!r} is a file, not a directory" if blocking is not None else
+           "choose a --workdir on a disk you can write to" if error.errno in (
+               errno.EACCES, errno.EPERM, errno.EROFS) else "fix that or choose another --workdir")
+    return f"workdir {str(workdir)!r} cannot be created: {why.lower()}; {fix}"
 
 
 class WorkdirLock:
@@ -56,8 +67,11 @@ class WorkdirLock:
             created = workdir
         elif not self.path.exists():
             created = self.path
-        workdir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a user's path: say why in words and what to do, not the errno
+            raise ValueError(_cannot_create(workdir, e)) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

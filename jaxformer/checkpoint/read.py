@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxformer.checkpoint.run_files import load_run_config
+from jaxformer.checkpoint.run_files import load_run_config, workdir_hint
 from jaxformer.checkpoint.select import best_step, committed_steps
 from jaxformer.checkpoint.verify import read_manifest, verify_for_reading, verify_tokenizer
 from jaxformer.config import ModelConfig
@@ -53,7 +53,7 @@ def resolve_checkpoint(path: str | os.PathLike, *, step: int | None = None, best
                              f" to choose {'the best step' if best else f'step {step}'}")
         step = named
     elif not p.exists():
-        raise FileNotFoundError(f"{str(path)!r} does not exist")
+        raise FileNotFoundError(f"{str(path)!r} does not exist{workdir_hint(p)}")
     else:
         raise FileNotFoundError(
             f"no checkpoint found under {str(path)!r} (expected <workdir>/checkpoints/<step>)")

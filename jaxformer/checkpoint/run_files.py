@@ -7,6 +7,7 @@ here.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from pathlib import Path
@@ -26,6 +27,22 @@ def save_run_config(workdir: str | os.PathLike, config) -> None:
     os.replace(tmp, path)
 
 
+def workdir_hint(workdir: str | os.PathLike) -> str:
+    """For a workdir that does not exist: ``"; did you mean 'runs/clf'?"`` naming the training
+    workdirs (directories holding ``config.json``) of a close name beside it, or that its parent
+    directory does not exist; "" when neither helps (e.g. it exists)."""
+    path = Path(workdir).expanduser()
+    if path.exists():
+        return ""
+    parent = path.parent
+    if not parent.is_dir():
+        return f"; the directory {str(parent)!r} does not exist"
+    runs = sorted(p.name for p in parent.iterdir() if (p / CONFIG_FILE).is_file())
+    close = difflib.get_close_matches(path.name, runs, n=3, cutoff=0.6)
+    return ("; did you mean " + " or ".join(repr(os.path.join(os.path.dirname(str(workdir)), c))
+                                            for c in close) + "?") if close else ""
+
+
 def load_run_config(workdir: str | os.PathLike, manifest: dict | None = None) -> dict:
     """The run config (the training config a run saved as ``config.json``): the copy ``manifest``
     (a checkpoint's) recorded, else ``<workdir>/config.json``."""
@@ -33,7 +50,8 @@ def load_run_config(workdir: str | os.PathLike, manifest: dict | None = None) ->
         return manifest["config"]
     path = Path(workdir) / CONFIG_FILE
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: is {workdir!r} a jaxformer training workdir?")
+        raise FileNotFoundError(f"{path} not found: is {workdir!r} a jaxformer training workdir?"
+                                f"{workdir_hint(workdir)}")
     try:
         run_config = json.loads(path.read_text())
         if not isinstance(run_config, dict) or "model" not in run_config:

@@ -23,6 +23,8 @@ import logging as pylogging
 import os
 import re
 import shutil
+import sys
+import traceback
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -78,12 +80,45 @@ def _tree_bytes(path: Path) -> int:
 
 
 class _OrbaxSaveErrors(pylogging.Filter):
-    """Orbax logs a failed background save, traceback included, from each thread that sees it;
-    the `Checkpointer` reports it once, as `SaveFailed` (its cause chained)."""
+    """Orbax logs a failed background save, traceback included, from each thread that sees it,
+    and asyncio logs "Future exception was never retrieved" at exit for each of its writes left
+    failed; the `Checkpointer` reports the failure once, as `SaveFailed` (its cause chained).
+    Drops ERROR records with a traceback logged from, or raised in, Orbax's files."""
 
     def filter(self, record: pylogging.LogRecord) -> bool:
-        return not (record.exc_info and record.levelno >= pylogging.ERROR
-                    and f"{os.sep}orbax{os.sep}" in record.pathname)
+        if not (record.exc_info and record.levelno >= pylogging.ERROR):
+            return True
+        orbax = f"{os.sep}orbax{os.sep}"
+        raised_in = [f.filename for f in traceback.extract_tb(record.exc_info[2])]
+        return not (orbax in record.pathname or any(orbax in f for f in raised_in))
+
+
+def _is_late_loop_callback(hook_args) -> bool:
+    """Whether ``hook_args`` (`sys.unraisablehook`'s) is asyncio's ``RuntimeError('Event loop is
+    closed')`` raised by ``loop.call_soon_threadsafe`` straight into native code: TensorStore
+    finishing a write of a failed save after Orbax's background thread closed its event loop
+    (TensorStore reports it with ``PyErr_WriteUnraisable``). A save that found the disk full printed
+    one such traceback per chunk still in flight (86-154 of them)."""
+    frames = traceback.extract_tb(hook_args.exc_traceback)
+    return (hook_args.exc_type is RuntimeError and str(hook_args.exc_value) == "Event loop is closed"
+            and [f.name for f in frames] == ["call_soon_threadsafe", "_check_closed"]
+            and all(f.filename.endswith(f"asyncio{os.sep}base_events.py") for f in frames))
+
+
+def _quiet_late_loop_callbacks() -> None:
+    """Wrap ``sys.unraisablehook`` (once) so that `_is_late_loop_callback` errors print nothing:
+    the save they belong to has failed and is reported once, as `SaveFailed`. Everything else
+    goes to the hook that was there."""
+    if getattr(sys.unraisablehook, "jaxformer_quiet_loop", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(hook_args) -> None:
+        if not _is_late_loop_callback(hook_args):
+            previous(hook_args)
+
+    hook.jaxformer_quiet_loop = True
+    sys.unraisablehook = hook
 
 
 @jax.jit
@@ -132,9 +167,10 @@ class Checkpointer:
     def manager(self) -> ocp.CheckpointManager:
         if self._manager is None:
             orbax_arrays.register_array_handler()  # small arrays: no per-device slice programs
-            absl_logger = pylogging.getLogger("absl")
-            if not any(isinstance(f, _OrbaxSaveErrors) for f in absl_logger.filters):
-                absl_logger.addFilter(_OrbaxSaveErrors())
+            for logger in map(pylogging.getLogger, ("absl", "asyncio")):
+                if not any(isinstance(f, _OrbaxSaveErrors) for f in logger.filters):
+                    logger.addFilter(_OrbaxSaveErrors())
+            _quiet_late_loop_callbacks()
             self._manager = ocp.CheckpointManager(self.directory, options=self._options)
         return self._manager
 

@@ -24,6 +24,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -33,22 +34,51 @@ from jaxformer.host import skip_absent_tpu
 skip_absent_tpu()  # before any command asks JAX for devices
 
 
-def run_absl(main: Callable[[list[str]], object], module_name: str) -> None:
+# Exit statuses, the same for every command (docs/training.md, "Exit statuses"), argparse's convention:
+REFUSED = 2  # what was given was refused before any work: a flag, the config, data, workdir, checkpoint
+FAILED = 1  # the work started and failed: a save (disk full), divergence, a busy workdir, a lost peer
+
+
+def error_line(prog: str, message: object) -> str:
+    """``<prog>: error: <message>`` on one line (argparse's form), the line every command ends with."""
+    return f"{prog}: error: {' '.join(str(message).split())}"
+
+
+def exit_with_error(prog: str, message: object, status: int = REFUSED) -> NoReturn:
+    """Print `error_line` to stderr and exit with ``status`` (`REFUSED` or `FAILED`)."""
+    print(error_line(prog, message), file=sys.stderr)
+    sys.exit(status)
+
+
+def run_absl(main: Callable[[list[str]], object], module_name: str, prog: str | None = None) -> None:
     """``absl.app.run(main)`` for the command module ``module_name``, with its ``--help`` whatever
-    started it. absl's help prints the ``__main__`` module's docstring and key flags; started by a
-    console script or the root ``train.py``, ``__main__`` is that wrapper, not the command module,
-    so the command's docstring and key flags are lent to it first."""
+    started it, and a flag that cannot be parsed (a bad value, an unknown flag, a config file that
+    gives no config) reported as one `error_line`, exit status `REFUSED`, instead of absl's
+    "FATAL Flags parsing error" block (exit 1). absl's help prints the ``__main__`` module's
+    docstring and key flags; started by a console script or the root ``train.py``, ``__main__`` is
+    that wrapper, not the command module, so the command's docstring and key flags are lent to it
+    first. ``prog`` names the command in error lines (default ``python -m <module_name>``)."""
     command, entry = sys.modules[module_name], sys.modules["__main__"]
     if entry is not command:
         entry.__doc__ = command.__doc__
         for flag in flags.FLAGS.get_key_flags_for_module(command):
             flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    spec = getattr(command, "__spec__", None)  # started as ``python -m``: module_name is __main__
+    prog = prog or f"python -m {spec.name if spec else module_name}"
+
+    def parse(argv: list[str]) -> list[str]:
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as e:  # a config that cannot be built (ConfigError) is
+            from jaxformer.train.config.loading import ConfigError  # the message; absl adds its flag
+            cause = e.__context__
+            exit_with_error(prog, cause if isinstance(cause, ConfigError) else e)
 
     def with_plain_lines(argv: list[str]) -> object:
         plain_own_lines()  # absl's handler exists once app.run has started
         return main(argv)
 
-    app.run(with_plain_lines)
+    app.run(with_plain_lines, flags_parser=parse)
 
 
 class OwnLinesPlain(logging.Formatter):
@@ -82,11 +112,11 @@ def plain_own_lines() -> None:
 
 def report_bad_input(command: str, work: Callable[[], object]) -> int:
     """Run ``work()``; bad input (`ValueError`, `FileNotFoundError`: their messages say what was wrong
-    and the fix) prints one line, ``python -m jaxformer.cli.<command>: error: <message>``, to stderr
-    and returns exit status 2, instead of a traceback. Returns 0 when ``work`` finishes."""
+    and the fix) prints one `error_line`, ``python -m jaxformer.cli.<command>: error: <message>``, to
+    stderr and returns `REFUSED`, instead of a traceback. Returns 0 when ``work`` finishes."""
     try:
         work()
     except (ValueError, FileNotFoundError) as e:
-        print(f"python -m jaxformer.cli.{command}: error: {e}", file=sys.stderr)
-        return 2
+        print(error_line(f"python -m jaxformer.cli.{command}", e), file=sys.stderr)
+        return REFUSED
     return 0

@@ -19,8 +19,10 @@ import sys
 from pathlib import Path
 
 from jaxformer.checkpoint.lock import WorkdirBusy, WorkdirLock
+from jaxformer.checkpoint.run_files import workdir_hint
 from jaxformer.checkpoint.select import committed_steps, saved_metrics
 from jaxformer.checkpoint.verify import CheckpointDamaged, verify_step
+from jaxformer.cli import FAILED, REFUSED, error_line
 
 SHOWN = ("loss", "accuracy")  # train metrics listed, besides every eval_* one
 
@@ -71,16 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     workdir = Path(args.workdir)
     if not (workdir / "checkpoints").is_dir():
-        print(f"error: {workdir / 'checkpoints'} is not a directory: is {str(workdir)!r} a "
-              "training workdir?", file=sys.stderr)
-        return 2
+        print(error_line(ap.prog, f"{workdir / 'checkpoints'} is not a directory: is {str(workdir)!r} "
+                         f"a training workdir?{workdir_hint(workdir)}"), file=sys.stderr)
+        return REFUSED
     print("\n".join(listing(workdir)))
     if args.remove_damaged:
         try:
             lock = WorkdirLock(workdir).acquire()
         except WorkdirBusy as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+            print(error_line(ap.prog, e), file=sys.stderr)
+            return FAILED
         try:
             for path in damaged_dirs(workdir / "checkpoints"):
                 shutil.rmtree(path)

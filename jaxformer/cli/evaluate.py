@@ -16,16 +16,17 @@ strategy never overwrites a result; `jaxformer.evaluate_run.results_path`); ``--
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from absl import flags, logging
 
-from jaxformer.cli import run_absl
+from jaxformer.cli import REFUSED, exit_with_error, run_absl
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.evaluate_run import evaluate_run, results_path, write_results
 from jaxformer.evaluation.decoding import DECODING_STRATEGIES
 from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP
+
+PROG = "python -m jaxformer.cli.evaluate"
 
 
 def define_flags() -> None:
@@ -92,7 +93,7 @@ def main(argv):
                                batch_size=f.batch_size, progress=f.progress_bar,
                                refill=f.refill)
     except (ValueError, FileNotFoundError) as e:  # the message says what and why (damage included)
-        sys.exit(f"python -m jaxformer.cli.evaluate: error: {e}")
+        exit_with_error(PROG, e, REFUSED)
     path = write_results(results, f.out or results_path(f.workdir, results))
     print(format_results(results))
     print(f"wrote {path}")

@@ -38,13 +38,23 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                        help="read the best step by the run's checkpoint.best_metric")
 
 
+def nucleus_mass(text: str) -> float:
+    """``--top_p``'s value: a probability mass in (0, 1] (`GenerationConfig.top_p`), refused by
+    argparse otherwise (``argument --top_p: …``, exit 2) before a checkpoint is read."""
+    value = float(text)  # not a number: argparse's "invalid nucleus_mass value: 'x'"
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is outside (0, 1]: the probability mass sampling "
+                                         "keeps (0.9 keeps the likeliest tokens up to 90%; 1 = off)")
+    return value
+
+
 def add_generation_flags(p: argparse.ArgumentParser) -> None:
     """The strategy and its options (`generation_kwargs` reads them)."""
     p.add_argument("--strategy", choices=STRATEGIES, default="greedy")
     p.add_argument("--max_new_tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling; 0 = greedy")
     p.add_argument("--top_k", type=int, default=0, help="sampling; 0 = off")
-    p.add_argument("--top_p", type=float, default=1.0, help="sampling; 1 = off")
+    p.add_argument("--top_p", type=nucleus_mass, default=1.0, help="sampling, in (0, 1]; 1 = off")
     p.add_argument("--beam_size", type=int, default=4)
     p.add_argument("--length_penalty", type=float, default=0.6, help="beam: GNMT alpha")
     p.add_argument("--no_repeat_ngram_size", type=int, default=0,

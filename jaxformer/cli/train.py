@@ -10,7 +10,12 @@ the latest checkpoint in the workdir.
 
 List every config key with its value, its base default and a one-line description (then exit,
 training nothing): ``python -m jaxformer.cli.train --config configs/<name>.py --print_config`` (overrides
-included, e.g. ``--config.data.seq_len=64``).
+included, e.g. ``--config.data.seq_len=64``); without ``--config``, the base config's keys. Flags go in
+any order (an override may come before ``--config``).
+
+Exit status: 0 done, 2 refused before training (a flag, the config, the data, the workdir), 1 the run
+failed (a save, the nonfinite policy, a bad record met mid-run, a busy workdir), 143 preempted after its
+checkpoint.
 """
 
 import sys
@@ -21,10 +26,11 @@ from absl import flags, logging
 
 from jaxformer.checkpoint import SaveFailed
 from jaxformer.checkpoint.lock import WorkdirBusy
-from jaxformer.cli import run_absl
+from jaxformer.cli import FAILED, REFUSED, exit_with_error, run_absl
 from jaxformer.compilation_cache import enable_compilation_cache
+from jaxformer.data.builders.user_files import BadRecord
 from jaxformer.parallel.distributed import await_lost_peer, maybe_initialize_distributed
-from jaxformer.train.config import define_config_flag
+from jaxformer.train.config import base_config, define_config_flag, split_list_options
 from jaxformer.train.config.printing import format_config
 from jaxformer.train.loop import Trainer
 
@@ -36,8 +42,8 @@ def define_flags() -> None:
     flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer "
                         "(required unless --print_config).")
     flags.DEFINE_bool("print_config", False, "Print every key of the config (value, base default, "
-                      "description; overrides applied) and exit without training.")
-    flags.mark_flag_as_required("config")
+                      "description; overrides applied) and exit without training; without --config, "
+                      "the base config's keys.")
 
 
 def _prog() -> str:
@@ -46,25 +52,47 @@ def _prog() -> str:
     return Path(sys.argv[0]).name
 
 
+def config_first(argv: list[str]) -> list[str]:
+    """``argv`` with ``--config <file>`` (or ``--config=<file>``) moved to the front, so that an
+    override given before it (``--config.num_train_steps=5 --config c.py``) applies to that file:
+    ml_collections reads overrides only after the file."""
+    for i, arg in enumerate(argv[1:], 1):
+        if arg.startswith("--config="):
+            return [argv[0], arg, *argv[1:i], *argv[i + 1:]]
+        if arg == "--config" and i + 1 < len(argv):
+            return [argv[0], *argv[i:i + 2], *argv[1:i], *argv[i + 2:]]
+    return argv
+
+
 def main(argv):
     del argv
+    config = flags.FLAGS.config  # overrides applied: their list options split
+    config = split_list_options(config) if config is not None else None
     if flags.FLAGS.print_config:
-        print(format_config(flags.FLAGS.config))
+        print(format_config(config if config is not None else base_config()))
         return
+    if config is None:
+        exit_with_error(_prog(), "--config is required: a configs/<name>.py file (--print_config alone "
+                        "lists the base config's keys)")
     if flags.FLAGS.workdir is None:
-        sys.exit(f"{_prog()}: error: --workdir is required (or --print_config to list the keys)")
+        exit_with_error(_prog(), "--workdir is required (or --print_config to list the keys)")
     logging.set_verbosity(logging.WARNING)  # Orbax/Grain log every file operation at INFO
     enable_compilation_cache()  # a rerun skips XLA compilation (jaxformer.compilation_cache)
     maybe_initialize_distributed()
     try:
-        try:  # a bad config, input, or checkpoint, or a busy workdir, found during set-up: the
-            trainer = Trainer(flags.FLAGS.config, flags.FLAGS.workdir)  # message names it
-        except (ValueError, FileNotFoundError, WorkdirBusy) as e:
-            sys.exit(f"{_prog()}: error: {e}")
+        try:  # a bad config, input, or checkpoint found during set-up: the message names it
+            trainer = Trainer(config, flags.FLAGS.workdir)
+        except (ValueError, FileNotFoundError) as e:
+            exit_with_error(_prog(), e, REFUSED)
+        except WorkdirBusy as e:  # another run holds it: nothing wrong with what was given
+            exit_with_error(_prog(), e, FAILED)
         try:
             metrics = trainer.run()
         except (FloatingPointError, SaveFailed) as e:  # the nonfinite policy stopped the run (or
-            sys.exit(f"{_prog()}: error: {e}")  # a NaN checkpoint), or a save failed
+            exit_with_error(_prog(), e, FAILED)  # a NaN checkpoint), or a save failed
+        except BadRecord as e:  # read by the data pipeline mid-run (set-up reads only some)
+            exit_with_error(_prog(), f"{e}; {trainer.ckpt.resume_point()}; fix or remove that "
+                            "record and rerun the same command", FAILED)
     except jax.errors.JaxRuntimeError:  # with several processes: a collective whose peer died?
         await_lost_peer()  # if so, the watchdog ends the process with one line naming it
         raise
@@ -76,7 +104,8 @@ def main(argv):
 def run() -> None:
     """The console script (`[project.scripts]`): defines the flags, then absl runs `main` (`run_absl`)."""
     define_flags()
-    run_absl(main, __name__)
+    sys.argv = config_first(sys.argv)
+    run_absl(main, __name__, prog=_prog())
 
 
 if __name__ == "__main__":

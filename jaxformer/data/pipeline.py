@@ -320,6 +320,12 @@ def describe_source(cfg: Any, split: str) -> str:
     return f"data.source={spec!r}"
 
 
+def data_line(split: str, examples: int, name: str) -> str:
+    """The line a pipeline prints when it starts reading: ``data <split>: <n> examples in <name>``
+    (`make_dataset`; `jaxformer.predict` for the texts it decodes)."""
+    return f"data {split}: {examples:,} examples in {name}"
+
+
 def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tokenizer, *,
                  seed: int, objective: Any = "clm", transform: Transform | None = None,
                  process_index: int | None = None, process_count: int | None = None,
@@ -374,8 +380,7 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     report = report and process_index == 0
     if report:
         shard = f" ({len(ds):,} in this process's shard)" if process_count > 1 else ""
-        tqdm.write(f"data {split}: {len(source):,} examples{shard} in "
-                   f"{source_name or 'a given source'}")
+        tqdm.write(data_line(split, len(source), source_name or "a given source") + shard)
     counter = TruncationCounter(f"{split}/{task}", len(ds), report=report)
     after = TruncationCounter(f"{split}/{task} after transform", report=report)
     ds = ds.seed(seed)

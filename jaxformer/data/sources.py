@@ -51,6 +51,7 @@ import numpy as np
 
 from jaxformer.data import builders
 from jaxformer.data.builders import user_files
+from jaxformer.data.builders.user_files import BadRecord
 from jaxformer.data.field_names import infer_roles
 from jaxformer.data.tfds_source import tfds_name, tfds_source
 from jaxformer.options import option
@@ -192,22 +193,22 @@ class Fields:
     def _text(record: Mapping[str, Any], key: str, where: str) -> str:
         value = _python(record[key])
         if not isinstance(value, str):
-            raise ValueError(f"{where}: field {key!r} is {value!r} ({type(value).__name__}), "
-                             "not text")
+            raise BadRecord(f"{where}: field {key!r} is {value!r} ({type(value).__name__}), "
+                            "not text")
         return value
 
     def _label(self, value: Any, where: str) -> int:
         if isinstance(value, str) and self.label_names:
             if value not in self.label_names:
-                raise ValueError(f"{where}: label {value!r} is not one of data.label_names="
-                                 f"{self.label_names}")
+                raise BadRecord(f"{where}: label {value!r} is not one of data.label_names="
+                                f"{self.label_names}")
             return self.label_names.index(value)
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
             return int(value)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ValueError(f"{where}: label {value!r} is not a class index (an integer); for "
-                         "string labels set data.label_names to the list of them (index = label)")
+        raise BadRecord(f"{where}: label {value!r} is not a class index (an integer); for "
+                        "string labels set data.label_names to the list of them (index = label)")
 
 
 def _get_many(source: Sequence[Any], indices: Sequence[int]) -> list[Any]:
@@ -376,6 +377,9 @@ def _fingerprint(source: Sequence[dict[str, Any]], fraction: float) -> Any:
 
 def _text_of(record: Mapping[str, Any]) -> str:
     return str(record.get("text", record.get("source", "")))
+
+
+LIST_OPTIONS = ("label_names", "columns")  # the data options that name several strings
 
 
 def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
@@ -554,15 +558,21 @@ def label_names_from_data(data_cfg: Any) -> tuple[str, ...] | None:
     """The distinct labels of the train split, sorted, when they are strings and
     ``data.label_names`` is unset (Hugging Face ``run_glue.py``'s ``label_list``); None when names
     are given, the labels are class indices, or the source is a built-in corpus (integer labels).
-    Reads every train example once."""
+
+    Reads every train example once (``files:`` and ``tfds:`` sources), so a bad record of the train
+    split stops the run before its first step, in one line naming its file:line (or record id) and
+    value: a label that is not one of the given ``data.label_names``, or not a class index,
+    a missing field, text that is not UTF-8, a TSV row with the wrong number of cells. Found
+    during training, the same record would stop the run from inside the data pipeline."""
     spec = option(data_cfg, "source", "")
-    if list_option(data_cfg, "label_names") or not set(_kinds(spec)) & {"files", "tfds"}:
+    if not set(_kinds(spec)) & {"files", "tfds"}:
         return None
-    source = get_source(data_cfg, "train", task="classify", raw_labels=True)
+    named = list_option(data_cfg, "label_names") is not None
+    source = get_source(data_cfg, "train", task="classify", raw_labels=not named)
     source = source.base if isinstance(source, Subset) else source  # held-out examples too
-    values = {ex["label"] for ex in read_records(source)}
-    if all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())
-           for v in values):
+    values = {ex["label"] for ex in read_records(source)}  # named: each is checked (`Fields`)
+    if named or all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())
+                    for v in values):
         return None
     return tuple(sorted(str(v) for v in values))
 

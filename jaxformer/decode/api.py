@@ -5,6 +5,9 @@
     texts = generate_text(model, params, tokenizer, ["Once upon a time"], strategy="sample",
                           temperature=0.8, top_p=0.9, rng=jax.random.key(0))
 
+Sampling without ``rng`` draws from ``jax.random.key(DEFAULT_SEED)`` (0, as the command lines'
+``--seed``): the same call gives the same samples; pass another key for other samples.
+
 Two conventions, one program. ``model`` is what ``jaxformer.models.build_model`` returns (a
 `jaxformer.nnx.FunctionalModel`) and ``params`` its parameter tree (a checkpoint's, `load_hf`'s);
 or an NNX model (`jaxformer.nnx.build_model`, `from_hf`), which carries its parameters, so its calls
@@ -161,6 +164,13 @@ def _generate_impl(model: FunctionalModel, program: GenerationConfig, params: An
 
 _generate_jit = jax.jit(_generate_impl, static_argnums=(0, 1))
 
+DEFAULT_SEED = 0  # the key sampling draws from when no rng is given (the CLIs' --seed default)
+
+
+def sampling_key(rng: jax.Array | None) -> jax.Array:
+    """``rng``, or ``jax.random.key(DEFAULT_SEED)`` when None: sampling is reproducible either way."""
+    return jax.random.key(DEFAULT_SEED) if rng is None else rng
+
 
 def generate_padded(model: FunctionalModel, params: Any, inputs: jax.Array, lengths: jax.Array,
                     config: GenerationConfig, rng: jax.Array | None = None
@@ -172,18 +182,16 @@ def generate_padded(model: FunctionalModel, params: Any, inputs: jax.Array, leng
       params: its parameter tree (the ``"params"`` collection).
       inputs: `[B, L]` int32 prompts (decoder-only) or sources (encoder-decoder), right-padded.
       lengths: `[B]` int32 real tokens per row (prompts need at least one).
-      rng: PRNG key (required for ``strategy="sample"`` with temperature > 0).
+      rng: PRNG key for ``strategy="sample"`` (default `sampling_key`: ``key(DEFAULT_SEED)``).
 
     Returns:
       `DecodeResult` (greedy/sample) or `BeamResult` (beam), arrays of shape `[B, max_new_tokens]`.
     """
     config.check_model(model.cfg)
     program = _program(config)
-    if program.strategy == "sample" and rng is None:
-        raise ValueError("strategy='sample' needs rng (a jax.random.key) for reproducible samples")
     knobs = jnp.float32(config.temperature), jnp.float32(config.top_p or 1.0)
     return _generate_jit(model, program, params, inputs, lengths,
-                         rng if program.strategy == "sample" else None, *knobs)
+                         sampling_key(rng) if program.strategy == "sample" else None, *knobs)
 
 
 def _functional(model: Any, params: Any) -> tuple[FunctionalModel, Any]:
@@ -315,10 +323,8 @@ def generate_batches(model: FunctionalModel | nnx.Module, params: Any,
     rows = [list(p) for p in prompts]
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     cap = max(len(r) for r in rows)
+    rng = sampling_key(rng)
     if refill and refill_supported(config):
-        if config.strategy == "sample" and config.temperature > 0 and rng is None:
-            raise ValueError("strategy='sample' needs rng (a jax.random.key) for reproducible "
-                             "samples")
         if not isinstance(segment, int) or segment < 1:
             raise ValueError(f"segment={segment!r} must be a positive integer (steps between "
                              "refills)")
@@ -339,8 +345,7 @@ def generate_batches(model: FunctionalModel | nnx.Module, params: Any,
         inputs, lengths = _pad_rows(model.cfg, batch, config,
                                     bucket_width(max(len(r) for r in batch), cap))
         result = generate_padded(model, _unwrap(params), jnp.asarray(inputs),
-                                 jnp.asarray(lengths), config,
-                                 None if rng is None else jax.random.fold_in(rng, n))
+                                 jnp.asarray(lengths), config, jax.random.fold_in(rng, n))
         for i, seq in zip(idx, result.sequences(config.eos_id)):
             out[i] = seq
     return out

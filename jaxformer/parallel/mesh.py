@@ -29,7 +29,7 @@ DCN, and with ``dcn_data`` alone only the data-parallel gradient reduction does 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -70,11 +70,32 @@ def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> dict[str, int]:
     if num_devices % slices:
         raise ValueError(f"mesh: {num_devices} devices do not split into dcn_data × dcn_fsdp = "
                          f"{slices} slices")
-    ici = _ici_shape(mesh_cfg, num_devices // slices)
+    ici = _ici_shape(mesh_cfg, num_devices // slices, _more_devices_hint(dcn, num_devices))
     return {a: ici[a] * dcn[a] for a in MESH_AXES}
 
 
-def _ici_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> dict[str, int]:
+def _more_devices_hint(dcn: Mapping[str, int], num_devices: int) -> Callable[[int], str]:
+    """For a mesh whose slice needs ``needed`` devices but has fewer: how to get them ("" when it
+    has enough, and the sizes are wrong otherwise). Several slices (``dcn``): the sizes are per
+    slice, and a topology compiled for needs ``--num_slices`` (`jaxformer.parallel.topology`); one:
+    simulated devices on a CPU host (docs/scaling.md)."""
+    slices = math.prod(dcn.values())
+
+    def hint(needed: int) -> str:
+        if needed <= num_devices // slices:
+            return ""
+        if slices > 1:
+            asked = " × ".join(f"mesh.dcn_{a}={n}" for a, n in dcn.items() if n > 1)
+            return (f" ({asked}: {slices} slices of {num_devices // slices} of the {num_devices} "
+                    f"devices; the other mesh sizes are per slice. For {slices} slices of a TPU "
+                    f"topology pass --num_slices={slices}, else lower the sizes)")
+        return (f"; on a CPU host, simulate {needed} devices by starting with "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={needed}")
+    return hint
+
+
+def _ici_shape(mesh_cfg: Mapping[str, int], num_devices: int,
+               hint: Callable[[int], str] = lambda needed: "") -> dict[str, int]:
     sizes = {a: int(mesh_cfg.get(a, 1 if a != "data" else -1)) for a in MESH_AXES}
     if sizes["data"] == -1 and any(sizes[a] == -1 for a in MESH_AXES if a != "data"):
         sizes["data"] = 1
@@ -87,12 +108,15 @@ def _ici_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> dict[str, int]:
     known = math.prod(s for s in sizes.values() if s != -1)
     if fill:
         if num_devices % known:
-            raise ValueError(f"mesh {sizes}: {num_devices} devices are not divisible by {known}")
+            device = "device is" if num_devices == 1 else "devices are"
+            raise ValueError(f"mesh {sizes}: {num_devices} {device} not divisible by {known}"
+                             f"{hint(known)}")
         sizes[fill[0]] = num_devices // known
     if math.prod(sizes.values()) != num_devices:
         raise ValueError(
             f"mesh {sizes} has {math.prod(sizes.values())} devices but {num_devices} are available; "
-            "set one axis to -1 to fill the rest")
+            "set one axis to -1 to fill the rest"
+            f"{hint(math.prod(sizes.values()))}")
     return sizes
 
 

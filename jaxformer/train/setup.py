@@ -60,6 +60,7 @@ from jaxformer.train.config import (
     check_config,
     check_resume,
     check_vocabulary,
+    position_lengths,
     with_derived_model_fields,
 )
 from jaxformer.train.state import TrainState, create_params, create_train_state, state_shardings
@@ -199,6 +200,20 @@ def _take_decoder_start(resolved: ml_collections.ConfigDict, pretrained: Pretrai
         resolved.objective.decoder_start_id = start
 
 
+def _fit_lengths_to_positions(resolved: ml_collections.ConfigDict, pretrained: Pretrained) -> None:
+    """A row length longer than ``init_from``'s learned position table is lowered to it, said in
+    one line, as Hugging Face's ``run_glue.py`` takes ``min(max_seq_length, model_max_length)``: a
+    pretrained table cannot grow, and a config such as configs/hf_classify_finetune.py (128) fits
+    any checkpoint (a RoBERTa of 64 positions as well as roberta-base's 512)."""
+    model_cfg = ModelConfig.from_dict(resolved.model)
+    for key, n in position_lengths(resolved.data, model_cfg).items():
+        if n > model_cfg.max_len:
+            resolved.data[key] = model_cfg.max_len
+            if jax.process_index() == 0:
+                print(f"data.{key}={n} is longer than init_from={pretrained.path}'s position table: "
+                      f"data.{key}={model_cfg.max_len}, the checkpoint's")
+
+
 def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
     """Resolve ``config`` against ``init_from`` (`resolve_model`) and validate it once
     (`jaxformer.train.config.check_config`); ``config`` itself is left as it is."""
@@ -209,6 +224,7 @@ def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
         resolved.model = ml_collections.ConfigDict(resolve_model(config.model.to_dict(), pretrained))
         if pretrained is not None:
             _take_decoder_start(resolved, pretrained)
+            _fit_lengths_to_positions(resolved, pretrained)
         if pretrained is not None and not config.data.tokenizer.get("path"):
             if pretrained.tokenizer:
                 resolved.data.tokenizer.path = pretrained.tokenizer

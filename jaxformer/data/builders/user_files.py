@@ -116,6 +116,11 @@ def _near_misses(glob: str) -> str:
     """For a glob that matches nothing: its directory's files of a close name (a typo), or that
     the directory does not exist ("" when neither helps)."""
     folder, name = os.path.split(os.path.expanduser(glob))
+    if os.path.isdir(os.path.expanduser(glob)):  # a folder: its files are what is meant
+        kinds = sorted({os.path.splitext(f)[1] for f in os.listdir(os.path.expanduser(glob))
+                        if os.path.splitext(f)[1]})[:3] or [""]
+        return (f"; {glob!r} is a directory: give a glob of its files, e.g. "
+                + " or ".join(repr(os.path.join(glob, "*" + k)) for k in kinds))
     if any(ch in folder for ch in "*?["):
         return ""
     if folder and not os.path.isdir(folder):
@@ -131,6 +136,14 @@ def _glob_root(pattern: str) -> str:
     if cut is None:
         return ""  # one file: its base name
     return os.path.dirname(pattern[:cut])
+
+
+class BadRecord(ValueError):
+    """A record of the data that cannot be an example (not UTF-8, invalid JSON, a TSV row of
+    another width, a missing field, a label outside the classes): one line naming the record
+    (``file:line``), what is wrong and the fix. Raised as the record is read: at set-up for the
+    records read then (`jaxformer.data.sources.label_names_from_data` reads a classifier's whole
+    train split), else from the data pipeline during training."""
 
 
 class FileSource:
@@ -218,25 +231,26 @@ class FileSource:
         try:
             line = raw.decode("utf-8").rstrip("\r\n").lstrip("\ufeff")
         except UnicodeDecodeError as e:
-            raise ValueError(f"{where} ({self.paths[k]}): not UTF-8 ({e.reason} at byte "
-                             f"{e.start}); files: sources read UTF-8 text (or .gz/.bz2/.xz "
-                             "of it)") from None
+            raise BadRecord(f"{where} ({self.paths[k]}): not UTF-8 ({e.reason} at byte "
+                            f"{e.start}); files: sources read UTF-8 text (or .gz/.bz2/.xz "
+                            "of it)") from None
         if self.fmt == "text":
             record: dict[str, Any] = {"text": line}
         elif self.fmt == "jsonl":
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where} ({self.paths[k]}): invalid JSON ({e.msg} at column "
-                                 f"{e.colno})") from None
+                at = "" if e.msg.endswith(" at") else " at"  # "Unterminated string starting at"
+                raise BadRecord(f"{where} ({self.paths[k]}): invalid JSON ({e.msg}{at} column "
+                                f"{e.colno})") from None
             if not isinstance(record, dict):
-                raise ValueError(f"{where} ({self.paths[k]}): expected a JSON object, got "
-                                 f"{type(record).__name__}")
+                raise BadRecord(f"{where} ({self.paths[k]}): expected a JSON object, got "
+                                f"{type(record).__name__}")
         else:
             cells = line.split("\t")
             if len(cells) != len(self.columns[k]):
-                raise ValueError(f"{where} ({self.paths[k]}): {len(cells)} tab-separated "
-                                 f"cells, expected {len(self.columns[k])} ({self.columns[k]})")
+                raise BadRecord(f"{where} ({self.paths[k]}): {len(cells)} tab-separated "
+                                f"cells, expected {len(self.columns[k])} ({self.columns[k]})")
             record = dict(zip(self.columns[k], cells))
         record.setdefault("id", where)
         return record

@@ -21,6 +21,7 @@ from jaxformer.train.config.loading import (
     define_config_flag,
     load_config,
     set_key,
+    split_list_options,
 )
 from jaxformer.train.config.resume import check_resume
 from jaxformer.train.config.schema import (
@@ -37,6 +38,7 @@ from jaxformer.train.config.validation import (
     check_config,
     check_context_parallel,
     check_vocabulary,
+    position_lengths,
     validate_config,
     with_derived_model_fields,
 )
@@ -44,6 +46,7 @@ from jaxformer.train.config.validation import (
 __all__ = [
     "HF_NAMES", "MODULE_APIS", "PARALLEL_MODES", "base_config", "check_config",
     "check_context_parallel", "check_resume", "check_schema", "check_vocabulary", "complete_config",
-    "config_node", "define_config_flag", "key_docs", "load_config", "model_defaults", "schema",
-    "set_key", "validate_config", "with_derived_model_fields",
+    "config_node", "define_config_flag", "key_docs", "load_config", "model_defaults",
+    "position_lengths", "schema", "set_key", "split_list_options", "validate_config",
+    "with_derived_model_fields",
 ]

@@ -14,6 +14,7 @@ import difflib
 import importlib.util
 import os
 import sys
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from jaxformer.data.sources import LIST_OPTIONS, list_option
 from jaxformer.train.config.schema import HF_NAMES, base_config
 
 
@@ -86,19 +88,73 @@ def load_config(path: str | os.PathLike, overrides: Mapping[str, Any] | None = N
                          f"(e.g. {os.path.join(file, 'gpt_pretrain_tiny.py')!r})")
     if not os.path.isfile(file):
         raise ValueError(f"config file {file!r} does not exist")
-    name = "jaxformer_config_" + os.path.splitext(os.path.basename(file))[0]
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config(arg) if arg else module.get_config()
-    if not isinstance(config, ml_collections.ConfigDict):
-        raise ValueError(f"{file}: get_config() returned a {type(config).__name__}, not an "
-                         "ml_collections.ConfigDict")
+    config = _call_get_config(file, arg)
     complete_config(config)
     for key, value in (overrides or {}).items():
         set_key(config, key, value)
     config.lock()
+    return split_list_options(config)
+
+
+def split_list_options(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``config`` (changed in place) with each data list option (`LIST_OPTIONS`: ``label_names``,
+    ``columns``) as the tuple the run uses (`list_option`): ``--config.data.label_names=neg,pos``
+    arrives as ``('neg,pos',)``, which messages, ``--print_config`` and config.json would show."""
+    for key in LIST_OPTIONS:
+        if key in config.data and config.data[key] is not None:
+            config.data[key] = list_option(config.data, key)
     return config
+
+
+class ConfigError(ValueError):
+    """A config that cannot be built, in one line: a config file's syntax, an import,
+    ``get_config()`` raising, missing or returning something else (naming the file and line, with
+    the file's own exception text: `_call_get_config`), or an override of a key the config lacks."""
+
+
+def _where(file: str, error: BaseException) -> str:
+    """``file:line`` of ``error``: the line of a `SyntaxError`, else the deepest frame of its
+    traceback inside ``file`` (the line that raised, or called what raised); ``file`` alone if none."""
+    def same(path: str | None) -> bool:
+        return bool(path) and os.path.exists(path) and os.path.samefile(path, file)
+
+    if isinstance(error, SyntaxError) and error.lineno and same(error.filename):
+        return f"{file}:{error.lineno}"
+    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if same(f.filename)]
+    return f"{file}:{lines[-1]}" if lines else file
+
+
+def _call_get_config(file: str, arg: str) -> ml_collections.ConfigDict:
+    """``get_config()`` (``get_config(arg)`` when ``arg``) of the config file ``file``;
+    `ConfigError` in one line when the file cannot give one."""
+    name = "jaxformer_config_" + os.path.splitext(os.path.basename(file))[0]
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the user's file: a syntax error, a missing import, its own raise
+        raise ConfigError(f"config file {_where(file, e)}: {_one_line(e)}") from e
+    if not callable(getattr(module, "get_config", None)):
+        raise ConfigError(f"config file {file} defines no get_config(): a config file returns its "
+                          "ml_collections.ConfigDict from get_config() (configs/gpt_pretrain_tiny.py "
+                          "is an example)")
+    try:
+        config = module.get_config(arg) if arg else module.get_config()
+    except Exception as e:
+        raise ConfigError(f"config file {_where(file, e)}: get_config() raised "
+                          f"{_one_line(e)}") from e
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"config file {file}: get_config() returned a {type(config).__name__}, "
+                          "not an ml_collections.ConfigDict (start from "
+                          "jaxformer.train.config.base_config())")
+    return config
+
+
+def _one_line(error: BaseException) -> str:
+    """``Type: message`` of ``error`` on one line (a `SyntaxError` without its file and line, which
+    the caller names)."""
+    text = error.msg if isinstance(error, SyntaxError) else str(error)
+    return f"{type(error).__name__}: {' '.join(text.split())}" if text else type(error).__name__
 
 
 def define_config_flag(name: str = "config", flag_values: Any = None,
@@ -117,7 +173,7 @@ def define_config_flag(name: str = "config", flag_values: Any = None,
                     try:
                         config_node(config, arg[len(name) + 3:].split("=", 1)[0])
                     except KeyError as e:
-                        raise ValueError(f"{arg}: {e.args[0]}") from None
+                        raise ConfigError(f"{arg}: {e.args[0]}") from None
             return config
 
         def flag_type(self):

@@ -135,20 +135,27 @@ def check_vocabulary(num_ids: int, model_cfg: ModelConfig, tokenizer: str) -> No
                          f"{num_ids}")
 
 
+def position_lengths(data: ml_collections.ConfigDict, model_cfg: ModelConfig) -> dict[str, int]:
+    """The row lengths of ``data`` that index a learned position table of ``model_cfg``
+    (``{"seq_len": …}``, and ``target_len`` for an encoder-decoder); {} for other positions."""
+    if model_cfg.position != "learned":
+        return {}
+    lengths = {"seq_len": data.seq_len}
+    if model_cfg.family == "encoder_decoder":
+        lengths["target_len"] = data.target_len
+    return lengths
+
+
 def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig, resolved: bool) -> None:
     """The data section, and how it fits the model: row lengths within a learned position table,
     string labels within the classifier's classes, a tokenizer to be trained within the vocabulary
     (one read from a file is checked when it is read)."""
     data = config.data
     check_data_config(data, objective=config.objective)
-    if model_cfg.position == "learned":
-        lengths = {"seq_len": data.seq_len}
-        if model_cfg.family == "encoder_decoder":
-            lengths["target_len"] = data.target_len
-        for key, n in lengths.items():
-            if n > model_cfg.max_len:
-                raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
-                                 f"learned position table; lower data.{key} or raise model.max_len")
+    for key, n in position_lengths(data, model_cfg).items():  # init_from's table: resolve_config
+        if n > model_cfg.max_len:  # has fitted the lengths to it (it cannot grow)
+            raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
+                             f"learned position table; lower data.{key} or raise model.max_len")
     pairs = config.objective.get("sentence_pairs", "none")  # the pair label needs its head
     if pairs != "none" and (not model_cfg.nsp_head or model_cfg.type_vocab_size < 2):
         raise ValueError(f"objective.sentence_pairs={pairs!r} trains on [CLS] A [SEP] B [SEP] rows "
