@@ -21,8 +21,8 @@ import sys
 import jax
 from absl import app, flags, logging
 
+from jaxformer.cli import exit_with_error, run_absl
 from jaxformer.cli import plan as plan_cli
-from jaxformer.cli import run_absl
 from jaxformer.cli.plan import config_from_flags, define_flags, emit
 from jaxformer.compilation_cache import disable_compilation_cache
 from jaxformer.compile import compile_report, gib, refusal
@@ -76,7 +76,7 @@ def main(argv) -> None:
     try:
         report = compile_report(config_from_flags(f), parse_topology(f.topology, f.num_slices))
     except (ValueError, KeyError) as e:
-        sys.exit(f"python -m jaxformer.cli.compile: error: {e.args[0] if e.args else e}")
+        exit_with_error("python -m jaxformer.cli.compile", e.args[0] if e.args else e)
     emit(format_report(report), report, f.json)
     why = refusal(report)
     if why:

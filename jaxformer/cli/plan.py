@@ -20,7 +20,7 @@ import sys
 import ml_collections
 from absl import app, flags, logging
 
-from jaxformer.cli import run_absl
+from jaxformer.cli import exit_with_error, run_absl
 from jaxformer.compilation_cache import disable_compilation_cache
 from jaxformer.parallel.mesh import make_mesh, mesh_shape
 from jaxformer.parallel.topology import parse_topology
@@ -80,7 +80,7 @@ def main(argv) -> None:
         report = plan(config, devices=f.devices, compile=f.compile, argv=sys.argv[1:],
                       topology=topology)
     except (ValueError, KeyError) as e:  # a bad preset, mesh, size: the message says which
-        sys.exit(f"python -m jaxformer.cli.plan: error: {e.args[0] if e.args else e}")
+        exit_with_error("python -m jaxformer.cli.plan", e.args[0] if e.args else e)
     emit(format_table(report), report, f.json)
 
 
