@@ -255,6 +255,8 @@ def test_context_combines_with_fsdp_and_tensor():
 def test_loss_curve_20_steps_context_equals_data(family):
     ref_losses, _, _ = _run(family, (("data", 4),))
     losses, _, _ = _run(family, (("context", 4),))
+    # float32 rounding, amplified by training: ~1e-7 here (Adam ε 1e-3, one narrow layer); a
+    # larger run drifts further, whichever mesh (docs/scaling.md, bench/context_drift.py)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
     assert losses[-1] < losses[0]  # it trains
 
