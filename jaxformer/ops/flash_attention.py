@@ -119,11 +119,11 @@ def _fwd_kernel(*refs, causal, scale, has_bias, has_seg, bq, bk, nk):
 
     @pl.when(j == nk - 1)
     def _finish():
-        m, l = m_sc[r], l_sc[r]
+        m, norm = m_sc[r], l_sc[r]
         seen = m > MASK / 2  # a row that saw no key kept the mask value as its max
-        o_ref[...] = jnp.where(seen[:, :1], acc_sc[r] / l[:, :1], 0.0).astype(o_ref.dtype)
+        o_ref[...] = jnp.where(seen[:, :1], acc_sc[r] / norm[:, :1], 0.0).astype(o_ref.dtype)
         # +inf: exp(s - lse) is 0 in the backward pass, so a blind row gets no gradient
-        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf)
+        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, norm, 1.0)), jnp.inf)
         lse_ref[...] = lse.T[:1]  # [LANES, bq] → the row [1, bq]
 
 
@@ -267,12 +267,12 @@ class _Geometry:
     def kv_block(self, i, j):
         """kv block ``j`` of q block ``i``, clamped under the causal mask to the last one that
         row block sees: skipped steps keep the block index, so nothing is fetched for them."""
-        return jnp.minimum(j, (i * self.bq + self.bq - 1) // self.bk) if self.causal else j
+        return jnp.minimum(j, lax.div(i * self.bq + self.bq - 1, self.bk)) if self.causal else j
 
     def q_block(self, i, j):
         """q block ``i`` of kv block ``j``, clamped under the causal mask to the first one that
         sees it."""
-        return jnp.maximum(i, (j * self.bk) // self.bq) if self.causal else i
+        return jnp.maximum(i, lax.div(j * self.bk, self.bq)) if self.causal else i
 
     def bias_row(self, row):
         return 0 if self.shared_bias else row
@@ -336,7 +336,7 @@ def _forward(q, k, v, bias, q_seg, kv_seg, *, causal, scale, block_q, block_kv, 
     n, bq, g = geo.rows, geo.bq, geo.groups
     row = lambda c, r: c * n + r
     q_map = lambda c, h, i, j, r: (row(c, r), h, i, 0)
-    kv_map = lambda c, h, i, j, r: (row(c, r), h // g, geo.kv_block(i, j), 0)
+    kv_map = lambda c, h, i, j, r: (row(c, r), lax.div(h, g), geo.kv_block(i, j), 0)
     bias_map = lambda c, h, i, j, r: (geo.bias_row(row(c, r)), h, i, geo.kv_block(i, j))
     qseg_map = lambda c, h, i, j, r: (row(c, r), 0, i)
     kvseg_map = lambda c, h, i, j, r: (row(c, r), 0, geo.kv_block(i, j))
@@ -413,7 +413,7 @@ def _backward_dq(q, k, v, bias, q_seg, kv_seg, lse, di, do, *, causal, scale, bl
     n, bq, g = geo.rows, geo.bq, geo.groups
     row = lambda c, r: c * n + r
     q_map = lambda c, h, i, j, r: (row(c, r), h, i, 0)
-    kv_map = lambda c, h, i, j, r: (row(c, r), h // g, geo.kv_block(i, j), 0)
+    kv_map = lambda c, h, i, j, r: (row(c, r), lax.div(h, g), geo.kv_block(i, j), 0)
     bias_map = lambda c, h, i, j, r: (geo.bias_row(row(c, r)), h, i, geo.kv_block(i, j))
     qseg_map = lambda c, h, i, j, r: (row(c, r), 0, i)
     kvseg_map = lambda c, h, i, j, r: (row(c, r), 0, geo.kv_block(i, j))
@@ -434,7 +434,8 @@ def _backward_dq(q, k, v, bias, q_seg, kv_seg, lse, di, do, *, causal, scale, bl
             out_shape.append(jax.ShapeDtypeStruct((geo.chunks, geo.h, geo.lq, geo.lk), jnp.float32))
             nbytes += geo.chunks * geo.h * geo.lq * geo.lk * 4
         else:
-            out_specs.append(pl.BlockSpec((None, None, bq, geo.bk), lambda c, h, i, j, r: (row(c, r), h, i, j)))
+            out_specs.append(pl.BlockSpec((None, None, bq, geo.bk),
+                                          lambda c, h, i, j, r: (row(c, r), h, i, j)))
             out_shape.append(jax.ShapeDtypeStruct(bias.shape, bias.dtype))
             nbytes += _nbytes(bias.shape, bias.dtype)
         nbytes += geo.bias_bytes(bias, "pair")
