@@ -402,6 +402,8 @@ def fused_attention(implementation: str, q: Array, k: Array, v: Array, *, block:
         return cudnn_attention(q, k, v, **kw)
     if implementation.startswith("flash"):
         interpret = implementation == "flash_interpret"
+        if not interpret:
+            check_backend("flash")
         if kw["bias"] is None:  # T5's cross-attention: no bias, splash (its kernel for this case)
             return splash_attention(q, k, v, block=block, interpret=interpret, **kw)
         return flash_attention(q, k, v, block=block, interpret=interpret, **kw)
