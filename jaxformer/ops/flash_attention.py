@@ -17,15 +17,15 @@ its `[buckets, heads]` table, that gradient reaches the table (a scatter-add ont
 Why a bias block rather than the table: the kernel reads a `[1|B, H, L, S]` bias computed by XLA
 (`jaxformer.ops.positions.relative_position_bias`) rather than bucketing relative positions and
 looking up the table per element in the kernel. In-kernel, each logit would cost the bucket
-(a log, compares) and a 32-way select on the vector unit — some 80 VPU operations against the
-256 MXU FLOPs of the two matmuls per logit (head_dim 64), several times the matmuls' time on v5p —
-and its table gradient 32 masked reductions per block. The bias block costs bytes instead: one
-bias element (2 bytes in bfloat16) per logit per kernel, which at head_dim 64 is comparable to the
-q/k/v blocks. A bias shared over the batch (`[1, H, L, S]`) is read once per (head, q block,
-kv block) for all the rows of a batch chunk: the batch is the grid's innermost axis, with the
-running max, normaliser and output of each row of the chunk held in VMEM scratch; its gradient is
-summed over the chunk in VMEM too. The figures measured on a compiled v5p step are in
-docs/scaling.md ("T5 on a fused kernel").
+(a log, compares) and a 32-way select on the vector unit — some 80 VPU operations (our count)
+against the 256 MXU FLOPs of the two matmuls per logit (head_dim 64), several times the matmuls'
+time on v5p — and its table gradient 32 masked reductions per block. The bias block costs bytes
+instead: one bias element (2 bytes in bfloat16) per logit per kernel; at L = S = 512 and head_dim
+64 a row's bias is 2.7× its q, k and v together. A bias shared over the batch (`[1, H, L, S]`)
+is read once per (head, q block, kv block) for all the rows of a batch chunk: the batch is the
+grid's innermost axis, with the running max, normaliser and output of each row of the chunk held
+in VMEM scratch; its gradient is summed over the chunk in VMEM too. The figures measured on a
+compiled v5p step are in docs/scaling.md ("T5 on a fused kernel").
 
 Layouts (head-major, as the kernel's blocks need): ``q`` `[B, H, L, D]`, ``k`` `[B, K, S, D]`,
 ``v`` `[B, K, S, Dv]` with ``H % K == 0`` (grouped kv heads: query head ``h`` reads kv head
@@ -39,7 +39,9 @@ planner counts attention (`jaxformer.plan.model_flops`: 4·L·S·D per head forw
 split 4 + 4 between the two backward kernels; halved for causal), not the recomputation the
 kernels also execute (forward 4, dK/dV kernel 8, dQ kernel 6); bytes: every block each kernel
 reads or writes from HBM, as often as the grid fetches it (q, k, v, o, dO, bias, dS, dQ, dK, dV,
-the logsumexp and Δ = rowsum(dO·o) statistics, segment ids), skipped causal blocks excluded.
+the logsumexp and Δ = rowsum(dO·o) statistics, segment ids). Skipped causal blocks are not
+fetched when a batch chunk holds one row; with several rows the row changes at every grid step, so
+every step moves its blocks (`_Geometry.fetches`).
 """
 
 from __future__ import annotations
