@@ -283,7 +283,7 @@ def test_bad_arguments_raise_value_error(rng):
         dot_product_attention(q, k, v)
     q, k, v = random_qkv(rng, 1, 8, 8, 4, 2, 8)
     with pytest.raises(ValueError, match="implementation"):
-        dot_product_attention(q, k, v, implementation="flash")
+        dot_product_attention(q, k, v, implementation="flash3")
     with pytest.raises(ValueError, match="kv_layout"):
         dot_product_attention(q, k, v, kv_layout="bhsd")
     with pytest.raises(ValueError, match=r"\[batch, length, heads, head_dim\]"):

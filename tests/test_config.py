@@ -39,7 +39,7 @@ def test_presets_build_and_round_trip(name):
     (dict(head="seq2seq"), "head"),
     (dict(pooling="median"), "pooling"),
     (dict(remat_policy="everything"), "remat_policy"),
-    (dict(attention_impl="flash"), "attention_impl"),
+    (dict(attention_impl="flash3"), "attention_impl"),
     (dict(dtype="float8"), "model.dtype"),
     (dict(param_dtype="int8"), "param_dtype"),
     (dict(activation="swish"), "activation='swish'"),

@@ -313,10 +313,11 @@ def dot_product_attention(
       dropout_rate, dropout_rng: dropout on the attention weights (training only).
       implementation: ``"xla"`` (plain), ``"chunked"`` (memory-efficient online softmax), or a
         fused kernel of `jaxformer.ops.attention_kernels`: ``"cudnn"`` (CUDA GPUs), ``"splash"``
-        (TPUs), ``"splash_interpret"`` (splash interpreted, any backend); kernels take no
-        ``bias`` or dropout, splash no dense ``mask``.
+        (TPUs), ``"splash_interpret"`` (splash interpreted, any backend), ``"flash"`` (TPUs:
+        our kernel, the one that takes a ``bias``), ``"flash_interpret"``; kernels take no
+        dropout, only ``flash`` a ``bias``, splash and flash no dense ``mask``.
       q_chunk_size, kv_chunk_size: chunk sizes of the chunked path (other lengths are padded to
-        a multiple and the padding masked); ``kv_chunk_size`` is splash's block length.
+        a multiple and the padding masked); ``kv_chunk_size`` is splash's and flash's block length.
       precision: matmul precision passed to `jnp.einsum`.
       kv_layout: ``"bskd"`` (``k``/``v`` as above) or ``"bksd"``: heads-major
         `[batch, kv_heads, kv_len, head_dim]`, the layout of the decoding cache, which the plain

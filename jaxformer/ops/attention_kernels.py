@@ -36,6 +36,14 @@ of 128; the block is ``min(attention_chunk_size, length rounded up to 128)``) wi
 Chosen over ``flash_attention`` from the same package, which takes a bias but has neither grouped
 kv heads nor an interpret mode (so could not be tested on CPU). ``"splash_interpret"`` runs the
 same kernel through the Pallas interpreter: any backend, slow — for tests on CPU.
+
+``"flash"``: our own Pallas TPU flash-attention kernel (`jaxformer.ops.flash_attention`), the one
+fused kernel that adds a bias — T5's learned relative-position bias, `[1|B, H, L, S]` computed by
+XLA, with its gradient (hence the bucket table's) — with causal and segment masks (id 0 = padding)
+and grouped kv heads. No dense ``mask`` and no dropout. Lengths are padded to a multiple of the
+block as for splash (padded keys get segment id 0, padded bias entries 0). A call without a bias
+(T5's cross-attention) goes to splash. ``"flash_interpret"`` runs both through the Pallas
+interpreter (CPU tests).
 """
 
 from __future__ import annotations
@@ -50,11 +58,13 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.extend import backend as jax_backend
 
+from jaxformer.ops.flash_attention import flash_attention as flash_kernel
 from jaxformer.ops.masks import causal_mask, combine_masks, segment_mask
 
 Array = jnp.ndarray
-KERNELS = ("cudnn", "splash", "splash_interpret")
-BIAS_KERNELS = ("cudnn",)  # the kernels that add T5's relative bias and give its gradient
+KERNELS = ("cudnn", "splash", "splash_interpret", "flash", "flash_interpret")
+# the kernels that add T5's relative bias and give its gradient
+BIAS_KERNELS = ("cudnn", "flash", "flash_interpret")
 CUDNN_DTYPES = ("bfloat16", "float16")
 CUDNN_MAX_HEAD_DIM = 256  # Hopper and later; 128 on older GPUs (cuDNN refuses at compile time)
 SPLASH_LANES = 128  # TPU lane width: splash blocks and padded lengths are multiples of it
@@ -117,15 +127,15 @@ def backend_problem(impl: str, platform: str | None = None, version: str | None 
                     ) -> str | None:
     """Why the backend cannot run ``impl``, or None. The backend: ``platform`` if given, else the
     `target_platform` in context, else jax's default backend."""
-    if impl not in ("cudnn", "splash"):
+    if impl not in ("cudnn", "splash", "flash"):
         return None
     platform = _platform(platform, version)
     if impl == "cudnn" and platform != "cuda":
         return (f"model.attention_impl='cudnn' needs a CUDA GPU, but jax's backend is {platform!r}; "
                 "use 'xla' or 'chunked'")
-    if impl == "splash" and platform != "tpu":
-        return (f"model.attention_impl='splash' needs a TPU, but jax's backend is {platform!r}; "
-                "use 'xla' or 'chunked' ('splash_interpret' runs the kernel interpreted, slowly, "
+    if impl in ("splash", "flash") and platform != "tpu":
+        return (f"model.attention_impl={impl!r} needs a TPU, but jax's backend is {platform!r}; "
+                f"use 'xla' or 'chunked' ('{impl}_interpret' runs the kernel interpreted, slowly, "
                 "for tests)")
     return None
 
@@ -281,14 +291,14 @@ def _axes_size(mesh, axes) -> int:
 
 
 def _per_device(fn, q_BxHxLxD: Array, k_BxKxSxD: Array, v_BxKxSxD: Array, q_seg: Array,
-                kv_seg: Array) -> Array:
-    """``fn(q, k, v, q_seg, kv_seg)`` (head-major layouts, `[B, L]` segment ids), run per device
-    under `kernel_mesh` when one is active: a dimension that its mesh axes do not divide stays
-    whole (replicated), and grouped kv heads split with the query heads (the rules refuse a kv
-    head count the tensor axis does not divide)."""
+                kv_seg: Array, *bias_BxHxLxS: Array) -> Array:
+    """``fn(q, k, v, q_seg, kv_seg[, bias])`` (head-major layouts, `[B, L]` segment ids, an
+    optional bias `[1|B, H, L, S]`), run per device under `kernel_mesh` when one is active: a
+    dimension that its mesh axes do not divide stays whole (replicated), and grouped kv heads split
+    with the query heads (the rules refuse a kv head count the tensor axis does not divide)."""
     ctx = _MESH.get()
     if ctx is None or ctx[0].size == 1:
-        return fn(q_BxHxLxD, k_BxKxSxD, v_BxKxSxD, q_seg, kv_seg)
+        return fn(q_BxHxLxD, k_BxKxSxD, v_BxKxSxD, q_seg, kv_seg, *bias_BxHxLxS)
     mesh, batch_axes, head_axes = ctx
     rows = batch_axes if q_BxHxLxD.shape[0] % _axes_size(mesh, batch_axes) == 0 else None
     n_heads = _axes_size(mesh, head_axes)
@@ -296,8 +306,11 @@ def _per_device(fn, q_BxHxLxD: Array, k_BxKxSxD: Array, v_BxKxSxD: Array, q_seg:
         else None
     spec = jax.sharding.PartitionSpec(rows, heads, None, None)
     seg = jax.sharding.PartitionSpec(rows, None)
-    return jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec, spec, seg, seg), out_specs=spec,
-                         check_vma=False)(q_BxHxLxD, k_BxKxSxD, v_BxKxSxD, q_seg, kv_seg)
+    bias_specs = tuple(jax.sharding.PartitionSpec(rows if b.shape[0] > 1 else None, heads, None, None)
+                       for b in bias_BxHxLxS)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec, spec, seg, seg, *bias_specs),
+                         out_specs=spec, check_vma=False)(q_BxHxLxD, k_BxKxSxD, v_BxKxSxD, q_seg,
+                                                          kv_seg, *bias_BxHxLxS)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -364,11 +377,69 @@ def splash_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: 
     return out[:, :lq].astype(q.dtype)
 
 
+# --------------------------------------------------------------------------------------------------
+# TPU flash attention with a bias (`jaxformer.ops.flash_attention`).
+
+
+def flash_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: Array | None,
+                    causal: bool, q_segment_ids: Array | None, kv_segment_ids: Array | None,
+                    scale: float, dropout_rate: float = 0.0, dropout_rng=None, block: int = 512,
+                    interpret: bool = False) -> Array:
+    """Our flash kernel on ``q`` `[B, L, H, Dh]`, ``k``/``v`` `[B, S, K, Dh|Dv]`, with an additive
+    ``bias`` broadcastable to `[B, H, L, S]` (its batch axis 1 or B: shared or per row), causal
+    and segment masks (no dense ``mask``). Blocks: ``min(block, length rounded up to 128)``;
+    lengths are padded to a multiple with segment id 0 and bias 0.
+
+    Returns `[B, L, H, Dv]` in ``q.dtype``."""
+    impl = "flash_interpret" if interpret else "flash"
+    _refuse(impl, None, dropout_rate, dropout_rng)
+    if mask is not None:
+        raise ValueError(f"implementation={impl!r} takes causal and segment masks only, not a "
+                         "dense mask: use 'xla', 'chunked' or 'cudnn'")
+    if not interpret:
+        check_backend("flash")
+    b, lq, h, _ = q.shape
+    lk = k.shape[1]
+    block_q = min(block, _round_up(lq, SPLASH_LANES))
+    block_kv = min(block, _round_up(lk, SPLASH_LANES))
+    lq_pad, lk_pad = _round_up(lq, block_q), _round_up(lk, block_kv)
+    q_seg, kv_seg = q_segment_ids, kv_segment_ids
+    if (lq_pad, lk_pad) != (lq, lk):  # padded keys are hidden by segment id 0
+        q_seg, kv_seg = _default_segments(q_seg, kv_seg, q, k)
+        q_seg, kv_seg = _pad_to(q_seg, 1, lq_pad), _pad_to(kv_seg, 1, lk_pad)
+    q_BxHxLxDh = jnp.swapaxes(_pad_to(q, 1, lq_pad), 1, 2)
+    k_BxKxSxDh, v_BxKxSxDv = (jnp.swapaxes(_pad_to(x, 1, lk_pad), 1, 2) for x in (k, v))
+    bias_args = ()
+    if bias is not None:
+        bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
+        bias = jnp.broadcast_to(bias, (bias.shape[0], h, lq, lk))
+        bias_args = (_pad_to(_pad_to(bias, 2, lq_pad), 3, lk_pad),)
+
+    if q_seg is None:  # no segment ids: `_per_device` splits two empty `[B, 0]` stand-ins
+        q_seg = kv_seg = jnp.zeros((b, 0), jnp.int32)
+
+    def rows(q_BxHxLxDh, k_BxKxSxDh, v_BxKxSxDv, q_seg, kv_seg, *bias_BxHxLxS):
+        segments = (q_seg, kv_seg) if q_seg.shape[1] else (None, None)
+        return flash_kernel(q_BxHxLxDh, k_BxKxSxDh, v_BxKxSxDv, *(bias_BxHxLxS or (None,)),
+                            *segments, causal=causal, scale=scale, block_q=block_q,
+                            block_kv=block_kv, interpret=interpret)
+
+    out_BxHxLxDv = _per_device(rows, q_BxHxLxDh, k_BxKxSxDh, v_BxKxSxDv, q_seg, kv_seg, *bias_args)
+    return jnp.swapaxes(out_BxHxLxDv, 1, 2)[:, :lq].astype(q.dtype)
+
+
 def fused_attention(implementation: str, q: Array, k: Array, v: Array, *, block: int, **kw
                     ) -> Array:
     """Dispatch to the kernel ``implementation`` (one of `KERNELS`); ``kw`` as `cudnn_attention`."""
     if implementation == "cudnn":
         return cudnn_attention(q, k, v, **kw)
+    if implementation.startswith("flash"):
+        interpret = implementation == "flash_interpret"
+        if not interpret:
+            check_backend("flash")
+        if kw["bias"] is None:  # T5's cross-attention: no bias, splash (its kernel for this case)
+            return splash_attention(q, k, v, block=block, interpret=interpret, **kw)
+        return flash_attention(q, k, v, block=block, interpret=interpret, **kw)
     return splash_attention(q, k, v, block=block, interpret=implementation == "splash_interpret",
                             **kw)
 
@@ -376,4 +447,5 @@ def fused_attention(implementation: str, q: Array, k: Array, v: Array, *, block:
 __all__ = ["KERNELS", "BIAS_KERNELS", "FASTEST", "unsupported", "backend_problem",
            "fastest_attention", "check_backend",
            "target_platform", "kernel_mesh",
-           "cudnn_arguments", "cudnn_attention", "splash_attention", "fused_attention"]
+           "cudnn_arguments", "cudnn_attention", "splash_attention", "flash_attention",
+           "fused_attention"]
