@@ -20,7 +20,6 @@ from jaxformer.models import build_model
 from jaxformer.models.presets import PRESETS, preset
 from jaxformer.ops import dot_product_attention
 from jaxformer.ops.attention_kernels import (
-    KERNELS,
     backend_problem,
     check_backend,
     cudnn_arguments,
@@ -313,8 +312,8 @@ def test_backend_problem_and_fastest_attention_by_platform():
 
 
 # "auto" on the three families' bf16 presets, for each platform: T5's relative bias takes the Pallas
-# flash kernel on a TPU once it is built ("flash" in KERNELS), "xla" until then.
-T5_ON_TPU = "flash" if "flash" in KERNELS else "xla"
+# flash kernel on a TPU (splash has no bias operand), cuDNN on a GPU.
+T5_ON_TPU = "flash"
 AUTO = {"tpu": {"gpt2_small_bf16": "splash", "bert_base_bf16": "splash", "t5_base_bf16": T5_ON_TPU},
         "cuda": {"gpt2_small_bf16": "cudnn", "bert_base_bf16": "cudnn", "t5_base_bf16": "cudnn"},
         "cpu": {"gpt2_small_bf16": "xla", "bert_base_bf16": "xla", "t5_base_bf16": "xla"}}
