@@ -160,11 +160,11 @@ def test_declared_flops_are_the_planners_and_bytes_count_the_blocks(causal):
 # Config and backend.
 
 
-def test_t5_config_takes_flash_and_the_other_kernels_still_refuse_its_bias():
-    for impl in ("flash", "flash_interpret"):
+def test_t5_config_takes_flash_and_cudnn_and_splash_still_refuses_its_bias():
+    for impl in ("flash", "flash_interpret", "cudnn"):
         assert ModelConfig.from_dict(preset("t5_base_bf16", attention_impl=impl)).attention_impl == impl
-    for impl in ("splash", "cudnn"):
-        with pytest.raises(ValueError, match="use 'flash' \\(TPU\\)"):
+    for impl in ("splash", "splash_interpret"):
+        with pytest.raises(ValueError, match="no bias operand.*'flash'"):
             ModelConfig.from_dict(preset("t5_base_bf16", attention_impl=impl))
     assert unsupported("flash", dtype="bfloat16", head_dim=64, relative_bias=True,
                        attention_dropout_rate=0.1, chunk_size=512)[0] == "attention_dropout_rate"
