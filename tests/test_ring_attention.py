@@ -6,7 +6,8 @@ natural-order sequence: ring attention runs on the zig-zag-ordered blocks and is
 Outputs and gradients (q, k, v and T5's bias) agree to float32 rounding. The train step on
 ``context=4`` is compared with ``data=4`` on the same batches (packed, padded rows), for GPT
 (learned and RoPE positions), BERT and T5 (relative bias, cross-attention); the step's HLO moves
-keys/values with collective-permutes.
+keys/values with collective-permutes, each of which the compile report's counter counts as often as
+it runs.
 """
 
 from __future__ import annotations
