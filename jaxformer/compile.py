@@ -128,23 +128,31 @@ def collectives(hlo_text: str, slice_of: list[int] | None = None) -> dict[str, d
     GPU hosts) — a device group spanning several (``slice_of[i]``: the slice or host of the
     program's device ``i``), or the TPU's transfers to the data-center network
     (``_xla_megascale_*`` sends, bytes summed over their chunks). An asynchronous
-pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``, sized by its results
+    pair (``all-gather-start`` … ``-done``) counts once, by its ``-start``, sized by its results
     (`_result_bytes`); a combined collective (the GPU compiler merges FSDP's gathers into one
-    instruction over a tuple of weights) counts once, its results summed. One collective counts
-    once however many instructions carry its ``channel_id``: the TPU compiler clones a collective
-    into each fusion of an async-collective chain (an all-gather overlapped with the matmuls of a
-    layer, ``chain_id`` in the backend config), 18 copies of one table all-gather in a 2-layer
-    GPT. The TPU's fused reduce-scatter (an ``all-reduce-scatter`` fusion: all-reduce and
+    instruction over a tuple of weights) counts once, its results summed. Every other collective
+    instruction counts, except the TPU compiler's clones: it clones a collective into each fusion
+    of an async-collective chain (an all-gather overlapped with the matmuls of a layer), 18 copies
+    of one table all-gather in a 2-layer GPT, each marked with the chain
+    (``frontend_attributes={chain_id="3"}``) and sharing the original's ``channel_id``; those count
+    once per (chain, channel). A ``channel_id`` alone identifies no collective: XLA gives every
+    ``ppermute`` of a `shard_map` the same one (``channel_id=1`` for all the ring attention's
+    collective-permutes, on CPU and TPU alike: 20 distinct instructions in a 2-layer GPT on
+    ``mesh.context=4``), so distinct collectives sharing it each count, as often as they run.
+    The TPU's fused reduce-scatter (an ``all-reduce-scatter`` fusion: all-reduce and
     dynamic-slice of the shard) is a reduce-scatter of its result (the shards), not the all-reduce
     its body holds."""
     stats = {k: {"count": 0, "bytes": 0, "dcn_count": 0, "dcn_bytes": 0} for k in COLLECTIVES}
-    seen = set()
+    chains = set()
 
     def add(kind: str, moved: int, line: str, times: int) -> None:
-        channel = re.search(r"\bchannel_id=(\d+)", line)
-        if channel and (kind, channel.group(1)) in seen:
-            return  # the same collective again, in the next fusion of an async-collective chain
-        seen.add((kind, channel.group(1) if channel else line))
+        chain = re.search(r'\bchain_id(?:=|":)"?(\d+)', line)
+        if chain:
+            channel = re.search(r"\bchannel_id=(\d+)", line)
+            key = (kind, chain.group(1), channel.group(1) if channel else None)
+            if key in chains:
+                return  # the same collective again, in the next fusion of its async chain
+            chains.add(key)
         stat = stats[kind]
         stat["count"] += times
         stat["bytes"] += moved * times

@@ -106,22 +106,26 @@ def test_splash_compiles_inside_the_sharded_step_with_packed_rows():
 
 
 def xla_collectives(compiled) -> dict[str, int]:
-    """{kind: distinct channels} of the compiled program's collective instructions, read from XLA's
-    own module structure (jaxlib's ``HloModule.computations()`` and each instruction's opcode), not
-    from the module's text. A TPU ``all-reduce-scatter`` fusion's body holds an all-reduce, so an
-    all-reduce here is the counter's all-reduce or reduce-scatter."""
+    """{kind: collectives} of the compiled program's collective instructions, read from XLA's own
+    module structure (jaxlib's ``HloModule.computations()``, each instruction's opcode and its
+    ``chain_id`` frontend attribute), not from the module's text: the clones of one collective in
+    an async chain's fusions (one ``chain_id``, one ``channel_id``) are one, every other
+    instruction is one of its own. A TPU ``all-reduce-scatter`` fusion's body holds an
+    all-reduce, so an all-reduce here is the counter's all-reduce or reduce-scatter."""
     kinds = {"kAllGather": "all-gather", "kReduceScatter": "reduce-scatter",
              "kAllReduce": "all-reduce", "kAllToAll": "all-to-all",
              "kCollectivePermute": "collective-permute"}
-    channels = {k: set() for k in kinds.values()}
+    found = {k: set() for k in kinds.values()}
     for module in compiled.runtime_executable().hlo_modules():
         for computation in module.computations():
             for instruction in computation.instructions():
                 kind = kinds.get(instruction.opcode.name.removesuffix("Start"))
                 if kind:
+                    chain = instruction.get_frontend_attribute("chain_id")
                     channel = re.search(r"channel_id=(\d+)", instruction.to_string())
-                    channels[kind].add(channel.group(1) if channel else instruction.name)
-    return {k: len(v) for k, v in channels.items()}
+                    found[kind].add((chain, channel and channel.group(1)) if chain
+                                    else instruction.name)
+    return {k: len(v) for k, v in found.items()}
 
 
 def assert_collectives_are_xlas(compiled) -> None:
@@ -309,16 +313,23 @@ FUSED_HLO = """
 }
 
 %async_collective_fusion.1 (param_0: bf16[512,16]) -> (bf16[512,64], f32[8]) {
-  %all-gather.3 = bf16[512,64]{0,1} all-gather(%param_0), channel_id=2, dimensions={1}
+  %all-gather.3 = bf16[512,64]{0,1} all-gather(%p), channel_id=2, frontend_attributes={chain_id="3"}
 }
 
 %async_collective_fusion.2 (param_0: bf16[512,16]) -> (bf16[512,64], f32[8]) {
-  %all-gather.4 = bf16[512,64]{0,1} all-gather(%param_0), channel_id=2, dimensions={1}
+  %all-gather.4 = bf16[512,64]{0,1} all-gather(%p), channel_id=2, frontend_attributes={chain_id="3"}
+}
+
+%ring_hop (p: (s32[], bf16[8,64])) -> (s32[], bf16[8,64]) {
+  %ppermute.1 = bf16[8,64]{1,0} collective-permute(%k), channel_id=1, source_target_pairs={{0,1},{1,0}}
+  %ppermute.2 = bf16[8,64]{1,0} collective-permute(%v), channel_id=1, source_target_pairs={{0,1},{1,0}}
 }
 
 ENTRY %main {
   %fusion.1 = f32[512,16]{0,1} fusion(%g), kind=kCustom, calls=%all-reduce-scatter.7, metadata={op_name="x"}
   %all-reduce.2 = f32[64]{0} all-reduce(%b), channel_id=6, replica_groups={{0,1,2,3}}, to_apply=%add
+  %w = (s32[]) while(%t), condition=%c, body=%ring_hop, backend_config={"known_trip_count":{"n":"3"}}
+  %ppermute.3 = bf16[8,64]{1,0} collective-permute(%dk), channel_id=1, source_target_pairs={{0,1},{1,0}}
 }
 """
 
@@ -326,11 +337,14 @@ ENTRY %main {
 def test_tpu_fused_reduce_scatters_and_async_collective_chains_count_once():
     """A TPU ``all-reduce-scatter`` fusion (all-reduce + dynamic-slice of the shard) is one
     reduce-scatter of its shard, not a full all-reduce; an all-gather cloned into each fusion of
-    an async-collective chain (one ``channel_id``) is one all-gather."""
+    an async-collective chain (one ``chain_id``, one ``channel_id``) is one all-gather. Distinct
+    collectives that merely share a ``channel_id`` (every ``ppermute`` of a ring has
+    ``channel_id=1``) each count, as often as they run: 2 hops × 3 iterations + 1."""
     counts = {k: (v["count"], v["bytes"]) for k, v in collectives(FUSED_HLO).items()}
     assert counts["reduce-scatter"] == (1, 512 * 16 * 4)
     assert counts["all-reduce"] == (1, 64 * 4)
     assert counts["all-gather"] == (1, 512 * 64 * 2)
+    assert counts["collective-permute"] == (2 * 3 + 1, (2 * 3 + 1) * 8 * 64 * 2)
 
 
 LOOP_HLO = """

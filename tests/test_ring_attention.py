@@ -6,7 +6,8 @@ natural-order sequence: ring attention runs on the zig-zag-ordered blocks and is
 Outputs and gradients (q, k, v and T5's bias) agree to float32 rounding. The train step on
 ``context=4`` is compared with ``data=4`` on the same batches (packed, padded rows), for GPT
 (learned and RoPE positions), BERT and T5 (relative bias, cross-attention); the step's HLO moves
-keys/values with collective-permutes.
+keys/values with collective-permutes, each of which the compile report's counter counts as often as
+it runs.
 """
 
 from __future__ import annotations
@@ -241,6 +242,29 @@ def test_train_step_context4_equals_data4(family):
     # nothing floating-point is gathered (T5 gathers its int32 positions for the bias columns)
     gathered = re.findall(r"= \(?(\w+)\[[\d,]*\][^=]*? all-gather(?:-start)?\(", text)
     assert not [t for t in gathered if t.startswith(("f", "bf"))], gathered
+
+
+def test_compile_report_counts_each_ring_permute_as_often_as_it_runs():
+    """The compile report's counter (`jaxformer.compile.collectives`) on the compiled ``context=4``
+    GPT step, against XLA's own module structure (jaxlib's ``HloModule``: each instruction's opcode
+    and shape, the ``while`` loops' bodies), with the trip count from the ring itself: a body runs
+    ``N - 1`` times (`ring_attention`'s ``fori_loop(1, n, hop)``). XLA gives every ``ppermute`` of
+    the ring the same ``channel_id``; the counter once took them for one collective and counted
+    one per ring step (13 here, of 36)."""
+    compiled = _run("gpt", (("context", N),))[2]
+    instructions = [(c.name, i) for m in compiled.runtime_executable().hlo_modules()
+                    for c in m.computations() for i in c.instructions()]
+    bodies = {re.search(r"\bbody=%?([\w.\-]+)", i.to_string()).group(1)
+              for _, i in instructions if i.opcode.name == "kWhile"}
+    permutes = [(name in bodies, i) for name, i in instructions
+                if i.opcode.name in ("kCollectivePermute", "kCollectivePermuteStart")]
+    # one layer: K, V and segment ids per hop in the forward pass; with dK and dV in the backward
+    assert sum(in_body for in_body, _ in permutes) == 3 + 5
+    runs = [(N - 1 if in_body else 1, i) for in_body, i in permutes]
+    got = collectives(compiled.as_text())["collective-permute"]
+    assert got["count"] == sum(n for n, _ in runs)
+    assert got["bytes"] == sum(n * np.prod(i.shape.dimensions()) * i.shape.numpy_dtype().itemsize
+                               for n, i in runs)
 
 
 @pytest.mark.slow
