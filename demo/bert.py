@@ -69,25 +69,30 @@ def measure_accuracy(trainer, run, max_batches: int = 0) -> dict:
     return {"validation": val["accuracy"], "test": test["accuracy"], "best_step": step}
 
 
+def finetune_config(workdir: Path, settings: DemoSettings, overrides: Overrides | None, size: int,
+                    init_from: str, lr: float, seed: int):
+    """The sentiment fine-tuning config of a regime of ``size`` labels (`compare.MakeConfig`),
+    in ``workdir`` (the family's: ``pretrain/`` holds the tokenizer the own MLM and scratch share;
+    the Hugging Face init, ``settings.bert_hf``, brings its own)."""
+    data = write_low_resource_split(workdir / f"sentiment_{size}", size)
+    steps = settings.steps("bert", size)
+    tok = ({} if init_from and init_from == settings.bert_hf else
+           {"data.tokenizer.path": str(workdir / "pretrain" / "tokenizer.model")})
+    c = regime_config(BERT_HEAD_CONFIGS[settings.bert_head], overrides, init_from=init_from,
+                      seed=seed, **tok, **data,
+                      **{"num_train_steps": steps, "optimizer.peak_lr": lr,
+                         "optimizer.warmup_steps": max(steps // 10, 1)})
+    scale_budget(c, settings.budget_scale, evals=settings.evals)
+    return c
+
+
 def run_bert(workdir: Path, settings: DemoSettings, overrides: Overrides | None = None) -> dict:
     workdir = Path(workdir) / "bert"
     banner("BERT 1/2: masked-LM pretraining on unlabelled in-domain text")
     config = pretrain_config("bert", "bert_pretrain_tiny", settings, overrides)
     trainer, pre = train_run("bert_pretrain", config, workdir / "pretrain")
-    tok = {"data.tokenizer.path": str(workdir / "pretrain" / "tokenizer.model")}
     total = len(sentiment_records("train"))
-
-    def make_config(size, init_from, lr, seed):
-        data = write_low_resource_split(workdir / f"sentiment_{size}", size)
-        steps = settings.steps("bert", size)
-        own_tok = {} if init_from and init_from == settings.bert_hf else tok  # the HF dir's own
-        c = regime_config(BERT_HEAD_CONFIGS[settings.bert_head], overrides, init_from=init_from,
-                          seed=seed, **own_tok, **data,
-                          **{"num_train_steps": steps, "optimizer.peak_lr": lr,
-                             "optimizer.warmup_steps": max(steps // 10, 1)})
-        scale_budget(c, settings.budget_scale, evals=settings.evals)
-        return c
-
+    make_config = functools.partial(finetune_config, workdir, settings, overrides)
     sizes = tuple(n if 0 < n < total else total for n in settings.bert_sizes)
     rows = compare_inits("bert", "sentiment labels", workdir, settings, sizes=sizes,
                          make_config=make_config,

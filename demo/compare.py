@@ -66,7 +66,8 @@ def compare_inits(family: str, name: str, workdir: Path, settings: DemoSettings,
         lr_grid = settings.lr_grid(family, size)
         first = run_all({(init, lr): (make_config(size, init_paths[init], lr, 0),
                                       Path(workdir) / f"{family}_{size}_{init}_lr{lr:g}_seed0")
-                         for init, grid in lr_grid.items() for lr in grid}, measure, settings.jobs)
+                         for init, grid in lr_grid.items() for lr in grid}, measure, settings.jobs,
+                        settings.resume)
         best = {}
         for init, grid in lr_grid.items():
             tried = [{"lr": lr, **first[init, lr]} for lr in grid]
@@ -81,7 +82,7 @@ def compare_inits(family: str, name: str, workdir: Path, settings: DemoSettings,
         more = run_all({(init, seed): (make_config(size, init_paths[init], b["lr"], seed),
                                        Path(workdir) / f"{family}_{size}_{init}_seed{seed}")
                         for init, b in best.items() for seed in range(1, seeds)},
-                       measure, settings.jobs)
+                       measure, settings.jobs, settings.resume)
         for init, b in best.items():
             runs = [b] + [{"lr": b["lr"], **more[init, seed]} for seed in range(1, seeds)]
             row["inits"][init]["runs"] = [{k: (str(v) if k == "workdir" else v)
@@ -111,17 +112,18 @@ def choose(tried: Sequence[Mapping], higher_is_better: bool) -> int:
 
 
 def run_all(tasks: Mapping[Hashable, tuple[ml_collections.ConfigDict, Path]], measure: Measure,
-            jobs: int = 1) -> dict:
-    """``{key: _one(config, workdir, measure)}`` of ``tasks`` (``{key: (config, workdir)}``), in
-    order, or ``jobs`` at a time in fresh processes (each run is a function of its config alone,
-    so the results are the sequential ones; ``measure`` must then pickle: a module-level function
-    or a `functools.partial` of one)."""
+            jobs: int = 1, resume: bool = False) -> dict:
+    """``{key: _one(config, workdir, measure, resume)}`` of ``tasks`` (``{key: (config,
+    workdir)}``), in order, or ``jobs`` at a time in fresh processes (each run is a function of
+    its config alone, so the results are the sequential ones; ``measure`` must then pickle: a
+    module-level function or a `functools.partial` of one)."""
     if jobs <= 1 or len(tasks) <= 1:
-        return {key: _one(config, wd, measure) for key, (config, wd) in tasks.items()}
+        return {key: _one(config, wd, measure, resume) for key, (config, wd) in tasks.items()}
     cache = jax.config.jax_compilation_cache_dir  # identical runs in the workers compile once too
     with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn"),
                              initializer=_worker_start, initargs=(cache,)) as pool:
-        futures = {key: pool.submit(_one, config, wd, measure) for key, (config, wd) in tasks.items()}
+        futures = {key: pool.submit(_one, config, wd, measure, resume)
+                   for key, (config, wd) in tasks.items()}
         return {key: f.result() for key, f in futures.items()}
 
 
@@ -133,9 +135,12 @@ def _worker_start(cache: str | None) -> None:
     logging.set_verbosity(logging.WARNING)
 
 
-def _one(config: ml_collections.ConfigDict, workdir: Path, measure: Measure) -> dict:
-    """Train ``config`` from nothing in ``workdir`` and measure it; the run's budget is kept."""
-    shutil.rmtree(workdir, ignore_errors=True)
+def _one(config: ml_collections.ConfigDict, workdir: Path, measure: Measure,
+         resume: bool = False) -> dict:
+    """Train ``config`` from nothing in ``workdir`` (``resume``: from its last checkpoint, so a
+    finished run is only measured) and measure it; the run's budget is kept."""
+    if not resume:
+        shutil.rmtree(workdir, ignore_errors=True)
     trainer, run = train_run(workdir.name, config, workdir)
     out = measure(trainer, run)
     evals = [{k: v for k, v in r.items() if k == "step" or k.startswith("eval_")}

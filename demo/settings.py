@@ -66,6 +66,9 @@ class DemoSettings:
       evals: validation passes (and checkpoints) per fine-tuning run; the best is kept.
       eval_batches: batches of the final validation / test scoring (0 = the whole split; tests
         use a few).
+      resume: keep the runs a stopped demo left in the workdir: each continues from its last
+        checkpoint (the trainer resumes bit for bit), a finished one is only measured (its
+        budget's minutes are then those of the measurement alone).
       jobs: fine-tuning runs trained at a time, in separate processes (`demo.compare.run_all`);
         the results do not depend on it.
       bert_hf: a Hugging Face BERT directory fine-tuned as a third BERT init, "minilm", through
@@ -94,6 +97,7 @@ class DemoSettings:
     min_steps: int = 150
     evals: int = 4
     eval_batches: int = 0
+    resume: bool = False
     jobs: int = 1
     bert_hf: str = ""
     bert_head: str = "classify"

@@ -133,8 +133,13 @@ def test_demo_regimes_are_seeded_fair_and_summarised(demo):
     assert list(bert["inits"]) == ["pretrained", "scratch", MINILM["init"]]
     hf_runs = bert["inits"][MINILM["init"]]["runs"]
     assert r["bert"]["hf_init"]["vocab_size"] == 128 and r["bert"]["hf_init"]["d_model"] == 64
-    # the Hugging Face init is its own architecture (d64), not the --set d_model=32 of the others
-    assert hf_runs[0]["params"] > 2 * bert["inits"]["scratch"]["runs"][0]["params"]
+    # the Hugging Face init is its own architecture (not the --set d_model=32 of the others):
+    # every tensor of its safetensors file, plus the fresh classifier (64 × 2 + 2)
+    from safetensors.numpy import load_file
+
+    tensors = load_file(f"{r['bert']['hf_init']['directory']}/model.safetensors")
+    assert hf_runs[0]["params"] == sum(t.size for t in tensors.values()) + 64 * 2 + 2
+    assert bert["inits"]["scratch"]["runs"][0]["params"] != hf_runs[0]["params"]
     hf_test = [run["test"] for run in hf_runs]
     assert bert["test"][MINILM["init"]]["mean"] == pytest.approx(np.mean(hf_test))
     assert bert["test"]["others"][MINILM["init"]]["difference"] == pytest.approx(
@@ -167,10 +172,13 @@ def test_runs_in_worker_processes_equal_the_sequential_runs(tmp_path):
     out = {jobs: run_all({seed: (c, tmp_path / f"jobs{jobs}_seed{seed}") for seed, c in configs.items()},
                          measure, jobs)
            for jobs in (1, 2)}
+    # --resume: a finished run is measured again, not retrained: the same figures and budget
+    out["resumed"] = run_all({seed: (c, tmp_path / f"jobs1_seed{seed}") for seed, c in configs.items()},
+                             measure, 1, resume=True)
     for seed in (0, 1):
-        a, b = ({k: v for k, v in out[jobs][seed].items() if k not in ("workdir", "minutes")}
-                for jobs in (1, 2))
-        assert a == b and len(a["curve"]) == 2
+        a, b, again = ({k: v for k, v in out[jobs][seed].items() if k not in ("workdir", "minutes")}
+                       for jobs in (1, 2, "resumed"))
+        assert a == b == again and len(a["curve"]) == 2 and a["steps"] == 4
 
 
 def test_mean_se_and_compare_match_numpy():
@@ -245,19 +253,38 @@ def test_fine_tuning_curves_are_plotted_per_init_as_mean_of_seeds(tmp_path):
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_bert_fine_tunes_from_a_hugging_face_dir_only_when_one_is_given():
+def test_bert_fine_tunes_from_a_hugging_face_dir_only_when_one_is_given(monkeypatch):
     plain = DemoSettings(tune=False)
     assert plain.inits("bert") == ("pretrained", "scratch")
     hf = dataclasses.replace(plain, bert_hf="/some/hf_dir")
     assert hf.inits("bert") == ("pretrained", "scratch", MINILM["init"])
     assert hf.inits("gpt") == plain.inits("gpt") and hf.inits("t5") == plain.inits("t5")
-    if MINILM["init"] in CHOSEN_LR["bert"]:
-        assert hf.lr_grid("bert", 250)[MINILM["init"]] == (CHOSEN_LR["bert"][MINILM["init"]],)
-    else:  # no rate chosen yet: searched even with --no_tune
-        assert hf.lr_grid("bert", 250)[MINILM["init"]] == LR_GRID_INIT[("bert", MINILM["init"])]
+    monkeypatch.setitem(CHOSEN_LR["bert"], MINILM["init"], 5e-5)
+    assert hf.lr_grid("bert", 250)[MINILM["init"]] == (5e-5,)
+    monkeypatch.delitem(CHOSEN_LR["bert"], MINILM["init"])  # no rate chosen: searched
+    assert hf.lr_grid("bert", 250)[MINILM["init"]] == LR_GRID_INIT[("bert", MINILM["init"])]
+    assert hf.lr_grid("bert", 250)["scratch"] == (CHOSEN_LR["bert"]["scratch"][250],)
     tuned = dataclasses.replace(hf, tune=True).lr_grid("bert", 250)
     assert tuned == {"pretrained": LR_GRID["bert"], "scratch": LR_GRID["bert"],
                      MINILM["init"]: LR_GRID_INIT[("bert", MINILM["init"])]}
+
+
+def test_bert_fine_tuning_config_per_init(tmp_path):
+    """The own MLM and scratch read the pretraining's tokenizer; the Hugging Face init brings its
+    own (`init_from` its directory); the regime's steps, warmup, rate and seed for all."""
+    from demo.bert import finetune_config
+
+    settings = DemoSettings(tune=False, bert_hf=str(tmp_path / "hf"))
+    configs = {init_from: finetune_config(tmp_path, settings, None, 250, init_from, 3e-4, 2)
+               for init_from in ("", str(tmp_path / "pretrain"), settings.bert_hf)}
+    default_tok = load_config("bert_finetune_tiny").data.tokenizer.path
+    assert [c.data.tokenizer.path for c in configs.values()] == [
+        str(tmp_path / "pretrain" / "tokenizer.model")] * 2 + [default_tok]
+    for init_from, c in configs.items():
+        assert c.init_from == init_from and c.seed == 2 and c.optimizer.peak_lr == 3e-4
+        assert c.num_train_steps == settings.steps("bert", 250) == 150
+        assert c.optimizer.warmup_steps == 15 and c.eval.every_steps == 150 // settings.evals
+    assert (tmp_path / "sentiment_250" / "train.jsonl").read_text().count("\n") == 250
 
 
 def test_demo_cli_refuses_a_bert_hf_dir_without_config(tmp_path, capsys):
