@@ -181,6 +181,35 @@ def test_runs_in_worker_processes_equal_the_sequential_runs(tmp_path):
         assert a == b == again and len(a["curve"]) == 2 and a["steps"] == 4
 
 
+@pytest.mark.slow
+def test_a_sigterm_stops_the_demo_instead_of_reporting_a_partial_run(tmp_path):
+    """The trainer answers SIGTERM with a checkpoint and returns: `train_run` must then stop the
+    demo (naming --resume), not hand a partly trained run to the next stage as finished (it did:
+    a demo stopped during BERT's pretraining went on to fine-tune from its step-12 checkpoint)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    overrides = {**TINY, **SHORT, "num_train_steps": 100_000, "log_every_steps": 1,
+                 "checkpoint.every_steps": 100_000, "eval.every_steps": 100_000}
+    code = ("import sys; from pathlib import Path; from demo.configs import load_config; "
+            "from demo.runs import train_run; "
+            f"c = load_config('gpt_pretrain_tiny', {{'*': {overrides!r}}}); "
+            f"train_run('x', c, Path({str(tmp_path / 'run')!r})); print('RETURNED')")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)  # imports demo/
+    deadline = time.time() + 600
+    while not (tmp_path / "run" / "metrics.jsonl").exists() and time.time() < deadline:
+        time.sleep(0.5)  # the first logged step: the trainer's SIGTERM handler is in place
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=600)
+    assert "RETURNED" not in out and proc.returncode != 0, out[-2000:]
+    assert "stopped by SIGTERM at step" in out and "--resume" in out
+
+
 def test_mean_se_and_compare_match_numpy():
     rng = np.random.default_rng(0)
     a, b = rng.normal(10, 1, 5), rng.normal(12, 2, 4)
