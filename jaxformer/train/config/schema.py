@@ -117,6 +117,10 @@ class ObjectiveSettings:
         check=lambda v: None if 0.0 <= v < 1.0 else "must lie in [0, 1)")
     z_loss: float = setting(0.0, "weight of the z-loss log(Z)^2 on the output logits (PaLM)",
                             check=at_least(0))
+    vocab_block_size: int = setting(
+        8192, "LM/MLM loss over blocks of this many vocabulary columns, never forming the [B, L, V] "
+        "float32 logits (ops.losses.blockwise_cross_entropy; same loss and gradients); 0 = from the "
+        "full logits", check=at_least(0))
     decoder_start_id: int = setting(
         0, "encoder_decoder: the first decoder input id (T5: pad = 0; a Hugging Face init_from's "
         "decoder_start_token_id, e.g. BART's 2, replaces the default 0)", check=at_least(0))
