@@ -173,3 +173,23 @@ def test_a_train_step_with_both_equals_the_plain_step():
         np.testing.assert_allclose(m1[k], m0[k], rtol=1e-5, err_msg=k)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                  s1.params, s0.params)
+
+
+def test_dropout_key_is_threefry_itself_or_a_key_of_the_chosen_implementation():
+    """threefry2x32 leaves the step's key (today's masks); rbg and unsafe_rbg keys are drawn from it
+    (the same key each time: a pure function of (seed, step)), and their masks differ."""
+    from jaxformer.ops.dropout import dropout, dropout_key
+
+    key = jax.random.key(3)
+    assert dropout_key(key, "threefry2x32") is key
+    x = np.ones((64, 64), np.float32)
+    masks = {}
+    for impl in ("rbg", "unsafe_rbg"):
+        k = dropout_key(key, impl)
+        assert str(jax.random.key_impl(k)) == impl
+        np.testing.assert_array_equal(jax.random.key_data(k), jax.random.key_data(dropout_key(key, impl)))
+        masks[impl] = np.asarray(dropout(x, 0.5, k)) == 0
+        assert 0.4 < masks[impl].mean() < 0.6
+    assert (masks["rbg"] != (np.asarray(dropout(x, 0.5, key)) == 0)).any()
+    with pytest.raises(ValueError, match="'philox' is not one of"):
+        dropout_key(key, "philox")

@@ -153,6 +153,7 @@ class Trainer:
                                   label_smoothing=c.objective.label_smoothing,
                                   z_loss=c.objective.z_loss,
                                   vocab_block_size=c.objective.vocab_block_size,
+                                  dropout_impl=c.dropout_prng,
                                   grad_accum_steps=c.optimizer.get("grad_accum_steps", 1),
                                   axis_name={"pmap": pmap.AXIS,
                                              "shard_map": shard_map.AXIS}.get(c.parallel),

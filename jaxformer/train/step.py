@@ -17,6 +17,7 @@ import optax
 from jaxformer.models import lora
 from jaxformer.nnx import FunctionalModel
 from jaxformer.objectives.cloze import class_logits
+from jaxformer.ops.dropout import dropout_key
 from jaxformer.ops.heads import HeadInputs
 from jaxformer.ops.losses import (
     weighted_accuracy,
@@ -113,7 +114,8 @@ def make_train_step(model: FunctionalModel, tx: optax.GradientTransformation, pr
                     grad_accum_steps: int = 1, axis_name: str | None = None,
                     skip_nonfinite: bool = False, lora_scale: float | None = None,
                     mix_inputs: Callable | None = None, distill: Callable | None = None,
-                    vocab_block_size: int = 0) -> Callable[..., tuple[TrainState, dict]]:
+                    vocab_block_size: int = 0, dropout_impl: str = "threefry2x32"
+                    ) -> Callable[..., tuple[TrainState, dict]]:
     """``train_step(state, batch) -> (state, metrics)``, to be wrapped in `jax.jit`.
 
     LoRA (``lora_scale`` = alpha / rank): ``train_step(state, batch, base)``: ``state.params`` are
@@ -147,10 +149,14 @@ def make_train_step(model: FunctionalModel, tx: optax.GradientTransformation, pr
     ``vocab_block_size`` (``objective.vocab_block_size``): the LM/MLM loss over blocks of that many
     vocabulary columns, without `[B, L, V]` logits (`loss_and_metrics`; distillation, which
     compares logits, keeps them); 0: from the full logits.
+
+    ``dropout_impl`` (``dropout_prng``): the `jax.random` implementation the dropout masks are drawn
+    with (`jaxformer.ops.dropout.dropout_key`); the objective's masking keeps threefry.
     """
 
     def micro_grads(params, batch, key, base, step, teacher=None):
         obj_key, drop_key = jax.random.split(key)
+        drop_key = dropout_key(drop_key, dropout_impl)
         prepared = prepare(batch, obj_key)
         if mix_inputs is not None:  # scheduled sampling: a first pass, outside the gradient
             full = params if base is None else lora.model_params(base, params, lora_scale)

@@ -33,6 +33,7 @@ import ml_collections
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import DataSettings
 from jaxformer.objectives import OBJECTIVES, option_settings
+from jaxformer.ops.dropout import PRNG_IMPLS
 from jaxformer.settings import (
     Setting,
     at_least,
@@ -79,6 +80,11 @@ class RunSettings:
 
     name: str = setting("run", "the run's name (shown in logs)")
     seed: int = setting(0, "parameters, dropout, masking and data order all derive from it")
+    dropout_prng: str = setting(
+        "threefry2x32", "jax.random implementation of the dropout masks: 'threefry2x32' (the same "
+        "masks on every backend and mesh), 'rbg' or 'unsafe_rbg' (XLA's RngBitGenerator: fewer "
+        "bytes and FLOPs, masks that may differ across backends and shardings); resume stays "
+        "bitwise either way", check=one_of(*PRNG_IMPLS))
     num_train_steps: int = setting(
         1000, "optimizer updates to run (a resumed run continues up to this number)", check=positive)
     init_from: str = setting(
