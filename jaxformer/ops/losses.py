@@ -122,8 +122,11 @@ def blockwise_cross_entropy(h: Array, w: Array, bias: Array | None, labels: Arra
     return loss.reshape(batch_shape), pred.reshape(batch_shape)
 
 
-def _blocks(w: Array, bias: Array, block: int) -> tuple[Array, Array]:
-    """``w`` `[V', D]` and ``bias`` `[V']` as `[n, block, D]` and `[n, block]`, zero-padded."""
+def _blocks(w: Array, bias: Array, block: int, dtype) -> tuple[Array, Array]:
+    """``w`` `[V', D]` and ``bias`` `[V']` cast to the compute ``dtype`` (as `attend` casts the
+    table; cast first, the padded copy is in that dtype) as `[n, block, D]` and `[n, block]`,
+    zero-padded."""
+    w, bias = w.astype(dtype), bias.astype(dtype)
     n = -(-w.shape[0] // block)
     pad = n * block - w.shape[0]
     w = jnp.pad(w, ((0, pad), (0, 0))) if pad else w
@@ -133,10 +136,10 @@ def _blocks(w: Array, bias: Array, block: int) -> tuple[Array, Array]:
 
 def _block_logits(h_NxD: Array, w_KxD: Array, b_K: Array, start: Array, vocab: int
                   ) -> tuple[Array, Array]:
-    """(float32 `[N, K]` logits of one block with the columns ``>= vocab`` at −∞, their column
-    ids `[K]`)."""
-    logits = jnp.einsum("nd,kd->nk", h_NxD, w_KxD.astype(h_NxD.dtype))
-    logits = (logits + b_K.astype(logits.dtype)).astype(jnp.promote_types(h_NxD.dtype, jnp.float32))
+    """(float32 `[N, K]` logits of one block (``w_KxD``, ``b_K`` in ``h``'s dtype) with the columns
+    ``>= vocab`` at −∞, their column ids `[K]`)."""
+    logits = jnp.einsum("nd,kd->nk", h_NxD, w_KxD)
+    logits = (logits + b_K).astype(jnp.promote_types(h_NxD.dtype, jnp.float32))
     cols = start + jnp.arange(w_KxD.shape[0])
     return jnp.where(cols < vocab, logits, -jnp.inf), cols
 
@@ -144,7 +147,7 @@ def _block_logits(h_NxD: Array, w_KxD: Array, b_K: Array, start: Array, vocab: i
 def _ce_forward(h_NxD, w, bias, labels, static):
     """One pass over the blocks: (losses `[N]`, argmax `[N]`, log Z `[N]`)."""
     block, eps, z_loss, vocab = static
-    w_blocks, b_blocks = _blocks(w, bias, block)
+    w_blocks, b_blocks = _blocks(w, bias, block, h_NxD.dtype)
     n = h_NxD.shape[0]
     dtype = jnp.promote_types(h_NxD.dtype, jnp.float32)
 
@@ -197,7 +200,7 @@ def _blockwise_ce_bwd(static, res, cotangents):
     g = cotangents[0].astype(log_z.dtype)
     off = eps / (vocab - 1) if eps > 0.0 else 0.0
     scale = g * (1.0 + 2.0 * z_loss * log_z)
-    w_blocks, b_blocks = _blocks(w, bias, block)
+    w_blocks, b_blocks = _blocks(w, bias, block, h_NxD.dtype)
 
     def body(dh, xs):
         i, w_KxD, b_K = xs
@@ -206,8 +209,7 @@ def _blockwise_ce_bwd(static, res, cotangents):
         d = (scale[:, None] * p - (g * (1.0 - eps - off))[:, None] * (cols == labels[:, None])
              - (g * off)[:, None] * (cols < vocab))
         d_NxK = d.astype(h_NxD.dtype)  # as the full logits' gradient, cast back to h's dtype
-        dh = dh + jnp.einsum("nk,kd->nd", d_NxK, w_KxD.astype(h_NxD.dtype),
-                             preferred_element_type=dh.dtype)
+        dh = dh + jnp.einsum("nk,kd->nd", d_NxK, w_KxD, preferred_element_type=dh.dtype)
         dw_KxD = jnp.einsum("nk,nd->kd", d_NxK, h_NxD).astype(w.dtype)
         return dh, (dw_KxD, jnp.sum(d_NxK, axis=0).astype(bias.dtype))
 
