@@ -98,8 +98,8 @@ def blockwise_cross_entropy(h: Array, w: Array, bias: Array | None, labels: Arra
       w: `[V', D]` the output projection (the token table when tied, the kernel's transpose if not).
       bias: `[V']` or None.
       labels: `[...]` ints in ``[0, C)``.
-      block_size: columns per block; the vocabulary is padded up to a multiple of it (zero rows,
-        masked out).
+      block_size: the most columns a block holds: the V' columns are cut into ⌈V'/block_size⌉
+        equal blocks (`_block_width`), the last padded with zero rows, masked out.
       label_smoothing, z_loss: as in `cross_entropy_with_integer_labels`.
       num_classes: the real classes C (columns ``>= C`` are a padded vocabulary: probability 0,
         as `jaxformer.ops.heads.mask_padded_vocab` makes them); None = V'.
@@ -117,9 +117,18 @@ def blockwise_cross_entropy(h: Array, w: Array, bias: Array | None, labels: Arra
     vocab = w.shape[0] if num_classes is None else num_classes
     bias_V = jnp.zeros((w.shape[0],), h.dtype) if bias is None else bias
     loss, pred = _blockwise_ce(h_NxD, w, bias_V, labels.reshape(-1).astype(jnp.int32),
-                               (min(block_size, w.shape[0]), float(label_smoothing), float(z_loss),
-                                vocab))
+                               (_block_width(w.shape[0], block_size), float(label_smoothing),
+                                float(z_loss), vocab))
     return loss.reshape(batch_shape), pred.reshape(batch_shape)
+
+
+def _block_width(columns: int, block_size: int) -> int:
+    """Columns per block: ``columns`` cut into ⌈columns/block_size⌉ equal blocks, each a multiple of
+    128 (a TPU lane tile) when wider than 128, so that padding stays under one tile a block
+    (GPT-2's 50,304 columns at 8,192: 7 blocks of 7,296, 768 padding rows, not 7,040)."""
+    n = -(-columns // block_size)
+    width = -(-columns // n)
+    return -(-width // 128) * 128 if width > 128 else width
 
 
 def _blocks(w: Array, bias: Array, block: int, dtype) -> tuple[Array, Array]:
