@@ -19,7 +19,7 @@ from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective, prepare_mlm
 from jaxformer.objectives.mlm import gather_predictions, max_predictions
-from jaxformer.train.step import loss_and_metrics, make_train_step
+from jaxformer.train.step import blockwise_loss, loss_and_metrics, make_train_step
 from jaxformer.vocab import SpecialTokens
 
 SMALL = dict(vocab_size=250, d_model=32, num_heads=4, d_ff=64, num_layers=1, max_len=32,
@@ -124,6 +124,8 @@ def test_mlm_at_the_chosen_positions_equals_every_position():
         np.testing.assert_array_equal(pos[b, :len(chosen)], chosen)
         np.testing.assert_array_equal(gathered["targets"][b, :len(chosen)],
                                       np.asarray(full["targets"])[b, chosen])
+    # the gathered head keeps its [B, P, V] logits (the measured choice), the full one goes blockwise
+    assert blockwise_loss(model, full, 37) and not blockwise_loss(model, gathered, 37)
     for block in (0, 37):
         (ref, ref_sums), ref_grads = _loss_and_grads(model, params, full, block)
         (got, got_sums), got_grads = _loss_and_grads(model, params, gathered, block)
@@ -150,8 +152,9 @@ def test_max_predictions_follows_bert_and_refuses_caps_that_drop_targets():
 
 
 def test_a_train_step_with_both_equals_the_plain_step():
-    """One optimizer step of BERT pretraining (MLM + NSP, dropout on) with the gathered head and
-    the blockwise loss gives the parameters and metrics of the all-positions, full-logits step."""
+    """One optimizer step of BERT pretraining (MLM + NSP, dropout on) as the trainer runs it (the
+    gathered head, ``vocab_block_size`` set) gives the parameters and metrics of the all-positions,
+    full-logits step."""
     import optax
 
     from jaxformer.train.state import TrainState

@@ -46,10 +46,14 @@ def loss_and_metrics(model: FunctionalModel, params, prepared: dict, *, determin
 def blockwise_loss(model: FunctionalModel, prepared: dict, vocab_block_size: int) -> bool:
     """Whether the loss of ``prepared`` is computed blockwise from the head's operands: a positive
     ``vocab_block_size``, an LM or MLM head, and an objective that reads only the loss and the
-    accuracy of the vocabulary logits (not cloze's label-word logits, ``class_positions``)."""
+    accuracy of the vocabulary logits (not cloze's label-word logits, ``class_positions``), over
+    every position: an MLM head that reads only the masked positions (``predict_positions``, BERT's
+    80 of 512) keeps its small `[B, P, V]` logits, which compiled to fewer bytes on v5p than the
+    two changes together (docs/scaling.md, "Bytes outside attention")."""
     cfg = getattr(model, "cfg", None)
     return (vocab_block_size > 0 and cfg is not None and cfg.head in ("lm", "mlm")
-            and "class_positions" not in prepared)
+            and "class_positions" not in prepared
+            and "predict_positions" not in prepared["model_inputs"])
 
 
 def _real_classes(cfg, prepared: dict) -> int | None:
