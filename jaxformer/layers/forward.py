@@ -229,10 +229,14 @@ def head(parts: Parts, x, segment_ids, *, head_inputs: bool = False, predict_pos
 
 
 def gather_positions(x, positions):
-    """``x`` `[B, L, D]` at ``positions`` `[B, P]` → `[B, P, D]` (``x`` itself when None)."""
+    """``x`` `[B, L, D]` at ``positions`` `[B, P]` → `[B, P, D]` (``x`` itself when None), as a
+    one-hot `[B, P, L]` matmul at full precision (exact: one term a sum): a dot keeps the batch-
+    sharded, lane-major layout of the hidden states, where a gather and its scatter-add gradient
+    compiled to more bytes in every layer of bert_base on v5p (docs/scaling.md)."""
     if positions is None:
         return x
-    return jnp.take_along_axis(x, positions[..., None].astype(jnp.int32), axis=1)
+    one_hot_BxPxL = jax.nn.one_hot(positions, x.shape[1], dtype=x.dtype)
+    return jnp.einsum("bpl,bld->bpd", one_hot_BxPxL, x, precision=lax.Precision.HIGHEST)
 
 
 def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, token_types=None,
