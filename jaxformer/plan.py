@@ -139,6 +139,8 @@ def _setup(config, mesh):
     step = make_train_step(model, tx, prepare, resolved.schedule,
                            label_smoothing=config.objective.label_smoothing,
                            z_loss=config.objective.z_loss,
+                           vocab_block_size=config.objective.vocab_block_size,
+                           dropout_impl=config.dropout_prng,
                            grad_accum_steps=config.optimizer.get("grad_accum_steps", 1))
     return model_cfg, abstract, shardings, step
 

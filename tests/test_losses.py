@@ -117,3 +117,97 @@ def test_weights_must_have_the_labels_shape():
     for fn in (weighted_cross_entropy, weighted_accuracy):
         with pytest.raises(ValueError, match=r"weights \(4,\) must have the labels' shape"):
             fn(logits, labels, jnp.ones(4))
+
+
+def np_blockwise_reference(h, w, bias, labels, weights, eps, z, classes):
+    """Σ weights · H(q, p) of logits h·wᵀ + bias over the first ``classes`` columns, and its
+    gradients with respect to h, w and bias, in float64 NumPy: ∂/∂logits = weights·(p(1 + 2z log Z) − q)."""
+    h, w, bias = (np.asarray(a, np.float64) for a in (h, w, bias))
+    logits = (h @ w.T + bias)[:, :classes]
+    loss = np_loss(logits, labels, eps, z)
+    m = logits.max(-1, keepdims=True)
+    log_z = np.log(np.exp(logits - m).sum(-1)) + m[:, 0]
+    p = np.exp(logits - log_z[:, None])
+    q = np.full(logits.shape, eps / (classes - 1))
+    np.put_along_axis(q, labels[:, None], 1.0 - eps, axis=-1)
+    d = weights[:, None] * (p * (1 + 2 * z * log_z)[:, None] - q)
+    d = np.pad(d, ((0, 0), (0, w.shape[0] - classes)))  # padded columns: probability 0, no gradient
+    return (weights * loss).sum(), d @ w, d.T @ h, d.sum(0), logits.argmax(-1)
+
+
+@pytest.mark.parametrize("eps,z,block,classes", [(0.0, 0.0, 4, 13), (0.1, 1e-2, 5, 13),
+                                                 (0.2, 0.0, 16, 11), (0.0, 1e-3, 3, 10)])
+def test_blockwise_cross_entropy_matches_float64_reference(rng, eps, z, block, classes):
+    """Loss, argmax and every gradient of the blockwise loss equal the float64 formula, with a
+    block that does not divide the vocabulary, padded vocabulary columns and zero weights."""
+    from jaxformer.ops.losses import weighted_blockwise_cross_entropy
+
+    n, d, v = 7, 6, 13
+    h, w, bias = rng.normal(size=(n, d)), rng.normal(size=(v, d)), rng.normal(size=(v,))
+    labels = rng.integers(0, classes, size=(n,))
+    weights = np.array([1.0, 0.0, 2.0, 1.0, 1.0, 0.0, 0.5])
+    want_loss, want_dh, want_dw, want_db, want_arg = np_blockwise_reference(
+        h, w, bias, labels, weights, eps, z, classes)
+
+    def f(h, w, bias):
+        loss, correct, weight = weighted_blockwise_cross_entropy(
+            h, w, bias, labels, weights, block_size=block, label_smoothing=eps, z_loss=z,
+            num_classes=classes)
+        return loss, (correct, weight)
+
+    with jax.enable_x64(True):
+        args = [jnp.asarray(a, jnp.float64) for a in (h, w, bias)]
+        (loss, (correct, weight)), grads = jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True)(*args)
+        np.testing.assert_allclose(loss, want_loss, rtol=1e-12)
+        for got, want in zip(grads, (want_dh, want_dw, want_db)):
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+        assert float(correct) == float(((want_arg == labels) * weights).sum())
+        assert float(weight) == weights.sum()
+    # float32: the same within float32 rounding
+    (loss32, _), grads32 = jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True)(
+        *(jnp.asarray(a, jnp.float32) for a in (h, w, bias)))
+    np.testing.assert_allclose(loss32, want_loss, rtol=1e-5)
+    for got, want in zip(grads32, (want_dh, want_dw, want_db)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,rtol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-3)])
+def test_blockwise_cross_entropy_equals_full_logits_path(rng, dtype, rtol):
+    """The blockwise loss and its gradients equal `weighted_cross_entropy` of the full logits
+    computed as the tied head does (`attend`, bias, padded columns masked), and its argmax the full
+    logits' argmax (bfloat16: within its rounding; the products are summed in another order);
+    labels outside the classes give NaN, as there."""
+    from jaxformer.ops.embedding import attend
+    from jaxformer.ops.heads import mask_padded_vocab
+    from jaxformer.ops.losses import blockwise_cross_entropy, weighted_blockwise_cross_entropy
+
+    h = jnp.asarray(rng.normal(size=(2, 5, 8)), dtype)
+    w = jnp.asarray(rng.normal(size=(24, 8)), jnp.float32)
+    bias = jnp.asarray(rng.normal(size=(24,)), jnp.float32)
+    labels = jnp.asarray(rng.integers(0, 21, size=(2, 5)))
+    weights = jnp.asarray(rng.integers(0, 2, size=(2, 5)), jnp.float32)
+
+    def full(h, w, bias):
+        logits = mask_padded_vocab(attend(w, h) + bias.astype(h.dtype), 21)
+        loss, weight = weighted_cross_entropy(logits, labels, weights, label_smoothing=0.1,
+                                              z_loss=1e-3, num_classes=21)
+        return loss, (weighted_accuracy(logits, labels, weights)[0], weight)
+
+    def blocks(h, w, bias):
+        loss, correct, weight = weighted_blockwise_cross_entropy(
+            h, w, bias, labels, weights, block_size=7, label_smoothing=0.1, z_loss=1e-3,
+            num_classes=21)
+        return loss, (correct, weight)
+
+    (lf, (cf, wf)), gf = jax.value_and_grad(full, argnums=(0, 1, 2), has_aux=True)(h, w, bias)
+    (lb, (cb, wb)), gb = jax.value_and_grad(blocks, argnums=(0, 1, 2), has_aux=True)(h, w, bias)
+    np.testing.assert_allclose(lb, lf, rtol=rtol)
+    assert float(cb) == float(cf) and float(wb) == float(wf)
+    for a, b in zip(gb, gf):
+        assert a.dtype == b.dtype
+        scale = float(np.abs(np.asarray(b, np.float32)).max())
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   rtol=10 * rtol, atol=10 * rtol * scale)
+    bad, _ = blockwise_cross_entropy(h[0], w, bias, jnp.asarray([0, 21, -1, 3, 4]), block_size=5,
+                                     num_classes=21)
+    assert np.isnan(bad[1]) and np.isnan(bad[2]) and np.isfinite(bad[0])

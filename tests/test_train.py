@@ -212,6 +212,31 @@ def test_killed_run_resumes_exactly(tmp_path):
                  load_checkpoint_params(straight))
 
 
+def test_rbg_dropout_masks_resume_exactly(tmp_path):
+    """With ``dropout_prng='rbg'`` the dropout masks are still a function of (seed, step): a run
+    resumed from a checkpoint repeats an uninterrupted run's losses and parameters bitwise, and the
+    masks differ from threefry's (the setting takes effect)."""
+    import shutil
+
+    settings = {"log_every_steps": 1, "eval.num_batches": 0, "optimizer.schedule": "constant",
+                "checkpoint.every_steps": 3, "checkpoint.async_save": False,
+                "model.dropout_rate": 0.2, "num_train_steps": 6}
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train_and_evaluate(load_config("gpt_pretrain_tiny", dropout_prng="rbg", **settings), straight)
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "6")
+    trainer = Trainer(load_config("gpt_pretrain_tiny", dropout_prng="rbg", **settings), resumed)
+    assert trainer.start_step == 3
+    trainer.run()
+    assert losses(resumed) == losses(straight)
+    jax.tree.map(np.testing.assert_array_equal, load_checkpoint_params(resumed),
+                 load_checkpoint_params(straight))
+    threefry = tmp_path / "threefry"
+    train_and_evaluate(load_config("gpt_pretrain_tiny", **{**settings, "num_train_steps": 1}),
+                       threefry)
+    assert losses(threefry)[1] != losses(straight)[1]
+
+
 def test_sigterm_checkpoints_the_current_step_and_the_rerun_continues_exactly(tmp_path):
     """A preempted job (SIGTERM) saves the step it is at — not only the last periodic checkpoint —
     exits with 143, and rerunning the command continues bit for bit like an uninterrupted run."""

@@ -27,7 +27,15 @@ from jaxformer.layers.params import embedding_width
 from jaxformer.ops import permutation, ring_attention
 from jaxformer.ops.dropout import token_dropout
 from jaxformer.ops.embedding import check_token_ids
-from jaxformer.ops.heads import classify, lm_logits, mlm_logits, pooled, span_logits
+from jaxformer.ops.heads import (
+    classify,
+    lm_head_inputs,
+    lm_logits,
+    mlm_head_inputs,
+    mlm_logits,
+    pooled,
+    span_logits,
+)
 from jaxformer.ops.inputs import embed_inputs, embed_tokens
 from jaxformer.ops.masks import sliding_window_mask
 from jaxformer.ops.norms import normalize
@@ -187,8 +195,13 @@ def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bo
     return x
 
 
-def head(parts: Parts, x, segment_ids):
-    """The configured head on final hidden states `[B, L, D]` (see `EncoderOnly` for outputs)."""
+def head(parts: Parts, x, segment_ids, *, head_inputs: bool = False, predict_positions=None):
+    """The configured head on final hidden states `[B, L, D]` (see `EncoderOnly` for outputs).
+
+    ``head_inputs``: the LM and MLM heads return their output projection's operands
+    (`jaxformer.ops.heads.HeadInputs`) instead of logits, for a loss that never forms them.
+    ``predict_positions`` `[B, P]` (MLM): the head reads only these positions' hidden states
+    (BERT's ``max_predictions_per_seq`` gather), giving `[B, P, V]` logits."""
     cfg = parts.cfg
 
     def classifier(name, h):
@@ -196,9 +209,11 @@ def head(parts: Parts, x, segment_ids):
 
     table = parts.params("token_embed")["embedding"]
     if cfg.head == "lm":
-        return lm_logits(parts.params("lm_head"), x, table, cfg=cfg)
+        return (lm_head_inputs if head_inputs else lm_logits)(parts.params("lm_head"), x, table,
+                                                              cfg=cfg)
     if cfg.head == "mlm":
-        logits = mlm_logits(parts.params("mlm_head"), x, table, cfg=cfg)
+        logits = (mlm_head_inputs if head_inputs else mlm_logits)(
+            parts.params("mlm_head"), gather_positions(x, predict_positions), table, cfg=cfg)
         if cfg.nsp_head:
             return logits, classifier("nsp_head", pooled(parts.params("pooler"), x, segment_ids, cfg=cfg))
         return logits
@@ -213,12 +228,25 @@ def head(parts: Parts, x, segment_ids):
     return x
 
 
+def gather_positions(x, positions):
+    """``x`` `[B, L, D]` at ``positions`` `[B, P]` → `[B, P, D]` (``x`` itself when None), as a
+    one-hot `[B, P, L]` matmul at full precision (exact: one term a sum): a dot keeps the batch-
+    sharded, lane-major layout of the hidden states, where a gather and its scatter-add gradient
+    compiled to more bytes in every layer of bert_base on v5p (docs/scaling.md)."""
+    if positions is None:
+        return x
+    one_hot_BxPxL = jax.nn.one_hot(positions, x.shape[1], dtype=x.dtype)
+    return jnp.einsum("bpl,bld->bpd", one_hot_BxPxL, x, precision=lax.Precision.HIGHEST)
+
+
 def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, token_types=None,
-                 return_hidden: bool = False):
+                 return_hidden: bool = False, head_inputs: bool = False, predict_positions=None):
     """BERT (Devlin et al. 2019): tokens `[B, L]` → MLM logits `[B, L, V]` (plus NSP `[B, 2]`), class
     logits `[B, C]`, token logits `[B, L, C]`, span logits `[B, 2, L]` or hidden states `[B, L, D]`,
     by ``cfg.head``. ``return_hidden``: (that output, the last hidden states `[B, L, D]` the head
-    reads), e.g. for distillation's cosine loss (`jaxformer.train.distill`)."""
+    reads), e.g. for distillation's cosine loss (`jaxformer.train.distill`). ``head_inputs`` and
+    ``predict_positions`` `[B, P]`: see `head`; with the latter the MLM logits (and the hidden
+    states ``return_hidden`` gives) are those of the ``P`` positions, `[B, P, ...]`."""
     cfg = parts.cfg
     check_tokens(cfg, tokens, default_positions=positions is None)
     positions = default_positions(tokens, positions)
@@ -226,24 +254,27 @@ def encoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, toke
         ids, pos, seg, types = ring_order(tokens, positions, segment_ids, token_types)
         x = embed(parts, "embed", ids, pos, types)
         x = natural_order(stack_pass(parts, "encoder", x, pos, seg, causal=False))
-    return (head(parts, x, segment_ids), x) if return_hidden else head(parts, x, segment_ids)
+    out = head(parts, x, segment_ids, head_inputs=head_inputs, predict_positions=predict_positions)
+    return (out, gather_positions(x, predict_positions)) if return_hidden else out
 
 
 def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, decode: bool = False,
-                 factorization_rank=None, return_hidden: bool = False, decode_mask=None):
+                 factorization_rank=None, return_hidden: bool = False, decode_mask=None,
+                 head_inputs: bool = False):
     """GPT (Radford et al. 2019): tokens `[B, L]` → logits `[B, L, V]` (or the head's output).
     With ``decode`` the call appends ``L`` tokens at the cache's current index; ``decode_mask``
     `[B, L, S]` bool then limits the cache slots each of them sees (besides causality by slot and
     the slots' validity; beam search's hypotheses sharing one cache, `jaxformer.decode.beam`). With
     ``factorization_rank`` `[B, L]` (``cfg.permutation_lm``): `permutation_lm`'s query-stream logits.
     ``return_hidden``: (that output, the last hidden states `[B, L, D]`), as `encoder_only`.
+    ``head_inputs``: see `head`.
     """
     cfg = parts.cfg
     if cfg.permutation_lm:
         parts.params("jump_embed")  # read whichever stream runs
     if factorization_rank is not None:
         return permutation_lm(parts, tokens, factorization_rank, positions=positions,
-                              segment_ids=segment_ids)
+                              segment_ids=segment_ids, head_inputs=head_inputs)
     check_tokens(cfg, tokens, default_positions=positions is None and not decode)
     cache_index, kv_positions = None, None
     if decode:
@@ -255,10 +286,12 @@ def decoder_only(parts: Parts, tokens, *, positions=None, segment_ids=None, deco
         x = natural_order(stack_pass(parts, "decoder", x, pos, seg, causal=True, decode=decode,
                                      cache_index=cache_index, kv_positions=kv_positions,
                                      decode_mask=decode_mask))
-    return (head(parts, x, segment_ids), x) if return_hidden else head(parts, x, segment_ids)
+    out = head(parts, x, segment_ids, head_inputs=head_inputs)
+    return (out, x) if return_hidden else out
 
 
-def permutation_lm(parts: Parts, tokens, rank, *, positions=None, segment_ids=None):
+def permutation_lm(parts: Parts, tokens, rank, *, positions=None, segment_ids=None,
+                   head_inputs: bool = False):
     """XLNet's two-stream permutation LM (Yang et al. 2019 §2.3) through the decoder's own blocks:
     tokens `[B, L]` and the factorisation order ``rank`` `[B, L]` (`jaxformer.ops.permutation`) →
     the query stream's logits `[B, L, V]`, row ``i`` predicting ``tokens[i]`` from its predecessors
@@ -286,27 +319,29 @@ def permutation_lm(parts: Parts, tokens, rank, *, positions=None, segment_ids=No
                        encoder_segment_ids=None, two_stream=two_stream)
     if cfg.norm_position == "pre":
         g = normalize(cfg.norm, g, parts.params("decoder_norm"), eps=cfg.norm_eps)
-    return head(parts, g, segment_ids)
+    return head(parts, g, segment_ids, head_inputs=head_inputs)
 
 
 def encoder_decoder(parts: Parts, inputs=None, targets_in=None, *, encoder_out=None,
                     inputs_positions=None, inputs_segment_ids=None, targets_positions=None,
-                    targets_segment_ids=None, decode: bool = False, decode_mask=None):
+                    targets_segment_ids=None, decode: bool = False, decode_mask=None,
+                    head_inputs: bool = False):
     """Vaswani et al. 2017 / T5 (Raffel et al. 2020): inputs `[B, S]`, targets_in `[B, L]` (targets
     shifted right) → logits `[B, L, V]`; ``targets_in=None`` returns the encoder output `[B, S, D]`;
-    a given ``encoder_out`` skips the encoder. ``decode_mask``: as in `decoder_only`."""
+    a given ``encoder_out`` skips the encoder. ``decode_mask``: as in `decoder_only`;
+    ``head_inputs``: the LM head's operands instead of logits (see `head`)."""
     with ring_scope(decode, inputs, targets_in, encoder_out):
         return _encoder_decoder(parts, inputs, targets_in, encoder_out=encoder_out,
                                 inputs_positions=inputs_positions,
                                 inputs_segment_ids=inputs_segment_ids,
                                 targets_positions=targets_positions,
                                 targets_segment_ids=targets_segment_ids, decode=decode,
-                                decode_mask=decode_mask)
+                                decode_mask=decode_mask, head_inputs=head_inputs)
 
 
 def _encoder_decoder(parts: Parts, inputs, targets_in, *, encoder_out, inputs_positions,
                      inputs_segment_ids, targets_positions, targets_segment_ids, decode,
-                     decode_mask):
+                     decode_mask, head_inputs=False):
     """`encoder_decoder`; with context parallelism (never when decoding) both sequences run in
     zig-zag order, the encoder output staying in it for the cross-attention's ring."""
     cfg = parts.cfg
@@ -341,8 +376,8 @@ def _encoder_decoder(parts: Parts, inputs, targets_in, *, encoder_out, inputs_po
                    num_layers=cfg.num_decoder_layers, cross_attention=True,
                    encoder_out=encoder_out, encoder_segment_ids=enc_seg,
                    decode_mask=decode_mask)
-    return lm_logits(parts.params("lm_head"), natural_order(y),
-                     parts.params("token_embed")["embedding"], cfg=cfg)
+    return (lm_head_inputs if head_inputs else lm_logits)(
+        parts.params("lm_head"), natural_order(y), parts.params("token_embed")["embedding"], cfg=cfg)
 
 
 FORWARD = {"encoder": encoder_only, "decoder": decoder_only, "encoder_decoder": encoder_decoder}

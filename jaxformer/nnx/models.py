@@ -206,13 +206,16 @@ class EncoderOnly(_Model):
     @_named
     def __call__(self, tokens, *, positions=None, segment_ids=None, token_types=None,
                  deterministic: bool | None = None, rngs: RngsArg = None,
-                 return_hidden: bool = False):
+                 return_hidden: bool = False, head_inputs: bool = False, predict_positions=None):
         """tokens `[B, L]` → MLM logits `[B, L, V]` (plus NSP `[B, 2]`), class logits `[B, C]`,
         token logits `[B, L, C]` or hidden states `[B, L, D]`, by ``cfg.head``; ``return_hidden``:
-        (that output, the last hidden states `[B, L, D]`)."""
+        (that output, the last hidden states `[B, L, D]`). ``head_inputs``: the MLM head's
+        operands instead of its logits; ``predict_positions`` `[B, P]`: the MLM head reads only
+        these positions (`forward.head`)."""
         return forward.encoder_only(self._parts(deterministic, rngs), tokens, positions=positions,
                                     segment_ids=segment_ids, token_types=token_types,
-                                    return_hidden=return_hidden)
+                                    return_hidden=return_hidden, head_inputs=head_inputs,
+                                    predict_positions=predict_positions)
 
 
 class DecoderOnly(_Model):
@@ -223,7 +226,8 @@ class DecoderOnly(_Model):
     @_named
     def __call__(self, tokens, *, positions=None, segment_ids=None,
                  deterministic: bool | None = None, rngs: RngsArg = None, decode: bool = False,
-                 factorization_rank=None, return_hidden: bool = False, decode_mask=None):
+                 factorization_rank=None, return_hidden: bool = False, decode_mask=None,
+                 head_inputs: bool = False):
         """tokens `[B, L]` → logits `[B, L, V]` (or `[B, C]` with the classify head).
 
         With ``decode=True`` the call appends ``L`` tokens at the KV cache's next slot
@@ -231,11 +235,13 @@ class DecoderOnly(_Model):
         padding, then 1 per step, or one per beam); ``decode_mask`` `[B, L, S]` limits the cache
         slots each sees. With ``factorization_rank`` `[B, L]`: XLNet's query-stream logits
         (`forward.permutation_lm`). ``return_hidden``: (that output, the last hidden states).
+        ``head_inputs``: the LM head's operands instead of its logits (`forward.head`).
         """
         return forward.decoder_only(self._parts(deterministic, rngs), tokens, positions=positions,
                                     segment_ids=segment_ids, decode=decode,
                                     factorization_rank=factorization_rank,
-                                    return_hidden=return_hidden, decode_mask=decode_mask)
+                                    return_hidden=return_hidden, decode_mask=decode_mask,
+                                    head_inputs=head_inputs)
 
 
 class EncoderDecoder(_Model):
@@ -247,17 +253,17 @@ class EncoderDecoder(_Model):
     def __call__(self, inputs=None, targets_in=None, *, encoder_out=None, inputs_positions=None,
                  inputs_segment_ids=None, targets_positions=None, targets_segment_ids=None,
                  deterministic: bool | None = None, rngs: RngsArg = None, decode: bool = False,
-                 decode_mask=None):
+                 decode_mask=None, head_inputs: bool = False):
         """inputs `[B, S]`, targets_in `[B, L]` (targets shifted right) → logits `[B, L, V]`;
         ``targets_in=None`` returns the encoder output `[B, S, D]`; ``encoder_out`` skips the
         encoder. ``decode=True`` uses the KV cache (`init_cache`): the call that passes
         ``encoder_out`` stores the cross-attention keys/values, later calls (``encoder_out=None``)
-        reuse them; ``decode_mask`` as in `DecoderOnly`."""
+        reuse them; ``decode_mask`` and ``head_inputs`` as in `DecoderOnly`."""
         return forward.encoder_decoder(
             self._parts(deterministic, rngs), inputs, targets_in, encoder_out=encoder_out,
             inputs_positions=inputs_positions, inputs_segment_ids=inputs_segment_ids,
             targets_positions=targets_positions, targets_segment_ids=targets_segment_ids,
-            decode=decode, decode_mask=decode_mask)
+            decode=decode, decode_mask=decode_mask, head_inputs=head_inputs)
 
     def encode(self, inputs, **kwargs):
         """inputs `[B, S]` → encoder output `[B, S, D]`."""

@@ -15,6 +15,17 @@ Span masking (``masking="span"``; SpanBERT, Joshi et al. 2020): contiguous spans
 length, whole words where the tokenizer marks word-initial pieces, 80/10/10 decided per span
 (`jaxformer.objectives.span_masking`).
 
+The head reads only the chosen positions (BERT's ``max_predictions_per_seq``, Appendix A and
+``run_pretraining.py``'s ``gather_indexes``): the trainer's MLM objective (`prepare_mlm_gathered`)
+gathers each row's chosen positions into ``P`` static slots, ``model_inputs["predict_positions"]``
+`[B, P]`, with ``targets`` and ``weights`` `[B, P]` (weight 0 on the slots a row leaves empty), so
+the MLM logits are `[B, P, V]`, not `[B, L, V]`. ``P`` = ``max_predictions_per_seq``; its default
+(−1) is ⌈mask_rate · L⌉ rounded up to a multiple of 4 — BERT's 20 at L = 128 and 80 at 512 — which
+no row can exceed under token masking (a row chooses round(mask_rate · n) ≤ ⌈mask_rate · L⌉ of its
+n ≤ L candidates), so no target is ever left out. Whole-word and span masking choose whole words
+or spans, whose pieces ``mask_rate`` does not bound: with them the default reads every position
+(no gather), and an explicit cap is refused rather than dropping targets.
+
 Next-sentence prediction (§3.1 "Task #2") is emitted when the batch carries ``nsp_label`` `[B]`
 with BERT's convention: 0 = sentence B follows A ("IsNext"), 1 = B is random ("NotNext"). It
 needs one sentence pair per row (no packing); building such pairs is the pipeline's job and
@@ -25,6 +36,7 @@ optional there (``sentence_pairs="nsp"``, or ALBERT's sentence-order prediction 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,6 +66,11 @@ class MLMOptions:
     masking: str = setting(
         "token", "mlm: 'token' (BERT) or 'span' (SpanBERT: geometric spans of whole words, 80/10/10 "
         "per span)")
+    max_predictions_per_seq: int = setting(
+        -1, "mlm: the MLM head reads at most this many chosen positions per row (BERT's "
+        "max_predictions_per_seq; logits [B, P, V]): -1 = ceil(mask_rate·L) rounded up to a multiple "
+        "of 4 (20 at L=128, 80 at 512; every position with whole-word or span masking), 0 = every "
+        "position", check=lambda v: None if v >= -1 else "must be -1 (auto), 0 (all) or a count")
     span_geometric_p: float = setting(0.2, "mlm, masking='span': p of the geometric span length")
     max_span_length: int = setting(
         10, "mlm, masking='span': longest span, in words (tokens without word boundaries)")
@@ -79,6 +96,49 @@ def mlm_data_task(cfg: Any) -> str:
     if pairs not in SENTENCE_PAIRS:
         raise ValueError(f"objective.sentence_pairs={pairs!r} must be one of {SENTENCE_PAIRS}")
     return "lm" if pairs == "none" else "sentence_pairs"
+
+
+def max_predictions(cfg: Any, length: int) -> int:
+    """The ``P`` slots per row of `prepare_mlm_gathered` for rows of ``length`` (0: no gather, the
+    head reads every position); ValueError for a cap that could leave a chosen target out."""
+    p = option(cfg, "max_predictions_per_seq", MLM_OPTIONS["max_predictions_per_seq"])
+    rate = float(option(cfg, "mask_rate", MLM_OPTIONS["mask_rate"]))
+    bounded = not uses_word_initial(cfg)  # token masking: at most ⌈rate · L⌉ per row
+    need = max(1, math.ceil(rate * length))
+    if p == -1:
+        return min(length, -(-need // 4) * 4) if bounded else 0
+    if p and not bounded:
+        raise ValueError(f"objective.max_predictions_per_seq={p} with whole-word or span masking: "
+                         "their chosen pieces per row are not bounded by mask_rate, so a row could "
+                         "hold more targets than slots; set it to -1 or 0 (every position)")
+    if p and p < min(need, length):
+        raise ValueError(f"objective.max_predictions_per_seq={p} is less than ceil(mask_rate·L) = "
+                         f"{need} (mask_rate={rate}, L={length}): rows could hold more targets than "
+                         f"slots; set it to at least {need}, or -1")
+    return min(p, length)
+
+
+def gather_predictions(prepared: dict, slots: int) -> dict:
+    """``prepared`` (`prepare_mlm`'s output) with the head reading only each row's chosen positions:
+    ``model_inputs["predict_positions"]`` `[B, slots]` (the chosen positions in order, then
+    unchosen ones of weight 0), ``targets`` and ``weights`` `[B, slots]` gathered there. Every
+    weighted position must fit (`max_predictions` guarantees it); ``slots`` = 0 returns ``prepared``."""
+    if not slots:
+        return prepared
+    chosen = prepared["weights"] != 0
+    order = jnp.argsort(jnp.where(chosen, 0, 1), axis=1, stable=True)[:, :slots].astype(jnp.int32)
+    return {**prepared, "model_inputs": {**prepared["model_inputs"], "predict_positions": order},
+            "targets": jnp.take_along_axis(prepared["targets"], order, axis=1),
+            "weights": jnp.take_along_axis(prepared["weights"], order, axis=1)}
+
+
+def prepare_mlm_gathered(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
+                         cfg: Any = None, word_initial: np.ndarray | None = None) -> dict:
+    """`prepare_mlm`, then `gather_predictions` into `max_predictions` slots: the MLM objective
+    the trainer runs (module docstring). Same masks, loss and gradients as `prepare_mlm`'s
+    all-position output; the MLM logits are `[B, P, V]`."""
+    out = prepare_mlm(batch, rng, special, cfg, word_initial)
+    return gather_predictions(out, max_predictions(cfg, out["targets"].shape[1]))
 
 
 def _non_special_ids(special: SpecialTokens) -> np.ndarray:

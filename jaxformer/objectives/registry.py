@@ -36,7 +36,7 @@ from jaxformer.objectives.denoise import DenoiseOptions, denoise
 from jaxformer.objectives.mlm import (
     MLMOptions,
     mlm_data_task,
-    prepare_mlm,
+    prepare_mlm_gathered,
     uses_word_initial,
 )
 from jaxformer.objectives.permutation import PLMOptions, prepare_plm
@@ -238,7 +238,7 @@ def check_data_task(objective_cfg: Any, data_cfg: Any) -> Objective:
 # The built-in objectives (papers cited in their modules).
 register_objective(Objective("clm", prepare_clm, data_task="lm", framing="eos",
                              options=ScheduledSamplingOptions))
-register_objective(Objective("mlm", prepare_mlm, data_task="lm", framing="cls_sep",
+register_objective(Objective("mlm", prepare_mlm_gathered, data_task="lm", framing="cls_sep",
                              options=MLMOptions, data_task_for=mlm_data_task))
 register_objective(Objective("seq2seq", prepare_seq2seq, data_task="seq2seq",
                              options=ScheduledSamplingOptions))

@@ -1,9 +1,29 @@
-"""Inverted dropout (Srivastava et al. 2014) as a pure function."""
+"""Inverted dropout (Srivastava et al. 2014) as a pure function, and the key its masks are drawn
+with (`dropout_key`: which `jax.random` implementation generates the bits)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+# `jax.random`'s implementations: threefry2x32 (counter-based, the same bits on every backend and
+# sharding; jax's default), rbg (XLA's RngBitGenerator for the bits, threefry for split/fold_in) and
+# unsafe_rbg (RngBitGenerator for the bits and, of lower quality, for split/fold_in too).
+PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+
+
+def dropout_key(key: jax.Array, impl: str) -> jax.Array:
+    """``key`` (a typed threefry key) as a key of `jax.random` implementation ``impl``: the key
+    itself for "threefry2x32", else a key of ``impl`` whose data are bits drawn from ``key`` — a
+    pure function of ``key``, so masks still depend only on (seed, step) and a resumed run draws
+    the same ones. rbg's bits are XLA's RngBitGenerator: the same program gives the same bits, but
+    jax documents they may change across backends, versions and shardings."""
+    if impl not in PRNG_IMPLS:
+        raise ValueError(f"dropout PRNG implementation {impl!r} is not one of {PRNG_IMPLS}")
+    if impl == "threefry2x32":
+        return key
+    shape = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl))).shape
+    return jax.random.wrap_key_data(jax.random.bits(key, shape, jnp.uint32), impl=impl)
 
 
 def _static_rate(rate) -> float | None:

@@ -5,6 +5,8 @@
   vocabulary masked (`mask_padded_vocab`).
 * `mlm_logits`: BERT's masked-LM head (Devlin et al. 2019): dense → activation → norm, then
   `lm_logits` with the parameters under ``"decoder"``.
+* `lm_head_inputs` / `mlm_head_inputs`: what those heads' output projection reads (`HeadInputs`),
+  for a loss that never forms the `[B, L, V]` logits (`jaxformer.ops.losses.blockwise_cross_entropy`).
 * `pool` / `pooled`: one `[B, D]` vector per sequence, BERT's dense+tanh pooler (DistilBERT's
   dense+relu) optional.
 * `classify`: dropout → dense, for sequence, token and next-sentence classification.
@@ -12,6 +14,8 @@
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +30,31 @@ from jaxformer.ops.settings import ModelSettings
 Array = jnp.ndarray
 
 
+class HeadInputs(NamedTuple):
+    """The output projection's operands: logits = ``h`` · ``w``ᵀ + ``bias``, of which the first
+    ``cfg.vocab_size`` columns are real (the rest a padded vocabulary).
+
+    Attributes:
+      h: `[B, L, D]` compute dtype: the last hidden states after the head's own transform (BERT's
+        dense → activation → norm; T5's d_model^-0.5 rescale of tied logits).
+      w: `[V', D]` the token table (tied) or the untied kernel's transpose, as stored.
+      bias: `[V']` or None.
+    """
+
+    h: Array
+    w: Array
+    bias: Array | None
+
+
+def lm_head_inputs(params: dict, x: Array, table: Array, *, cfg: ModelSettings) -> HeadInputs:
+    """`lm_logits`'s operands (`HeadInputs`) for `[B, L, D]` hidden states ``x``."""
+    if not cfg.tie_embeddings:
+        return HeadInputs(x, params["kernel"].T, params.get("bias"))
+    if cfg.rescale_tied_logits:
+        x = x * (cfg.d_model ** -0.5)
+    return HeadInputs(x, table, params["bias"] if cfg.lm_head_bias else None)
+
+
 def lm_logits(params: dict, x: Array, table: Array, *, cfg: ModelSettings) -> Array:
     """`[B, L, D]` → `[B, L, vocab]`. Tied: the token table ``table`` `[vocab, D]` (``params`` holds
     at most a ``bias`` `[vocab]`); untied: ``params`` is a dense ``kernel`` `[D, vocab]` (+ bias).
@@ -33,11 +62,10 @@ def lm_logits(params: dict, x: Array, table: Array, *, cfg: ModelSettings) -> Ar
     columns are masked (`mask_padded_vocab`)."""
     if not cfg.tie_embeddings:
         return mask_padded_vocab(dense(params, x), cfg.vocab_size)
-    if cfg.rescale_tied_logits:
-        x = x * (cfg.d_model ** -0.5)
-    logits = attend(table, x)
-    if cfg.lm_head_bias:
-        logits = logits + params["bias"].astype(logits.dtype)
+    h, w, bias = lm_head_inputs(params, x, table, cfg=cfg)
+    logits = attend(w, h)
+    if bias is not None:
+        logits = logits + bias.astype(logits.dtype)
     return mask_padded_vocab(logits, cfg.vocab_size)
 
 
@@ -59,10 +87,20 @@ def mask_padded_vocab(logits: Array, vocab_size: int) -> Array:
 def mlm_logits(params: dict, x: Array, table: Array, *, cfg: ModelSettings) -> Array:
     """BERT's MLM head: ``dense`` → activation → ``norm`` (when ``cfg.mlm_transform``), then
     `lm_logits` with ``params.get("decoder", {})``. `[B, L, D]` → `[B, L, vocab]`."""
+    return lm_logits(params.get("decoder", {}), _mlm_transform(params, x, cfg), table, cfg=cfg)
+
+
+def mlm_head_inputs(params: dict, x: Array, table: Array, *, cfg: ModelSettings) -> HeadInputs:
+    """`mlm_logits`'s operands (`HeadInputs`) for `[B, L, D]` hidden states ``x``."""
+    return lm_head_inputs(params.get("decoder", {}), _mlm_transform(params, x, cfg), table, cfg=cfg)
+
+
+def _mlm_transform(params: dict, x: Array, cfg: ModelSettings) -> Array:
+    """BERT's dense → activation → norm (when ``cfg.mlm_transform``): `[B, L, D]` → `[B, L, D]`."""
     if cfg.mlm_transform:
         x = get_activation(cfg.activation)(dense(params["dense"], x))
         x = normalize(cfg.norm, x, params["norm"], eps=cfg.norm_eps)
-    return lm_logits(params.get("decoder", {}), x, table, cfg=cfg)
+    return x
 
 
 def pool(x: Array, segment_ids: Array | None, how: str) -> Array:

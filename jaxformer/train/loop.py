@@ -166,6 +166,8 @@ class Trainer:
         step_fn = make_train_step(self.model, self.tx, self.prepare, self.schedule,
                                   label_smoothing=c.objective.label_smoothing,
                                   z_loss=c.objective.z_loss,
+                                  vocab_block_size=c.objective.vocab_block_size,
+                                  dropout_impl=c.dropout_prng,
                                   grad_accum_steps=c.optimizer.get("grad_accum_steps", 1),
                                   axis_name={"pmap": pmap.AXIS,
                                              "shard_map": shard_map.AXIS}.get(c.parallel),
@@ -202,7 +204,8 @@ class Trainer:
             return {}
         if not hasattr(self, "_eval_fn"):
             counts = self.predicts_labels and self.model_cfg.head == "classify"
-            eval_step = make_eval_step(self.model, self.prepare, predictions=counts)
+            eval_step = make_eval_step(self.model, self.prepare, predictions=counts,
+                                       vocab_block_size=c.objective.vocab_block_size)
             if counts:
                 eval_step = with_prediction_counts(eval_step, self.model_cfg.num_classes)
                 self._collapse = CollapseWatch(list_option(c.data, "label_names"))

@@ -17,21 +17,43 @@ import optax
 from jaxformer.models import lora
 from jaxformer.nnx import FunctionalModel
 from jaxformer.objectives.cloze import class_logits
-from jaxformer.ops.losses import weighted_accuracy, weighted_cross_entropy
+from jaxformer.ops.dropout import dropout_key
+from jaxformer.ops.heads import HeadInputs
+from jaxformer.ops.losses import (
+    weighted_accuracy,
+    weighted_blockwise_cross_entropy,
+    weighted_cross_entropy,
+)
 from jaxformer.train.state import TrainState
 
 
 def loss_and_metrics(model: FunctionalModel, params, prepared: dict, *, deterministic: bool,
                      dropout_rng: jax.Array | None, label_smoothing: float = 0.0,
-                     z_loss: float = 0.0) -> tuple[jax.Array, dict]:
+                     z_loss: float = 0.0, vocab_block_size: int = 0) -> tuple[jax.Array, dict]:
     """Sums (not means) of loss, correct predictions and weights for one batch.
 
     ``prepared`` is an objective's output: ``model_inputs``, ``targets``, ``weights`` and, for BERT
-    next-sentence prediction, ``nsp_targets``/``nsp_weights``.
+    next-sentence prediction, ``nsp_targets``/``nsp_weights``. ``vocab_block_size`` > 0: the LM
+    and MLM heads' loss is `weighted_blockwise_cross_entropy` over blocks of that many vocabulary
+    columns, never forming the `[B, L, V]` logits (`blockwise_loss`); 0: from the full logits.
     """
-    logits, nsp_logits = _forward(model, params, prepared, deterministic, dropout_rng)
+    blockwise = blockwise_loss(model, prepared, vocab_block_size)
+    logits, nsp_logits = _forward(model, params, prepared, deterministic, dropout_rng, blockwise)
     return _sums(logits, nsp_logits, prepared, label_smoothing, z_loss,
-                 _real_classes(getattr(model, "cfg", None), prepared))
+                 _real_classes(getattr(model, "cfg", None), prepared), vocab_block_size)
+
+
+def blockwise_loss(model: FunctionalModel, prepared: dict, vocab_block_size: int) -> bool:
+    """Whether the loss of ``prepared`` is computed blockwise from the head's operands: a positive
+    ``vocab_block_size``, an LM or MLM head, and an objective that reads only the loss and the
+    accuracy of the vocabulary logits (not cloze's label-word logits, ``class_positions``), over
+    every position: an MLM head that reads only the masked positions (``predict_positions``, BERT's
+    80 of 512) keeps its small `[B, P, V]` logits, which compiled to fewer bytes on v5p than the
+    two changes together (docs/scaling.md, "Bytes outside attention")."""
+    cfg = getattr(model, "cfg", None)
+    return (vocab_block_size > 0 and cfg is not None and cfg.head in ("lm", "mlm")
+            and "class_positions" not in prepared
+            and "predict_positions" not in prepared["model_inputs"])
 
 
 def _real_classes(cfg, prepared: dict) -> int | None:
@@ -45,23 +67,35 @@ def _real_classes(cfg, prepared: dict) -> int | None:
 
 
 def _forward(model: FunctionalModel, params, prepared: dict, deterministic: bool,
-             dropout_rng: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
-    """(logits, NSP logits or None) of the model on an objective's ``model_inputs``."""
+             dropout_rng: jax.Array | None, head_inputs: bool = False
+             ) -> tuple[jax.Array | HeadInputs, jax.Array | None]:
+    """(logits, NSP logits or None) of the model on an objective's ``model_inputs``; with
+    ``head_inputs`` the head's `HeadInputs` in place of the logits."""
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
+    extra = {"head_inputs": True} if head_inputs else {}
     out = model.apply({"params": params}, **prepared["model_inputs"], deterministic=deterministic,
-                      rngs=rngs)
+                      rngs=rngs, **extra)
+    if isinstance(out, HeadInputs):
+        return out, None
     logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
     return class_logits(logits, prepared), nsp_logits  # cloze: the label words' logits [B, C]
 
 
-def _sums(logits: jax.Array, nsp_logits: jax.Array | None, prepared: dict,
-          label_smoothing: float = 0.0, z_loss: float = 0.0, num_classes: int | None = None) -> dict:
-    """Sums of loss, correct predictions and weights (and NSP's) of one batch's logits
-    (``num_classes``: the real vocabulary of padded logits, `_real_classes`)."""
-    loss_sum, weight_sum = weighted_cross_entropy(
-        logits, prepared["targets"], prepared["weights"], label_smoothing=label_smoothing,
-        z_loss=z_loss, num_classes=num_classes)
-    correct, _ = weighted_accuracy(logits, prepared["targets"], prepared["weights"])
+def _sums(logits: jax.Array | HeadInputs, nsp_logits: jax.Array | None, prepared: dict,
+          label_smoothing: float = 0.0, z_loss: float = 0.0, num_classes: int | None = None,
+          vocab_block_size: int = 0) -> dict:
+    """Sums of loss, correct predictions and weights (and NSP's) of one batch's logits, or of the
+    head's operands blockwise (`HeadInputs`, ``vocab_block_size`` columns a block) (``num_classes``:
+    the real vocabulary of padded logits, `_real_classes`)."""
+    if isinstance(logits, HeadInputs):
+        loss_sum, correct, weight_sum = weighted_blockwise_cross_entropy(
+            *logits, prepared["targets"], prepared["weights"], block_size=vocab_block_size,
+            label_smoothing=label_smoothing, z_loss=z_loss, num_classes=num_classes)
+    else:
+        loss_sum, weight_sum = weighted_cross_entropy(
+            logits, prepared["targets"], prepared["weights"], label_smoothing=label_smoothing,
+            z_loss=z_loss, num_classes=num_classes)
+        correct, _ = weighted_accuracy(logits, prepared["targets"], prepared["weights"])
     sums = {"loss": loss_sum, "correct": correct, "weight": weight_sum}
     if nsp_logits is not None and "nsp_targets" in prepared:
         nsp_loss, nsp_w = weighted_cross_entropy(nsp_logits, prepared["nsp_targets"],
@@ -83,7 +117,8 @@ def make_train_step(model: FunctionalModel, tx: optax.GradientTransformation, pr
                     schedule: Callable, *, label_smoothing: float = 0.0, z_loss: float = 0.0,
                     grad_accum_steps: int = 1, axis_name: str | None = None,
                     skip_nonfinite: bool = False, lora_scale: float | None = None,
-                    mix_inputs: Callable | None = None, distill: Callable | None = None
+                    mix_inputs: Callable | None = None, distill: Callable | None = None,
+                    vocab_block_size: int = 0, dropout_impl: str = "threefry2x32"
                     ) -> Callable[..., tuple[TrainState, dict]]:
     """``train_step(state, batch) -> (state, metrics)``, to be wrapped in `jax.jit`.
 
@@ -114,10 +149,18 @@ def make_train_step(model: FunctionalModel, tx: optax.GradientTransformation, pr
     ``distill`` (`jaxformer.train.distill.DistillLoss`): ``train_step(state, batch, None,
     teacher)``; the hook computes the sums from the student and the frozen ``teacher`` parameters
     (no gradient reaches them) and its ``distill_*`` sums are logged per weight.
+
+    ``vocab_block_size`` (``objective.vocab_block_size``): the LM/MLM loss over blocks of that many
+    vocabulary columns, without `[B, L, V]` logits (`loss_and_metrics`; distillation, which
+    compares logits, keeps them); 0: from the full logits.
+
+    ``dropout_impl`` (``dropout_prng``): the `jax.random` implementation the dropout masks are drawn
+    with (`jaxformer.ops.dropout.dropout_key`); the objective's masking keeps threefry.
     """
 
     def micro_grads(params, batch, key, base, step, teacher=None):
         obj_key, drop_key = jax.random.split(key)
+        drop_key = dropout_key(drop_key, dropout_impl)
         prepared = prepare(batch, obj_key)
         if mix_inputs is not None:  # scheduled sampling: a first pass, outside the gradient
             full = params if base is None else lora.model_params(base, params, lora_scale)
@@ -133,7 +176,8 @@ def make_train_step(model: FunctionalModel, tx: optax.GradientTransformation, pr
                                    _real_classes(model.cfg, pr)))
                 return sums["loss"] + sums.get("nsp_loss", 0.0), sums
             sums = loss_and_metrics(model, full, prepared, deterministic=False, dropout_rng=drop_key,
-                                    label_smoothing=label_smoothing, z_loss=z_loss)
+                                    label_smoothing=label_smoothing, z_loss=z_loss,
+                                    vocab_block_size=vocab_block_size)
             # Sum-of-losses gradient; normalised once all micro-batches are in.
             total = sums["loss"] + sums.get("nsp_loss", 0.0)
             return total, sums
@@ -195,11 +239,14 @@ def make_train_step(model: FunctionalModel, tx: optax.GradientTransformation, pr
     return train_step
 
 
-def make_eval_step(model: FunctionalModel, prepare: Callable, *, predictions: bool = False
+def make_eval_step(model: FunctionalModel, prepare: Callable, *, predictions: bool = False,
+                   vocab_block_size: int = 0
                    ) -> Callable[[Any, dict, jax.Array], dict | tuple[dict, dict]]:
     """``eval_step(params, batch, key) -> sums`` (loss/correct/weight sums; add over batches).
 
-    Evaluation uses the plain cross-entropy (no label smoothing) so perplexity is exp(loss).
+    Evaluation uses the plain cross-entropy (no label smoothing) so perplexity is exp(loss);
+    blockwise over ``vocab_block_size`` columns as in `make_train_step`, except with
+    ``predictions`` (which needs the logits' argmax per position).
     ``predictions``: return ``(sums, {"predictions", "targets", "weights"})`` instead, the argmax
     of the logits with the objective's targets and weights, all of the targets' shape (`[B]` for
     classification, `[B, L]` for token objectives), for per-example metrics.
@@ -207,10 +254,11 @@ def make_eval_step(model: FunctionalModel, prepare: Callable, *, predictions: bo
 
     def eval_step(params, batch, key):
         prepared = prepare(batch, key)
+        if not predictions:
+            return loss_and_metrics(model, params, prepared, deterministic=True, dropout_rng=None,
+                                    vocab_block_size=vocab_block_size)
         logits, nsp_logits = _forward(model, params, prepared, True, None)
         sums = _sums(logits, nsp_logits, prepared, num_classes=_real_classes(model.cfg, prepared))
-        if not predictions:
-            return sums
         return sums, {"predictions": jnp.argmax(logits, axis=-1).astype(jnp.int32),
                       "targets": prepared["targets"], "weights": prepared["weights"]}
 

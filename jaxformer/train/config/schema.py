@@ -33,6 +33,7 @@ import ml_collections
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import DataSettings
 from jaxformer.objectives import OBJECTIVES, option_settings
+from jaxformer.ops.dropout import PRNG_IMPLS
 from jaxformer.settings import (
     Setting,
     at_least,
@@ -80,6 +81,11 @@ class RunSettings:
 
     name: str = setting("run", "the run's name (shown in logs)")
     seed: int = setting(0, "parameters, dropout, masking and data order all derive from it")
+    dropout_prng: str = setting(
+        "threefry2x32", "jax.random implementation of the dropout masks: 'threefry2x32' (the same "
+        "masks on every backend and mesh), 'rbg' or 'unsafe_rbg' (XLA's RngBitGenerator: fewer "
+        "bytes and FLOPs, masks that may differ across backends and shardings); resume stays "
+        "bitwise either way", check=one_of(*PRNG_IMPLS))
     num_train_steps: int = setting(
         1000, "optimizer updates to run (a resumed run continues up to this number)", check=positive)
     init_from: str = setting(
@@ -121,6 +127,10 @@ class ObjectiveSettings:
         check=lambda v: None if 0.0 <= v < 1.0 else "must lie in [0, 1)")
     z_loss: float = setting(0.0, "weight of the z-loss log(Z)^2 on the output logits (PaLM)",
                             check=at_least(0))
+    vocab_block_size: int = setting(
+        8192, "LM/MLM loss over blocks of this many vocabulary columns, never forming the [B, L, V] "
+        "float32 logits (ops.losses.blockwise_cross_entropy; same loss and gradients); 0 = from the "
+        "full logits", check=at_least(0))
     decoder_start_id: int = setting(
         0, "encoder_decoder: the first decoder input id (T5: pad = 0; a Hugging Face init_from's "
         "decoder_start_token_id, e.g. BART's 2, replaces the default 0)", check=at_least(0))
