@@ -332,6 +332,21 @@ def _sees_a_key(q_seg: Array, kv_seg: Array, causal: bool) -> Array:
     return found
 
 
+def _refuse_dense_mask(impl: str, mask: Array | None) -> None:
+    """The Pallas kernels take causal and segment masks, not a dense ``mask``."""
+    if mask is not None:
+        raise ValueError(f"implementation={impl!r} takes causal and segment masks only, not a "
+                         "dense mask: use 'xla', 'chunked' or 'cudnn'")
+
+
+def _blocks(lq: int, lk: int, block: int) -> tuple[int, int, int, int]:
+    """(block_q, block_kv, padded lq, padded lk) of the Pallas kernels: a block is ``block`` or
+    the length rounded up to the 128 lanes, whichever is smaller; lengths pad to a multiple."""
+    block_q = min(block, _round_up(lq, SPLASH_LANES))
+    block_kv = min(block, _round_up(lk, SPLASH_LANES))
+    return block_q, block_kv, _round_up(lq, block_q), _round_up(lk, block_kv)
+
+
 def splash_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: Array | None,
                      causal: bool, q_segment_ids: Array | None, kv_segment_ids: Array | None,
                      scale: float, dropout_rate: float = 0.0, dropout_rng=None,
@@ -342,16 +357,12 @@ def splash_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: 
     Returns `[B, L, H, Dv]` in ``q.dtype``."""
     impl = "splash_interpret" if interpret else "splash"
     _refuse(impl, bias, dropout_rate, dropout_rng)
-    if mask is not None:
-        raise ValueError(f"implementation={impl!r} takes causal and segment masks only, not a "
-                         "dense mask: use 'xla', 'chunked' or 'cudnn'")
+    _refuse_dense_mask(impl, mask)
     if not interpret:
         check_backend("splash")
     b, lq, h, _ = q.shape
     lk = k.shape[1]
-    block_q = min(block, _round_up(lq, SPLASH_LANES))
-    block_kv = min(block, _round_up(lk, SPLASH_LANES))
-    lq_pad, lk_pad = _round_up(lq, block_q), _round_up(lk, block_kv)
+    block_q, block_kv, lq_pad, lk_pad = _blocks(lq, lk, block)
     q_seg, kv_seg = _default_segments(q_segment_ids, kv_segment_ids, q, k)
     q_seg, kv_seg = _pad_to(q_seg, 1, lq_pad), _pad_to(kv_seg, 1, lk_pad)
     q_BxHxLxDh = jnp.swapaxes(_pad_to(q * jnp.asarray(scale, q.dtype), 1, lq_pad), 1, 2)
@@ -393,16 +404,12 @@ def flash_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: A
     Returns `[B, L, H, Dv]` in ``q.dtype``."""
     impl = "flash_interpret" if interpret else "flash"
     _refuse(impl, None, dropout_rate, dropout_rng)
-    if mask is not None:
-        raise ValueError(f"implementation={impl!r} takes causal and segment masks only, not a "
-                         "dense mask: use 'xla', 'chunked' or 'cudnn'")
+    _refuse_dense_mask(impl, mask)
     if not interpret:
         check_backend("flash")
     b, lq, h, _ = q.shape
     lk = k.shape[1]
-    block_q = min(block, _round_up(lq, SPLASH_LANES))
-    block_kv = min(block, _round_up(lk, SPLASH_LANES))
-    lq_pad, lk_pad = _round_up(lq, block_q), _round_up(lk, block_kv)
+    block_q, block_kv, lq_pad, lk_pad = _blocks(lq, lk, block)
     q_seg, kv_seg = q_segment_ids, kv_segment_ids
     if (lq_pad, lk_pad) != (lq, lk):  # padded keys are hidden by segment id 0
         q_seg, kv_seg = _default_segments(q_seg, kv_seg, q, k)

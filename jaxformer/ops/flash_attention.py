@@ -333,16 +333,23 @@ def _operands(q, k, v, bias, q_seg, kv_seg):
     return ops
 
 
+def _q_major_maps(geo: _Geometry):
+    """Block index maps of the kernels whose grid is (row chunk c, head h, q block i, kv block j,
+    row r) — the forward and dQ kernels: those of q (and o, dO, dQ), k/v, the bias, the q and kv
+    segment ids, and the per-query statistics (logsumexp, D)."""
+    row = lambda c, r: c * geo.rows + r
+    return (lambda c, h, i, j, r: (row(c, r), h, i, 0),
+            lambda c, h, i, j, r: (row(c, r), lax.div(h, geo.groups), geo.kv_block(i, j), 0),
+            lambda c, h, i, j, r: (geo.bias_row(row(c, r)), h, i, geo.kv_block(i, j)),
+            lambda c, h, i, j, r: (row(c, r), 0, i),
+            lambda c, h, i, j, r: (row(c, r), 0, geo.kv_block(i, j)),
+            lambda c, h, i, j, r: (row(c, r), h, 0, i))
+
+
 def _forward(q, k, v, bias, q_seg, kv_seg, *, causal, scale, block_q, block_kv, interpret):
     geo = _Geometry(q, k, v, bias, q_seg is not None, causal, block_q, block_kv)
-    n, bq, g = geo.rows, geo.bq, geo.groups
-    row = lambda c, r: c * n + r
-    q_map = lambda c, h, i, j, r: (row(c, r), h, i, 0)
-    kv_map = lambda c, h, i, j, r: (row(c, r), lax.div(h, g), geo.kv_block(i, j), 0)
-    bias_map = lambda c, h, i, j, r: (geo.bias_row(row(c, r)), h, i, geo.kv_block(i, j))
-    qseg_map = lambda c, h, i, j, r: (row(c, r), 0, i)
-    kvseg_map = lambda c, h, i, j, r: (row(c, r), 0, geo.kv_block(i, j))
-    lse_map = lambda c, h, i, j, r: (row(c, r), h, 0, i)
+    n, bq = geo.rows, geo.bq
+    q_map, kv_map, bias_map, qseg_map, kvseg_map, lse_map = _q_major_maps(geo)
     out_dtype = v.dtype
     blocks = [((bq, geo.d, q.dtype), "q"), ((geo.bk, geo.d, k.dtype), "pair"),
               ((geo.bk, geo.dv, v.dtype), "pair"), ((bq, geo.dv, out_dtype), "q"),
@@ -412,14 +419,8 @@ def _backward_dkv(q, k, v, bias, q_seg, kv_seg, lse, di, do, *, causal, scale, b
 def _backward_dq(q, k, v, bias, q_seg, kv_seg, lse, di, do, *, causal, scale, block_q,
                  block_kv, interpret):
     geo = _Geometry(q, k, v, bias, q_seg is not None, causal, block_q, block_kv)
-    n, bq, g = geo.rows, geo.bq, geo.groups
-    row = lambda c, r: c * n + r
-    q_map = lambda c, h, i, j, r: (row(c, r), h, i, 0)
-    kv_map = lambda c, h, i, j, r: (row(c, r), lax.div(h, g), geo.kv_block(i, j), 0)
-    bias_map = lambda c, h, i, j, r: (geo.bias_row(row(c, r)), h, i, geo.kv_block(i, j))
-    qseg_map = lambda c, h, i, j, r: (row(c, r), 0, i)
-    kvseg_map = lambda c, h, i, j, r: (row(c, r), 0, geo.kv_block(i, j))
-    stat_map = lambda c, h, i, j, r: (row(c, r), h, 0, i)
+    n, bq = geo.rows, geo.bq
+    q_map, kv_map, bias_map, qseg_map, kvseg_map, stat_map = _q_major_maps(geo)
     specs = _specs_in(geo, q_map, kv_map, bias_map, qseg_map, kvseg_map)
     specs += [pl.BlockSpec((None, None, 1, bq), stat_map), pl.BlockSpec((None, None, 1, bq), stat_map),
               pl.BlockSpec((None, None, bq, geo.dv), q_map)]
@@ -437,7 +438,7 @@ def _backward_dq(q, k, v, bias, q_seg, kv_seg, lse, di, do, *, causal, scale, bl
             nbytes += geo.chunks * geo.h * geo.lq * geo.lk * 4
         else:
             out_specs.append(pl.BlockSpec((None, None, bq, geo.bk),
-                                          lambda c, h, i, j, r: (row(c, r), h, i, j)))
+                                          lambda c, h, i, j, r: (c * n + r, h, i, j)))
             out_shape.append(jax.ShapeDtypeStruct(bias.shape, bias.dtype))
             nbytes += _nbytes(bias.shape, bias.dtype)
         nbytes += geo.bias_bytes(bias, "pair")
