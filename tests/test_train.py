@@ -212,6 +212,7 @@ def test_killed_run_resumes_exactly(tmp_path):
                  load_checkpoint_params(straight))
 
 
+@pytest.mark.slow  # two train.py runs (14 s); dropout_key's purity is test_head_bytes.py's, in make test
 def test_rbg_dropout_masks_resume_exactly(tmp_path):
     """With ``dropout_prng='rbg'`` the dropout masks are still a function of (seed, step): a run
     resumed from a checkpoint repeats an uninterrupted run's losses and parameters bitwise, and the
