@@ -77,6 +77,22 @@ def _visible(q_idx, kv_idx, q_seg, kv_seg, causal: bool):
     return mask
 
 
+def _masked_logits(q, k, bias_ref, qseg_ref, kvseg_ref, i, j, *, causal: bool, scale: float,
+                   bq: int, bk: int):
+    """The float32 logits `[bq, bk]` of q block ``i`` against kv block ``j``, q kᵀ · scale + bias,
+    with hidden entries (causal, other segment, padding) set to `MASK`: the forward and dQ
+    kernels' (query-major) block. ``bias_ref``/``qseg_ref``/``kvseg_ref`` may be None."""
+    s = lax.dot_general(q, k, NT, preferred_element_type=jnp.float32) * scale
+    if bias_ref is not None:
+        s = s + bias_ref[...].astype(jnp.float32)
+    q_idx = i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+    kv_idx = j * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+    has_seg = qseg_ref is not None
+    mask = _visible(q_idx, kv_idx, qseg_ref[0][:, None] if has_seg else None,
+                    kvseg_ref[...] if has_seg else None, causal)
+    return s if mask is None else jnp.where(mask, s, MASK)
+
+
 def _causal_runs(i, j, bq: int, bk: int):
     """Block (q block ``i``, kv block ``j``) holds a visible entry under the causal mask."""
     return j * bk <= i * bq + bq - 1
@@ -101,15 +117,8 @@ def _fwd_kernel(*refs, causal, scale, has_bias, has_seg, bq, bk, nk):
 
     @pl.when(_causal_runs(i, j, bq, bk) if causal else True)
     def _step():
-        s = lax.dot_general(q_ref[...], k_ref[...], NT, preferred_element_type=jnp.float32) * scale
-        if has_bias:
-            s = s + bias_ref[...].astype(jnp.float32)
-        q_idx = i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
-        kv_idx = j * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-        mask = _visible(q_idx, kv_idx, qseg_ref[0][:, None] if has_seg else None,
-                        kvseg_ref[...] if has_seg else None, causal)
-        if mask is not None:
-            s = jnp.where(mask, s, MASK)
+        s = _masked_logits(q_ref[...], k_ref[...], bias_ref, qseg_ref, kvseg_ref, i, j,
+                           causal=causal, scale=scale, bq=bq, bk=bk)
         m_prev, l_prev = m_sc[r], l_sc[r]  # [bq, LANES], equal across lanes
         m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
         p = jnp.exp(s - m_new[:, :1])
@@ -189,15 +198,8 @@ def _dq_kernel(*refs, causal, scale, has_bias, has_seg, shared_bias, bq, bk, nk)
 
     def dlogits():
         q, k, do = q_ref[...], k_ref[...], do_ref[...]
-        s = lax.dot_general(q, k, NT, preferred_element_type=jnp.float32) * scale
-        if has_bias:
-            s = s + bias_ref[...].astype(jnp.float32)
-        q_idx = i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
-        kv_idx = j * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-        mask = _visible(q_idx, kv_idx, qseg_ref[0][:, None] if has_seg else None,
-                        kvseg_ref[...] if has_seg else None, causal)
-        if mask is not None:
-            s = jnp.where(mask, s, MASK)
+        s = _masked_logits(q, k, bias_ref, qseg_ref, kvseg_ref, i, j, causal=causal, scale=scale,
+                           bq=bq, bk=bk)
         p = jnp.exp(s - lse_ref[0][:, None])
         dp = lax.dot_general(do, v_ref[...], NT, preferred_element_type=jnp.float32)
         ds = p * (dp - di_ref[0][:, None])
