@@ -341,7 +341,7 @@ def test_auto_trains_on_this_host_and_under_context_parallelism():
     """On a CPU host "auto" is "xla" (the host's backend, no `target_platform`), so the default
     config checks pass; ring attention (``mesh.context``) accepts "auto" and says it runs."""
     if ON_CUDA or ON_TPU:
-        pytest.skip("the CPU host's choice")
+        pytest.skip("checks a CPU host's choice (xla); on a GPU or TPU auto picks that platform's kernel")
     config = load_config(ROOT / "configs" / "gpt_pretrain_tiny.py",
                          {"model.attention_impl": "auto", "mesh.context": 2, "mesh.data": 1})
     model_cfg = validate_config(config)
