@@ -16,6 +16,8 @@ Static (AST and tokens of every ``jaxformer/**/*.py``; seconds):
   `SECTIONS` (``config.data.seq_len``), by file;
 - ``raw_run_key_reads``: the same for the top-level keys, ``config.<key>`` (`RUN_KEYS`);
 - ``duplicate_module_names``: module file names (``params.py``) found in several packages;
+- ``feature_files``: library files naming a cross-cutting feature (case-insensitive): LoRA
+  (``lora``), distillation (``distill``), the parallel modes (``pmap`` or ``shard_map``);
 - ``stale``: occurrences of "former Linen" and of ``module_api`` in the library.
 
 Dynamic (``--static`` skips them; ~1-2 min of CPU):
@@ -39,8 +41,9 @@ Dynamic (``--static`` skips them; ~1-2 min of CPU):
   a ConfigDict, such as ``ResolvedConfig``), linked to its nearest such caller. A reader follows each
   call site once: the walk's edges are the distinct (caller, line, callee) triples, in the order
   first run. Reported: the files visited; ``entries`` (edges into another file, per file);
-  ``reentries`` (entries into a file entered before); ``climbs`` (entries into a file on the walk's
-  path above the caller: back up to a file the reader came down from).
+  ``reentries`` (entries into a file entered before: the reader climbs back to a file already read,
+  as the issue's "climbs back up" count; ``options.py`` is entered from every reader of an option);
+  ``path_climbs`` (the strict case: entries into a file on the walk's path above the caller).
 
 Prints one JSON object and a short table.
 """
@@ -76,6 +79,7 @@ NOT_CONFIG_FILES = ("jaxformer/data/fast_tokenizer.py",)  # reads tokenizer.json
 RUN_KEYS = ("name", "seed", "dropout_prng", "num_train_steps", "init_from", "init_from_step",
             "init_from_best", "parallel", "module_api", "log_every_steps", "nonfinite",
             "nonfinite_limit", "progress_bar", "profile_steps")
+FEATURES = {"lora": r"lora", "distillation": r"distill", "parallel modes": r"pmap|shard_map"}
 # A tiny one-step GPT run: the trace's command line (train.py's flags).
 TRACE_OVERRIDES = dict(num_train_steps=1, log_every_steps=1, progress_bar=False,
                        **{"eval.num_batches": 0, "checkpoint.every_steps": 1,
@@ -152,10 +156,14 @@ def static_metrics() -> dict:
     run_reads: dict[str, list[str]] = collections.defaultdict(list)
     names = collections.defaultdict(list)
     stale = {"former Linen": [], "module_api": []}
+    features = {name: [] for name in FEATURES}
     for path in library_files():
         source = path.read_text()
         name = rel(path)
         names[path.name].append(name)
+        for feature, pattern in FEATURES.items():
+            if re.search(pattern, source, flags=re.I):
+                features[feature].append(name)
         lines.update(line_kinds(source))
         for i, text in enumerate(source.splitlines(), 1):
             for needle in stale:
@@ -210,6 +218,7 @@ def static_metrics() -> dict:
         "raw_run_key_reads": {"total": sum(map(len, run_reads.values())), "by_file": by_file(run_reads),
                               "at": dict(run_reads)},
         "duplicate_module_names": dup,
+        "feature_files": {k: {"count": len(v), "files": v} for k, v in features.items()},
         "stale": {k: {"count": len(v), "at": v} for k, v in stale.items()},
     }
 
@@ -328,16 +337,17 @@ class Tracer:
 
 def walk_summary(edges: list[dict]) -> dict:
     """The config walk over distinct call sites (as a reader follows them), in first-seen order."""
-    entries, seen, reentries, climbs = collections.Counter(), set(), 0, 0
+    entries, seen, reentries, path_climbs = collections.Counter(), set(), 0, 0
     for e in edges:
         if e["caller_file"] == e["file"]:
             continue
         entries[e["file"]] += 1
         reentries += e["file"] in seen
-        climbs += e["file"] in e["above"] - {e["caller_file"]}
+        path_climbs += e["file"] in e["above"] - {e["caller_file"]}
         seen.add(e["file"])
     return {"files": len(entries), "call_sites": len(edges), "entries": sum(entries.values()),
-            "reentries": reentries, "climbs": climbs, "entries_by_file": dict(entries.most_common()),
+            "reentries": reentries, "path_climbs": path_climbs,
+            "entries_by_file": dict(entries.most_common()),
             "functions": sorted({f"{e['file']}:{e['function']}" for e in edges})}
 
 
@@ -405,6 +415,8 @@ def table(m: dict) -> str:
              f"{s['raw_config_reads']['total']} (+ {s['raw_run_key_reads']['total']})"),
             ("module names in several packages", ", ".join(f"{k}×{len(v)}" for k, v in
                                                           s["duplicate_module_names"].items())),
+            ("library files naming LoRA / distillation / pmap or shard_map",
+             " / ".join(str(v["count"]) for v in s["feature_files"].values())),
             ("'former Linen' / 'module_api' in the library",
              f"{s['stale']['former Linen']['count']} / {s['stale']['module_api']['count']}")]
     if "imports" in m:
@@ -420,8 +432,8 @@ def table(m: dict) -> str:
                  ("  every library function executed: files / functions",
                   f"{x['files']} / {x['functions']} (without data/: {x['files_without_data']} / "
                   f"{x['functions_without_data']})"),
-                 ("config walk from Trainer.__init__: files / entries / re-entries / climbs",
-                  f"{w['files']} / {w['entries']} / {w['reentries']} / {w['climbs']}")]
+                 ("config walk from Trainer.__init__: files / entries / re-entries (path climbs)",
+                  f"{w['files']} / {w['entries']} / {w['reentries']} ({w['path_climbs']})")]
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
