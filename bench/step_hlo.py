@@ -39,7 +39,12 @@ CASES = [("gpt_tiny", dict(scan_layers=True, remat_policy="dots")), ("bert_tiny"
 def normalised(compiled) -> str:
     """The compiled module's text without what differs between equal programs: instruction and
     computation names, metadata, source-location tables."""
-    text = compiled.as_text().split("\nENTRY", 1)
+    return normalise(compiled.as_text())
+
+
+def normalise(text: str) -> str:
+    """`normalised` of an optimized HLO module's text (``compiled.as_text()``, an XLA dump)."""
+    text = text.split("\nENTRY", 1)
     text = re.sub(r"\n(FileNames|FunctionNames|FileLocations|StackFrames)\n.*?(?=\n\n|\n%|\Z)",
                   "\n", "\nENTRY".join(text), flags=re.S)
     text = re.sub(r"%[\w.\-]+|[\w.]+: (?=[fsu]\d+\[)|, (metadata=\{[^}]*\}|stack_frame_id=\d+)",
