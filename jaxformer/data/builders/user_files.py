@@ -143,7 +143,8 @@ class BadRecord(ValueError):
     another width, a missing field, a label outside the classes): one line naming the record
     (``file:line``), what is wrong and the fix. Raised as the record is read: at set-up for the
     records read then (`jaxformer.data.sources.label_names_from_data` reads a classifier's whole
-    train split), else from the data pipeline during training."""
+    train split, and `jaxformer.data.pipeline.check_train_records` every `files:` train split), else
+    from the data pipeline during training."""
 
 
 class FileSource:
