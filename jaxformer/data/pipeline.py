@@ -64,12 +64,13 @@ import numpy as np
 from absl import flags
 from tqdm.auto import tqdm
 
-from jaxformer.data.builders.user_files import BadRecord
+from jaxformer.data.builders.user_files import BadRecord, FileSource
 from jaxformer.data.closed_at_exit import ClosedAtExit
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
 from jaxformer.data.qa import QA_KEYS, QAFeatures, qa_example, qa_options
 from jaxformer.data.sentence_pairs import SentencePairs, check_pair_data, pair_rows
 from jaxformer.data.sources import (
+    MappedSource,
     SourceSettings,
     Subset,
     check_held_out,
@@ -343,13 +344,16 @@ def check_train_records(data_cfg: Any, objective: Any = "clm") -> None:
     (`jaxformer.data.qa.qa_example`), a seq2seq or SFT pair with an empty target. Found during
     training, the same record would stop the run from inside the data pipeline (after its last
     checkpoint). Built-in corpora and TFDS datasets are not read here (curated, and a TFDS
-    dataset may be far larger than a start-up should read). Costs about one more pass over the
-    files, which opening them (`jaxformer.data.builders.user_files.FileSource`) makes once."""
+    dataset may be far larger than a start-up should read). Plain-text files are not read again:
+    opening them (`jaxformer.data.builders.user_files.FileSource`) decoded every line."""
     if "files" not in source_kinds(option(data_cfg, "source", "")):
         return
     task = check_data_task(objective, data_cfg).data_task
     source = get_source(data_cfg, "train", keep=QA_KEYS if task == "qa" else (), task=task)
     source = source.base if isinstance(source, Subset) else source  # held-out examples too
+    if (isinstance(source, MappedSource) and isinstance(source.base, FileSource)
+            and source.base.fmt == "text"):
+        return  # its lines are its texts, each decoded when the files were opened
     for record in read_records(source):
         if task == "qa":
             qa_example(record)
