@@ -288,16 +288,42 @@ def block_commands(block: Block) -> tuple[list[list[str]], list[str]]:
     return run, skipped
 
 
+# Whole command lines quoted in the prose (a benchmark's, a training run's, the demo's); the
+# commands named in passing (`python -m jaxformer.cli.predict --refill`) and lines with
+# placeholders (<name>, N, …, [optional]) are not.
+INLINE = re.compile(r"`(python (?:bench/|train\.py --config |-m demo )[^`]*)`")
+PLACEHOLDER = re.compile(r"<|…|\.\.\.|\[|\bN\b|\bW\b|\bPRESET\b|configs/X\.py")
+
+
+def inline_commands() -> dict[tuple[str, ...], str]:
+    """The whole command lines quoted in the pages' prose (`INLINE`), as after ``python``."""
+    import shlex
+
+    out = {}
+    for page in PAGES:
+        text = page.read_text()
+        prose = re.sub(r"^```.*?^```", lambda m: "\n" * m.group().count("\n"), text, flags=re.M | re.S)
+        for m in INLINE.finditer(prose):
+            if not PLACEHOLDER.search(m.group(1)):
+                where = f"{page.relative_to(ROOT)}:{prose[:m.start()].count(chr(10)) + 1}"
+                out.setdefault(tuple(shlex.split(m.group(1))[1:]), where)
+    return out
+
+
 def test_every_command_line_of_the_docs_is_read_by_its_program():
-    """Each command line of a bash or console block (80-odd), read by its program's own argument
-    parser and, for train.py, its config file with the overrides, checked whole (tests/dry_run.py),
-    in one process: stale flags, renamed config keys and ill-typed overrides fail here."""
+    """Each command line of a bash or console block (60-odd) and each whole one quoted in the prose
+    (`inline_commands`, 20-odd), read by its program's own argument parser and, for train.py, its
+    config file with the overrides, checked whole (tests/dry_run.py), in one process: stale flags,
+    renamed config keys and ill-typed overrides fail here."""
     cmds = {}
     for block in BLOCKS:
         if block.lang in ("bash", "console") and not block.has("skip"):
             for argv in block_commands(block)[0]:
                 cmds.setdefault(tuple(argv), str(block))
     assert len(cmds) > 40
+    inline = inline_commands()
+    assert len(inline) > 10
+    cmds = {**inline, **cmds}
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "dry_run.py")],
                           input=json.dumps([list(a) for a in cmds]), cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
