@@ -92,31 +92,38 @@ def test_a_bad_label_in_the_train_file_stops_train_py_in_one_line_before_the_wor
     assert not workdir.exists()
 
 
-def test_a_bad_record_met_during_training_is_one_line_and_the_run_resumable(tmp_path):
-    """Issue 60: a bad record past what set-up reads (a language model's train split is read at
-    set-up only for the tokenizer's first texts) surfaced as a traceback from inside the Grain
-    iterator. One line naming train.jsonl:590, the checkpoint a rerun resumes from, exit 1."""
+def test_a_bad_record_met_during_training_names_it_and_the_run_resumes(tmp_path):
+    """Issue 60: a bad record past what set-up read surfaced as a traceback from inside the Grain
+    iterator. Set-up now reads every record of a ``files:`` train split
+    (tests/test_bad_records.py), so a record goes bad mid-run here by rewriting line 590 in place
+    after set-up (as a TFDS record, not read at set-up, would be met): the run stops with
+    `BadRecord` naming train.jsonl:590, after its checkpoints, which ``train.py`` prints as one line
+    with ``resume_point()`` (exit status 1)."""
+    from jaxformer.data.builders.user_files import BadRecord
+    from jaxformer.train.config import load_config
+    from jaxformer.train.loop import Trainer
+
     rng = random.Random(0)
     for split, n in (("train", 600), ("validation", 20)):
         rows = [json.dumps({"text": " ".join(rng.choice(NOUNS) for _ in range(rng.randint(4, 10)))})
                 for _ in range(n)]
-        if split == "train":
-            rows[589] = '{"text": "the river'  # unterminated
         (tmp_path / f"{split}.jsonl").write_text("\n".join(rows) + "\n")
+    config = load_config(ROOT / "configs/gpt_pretrain_tiny.py", {
+        "data.source": f"files:{tmp_path}/{{split}}.jsonl", "num_train_steps": 100,
+        "data.tokenizer.max_train_texts": 10, "data.tokenizer.vocab_size": 320,
+        "model.vocab_size": 320, "model.num_layers": 1, "model.d_model": 16, "model.num_heads": 2,
+        "model.d_ff": 32, "data.seq_len": 16, "eval.every_steps": 1000,
+        "checkpoint.every_steps": 20, "optimizer.warmup_steps": 2, "progress_bar": False})
     workdir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "train.py", "--config", "configs/gpt_pretrain_tiny.py", f"--workdir={workdir}",
-         f"--config.data.source=files:{tmp_path}/{{split}}.jsonl", "--config.num_train_steps=100",
-         "--config.data.tokenizer.max_train_texts=10", "--config.data.tokenizer.vocab_size=320",
-         "--config.model.vocab_size=320", "--config.model.num_layers=1", "--config.model.d_model=16",
-         "--config.model.num_heads=2", "--config.model.d_ff=32", "--config.data.seq_len=16",
-         "--config.eval.every_steps=1000", "--config.checkpoint.every_steps=20",
-         "--config.optimizer.warmup_steps=2", "--config.progress_bar=False"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    last = proc.stderr.strip().splitlines()[-1]
+    trainer = Trainer(config, workdir)
+    train = tmp_path / "train.jsonl"
+    lines = train.read_bytes().split(b"\n")
+    lines[589] = b'{"text": "the river' + b" " * (len(lines[589]) - 19)  # unterminated, same length
+    train.write_bytes(b"\n".join(lines))  # the same byte offsets: the source's index stays valid
+    with pytest.raises(BadRecord) as e:
+        trainer.run()
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
-    assert steps and last == (
-        f"train.py: error: train.jsonl:590 ({tmp_path / 'train.jsonl'}): invalid JSON (Unterminated "
-        f"string starting at column 10); the last good checkpoint is step {steps[-1]} (rerunning the "
-        "command resumes there); fix or remove that record and rerun the same command"), last
+    assert steps and str(e.value) == (
+        f"train.jsonl:590 ({train}): invalid JSON (Unterminated string starting at column 10)")
+    assert trainer.ckpt.resume_point() == (
+        f"the last good checkpoint is step {steps[-1]} (rerunning the command resumes there)")

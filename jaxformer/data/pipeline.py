@@ -64,11 +64,20 @@ import numpy as np
 from absl import flags
 from tqdm.auto import tqdm
 
+from jaxformer.data.builders.user_files import BadRecord, FileSource
 from jaxformer.data.closed_at_exit import ClosedAtExit
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
-from jaxformer.data.qa import QA_KEYS, QAFeatures, qa_options
+from jaxformer.data.qa import QA_KEYS, QAFeatures, qa_example, qa_options
 from jaxformer.data.sentence_pairs import SentencePairs, check_pair_data, pair_rows
-from jaxformer.data.sources import SourceSettings, check_held_out, get_source
+from jaxformer.data.sources import (
+    MappedSource,
+    SourceSettings,
+    Subset,
+    check_held_out,
+    get_source,
+    read_records,
+    source_kinds,
+)
 from jaxformer.data.sources import source_texts as source_texts  # re-exported
 from jaxformer.data.tokenizer import Tokenizer, TokenizerSettings
 from jaxformer.objectives.registry import (
@@ -324,6 +333,34 @@ def data_line(split: str, examples: int, name: str) -> str:
     """The line a pipeline prints when it starts reading: ``data <split>: <n> examples in <name>``
     (`make_dataset`; `jaxformer.predict` for the texts it decodes)."""
     return f"data {split}: {examples:,} examples in {name}"
+
+
+def check_train_records(data_cfg: Any, objective: Any = "clm") -> None:
+    """Read every record of the train split once, as the pipeline will, when it comes from the
+    user's files (a ``files:`` part of ``data.source``), so that a bad record stops the run before
+    its first step, in one line naming its file:line, what is wrong and the fix (`BadRecord`): text
+    that is not UTF-8, invalid JSON, a TSV row of another width, a missing field, a label outside
+    ``data.label_names``, an extractive-QA answer that is not in its context
+    (`jaxformer.data.qa.qa_example`), a seq2seq or SFT pair with an empty target. Found during
+    training, the same record would stop the run from inside the data pipeline (after its last
+    checkpoint). Built-in corpora and TFDS datasets are not read here (curated, and a TFDS
+    dataset may be far larger than a start-up should read). Plain-text files are not read again:
+    opening them (`jaxformer.data.builders.user_files.FileSource`) decoded every line."""
+    if "files" not in source_kinds(option(data_cfg, "source", "")):
+        return
+    task = check_data_task(objective, data_cfg).data_task
+    source = get_source(data_cfg, "train", keep=QA_KEYS if task == "qa" else (), task=task)
+    source = source.base if isinstance(source, Subset) else source  # held-out examples too
+    if (isinstance(source, MappedSource) and isinstance(source.base, FileSource)
+            and source.base.fmt == "text"):
+        return  # its lines are its texts, each decoded when the files were opened
+    for record in read_records(source):
+        if task == "qa":
+            qa_example(record)
+        elif task in ("seq2seq", "sft") and not str(record.get("target", "")).strip():
+            raise BadRecord(f"data.source={option(data_cfg, 'source', '')!r}, record "
+                            f"{record.get('id', '')}: its target is empty; give every example a "
+                            "target, or remove that line")
 
 
 def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tokenizer, *,

@@ -30,6 +30,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from jaxformer.data.builders.user_files import BadRecord
 from jaxformer.data.packing import TruncationCounter
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.objectives.qa import QA_OPTIONS
@@ -54,13 +55,14 @@ def _plain(value: Any) -> Any:
 
 def qa_example(record: Mapping[str, Any]) -> dict:
     """A source record → ``{"context", "question", "answer_text", "answer_start", "id"}``
-    (``answer_start`` -1 and ``answer_text`` "" when unanswerable); ValueError naming the record
-    when a field is missing or the answer is not at ``answer_start`` in the context."""
+    (``answer_start`` -1 and ``answer_text`` "" when unanswerable); `BadRecord` (a ValueError)
+    naming the record when a field is missing or the answer is not at ``answer_start`` in the
+    context."""
     where = f"QA record {record.get('id', '')!s}".rstrip()
     context = _plain(record.get("context", record.get("text")))
     question = _plain(record.get("question"))
     if not isinstance(context, str) or not isinstance(question, str):
-        raise ValueError(f"{where}: needs string fields 'context' (or data.text_key) and "
+        raise BadRecord(f"{where}: needs string fields 'context' (or data.text_key) and "
                          f"'question'; got fields {sorted(record)}")
     if "answers" in record:
         answers = {k: _plain(v) for k, v in dict(record["answers"]).items()}
@@ -72,20 +74,20 @@ def qa_example(record: Mapping[str, Any]) -> dict:
         text = _plain(record.get("answer_text", record.get("answer")))
         start = context.find(text) if text else -1
         if text and start < 0:
-            raise ValueError(f"{where}: answer {text!r} does not occur in the context; give "
+            raise BadRecord(f"{where}: answer {text!r} does not occur in the context; give "
                              "'answer_start' (empty answer = unanswerable)")
     else:
-        raise ValueError(f"{where}: needs 'answer_text' (or 'answer') and 'answer_start', or "
+        raise BadRecord(f"{where}: needs 'answer_text' (or 'answer') and 'answer_start', or "
                          "SQuAD's 'answers' {'text': [...], 'answer_start': [...]}; got fields "
                          f"{sorted(record)}")
     try:
         start = int(start)
     except (TypeError, ValueError):
-        raise ValueError(f"{where}: answer_start={start!r} is not an integer") from None
+        raise BadRecord(f"{where}: answer_start={start!r} is not an integer") from None
     if not text or start < 0:
         text, start = "", -1
     elif context[start:start + len(text)] != text:
-        raise ValueError(f"{where}: answer_text {text!r} is not at answer_start={start} of the "
+        raise BadRecord(f"{where}: answer_text {text!r} is not at answer_start={start} of the "
                          f"context (found {context[start:start + len(text)]!r})")
     return {"context": context, "question": question, "answer_text": text,
             "answer_start": start, "id": str(record.get("id", ""))}

@@ -152,11 +152,13 @@ class Fields:
             return (self.source_key, self.target_key)
         return (self.text_key, self.label_key) if self.label_key else (self.text_key,)
 
-    def check(self, available: Sequence[str], hint: str = "") -> None:
-        """ValueError naming the first field of `keys` missing from ``available`` (and ``hint``)."""
+    def check(self, available: Sequence[str], hint: str = "", where: str = "",
+              error: type[ValueError] = ValueError) -> None:
+        """``error`` naming the first field of `keys` missing from ``available`` (and ``hint``) in
+        ``where`` (default: the source; a record's id for one record, `BadRecord`)."""
         missing = [k for k in self.keys if k not in available]
         if missing:
-            raise ValueError(f"{self.where} has no field {missing[0]!r}; its fields are "
+            raise error(f"{where or self.where} has no field {missing[0]!r}; its fields are "
                              f"{sorted(available)}. {hint or 'Set'} data.text_key / label_key / "
                              "source_key / target_key to the right names.")
 
@@ -173,9 +175,9 @@ class Fields:
                 "else set")
 
     def __call__(self, record: Mapping[str, Any]) -> dict[str, Any]:
-        if any(k not in record for k in self.keys):
-            self.check(list(record))
         where = f"{self.where}, record {_python(record['id'])}" if "id" in record else self.where
+        if any(k not in record for k in self.keys):
+            self.check(list(record), where=where, error=BadRecord)
         if self.schema == "pairs":
             out = {"source": self._text(record, self.source_key, where),
                    "target": self._text(record, self.target_key, where)}
@@ -472,7 +474,7 @@ def source_splits(data_cfg: Any) -> list[str] | None:
     return sorted(found, key=lambda s: (user_files.SPLITS + (s,)).index(s))
 
 
-def _kinds(spec: str) -> list[str]:
+def source_kinds(spec: str) -> list[str]:
     """The kind (the part before ':') of each source of ``spec`` (each part of a concat)."""
     return [p.strip().partition(":")[0] for p in
             (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec])]
@@ -491,7 +493,7 @@ def _check_kinds(spec: str) -> None:
 
 
 def _check_options(data_cfg: Any, spec: str) -> None:
-    kinds = _kinds(spec)
+    kinds = source_kinds(spec)
     used = {key for kind in kinds for key in _KIND_OPTIONS.get(kind, ())}
     for key in sorted({k for keys in _KIND_OPTIONS.values() for k in keys} - used):
         value = option(data_cfg, key, _SOURCE_DEFAULTS.get(key))
@@ -565,7 +567,7 @@ def label_names_from_data(data_cfg: Any) -> tuple[str, ...] | None:
     a missing field, text that is not UTF-8, a TSV row with the wrong number of cells. Found
     during training, the same record would stop the run from inside the data pipeline."""
     spec = option(data_cfg, "source", "")
-    if not set(_kinds(spec)) & {"files", "tfds"}:
+    if not set(source_kinds(spec)) & {"files", "tfds"}:
         return None
     named = list_option(data_cfg, "label_names") is not None
     source = get_source(data_cfg, "train", task="classify", raw_labels=not named)

@@ -30,6 +30,7 @@ from absl import logging
 from jaxformer.checkpoint import Checkpointer, PreemptionWatch, save_run_config
 from jaxformer.checkpoint.lock import WorkdirLock
 from jaxformer.config import ModelConfig
+from jaxformer.data.pipeline import check_train_records
 from jaxformer.data.sources import list_option
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
 from jaxformer.flops import device_peak_flops, model_flops
@@ -99,6 +100,7 @@ class Trainer:
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike):
         config = with_label_names_from_data(config)  # string labels, no names: sorted
+        check_train_records(config.data, config.objective)  # a bad record: refused now
         resolved = resolve_config(distill.with_teacher_tokenizer(config))
         self.config = config = resolved.config  # the resolved copy: what config.json records
         self.model_cfg, self.tx, self.schedule = resolved.model_cfg, resolved.tx, resolved.schedule

@@ -143,7 +143,8 @@ class BadRecord(ValueError):
     another width, a missing field, a label outside the classes): one line naming the record
     (``file:line``), what is wrong and the fix. Raised as the record is read: at set-up for the
     records read then (`jaxformer.data.sources.label_names_from_data` reads a classifier's whole
-    train split), else from the data pipeline during training."""
+    train split, and `jaxformer.data.pipeline.check_train_records` every `files:` train split), else
+    from the data pipeline during training."""
 
 
 class FileSource:
@@ -190,7 +191,7 @@ class FileSource:
         for k, path in enumerate(self.read_paths):
             header = self.fmt == "tsv" and not columns
             starts, sizes, numbers, first = _index_lines(path, skip_first=header,
-                                                         name=self.paths[k])
+                                                         name=self.paths[k], line_id=self.names[k])
             total_lines += len(numbers)
             if self.fmt == "tsv":
                 self.columns.append(tuple(columns) if columns else
@@ -275,22 +276,26 @@ class FileSource:
         return f"FileSource({len(self.paths)} files, format={self.fmt!r}, len={len(self)})"
 
 
-def _index_lines(path: str, skip_first: bool, name: str
+def _index_lines(path: str, skip_first: bool, name: str, line_id: str = ""
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
     """Byte offsets, byte lengths and 1-based numbers of the non-blank lines of ``path``, and
     its first line (decoded; a TSV header when ``skip_first``). ``name`` is the path errors
-    show (the compressed file for a decompressed copy)."""
+    show (the compressed file for a decompressed copy), ``line_id`` the file's part of the ids.
+    Every line is decoded on the way (a small part of the cost of reading it), so text that is not
+    UTF-8 is a `BadRecord` as soon as the files are opened, for every split and task."""
     starts, sizes, numbers, first, pos = [], [], [], "", 0
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                what = f"{name}:1 (the TSV header)" if number == 1 and skip_first else (
+                    f"{line_id or name}:{number} ({name})")
+                raise BadRecord(f"{what}: not UTF-8 ({e.reason} at byte {e.start}); files: "
+                                "sources read UTF-8 text (or .gz/.bz2/.xz of it)") from None
             if number == 1 and skip_first:
-                try:
-                    first = line.decode("utf-8").lstrip("\ufeff")
-                except UnicodeDecodeError as e:
-                    raise ValueError(f"{name}:1 (the TSV header): not UTF-8 ({e.reason} at "
-                                     f"byte {e.start}); files: sources read UTF-8 text (or "
-                                     ".gz/.bz2/.xz of it)") from None
-            if line.strip() and not (skip_first and number == 1):
+                first = text.lstrip("\ufeff")
+            elif line.strip():
                 starts.append(pos)
                 sizes.append(len(line))
                 numbers.append(number)
