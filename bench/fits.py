@@ -28,9 +28,13 @@ cell by cell, and cells already there are skipped, so an interrupted run resumes
 table is rewritten from the JSON after each cell. ``--unrolled gpt2_medium_bf16@v5p:2x2x1`` gives
 the roofline with every layer's bytes (`unrolled_roofline`: two small compiles);
 ``--rooflines v5p`` runs it for every preset on its smallest fitting v5p slice of the JSON and adds
-the table's MFU column: v5p's bound from those compiles, v5e's and v6e's from the same bytes per
-chip at their own peak and HBM bandwidth (the cells hold the same 4 sequences per chip; derived, not
-compiled: marked ≈), none for GPUs (their compile-only programs report no bytes accessed).
+the table's MFU column (``--rerun`` recomputes those already in the JSON, e.g. after a change to
+the model or its kernels: ``python bench/fits.py --rooflines v5p --rerun`` regenerates the column
+for every preset, with ``--presets bert_base_bf16,bert_large_bf16`` for some; 2 compiles a
+preset, 10–40 min each on the shared 2-core host): v5p's bound from those compiles, v5e's and
+v6e's from the same bytes and model FLOPs per chip at their own peak and HBM bandwidth (the cells
+hold the same 4 sequences per chip; derived, not compiled: marked ≈), none for GPUs (their
+compile-only programs report no bytes accessed).
 """
 
 from __future__ import annotations
@@ -159,7 +163,7 @@ def unrolled_roofline(name: str, topology: str, overrides: tuple[str, ...] = ())
     total, flops = b1 + (layers - 1) * (b2 - b1), f1 + (layers - 1) * (f2 - f1)
     compute_s, hbm_s = flops / topo.chip.bf16_flops, total / topo.chip.hbm_bytes_per_s
     return {"preset": name, "topology": topology, "overrides": list(overrides),
-            "bytes_per_layer": b2 - b1,
+            "model_flops_per_chip": flops, "bytes_per_layer": b2 - b1,
             "bytes_outside_layers": b1 - (b2 - b1), "bytes": total, "compute_s": compute_s,
             "hbm_s": hbm_s, "mfu_bound": compute_s / max(compute_s, hbm_s)}
 
@@ -205,7 +209,7 @@ def mfu_bounds(mine: list[dict]) -> list[str]:
     """One preset's MFU bounds on v5e, v5p and v6e: v5p's from its unrolled compiles (``unrolled``
     of its fitting v5p cell), the others from the same bytes per chip at their own peak FLOP/s
     and HBM bandwidth (≈: derived; not for a rematerialised cell, whose step moves other bytes),
-    each with its fitting cell's model FLOPs per chip."""
+    each with the model FLOPs per chip of the unrolled compiles (the fitting cell's in older JSON)."""
     from jaxformer.parallel.topology import CHIPS
 
     measured = next((x["unrolled"] for x in mine if "unrolled" in x), None)
@@ -223,7 +227,8 @@ def mfu_bounds(mine: list[dict]) -> list[str]:
             out.append("–")
             continue
         spec = CHIPS[chip]
-        compute = cell["model_flops_per_chip"] / spec.bf16_flops
+        flops = measured.get("model_flops_per_chip", cell["model_flops_per_chip"])  # older JSON
+        compute = flops / spec.bf16_flops
         out.append(f"≈{compute / max(compute, measured['bytes'] / spec.hbm_bytes_per_s):.0%}")
     return out
 
@@ -237,6 +242,8 @@ def main() -> None:
                     help="preset@topology: its unrolled roofline by 1- and 2-layer compiles")
     ap.add_argument("--rooflines", default="", metavar="CHIP",
                     help="--unrolled for each preset's smallest fitting CHIP cell of the JSON")
+    ap.add_argument("--rerun", action="store_true",
+                    help="with --rooflines: recompute the presets' unrolled rooflines already in the JSON")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for --unrolled, e.g. model.attention_impl=splash")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "fits.json"))
@@ -263,7 +270,7 @@ def main() -> None:
         for name in args.presets.split(","):
             fit = [c for c in cells if c["preset"] == name and c["fits"]
                    and c["topology"].startswith(args.rooflines + ":")]
-            if fit and "unrolled" not in min(fit, key=lambda c: c["chips"]):
+            if fit and (args.rerun or "unrolled" not in min(fit, key=lambda c: c["chips"])):
                 cell = min(fit, key=lambda c: c["chips"])
                 cell["unrolled"] = unrolled_roofline(
                     name, cell["topology"], tuple(cell.get("overrides", ())) + tuple(args.set))

@@ -396,7 +396,7 @@ class ModelConfig:
         if self.position == "alibi" or self.sliding_window is not None or self.permutation_lm:
             return "xla"
         return fastest_attention(dtype=self.dtype, head_dim=self.head_dim,
-                                 relative_bias=self.position == "relative",
+                                 relative_bias=self.position == "relative", causal=self.causal,
                                  attention_dropout_rate=self.attention_dropout_rate,
                                  chunk_size=self.attention_chunk_size)
 

@@ -16,7 +16,12 @@ of each attention layer, ``2·T_q·T_k·H·Dh`` each forward; a causal mask make
 matrix useless, so causal self-attention counts half (the work a fused kernel skips; the plain XLA
 path still does it, which MFU then shows). Encoder parameters see the ``seq_len`` input tokens,
 decoder parameters and the output projection the ``target_len`` target tokens, the pooler and
-sequence-classifier heads one row each. Padding counts as tokens: the step computes it.
+sequence-classifier heads one row each. Padding counts as tokens: the step computes it. An MLM head
+that reads only ``predictions`` gathered positions per row (BERT's ``max_predictions_per_seq``,
+`jaxformer.objectives.mlm.max_predictions`) counts those rows, not ``seq_len``: its transform and
+output projection run at `[B, P, D]` (as MaxText, the FLOPs the program computes; the one-hot
+gather that selects them is not a model FLOP). `train_step_flops` reads ``predictions`` from a
+training config, for the trainer's logs and the compile report's roofline alike.
 
 `device_peak_flops`: the published dense bf16 rate of the device's chip (`topology.CHIPS`), or on a
 host without one (a CPU) the float32 matmul rate measured here (`measure_matmul_peak`), so that MFU
@@ -35,6 +40,7 @@ import numpy as np
 
 from jaxformer.config import ModelConfig
 from jaxformer.layers.heads import PER_ROW_MODULES
+from jaxformer.objectives.mlm import max_predictions
 from jaxformer.parallel.topology import CHIPS, Chip
 
 # jax's device_kind of each chip of `CHIPS` (jax._src.tpu_info.chip_version_from_device_kind names
@@ -45,16 +51,18 @@ DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5"
 
 
 def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
-                target_len: int) -> dict:
+                target_len: int, predictions: int = 0) -> dict:
     """Training FLOPs (forward + backward) of one step of ``batch`` rows by the formula in the
     module docstring; ``params`` is any tree with the model's parameter shapes (arrays or
-    ShapeDtypeStructs). Returns ``model_flops_per_step`` (= dense + attention),
+    ShapeDtypeStructs); ``predictions``: the positions per row an MLM head reads (0: all
+    ``seq_len``). Returns ``model_flops_per_step`` (= dense + attention),
     ``dense_flops_per_step``, ``attention_flops_per_step``, ``tokens_per_step`` and
     ``flops_per_token``."""
     m = model_cfg
     enc_dec = m.family == "encoder_decoder"
     src, tgt = batch * seq_len, batch * (target_len if enc_dec else seq_len)
     output_matmul = m.head in ("lm", "mlm")
+    mlm_rows = batch * (predictions or seq_len) if m.head == "mlm" else None
     dense = 0
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         names = [str(getattr(k, "key", k)) for k in path]
@@ -65,6 +73,8 @@ def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
         encoder_side = names[0].startswith("encoder") or (
             enc_dec and "cross_attn" in names and names[-2] in ("key", "value"))
         uses = batch if names[0] in PER_ROW_MODULES else src if encoder_side else tgt
+        if mlm_rows is not None and (tied_output or names[0] == "mlm_head"):
+            uses = mlm_rows  # the MLM head's transform and output projection: `[B, P, D]`
         if "shared" in names:  # ALBERT's cross-layer sharing: one block used num_layers times
             uses *= m.num_layers
         dense += 6 * math.prod(leaf.shape) * uses
@@ -80,6 +90,16 @@ def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
     return {"model_flops_per_step": total, "dense_flops_per_step": dense,
             "attention_flops_per_step": attn, "tokens_per_step": tokens,
             "flops_per_token": total / tokens}
+
+
+def train_step_flops(config, model_cfg: ModelConfig, params: Any) -> dict:
+    """`model_flops` of a training ``config``'s step (``data.batch_size`` rows of ``data.seq_len``
+    / ``data.target_len``; with objective ``mlm``, the head at its `max_predictions` positions):
+    the one count of the trainer's MFU logs and the compile report's roofline."""
+    d = config.data
+    predictions = (max_predictions(config.objective, d.seq_len)
+                   if config.objective.name == "mlm" and model_cfg.head == "mlm" else 0)
+    return model_flops(model_cfg, params, d.batch_size, d.seq_len, d.target_len, predictions)
 
 
 def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 10) -> dict[str, float]:

@@ -9,7 +9,7 @@ The report (the CLI prints it as a table and a JSON line; ``--json PATH`` also w
 
 * the parameter count ``N`` (from `jax.eval_shape` of ``model.init``: what is stored, the
   padding rows of a padded vocabulary included, ``model.vocab_pad_multiple``);
-* model FLOPs per step and per token (`jaxformer.flops.model_flops`, which the trainer logs too;
+* model FLOPs per step and per token (`jaxformer.flops.train_step_flops`, which the trainer logs too;
   training = forward + backward, no rematerialisation)::
 
       6 · Σ_p |p| · tokens(p)  +  Σ_attention 12 · B · T_q · T_k · H · Dh · (½ if causal)
@@ -59,7 +59,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from jaxformer.checkpoint import with_shardings
 from jaxformer.config import ModelConfig
-from jaxformer.flops import model_flops
+from jaxformer.flops import train_step_flops
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective, check_data_task
@@ -231,8 +231,7 @@ def plan(config, *, devices: int = 0, compile: bool = True, argv: list[str] | No
         "target_len": config.data.target_len if model_cfg.family == "encoder_decoder" else None,
         "param_dtype": model_cfg.param_dtype, "dtype": model_cfg.dtype,
         "parameters": int(sum(math.prod(p.shape) for p in jax.tree.leaves(params))),
-        **model_flops(model_cfg, params, config.data.batch_size, config.data.seq_len,
-                      config.data.target_len),
+        **train_step_flops(config, model_cfg, params),
         "params_bytes": state_bytes(params, shardings.params),
         "opt_state_bytes": state_bytes(abstract.opt_state, shardings.opt_state),
     }

@@ -297,8 +297,8 @@ def test_backend_problem_and_fastest_attention_by_platform():
     assert "CUDA GPU" in backend_problem("cudnn", "gpu", "rocm 6.2")
     assert backend_problem("splash", "tpu", "") is None
     assert "TPU" in backend_problem("splash", "gpu", "cuda 12.8")
-    bf16 = dict(dtype="bfloat16", head_dim=64, relative_bias=False, attention_dropout_rate=0.0,
-                chunk_size=512)
+    bf16 = dict(dtype="bfloat16", head_dim=64, relative_bias=False, causal=True,
+                attention_dropout_rate=0.0, chunk_size=512)
     assert fastest_attention(**bf16, platform="gpu", version="cuda 12.8") == "cudnn"
     assert fastest_attention(**bf16, platform="gpu", version="rocm 6.2") == "xla"
     assert fastest_attention(**bf16, platform="tpu", version="") == "splash"
@@ -309,12 +309,18 @@ def test_backend_problem_and_fastest_attention_by_platform():
     assert fastest_attention(**dict(bf16, attention_dropout_rate=0.1), platform="tpu") == "xla"
     assert fastest_attention(**dict(bf16, chunk_size=100), platform="tpu") == "xla"
     assert fastest_attention(**dict(bf16, head_dim=260), platform="cuda") == "xla"
+    # Bidirectional attention on a TPU: the flash kernel first (`BIDIRECTIONAL_FIRST`), splash
+    # after it; GPUs keep cuDNN.
+    encoder = dict(bf16, causal=False)
+    assert fastest_attention(**encoder, platform="tpu") == "flash"
+    assert fastest_attention(**encoder, platform="gpu", version="cuda 12.8") == "cudnn"
+    assert fastest_attention(**encoder, platform="cpu") == "xla"
 
 
 # "auto" on the three families' bf16 presets, for each platform: T5's relative bias takes the Pallas
 # flash kernel on a TPU (splash has no bias operand), cuDNN on a GPU.
 T5_ON_TPU = "flash"
-AUTO = {"tpu": {"gpt2_small_bf16": "splash", "bert_base_bf16": "splash", "t5_base_bf16": T5_ON_TPU},
+AUTO = {"tpu": {"gpt2_small_bf16": "splash", "bert_base_bf16": "flash", "t5_base_bf16": T5_ON_TPU},
         "cuda": {"gpt2_small_bf16": "cudnn", "bert_base_bf16": "cudnn", "t5_base_bf16": "cudnn"},
         "cpu": {"gpt2_small_bf16": "xla", "bert_base_bf16": "xla", "t5_base_bf16": "xla"}}
 

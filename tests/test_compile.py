@@ -142,13 +142,15 @@ def assert_collectives_are_xlas(compiled) -> None:
 
 def test_auto_attention_is_chosen_for_the_topologys_platform_and_reported():
     """``attention_impl="auto"`` (the presets' default) resolves for the target: splash on a TPU
-    topology where this CPU host takes xla; T5's bias on a TPU takes the Pallas flash kernel; ring
-    attention on a context-parallel mesh."""
+    topology where this CPU host takes xla; T5's bias and BERT's bidirectional attention on a TPU
+    take the Pallas flash kernel; ring attention on a context-parallel mesh."""
     gpt, tpu = tiny("gpt_tiny", "fsdp=4", attention_dropout_rate=0.0), parse_topology("v5e:2x2")
     assert plan(gpt, compile=False, topology=tpu)["attention"] == "splash (auto)"
     assert plan(gpt, compile=False)["attention"] == "xla (auto)"  # this CPU host
     t5 = tiny("t5_tiny", "fsdp=4", dtype="bfloat16", attention_dropout_rate=0.0)
     assert plan(t5, compile=False, topology=tpu)["attention"] == "flash (auto)"
+    bert = tiny("bert_tiny", "fsdp=4", dtype="bfloat16", attention_dropout_rate=0.0)
+    assert plan(bert, compile=False, topology=tpu)["attention"] == "flash (auto)"  # bidirectional
     ring = tiny("gpt_tiny", "context=2,fsdp=2", attention_dropout_rate=0.0)
     assert plan(ring, compile=False, topology=tpu)["attention"] == "ring (mesh.context=2)"
 

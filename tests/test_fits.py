@@ -81,6 +81,21 @@ def test_mfu_column_is_v5ps_unrolled_bound_and_derived_for_v5e_and_v6e():
     assert "MFU" not in fits.markdown(cells[:1]).splitlines()[0]  # no unrolled cell: no column
 
 
+def test_derived_bounds_take_the_unrolled_compiles_model_flops():
+    """A rerun roofline (`--rooflines v5p --rerun`) carries its own model FLOPs per chip (BERT's
+    count fell when its MLM head moved to the masked positions): v5e's derived bound uses them,
+    not the older FLOPs of the scanned cell."""
+    old, new, moved = 2e12, 1e12, 4e10
+    cell = dict(preset="bert_base_bf16", parameters=110_000_000, hbm_gib=3.0, fits=True,
+                model_flops_per_chip=old, roofline=dict(compute_s=0.1, ici_s=0.001))
+    cells = [dict(cell, topology="v5e:2x2", chips=4),
+             dict(cell, topology="v5p:2x2x1", chips=4,
+                  unrolled=dict(bytes=moved, mfu_bound=0.3, model_flops_per_chip=new))]
+    c = CHIPS["v5e"]
+    want = new / c.bf16_flops / max(new / c.bf16_flops, moved / c.hbm_bytes_per_s)
+    assert fits.mfu_bounds(cells)[0] == f"≈{want:.0%}" != f"≈{2 * want:.0%}"
+
+
 def test_a_slice_whose_activations_do_not_fit_is_tried_again_rematerialised(monkeypatch):
     """A larger slice shrinks the state per chip, not the activations of its 4 rows: the search
     tries full remat on the same slice before moving on, and the table says so."""

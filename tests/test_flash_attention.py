@@ -106,6 +106,33 @@ def test_kernel_without_bias_or_segments_equals_xla():
         np.testing.assert_allclose(g, w, atol=2e-5)
 
 
+def test_bidirectional_call_without_a_bias_takes_the_kernel_and_equals_xla():
+    """BERT's self-attention and T5's cross-attention (no bias, not causal) through
+    ``flash_interpret`` run our kernel, not splash (`fused_attention`; its residual is the
+    `[B, H, L]` logsumexp, splash's a 128-lane float32 copy, docs/scaling.md): packed and padded
+    rows, outputs and gradients equal to xla's. A causal call without a bias still takes splash."""
+    length = 100
+    keys = jax.random.split(jax.random.key(2), 4)
+    q, k, v = (jax.random.normal(kk, (B, length, H, D)) for kk in keys[:3])
+    ct = jax.random.normal(keys[3], (B, length, H, D))
+    seg = jnp.asarray(_segments(length, (0, 37)))
+
+    def attend(impl, causal=False):
+        return lambda q, k, v: dot_product_attention(
+            q, k, v, causal=causal, q_segment_ids=seg, kv_segment_ids=seg, scale=0.25,
+            implementation=impl, kv_chunk_size=128)
+
+    kernels = set(_costs(attend("flash_interpret"), q, k, v))
+    assert kernels and all(n.startswith("flash_bias") for n in kernels), kernels
+    causal = set(_costs(attend("flash_interpret", causal=True), q, k, v))
+    assert causal and not any(n.startswith("flash_bias") for n in causal), causal
+    (want, want_vjp), (got, got_vjp) = (jax.vjp(attend(impl), q, k, v)
+                                        for impl in ("xla", "flash_interpret"))
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+    for name, g, w in zip(("dq", "dk", "dv"), got_vjp(ct), want_vjp(ct), strict=True):
+        np.testing.assert_allclose(g, w, atol=2e-5, rtol=2e-5, err_msg=name)
+
+
 # --------------------------------------------------------------------------------------------------
 # Declared costs.
 
@@ -202,8 +229,8 @@ CURVE_STEPS, CURVE_LEN = 50, 32
 
 def _t5_losses(impl: str, steps: int) -> np.ndarray:
     """``steps`` train steps of a one-layer t5_tiny (seq2seq, packed rows with padding) on one
-    device with ``attention_impl=impl``: the losses. Self-attention (with the bias) goes through
-    the kernel, cross-attention (no bias) through splash."""
+    device with ``attention_impl=impl``: the losses. Self-attention (with the bias) and
+    cross-attention (no bias, bidirectional) go through the kernel."""
     import ml_collections
 
     from jaxformer.models import build_model

@@ -15,9 +15,10 @@ import pytest
 
 from jaxformer.checkpoint import read_metrics
 from jaxformer.config import ModelConfig
-from jaxformer.flops import chip_of, model_flops
+from jaxformer.flops import chip_of, model_flops, train_step_flops
 from jaxformer.models import build_model
 from jaxformer.parallel.topology import CHIPS
+from jaxformer.plan import preset_config
 from jaxformer.train import throughput
 from jaxformer.train.config import load_config, validate_config
 from jaxformer.train.loop import Trainer
@@ -50,6 +51,37 @@ def test_model_flops_equal_a_hand_count():
     bidirectional = dataclasses.replace(cfg, family="encoder", head="mlm")
     assert model_flops(bidirectional, abstract_params(build_model(bidirectional), bidirectional),
                        b, length, length)["attention_flops_per_step"] == 2 * attention
+
+
+def test_mlm_head_flops_count_only_the_predicted_positions():
+    """A 2-layer BERT (d=16, 2 heads × 8, d_ff=32, vocab 64, tied output, BERT's MLM transform),
+    batch 3 × 10 tokens, the head at 2 gathered positions a row: per layer q, k, v, o and the FFN
+    at 30 tokens; the MLM transform (16·16) and the tied decoder (64·16) at 3·2 rows; attention
+    12 · B · L² · H·Dh per layer (bidirectional)."""
+    cfg = ModelConfig(family="encoder", head="mlm", vocab_size=64, d_model=16, num_heads=2, d_ff=32,
+                      num_layers=2, max_len=32, mlm_transform=True)
+    params = abstract_params(build_model(cfg), cfg)
+    b, length, p = 3, 10, 2
+    layers = 6 * 2 * (4 * 16 * 16 + 2 * 16 * 32) * b * length
+    head = 6 * (16 * 16 + 64 * 16) * b * p
+    f = model_flops(cfg, params, b, length, length, predictions=p)
+    assert f["dense_flops_per_step"] == layers + head
+    assert f["attention_flops_per_step"] == 12 * b * length**2 * 16 * 2
+    every = model_flops(cfg, params, b, length, length)  # predictions=0: the head at all L
+    assert every["dense_flops_per_step"] - f["dense_flops_per_step"] == 6 * (16 * 16 + 64 * 16) * b * (
+        length - p)
+
+
+def test_train_step_flops_read_the_mlm_objective_slots():
+    """The trainer's and the roofline's count (`train_step_flops`): bert_base at L=512 runs its MLM
+    head at BERT's 80 slots a row (`max_predictions`); ``max_predictions_per_seq=0`` (every
+    position) counts all 512, and GPT's LM head is unchanged."""
+    c = preset_config("bert_base", batch=2, seq_len=512)
+    cfg = ModelConfig.from_dict(c.model)
+    params = abstract_params(build_model(cfg), cfg)
+    assert train_step_flops(c, cfg, params) == model_flops(cfg, params, 2, 512, 512, predictions=80)
+    c.objective.max_predictions_per_seq = 0
+    assert train_step_flops(c, cfg, params) == model_flops(cfg, params, 2, 512, 512)
 
 
 def test_the_chip_table_is_read_by_device_kind():

@@ -30,9 +30,10 @@ without attention dropout so that the fused kernels can run it.
 Every preset states ``attention_impl="auto"``: the fastest implementation the platform it runs on
 (or is compiled for: ``jaxformer-compile --topology``) has for the model, resolved when the model
 runs (`ModelConfig.attention_kernel`), so a preset validates on any machine and a checkpoint moves
-between them. On a TPU that is splash, on a CUDA GPU cuDNN (for the bf16 presets: the kernels take no
-attention dropout and cuDNN no float32), on a CPU "xla"; T5's relative bias on a TPU takes "xla"
-until a fused kernel adds it (`jaxformer.ops.attention_kernels.FASTEST`).
+between them. On a TPU that is splash for GPT and our Pallas flash kernel for BERT and T5
+(bidirectional attention; T5's relative bias), on a CUDA GPU cuDNN (for the bf16 presets: the
+kernels take no attention dropout and cuDNN no float32), on a CPU "xla"
+(`jaxformer.ops.attention_kernels.FASTEST`).
 """
 
 from __future__ import annotations

@@ -141,24 +141,35 @@ def backend_problem(impl: str, platform: str | None = None, version: str | None 
 
 
 # The fused kernels of each platform, fastest first: `fastest_attention` takes the first that is
-# built (in `KERNELS`) and runs the model. On a TPU splash (MaxText's default) leads, and the Pallas
-# flash kernel with T5's relative bias follows for the configs splash refuses (it is picked once it
-# is in `KERNELS`). Elsewhere (CPU) "xla": at the lengths a CPU trains, its one einsum over the
-# whole `[B, H, L, S]` score matrix is faster than "chunked"'s loop over key blocks (0.91× at L 256,
-# docs/models.md); "chunked" is the memory choice for long rows, named explicitly.
+# built (in `KERNELS`) and runs the model. On a TPU splash (MaxText's default) leads for causal
+# models, and the Pallas flash kernel with T5's relative bias follows for the configs splash refuses.
+# For models with bidirectional attention (encoders, encoder-decoders) the flash kernel leads
+# (`BIDIRECTIONAL_FIRST`): with no causal blocks to skip, the two kernels do the same FLOPs, and
+# splash moves more bytes — its forward residual is the logsumexp broadcast to 128 lanes in float32
+# (`[B, H, L, 128]`, 64× the `[B, H, L]` row ours keeps) with a layout copy and a slice of it, plus a
+# pass scaling q and one zeroing blind rows; on bert_base_bf16 at v5p:2x2x1 (docs/scaling.md) the
+# roofline bound is higher with flash. Elsewhere (CPU) "xla": at the lengths a CPU trains, its one
+# einsum over the whole `[B, H, L, S]` score matrix is faster than "chunked"'s loop over key blocks
+# (0.91× at L 256, docs/models.md); "chunked" is the memory choice for long rows, named explicitly.
 FASTEST = {"tpu": ("splash", "flash"), "cuda": ("cudnn",)}
+BIDIRECTIONAL_FIRST = {"tpu": "flash"}
 
 
-def fastest_attention(*, dtype: str, head_dim: int, relative_bias: bool,
+def fastest_attention(*, dtype: str, head_dim: int, relative_bias: bool, causal: bool,
                       attention_dropout_rate: float, chunk_size: int, platform: str | None = None,
                       version: str | None = None) -> str:
     """``model.attention_impl="auto"``: the fastest implementation the platform (``platform``, else
     the `target_platform` in context, else jax's backend) runs for a model with these settings
-    (`unsupported`'s): the first of its `FASTEST` kernels that accepts them, else "xla"."""
+    (`unsupported`'s): the first of its `FASTEST` kernels that accepts them (`BIDIRECTIONAL_FIRST`
+    first when the model is not ``causal``), else "xla"."""
     target = _platform(platform, version)
     settings = dict(dtype=dtype, head_dim=head_dim, relative_bias=relative_bias,
                     attention_dropout_rate=attention_dropout_rate, chunk_size=chunk_size)
-    for impl in FASTEST.get(target, ()):
+    order = FASTEST.get(target, ())
+    if not causal and target in BIDIRECTIONAL_FIRST:
+        first = BIDIRECTIONAL_FIRST[target]
+        order = (first, *(k for k in order if k != first))
+    for impl in order:
         if (impl in KERNELS and backend_problem(impl, target) is None
                 and unsupported(impl, **settings) is None):
             return impl
@@ -444,14 +455,14 @@ def fused_attention(implementation: str, q: Array, k: Array, v: Array, *, block:
         interpret = implementation == "flash_interpret"
         if not interpret:
             check_backend("flash")
-        if kw["bias"] is None:  # T5's cross-attention: no bias, splash (its kernel for this case)
+        if kw["bias"] is None and kw["causal"]:  # a causal call without a bias: splash
             return splash_attention(q, k, v, block=block, interpret=interpret, **kw)
         return flash_attention(q, k, v, block=block, interpret=interpret, **kw)
     return splash_attention(q, k, v, block=block, interpret=implementation == "splash_interpret",
                             **kw)
 
 
-__all__ = ["KERNELS", "BIAS_KERNELS", "FASTEST", "unsupported", "backend_problem",
+__all__ = ["KERNELS", "BIAS_KERNELS", "FASTEST", "BIDIRECTIONAL_FIRST", "unsupported", "backend_problem",
            "fastest_attention", "check_backend",
            "target_platform", "kernel_mesh",
            "cudnn_arguments", "cudnn_attention", "splash_attention", "flash_attention",

@@ -33,7 +33,7 @@ from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import check_train_records
 from jaxformer.data.sources import list_option
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
-from jaxformer.flops import device_peak_flops, model_flops
+from jaxformer.flops import device_peak_flops, train_step_flops
 from jaxformer.models import lora
 from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.objectives.scheduled_sampling import scheduled_sampling_mixer
@@ -247,12 +247,11 @@ class Trainer:
 
     def throughput(self) -> Throughput:
         """The run's clock (`jaxformer.train.throughput`): model FLOPs of a step
-        (`jaxformer.flops.model_flops` of the model's parameters at ``data.batch_size`` rows) and
+        (`jaxformer.flops.train_step_flops` of the model's parameters and the data config) and
         the peak of the mesh's devices, which process 0 names once (when there are steps to run)."""
         c = self.config
         params = self.base if self.base is not None else self.state.params  # LoRA: the model's
-        flops = model_flops(self.model_cfg, params, c.data.batch_size, c.data.seq_len,
-                            c.data.target_len)["model_flops_per_step"]
+        flops = train_step_flops(c, self.model_cfg, params)["model_flops_per_step"]
         peak = device_peak_flops(self.mesh.devices.flat[0])
         if jax.process_index() == 0 and self.start_step < c.num_train_steps:
             n = self.mesh.devices.size
