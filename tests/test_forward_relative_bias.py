@@ -14,10 +14,13 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxformer.config import ModelConfig
+from jaxformer.layers.forward import relative_bias
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
+from jaxformer.ops.positions import relative_position_bias
 
 VOCAB = 64
 # Row 0: two documents then padding; row 1: left padding, then one document whose positions start
@@ -27,11 +30,15 @@ TARGET_DOCS = [[(0, 5, 0), (5, 4, 0)], [(2, 9, 5)]]
 L_IN, L_TG = 16, 12
 
 
-def _model():
+def _cfg():
     cfg = ModelConfig.from_dict(preset("t5_tiny", vocab_size=VOCAB, num_layers=1, dropout_rate=0.0,
                                        attention_dropout_rate=0.0, ffn_dropout_rate=0.0))
     assert cfg.position == "relative" and cfg.dtype == "float32"
-    return build_model(cfg)
+    return cfg
+
+
+def _model():
+    return build_model(_cfg())
 
 
 def _layout(docs, length):
@@ -41,6 +48,31 @@ def _layout(docs, length):
         for s, (start, n, first) in enumerate(row, 1):
             seg[r, start:start + n], pos[r, start:start + n] = s, first + np.arange(n)
     return seg, pos
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_shared_bias_is_the_per_row_bias_on_every_visible_pair(causal):
+    """The definition, per row from the positions (`relative_position_bias`), against the shared
+    `[1, H, L, L]` bias on every pair the masks let through: packed documents restarting at 0, left
+    padding, an offset first position; distances up to 15 reach the logarithmic buckets."""
+    cfg = _cfg()
+    table = jax.random.normal(jax.random.key(0), (cfg.relative_num_buckets, cfg.num_heads))
+    seg, pos = _layout(INPUT_DOCS, L_IN)
+    shared = relative_bias(cfg, table, jnp.asarray(pos), causal=causal)
+    assert shared.shape == (1, cfg.num_heads, L_IN, L_IN)
+    per_row = relative_position_bias(table, pos, pos, bidirectional=not causal,
+                                     max_distance=cfg.relative_max_distance)
+    visible = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] > 0)
+    if causal:
+        visible &= np.tril(np.ones((L_IN, L_IN), bool))
+    diff = np.where(visible[:, None], np.asarray(shared) - np.asarray(per_row), 0.0)
+    np.testing.assert_array_equal(diff, 0.0)
+    # decoding: queries at their positions against cache slots keep the per-row bias
+    kv_pos = np.broadcast_to(np.arange(L_IN), pos.shape)
+    np.testing.assert_array_equal(
+        relative_bias(cfg, table, jnp.asarray(pos[:, -1:]), jnp.asarray(kv_pos), causal=causal),
+        relative_position_bias(table, pos[:, -1:], kv_pos, bidirectional=not causal,
+                               max_distance=cfg.relative_max_distance))
 
 
 def _loss(model, params, inputs, targets, weights, **segments_and_positions):

@@ -177,6 +177,17 @@ def in_row_index(positions):
     return index
 
 
+def relative_bias(cfg: ModelConfig, table, positions, kv_positions=None, *, causal: bool):
+    """T5's relative-position bias (Raffel et al. 2020, §2.1) from ``table`` `[buckets, H]`, in
+    ``cfg.dtype``: `[1, H, L, L]` for a self-attention over ``positions`` `[B, L]` (shared over the
+    batch, `in_row_index`), `[B, H, L, S]` for queries at ``positions`` against cache slots at
+    ``kv_positions`` `[B, S]` (decoding)."""
+    if kv_positions is None:
+        positions = kv_positions = in_row_index(positions)
+    return relative_position_bias(table, positions, kv_positions, bidirectional=not causal,
+                                  max_distance=cfg.relative_max_distance).astype(cfg.dtype)
+
+
 def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bool,
                num_layers: int | None = None, decode: bool = False, cache_index=None,
                kv_positions=None, cross_attention: bool = False, encoder_out=None,
@@ -190,10 +201,8 @@ def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bo
     bias = None
     kv_pos = positions if kv_positions is None else kv_positions  # the keys' (cache slots' when decoding)
     if cfg.position == "relative":
-        q_rel, kv_rel = (positions, kv_pos) if kv_positions is not None else (in_row_index(positions),) * 2
-        bias = relative_position_bias(
-            parts.params(f"{name}_relative_bias")["embedding"], q_rel, kv_rel,
-            bidirectional=not causal, max_distance=cfg.relative_max_distance).astype(cfg.dtype)
+        bias = relative_bias(cfg, parts.params(f"{name}_relative_bias")["embedding"], positions,
+                             kv_positions, causal=causal)
     if cfg.position == "alibi":  # float32: bfloat16 holds slope · distance in steps of 2 from 256 on
         bias = alibi_bias(positions, kv_pos, cfg.num_heads, bidirectional=not causal)
     if cfg.sliding_window is not None and causal:
