@@ -8,8 +8,9 @@ decode-state bookkeeping — is here and in `jaxformer.ops`, so the front end
 (`jaxformer.nnx.models`) only holds parameters and state.
 
 Inputs follow one convention: ``tokens`` `[batch, length]` int32; ``positions`` `[batch, length]`
-(default ``0..length-1``; packed rows restart them per segment); ``segment_ids`` `[batch, length]`
-(0 = padding, equal ids attend to each other; default: all one segment).
+(default ``0..length-1``; packed rows restart them per segment; consecutive within a segment, which
+T5's relative bias relies on: `in_row_index`); ``segment_ids`` `[batch, length]` (0 = padding,
+equal ids attend to each other; default: all one segment).
 """
 
 from __future__ import annotations
@@ -161,21 +162,47 @@ def embed(parts: Parts, name: str, ids, positions, token_types=None, *, word_dro
                         columns=columns)
 
 
+def in_row_index(positions):
+    """`[1, L]` int32: each position's index in its row, ``0..L-1`` in the order the model runs
+    (`ring_order`), for a self-attention bias shared over the batch, `[1, H, L, L]`.
+
+    T5's relative bias depends on ``kv_pos − q_pos`` only. Within a segment, positions are
+    consecutive (packing restarts them at 0, left padding or a prefix shifts them by a constant),
+    so that difference is the difference of the in-row indices; pairs across segments or with
+    padding are hidden by the segment ids anyway. The bias is thus the same for every row: computed
+    once from the indices, as T5, t5x and HF's T5 do, without the per-row `[B, H, L, L]` gather and
+    its scatter-add onto the bucket table in the backward pass. A decoding call (queries against
+    cache slots) keeps the per-row bias of its positions."""
+    (index,) = ring_order(jnp.arange(positions.shape[1], dtype=jnp.int32)[None])
+    return index
+
+
+def relative_bias(cfg: ModelConfig, table, positions, kv_positions=None, *, causal: bool):
+    """T5's relative-position bias (Raffel et al. 2020, §2.1) from ``table`` `[buckets, H]`, in
+    ``cfg.dtype``: `[1, H, L, L]` for a self-attention over ``positions`` `[B, L]` (shared over the
+    batch, `in_row_index`), `[B, H, L, S]` for queries at ``positions`` against cache slots at
+    ``kv_positions`` `[B, S]` (decoding)."""
+    if kv_positions is None:
+        positions = kv_positions = in_row_index(positions)
+    return relative_position_bias(table, positions, kv_positions, bidirectional=not causal,
+                                  max_distance=cfg.relative_max_distance).astype(cfg.dtype)
+
+
 def stack_pass(parts: Parts, name: str, x, positions, segment_ids, *, causal: bool,
                num_layers: int | None = None, decode: bool = False, cache_index=None,
                kv_positions=None, cross_attention: bool = False, encoder_out=None,
                encoder_segment_ids=None, decode_mask=None):
     """Relative or ALiBi bias and sliding window (if any) → the stack ``name`` → final norm (pre-LN).
-    `[B, L, D]` → `[B, L, D]`.
+    `[B, L, D]` → `[B, L, D]`. The relative bias of a call without ``kv_positions`` (not decoding)
+    is shared over the batch (`in_row_index`): it assumes positions consecutive within a segment.
     ``decode_mask`` `[B, L, S]` (decoding): the cache slots each query may see, added to the
     self-attention bias as 0 / −∞."""
     cfg = parts.cfg
     bias = None
     kv_pos = positions if kv_positions is None else kv_positions  # the keys' (cache slots' when decoding)
     if cfg.position == "relative":
-        bias = relative_position_bias(
-            parts.params(f"{name}_relative_bias")["embedding"], positions, kv_pos,
-            bidirectional=not causal, max_distance=cfg.relative_max_distance).astype(cfg.dtype)
+        bias = relative_bias(cfg, parts.params(f"{name}_relative_bias")["embedding"], positions,
+                             kv_positions, causal=causal)
     if cfg.position == "alibi":  # float32: bfloat16 holds slope · distance in steps of 2 from 256 on
         bias = alibi_bias(positions, kv_pos, cfg.num_heads, bidirectional=not causal)
     if cfg.sliding_window is not None and causal:
