@@ -22,6 +22,7 @@ from jaxformer.data.fast_tokenizer import (
     SENTENCEPIECE_FILES,
     TOKENIZER_JSON,
     has_tokenizer_files,
+    read_generically,
     sentencepiece_file,
     sentencepiece_style,
 )
@@ -160,6 +161,8 @@ def find_tokenizer(directory: str | os.PathLike) -> str | None:
     json_path = os.path.join(os.fspath(directory), TOKENIZER_JSON)
     if sentencepiece_style(directory):
         return os.fspath(directory)
+    if read_generically(directory) and os.path.isfile(json_path):  # Mistral's: as transformers 5
+        return json_path
     if spm := sentencepiece_file(directory):
         return spm
     if os.path.isfile(json_path):
