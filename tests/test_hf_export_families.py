@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from golden import golden_copy
-from test_convert_export import HARD, _t5
+from test_convert_export import HARD, _mistral, _t5
 from test_convert_export import _albert as _albert_spiece
 from test_fast_tokenizer import (
     ENCODER_CORPUS,
@@ -164,6 +164,18 @@ def _t5_family(cls_name: str, config_name: str):
     return build
 
 
+def _saved_by_transformers(build_tokenizer: Callable, model_type: str) -> Callable:
+    """``build_tokenizer``'s files as a ``model_type`` checkpoint ships them: rewritten by
+    ``AutoTokenizer(…).save_pretrained`` (Qwen2's tokenizer.json is its class's pipeline)."""
+    def build(path: Path) -> str:
+        import transformers
+        build_tokenizer(path)
+        (path / "config.json").write_text(json.dumps({"model_type": model_type}))
+        transformers.AutoTokenizer.from_pretrained(path).save_pretrained(path)
+        return str(path)
+    return build
+
+
 def _llama_family(cls_name: str, build_tokenizer: Callable, seed: int, **extra):
     def build(path: Path) -> str:
         """A ``{Llama,Mistral,Qwen2}ForCausalLM`` (GQA, untied head) over its tokenizer files."""
@@ -220,9 +232,10 @@ FAMILIES = {
     "llama_lora": Family(_llama_family("LlamaForCausalLM", build_llama2_tokenizer, 4), SFT,
                          "AutoModelForCausalLM",
                          {**DECODER_RUN, "optimizer.lora.rank": 4, "optimizer.peak_lr": 1e-2}),
-    "mistral": Family(_llama_family("MistralForCausalLM", build_llama2_tokenizer, 5,
+    "mistral": Family(_llama_family("MistralForCausalLM", _mistral, 5,
                                     sliding_window=16), SFT, "AutoModelForCausalLM", DECODER_RUN),
-    "qwen2": Family(_llama_family("Qwen2ForCausalLM", build_llama3_tokenizer, 6), SFT,
+    "qwen2": Family(_llama_family("Qwen2ForCausalLM", _saved_by_transformers(
+        build_llama3_tokenizer, "qwen2"), 6), SFT,
                     "AutoModelForCausalLM", {**DECODER_RUN, "data.framing": "eos"}),
 }
 
@@ -353,6 +366,8 @@ def test_export_gives_the_runs_ids_and_predictions(name, tmp_path):
     model = getattr(transformers, family.auto_class).from_pretrained(
         export, attn_implementation="eager").eval()
     config = json.loads((export / "config.json").read_text())
+    assert config["model_type"] == json.loads((Path(hf_dir) / "config.json").read_text())[
+        "model_type"]  # an mT5 stays one, a Mistral keeps its window
     assert all(v != -1 for k, v in config.items() if k.endswith("token_id"))
     if loaded.model_cfg.head == "classify":
         assert model.config.id2label == dict(enumerate(LABELS))
