@@ -5,10 +5,12 @@ Checkpoints whose tokenizer is no SentencePiece model ship a ``tokenizer.json`` 
 GPT-2, RoBERTa and BART (byte-level BPE), BERT and DistilBERT (WordPiece) — or, older ones, the
 slow tokenizer's files: ``vocab.json`` + ``merges.txt`` (byte-level BPE) or ``vocab.txt``
 (WordPiece), which `FastTokenizer.from_directory` builds into the same fast tokenizer transformers'
-converter builds. ALBERT and Llama / Mistral checkpoints ship a SentencePiece model that
+converter builds. ALBERT and Llama checkpoints ship a SentencePiece model that
 transformers does not read as SentencePiece does (ALBERT lowercases and strips accents; Llama gives a
 leading space no extra ``▁``): their directories are read in transformers' way
-(`jaxformer.data.sentencepiece_json`, `sentencepiece_style`). ``encode`` gives the ids
+(`jaxformer.data.sentencepiece_json`, `sentencepiece_style`). Mistral's name LlamaTokenizer, but
+transformers 5 reads them with its generic backend (`GENERIC_MODEL_TYPES`): their
+``tokenizer.json``. ``encode`` gives the ids
 ``AutoTokenizer.from_pretrained(dir)(text, add_special_tokens=False)`` gives (the pipeline frames
 sequences itself, as with SentencePiece); ``decode`` stops at EOS and drops padding and other
 special tokens.
