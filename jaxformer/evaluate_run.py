@@ -39,9 +39,10 @@ import ml_collections
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxformer.checkpoint import load_run_params, open_run, resolve_checkpoint
+from jaxformer.checkpoint import open_run, resolve_checkpoint
 from jaxformer.checkpoint.run_files import workdir_hint
 from jaxformer.config import ModelConfig
+from jaxformer.convert.lora import merged_params
 from jaxformer.data.pipeline import make_dataset
 from jaxformer.data.sources import list_option, source_splits
 from jaxformer.data.tokenizer import Tokenizer
@@ -102,7 +103,7 @@ def load_run(workdir: str | os.PathLike, *, step: int | None = None, best: bool 
         raise FileNotFoundError(f"{workdir} has no tokenizer.model: its data cannot be encoded")
     config = ml_collections.ConfigDict(run.run_config)
     model_cfg = ModelConfig.from_dict(run.run_config["model"])
-    params = jax.tree.map(jnp.asarray, load_run_params(run))  # a LoRA run's merged
+    params = jax.tree.map(jnp.asarray, merged_params(run))  # a LoRA run's merged, any base
     return LoadedRun(config, model_cfg, build_model(model_cfg), params,
                      Tokenizer.load(str(run.tokenizer)), int(run.step_dir.name))
 

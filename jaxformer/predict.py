@@ -39,8 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from jaxformer.checkpoint import load_run_params, open_run
+from jaxformer.checkpoint import open_run
 from jaxformer.config import ModelConfig
+from jaxformer.convert.lora import merged_params
 from jaxformer.data.builders.user_files import FileSource
 from jaxformer.data.field_names import input_field
 from jaxformer.data.pipeline import data_line, example_framing, make_dataset
@@ -124,7 +125,7 @@ def predict(workdir: str, path: str, *, step: int | None = None, best: bool = Fa
         raise ValueError(f"{workdir} has no tokenizer.model, so the input text cannot be encoded")
     model_cfg = ModelConfig.from_dict(run.run_config["model"])
     model, tokenizer = build_model(model_cfg), Tokenizer.load(str(run.tokenizer))
-    params = jax.tree.map(jnp.asarray, load_run_params(run))  # a LoRA run's merged
+    params = jax.tree.map(jnp.asarray, merged_params(run))  # a LoRA run's merged, any base
     data_cfg, objective = run.run_config["data"], run.run_config["objective"]
     task = check_data_task(objective, data_cfg).data_task
     examples = read_inputs(path, data_cfg, task)

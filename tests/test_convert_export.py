@@ -89,6 +89,20 @@ def _with_model_type(build, model_type: str):
     return make
 
 
+def _mistral(path: Path, with_json: bool = True) -> Path:
+    """Mistral-7B's layout: Llama 2's ``tokenizer.model``, ``tokenizer_config.json`` naming
+    LlamaTokenizer and (``with_json``) the ``tokenizer.json`` transformers writes; transformers 5
+    reads a Mistral's tokenizer with its generic backend whatever the class says."""
+    build_llama2_tokenizer(path)
+    (path / "config.json").write_text(json.dumps({"model_type": "mistral"}))
+    if with_json:
+        transformers.AutoTokenizer.from_pretrained(path).save_pretrained(path)
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        (path / "tokenizer_config.json").write_text(json.dumps(
+            {**config, "tokenizer_class": "LlamaTokenizer"}))
+    return path
+
+
 def _jaxformer_spm(model_type: str):
     """A tokenizer a jaxformer run trained (no Hugging Face directory: the run's own file)."""
     def make(path: Path) -> Path:
@@ -123,6 +137,8 @@ FAMILIES = {
              ("encoder_decoder", "lm"), (None, "eos_id")),
     "t5": (_t5, SEQ2SEQ, ("encoder_decoder", "lm"), (None, "eos_id")),
     "llama": (build_llama2_tokenizer, SFT, ("decoder", "lm"), ("bos_id", None)),
+    # issue 60 (the PyTorch check): Mistral's leading spaces keep their own "▁" in transformers 5
+    "mistral": (_mistral, SFT, ("decoder", "lm"), ("bos_id", None)),
     # a run that stored Llama's SentencePiece model itself (before runs read it as transformers
     # does): its export gives the ids it trained with
     "llama_sentencepiece_run": (lambda p: Path(build_llama2_tokenizer(p)) / "tokenizer.model", SFT,
@@ -166,6 +182,8 @@ def test_the_runs_tokenizer_is_autotokenizers_and_its_export_frames_rows_as_the_
     if family in ("albert", "llama"):  # the cases issue 60 reported
         word = ours.encode(" Hello" if family == "llama" else "Café")
         assert word == ours.encode("Hello" if family == "llama" else "cafe")
+    if family.startswith("mistral"):  # transformers 5's generic backend: SentencePiece's "▁"s
+        assert ours.encode(" Hello") == ours.encode("  Hello")[1:] != ours.encode("Hello")
 
 
 def test_a_distilbert_classifier_from_a_vocab_txt_exports_its_framing_labels_and_chosen_step(

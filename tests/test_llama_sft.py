@@ -22,6 +22,7 @@ from jaxformer.convert.hf_io import find_tokenizer
 from jaxformer.convert.lora import load_merged
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode import generate_text
+from jaxformer.evaluate_run import load_run
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.train import config as train_config
@@ -80,6 +81,9 @@ def test_lora_sft_of_a_llama_checkpoint_then_sample_and_export(build_tokenizer, 
     assert ours.special == theirs.special
     # sample from the merged model (the base read from init_from again, the adapters added)
     cfg, params, tokenizer = load_merged(workdir)
+    # evaluate / predict / generate read the same merged weights (issue 60: they looked for a
+    # jaxformer checkpoint under init_from, a Hugging Face directory, and raised)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(load_run(workdir).params), params)
     model = build_model(cfg)
     kwargs = dict(strategy="sample", temperature=0.7, top_p=0.9, max_new_tokens=6, add_bos=True)
     first = generate_text(model, params, tokenizer, ["Repeat: ocean."], rng=jax.random.key(0),

@@ -20,10 +20,11 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
-from jaxformer.checkpoint import load_for_inference, open_run
+from jaxformer.checkpoint import open_run
 from jaxformer.cli import report_bad_input
 from jaxformer.cli.generate import add_checkpoint_flags
 from jaxformer.compilation_cache import enable_compilation_cache
+from jaxformer.convert.lora import load_merged
 from jaxformer.data.qa import qa_options
 from jaxformer.decode.span import best_answer
 from jaxformer.models import build_model
@@ -70,9 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _answer(args: argparse.Namespace) -> None:
-    # the run's config only; load_for_inference below verifies the checkpoint's files (once)
+    # the run's config only; load_merged below verifies the checkpoint's files (once)
     run_config = open_run(args.workdir, step=args.step, best=args.best, verify=False).run_config
-    model_cfg, params, tokenizer = load_for_inference(args.workdir, step=args.step, best=args.best)
+    model_cfg, params, tokenizer = load_merged(args.workdir, step=args.step, best=args.best)
     if model_cfg.head != "span" or tokenizer is None:
         raise ValueError(f"{args.workdir} is no extractive-QA run with a tokenizer (model.head="
                          f"{model_cfg.head!r}); train one with objective.name='qa', head='span'")

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 import jax
 
 from jaxformer import options
-from jaxformer.checkpoint import load_for_inference, open_run
+from jaxformer.checkpoint import open_run
 from jaxformer.cli import report_bad_input
 from jaxformer.compilation_cache import enable_compilation_cache
+from jaxformer.convert.lora import load_merged
 from jaxformer.decode.api import STRATEGIES, encode_prompts, generate
 from jaxformer.models import build_model
 
@@ -127,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _generate(args: argparse.Namespace) -> None:
     start = time.perf_counter()
-    model_cfg, params, tokenizer = load_for_inference(args.workdir, step=args.step, best=args.best)
+    model_cfg, params, tokenizer = load_merged(args.workdir, step=args.step, best=args.best)
     model = build_model(model_cfg)
     print(f"loaded {args.workdir} ({model_cfg.family}, "
           f"{sum(x.size for x in jax.tree.leaves(params)):,} parameters, attention "

@@ -22,6 +22,7 @@ from jaxformer.data.fast_tokenizer import (
     SENTENCEPIECE_FILES,
     TOKENIZER_JSON,
     has_tokenizer_files,
+    read_generically,
     sentencepiece_file,
     sentencepiece_style,
 )
@@ -151,15 +152,18 @@ def write_model(directory: str | os.PathLike, hf_config: dict,
 
 def find_tokenizer(directory: str | os.PathLike) -> str | None:
     """What becomes a run's tokenizer (`jaxformer.data.tokenizer.Tokenizer.load` reads it), the one
-    ``AutoTokenizer`` reads there: the directory itself for an ALBERT or Llama / Mistral
-    SentencePiece model (`jaxformer.data.fast_tokenizer.sentencepiece_style`: transformers reads it
-    its own way); else the directory's SentencePiece model (T5's ``spiece.model``), else its
+    ``AutoTokenizer`` reads there: the directory itself for an ALBERT or Llama SentencePiece
+    model (`jaxformer.data.fast_tokenizer.sentencepiece_style`: transformers reads it its own way);
+    a Mistral's ``tokenizer.json`` (`read_generically`); else the directory's SentencePiece
+    model (T5's ``spiece.model``), else its
     ``tokenizer.json`` (Llama 3, Qwen2, GPT-2, RoBERTa, BART, BERT: `jaxformer.data.fast_tokenizer`),
     else the directory itself when it holds a slow tokenizer's files (``vocab.json`` +
     ``merges.txt`` or ``vocab.txt``), else None."""
     json_path = os.path.join(os.fspath(directory), TOKENIZER_JSON)
     if sentencepiece_style(directory):
         return os.fspath(directory)
+    if read_generically(directory) and os.path.isfile(json_path):  # Mistral's: as transformers 5
+        return json_path
     if spm := sentencepiece_file(directory):
         return spm
     if os.path.isfile(json_path):

@@ -36,9 +36,10 @@ def load_merged(path: str | os.PathLike, *, step: int | None = None, best: bool 
     """(ModelConfig, params, tokenizer or None) of a run's checkpoint like
     `jaxformer.checkpoint.load_for_inference` (which merges a LoRA run on a jaxformer run); a LoRA
     run on a Hugging Face model is merged here (`merged_params`)."""
+    config = open_run(path, step=step, best=best, verify=False).run_config  # which reader
+    if not is_lora_on_hf(config):
+        return load_for_inference(path, step=step, best=best)  # verified there
     run = open_run(path, step=step, best=best)
-    if not is_lora_on_hf(run.run_config):
-        return load_for_inference(path, step=step, best=best)
     tokenizer = None if run.tokenizer is None else Tokenizer.load(str(run.tokenizer))
     return ModelConfig.from_dict(run.run_config["model"]), merged_params(run), tokenizer
 

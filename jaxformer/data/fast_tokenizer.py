@@ -5,10 +5,12 @@ Checkpoints whose tokenizer is no SentencePiece model ship a ``tokenizer.json`` 
 GPT-2, RoBERTa and BART (byte-level BPE), BERT and DistilBERT (WordPiece) — or, older ones, the
 slow tokenizer's files: ``vocab.json`` + ``merges.txt`` (byte-level BPE) or ``vocab.txt``
 (WordPiece), which `FastTokenizer.from_directory` builds into the same fast tokenizer transformers'
-converter builds. ALBERT and Llama / Mistral checkpoints ship a SentencePiece model that
+converter builds. ALBERT and Llama checkpoints ship a SentencePiece model that
 transformers does not read as SentencePiece does (ALBERT lowercases and strips accents; Llama gives a
 leading space no extra ``▁``): their directories are read in transformers' way
-(`jaxformer.data.sentencepiece_json`, `sentencepiece_style`). ``encode`` gives the ids
+(`jaxformer.data.sentencepiece_json`, `sentencepiece_style`). Mistral's name LlamaTokenizer, but
+transformers 5 reads them with its generic backend (`GENERIC_MODEL_TYPES`): their
+``tokenizer.json``. ``encode`` gives the ids
 ``AutoTokenizer.from_pretrained(dir)(text, add_special_tokens=False)`` gives (the pipeline frames
 sequences itself, as with SentencePiece); ``decode`` stops at EOS and drops padding and other
 special tokens.
@@ -53,6 +55,11 @@ SENTENCEPIECE_FILES = ("spiece.model", "sentencepiece.bpe.model", "tokenizer.mod
 # config.json's model_type
 STYLE_OF_CLASS = {"AlbertTokenizer": "albert", "LlamaTokenizer": "llama"}
 STYLE_OF_MODEL_TYPE = {"albert": "albert", "llama": "llama"}
+# Model types whose tokenizer transformers 5 reads with its generic TokenizersBackend whatever
+# tokenizer_config.json's class says (Mistral checkpoints name LlamaTokenizer; transformers'
+# MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS): their tokenizer.json as written, else their
+# SentencePiece model as SentencePiece reads it (a leading space keeps its own ``▁``).
+GENERIC_MODEL_TYPES = ("mistral", "mixtral")
 # their tokenizer_config.json options (`jaxformer.data.sentencepiece_json.sentencepiece_backend`)
 SENTENCEPIECE_OPTIONS = ("do_lower_case", "keep_accents", "add_prefix_space", "legacy")
 # The role tokens the slow tokenizer classes assume when the directory names none.
@@ -105,12 +112,19 @@ def sentencepiece_style(directory: str | os.PathLike) -> str | None:
     with its ALBERT / Llama tokenizer class (`jaxformer.data.sentencepiece_json`), else None
     (T5's is read as SentencePiece reads it)."""
     d = os.fspath(directory)
-    if sentencepiece_file(d) is None:
+    if sentencepiece_file(d) is None or read_generically(d):
         return None
     name = _read_json(os.path.join(d, "tokenizer_config.json")).get("tokenizer_class")
     if isinstance(name, str) and name:
         return STYLE_OF_CLASS.get(name.removesuffix("Fast"))
     return STYLE_OF_MODEL_TYPE.get(_read_json(os.path.join(d, "config.json")).get("model_type"))
+
+
+def read_generically(directory: str | os.PathLike) -> bool:
+    """Whether transformers reads ``directory``'s tokenizer with its generic backend, whatever
+    class ``tokenizer_config.json`` names (`GENERIC_MODEL_TYPES`, by ``config.json``'s model type)."""
+    config = _read_json(os.path.join(os.fspath(directory), "config.json"))
+    return config.get("model_type") in GENERIC_MODEL_TYPES
 
 
 def _layout(d: str) -> str | tuple[str, str] | None:

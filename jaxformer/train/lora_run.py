@@ -4,9 +4,10 @@ A run with ``optimizer.lora.rank`` > 0 trains ``TrainState.params`` = adapters +
 base (``init_from``'s parameters, with fresh parameters for heads it lacks, seeded by ``seed``) is
 loaded again, never saved: at the start, at every resume (its ``config.json`` records
 ``init_from``) and for inference and export, which add the adapters back:
-`jaxformer.checkpoint.load_run_params` (a base that is a jaxformer run: what ``generate``,
-``evaluate`` and ``predict`` read) and `jaxformer.convert.lora.load_merged` (any base, a Hugging
-Face model included: ``python -m jaxformer.cli.convert --from <lora run> --to-hf <dir>``).
+`jaxformer.checkpoint.load_run_params` (a base that is a jaxformer run) and
+`jaxformer.convert.lora.load_merged` / `merged_params` (any base, a Hugging Face model included:
+what ``generate``, ``evaluate``, ``predict``, ``answer`` and ``python -m jaxformer.cli.convert
+--from <lora run> --to-hf <dir>`` read).
 """
 
 from __future__ import annotations
