@@ -30,7 +30,7 @@ MANY_DEVICE_WORKER = "gw0"
 # Files whose tests are all slow-tier (test_learning.py, test_llama_sft.py) or cost a few seconds
 # (test_demo.py's fast tests: 2.5 s, test_evaluate.py's: 0.1 s) are not listed.
 LONGEST_FIRST = (
-    "test_train.py",  # three pretraining runs; killed, preempted and resumed runs (124 s of CPU)
+    "test_train.py",  # three pretraining runs; killed, preempted and resumed runs (~119 s of CPU)
     "test_compile.py",  # train steps compiled for TPU slices by libtpu (~101 s; the GPU ones skip
     # without the [cuda-aot] extra)
     "test_ring_attention.py",  # context-parallel attention and train steps (~58 s)
