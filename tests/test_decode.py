@@ -247,7 +247,10 @@ def test_long_generation_across_cache_growth(name, strategy):
         assert np.all(want >= logp.max(axis=-1) - 1e-4)
 
 
-@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+# Slow tier: beam (14 s of CPU, a beam program per prompt width alone). The sorting, bucketing and
+# filling are the greedy case's (the same code for every strategy); that a left-padded beam row of
+# a ragged batch is its own prompt's is test_long_generation_across_cache_growth[gpt_tiny-beam]'s.
+@pytest.mark.parametrize("strategy", ["greedy", pytest.param("beam", marks=pytest.mark.slow)])
 def test_generate_batches_equals_each_prompt_alone(strategy):
     """Ragged prompts in batches of 2 (sorted by length, each batch padded to its own bucket,
     the last one filled up) give, in input order, what each prompt gives alone."""
