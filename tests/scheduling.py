@@ -30,15 +30,15 @@ MANY_DEVICE_WORKER = "gw0"
 # Files whose tests are all slow-tier (test_learning.py, test_llama_sft.py) or cost a few seconds
 # (test_demo.py's fast tests: 2.5 s, test_evaluate.py's: 0.1 s) are not listed.
 LONGEST_FIRST = (
-    "test_train.py",  # three pretraining runs; killed, preempted and resumed runs (~119 s of CPU)
-    "test_decode.py",  # generation against the uncached forward, 8 devices (~134 s)
-    "test_compile.py",  # train steps compiled for TPU slices by libtpu (~98 s; the GPU ones skip
+    "test_train.py",  # three pretraining runs; killed, preempted and resumed runs (106 s of CPU)
+    "test_decode.py",  # generation against the uncached forward, 8 devices (116 s)
+    "test_compile.py",  # train steps compiled for TPU slices by libtpu (~100 s; the GPU ones skip
     # without the [cuda-aot] extra)
     "test_hf_finetune.py",  # the worked examples: RoBERTa on a TSV, BART seq2seq (96 s)
     "test_ring_attention.py",  # context-parallel attention and train steps (61 s)
     "test_parallel.py",
     "test_reliability.py",  # 56 s
-    "test_nnx.py",  # ~47 s
+    "test_nnx.py",  # 43 s
     "test_models.py",  # 46 s
     "test_convert_llama.py",  # five golden Llama-family models, greedy generation (36 s)
     "test_own_data.py",  # train.py and evaluate subprocesses on a user's TSV and JSONL (35 s)
