@@ -61,7 +61,8 @@ def compiled_for(config, topology: str = "v5e:2x2", num_slices: int = 1):
     ("t5_tiny", "data=4", "v4:2x2x1"),
 ])
 def test_every_family_compiles_for_a_tpu_slice_with_the_rules_shardings(name, mesh, topology):
-    config = tiny(name, mesh)
+    # One layer holds every kind of parameter the rules shard; libtpu compiles it quicker.
+    config = tiny(name, mesh, num_layers=1)
     compiled, tpu_mesh = compiled_for(config, topology)
     assert {d.platform for d in tpu_mesh.devices.flat} == {"tpu"}
     # Every parameter arrives sharded exactly as the rules table says (the state's shardings
@@ -96,7 +97,7 @@ def test_splash_compiles_inside_the_sharded_step_with_packed_rows():
     segment ids), rows split over a batch axis and heads over ``tensor``; the host's CPU backend
     does not refuse it. (One mesh: a ``data=4`` mesh splits rows as ``fsdp`` does, through the
     same batch axes of the same `shard_map`, and cost a TPU compile of its own.)"""
-    config = tiny("gpt_tiny", "fsdp=2,tensor=2", attention_impl="splash",
+    config = tiny("gpt_tiny", "fsdp=2,tensor=2", attention_impl="splash", num_layers=1,
                   attention_dropout_rate=0.0, attention_chunk_size=128)
     with pytest.raises(ValueError, match="needs a TPU, but jax's backend is 'cpu'"):
         check_config(resolve_config(config), resolve_config(config).model_cfg, resolved=True)
@@ -155,10 +156,24 @@ def test_auto_attention_is_chosen_for_the_topologys_platform_and_reported():
     assert plan(ring, compile=False, topology=tpu)["attention"] == "ring (mesh.context=2)"
 
 
-def test_compile_report_has_memory_collectives_and_roofline():
+def test_compile_report_has_memory_collectives_and_roofline(monkeypatch):
     """`jaxformer.compile`'s report, and `jaxformer.plan --topology` of the same config: the plan's
     activation bytes are the TPU compiler's for the same program; its parameter bytes (exact, from
-    the shardings) agree with the compiled arguments."""
+    the shardings) agree with the compiled arguments. The report and the plan share one libtpu
+    compile of that program (each compiles it otherwise: ~13 s of CPU apiece)."""
+    import jaxformer.compile
+    import jaxformer.plan
+
+    compiled = {}
+    real = jaxformer.plan.compile_on_topology
+
+    def compile_once(c, t):
+        if (id(c), t) not in compiled:
+            compiled[id(c), t] = real(c, t)
+        return compiled[id(c), t]
+
+    monkeypatch.setattr(jaxformer.compile, "compile_on_topology", compile_once)
+    monkeypatch.setattr(jaxformer.plan, "compile_on_topology", compile_once)
     config, topology = tiny("gpt_tiny", "fsdp=4"), parse_topology("v5e:2x2")
     report = compile_report(config, topology)
     assert report["chip"] == "TPU v5e" and report["devices"] == 4 and report["fits"]
@@ -170,6 +185,7 @@ def test_compile_report_has_memory_collectives_and_roofline():
     assert report["attention"] == "xla (auto)"  # the preset's attention dropout: no kernel takes it
     assert "attention xla (auto)" in format_report(report)
     planned = plan(config, topology=topology)
+    assert len(compiled) == 1  # the report's program
     c = planned["compiled"]
     assert c["platform"] == "tpu" and not c["simulated"] and planned["devices"] == 4
     assert c["temp_size"] == report["memory"]["temp_size"]
@@ -224,7 +240,8 @@ def test_two_slices_only_the_data_parallel_gradient_reduction_crosses_the_dcn():
     """Multi-slice (``mesh.dcn_data=2``, FSDP within each slice): the hybrid mesh keeps every
     FSDP all-gather inside a slice; what crosses the data-center network is the all-reduce of
     the gradients over the data axis (MaxText's layout)."""
-    report = compile_report(tiny("gpt_tiny", "fsdp=4,dcn_data=2"), parse_topology("v5e:2x2", 2))
+    report = compile_report(tiny("gpt_tiny", "fsdp=4,dcn_data=2", num_layers=1),
+                            parse_topology("v5e:2x2", 2))
     assert report["mesh"] == {"data": 2, "fsdp": 4, "context": 1, "tensor": 1} and report["devices"] == 8
     comm = report["collectives"]
     assert comm["all-gather"]["count"] > 0 and comm["all-gather"]["dcn_count"] == 0
@@ -406,7 +423,8 @@ def test_fsdp_embedding_gradient_is_not_reduced_as_a_whole_table():
     sharding too); the rows travel to the chips holding their columns instead (an all-to-all of
     `[B, L, D]`), and no all-reduce comes near the table's size."""
     vocab, d = 4096, 64
-    compiled, _ = compiled_for(tiny("gpt_tiny", "fsdp=4", vocab_size=vocab, dtype="bfloat16"))
+    compiled, _ = compiled_for(tiny("gpt_tiny", "fsdp=4", vocab_size=vocab, dtype="bfloat16",
+                                    num_layers=1))
     text = compiled.as_text()
     comm = collectives(text)
     assert comm["all-reduce"]["bytes"] < vocab * d * 4 / 16, comm["all-reduce"]

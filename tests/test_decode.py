@@ -164,7 +164,15 @@ CACHE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,overrides", CACHE_CASES)
+# Slow tier: the scanned GPT and T5 (2.8 and 4.5 s of CPU). A scanned cache ([layers, B, …]) through
+# the decoding loop is test_refill_equals_each_prompt_alone's (RoPE GPT, scanned); scanned GPT and T5
+# caches against the uncached forward are tests/test_nnx.py's test_nnx_kv_cache_steps_… [gpt], [t5].
+SCANNED = {1, 4}
+
+
+@pytest.mark.parametrize("name,overrides", [
+    pytest.param(*case, marks=pytest.mark.slow) if i in SCANNED else case
+    for i, case in enumerate(CACHE_CASES)])
 def test_cached_steps_match_full_forward(name, overrides):
     """Prefill (left-padded batch) + teacher-forced steps vs the uncached full forward on the same
     prefixes; tolerance 1e-4 absolute on float32 logits of magnitude ~10."""
@@ -239,7 +247,10 @@ def test_long_generation_across_cache_growth(name, strategy):
         assert np.all(want >= logp.max(axis=-1) - 1e-4)
 
 
-@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+# Slow tier: beam (14 s of CPU, a beam program per prompt width alone). The sorting, bucketing and
+# filling are the greedy case's (the same code for every strategy); that a left-padded beam row of
+# a ragged batch is its own prompt's is test_long_generation_across_cache_growth[gpt_tiny-beam]'s.
+@pytest.mark.parametrize("strategy", ["greedy", pytest.param("beam", marks=pytest.mark.slow)])
 def test_generate_batches_equals_each_prompt_alone(strategy):
     """Ragged prompts in batches of 2 (sorted by length, each batch padded to its own bucket,
     the last one filled up) give, in input order, what each prompt gives alone."""

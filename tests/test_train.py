@@ -274,20 +274,30 @@ def test_sigterm_checkpoints_the_current_step_and_the_rerun_continues_exactly(tm
         assert resumed[step] == reference[step], step
 
 
-def test_init_from_hugging_face_directory(tmp_path):
-    """``init_from`` a local HF GPT-2 directory (a golden tiny one, `tests/golden.py`): its
-    architecture and weights are used, the new classification head is fresh, and fine-tuning
-    lowers the loss."""
+def _trainer_from_hugging_face_directory(workdir):
+    """A fine-tuning Trainer with ``init_from`` a local HF GPT-2 directory (a golden tiny one,
+    `tests/golden.py`), after checking that its architecture and weights are used."""
     from golden import golden_dir
     from safetensors.numpy import load_file
 
     hf = golden_dir("gpt2_v512")
     config = load_config("gpt_finetune_tiny", init_from=hf, num_train_steps=30)
-    trainer = Trainer(config, tmp_path / "run")
+    trainer = Trainer(config, workdir)
     assert trainer.model_cfg.activation == "gelu_tanh" and trainer.model_cfg.norm_eps == 1e-5
     wte = load_file(f"{hf}/model.safetensors")["transformer.wte.weight"]
     np.testing.assert_array_equal(jax.device_get(trainer.state.params["token_embed"]["embedding"]), wte)
-    trainer.run()
+    return trainer
+
+
+def test_init_from_hugging_face_directory(tmp_path):
+    """``init_from`` a local HF GPT-2 directory: its architecture and weights are used."""
+    _trainer_from_hugging_face_directory(tmp_path / "run").lock.release()
+
+
+@pytest.mark.slow  # 30 steps (~10 s of CPU); that fine-tuning lowers the loss is
+# test_finetune_starts_from_pretrained_backbone's, the same loop from a run's weights
+def test_fine_tuning_from_a_hugging_face_directory_lowers_the_loss(tmp_path):
+    _trainer_from_hugging_face_directory(tmp_path / "run").run()
     first, last = first_last(tmp_path / "run")
     assert last < first, (first, last)
 
