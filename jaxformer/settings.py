@@ -221,16 +221,44 @@ def settings_of_kind(tree: Tree, *kinds: str) -> tuple[str, ...]:
 
 
 def read(cls: type, values: Any) -> Any:
-    """The section dataclass ``cls`` of ``values`` (a ConfigDict, dict or None): declared keys
-    only, a missing or None value as its ``unset`` value when it declares one, else its default;
-    an int where a float is declared becomes a float."""
+    """The section dataclass ``cls`` of ``values`` (a ConfigDict, dict or None): declared keys only
+    (a `subsection` read the same way, recursively); a missing or None value as its ``unset`` value
+    when it declares one, else its default; an int where a float is declared becomes a float; a
+    tuple setting's list becomes a tuple, and for ``tuple[str, ...]`` a comma string (``"neg,pos"``,
+    or ``("neg,pos",)``: what an unquoted ``--config.data.label_names=neg,pos`` parses to) is split
+    at the commas."""
+    hints = typing.get_type_hints(cls)
     out = {}
     for key, s in section(cls).items():
-        value = None if values is None else values.get(key)
+        value = None if values is None or key not in values else values[key]
+        if not isinstance(s, Setting):
+            out[key] = read(hints[key], value)
+            continue
         value = value if value is not None else s.unset if s.unset is not None else s.default
-        is_int = isinstance(value, int) and not isinstance(value, bool)
-        out[key] = float(value) if is_int and _plain(_base(s.type)[0]) is float else value
+        out[key] = as_declared(value, s.type)
     return cls(**out)
+
+
+def is_tuple(tp: Any) -> bool:
+    """Whether the annotation ``tp`` declares a tuple (``tuple[str, ...] | None`` does)."""
+    return _plain(_base(tp)[0]) is tuple
+
+
+def as_declared(value: Any, tp: Any) -> Any:
+    """``value`` as the declared type ``tp`` reads it (see `read`): int → float, list → tuple,
+    comma strings → tuples of ``str``; None stays None."""
+    tp = _base(tp)[0]
+    cls = _plain(tp)
+    if cls is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if cls is not tuple or value is None:
+        return value
+    if typing.get_args(tp)[:1] == (str,):
+        names = (value,) if isinstance(value, str) else tuple(value)
+        if len(names) == 1 and "," in names[0]:
+            names = tuple(names[0].split(","))
+        return tuple(n.strip() for n in names)
+    return tuple(value)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""The trainer on the NNX model (``module_api="nnx"``, the default; ``"linen"``, the former Linen
-modules' setting, runs the same program): runs saved with either setting resume under the other,
-and ``init_from`` a Hugging Face directory. A run written by the former Linen modules resumes in
-tests/test_legacy_checkpoint.py."""
+"""The trainer on the NNX model: ``module_api`` (``"nnx"``, ``"linen"``: the former modules' setting,
+which ran the same program) is a legacy key, accepted and ignored with a note, so runs saved with
+either setting resume; and ``init_from`` a Hugging Face directory. A run written by the former Linen
+modules resumes in tests/test_legacy_checkpoint.py."""
 
 from __future__ import annotations
 
@@ -37,18 +37,39 @@ def losses(workdir) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(workdir) if "loss" in r}
 
 
-def test_module_api_is_validated():
-    config = load_config("gpt_pretrain_tiny", module_api="flax")
-    with pytest.raises(ValueError, match=r"module_api='flax' is invalid: choose one of "
-                                         r"\('linen', 'nnx'\)"):
-        validate_config(config)
+def with_module_api(config, api: str):
+    """``config`` as a config file that still sets ``module_api`` writes it (the key is no longer
+    declared, so ``--config.module_api=…`` is refused as unknown)."""
+    with config.unlocked():
+        config.module_api = api
+    return config
+
+
+@pytest.mark.parametrize("api", ["linen", "nnx", "flax"])
+def test_module_api_is_a_legacy_key_ignored_with_one_note(api, caplog):
+    """Whatever its value, ``module_api`` is skipped by the schema check, leaves the typed settings
+    as the config without it builds them, logs its note once, and ``--print_config`` (the schema's
+    keys) no longer lists it."""
+    from jaxformer.train.config import check_config, key_docs
+
+    plain = load_config("gpt_pretrain_tiny")
+    config = with_module_api(load_config("gpt_pretrain_tiny"), api)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        model_cfg = validate_config(config)
+    assert [r.getMessage() for r in caplog.records if "module_api" in r.getMessage()] == [
+        f"config key module_api={api!r}: ignored: there is one model implementation (the former "
+        "'linen' and 'nnx' ran the same program)"]
+    assert check_config(config, model_cfg)[0] == check_config(plain, validate_config(plain))[0]
+    assert "module_api" not in key_docs() and "module_api" not in train_config.base_config()
 
 
 def _resume_other_api(run: Path, copy: Path, api: str, **overrides) -> dict[int, float]:
     """Copy ``run``, drop its last checkpoint and resume it with ``module_api=api``."""
     shutil.copytree(run, copy)
     shutil.rmtree(copy / "checkpoints" / "4")
-    trainer = Trainer(load_config("gpt_pretrain_tiny", **SETTINGS, module_api=api, **overrides), copy)
+    trainer = Trainer(with_module_api(load_config("gpt_pretrain_tiny", **SETTINGS, **overrides), api),
+                      copy)
     assert trainer.start_step == 2
     assert isinstance(trainer.model, FunctionalModel)
     trainer.run()
@@ -61,9 +82,9 @@ def test_checkpoints_resume_across_module_apis_and_train_alike(tmp_path):
     resumed steps equal the uninterrupted run's (same parameters, same batches, dropout off;
     bitwise on CPU with jax 0.12, compared to float tolerance)."""
     linen_run, nnx_run = tmp_path / "linen", tmp_path / "nnx"
-    Trainer(load_config("gpt_pretrain_tiny", **SETTINGS, module_api="linen"), linen_run).run()
+    Trainer(with_module_api(load_config("gpt_pretrain_tiny", **SETTINGS), "linen"), linen_run).run()
     tok = {"data.tokenizer.path": str(linen_run / "tokenizer.model")}  # no second tokenizer
-    Trainer(load_config("gpt_pretrain_tiny", **SETTINGS, module_api="nnx", **tok), nnx_run).run()
+    Trainer(with_module_api(load_config("gpt_pretrain_tiny", **SETTINGS, **tok), "nnx"), nnx_run).run()
     for run, api, extra in [(linen_run, "nnx", {}), (nnx_run, "linen", tok)]:
         want = losses(run)
         got = _resume_other_api(run, tmp_path / f"{run.name}_by_{api}", api, **extra)
@@ -80,7 +101,7 @@ def test_init_from_hugging_face_directory_with_nnx(tmp_path):
     from safetensors.numpy import load_file
 
     hf = golden_dir("gpt2_v512")  # a tiny random HF GPT-2 (tests/golden.py)
-    config = load_config("gpt_finetune_tiny", init_from=hf, module_api="nnx",
+    config = load_config("gpt_finetune_tiny", init_from=hf,
                          num_train_steps=2, **{"eval.num_batches": 1, "progress_bar": False,
                                                "optimizer.warmup_steps": 1,
                                                "data.tokenizer.max_train_texts": 500,

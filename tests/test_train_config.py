@@ -254,3 +254,78 @@ def test_train_py_reports_a_broken_config_file_in_one_line_and_takes_flags_in_an
     proc = train_py("--print_config")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == format_config(base_config()) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# The typed config at run time: `TrainSettings`, built once from the checked config.
+
+MAIN_RUNS = ROOT / "tests" / "data" / "config_json_main"  # config.json files written by main 0e9ddf4
+# the overrides each fixture was written with (tests/data/config_json_main/README.md)
+MAIN_OVERRIDES = {"gpt_pretrain_tiny": {}, "bert_pretrain_tiny": {},
+                  "bert_finetune_tiny": {"data.label_names": ("negative", "positive"),
+                                         "optimizer.lora.targets": ("query", "key")}}
+
+
+def test_read_builds_subsections_and_tuples_as_declared():
+    """`jaxformer.settings.read` builds ``data.tokenizer`` and ``optimizer.lora`` as their section
+    objects, fills what a dict lacks with the defaults, turns a JSON list into a tuple and splits a
+    comma string (an unquoted ``--config.data.label_names=neg,pos``) as a tuple setting reads it."""
+    from jaxformer.data.pipeline import DataSettings
+    from jaxformer.data.tokenizer import TokenizerSettings
+    from jaxformer.models.lora import LoraSettings
+    from jaxformer.settings import read
+    from jaxformer.train.optim import OptimizerSettings
+
+    data = read(DataSettings, {"seq_len": 32, "label_names": ("neg, pos",), "columns": ["a", "b"],
+                               "split_fractions": [0.8, 0.1, 0.1], "tokenizer": {"vocab_size": 9}})
+    assert data.seq_len == 32 and data.batch_size == DataSettings().batch_size
+    assert data.label_names == ("neg", "pos") and data.columns == ("a", "b")
+    assert data.split_fractions == (0.8, 0.1, 0.1)
+    assert data.tokenizer == TokenizerSettings(vocab_size=9)
+    opt = read(OptimizerSettings, {"peak_lr": 1, "lora": {"targets": "query,ffn", "rank": 4}})
+    assert opt.peak_lr == 1.0 and isinstance(opt.peak_lr, float)
+    assert opt.lora == LoraSettings(rank=4, targets=("query", "ffn"))
+    assert read(OptimizerSettings, None) == OptimizerSettings()
+    hash(data), hash(opt)  # frozen all the way down: usable as a jit static argument
+
+
+def test_train_settings_hold_every_section_typed():
+    """`check_config` returns the config as `TrainSettings`: the run keys as attributes, each
+    section its dataclass, the objective's own options its options class."""
+    from jaxformer.objectives.mlm import MLMOptions
+    from jaxformer.objectives.scheduled_sampling import ScheduledSamplingOptions
+    from jaxformer.train.config import TrainSettings, check_config
+    from jaxformer.train.config.schema import MeshSettings
+
+    config = load_config(ROOT / "configs" / "bert_pretrain_tiny.py",
+                         {"objective.mask_rate": 0.2, "mesh.fsdp": 1, "seed": 7})
+    settings, _, _ = check_config(config, validate_config(config))
+    assert isinstance(settings, TrainSettings) and settings.seed == 7
+    assert settings.model == validate_config(config) and settings.mesh == MeshSettings()
+    assert settings.objective.name == "mlm"
+    assert settings.objective_options == MLMOptions(mask_rate=0.2)
+    assert settings.data.seq_len == config.data.seq_len
+    assert settings.optimizer.lora.rank == 0 and settings.distill.teacher == ""
+    gpt = _tiny()
+    assert check_config(gpt, validate_config(gpt))[0].objective_options == (
+        ScheduledSamplingOptions())
+
+
+@pytest.mark.parametrize("name", sorted(MAIN_OVERRIDES))
+def test_a_config_json_written_by_main_reads_as_its_config_file(name, caplog):
+    """An old run's ``config.json`` (written by main before the typed settings, with its legacy
+    ``module_api`` key and lists for tuples) gives, through `run_settings`, the `TrainSettings`
+    that its config file resolves to today; its ``module_api`` logs the legacy note once."""
+    from jaxformer.train.config import run_settings
+    from jaxformer.train.setup import resolve_config
+
+    run_config = json.loads((MAIN_RUNS / name / "config.json").read_text())
+    assert run_config["module_api"] == "nnx"
+    want = resolve_config(load_config(ROOT / "configs" / f"{name}.py", MAIN_OVERRIDES[name])).settings
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        got = run_settings(run_config)
+    assert got == want
+    assert [r.getMessage() for r in caplog.records if "module_api" in r.getMessage()] == [
+        "config key module_api='nnx': ignored: there is one model implementation (the former "
+        "'linen' and 'nnx' ran the same program)"]

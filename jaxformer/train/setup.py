@@ -57,6 +57,7 @@ from jaxformer.objectives.mlm import uses_word_initial
 from jaxformer.options import option
 from jaxformer.parallel.mesh import check_batch_size, make_mesh
 from jaxformer.train.config import (
+    TrainSettings,
     check_config,
     check_resume,
     check_vocabulary,
@@ -103,6 +104,7 @@ class ResolvedConfig:
       model_cfg: the validated `ModelConfig` of ``config.model``.
       pretrained: what ``init_from`` points at, or None.
       tx, schedule: the optimizer and its learning-rate schedule.
+      settings: ``config`` as typed sections (`jaxformer.train.config.TrainSettings`), built once.
     """
 
     config: ml_collections.ConfigDict
@@ -110,6 +112,7 @@ class ResolvedConfig:
     pretrained: Pretrained | None
     tx: optax.GradientTransformation
     schedule: optax.Schedule
+    settings: TrainSettings
 
 
 def open_pretrained(config: ml_collections.ConfigDict, key: str = "init_from"
@@ -238,8 +241,8 @@ def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
                 resolved.data[key] = list_option(resolved.data, key)
     resolved.lock()
     model_cfg = ModelConfig.from_dict(resolved.model)
-    tx, schedule = check_config(resolved, model_cfg, resolved=True)
-    return ResolvedConfig(resolved, model_cfg, pretrained, tx, schedule)
+    settings, tx, schedule = check_config(resolved, model_cfg, resolved=True)
+    return ResolvedConfig(resolved, model_cfg, pretrained, tx, schedule, settings)
 
 
 # --------------------------------------------------------------------------------------------------

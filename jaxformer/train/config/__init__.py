@@ -5,7 +5,9 @@ overridden on the command line (``train.py --config configs/X.py --config.optimi
 and ``--print_config`` lists every key with its value and description. One module per purpose:
 
 - `jaxformer.train.config.schema`: every section and key, declared once with its type, default,
-  one-line doc, check and kind (`jaxformer.settings`); `base_config`, `check_schema`, `key_docs`.
+  one-line doc, check and kind (`jaxformer.settings`); `base_config`, `check_schema`, `key_docs`;
+  `TrainSettings`, the typed sections the run reads (`train_settings`, and `run_settings` of an
+  old run's ``config.json``).
 - `jaxformer.train.config.loading`: a config file, overrides, the absl ``--config`` flag.
 - `jaxformer.train.config.validation`: the checks before anything compiles (each key alone by
   the schema, then the rules between keys and sections).
@@ -26,13 +28,16 @@ from jaxformer.train.config.loading import (
 from jaxformer.train.config.resume import check_resume
 from jaxformer.train.config.schema import (
     HF_NAMES,
-    MODULE_APIS,
+    LEGACY_KEYS,
     PARALLEL_MODES,
+    TrainSettings,
     base_config,
     check_schema,
     key_docs,
     model_defaults,
+    run_settings,
     schema,
+    train_settings,
 )
 from jaxformer.train.config.validation import (
     check_config,
@@ -44,9 +49,9 @@ from jaxformer.train.config.validation import (
 )
 
 __all__ = [
-    "HF_NAMES", "MODULE_APIS", "PARALLEL_MODES", "base_config", "check_config",
+    "HF_NAMES", "LEGACY_KEYS", "PARALLEL_MODES", "TrainSettings", "base_config", "check_config",
     "check_context_parallel", "check_resume", "check_schema", "check_vocabulary", "complete_config",
     "config_node", "define_config_flag", "key_docs", "load_config", "model_defaults",
-    "position_lengths", "schema", "set_key", "split_list_options", "validate_config",
-    "with_derived_model_fields",
+    "position_lengths", "run_settings", "schema", "set_key", "split_list_options",
+    "train_settings", "validate_config", "with_derived_model_fields",
 ]

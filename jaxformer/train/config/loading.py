@@ -22,8 +22,8 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from jaxformer.data.sources import LIST_OPTIONS, list_option
-from jaxformer.train.config.schema import HF_NAMES, base_config
+from jaxformer.settings import as_declared, flat, is_tuple
+from jaxformer.train.config.schema import HF_NAMES, base_config, schema
 
 
 def config_node(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, str]:
@@ -97,12 +97,15 @@ def load_config(path: str | os.PathLike, overrides: Mapping[str, Any] | None = N
 
 
 def split_list_options(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """``config`` (changed in place) with each data list option (`LIST_OPTIONS`: ``label_names``,
-    ``columns``) as the tuple the run uses (`list_option`): ``--config.data.label_names=neg,pos``
-    arrives as ``('neg,pos',)``, which messages, ``--print_config`` and config.json would show."""
-    for key in LIST_OPTIONS:
-        if key in config.data and config.data[key] is not None:
-            config.data[key] = list_option(config.data, key)
+    """``config`` (changed in place) with each tuple setting (``data.label_names``,
+    ``optimizer.lora.targets`` …) as the tuple the run reads (`jaxformer.settings.as_declared`):
+    ``--config.data.label_names=neg,pos`` arrives as ``('neg,pos',)``, which messages,
+    ``--print_config`` and config.json would show."""
+    for dotted, s in flat({k: v for k, v in schema().items() if k != "model"}).items():
+        if is_tuple(s.type):
+            parent, leaf = config_node(config, dotted)
+            if parent[leaf] is not None:
+                parent[leaf] = as_declared(parent[leaf], s.type)
     return config
 
 

@@ -18,18 +18,25 @@ import ml_collections
 
 from jaxformer.config import ModelConfig, changed_fields, resumable_fields
 from jaxformer.objectives import get_objective
-from jaxformer.settings import VOCABULARY, settings_of_kind
-from jaxformer.train.config.schema import schema
+from jaxformer.settings import VOCABULARY, read, settings_of_kind
+from jaxformer.train.config.schema import LEGACY_KEYS, ObjectiveSettings, note_legacy_keys, schema
 
 
-def _effective_data(flat_config: dict[str, Any]) -> dict[str, Any]:
-    """``data.task`` and an unset ``data.framing`` as the objective derives them, so a config.json
-    written when configs still stated them compares equal to today's config."""
-    out = {k: v for k, v in flat_config.items() if k != "data.task"}
-    objective = get_objective(flat_config.get("objective.name", "clm"))
+def _effective_data(config: dict[str, Any]) -> dict[str, Any]:
+    """The flat keys of ``config`` (a config.json's dict) without `LEGACY_KEYS`, and an unset
+    ``data.framing`` as the objective derives it, so a config.json written when configs still
+    stated them (``data.task``, ``module_api``) compares equal to today's config."""
+    out = {k: v for k, v in _flat(config).items() if k not in LEGACY_KEYS}
+    objective = get_objective(read(ObjectiveSettings, config["objective"]).name)
     if not out.get("data.framing") and objective.framing:
         out["data.framing"] = objective.framing
     return out
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix[:-1]: tree}
+    return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
 
 
 def check_resume(run_config: dict, config: ml_collections.ConfigDict) -> list[str]:
@@ -38,15 +45,12 @@ def check_resume(run_config: dict, config: ml_collections.ConfigDict) -> list[st
     Raises ValueError naming the fields when the model (other than `resumable_fields`) or the
     keys of kind ``VOCABULARY`` differ (the checkpoint could not be restored, or would be read with
     other token ids); returns a note for every other changed key (e.g. ``num_train_steps``: the schedule
-    is stretched; ``data.tokenizer.path``: a resumed run reads its own, checksummed tokenizer).
+    is stretched; ``data.tokenizer.path``: a resumed run reads its own, checksummed tokenizer). A
+    `LEGACY_KEYS` key of ``run_config`` logs its note (`note_legacy_keys`) and is not compared.
     """
-    def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-        if not isinstance(tree, dict):
-            return {prefix[:-1]: tree}
-        return {k: v for key, sub in tree.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
-
+    note_legacy_keys(run_config)
     current = json.loads(json.dumps(config.to_dict(), default=str))  # as config.json stores it
-    now, before = _effective_data(flat(current)), _effective_data(flat(run_config))
+    now, before = _effective_data(current), _effective_data(run_config)
     if now.get("data.tokenizer.path") or before.get("data.tokenizer.path"):
         # a loaded tokenizer has its own size, which config.json records (runs written before it
         # did recorded the key's); the key sizes only a tokenizer to be trained

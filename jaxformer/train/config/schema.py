@@ -29,10 +29,11 @@ import dataclasses
 from typing import Any
 
 import ml_collections
+from absl import logging
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import DataSettings
-from jaxformer.objectives import OBJECTIVES, option_settings
+from jaxformer.objectives import OBJECTIVES, get_objective, option_settings
 from jaxformer.ops.dropout import PRNG_IMPLS
 from jaxformer.settings import (
     Setting,
@@ -43,6 +44,7 @@ from jaxformer.settings import (
     merge,
     one_of,
     positive,
+    read,
     section,
     setting,
 )
@@ -52,10 +54,13 @@ from jaxformer.train.optim import OptimizerSettings
 from jaxformer.train.throughput import check_profile_steps
 
 PARALLEL_MODES = ("jit", "shard_map", "pmap")  # see jaxformer.parallel: which to use and why
-MODULE_APIS = ("linen", "nnx")
 # Keys a config (or an old run's config.json) may still hold that the schema no longer declares,
-# with where they are checked instead.
-LEGACY_KEYS = {"data.task": "derived from objective.name; jaxformer.objectives.check_data_task"}
+# with what became of each: the schema check skips them, and a config that sets one logs this note
+# (`note_legacy_keys`).
+LEGACY_KEYS = {"data.task": "derived from objective.name (checked by "
+                            "jaxformer.objectives.check_data_task)",
+               "module_api": "ignored: there is one model implementation (the former 'linen' and "
+                             "'nnx' ran the same program)"}
 
 
 # Names a user of Hugging Face's Trainer (TrainingArguments, run_glue.py, run_translation.py) may
@@ -97,10 +102,6 @@ class RunSettings:
     parallel: str = setting(
         "jit", "'jit' (sharded over the mesh), 'shard_map' or 'pmap' (data parallel, replicated "
         "state)", check=one_of(*PARALLEL_MODES))
-    module_api: str = setting(
-        "nnx", "'nnx' (the one module implementation, jaxformer.nnx); 'linen', the former "
-        "Linen modules' setting, runs the same NNX program (same parameters)",
-        check=one_of(*MODULE_APIS))
     log_every_steps: int = setting(50, "metrics.jsonl / TensorBoard cadence", check=positive)
     nonfinite: str = setting(
         "stop", "'stop' at the first non-finite loss or grad norm, or 'skip' the update",
@@ -227,3 +228,78 @@ def check_schema(config: Any) -> None:
     type, or that its setting's check refuses. `LEGACY_KEYS` are left to their own checks."""
     meant = {k: f"; did you mean {v!r}? (what Hugging Face calls {k!r})" for k, v in HF_NAMES.items()}
     check_tree(schema(), config, skip=lambda dotted: dotted in LEGACY_KEYS, meant=meant)
+
+
+# --------------------------------------------------------------------------------------------------
+# The typed config at run time: built once, after the checks; every function below takes its section.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSettings(RunSettings):
+    """A training config as typed, frozen sections, built once (`train_settings`, `run_settings`):
+    the run keys as attributes (``settings.seed``, ``settings.parallel`` …) and one section object
+    per config section; the trainer hands each function the section it reads.
+
+    Attributes:
+      model: the resolved, validated `ModelConfig`.
+      objective: `ObjectiveSettings` (the keys every objective reads).
+      objective_options: the options dataclass of the named objective (``MLMOptions`` …, declared
+        beside it: `jaxformer.objectives.Objective.options`), or None when it has none.
+      data: `DataSettings`, with ``data.tokenizer`` (`TokenizerSettings`).
+      optimizer: `OptimizerSettings`, with ``optimizer.lora`` (`LoraSettings`).
+      checkpoint, eval, mesh, distill: `CheckpointSettings`, `EvalSettings`, `MeshSettings`,
+        `DistillSettings` (unset keys as their ``unset`` values).
+    """
+
+    model: ModelConfig
+    objective: ObjectiveSettings
+    objective_options: Any
+    data: DataSettings
+    optimizer: OptimizerSettings
+    checkpoint: CheckpointSettings
+    eval: EvalSettings
+    mesh: MeshSettings
+    distill: DistillSettings
+
+
+# the section classes of `TrainSettings`' fields (``model`` and ``objective_options`` are built apart)
+_SECTIONS = {"objective": ObjectiveSettings, "data": DataSettings, "optimizer": OptimizerSettings,
+             "checkpoint": CheckpointSettings, "eval": EvalSettings, "mesh": MeshSettings,
+             "distill": DistillSettings}
+
+
+def _node(values: Any, key: str) -> Any:
+    """``values[key]`` of a ConfigDict or dict, None when absent (a run saved before it existed)."""
+    return values[key] if key in values else None
+
+
+def train_settings(config: Any, model: ModelConfig) -> TrainSettings:
+    """The `TrainSettings` of ``config`` (a training ConfigDict, checked by `check_schema`, or a
+    run's ``config.json`` as a dict) for the validated ``model``: declared keys only (a legacy key
+    logs its note, `note_legacy_keys`), unset keys as their defaults, lists as tuples
+    (`jaxformer.settings.read`)."""
+    note_legacy_keys(config)
+    run = read(RunSettings, config)
+    sections = {k: read(cls, _node(config, k)) for k, cls in _SECTIONS.items()}
+    options = get_objective(sections["objective"].name).options
+    return TrainSettings(
+        **{f.name: getattr(run, f.name) for f in dataclasses.fields(RunSettings)}, model=model,
+        objective_options=None if options is None else read(options, _node(config, "objective")),
+        **sections)
+
+
+def run_settings(run_config: dict) -> TrainSettings:
+    """The `TrainSettings` of an old run's ``config.json`` (a dict): its model validated by
+    `ModelConfig.from_dict`, keys it predates as their defaults, legacy keys noted and ignored."""
+    return train_settings(run_config, ModelConfig.from_dict(run_config["model"]))
+
+
+def note_legacy_keys(config: Any) -> None:
+    """Log, once per call, the note of each `LEGACY_KEYS` key that ``config`` (a ConfigDict or a
+    dict) sets."""
+    for dotted, note in LEGACY_KEYS.items():
+        node = config
+        for part in dotted.split("."):
+            node = _node(node, part) if node is not None else None
+        if node is not None:
+            logging.warning("config key %s=%r: %s", dotted, node, note)

@@ -22,15 +22,16 @@ import ml_collections
 import optax
 
 from jaxformer.config import ModelConfig
-from jaxformer.data.pipeline import check_data_config
-from jaxformer.data.sources import list_option
+from jaxformer.data.pipeline import DataSettings, check_data_config
 from jaxformer.evaluation.decoding import check_generation
 from jaxformer.objectives import check_objective, get_objective
 from jaxformer.objectives.cloze import check_cloze_config, predicts_labels
+from jaxformer.objectives.mlm import MLMOptions
 from jaxformer.objectives.permutation import check_plm_model
 from jaxformer.objectives.scheduled_sampling import check_scheduled_sampling
 from jaxformer.ops.attention_kernels import check_backend
-from jaxformer.train.config.schema import check_schema
+from jaxformer.settings import read
+from jaxformer.train.config.schema import TrainSettings, check_schema, train_settings
 from jaxformer.train.distill_config import check_distill
 from jaxformer.train.optim import make_optimizer
 
@@ -39,8 +40,8 @@ def with_derived_model_fields(config: ml_collections.ConfigDict) -> ml_collectio
     """``config``, or a copy of it with ``model.num_classes = len(data.label_names)`` when it
     classifies (``objective.name``), names its labels and leaves ``model.num_classes`` unset (a
     stated value is kept: `check_config` refuses one smaller than the labels)."""
-    names = list_option(config.data, "label_names")
-    if (not names or config.model.get("num_classes") is not None
+    names = read(DataSettings, config.data).label_names
+    if (not names or config.model.num_classes is not None
             or get_objective(config.objective.name).data_task != "classify"):
         return config
     derived = copy.deepcopy(config)
@@ -63,20 +64,23 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
 
 
 def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
-                 resolved: bool = False) -> tuple[optax.GradientTransformation, optax.Schedule]:
+                 resolved: bool = False
+                 ) -> tuple[TrainSettings, optax.GradientTransformation, optax.Schedule]:
     """Check ``config`` for ``model_cfg`` (ValueError naming the field), before the tokenizer is
-    trained or any data is read; returns the optimizer and its schedule, built on the way (their
-    errors name the ``optimizer`` field). ``resolved``: ``config`` was resolved against its
-    ``init_from`` (`jaxformer.train.setup.resolve_config`), so a tokenizer it names no path for is
-    one to be trained."""
-    check_schema(config)  # each key alone; the rules between keys follow
-    sharded = {a: config.mesh.get(a, 1) for a in ("fsdp", "context", "tensor")
-               if config.mesh.get(a, 1) != 1}
-    if config.parallel != "jit" and sharded:
-        raise ValueError(f"parallel={config.parallel!r} is data parallel only (replicated state), "
+    trained or any data is read; returns its `TrainSettings` (built once the keys are checked
+    each alone), the optimizer and its schedule (built on the way: their errors name the
+    ``optimizer`` field). ``resolved``: ``config`` was resolved against its ``init_from``
+    (`jaxformer.train.setup.resolve_config`), so a tokenizer it names no path for is one to be
+    trained."""
+    check_schema(config)  # each key alone; the rules between keys follow, on the typed sections
+    settings = train_settings(config, model_cfg)
+    mesh = settings.mesh
+    sharded = {a: getattr(mesh, a) for a in ("fsdp", "context", "tensor") if getattr(mesh, a) != 1}
+    if settings.parallel != "jit" and sharded:
+        raise ValueError(f"parallel={settings.parallel!r} is data parallel only (replicated state), "
                          f"so {', '.join(f'mesh.{a}={v}' for a, v in sharded.items())} would be "
                          "ignored; use parallel='jit' for FSDP / context / tensor parallelism")
-    check_context_parallel(config, model_cfg)
+    check_context_parallel(settings, model_cfg)
     check_objective(config.objective)
     check_plm_model(config.objective, model_cfg)
     check_cloze_config(config, model_cfg)
@@ -84,23 +88,22 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
     check_distill(config)
     check_generation(config, model_cfg)
     check_backend(model_cfg.attention_kernel)  # e.g. cudnn without a CUDA GPU, before compiling
-    optimizer = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
-    if config.optimizer.get("lora", {}).get("rank") and (not config.init_from
-                                                          or config.parallel != "jit"):
+    tx, schedule = make_optimizer(config.optimizer, model_cfg.d_model, settings.num_train_steps)
+    if settings.optimizer.lora.rank and (not settings.init_from or settings.parallel != "jit"):
         raise ValueError("optimizer.lora.rank > 0 adapts the weights of init_from (set it) and "
-                         f"trains with parallel='jit' (got {config.parallel!r})")
-    _check_data(config, model_cfg, resolved)
-    accum = config.optimizer.get("grad_accum_steps", 1)
-    if config.data.batch_size % accum:
-        raise ValueError(f"data.batch_size={config.data.batch_size} must be divisible by "
+                         f"trains with parallel='jit' (got {settings.parallel!r})")
+    _check_data(config, settings, resolved)
+    accum = settings.optimizer.grad_accum_steps
+    if settings.data.batch_size % accum:
+        raise ValueError(f"data.batch_size={settings.data.batch_size} must be divisible by "
                          f"optimizer.grad_accum_steps={accum}")
-    return optimizer
+    return settings, tx, schedule
 
 
-def check_context_parallel(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> None:
+def check_context_parallel(settings: TrainSettings, model_cfg: ModelConfig) -> None:
     """``mesh.context > 1`` (`jaxformer.parallel.context`): what ring attention cannot run,
     refused naming the field, before compilation."""
-    n = int(config.mesh.get("context", 1))
+    n = settings.mesh.context
     if n == 1:
         return
     name = f"mesh.context={n}"
@@ -116,9 +119,9 @@ def check_context_parallel(config: ml_collections.ConfigDict, model_cfg: ModelCo
                          "masks that ring attention does not take; use mesh.context=1")
     if n < 1:
         return  # -1: the size depends on the devices; the lengths are checked when tracing
-    lengths = {"seq_len": config.data.seq_len}
+    lengths = {"seq_len": settings.data.seq_len}
     if model_cfg.family == "encoder_decoder":
-        lengths["target_len"] = config.data.target_len
+        lengths["target_len"] = settings.data.target_len
     for key, length in lengths.items():
         if length % (2 * n):
             raise ValueError(f"data.{key}={length} is not divisible by 2 × {name} = {2 * n}: ring "
@@ -135,7 +138,8 @@ def check_vocabulary(num_ids: int, model_cfg: ModelConfig, tokenizer: str) -> No
                          f"{num_ids}")
 
 
-def position_lengths(data: ml_collections.ConfigDict, model_cfg: ModelConfig) -> dict[str, int]:
+def position_lengths(data: DataSettings | ml_collections.ConfigDict, model_cfg: ModelConfig
+                     ) -> dict[str, int]:
     """The row lengths of ``data`` that index a learned position table of ``model_cfg``
     (``{"seq_len": …}``, and ``target_len`` for an encoder-decoder); {} for other positions."""
     if model_cfg.position != "learned":
@@ -146,26 +150,27 @@ def position_lengths(data: ml_collections.ConfigDict, model_cfg: ModelConfig) ->
     return lengths
 
 
-def _check_data(config: ml_collections.ConfigDict, model_cfg: ModelConfig, resolved: bool) -> None:
+def _check_data(config: ml_collections.ConfigDict, settings: TrainSettings, resolved: bool) -> None:
     """The data section, and how it fits the model: row lengths within a learned position table,
     string labels within the classifier's classes, a tokenizer to be trained within the vocabulary
     (one read from a file is checked when it is read)."""
-    data = config.data
-    check_data_config(data, objective=config.objective)
+    data, model_cfg = settings.data, settings.model
+    check_data_config(config.data, objective=config.objective)
     for key, n in position_lengths(data, model_cfg).items():  # init_from's table: resolve_config
         if n > model_cfg.max_len:  # has fitted the lengths to it (it cannot grow)
             raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
                              f"learned position table; lower data.{key} or raise model.max_len")
-    pairs = config.objective.get("sentence_pairs", "none")  # the pair label needs its head
+    options = settings.objective_options
+    pairs = options.sentence_pairs if isinstance(options, MLMOptions) else "none"
     if pairs != "none" and (not model_cfg.nsp_head or model_cfg.type_vocab_size < 2):
         raise ValueError(f"objective.sentence_pairs={pairs!r} trains on [CLS] A [SEP] B [SEP] rows "
                          f"with a pair label: set model.nsp_head=True (got {model_cfg.nsp_head}) "
                          f"and model.type_vocab_size=2 (got {model_cfg.type_vocab_size})")
     tok = data.tokenizer
-    if not tok.get("path") and (resolved or not config.init_from):  # else init_from's may be used
+    if not tok.path and (resolved or not settings.init_from):  # else init_from's may be used
         check_vocabulary(tok.vocab_size, model_cfg, f"data.tokenizer.vocab_size={tok.vocab_size}")
-    names = list_option(data, "label_names")
-    if (names and predicts_labels(model_cfg, config.objective.name)
+    names = data.label_names
+    if (names and predicts_labels(model_cfg, settings.objective.name)
             and len(names) > model_cfg.num_classes):
         raise ValueError(f"data.label_names has {len(names)} labels {names} but model.num_classes="
                          f"{model_cfg.num_classes}; set model.num_classes={len(names)}")
