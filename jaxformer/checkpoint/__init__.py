@@ -16,7 +16,7 @@ One purpose per module: `write` (the `Checkpointer`: save, refuse NaN, report a 
 restore on a resume), `preemption` (SIGTERM), `read` (resolve a path to a step, open a run, load
 its parameters for fine-tuning and inference), `run_files` (``config.json``, ``metrics.jsonl``),
 `verify` (manifests of checksums, structure checks), `select` (committed steps, the best one,
-retention), `lock` (the workdir lock), `params` (a bare parameter tree written as a run: converted
+retention), `lock` (the workdir lock), `bare_run` (a bare parameter tree written as a run: converted
 models), `orbax_arrays` (how Orbax writes ``jax.Array`` leaves). ``python -m jaxformer.cli.checkpoints``
 lists and cleans a run's checkpoints.
 
@@ -24,8 +24,8 @@ This package sits below `jaxformer.train`: it reads a run from its files alone, 
 config, the parameter table and the LoRA merge (`jaxformer.models.lora`), never the trainer.
 """
 
+from jaxformer.checkpoint.bare_run import load_params, save_params
 from jaxformer.checkpoint.lock import WorkdirBusy, WorkdirLock
-from jaxformer.checkpoint.params import load_params, save_params
 from jaxformer.checkpoint.preemption import PreemptionWatch
 from jaxformer.checkpoint.read import (
     SavedRun,

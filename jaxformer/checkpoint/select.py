@@ -17,6 +17,7 @@ step directory every reader opens (generate, predict, evaluate, ``init_from``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -25,9 +26,25 @@ from pathlib import Path
 from orbax.checkpoint import checkpoint_managers as cm
 
 from jaxformer.checkpoint.run_files import read_metrics
+from jaxformer.settings import one_of, positive, read, setting
 
 BEST_MODES = ("min", "max")
 METRICS_FILE = ("metrics", "metrics")  # Orbax's metrics item of a step: <step>/metrics/metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+    """``config.checkpoint``: when checkpoints are written and which are kept."""
+
+    every_steps: int = setting(
+        500, "save a checkpoint every this many steps (and at the last step)", check=positive)
+    keep: int = setting(
+        3, "the latest this many checkpoints are kept (plus the best by best_metric)", check=positive)
+    best_metric: str = setting(
+        "", "also keep the best checkpoint by this logged metric, e.g. 'eval_loss' ('' = none)")
+    best_mode: str = setting("min", "'min' or 'max': which value of best_metric is best",
+                             check=one_of(*BEST_MODES))
+    async_save: bool = setting(True, "write checkpoints in the background while training goes on")
 
 
 def committed_steps(ckpt_dir: Path) -> list[int]:
@@ -83,12 +100,14 @@ def best_of(metrics: Mapping[int, Mapping], metric: str, mode: str) -> int | Non
     return pick(ranked, key=lambda s: (score(metrics[s], metric, mode), -s if mode == "max" else s))
 
 
-def best_step(ckpt_dir: Path, steps: Sequence[int], checkpoint_cfg: Mapping) -> int:
-    """The best of ``steps`` by the run's ``checkpoint`` section (``best_metric``, ``best_mode``);
-    ValueError when the run kept no best metric or no step has it."""
-    metric = checkpoint_cfg.get("best_metric")
-    mode = checkpoint_cfg.get("best_mode") or "min"
-    run = ckpt_dir.parent
+def best_step(ckpt_dir: Path, steps: Sequence[int],
+              checkpoint: CheckpointSettings | Mapping | None) -> int:
+    """The best of ``steps`` by the run's ``checkpoint`` section (`CheckpointSettings`, or its dict
+    in a run's ``config.json``: ``best_metric``, ``best_mode``); ValueError when the run kept no
+    best metric or no step has it."""
+    if not isinstance(checkpoint, CheckpointSettings):
+        checkpoint = read(CheckpointSettings, checkpoint)
+    metric, mode, run = checkpoint.best_metric, checkpoint.best_mode, ckpt_dir.parent
     if not metric:
         raise ValueError(f"{run} kept no best checkpoint (its checkpoint.best_metric is unset); "
                          "choose a step instead (--step N, or init_from_step=N): its steps are "

@@ -18,6 +18,7 @@ jaxformer 8116153 (jax 0.10.2, orbax 0.12.4) restore unchanged (``tests/data/leg
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging as pylogging
 import os
@@ -27,6 +28,7 @@ import sys
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import grain
 import jax
@@ -36,7 +38,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from jaxformer.checkpoint import orbax_arrays
-from jaxformer.checkpoint.select import committed_steps, retention_policy
+from jaxformer.checkpoint.select import CheckpointSettings, committed_steps, retention_policy
 from jaxformer.checkpoint.verify import (
     MANIFEST,
     MARKER,
@@ -129,7 +131,7 @@ def _all_finite(tree) -> jax.Array:
 
 
 class Checkpointer:
-    """Keeps the last ``keep`` checkpoints plus the best by ``best_metric`` when given
+    """Keeps the last ``checkpoint.keep`` checkpoints plus the best by ``best_metric`` when given
     (`jaxformer.checkpoint.select.retention_policy`: the metrics passed to `save` are written
     with each step); each carries a manifest of checksums (`jaxformer.checkpoint.verify`), checked
     before it is read.
@@ -142,21 +144,25 @@ class Checkpointer:
     `wait` or `close`, its temporary directory removed; before each save the free space is
     checked against the size of the previous save (one ``statvfs``), so a save that cannot fit
     is refused before it starts.
+
+    ``settings`` is the run's ``checkpoint`` section (`CheckpointSettings`; its defaults when None);
+    keyword ``overrides`` replace its fields (``Checkpointer(d, async_save=False)``).
     """
 
-    def __init__(self, workdir: str | os.PathLike, *, keep: int = 3, best_metric: str | None = None,
-                 best_mode: str = "min", async_save: bool = True):
+    def __init__(self, workdir: str | os.PathLike, settings: CheckpointSettings | None = None,
+                 **overrides: Any):
         # Always Orbax's async path, whose post-finalization callback writes the manifest inside
         # the commit; async_save=False waits for each save. best_fn only makes Orbax write (and
         # read back on a resume) each step's metrics; the preservation policy alone deletes.
-        self.best_metric = best_metric
+        s = dataclasses.replace(settings or CheckpointSettings(), **overrides)
+        best_metric = self.best_metric = s.best_metric or None  # '' (or None): no best kept
         self._options = ocp.CheckpointManagerOptions(
-            preservation_policy=retention_policy(keep, best_metric, best_mode),
-            best_fn=(lambda m: m.get(best_metric)) if best_metric else None, best_mode=best_mode,
+            preservation_policy=retention_policy(s.keep, best_metric, s.best_mode),
+            best_fn=(lambda m: m.get(best_metric)) if best_metric else None, best_mode=s.best_mode,
             enable_async_checkpointing=True,
             create=True, cleanup_tmp_directories=True,
             async_options=ocp.AsyncOptions(post_finalization_callback=self._seal))
-        self.async_save = async_save
+        self.async_save = s.async_save
         self.workdir = Path(workdir).absolute()
         self.directory = self.workdir / "checkpoints"
         self._manager, self._sealing, self._pending = None, None, False

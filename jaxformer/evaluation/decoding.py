@@ -33,8 +33,28 @@ from jaxformer.evaluation.metrics import sequence_scores
 from jaxformer.nnx import FunctionalModel
 from jaxformer.objectives.registry import check_data_task
 from jaxformer.options import option
+from jaxformer.settings import at_least, positive, setting
 
 DECODING_STRATEGIES = ("greedy", "beam")  # sampling would make the scores noisy
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """``config.eval``: evaluation during training (the ``generate_*`` keys together:
+    `check_generation`)."""
+
+    every_steps: int = setting(
+        500, "evaluate every this many steps (and at the last step)", check=positive)
+    num_batches: int = setting(
+        20, "batches of eval.split per evaluation (0 = no evaluation)", check=at_least(0))
+    split: str = setting("validation", "the split evaluated during training: 'validation' or 'test'")
+    generate_examples: int = setting(
+        0, "decode the first N examples of eval.split at each evaluation and log eval_bleu / "
+        "eval_chrf / eval_exact_match (0 = off; seq2seq, sft, clm)")
+    generate_max_new_tokens: int = setting(
+        0, "tokens generated per example in that scoring (0 = data.target_len)")
+    generate_strategy: str = setting("greedy", "decoding for that scoring: 'greedy' or 'beam'")
+    generate_beam_size: int = setting(4, "beams when eval.generate_strategy='beam'")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ DCN, and with ``dcn_data`` alone only the data-parallel gradient reduction does 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -37,23 +38,52 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
 from jaxformer.parallel.rules import batch_shards
+from jaxformer.settings import read, setting
 
 MESH_AXES = ("data", "fsdp", "context", "tensor")
 DCN_AXES = ("dcn_data", "dcn_fsdp")  # slices along data / fsdp (multi-slice)
 
 
-def dcn_shape(mesh_cfg: Mapping[str, int]) -> dict[str, int]:
+@dataclasses.dataclass(frozen=True)
+class MeshSettings:
+    """``config.mesh``: the device mesh (module docstring)."""
+
+    data: int = setting(-1, "data-parallel mesh axis size (-1 = the devices the other axes leave)")
+    fsdp: int = setting(1, "FSDP mesh axis size (parameters sharded over it)")
+    context: int = setting(
+        1, "context-parallel mesh axis size: the sequence split over it, attention as zig-zag ring "
+        "attention (data.seq_len / target_len multiples of 2×context)")
+    tensor: int = setting(1, "tensor-parallel mesh axis size")
+    dcn_data: int = setting(
+        1, "slices (TPU multi-slice, over the data-center network) along mesh.data; mesh.data, "
+        "mesh.fsdp and mesh.tensor are then sizes within one slice")
+    dcn_fsdp: int = setting(1, "slices along mesh.fsdp (FSDP across slices: its gathers cross the DCN)")
+
+
+def mesh_settings(sizes: MeshSettings | Mapping[str, int] | None) -> MeshSettings:
+    """``sizes`` as `MeshSettings`: a mapping (``{"fsdp": 8}``, a ``config.mesh``) names some axes,
+    the others keep their defaults; ValueError naming an axis that does not exist."""
+    if isinstance(sizes, MeshSettings):
+        return sizes
+    unknown = set(sizes or {}) - set(MESH_AXES) - set(DCN_AXES)
+    if unknown:
+        raise ValueError(f"unknown mesh axes {sorted(unknown)}; valid axes are "
+                         f"{MESH_AXES + DCN_AXES}")
+    return read(MeshSettings, dict(sizes or {}))
+
+
+def dcn_shape(mesh: MeshSettings | Mapping[str, int]) -> dict[str, int]:
     """Slices along each mesh axis: ``{"data": dcn_data, "fsdp": dcn_fsdp, "context": 1,
     "tensor": 1}``."""
-    out = {"data": int(mesh_cfg.get("dcn_data", 1)), "fsdp": int(mesh_cfg.get("dcn_fsdp", 1)),
-           "context": 1, "tensor": 1}
+    mesh = mesh_settings(mesh)
+    out = {"data": mesh.dcn_data, "fsdp": mesh.dcn_fsdp, "context": 1, "tensor": 1}
     for a in ("data", "fsdp"):
         if out[a] < 1:
             raise ValueError(f"mesh.dcn_{a}={out[a]} is invalid: use a positive number of slices")
     return out
 
 
-def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> dict[str, int]:
+def mesh_shape(mesh: MeshSettings | Mapping[str, int], num_devices: int) -> dict[str, int]:
     """Resolve sizes (at most one −1) so that their product is ``num_devices``.
 
     Default (empty config): everything on ``data``. ``data``'s −1 (its default) gives way to
@@ -61,16 +91,13 @@ def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> dict[str, int]:
     slices (`dcn_shape`) the sizes given are within a slice and the result is the whole mesh
     (``data · dcn_data``, ...).
     """
-    unknown = set(mesh_cfg) - set(MESH_AXES) - set(DCN_AXES)
-    if unknown:
-        raise ValueError(f"unknown mesh axes {sorted(unknown)}; valid axes are "
-                         f"{MESH_AXES + DCN_AXES}")
-    dcn = dcn_shape(mesh_cfg)
+    mesh = mesh_settings(mesh)
+    dcn = dcn_shape(mesh)
     slices = math.prod(dcn.values())
     if num_devices % slices:
         raise ValueError(f"mesh: {num_devices} devices do not split into dcn_data × dcn_fsdp = "
                          f"{slices} slices")
-    ici = _ici_shape(mesh_cfg, num_devices // slices, _more_devices_hint(dcn, num_devices))
+    ici = _ici_shape(mesh, num_devices // slices, _more_devices_hint(dcn, num_devices))
     return {a: ici[a] * dcn[a] for a in MESH_AXES}
 
 
@@ -94,9 +121,9 @@ def _more_devices_hint(dcn: Mapping[str, int], num_devices: int) -> Callable[[in
     return hint
 
 
-def _ici_shape(mesh_cfg: Mapping[str, int], num_devices: int,
+def _ici_shape(mesh: MeshSettings, num_devices: int,
                hint: Callable[[int], str] = lambda needed: "") -> dict[str, int]:
-    sizes = {a: int(mesh_cfg.get(a, 1 if a != "data" else -1)) for a in MESH_AXES}
+    sizes = {a: getattr(mesh, a) for a in MESH_AXES}
     if sizes["data"] == -1 and any(sizes[a] == -1 for a in MESH_AXES if a != "data"):
         sizes["data"] = 1
     fill = [a for a, s in sizes.items() if s == -1]
@@ -120,14 +147,15 @@ def _ici_shape(mesh_cfg: Mapping[str, int], num_devices: int,
     return sizes
 
 
-def make_mesh(mesh_cfg: Mapping[str, int] | None = None,
+def make_mesh(mesh: MeshSettings | Mapping[str, int] | None = None,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A `Mesh` with axes ``("data", "fsdp", "context", "tensor")`` over ``devices`` (default: all
-    devices)."""
+    devices), of sizes ``mesh`` (`MeshSettings`, or a mapping of some axes: `mesh_settings`)."""
     devices = list(jax.devices() if devices is None else devices)
-    sizes = mesh_shape(dict(mesh_cfg or {}), len(devices))
+    mesh = mesh_settings(mesh)
+    sizes = mesh_shape(mesh, len(devices))
     shape = tuple(sizes[a] for a in MESH_AXES)
-    dcn = tuple(dcn_shape(dict(mesh_cfg or {})).values())
+    dcn = tuple(dcn_shape(mesh).values())
     if math.prod(dcn) > 1:
         return _hybrid_mesh(shape, dcn, devices)
     # Auto axes: shardings are propagated by the compiler from the jit in/out shardings and the

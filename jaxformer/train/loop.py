@@ -114,10 +114,7 @@ class Trainer:
         self.teacher = distill.open_teacher(resolved)  # distill.teacher, checked; params read below
         self.lock = WorkdirLock(workdir).acquire()  # a second run stops here; nothing written
         try:  # every check that can refuse the run, reading only: a refusal leaves no trace
-            self.ckpt = Checkpointer(workdir, keep=config.checkpoint.keep,
-                                     best_metric=config.checkpoint.best_metric or None,
-                                     best_mode=config.checkpoint.best_mode,
-                                     async_save=config.checkpoint.async_save)
+            self.ckpt = Checkpointer(workdir, resolved.settings.checkpoint)
             resume = plan_resume(self.ckpt, workdir, config)
             if jax.process_index() == 0:
                 print(f"Mesh {describe(self.mesh)}, parallel={config.parallel}, attention "

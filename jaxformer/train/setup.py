@@ -267,9 +267,9 @@ def build(resolved: ResolvedConfig) -> Built:
     either ``module_api``: the former Linen modules had the same parameters) and the state's
     shardings on the mesh; a parameter the mesh cannot split fails here, before any tokenizer or
     file is written."""
-    config, model_cfg = resolved.config, resolved.model_cfg
-    mesh = make_mesh(config.mesh)
-    check_batch_size(mesh, config.data.batch_size, config.optimizer.get("grad_accum_steps", 1))
+    config, model_cfg, settings = resolved.config, resolved.model_cfg, resolved.settings
+    mesh = make_mesh(settings.mesh)
+    check_batch_size(mesh, settings.data.batch_size, settings.optimizer.grad_accum_steps)
     model = build_model(model_cfg)
     lora_cfg = config.optimizer.get("lora")
     abstract, shardings = state_shardings(model, model_cfg, resolved.tx, mesh, lora_cfg)

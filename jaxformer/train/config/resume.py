@@ -27,7 +27,7 @@ def _effective_data(config: dict[str, Any]) -> dict[str, Any]:
     ``data.framing`` as the objective derives it, so a config.json written when configs still
     stated them (``data.task``, ``module_api``) compares equal to today's config."""
     out = {k: v for k, v in _flat(config).items() if k not in LEGACY_KEYS}
-    objective = get_objective(read(ObjectiveSettings, config["objective"]).name)
+    objective = get_objective(read(ObjectiveSettings, config.get("objective")).name)
     if not out.get("data.framing") and objective.framing:
         out["data.framing"] = objective.framing
     return out

@@ -12,8 +12,10 @@ The sections are declared where the code that reads them lives, and assembled he
   (`jaxformer.data.tokenizer.TokenizerSettings`);
 - ``optimizer``: `jaxformer.train.optim.OptimizerSettings`, with ``optimizer.lora``
   (`jaxformer.models.lora.LoraSettings`);
-- ``checkpoint``, ``eval``, ``mesh``: `CheckpointSettings`, `EvalSettings`, `MeshSettings` (here),
-  read by the checkpoint writer, the training loop's evaluation and `jaxformer.parallel`;
+- ``checkpoint``: `jaxformer.checkpoint.select.CheckpointSettings`, read by the checkpoint writer
+  and the readers of a run's best step;
+- ``eval``: `jaxformer.evaluation.decoding.EvalSettings`, read by the training loop's evaluation;
+- ``mesh``: `jaxformer.parallel.mesh.MeshSettings`;
 - ``distill``: `jaxformer.train.distill_config.DistillSettings`.
 
 From this one tree come `base_config` (the ConfigDict every ``configs/<name>.py`` starts from, so
@@ -31,10 +33,13 @@ from typing import Any
 import ml_collections
 from absl import logging
 
+from jaxformer.checkpoint.select import CheckpointSettings
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import DataSettings
+from jaxformer.evaluation.decoding import EvalSettings
 from jaxformer.objectives import OBJECTIVES, get_objective, option_settings
 from jaxformer.ops.dropout import PRNG_IMPLS
+from jaxformer.parallel.mesh import MeshSettings
 from jaxformer.settings import (
     Setting,
     at_least,
@@ -135,56 +140,6 @@ class ObjectiveSettings:
     decoder_start_id: int = setting(
         0, "encoder_decoder: the first decoder input id (T5: pad = 0; a Hugging Face init_from's "
         "decoder_start_token_id, e.g. BART's 2, replaces the default 0)", check=at_least(0))
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointSettings:
-    """``config.checkpoint``: when checkpoints are written and which are kept."""
-
-    every_steps: int = setting(
-        500, "save a checkpoint every this many steps (and at the last step)", check=positive)
-    keep: int = setting(
-        3, "the latest this many checkpoints are kept (plus the best by best_metric)", check=positive)
-    best_metric: str = setting(
-        "", "also keep the best checkpoint by this logged metric, e.g. 'eval_loss' ('' = none)")
-    best_mode: str = setting("min", "'min' or 'max': which value of best_metric is best",
-                             check=one_of("min", "max"))
-    async_save: bool = setting(True, "write checkpoints in the background while training goes on")
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSettings:
-    """``config.eval``: evaluation during training (the ``generate_*`` keys together:
-    `jaxformer.evaluation.decoding.check_generation`)."""
-
-    every_steps: int = setting(
-        500, "evaluate every this many steps (and at the last step)", check=positive)
-    num_batches: int = setting(
-        20, "batches of eval.split per evaluation (0 = no evaluation)", check=at_least(0))
-    split: str = setting("validation", "the split evaluated during training: 'validation' or 'test'")
-    generate_examples: int = setting(
-        0, "decode the first N examples of eval.split at each evaluation and log eval_bleu / "
-        "eval_chrf / eval_exact_match (0 = off; seq2seq, sft, clm)")
-    generate_max_new_tokens: int = setting(
-        0, "tokens generated per example in that scoring (0 = data.target_len)")
-    generate_strategy: str = setting("greedy", "decoding for that scoring: 'greedy' or 'beam'")
-    generate_beam_size: int = setting(4, "beams when eval.generate_strategy='beam'")
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshSettings:
-    """``config.mesh``: the device mesh (`jaxformer.parallel`)."""
-
-    data: int = setting(-1, "data-parallel mesh axis size (-1 = the devices the other axes leave)")
-    fsdp: int = setting(1, "FSDP mesh axis size (parameters sharded over it)")
-    context: int = setting(
-        1, "context-parallel mesh axis size: the sequence split over it, attention as zig-zag ring "
-        "attention (data.seq_len / target_len multiples of 2×context)")
-    tensor: int = setting(1, "tensor-parallel mesh axis size")
-    dcn_data: int = setting(
-        1, "slices (TPU multi-slice, over the data-center network) along mesh.data; mesh.data, "
-        "mesh.fsdp and mesh.tensor are then sizes within one slice")
-    dcn_fsdp: int = setting(1, "slices along mesh.fsdp (FSDP across slices: its gathers cross the DCN)")
 
 
 def model_settings() -> dict[str, Setting]:
