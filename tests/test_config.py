@@ -169,3 +169,41 @@ def test_the_head_registry_names_every_head_module_a_model_builds():
 def test_from_dict_reads_none_as_unset():
     assert ModelConfig.from_dict({"d_model": 64, "num_heads": 4, "dropout_rate": None,
                                   "head_dim": None}) == ModelConfig(d_model=64, num_heads=4)
+
+
+# --------------------------------------------------------------------------------------------------
+# What ops read of the config: `jaxformer.ops.fields.ModelFields`.
+
+
+def test_model_config_has_every_field_ops_read():
+    """`ModelConfig` (a preset of each family, too) satisfies the Protocol ops type ``cfg`` with."""
+    from jaxformer.ops.fields import ModelFields
+
+    assert isinstance(ModelConfig(), ModelFields)
+    for name in ("gpt2_small", "bert_base", "t5_small"):
+        assert isinstance(ModelConfig.from_dict(preset(name)), ModelFields), name
+    assert not isinstance(object(), ModelFields)
+
+
+def test_every_cfg_field_read_in_ops_is_declared_in_model_fields():
+    """An AST scan of ``jaxformer/ops``: every ``cfg.<name>`` read is a `ModelFields` member, so a
+    new field ops read is declared where ops can name its type (docs/extending.md, step 3)."""
+    import ast
+    import typing
+    from pathlib import Path
+
+    from jaxformer.ops.fields import ModelFields
+
+    declared = set(typing.get_type_hints(ModelFields))
+    ops = Path(__file__).resolve().parents[1] / "jaxformer" / "ops"
+    read = {}
+    for path in sorted(ops.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id == "cfg"):
+                read.setdefault(node.attr, f"{path.name}:{node.lineno}")
+    assert len(read) >= 30  # the scan finds the reads
+    undeclared = {k: v for k, v in read.items() if k not in declared}
+    assert not undeclared, f"ops read cfg fields ModelFields does not declare: {undeclared}"
+    unread = declared - set(read)
+    assert not unread, f"ModelFields declares fields ops no longer read: {unread}"

@@ -50,11 +50,11 @@ from jaxformer.ops.attention import dot_product_attention
 from jaxformer.ops.dense import dense
 from jaxformer.ops.dropout import dropout
 from jaxformer.ops.ffn import ffn
+from jaxformer.ops.fields import ModelFields
 from jaxformer.ops.masks import causal_mask, combine_masks, key_padding_mask
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import apply_rope
 from jaxformer.ops.ring_attention import active as context_parallel_active
-from jaxformer.ops.settings import ModelSettings
 
 Array = jnp.ndarray
 Constrain = Callable[[Array, tuple[str, ...]], Array]
@@ -92,7 +92,7 @@ def attention_sublayer(
     params: dict,
     x: Array,
     *,
-    cfg: ModelSettings,
+    cfg: ModelFields,
     kv_input: Array | None = None,
     kv: tuple[Array, Array] | None = None,
     positions: Array | None = None,
@@ -179,7 +179,7 @@ def _gradient_barrier_jvp(primals, tangents):
     return primals[0], lax.optimization_barrier(tangents[0])
 
 
-def _residual(cfg: ModelSettings, norm_params: dict, x: Array, sublayer, rng) -> Array:
+def _residual(cfg: ModelFields, norm_params: dict, x: Array, sublayer, rng) -> Array:
     """Pre- or post-LN residual wrapper around ``sublayer`` (a function of the normalised input);
     the gradient of ``x`` is materialised (`gradient_barrier`)."""
     norm = lambda h: normalize(cfg.norm, h, norm_params, eps=cfg.norm_eps)
@@ -189,7 +189,7 @@ def _residual(cfg: ModelSettings, norm_params: dict, x: Array, sublayer, rng) ->
     return norm(x + dropout(sublayer(x), cfg.dropout_rate, rng))
 
 
-def _ffn_residual(params: dict, x: Array, *, cfg: ModelSettings, rngs, constrain: Constrain | None
+def _ffn_residual(params: dict, x: Array, *, cfg: ModelFields, rngs, constrain: Constrain | None
                   ) -> Array:
     """The FFN sublayer in its residual wrapper; ``rngs``: (FFN dropout, residual dropout) keys."""
     ff = lambda h: ffn(params["ffn"], h, activation=cfg.activation,
@@ -202,7 +202,7 @@ def transformer_block(
     params: dict,
     x: Array,
     *,
-    cfg: ModelSettings,
+    cfg: ModelFields,
     causal: bool = False,
     positions: Array | None = None,
     segment_ids: Array | None = None,
@@ -272,17 +272,17 @@ def transformer_block(
     return x, None
 
 
-def encoder_block(params: dict, x: Array, *, cfg: ModelSettings, **kwargs) -> Array:
+def encoder_block(params: dict, x: Array, *, cfg: ModelFields, **kwargs) -> Array:
     """Bidirectional block (BERT / T5 encoder): `[B, L, D]` → `[B, L, D]`."""
     return transformer_block(params, x, cfg=cfg, causal=False, **kwargs)[0]
 
 
-def decoder_block(params: dict, x: Array, *, cfg: ModelSettings, **kwargs) -> tuple[Array, dict | None]:
+def decoder_block(params: dict, x: Array, *, cfg: ModelFields, **kwargs) -> tuple[Array, dict | None]:
     """Causal block (GPT; T5 decoder with cross-attention when ``params`` has ``cross_attn``)."""
     return transformer_block(params, x, cfg=cfg, causal=True, **kwargs)
 
 
-def query_stream_block(params: dict, g: Array, h: Array, *, cfg: ModelSettings, mask: Array,
+def query_stream_block(params: dict, g: Array, h: Array, *, cfg: ModelFields, mask: Array,
                        positions: Array | None = None, kv_positions: Array | None = None,
                        dropout_rng: jax.Array | None = None, constrain: Constrain | None = None
                        ) -> Array:
@@ -308,7 +308,7 @@ def query_stream_block(params: dict, g: Array, h: Array, *, cfg: ModelSettings, 
     return _ffn_residual(params, g, cfg=cfg, rngs=rngs[2:], constrain=constrain)
 
 
-def two_stream_block(params: dict, h: Array, g: Array, *, cfg: ModelSettings, content_mask: Array,
+def two_stream_block(params: dict, h: Array, g: Array, *, cfg: ModelFields, content_mask: Array,
                      query_mask: Array, query_positions: Array | None = None,
                      positions: Array | None = None, segment_ids: Array | None = None,
                      dropout_rng: jax.Array | None = None, constrain: Constrain | None = None

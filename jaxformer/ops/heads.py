@@ -24,8 +24,8 @@ from jaxformer.ops.activations import get_activation
 from jaxformer.ops.dense import dense
 from jaxformer.ops.dropout import dropout
 from jaxformer.ops.embedding import attend
+from jaxformer.ops.fields import ModelFields
 from jaxformer.ops.norms import normalize
-from jaxformer.ops.settings import ModelSettings
 
 Array = jnp.ndarray
 
@@ -46,7 +46,7 @@ class HeadInputs(NamedTuple):
     bias: Array | None
 
 
-def lm_head_inputs(params: dict, x: Array, table: Array, *, cfg: ModelSettings) -> HeadInputs:
+def lm_head_inputs(params: dict, x: Array, table: Array, *, cfg: ModelFields) -> HeadInputs:
     """`lm_logits`'s operands (`HeadInputs`) for `[B, L, D]` hidden states ``x``."""
     if not cfg.tie_embeddings:
         return HeadInputs(x, params["kernel"].T, params.get("bias"))
@@ -55,7 +55,7 @@ def lm_head_inputs(params: dict, x: Array, table: Array, *, cfg: ModelSettings) 
     return HeadInputs(x, table, params["bias"] if cfg.lm_head_bias else None)
 
 
-def lm_logits(params: dict, x: Array, table: Array, *, cfg: ModelSettings) -> Array:
+def lm_logits(params: dict, x: Array, table: Array, *, cfg: ModelFields) -> Array:
     """`[B, L, D]` → `[B, L, vocab]`. Tied: the token table ``table`` `[vocab, D]` (``params`` holds
     at most a ``bias`` `[vocab]`); untied: ``params`` is a dense ``kernel`` `[D, vocab]` (+ bias).
     Tables with more rows than ``cfg.vocab_size`` (a padded vocabulary) give logits whose padding
@@ -84,18 +84,18 @@ def mask_padded_vocab(logits: Array, vocab_size: int) -> Array:
     return jnp.where(real, logits, jnp.finfo(logits.dtype).min)
 
 
-def mlm_logits(params: dict, x: Array, table: Array, *, cfg: ModelSettings) -> Array:
+def mlm_logits(params: dict, x: Array, table: Array, *, cfg: ModelFields) -> Array:
     """BERT's MLM head: ``dense`` → activation → ``norm`` (when ``cfg.mlm_transform``), then
     `lm_logits` with ``params.get("decoder", {})``. `[B, L, D]` → `[B, L, vocab]`."""
     return lm_logits(params.get("decoder", {}), _mlm_transform(params, x, cfg), table, cfg=cfg)
 
 
-def mlm_head_inputs(params: dict, x: Array, table: Array, *, cfg: ModelSettings) -> HeadInputs:
+def mlm_head_inputs(params: dict, x: Array, table: Array, *, cfg: ModelFields) -> HeadInputs:
     """`mlm_logits`'s operands (`HeadInputs`) for `[B, L, D]` hidden states ``x``."""
     return lm_head_inputs(params.get("decoder", {}), _mlm_transform(params, x, cfg), table, cfg=cfg)
 
 
-def _mlm_transform(params: dict, x: Array, cfg: ModelSettings) -> Array:
+def _mlm_transform(params: dict, x: Array, cfg: ModelFields) -> Array:
     """BERT's dense → activation → norm (when ``cfg.mlm_transform``): `[B, L, D]` → `[B, L, D]`."""
     if cfg.mlm_transform:
         x = get_activation(cfg.activation)(dense(params["dense"], x))
@@ -121,14 +121,14 @@ def pool(x: Array, segment_ids: Array | None, how: str) -> Array:
     return jnp.sum(x * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)
 
 
-def pooled(params: dict, x: Array, segment_ids: Array | None, *, cfg: ModelSettings) -> Array:
+def pooled(params: dict, x: Array, segment_ids: Array | None, *, cfg: ModelFields) -> Array:
     """`[B, L, D]` → `[B, D]`: `pool` by ``cfg.pooling``, then, if ``cfg.pooler``, BERT's
     tanh(dense) (``cfg.pooler_activation``: DistilBERT's pre_classifier is relu(dense))."""
     h = pool(x, segment_ids, cfg.pooling)
     return get_activation(cfg.pooler_activation)(dense(params, h)) if cfg.pooler else h
 
 
-def classify(params: dict, h: Array, *, cfg: ModelSettings,
+def classify(params: dict, h: Array, *, cfg: ModelFields,
              dropout_rng: jax.Array | None = None) -> Array:
     """dropout (``cfg.dropout_rate``, when ``dropout_rng`` is given) → dense:
     `[..., D]` → `[..., classes]`."""

@@ -16,9 +16,9 @@ from jaxformer.ops.blocks import ACTIVATION_AXES, Constrain
 from jaxformer.ops.dense import dense
 from jaxformer.ops.dropout import dropout
 from jaxformer.ops.embedding import check_ids, embed
+from jaxformer.ops.fields import ModelFields
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import lookup_positions, sinusoidal
-from jaxformer.ops.settings import ModelSettings
 
 Array = jnp.ndarray
 
@@ -101,7 +101,7 @@ _cast_lookup.defvjp(_cast_lookup_fwd, _cast_lookup_bwd)
 
 
 def embed_inputs(params: dict, token_embeddings: Array, positions: Array,
-                 token_types: Array | None = None, *, cfg: ModelSettings,
+                 token_types: Array | None = None, *, cfg: ModelFields,
                  dropout_rng: jax.Array | None = None, constrain: Constrain | None = None,
                  columns: str = "embed") -> Array:
     """x = proj?(dropout(norm?(scale · E[tokens] + P[positions] + T[token_types]))), `[B, L, D]`.

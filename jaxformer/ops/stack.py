@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxformer.ops.blocks import ACTIVATION_AXES, Constrain, transformer_block, two_stream_block
-from jaxformer.ops.settings import ModelSettings
+from jaxformer.ops.fields import ModelFields
 
 Array = jnp.ndarray
 
@@ -28,12 +28,12 @@ REMAT_POLICIES = {
 }
 
 
-def has_dropout(cfg: ModelSettings) -> bool:
+def has_dropout(cfg: ModelFields) -> bool:
     """Whether a block drops anything (residual, attention or FFN dropout)."""
     return bool(cfg.dropout_rate or cfg.attention_dropout_rate or cfg.ffn_dropout_rate)
 
 
-def stack_block(params: dict, x: Array, *, cfg: ModelSettings, constrain: Constrain | None = None,
+def stack_block(params: dict, x: Array, *, cfg: ModelFields, constrain: Constrain | None = None,
                 two_stream: dict | None = None, **kwargs) -> tuple[Array, dict | None]:
     """`transformer_block` on the residual stream `[B, L, D]` cast to ``cfg.dtype`` and pinned to
     ``ACTIVATION_AXES`` on the way in and out (the output only when not decoding).
@@ -54,7 +54,7 @@ def stack_block(params: dict, x: Array, *, cfg: ModelSettings, constrain: Constr
     return (y if cache is not None else pin(y, ACTIVATION_AXES)), cache
 
 
-def run_stack(params: dict, x: Array, *, cfg: ModelSettings, num_layers: int, causal: bool = False,
+def run_stack(params: dict, x: Array, *, cfg: ModelFields, num_layers: int, causal: bool = False,
               dropout_rng: jax.Array | None = None, constrain: Constrain | None = None,
               cache: dict | None = None, cache_index: Array | None = None,
               **inputs) -> Array | tuple[Array, dict]:
@@ -117,7 +117,7 @@ def run_stack(params: dict, x: Array, *, cfg: ModelSettings, num_layers: int, ca
     return x if cache is None else (x, new_cache)
 
 
-def stack_cache(cfg: ModelSettings, num_layers: int, batch_size: int, slots: int,
+def stack_cache(cfg: ModelFields, num_layers: int, batch_size: int, slots: int,
                 source_length: int | None = None) -> dict:
     """A zero decoding cache for one stack, laid out as `run_stack` reads it: per layer
     ``{"self": {"key", "value": [B, K, S, Dh], "valid": [B, S] bool}}`` (heads-major, as
