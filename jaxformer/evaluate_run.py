@@ -43,8 +43,8 @@ from jaxformer.checkpoint import open_run, resolve_checkpoint
 from jaxformer.checkpoint.run_files import workdir_hint
 from jaxformer.config import ModelConfig
 from jaxformer.convert.lora import merged_params
-from jaxformer.data.pipeline import make_dataset
-from jaxformer.data.sources import list_option, source_splits
+from jaxformer.data.pipeline import DataSettings, make_dataset
+from jaxformer.data.sources import source_splits
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.evaluation.decoding import (
     decodes,
@@ -56,16 +56,19 @@ from jaxformer.evaluation.metrics import classification_report
 from jaxformer.models import build_model
 from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.progress import bar_disabled
+from jaxformer.settings import read
+from jaxformer.train.config import TrainSettings, run_settings
 from jaxformer.train.setup import wire_objective
 from jaxformer.train.step import make_eval_step, summarize_eval
 
 
 @dataclasses.dataclass(frozen=True)
 class LoadedRun:
-    """A run's checkpoint ready to evaluate: its training config (``config.json``), model,
-    parameters, tokenizer and step."""
+    """A run's checkpoint ready to evaluate: its training config (``config.json``, and as typed
+    sections: `jaxformer.train.config.run_settings`), model, parameters, tokenizer and step."""
 
     config: ml_collections.ConfigDict
+    settings: TrainSettings
     model_cfg: ModelConfig
     model: Any
     params: Any
@@ -101,10 +104,9 @@ def load_run(workdir: str | os.PathLike, *, step: int | None = None, best: bool 
     run = open_run(checkpoint_path(workdir, step=step, best=best))
     if run.tokenizer is None:
         raise FileNotFoundError(f"{workdir} has no tokenizer.model: its data cannot be encoded")
-    config = ml_collections.ConfigDict(run.run_config)
-    model_cfg = ModelConfig.from_dict(run.run_config["model"])
+    config, settings = ml_collections.ConfigDict(run.run_config), run_settings(run.run_config)
     params = jax.tree.map(jnp.asarray, merged_params(run))  # a LoRA run's merged, any base
-    return LoadedRun(config, model_cfg, build_model(model_cfg), params,
+    return LoadedRun(config, settings, settings.model, build_model(settings.model), params,
                      Tokenizer.load(str(run.tokenizer)), int(run.step_dir.name))
 
 
@@ -132,16 +134,17 @@ def teacher_forced(loaded: LoadedRun, config: ml_collections.ConfigDict, split: 
                    progress: bool | None = None) -> dict[str, Any]:
     """Loss, accuracy, perplexity (not for classification) and, for classification, the
     `classification_report`, over every batch of ``split``."""
-    classify = predicts_labels(loaded.model_cfg, config.objective.name)
+    settings = loaded.settings
+    classify = predicts_labels(loaded.model_cfg, settings.objective.name)
     step_fn = jax.jit(make_eval_step(loaded.model, wire_objective(config.objective,
                                                                   loaded.tokenizer),
                                      predictions=classify))
-    batches = make_dataset(config.data, split, tokenizer=loaded.tokenizer, seed=config.seed,
+    batches = make_dataset(config.data, split, tokenizer=loaded.tokenizer, seed=settings.seed,
                            objective=config.objective, process_index=0, process_count=1,
                            num_epochs=1)
     totals: dict[str, float] = {}
     labels, predicted = [], []
-    key = jax.random.key(config.seed + 1)  # the trainer's eval keys (`Trainer.evaluate`)
+    key = jax.random.key(settings.seed + 1)  # the trainer's eval keys (`Trainer.evaluate`)
     for i, batch in enumerate(tqdm(batches, desc=f"evaluate {split}", unit="batch",
                                    disable=bar_disabled(progress))):
         out = step_fn(loaded.params, batch, jax.random.fold_in(key, i))
@@ -161,12 +164,12 @@ def teacher_forced(loaded: LoadedRun, config: ml_collections.ConfigDict, split: 
     metrics.pop("perplexity")  # exp(cross-entropy) of a label is no perplexity
     report = classification_report(np.concatenate(labels), np.concatenate(predicted),
                                    loaded.model_cfg.num_classes,
-                                   _class_names(config, loaded.model_cfg.num_classes))
+                                   _class_names(settings.data, loaded.model_cfg.num_classes))
     return {**metrics, "examples": int(totals["weight"]), **report}
 
 
-def _class_names(config: ml_collections.ConfigDict, num_classes: int) -> list[str] | None:
-    names = list(list_option(config.data, "label_names") or ())
+def _class_names(data: DataSettings, num_classes: int) -> list[str] | None:
+    names = list(data.label_names or ())
     if not names:
         return None
     return names + [str(i) for i in range(len(names), num_classes)]  # classes past the names
@@ -198,29 +201,30 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
     loaded = load_run(workdir, step=step, best=best)
     print(f"evaluating {workdir} step {loaded.step}, attention "
           f"{loaded.model_cfg.attention_summary()}", file=sys.stderr)
-    config = loaded.config
+    config, settings = loaded.config, loaded.settings
     if data:
         config, split = with_data(config, data, split)
-    splits = None if config.data.source == "files:{split}" else source_splits(config.data)
+        settings = dataclasses.replace(settings, data=read(DataSettings, config.data))
+    source, name = settings.data.source, settings.objective.name
+    splits = None if source == "files:{split}" else source_splits(settings.data)
     if splits is not None and split not in splits:
-        raise ValueError(f"--split {split!r} is not a split of data.source="
-                         f"{config.data.source!r}; its splits are {splits}")
+        raise ValueError(f"--split {split!r} is not a split of data.source={source!r}; its "
+                         f"splits are {splits}")
     results: dict[str, Any] = {"workdir": str(workdir), "step": loaded.step, "split": split,
-                               "data": data or config.data.source,
-                               "run_data": loaded.config.data.source,
-                               "objective": config.objective.name,
+                               "data": data or source, "run_data": loaded.settings.data.source,
+                               "objective": name,
                                "metrics": teacher_forced(loaded, config, split, progress=progress)}
-    can_decode = decodes(config, loaded.model_cfg)
-    task_default = config.objective.name in ("seq2seq", "sft")
+    can_decode = decodes(settings, loaded.model_cfg)
+    task_default = name in ("seq2seq", "sft")
     if decode and not can_decode:
-        raise ValueError(f"objective {config.objective.name!r} with a {loaded.model_cfg.family} "
+        raise ValueError(f"objective {name!r} with a {loaded.model_cfg.family} "
                          "model produces no text to decode")
     if decode or (decode is None and can_decode and task_default):
-        gen = generation_config(config, loaded.tokenizer, strategy=strategy, beam_size=beam_size,
+        gen = generation_config(settings, loaded.tokenizer, strategy=strategy, beam_size=beam_size,
                                 max_new=max_new_tokens)
-        examples = decoding_examples(config, loaded.tokenizer, split, limit=max_decode)
+        examples = decoding_examples(settings, loaded.tokenizer, split, limit=max_decode)
         scores, _ = score_decoding(loaded.model, loaded.params, loaded.tokenizer, examples, gen,
-                                   batch_size=batch_size or config.data.batch_size,
+                                   batch_size=batch_size or settings.data.batch_size,
                                    progress=progress, refill=refill)
         results["generation"] = {"strategy": gen.strategy, "max_new_tokens": gen.max_new_tokens,
                                  **({"beam_size": gen.beam_size} if gen.strategy == "beam" else {}),

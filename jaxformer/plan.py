@@ -45,6 +45,7 @@ allocates (fusion and layout choices differ). ``--nocompile`` skips that step.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -64,12 +65,19 @@ from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective, check_data_task
 from jaxformer.ops.attention_kernels import target_platform
-from jaxformer.parallel.mesh import DCN_AXES, MESH_AXES, check_batch_size, make_mesh, mesh_shape
+from jaxformer.parallel.mesh import (
+    DCN_AXES,
+    MESH_AXES,
+    MeshSettings,
+    check_batch_size,
+    make_mesh,
+    mesh_shape,
+)
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.parallel.topology import Topology, topology_devices
 from jaxformer.train.config import base_config
-from jaxformer.train.setup import resolve_config
+from jaxformer.train.setup import ResolvedConfig, resolve_config
 from jaxformer.train.state import state_shardings
 from jaxformer.train.step import make_train_step
 from jaxformer.vocab import SpecialTokens
@@ -130,18 +138,21 @@ def state_bytes(abstract, shardings) -> dict:
 
 def _setup(config, mesh):
     """(model_cfg, abstract state, state shardings, step function) for ``config`` on ``mesh``."""
-    resolved = resolve_config(config)  # validated; init_from's architecture when it has one
-    model_cfg, tx = resolved.model_cfg, resolved.tx
-    config = resolved.config
+    return _built(resolve_config(config), mesh)  # validated; init_from's architecture if it has one
+
+
+def _built(resolved: ResolvedConfig, mesh):
+    """`_setup` of a resolved config: the step reads its typed sections (`TrainSettings`)."""
+    model_cfg, tx, settings = resolved.model_cfg, resolved.tx, resolved.settings
     model = build_model(model_cfg)
     abstract, shardings = state_shardings(model, model_cfg, tx, mesh)
-    prepare = bind_objective(config.objective, SpecialTokens(model_cfg.vocab_size))
+    prepare = bind_objective(resolved.config.objective, SpecialTokens(model_cfg.vocab_size))
+    objective = settings.objective
     step = make_train_step(model, tx, prepare, resolved.schedule,
-                           label_smoothing=config.objective.label_smoothing,
-                           z_loss=config.objective.z_loss,
-                           vocab_block_size=config.objective.vocab_block_size,
-                           dropout_impl=config.dropout_prng,
-                           grad_accum_steps=config.optimizer.get("grad_accum_steps", 1))
+                           label_smoothing=objective.label_smoothing, z_loss=objective.z_loss,
+                           vocab_block_size=objective.vocab_block_size,
+                           dropout_impl=settings.dropout_prng,
+                           grad_accum_steps=settings.optimizer.grad_accum_steps)
     return model_cfg, abstract, shardings, step
 
 
@@ -187,14 +198,14 @@ def compile_step(config, mesh) -> dict:
             "platform": mesh.devices.flat[0].platform}
 
 
-def plan_devices(mesh_cfg, requested: int = 0) -> int:
+def plan_devices(mesh: MeshSettings, requested: int = 0) -> int:
     """Devices to plan for: ``requested``, else this machine's count if the mesh fits, else the
     product of the explicit mesh sizes."""
     if requested:
         return requested
-    have = jax.device_count()
-    explicit = math.prod(int(v) for v in dict(mesh_cfg).values() if int(v) != -1)
-    if have % explicit == 0 and (have == explicit or -1 in dict(mesh_cfg).values()):
+    have, sizes = jax.device_count(), list(dataclasses.asdict(mesh).values())
+    explicit = math.prod(v for v in sizes if v != -1)
+    if have % explicit == 0 and (have == explicit or -1 in sizes):
         return have
     return explicit
 
@@ -202,7 +213,7 @@ def plan_devices(mesh_cfg, requested: int = 0) -> int:
 def compile_on_topology(config, topology: Topology) -> tuple[jax.stages.Compiled, float, Mesh]:
     """(train step compiled for the compile-only devices of ``topology``, seconds, its mesh);
     kernel choices are checked against the topology's platform, not this machine's."""
-    mesh = make_mesh(dict(config.mesh), topology_devices(topology))
+    mesh = make_mesh(config.mesh, topology_devices(topology))
     with target_platform(topology.chip.platform):
         compiled, seconds = compile_train_step(config, mesh)
     return compiled, seconds, mesh
@@ -214,21 +225,22 @@ def plan(config, *, devices: int = 0, compile: bool = True, argv: list[str] | No
     (compiled by the accelerator's own compiler, `jaxformer.parallel.topology`)."""
     if topology is not None:
         devices = len(topology_devices(topology))
-    n = plan_devices(config.mesh, devices)
-    sizes = mesh_shape(dict(config.mesh), n)
+    resolved = resolve_config(config)
+    settings, data = resolved.settings, resolved.settings.data
+    n = plan_devices(settings.mesh, devices)
+    sizes = mesh_shape(settings.mesh, n)
     abstract_mesh = AbstractMesh(tuple(sizes.values()), tuple(sizes),
                                  axis_types=(AxisType.Auto,) * len(sizes))
-    check_batch_size(abstract_mesh, config.data.batch_size,
-                     config.optimizer.get("grad_accum_steps", 1))
+    check_batch_size(abstract_mesh, data.batch_size, settings.optimizer.grad_accum_steps)
     with target_platform(topology.chip.platform) if topology else contextlib.nullcontext():
-        model_cfg, abstract, shardings, _ = _setup(config, abstract_mesh)
+        model_cfg, abstract, shardings, _ = _built(resolved, abstract_mesh)
         attention = model_cfg.attention_summary(sizes["context"])  # for the target platform
     params = abstract.params
     report = {
-        "name": config.get("name", ""), "family": model_cfg.family, "mesh": sizes,
+        "name": settings.name, "family": model_cfg.family, "mesh": sizes,
         "attention": attention,
-        "devices": n, "batch": config.data.batch_size, "seq_len": config.data.seq_len,
-        "target_len": config.data.target_len if model_cfg.family == "encoder_decoder" else None,
+        "devices": n, "batch": data.batch_size, "seq_len": data.seq_len,
+        "target_len": data.target_len if model_cfg.family == "encoder_decoder" else None,
         "param_dtype": model_cfg.param_dtype, "dtype": model_cfg.dtype,
         "parameters": int(sum(math.prod(p.shape) for p in jax.tree.leaves(params))),
         **train_step_flops(config, model_cfg, params),

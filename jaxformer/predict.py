@@ -40,30 +40,29 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxformer.checkpoint import open_run
-from jaxformer.config import ModelConfig
 from jaxformer.convert.lora import merged_params
 from jaxformer.data.builders.user_files import FileSource
 from jaxformer.data.field_names import input_field
-from jaxformer.data.pipeline import data_line, example_framing, make_dataset
-from jaxformer.data.sources import Fields, list_option
+from jaxformer.data.pipeline import DataSettings, data_line, example_framing, make_dataset
+from jaxformer.data.sources import Fields
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode.api import GenerationConfig, encode_prompts, generate_batches
+from jaxformer.evaluation.decoding import data_task
 from jaxformer.models import build_model
 from jaxformer.objectives.cloze import class_logits, predicts_labels
-from jaxformer.objectives.registry import check_data_task
-from jaxformer.options import option
 from jaxformer.progress import bar_disabled
+from jaxformer.train.config import run_settings
 from jaxformer.train.setup import wire_objective
 
 
-def read_inputs(path: str, data_cfg: dict, task: str) -> list[dict[str, str]]:
+def read_inputs(path: str, data: DataSettings, task: str) -> list[dict[str, str]]:
     """``{"id", "text"}`` of every example line of ``path`` (a file or a glob), read as the run's
-    ``files:`` sources are; ``text`` is the field the run's model reads (see module docstring)."""
-    files = FileSource(path, "train", fmt=option(data_cfg, "format"),
-                       columns=list_option(data_cfg, "columns"), split_fractions=(1.0, 0.0, 0.0))
+    ``files:`` sources are (its ``data`` section); ``text`` is the field the run's model reads (see
+    module docstring)."""
+    files = FileSource(path, "train", fmt=data.format, columns=data.columns,
+                       split_fractions=(1.0, 0.0, 0.0))
     key = "text" if files.fmt == "text" or not len(files) else input_field(
-        list(files[0]), text_key=option(data_cfg, "text_key"),
-        source_key=option(data_cfg, "source_key"), task=task)
+        list(files[0]), text_key=data.text_key, source_key=data.source_key, task=task)
     fields = Fields(text_key=key, where=f"--input {path!r}")
     return [fields(files[i]) for i in range(len(files))]
 
@@ -123,29 +122,29 @@ def predict(workdir: str, path: str, *, step: int | None = None, best: bool = Fa
     run = open_run(workdir, step=step, best=best)
     if run.tokenizer is None:
         raise ValueError(f"{workdir} has no tokenizer.model, so the input text cannot be encoded")
-    model_cfg = ModelConfig.from_dict(run.run_config["model"])
+    settings = run_settings(run.run_config)
+    model_cfg, data = settings.model, settings.data
     model, tokenizer = build_model(model_cfg), Tokenizer.load(str(run.tokenizer))
     params = jax.tree.map(jnp.asarray, merged_params(run))  # a LoRA run's merged, any base
-    data_cfg, objective = run.run_config["data"], run.run_config["objective"]
-    task = check_data_task(objective, data_cfg).data_task
-    examples = read_inputs(path, data_cfg, task)
+    examples = read_inputs(path, data, data_task(settings))
     if not examples:
         raise ValueError(f"--input {path!r} holds no example (every line is blank)")
     texts = [e["text"] for e in examples]
     bar = tqdm(total=len(texts), desc="predict", unit="example", disable=bar_disabled(progress),
                file=sys.stderr, dynamic_ncols=True)
-    if predicts_labels(model_cfg, objective["name"]):
-        names = list_option(data_cfg, "label_names") or ()
-        names = [*names, *map(str, range(len(names), model_cfg.num_classes))]
+    if predicts_labels(model_cfg, settings.objective.name):
+        named = data.label_names or ()
+        names = [*named, *map(str, range(len(named), model_cfg.num_classes))]
         for ex, p in zip(examples, classify(model, params, tokenizer, run.run_config, texts,
                                             batch_size, name=f"--input {path!r}")):
             bar.update(1)
             label = int(np.argmax(p))
             yield {"id": ex["id"], "text": ex["text"],
-                   "label": names[label] if list_option(data_cfg, "label_names") else label,
+                   "label": names[label] if named else label,
                    "probabilities": {n: float(x) for n, x in zip(names, p)}}
     else:
-        add_bos = model_cfg.family == "decoder" and example_framing(data_cfg, objective) == "bos_eos"
+        add_bos = (model_cfg.family == "decoder"
+                   and example_framing(data, settings.objective.name) == "bos_eos")
         print(data_line("predict", len(texts), f"--input {path!r}"))  # as `classify`'s pipeline
         for ex, out in zip(examples, continue_texts(model, params, tokenizer, texts, batch_size,
                                                     add_bos, progress=progress, refill=refill,

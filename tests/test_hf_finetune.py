@@ -194,8 +194,8 @@ def bart_seq2seq(tmp_path_factory):
     Trainer(config, run).run()
     loaded = load_run(run)
     results = evaluate_run(run, split="test", progress=False)["generation"]
-    examples = decoding_examples(loaded.config, loaded.tokenizer, "test")
-    gen = generation_config(loaded.config, loaded.tokenizer)
+    examples = decoding_examples(loaded.settings, loaded.tokenizer, "test")
+    gen = generation_config(loaded.settings, loaded.tokenizer)
     ours = decode_prompts(loaded.model, loaded.params, [e.prompt for e in examples], gen,
                           batch_size=8)
     assert convert_main(["--from", str(run), "--to-hf", str(tmp / "export")]) == 0

@@ -25,12 +25,11 @@ from jaxformer.cli import report_bad_input
 from jaxformer.cli.generate import add_checkpoint_flags
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.convert.lora import load_merged
-from jaxformer.data.qa import qa_options
 from jaxformer.decode.span import best_answer
 from jaxformer.models import build_model
-from jaxformer.objectives.qa import QA_OPTIONS
-from jaxformer.options import option
+from jaxformer.objectives.qa import QAOptions
 from jaxformer.progress import PROGRESS_CHOICES, PROGRESS_HELP, bar_disabled
+from jaxformer.train.config import run_settings
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -72,15 +71,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _answer(args: argparse.Namespace) -> None:
     # the run's config only; load_merged below verifies the checkpoint's files (once)
-    run_config = open_run(args.workdir, step=args.step, best=args.best, verify=False).run_config
+    settings = run_settings(open_run(args.workdir, step=args.step, best=args.best,
+                                     verify=False).run_config)
     model_cfg, params, tokenizer = load_merged(args.workdir, step=args.step, best=args.best)
-    if model_cfg.head != "span" or tokenizer is None:
+    qa = settings.objective_options  # QAOptions of an objective.name='qa' run
+    if model_cfg.head != "span" or tokenizer is None or not isinstance(qa, QAOptions):
         raise ValueError(f"{args.workdir} is no extractive-QA run with a tokenizer (model.head="
-                         f"{model_cfg.head!r}); train one with objective.name='qa', head='span'")
-    objective = run_config.get("objective", {})
-    lengths = dict(seq_len=int(run_config["data"]["seq_len"]), **qa_options(objective),
-                   max_answer_len=args.max_answer_len or option(objective, "max_answer_len",
-                                                                QA_OPTIONS["max_answer_len"]))
+                         f"{model_cfg.head!r}, objective.name={settings.objective.name!r}); train "
+                         "one with objective.name='qa', head='span'")
+    lengths = dict(seq_len=settings.data.seq_len, doc_stride=qa.doc_stride,
+                   max_question_len=qa.max_question_len,
+                   max_answer_len=args.max_answer_len or qa.max_answer_len)
     model = build_model(model_cfg)
     if args.input is None:
         answer = best_answer(model, params, tokenizer,

@@ -20,13 +20,13 @@ from collections.abc import Sequence
 
 import jax
 
-from jaxformer import options
 from jaxformer.checkpoint import open_run
 from jaxformer.cli import report_bad_input
 from jaxformer.compilation_cache import enable_compilation_cache
 from jaxformer.convert.lora import load_merged
 from jaxformer.decode.api import STRATEGIES, encode_prompts, generate
 from jaxformer.models import build_model
+from jaxformer.train.config import run_settings
 
 
 def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
@@ -136,9 +136,9 @@ def _generate(args: argparse.Namespace) -> None:
           f"{time.perf_counter() - start:.1f}s; compiling and generating …", file=sys.stderr)
     kwargs = generation_kwargs(args)
     if model_cfg.family == "encoder_decoder":  # the run's (BART: 2), as training started it
-        kwargs["decoder_start_id"] = options.option(
-            open_run(args.workdir, step=args.step, best=args.best, verify=False).run_config.get(
-                "objective"), "decoder_start_id", 0)
+        kwargs["decoder_start_id"] = run_settings(open_run(
+            args.workdir, step=args.step, best=args.best, verify=False).run_config
+        ).objective.decoder_start_id
     clock, start, new_tokens = CompileClock(), time.perf_counter(), 0
     if args.prompt:
         if tokenizer is None:

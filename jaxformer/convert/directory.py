@@ -33,10 +33,10 @@ from jaxformer.convert.hf_io import (
     read_config,
 )
 from jaxformer.convert.lora import merged_params
-from jaxformer.data.pipeline import example_framing, framing_tokens
-from jaxformer.data.sources import list_option
+from jaxformer.data.pipeline import DataSettings, example_framing, framing_tokens
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.objectives.registry import check_data_task
+from jaxformer.settings import read
 from jaxformer.vocab import SpecialTokens
 
 TOKENIZER_DIR = "tokenizer"
@@ -117,7 +117,7 @@ def run_framing(run_config: dict, model_cfg: ModelConfig, special: SpecialTokens
 def label_maps(run_config: dict, model_cfg: ModelConfig) -> dict:
     """``id2label`` / ``label2id`` of a classifier run's ``data.label_names`` (one per class), for
     ``config.json``; else {}."""
-    names = list_option(run_config.get("data", {}), "label_names")
+    names = read(DataSettings, run_config["data"] if "data" in run_config else None).label_names
     if not names or len(names) != model_cfg.num_classes:
         return {}
     return {"id2label": {str(i): n for i, n in enumerate(names)},

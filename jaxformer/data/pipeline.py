@@ -307,7 +307,7 @@ def example_framing(cfg: Any, objective: Any = "clm") -> str:
     """The framing of ``objective``'s examples: ``data.framing``, else the objective's
     (`Objective.framing`); ValueError when neither is set."""
     spec = check_data_task(objective, cfg)
-    chosen = cfg.get("framing") or spec.framing
+    chosen = option(cfg, "framing") or spec.framing
     if not chosen:
         raise ValueError(f"data.framing is unset and objective {spec.name!r} has no usual framing; "
                          "set data.framing='cls_sep' ([CLS] text [SEP], BERT) or 'eos' "

@@ -31,8 +31,7 @@ from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode.api import GenerationConfig, generate_batches
 from jaxformer.evaluation.metrics import sequence_scores
 from jaxformer.nnx import FunctionalModel
-from jaxformer.objectives.registry import check_data_task
-from jaxformer.options import option
+from jaxformer.objectives.registry import get_objective
 from jaxformer.settings import at_least, positive, setting
 
 DECODING_STRATEGIES = ("greedy", "beam")  # sampling would make the scores noisy
@@ -66,73 +65,78 @@ class DecodingExample:
     reference: str
 
 
-def decodes(config: Any, model_cfg: ModelConfig) -> bool:
-    """Whether runs of ``config`` (a training config) have text to decode (module docstring)."""
-    task = check_data_task(config.objective, config.data).data_task
+def data_task(settings: Any) -> str:
+    """The data task of a run's `TrainSettings` (``jaxformer.train.config``): its objective's, as
+    its options choose it (`jaxformer.objectives.Objective.resolve`)."""
+    return get_objective(settings.objective.name).resolve(settings.objective_options).data_task
+
+
+def decodes(settings: Any, model_cfg: ModelConfig) -> bool:
+    """Whether runs of ``settings`` (a `TrainSettings`) have text to decode (module docstring)."""
+    task = data_task(settings)
     if model_cfg.head != "lm":
         return False
     return (task == "seq2seq" and model_cfg.family == "encoder_decoder") or (
         task in ("sft", "lm") and model_cfg.family == "decoder")
 
 
-def max_new_tokens(config: Any) -> int:
+def max_new_tokens(settings: Any) -> int:
     """``eval.generate_max_new_tokens``, or ``data.target_len`` when it is 0 (unset)."""
-    return option(config.eval, "generate_max_new_tokens", 0) or config.data.target_len
+    return settings.eval.generate_max_new_tokens or settings.data.target_len
 
 
-def check_generation(config: Any, model_cfg: ModelConfig) -> None:
-    """ValueError naming the ``eval.generate_*`` key that does not fit ``config`` (a training
-    config): in-training decoding (``eval.generate_examples > 0``) needs a decoding objective."""
-    ev = config.eval
-    n = option(ev, "generate_examples", 0)
-    if not isinstance(n, int) or n < 0:
+def check_generation(settings: Any, model_cfg: ModelConfig) -> None:
+    """ValueError naming the ``eval.generate_*`` key that does not fit ``settings`` (a training
+    config's `TrainSettings`): in-training decoding (``eval.generate_examples > 0``) needs a
+    decoding objective."""
+    ev = settings.eval
+    n = ev.generate_examples
+    if n < 0:
         raise ValueError(f"eval.generate_examples={n!r} must be an integer >= 0 (0 = off)")
-    strategy = option(ev, "generate_strategy", "greedy")
-    if strategy not in DECODING_STRATEGIES:
-        raise ValueError(f"eval.generate_strategy={strategy!r} must be one of {DECODING_STRATEGIES}")
+    if ev.generate_strategy not in DECODING_STRATEGIES:
+        raise ValueError(f"eval.generate_strategy={ev.generate_strategy!r} must be one of "
+                         f"{DECODING_STRATEGIES}")
     for key in ("generate_max_new_tokens", "generate_beam_size"):
-        value = option(ev, key, 0)
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"eval.{key}={value!r} must be an integer >= 0")
+        if getattr(ev, key) < 0:
+            raise ValueError(f"eval.{key}={getattr(ev, key)!r} must be an integer >= 0")
     if n == 0:
         return
-    if not decodes(config, model_cfg):
+    if not decodes(settings, model_cfg):
         raise ValueError(f"eval.generate_examples={n} decodes text, which objective.name="
-                         f"{config.objective.name!r} with a {model_cfg.family} model "
+                         f"{settings.objective.name!r} with a {model_cfg.family} model "
                          f"(head {model_cfg.head!r}) does not produce; use it with seq2seq, sft or "
                          "clm runs, or set eval.generate_examples=0")
-    if config.eval.num_batches == 0:
+    if ev.num_batches == 0:
         raise ValueError(f"eval.generate_examples={n} needs evaluation: eval.num_batches=0 "
                          "turns it off")
-    new = max_new_tokens(config)
+    new = max_new_tokens(settings)
     if model_cfg.family == "decoder" and model_cfg.position == "learned" and new >= model_cfg.max_len:
         raise ValueError(f"generating eval.generate_max_new_tokens={new} tokens (0 = "
                          f"data.target_len) leaves no room for a prompt in model.max_len="
                          f"{model_cfg.max_len}, the learned position table; lower it")
 
 
-def generation_config(config: Any, tokenizer: Tokenizer, *, strategy: str | None = None,
+def generation_config(settings: Any, tokenizer: Tokenizer, *, strategy: str | None = None,
                       beam_size: int | None = None, max_new: int | None = None) -> GenerationConfig:
-    """The decoding settings of a run: its ``eval.generate_*`` keys unless given, its tokenizer's
-    EOS and padding, its objective's decoder start id."""
-    special, ev = tokenizer.special, config.eval
+    """The decoding settings of a run (its `TrainSettings`): its ``eval.generate_*`` keys unless
+    given, its tokenizer's EOS and padding, its objective's decoder start id."""
+    special, ev = tokenizer.special, settings.eval
     return GenerationConfig(
-        strategy=strategy or option(ev, "generate_strategy", "greedy"),
-        beam_size=beam_size or option(ev, "generate_beam_size", 4),
-        max_new_tokens=max_new or max_new_tokens(config), eos_id=special.eos_id,
-        pad_id=max(special.pad_id, 0),
-        decoder_start_id=option(config.objective, "decoder_start_id", max(special.pad_id, 0)))
+        strategy=strategy or ev.generate_strategy, beam_size=beam_size or ev.generate_beam_size,
+        max_new_tokens=max_new or max_new_tokens(settings), eos_id=special.eos_id,
+        pad_id=max(special.pad_id, 0), decoder_start_id=settings.objective.decoder_start_id)
 
 
-def decoding_examples(config: Any, tokenizer: Tokenizer, split: str, *, limit: int = 0,
+def decoding_examples(settings: Any, tokenizer: Tokenizer, split: str, *, limit: int = 0,
                       source: Sequence[dict] | None = None) -> list[DecodingExample]:
     """The first ``limit`` (0 = all) examples of ``split`` (or of ``source``) as prompts and
-    references, framed as training framed them (module docstring)."""
-    task = check_data_task(config.objective, config.data).data_task
-    framing = example_framing(config.data, config.objective)
-    special, seq_len = tokenizer.special, config.data.seq_len
+    references, framed as training framed them (module docstring); ``settings``: the run's
+    `TrainSettings`."""
+    task, data = data_task(settings), settings.data
+    framing = example_framing(data, settings.objective.name)
+    special, seq_len = tokenizer.special, data.seq_len
     prefix = {"bos_eos": [special.bos_id], "cls_sep": [special.cls_id]}.get(framing, [])
-    source = get_source(config.data, split, task=task) if source is None else source
+    source = get_source(data, split, task=task) if source is None else source
     out = []
     for ex in read_records(source, range(len(source) if not limit else min(limit, len(source)))):
         if task == "seq2seq":

@@ -104,6 +104,7 @@ class Trainer:
         resolved = resolve_config(distill.with_teacher_tokenizer(config))
         self.config = config = resolved.config  # the resolved copy: what config.json records
         self.model_cfg, self.tx, self.schedule = resolved.model_cfg, resolved.tx, resolved.schedule
+        self.settings = resolved.settings  # the config as typed sections (TrainSettings)
         self.predicts_labels = predicts_labels(self.model_cfg, config.objective.name)
         self.workdir = workdir = Path(workdir)
         if workdir.exists() and not workdir.is_dir():
@@ -233,10 +234,10 @@ class Trainer:
         examples of ``eval.split`` (`jaxformer.evaluation.decoding`; the same sample each time)."""
         c = self.config
         if not hasattr(self, "_decoding"):
-            examples = decoding_examples(c, self.tokenizer, c.eval.split,
+            examples = decoding_examples(self.settings, self.tokenizer, c.eval.split,
                                          limit=c.eval.generate_examples)
             self._decoding = (self.model, examples,
-                              generation_config(c, self.tokenizer))
+                              generation_config(self.settings, self.tokenizer))
         model, examples, gen = self._decoding
         scores, _ = score_decoding(model, params, self.tokenizer, examples, gen,
                                    batch_size=c.data.batch_size)

@@ -86,7 +86,7 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
     check_cloze_config(config, model_cfg)
     check_scheduled_sampling(config.objective)
     check_distill(config)
-    check_generation(config, model_cfg)
+    check_generation(settings, model_cfg)
     check_backend(model_cfg.attention_kernel)  # e.g. cudnn without a CUDA GPU, before compiling
     tx, schedule = make_optimizer(config.optimizer, model_cfg.d_model, settings.num_train_steps)
     if settings.optimizer.lora.rank and (not settings.init_from or settings.parallel != "jit"):
