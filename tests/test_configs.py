@@ -139,7 +139,7 @@ def test_a_smoke_run_of_a_long_config_needs_only_num_train_steps():
     config check, before any tokenizer or data."""
     config = get_config("bert_finetune_tiny")
     config.num_train_steps = 20
-    _, schedule = check_config(config, validate_config(config))
+    _, _, schedule = check_config(config, validate_config(config))
     assert float(schedule(19)) == pytest.approx(config.optimizer.peak_lr)  # peak at the clip
     config.optimizer.warmup_steps = -1
     with pytest.raises(ValueError, match="warmup_steps=-1"):
