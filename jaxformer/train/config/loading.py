@@ -97,8 +97,8 @@ def load_config(path: str | os.PathLike, overrides: Mapping[str, Any] | None = N
 
 
 def split_list_options(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """``config`` (changed in place) with each tuple setting (``data.label_names``,
-    ``optimizer.lora.targets`` …) as the tuple the run reads (`jaxformer.settings.as_declared`):
+    """``config`` (changed in place) with each tuple setting (``data.label_names``, ``data.columns``,
+    ``optimizer.head_param_prefixes`` …) as the tuple the run reads (`jaxformer.settings.as_declared`):
     ``--config.data.label_names=neg,pos`` arrives as ``('neg,pos',)``, which messages,
     ``--print_config`` and config.json would show."""
     for dotted, s in flat({k: v for k, v in schema().items() if k != "model"}).items():

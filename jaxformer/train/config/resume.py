@@ -25,7 +25,7 @@ from jaxformer.train.config.schema import LEGACY_KEYS, ObjectiveSettings, note_l
 def _effective_data(config: dict[str, Any]) -> dict[str, Any]:
     """The flat keys of ``config`` (a config.json's dict) without `LEGACY_KEYS`, and an unset
     ``data.framing`` as the objective derives it, so a config.json written when configs still
-    stated them (``data.task``, ``module_api``) compares equal to today's config."""
+    stated them (the legacy keys) compares equal to today's config."""
     out = {k: v for k, v in _flat(config).items() if k not in LEGACY_KEYS}
     objective = get_objective(read(ObjectiveSettings, config.get("objective")).name)
     if not out.get("data.framing") and objective.framing:
