@@ -151,13 +151,18 @@ def model_settings() -> dict[str, Setting]:
             for k, s in section(ModelConfig).items()}
 
 
+# The config's sections after ``model``: key -> section class (`schema`, `train_settings`).
+SECTIONS = {"objective": ObjectiveSettings, "data": DataSettings, "optimizer": OptimizerSettings,
+            "checkpoint": CheckpointSettings, "eval": EvalSettings, "mesh": MeshSettings,
+            "distill": DistillSettings}
+
+
 def schema() -> dict[str, Any]:
-    """The tree of every training-config key (`jaxformer.settings`): the run keys and sections."""
+    """The tree of every training-config key (`jaxformer.settings`): the run keys and sections
+    (``objective`` also declares every objective's options)."""
     return {**section(RunSettings), "model": model_settings(),
-            "objective": merge(section(ObjectiveSettings), option_settings(), where="objective."),
-            "data": section(DataSettings), "optimizer": section(OptimizerSettings),
-            "checkpoint": section(CheckpointSettings), "eval": section(EvalSettings),
-            "mesh": section(MeshSettings), "distill": section(DistillSettings)}
+            **{key: section(cls) for key, cls in SECTIONS.items()},
+            "objective": merge(section(ObjectiveSettings), option_settings(), where="objective.")}
 
 
 def model_defaults() -> ml_collections.ConfigDict:
@@ -217,12 +222,6 @@ class TrainSettings(RunSettings):
     distill: DistillSettings
 
 
-# the section classes of `TrainSettings`' fields (``model`` and ``objective_options`` are built apart)
-_SECTIONS = {"objective": ObjectiveSettings, "data": DataSettings, "optimizer": OptimizerSettings,
-             "checkpoint": CheckpointSettings, "eval": EvalSettings, "mesh": MeshSettings,
-             "distill": DistillSettings}
-
-
 def _node(values: Any, key: str) -> Any:
     """``values[key]`` of a ConfigDict or dict, None when absent (a run saved before it existed)."""
     return values[key] if key in values else None
@@ -235,7 +234,7 @@ def train_settings(config: Any, model: ModelConfig) -> TrainSettings:
     (`jaxformer.settings.read`)."""
     note_legacy_keys(config)
     run = read(RunSettings, config)
-    sections = {k: read(cls, _node(config, k)) for k, cls in _SECTIONS.items()}
+    sections = {k: read(cls, _node(config, k)) for k, cls in SECTIONS.items()}
     options = get_objective(sections["objective"].name).options
     return TrainSettings(
         **{f.name: getattr(run, f.name) for f in dataclasses.fields(RunSettings)}, model=model,
@@ -250,8 +249,7 @@ def run_settings(run_config: dict) -> TrainSettings:
 
 
 def note_legacy_keys(config: Any) -> None:
-    """Log, once per call, the note of each `LEGACY_KEYS` key that ``config`` (a ConfigDict or a
-    dict) sets."""
+    """Log the note of each `LEGACY_KEYS` key that ``config`` (a ConfigDict or a dict) sets."""
     for dotted, note in LEGACY_KEYS.items():
         node = config
         for part in dotted.split("."):
