@@ -19,6 +19,7 @@ from jaxformer.checkpoint import (
     resolve_checkpoint,
     save_run_config,
 )
+from jaxformer.checkpoint.select import CheckpointSettings
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import Trainer, train_and_evaluate
 
@@ -49,7 +50,9 @@ def steps_of(workdir: Path) -> list[int]:
 
 def test_checkpointer_keeps_the_latest_and_the_best_across_a_resume(tmp_path):
     """Metrics at steps 5 (the best) and 24 only: 22, 23, 24 and 5 remain; a second Checkpointer
-    (a resume) reads the saved metrics back and still keeps 5 while it saves 25..28."""
+    (a resume, given the run's ``checkpoint`` section as `CheckpointSettings`) reads the saved
+    metrics back and still keeps 5 while it saves 25..28. The best step of a ``config.json`` whose
+    ``checkpoint`` section predates ``best_mode`` is read with its declared default ('min')."""
     state = {"params": {"w": np.ones(3, np.float32)}}
     evals = {5: 0.5, 24: 0.9}
     ckpt = Checkpointer(tmp_path, keep=3, best_metric="eval_loss", best_mode="min",
@@ -58,14 +61,13 @@ def test_checkpointer_keeps_the_latest_and_the_best_across_a_resume(tmp_path):
         ckpt.save(step, state, metrics={"eval_loss": evals[step]} if step in evals else None)
     ckpt.close()
     assert steps_of(tmp_path) == [5, 22, 23, 24]
-    resumed = Checkpointer(tmp_path, keep=3, best_metric="eval_loss", best_mode="min",
-                           async_save=False)
+    resumed = Checkpointer(tmp_path, CheckpointSettings(keep=3, best_metric="eval_loss",
+                                                        best_mode="min", async_save=False))
     for step in range(25, 29):
         resumed.save(step, state)
     resumed.close()
     assert steps_of(tmp_path) == [5, 26, 27, 28]
-    save_run_config(tmp_path, {"model": {}, "checkpoint": {"best_metric": "eval_loss",
-                                                           "best_mode": "min"}})
+    save_run_config(tmp_path, {"model": {}, "checkpoint": {"best_metric": "eval_loss"}})
     assert resolve_checkpoint(tmp_path, best=True) == (tmp_path / "checkpoints", 5)
 
 
