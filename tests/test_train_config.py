@@ -329,3 +329,28 @@ def test_a_config_json_written_by_main_reads_as_its_config_file(name, caplog):
     assert [r.getMessage() for r in caplog.records if "module_api" in r.getMessage()] == [
         "config key module_api='nnx': ignored: there is one model implementation (the former "
         "'linen' and 'nnx' ran the same program)"]
+
+
+def test_the_legacy_runs_config_json_reads_with_the_keys_it_predates_as_defaults(caplog):
+    """The config.json of tests/data/legacy_gpt_jax010 (a release before ``dropout_prng``,
+    ``objective.vocab_block_size`` … existed, with the legacy ``data.task``) reads through
+    `run_settings`, as `jaxformer.evaluate_run.load_run` reads that workdir: what it states is
+    kept, what it predates takes the declared default, ``data.task`` logs its note."""
+    from jaxformer.config import ModelConfig
+    from jaxformer.evaluate_run import load_run
+    from jaxformer.train.config import run_settings
+    from jaxformer.train.config.schema import ObjectiveSettings, RunSettings
+
+    workdir = ROOT / "tests" / "data" / "legacy_gpt_jax010" / "workdir"
+    run_config = json.loads((workdir / "config.json").read_text())
+    assert "dropout_prng" not in run_config and "vocab_block_size" not in run_config["objective"]
+    with caplog.at_level("WARNING"):
+        settings = run_settings(run_config)
+    assert any("data.task='lm'" in r.getMessage() for r in caplog.records)
+    assert settings.model == ModelConfig.from_dict(run_config["model"])
+    assert (settings.num_train_steps, settings.seed) == (run_config["num_train_steps"],
+                                                         run_config["seed"])
+    assert settings.data.seq_len == run_config["data"]["seq_len"]
+    assert settings.dropout_prng == RunSettings().dropout_prng
+    assert settings.objective.vocab_block_size == ObjectiveSettings().vocab_block_size
+    assert load_run(workdir).settings == settings
