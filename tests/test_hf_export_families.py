@@ -303,7 +303,7 @@ def _generator_predictions(loaded, model, rows) -> dict:
     """Logits (teacher-forced `TARGET` for encoder-decoders) and greedy tokens of each row."""
     import torch
     cfg, tok = loaded.model_cfg, loaded.tokenizer
-    gen = generation_config(loaded.config, tok)
+    gen = generation_config(loaded.settings, tok)
     room = cfg.max_len - gen.max_new_tokens if cfg.position == "learned" else None
     rows = [r for r in rows if room is None or len(r) <= room]  # the prompts the table fits
     assert len(rows) >= 10
