@@ -248,7 +248,8 @@ def cudnn_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: A
     _refuse("cudnn", bias, dropout_rate, dropout_rng)
     if implementation == "cudnn":
         check_backend("cudnn")
-    lq, lk = q.shape[1], k.shape[1]
+    b, lq, h, _ = q.shape
+    lk = k.shape[1]
     has_mask = mask is not None or q_segment_ids is not None or bias is not None
     pad_q, pad_k = (lq % 2, lk % 2) if has_mask else (0, 0)
     if pad_q or pad_k:
@@ -358,6 +359,17 @@ def _blocks(lq: int, lk: int, block: int) -> tuple[int, int, int, int]:
     return block_q, block_kv, _round_up(lq, block_q), _round_up(lk, block_kv)
 
 
+def _tpu_kernel_blocks(impl: str, bias, mask, dropout_rate, dropout_rng, q: Array, k: Array,
+                       block: int, interpret: bool) -> tuple[int, int, int, int]:
+    """The refusals a TPU kernel shares (bias where unsupported, a dense mask, dropout, a missing
+    backend unless interpreted), then its blocks and padded lengths (`_blocks`)."""
+    _refuse(impl, bias, dropout_rate, dropout_rng)
+    _refuse_dense_mask(impl, mask)
+    if not interpret:
+        check_backend(impl)
+    return _blocks(q.shape[1], k.shape[1], block)
+
+
 def splash_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: Array | None,
                      causal: bool, q_segment_ids: Array | None, kv_segment_ids: Array | None,
                      scale: float, dropout_rate: float = 0.0, dropout_rng=None,
@@ -366,14 +378,10 @@ def splash_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: 
     and segment masks (no dense ``mask``: splash's masks are static and per shape).
 
     Returns `[B, L, H, Dv]` in ``q.dtype``."""
-    impl = "splash_interpret" if interpret else "splash"
-    _refuse(impl, bias, dropout_rate, dropout_rng)
-    _refuse_dense_mask(impl, mask)
-    if not interpret:
-        check_backend("splash")
-    b, lq, h, _ = q.shape
-    lk = k.shape[1]
-    block_q, block_kv, lq_pad, lk_pad = _blocks(lq, lk, block)
+    block_q, block_kv, lq_pad, lk_pad = _tpu_kernel_blocks(
+        "splash_interpret" if interpret else "splash", bias, mask, dropout_rate, dropout_rng, q, k,
+        block, interpret)
+    lq = q.shape[1]
     q_seg, kv_seg = _default_segments(q_segment_ids, kv_segment_ids, q, k)
     q_seg, kv_seg = _pad_to(q_seg, 1, lq_pad), _pad_to(kv_seg, 1, lk_pad)
     q_BxHxLxDh = jnp.swapaxes(_pad_to(q * jnp.asarray(scale, q.dtype), 1, lq_pad), 1, 2)
@@ -413,14 +421,11 @@ def flash_attention(q: Array, k: Array, v: Array, *, bias: Array | None, mask: A
     lengths are padded to a multiple with segment id 0 and bias 0.
 
     Returns `[B, L, H, Dv]` in ``q.dtype``."""
-    impl = "flash_interpret" if interpret else "flash"
-    _refuse(impl, None, dropout_rate, dropout_rng)
-    _refuse_dense_mask(impl, mask)
-    if not interpret:
-        check_backend("flash")
+    block_q, block_kv, lq_pad, lk_pad = _tpu_kernel_blocks(
+        "flash_interpret" if interpret else "flash", None, mask, dropout_rate, dropout_rng, q, k,
+        block, interpret)
     b, lq, h, _ = q.shape
     lk = k.shape[1]
-    block_q, block_kv, lq_pad, lk_pad = _blocks(lq, lk, block)
     q_seg, kv_seg = q_segment_ids, kv_segment_ids
     if (lq_pad, lk_pad) != (lq, lk):  # padded keys are hidden by segment id 0
         q_seg, kv_seg = _default_segments(q_seg, kv_seg, q, k)
