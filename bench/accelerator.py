@@ -81,7 +81,7 @@ def init_on_host(cfg: ModelConfig):
     on GPUs (`jaxformer.train.state.draws_on_host`: the GPU's compile of the initialiser is 6–8×
     slower, `bench/init_compile.py`)."""
     key_data = np.asarray(jax.random.key_data(jax.random.key(0)))
-    return jax.device_put(init_params_on_host(build_model(cfg), cfg, key_data), jax.devices()[0])
+    return jax.device_put(init_params_on_host(build_model(cfg), key_data), jax.devices()[0])
 
 
 def packed_batch(cfg: ModelConfig, objective: str, args) -> dict:

@@ -55,7 +55,7 @@ def build(mesh_axes: dict, a) -> tuple:
     prepare = bind_objective(ml_collections.ConfigDict(dict(name="clm")),
                              SpecialTokens(cfg.vocab_size))
     mesh = make_mesh(mesh_axes)
-    state, shardings = create_train_state(model, cfg, tx, mesh, seed=0)
+    state, shardings = create_train_state(model, tx, mesh, seed=0)
     tokens = np.random.default_rng(0).integers(7, 1024, (a.batch, a.seq_len)).astype(np.int32)
     batch = {"inputs": jax.device_put(tokens, batch_sharding(mesh, 2))}
     step = sharded_jit(make_train_step(model, tx, prepare, schedule), mesh,

@@ -48,7 +48,6 @@ import sys
 import tempfile
 import time
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,9 +79,8 @@ def model_config(name: str, max_len: int) -> ModelConfig:
 
 def random_params(model, seed: int = 0):
     """N(0, 0.02²) weights (norm scales 1, biases 0) on the abstract shapes: no init compile."""
-    tokens = jnp.ones((1, 4), jnp.int32)
-    inputs = (tokens,) if model.cfg.family == "decoder" else (tokens, tokens)  # T5: source, target
-    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))
+    jnp.ones((1, 4), jnp.int32)
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0)))
     rng = np.random.default_rng(seed)
 
     def draw(path, s):
@@ -91,7 +89,7 @@ def random_params(model, seed: int = 0):
             return jnp.full(s.shape, 1.0 if name == "scale" else 0.0, s.dtype)
         return jnp.asarray(rng.normal(0.0, 0.02, s.shape), s.dtype)
 
-    return jax.tree_util.tree_map_with_path(draw, nn.unbox(shapes)["params"])
+    return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 def uncached_greedy(cfg: ModelConfig, params, prompt: np.ndarray, new_tokens: int, bucket: int):
@@ -104,7 +102,7 @@ def uncached_greedy(cfg: ModelConfig, params, prompt: np.ndarray, new_tokens: in
 
     def run(params, buf, t0, t1, *, width):
         def body(t, buf):
-            h = backbone.apply({"params": params}, buf[:, :width])  # [B, W, D], causal
+            h = backbone.apply(params, buf[:, :width])  # [B, W, D], causal
             last = lax.dynamic_index_in_dim(h, p + t - 1, axis=1, keepdims=False)
             logits = last @ params["token_embed"]["embedding"].T
             tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)

@@ -33,7 +33,7 @@ from jaxformer.objectives import bind_objective  # noqa: E402
 from jaxformer.ops.attention_kernels import target_platform  # noqa: E402
 from jaxformer.parallel.topology import parse_topology, topology_devices  # noqa: E402
 from jaxformer.train.config import base_config  # noqa: E402
-from jaxformer.train.state import TrainState, init_model_params  # noqa: E402
+from jaxformer.train.state import TrainState  # noqa: E402
 from jaxformer.train.step import make_train_step  # noqa: E402
 from jaxformer.vocab import SpecialTokens  # noqa: E402
 
@@ -58,7 +58,7 @@ def compile_row(row: str, device) -> dict:
                                optax.constant_schedule(1e-4))
         state = jax.eval_shape(lambda: TrainState(
             step=jnp.zeros((), jnp.int32),
-            params=(p := init_model_params(build_model(cfg), cfg, jax.random.key(0))),
+            params=(p := build_model(cfg).init(jax.random.key(0))),
             opt_state=tx.init(p), rng=jax.random.key_data(jax.random.key(1))))
         batch = jax.eval_shape(lambda: accelerator.packed_batch(cfg, accelerator.MODELS[name][2],
                                                                 args))

@@ -62,7 +62,7 @@ def child(preset_name: str, variant: str) -> dict:
     mesh = make_mesh({"data": 1, "fsdp": -1})
 
     def fresh_state():
-        return state_module.create_train_state(model, cfg, tx, mesh, seed=0)[0]
+        return state_module.create_train_state(model, tx, mesh, seed=0)[0]
 
     compiles: list[float] = []
     jax.monitoring.register_event_duration_secs_listener(

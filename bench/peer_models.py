@@ -93,11 +93,8 @@ def bench_model(family: str, args) -> BenchModel:
     np_batch = make_batch(family, cfg, args)
     batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
     model = build_model(cfg)
-    init_args = ((batch["inputs"], batch["targets"]) if family == "t5"
-                 else (batch["tokens"][:, : args.seq_len],))
     init = jax.jit(model.init)
-    return BenchModel(cfg, model, np_batch, batch,
-                      lambda seed: init(jax.random.key(seed), *init_args))
+    return BenchModel(cfg, model, np_batch, batch, lambda seed: init(jax.random.key(seed)))
 
 
 def shift_right(targets):

@@ -59,9 +59,7 @@ def family_costs(family: str, args) -> list[dict]:
     cfg = model_config(family, args)
     batch = {k: jnp.asarray(v) for k, v in make_batch(family, cfg, args).items()}
     model = build_model(cfg)
-    init_args = ((batch["inputs"], batch["targets"]) if family == "t5"
-                 else (batch["tokens"][:, : args.seq_len],))
-    params = jax.eval_shape(model.init, jax.random.key(0), *init_args)
+    params = model.abstract()
     rows = system_costs(family, "jaxformer", jaxformer_apply(family, model), params, batch)
     hf = hf_flax_apply(family, cfg)
     if hf is not None:

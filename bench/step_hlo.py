@@ -1,6 +1,7 @@
 """The optimized HLO of a jitted AdamW train step (forward + backward + update) of
-`jaxformer.models.build_model`, for tiny GPT (scanned, "dots" remat), BERT and T5, dropout off and
-on, normalised (instruction names, metadata and source locations stripped), one file per case.
+`jaxformer.models.build_model` (the pure ``init`` / ``apply`` over the parameter dict), for tiny
+GPT (scanned, "dots" remat), BERT and T5, dropout off and on, normalised (instruction names,
+metadata and source locations stripped), one file per case.
 
 Two trees compile the same program when their files are equal: run it in each tree and diff.
 
@@ -9,7 +10,8 @@ Two trees compile the same program when their files are equal: run it in each tr
     diff -r /tmp/hlo_old /tmp/hlo_new
 
 (Issue 40: the NNX-only tree against the former Linen modules gave identical files with dropout
-off; with dropout on the dropout keys differ, hence the masks' random-bit programs.)
+off; with dropout on the dropout keys differ, hence the masks' random-bit programs. Issue 61: the
+pure `Model` against the NNX model it replaced gave identical files, dropout off and on.)
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import os
 import re
 import sys
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,13 +59,12 @@ def step_program(fam: str, extra: dict, dropout: float) -> str:
     model = build_model(cfg)
     toks = jnp.asarray(np.random.default_rng(0).integers(5, 256, (4, 32)), jnp.int32)
     args = (toks, toks) if cfg.family == "encoder_decoder" else (toks,)
-    params = nn.unbox(model.init(jax.random.key(0), *args)["params"])
+    params = model.init(jax.random.key(0))
     tx = optax.adamw(1e-4, weight_decay=0.01)
 
     def step(p, s, key):
         def loss(p):
-            o = model.apply({"params": p}, *args, deterministic=dropout == 0.0,
-                            rngs={"dropout": key})
+            o = model.apply(p, *args, rng=None if dropout == 0.0 else key)
             o = o[0] if isinstance(o, tuple) else o
             return jnp.mean(jnp.sin(o.astype(jnp.float32)))
 

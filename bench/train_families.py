@@ -109,7 +109,7 @@ def prepare_family(family: str, args) -> tuple[list[dict], dict]:
     bench = bench_model(family, args)
     cfg, np_batch, batch, model = bench.cfg, bench.np_batch, bench.batch, bench.model
     params = bench.init(0)
-    flops = model_flops(cfg, params["params"], args.batch, args.seq_len, args.target_len)
+    flops = model_flops(cfg, params, args.batch, args.seq_len, args.target_len)
     entries = [prepare_jax("jaxformer", family, jaxformer_apply(family, model), params, batch)]
     hf = hf_flax_apply(family, cfg)
     if hf is not None:

@@ -99,7 +99,7 @@ def init_variant(name: str, cfg: ModelConfig, tokens):
         return (lambda p, t: nnx.merge(graphdef, p)(t)), params, params
     model = build_model(cfg)
     params = jax.jit(model.init)(jax.random.key(0))
-    return model.apply, params, params["params"]
+    return model.apply, params, params
 
 
 def prepare_nnx_jit(cfg: ModelConfig, tx: optax.GradientTransformation, tokens) -> dict:

@@ -145,7 +145,7 @@ def _built(resolved: ResolvedConfig, mesh):
     """`_setup` of a resolved config: the step reads its typed sections (`TrainSettings`)."""
     model_cfg, tx, settings = resolved.model_cfg, resolved.tx, resolved.settings
     model = build_model(model_cfg)
-    abstract, shardings = state_shardings(model, model_cfg, tx, mesh)
+    abstract, shardings = state_shardings(model, tx, mesh)
     prepare = bind_objective(resolved.config.objective, SpecialTokens(model_cfg.vocab_size))
     objective = settings.objective
     step = make_train_step(model, tx, prepare, resolved.schedule,

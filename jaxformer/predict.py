@@ -84,7 +84,7 @@ def classify(model: Any, params: Any, tokenizer: Tokenizer, run_config: dict,
     @jax.jit
     def probabilities(params, batch):
         prepared = prepare(batch, None)
-        logits = model.apply({"params": params}, **prepared["model_inputs"], deterministic=True)
+        logits = model.apply(params, **prepared["model_inputs"])
         logits = class_logits(logits, prepared)  # a cloze run: its label words' logits
         return jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1)
 

@@ -8,9 +8,7 @@ these tests need no torch; nothing is downloaded.
 
 from __future__ import annotations
 
-import flax.core
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from golden import golden_dir, reference, rel_err
@@ -40,8 +38,7 @@ def tiny(**overrides) -> ModelConfig:
 
 
 def init(cfg: ModelConfig) -> dict:
-    params = build_model(cfg).init(jax.random.key(0), jnp.zeros((1, L), jnp.int32))["params"]
-    return flax.core.meta.unbox(params)
+    return build_model(cfg).init(jax.random.key(0))
 
 
 def tokens(seed: int = 0) -> np.ndarray:
@@ -57,8 +54,7 @@ def test_parameter_count_equals_hf_albert_base_v2():
     """11,683,584: ``sum(p.numel() for p in transformers.AlbertModel(AlbertConfig(hidden_size=768,
     num_attention_heads=12, intermediate_size=3072)).parameters())`` (albert-base-v2's "11M")."""
     cfg = ModelConfig.from_dict(preset("albert_base_v2", head="none"))
-    shapes = jax.eval_shape(build_model(cfg).init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
-    assert n_params(shapes["params"]) == 11_683_584
+    assert n_params(build_model(cfg).abstract()) == 11_683_584
 
 
 def test_factorised_embedding_and_shared_block_by_hand():
@@ -80,7 +76,7 @@ def test_factorised_embedding_and_shared_block_by_hand():
     t = normalize("layer", jax.nn.gelu(dense(m["dense"], h), approximate=True), m["norm"],
                   eps=cfg.norm_eps)
     want = t @ p["token_embed"]["embedding"].T + m["decoder"]["bias"]
-    got = build_model(cfg).apply({"params": p}, x)
+    got = build_model(cfg).apply(p, x)
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
 
 
@@ -93,8 +89,8 @@ def test_without_the_options_the_model_is_bert():
     unshared = dict(shared, encoder={f"layer_{i}": one for i in range(3)})
     x = tokens(1)
     np.testing.assert_allclose(
-        build_model(tiny(embedding_size=None)).apply({"params": shared}, x),
-        build_model(tiny(embedding_size=None, share_layers=False)).apply({"params": unshared}, x),
+        build_model(tiny(embedding_size=None)).apply(shared, x),
+        build_model(tiny(embedding_size=None, share_layers=False)).apply(unshared, x),
         atol=1e-6, rtol=1e-6)
 
 
@@ -105,8 +101,8 @@ def test_scan_loop_and_nnx_agree(head):
     p = init(cfg)
     assert jax.tree.map(np.shape, p) == jax.tree.map(np.shape, init(cfg.replace(scan_layers=True)))
     x = tokens(2)
-    loop = build_model(cfg).apply({"params": p}, x)
-    scan = build_model(cfg.replace(scan_layers=True)).apply({"params": p}, x)
+    loop = build_model(cfg).apply(p, x)
+    scan = build_model(cfg.replace(scan_layers=True)).apply(p, x)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), loop, scan)
     for scanned in (False, True):
         c = cfg.replace(scan_layers=scanned)
@@ -121,8 +117,7 @@ def test_scan_loop_and_nnx_agree(head):
 
 def test_logical_axes_keep_sharding_names():
     cfg = tiny(head="mlm")
-    boxed = build_model(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
-    axes = jax.tree.map(lambda b: b.names, boxed, is_leaf=lambda b: hasattr(b, "names"))
+    axes = build_model(cfg).logical_axes()
     assert axes["token_embed"]["embedding"] == ("vocab", FACTORED_EMBED)
     assert axes["embed"]["projection"]["kernel"] == (FACTORED_EMBED, "embed")
     assert axes["mlm_head"]["dense"]["kernel"] == ("embed", FACTORED_EMBED)
@@ -140,14 +135,13 @@ def test_sharded_on_an_fsdp_tensor_mesh_equals_unsharded(scan):
     cfg = tiny(head="mlm", scan_layers=scan)
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     model = build_model(cfg)
-    boxed = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, L), jnp.int32))["params"]
-    shardings = param_shardings(boxed, mesh)
+    shardings = param_shardings(model.logical_axes(), model.abstract(), mesh)
     assert shardings["encoder"]["shared"]["ffn"]["wi"]["kernel"].spec == PartitionSpec("fsdp", "tensor")
     assert shardings["embed"]["projection"]["kernel"].spec == PartitionSpec(None, "fsdp")
     params = init(cfg)
     x = np.concatenate([tokens(6), tokens(7)])  # batch 4: split over data × fsdp
-    want = model.apply({"params": params}, x)
-    fn = sharded_jit(lambda p, t: model.apply({"params": p}, t), mesh,
+    want = model.apply(params, x)
+    fn = sharded_jit(lambda p, t: model.apply(p, t), mesh,
                      in_shardings=(shardings, batch_sharding(mesh)))
     got = fn(jax.device_put(params, shardings), x)
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
@@ -177,7 +171,7 @@ def ours(name: str, cfg: dict, params) -> list[np.ndarray]:
     ref = reference(name)
     mask = ref["attention_mask"]
     model = build_model(ModelConfig.from_dict(cfg))
-    out = model.apply({"params": params}, ref["input_ids"], token_types=ref["token_type_ids"],
+    out = model.apply(params, ref["input_ids"], token_types=ref["token_type_ids"],
                       segment_ids=mask)
     if name == "albert_groups":
         out = out[:1]
@@ -245,6 +239,6 @@ def test_export_of_a_jaxformer_model_with_sop_and_untied_decoder(tmp_path):
     with torch.no_grad():
         out = model.eval()(**{k: torch.tensor(v.astype(np.int64)) for k, v in (
             ("input_ids", x), ("token_type_ids", types), ("attention_mask", mask))})
-    mlm, sop = build_model(cfg).apply({"params": params}, x, token_types=types, segment_ids=mask)
+    mlm, sop = build_model(cfg).apply(params, x, token_types=types, segment_ids=mask)
     assert rel_err(np.asarray(mlm)[mask == 1], out.prediction_logits.numpy()[mask == 1]) <= RTOL
     assert rel_err(sop, out.sop_logits.numpy()) <= RTOL

@@ -169,7 +169,7 @@ def test_beam_beats_greedy_on_a_trained_model():
     @jax.jit
     def train_step(params, opt, batch):
         def loss(p):
-            logits = model.apply({"params": p}, batch[:, :-1])
+            logits = model.apply(p, batch[:, :-1])
             return cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
 
         value, grads = jax.value_and_grad(loss)(params)

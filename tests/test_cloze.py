@@ -12,7 +12,6 @@ import random
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -83,7 +82,7 @@ def _model(**overrides) -> tuple[ModelConfig, object, dict]:
                       d_ff=32, num_layers=1, max_len=16, mlm_transform=True, lm_head_bias=True,
                       dropout_rate=0.0, attention_dropout_rate=0.0, **overrides)
     model = build_model(cfg)
-    params = model.init(jax.random.key(0), jnp.ones((1, 16), jnp.int32))["params"]
+    params = model.init(jax.random.key(0))
     return cfg, model, params
 
 
@@ -98,7 +97,7 @@ def test_loss_and_accuracy_are_the_restricted_softmax_of_the_mlm_logits(rng, smo
                              None, SPECIAL, cloze=cloze)
     sums = jax.jit(lambda p: loss_and_metrics(model, p, prepared, deterministic=True,
                                               dropout_rng=None, label_smoothing=smoothing))(params)
-    full = np.asarray(jax.jit(model.apply)({"params": params}, **prepared["model_inputs"]),
+    full = np.asarray(jax.jit(model.apply)(params, **prepared["model_inputs"]),
                       np.float64)
     at_mask = full[np.arange(5), np.asarray(prepared["class_positions"])][:, [150, 160, 170]]
     logp = at_mask - np.log(np.exp(at_mask).sum(-1, keepdims=True))
@@ -210,7 +209,7 @@ def test_init_from_copies_every_parameter_and_the_class_scores_are_the_mlm_logit
     prepared = trainer.prepare(batch, None)
     pretrained = build_model(ModelConfig.from_dict(
         {**trainer.config.model.to_dict(), "dropout_rate": 0.0}))
-    full = np.asarray(pretrained.apply({"params": saved}, **prepared["model_inputs"]))
+    full = np.asarray(pretrained.apply(saved, **prepared["model_inputs"]))
     ids = list(trainer.tokenizer.encode("bad")) + list(trainer.tokenizer.encode("good"))
     expected = full[np.arange(len(full)), np.asarray(prepared["class_positions"])][:, ids]
     _, rows = make_eval_step(trainer.model, trainer.prepare, predictions=True)(

@@ -56,13 +56,13 @@ def _ours(cfg_dict, params, name):
     ref = reference(name)
     apply = jax.jit(build_model(ModelConfig.from_dict(cfg_dict)).apply)
     if name.startswith("gpt2"):
-        return np.asarray(apply({"params": params}, ref["input_ids"]))
+        return np.asarray(apply(params, ref["input_ids"]))
     if name.startswith("bert"):
         mask = ref["attention_mask"]
-        out = np.asarray(apply({"params": params}, ref["input_ids"], token_types=ref["token_type_ids"],
+        out = np.asarray(apply(params, ref["input_ids"], token_types=ref["token_type_ids"],
                                segment_ids=mask))
         return out[mask == 1] if out.ndim == 3 else out
-    return np.asarray(apply({"params": params}, ref["input_ids"], ref["decoder_input_ids"],
+    return np.asarray(apply(params, ref["input_ids"], ref["decoder_input_ids"],
                             inputs_segment_ids=ref["attention_mask"]))
 
 
@@ -186,9 +186,7 @@ def test_configs_and_layouts(dirs):
                                   unrolled[k[0]][k[1]][k[2]][k[3]][k[4]])
     for cfg_dict, params in [(v11, unrolled), (dict(v11, scan_layers=True), scanned)]:
         cfg = ModelConfig.from_dict(cfg_dict)
-        t = jnp.zeros((1, 1), jnp.int32)
-        init = jax.eval_shape(build_model(cfg).init, jax.random.key(0), t, t)["params"]
-        want = jax.tree.map(lambda s: s.shape, flax.core.meta.unbox(init))
+        want = jax.tree.map(lambda s: s.shape, build_model(cfg).abstract())
         assert jax.tree.map(np.shape, params) == want
 
 
@@ -212,9 +210,8 @@ def test_export_import_keeps_settings_hf_configs_lack(name, settings, tmp_path):
 
     cfg = ModelConfig.from_dict(preset(name, vocab_size=V, d_model=16, num_heads=2, d_ff=32,
                                        num_layers=1, max_len=16, **settings))
-    t = jnp.ones((1, 4), jnp.int32)
-    args = (t, t) if cfg.family == "encoder_decoder" else (t,)
-    params = flax.core.meta.unbox(build_model(cfg).init(jax.random.key(0), *args)["params"])
+    jnp.ones((1, 4), jnp.int32)
+    params = flax.core.meta.unbox(build_model(cfg).init(jax.random.key(0)))
     save_hf(cfg, params, tmp_path / "out")
     back, _, _ = load_hf(tmp_path / "out")
     for key in (*settings, "dropout_rate", "ffn_dropout_rate", "init_std", "embed_init_std"):
@@ -279,7 +276,7 @@ def test_finetune_imported_gpt2_then_export(dirs, tmp_path):
     x = jnp.asarray(np.random.default_rng(7).integers(0, V, (4, 16)), jnp.int32)
 
     def loss_fn(p):
-        logits = model.apply({"params": p}, x[:, :-1])
+        logits = model.apply(p, x[:, :-1])
         total, weight = weighted_cross_entropy(logits, x[:, 1:])
         return total / weight
 

@@ -25,7 +25,6 @@ from jaxformer.decode import generate
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.ops.positions import RopeScaling, rope_frequencies
-from jaxformer.train.state import init_model_params
 
 V = 96
 TOKENS = np.random.default_rng(0).integers(3, V, (2, 20)).astype(np.int32)
@@ -130,7 +129,7 @@ def _load_reference(path):
 # --------------------------------------------------------------------------------------------------
 def _our_logits(cfg: dict, params) -> np.ndarray:
     model = build_model(ModelConfig.from_dict(cfg))
-    return np.asarray(jax.jit(model.apply)({"params": params}, TOKENS, segment_ids=MASK))
+    return np.asarray(jax.jit(model.apply)(params, TOKENS, segment_ids=MASK))
 
 
 def _our_greedy(cfg: dict, params) -> np.ndarray:
@@ -197,7 +196,7 @@ def test_cli_round_trip_with_a_tokenizer_json(tmp_path):
 
     cfg = ModelConfig.from_dict(preset("llama_tiny", vocab_size=V, rope_scaling="llama3",
                                        rope_scaling_factor=8.0, rope_original_max_len=32))
-    params = jax.jit(lambda k: init_model_params(build_model(cfg), cfg, k))(jax.random.key(0))
+    params = jax.jit(lambda k: build_model(cfg).init(k))(jax.random.key(0))
     src, ckpt, back = tmp_path / "src", tmp_path / "ckpt", tmp_path / "back"
     save_hf(cfg, params, src)
     tok_dir = build_llama3_tokenizer(src)
@@ -214,7 +213,7 @@ def test_sequence_classifier_imports_with_pytorch_logits(tmp_path):
     """LlamaForSequenceClassification: no pad id in TOKENS (ids >= 3), so HF pools the last token."""
     cfg, params, _ = load_hf(golden_dir("llama_classifier"))
     assert (cfg["head"], cfg["num_classes"], cfg["pooling"]) == ("classify", 3, "last")
-    ours = jax.jit(build_model(ModelConfig.from_dict(cfg)).apply)({"params": params}, TOKENS)
+    ours = jax.jit(build_model(ModelConfig.from_dict(cfg)).apply)(params, TOKENS)
     assert ours.shape == (2, 3) and rel_err(ours, reference("llama_classifier")["logits"]) <= RTOL
     assert not params["classifier"]["bias"].any()  # HF's score has no bias
     with pytest.raises(ValueError, match="Llama equivalent: head='classify'"):
@@ -310,11 +309,11 @@ def test_sliding_window_invariants_and_chunked_attention():
     """A window as long as the rows is the plain causal model; a shorter one changes only the
     positions past it; the chunked kernel computes the same windowed attention as XLA."""
     cfg = ModelConfig.from_dict(preset("llama_tiny", vocab_size=V, attention_chunk_size=4))
-    params = jax.jit(lambda k: init_model_params(build_model(cfg), cfg, k))(jax.random.key(1))
+    params = jax.jit(lambda k: build_model(cfg).init(k))(jax.random.key(1))
 
     def logits(**kw):
         c = cfg.replace(**kw)
-        return np.asarray(jax.jit(build_model(c).apply)({"params": params}, TOKENS,
+        return np.asarray(jax.jit(build_model(c).apply)(params, TOKENS,
                                                         segment_ids=MASK))
 
     full = logits()

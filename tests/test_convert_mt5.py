@@ -73,7 +73,7 @@ def test_t5_v1_1_variants_round_trip(name, tmp_path):
     cfg, params, _ = load_hf(path)
     assert (cfg["gated_ffn"], cfg["activation"], cfg["tie_embeddings"],
             cfg["rescale_tied_logits"]) == (True, "gelu_tanh", False, False)
-    ours = jax.jit(build_model(ModelConfig.from_dict(cfg)).apply)({"params": params}, INPUTS,
+    ours = jax.jit(build_model(ModelConfig.from_dict(cfg)).apply)(params, INPUTS,
                                                                   TARGETS)
     assert rel_err(ours, ref) <= 1e-5
     save_hf(cfg, params, tmp_path / "out")

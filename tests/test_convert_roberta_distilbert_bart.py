@@ -164,9 +164,9 @@ def ours(name: str, cfg_dict: dict, params: dict) -> np.ndarray:
     b = batch()
     apply = jax.jit(build_model(ModelConfig.from_dict(cfg_dict)).apply)
     if name == "bart":
-        return np.asarray(apply({"params": params}, b["inputs"], b["targets_in"],
+        return np.asarray(apply(params, b["inputs"], b["targets_in"],
                                 inputs_segment_ids=b["mask"]))
-    out = np.asarray(apply({"params": params}, b["inputs"], segment_ids=b["mask"]))
+    out = np.asarray(apply(params, b["inputs"], segment_ids=b["mask"]))
     return _per_token(name, out, b["mask"])
 
 
@@ -248,7 +248,6 @@ def test_distilbert_student_of_a_bert_teacher_exports_as_distilbert(tmp_path):
     from jaxformer.train.distill import check_student, select_layers
     from jaxformer.train.distill_config import DistillSettings
     from jaxformer.train.setup import merge_backbone
-    from jaxformer.train.state import init_model_params
 
     torch.manual_seed(6)
     teacher_dir = tmp_path / "bert"
@@ -259,7 +258,7 @@ def test_distilbert_student_of_a_bert_teacher_exports_as_distilbert(tmp_path):
     t_cfg = ModelConfig.from_dict(t_dict)
     s_cfg = t_cfg.replace(num_layers=2, type_vocab_size=0, pooler=False)
     check_student(s_cfg, t_cfg, DistillSettings("t", None, False, 2.0, 5.0, 2.0, 1.0, True))
-    fresh = init_model_params(build_model(s_cfg), s_cfg, jax.random.key(0))
+    fresh = build_model(s_cfg).init(jax.random.key(0))
     params, new = merge_backbone(fresh, select_layers(t_params, t_cfg, 2, False))
     assert new == []
     save_hf(s_cfg, params, tmp_path / "student")

@@ -12,7 +12,6 @@ import dataclasses
 import functools
 from functools import partial
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,9 +45,8 @@ def random_params(model, std: float = 0.3, seed: int = 0):
     """Parameters drawn in NumPy on the model's abstract shapes (`jax.eval_shape`: no compile):
     norm scales 1, biases 0, every other weight N(0, std²). std 0.3 makes random models
     non-degenerate (with the presets' small inits they just repeat the last input token)."""
-    toks = jax.ShapeDtypeStruct((1, 4), jnp.int32)
-    args = (toks,) if model.cfg.family == "decoder" else (toks, toks)
-    shapes = nn.unbox(jax.eval_shape(lambda *a: model.init(jax.random.key(0), *a), *args))["params"]
+    jax.ShapeDtypeStruct((1, 4), jnp.int32)
+    shapes = model.abstract()
     rng = np.random.default_rng(seed)
 
     def draw(path, s):
@@ -80,8 +78,8 @@ def right_pad(rows):
 @functools.cache
 def _forward(model):
     if model.cfg.family == "decoder":
-        return jax.jit(lambda p, toks: model.apply({"params": p}, toks))
-    return jax.jit(lambda p, src, seg, tgt: model.apply({"params": p}, src, tgt,
+        return jax.jit(lambda p, toks: model.apply(p, toks))
+    return jax.jit(lambda p, src, seg, tgt: model.apply(p, src, tgt,
                                                          inputs_segment_ids=seg))
 
 
@@ -374,11 +372,10 @@ def test_generate_on_sharded_params_matches_unsharded():
     tokens as the (unsharded) greedy reference."""
     from jaxformer.parallel.mesh import make_mesh
     from jaxformer.parallel.rules import param_shardings
-    from jaxformer.train.state import abstract_params
 
     model, params = tiny("gpt_tiny")
     mesh = make_mesh({"data": 1, "fsdp": 2, "tensor": 4})
-    shardings = param_shardings(abstract_params(model, model.cfg), mesh)
+    shardings = param_shardings(model.logical_axes(), model.abstract(), mesh)
     sharded = jax.device_put(params, shardings)
     assert {len(x.sharding.device_set) for x in jax.tree.leaves(sharded)} == {8}
     res = generate(model, sharded, PROMPTS, max_new_tokens=6, eos_id=None)

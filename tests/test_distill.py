@@ -22,7 +22,6 @@ from jaxformer.train.distill import DistillLoss, check_student, select_layers
 from jaxformer.train.distill_config import DistillSettings, settings
 from jaxformer.train.loop import Trainer
 from jaxformer.train.setup import merge_backbone, open_pretrained
-from jaxformer.train.state import init_model_params
 from jaxformer.train.step import _sums
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,12 +62,12 @@ CASES = [("gpt_mini", {}), ("bert_mini", {}),
 def test_kl_is_zero_when_the_student_is_the_teacher(name, fields):
     cfg = _cfg(name, 2, **fields)
     model = build_model(cfg)
-    params = init_model_params(model, cfg, jax.random.key(0))
+    params = model.init(jax.random.key(0))
     loss = DistillLoss(model, _settings(), cfg.pooling if cfg.head == "classify" else None)
     sums = loss(model, params, params, _batch(cfg), dropout_rng=None, hard_sums=_hard)
     assert float(sums["distill_kl"]) == 0.0
     assert abs(float(sums["distill_cos"])) < 1e-5
-    other = init_model_params(model, cfg, jax.random.key(1))  # a different teacher: KL > 0
+    other = model.init(jax.random.key(1))  # a different teacher: KL > 0
     assert float(loss(model, params, other, _batch(cfg), dropout_rng=None,
                       hard_sums=_hard)["distill_kl"]) > 1e-5
 
@@ -96,10 +95,10 @@ def test_whole_loss_matches_the_formula_for_several_temperatures(name, fields):
     computed from their logits and hidden states; the T² factor is the formula's."""
     s_cfg, t_cfg = _cfg(name, 2, **fields), _cfg(name, 4, **fields)
     student, teacher = build_model(s_cfg), build_model(t_cfg)
-    sp = init_model_params(student, s_cfg, jax.random.key(0))
-    tp = init_model_params(teacher, t_cfg, jax.random.key(1))
+    sp = student.init(jax.random.key(0))
+    tp = teacher.init(jax.random.key(1))
     batch = _batch(s_cfg, seed=3)
-    (s_out, s_h), (t_out, t_h) = (m.apply({"params": p}, **batch["model_inputs"], return_hidden=True)
+    (s_out, s_h), (t_out, t_h) = (m.apply(p, **batch["model_inputs"], return_hidden=True)
                                   for m, p in ((student, sp), (teacher, tp)))
     s_out, t_out = (o[0] if isinstance(o, tuple) else o for o in (s_out, t_out))
     if s_cfg.head == "classify":  # pooled as the head pools: the first token
@@ -118,8 +117,8 @@ def test_whole_loss_matches_the_formula_for_several_temperatures(name, fields):
 def test_no_gradient_reaches_the_teacher():
     s_cfg, t_cfg = _cfg("bert_mini", 2), _cfg("bert_mini", 4)
     student, teacher = build_model(s_cfg), build_model(t_cfg)
-    sp = init_model_params(student, s_cfg, jax.random.key(0))
-    tp = init_model_params(teacher, t_cfg, jax.random.key(1))
+    sp = student.init(jax.random.key(0))
+    tp = teacher.init(jax.random.key(1))
     loss = DistillLoss(teacher, _settings(), None)
     batch = _batch(s_cfg)
 
@@ -137,8 +136,8 @@ def test_student_takes_every_other_teacher_layer(teacher_scan, student_scan):
     t_cfg = _cfg("gpt_mini", 5, scan_layers=teacher_scan)
     s_cfg = _cfg("gpt_mini", 3, scan_layers=student_scan)
     check_student(s_cfg, t_cfg, _settings(init_student=True))
-    tp = jax.tree.map(np.asarray, init_model_params(build_model(t_cfg), t_cfg, jax.random.key(0)))
-    fresh = init_model_params(build_model(s_cfg), s_cfg, jax.random.key(1))
+    tp = jax.tree.map(np.asarray, build_model(t_cfg).init(jax.random.key(0)))
+    fresh = build_model(s_cfg).init(jax.random.key(1))
     params, new = merge_backbone(fresh, select_layers(tp, t_cfg, 3, student_scan))
     assert new == []
 
@@ -180,8 +179,8 @@ def test_a_distilbert_shaped_student_drops_token_types_and_pooler():
     with pytest.raises(ValueError, match=r"model\.type_vocab_size=0 \(teacher: 2\)"):
         check_student(s_cfg.replace(family="decoder", head="classify", pooling="last"),
                       t_cfg.replace(family="decoder", pooling="last"), _settings(init_student=True))
-    tp = jax.tree.map(np.asarray, init_model_params(build_model(t_cfg), t_cfg, jax.random.key(0)))
-    fresh = init_model_params(build_model(s_cfg), s_cfg, jax.random.key(1))
+    tp = jax.tree.map(np.asarray, build_model(t_cfg).init(jax.random.key(0)))
+    fresh = build_model(s_cfg).init(jax.random.key(1))
     params, new = merge_backbone(fresh, select_layers(tp, t_cfg, 2, False))
     assert new == [] and "pooler" in tp and "pooler" not in params
     assert set(params["embed"]) == {"pos_embedding", "norm"} and "type_embedding" in tp["embed"]

@@ -137,9 +137,9 @@ def _apply_by_hand(loaded, rows: list[list[int]]) -> np.ndarray:
     tokens = np.zeros((len(rows), width), np.int32)
     for i, r in enumerate(rows):
         tokens[i, :len(r)] = r
-    logits = loaded.model.apply({"params": loaded.params}, tokens=jnp.asarray(tokens),
+    logits = loaded.model.apply(loaded.params, tokens=jnp.asarray(tokens),
                                 positions=jnp.broadcast_to(jnp.arange(width), tokens.shape),
-                                segment_ids=jnp.asarray(tokens != 0, jnp.int32), deterministic=True)
+                                segment_ids=jnp.asarray(tokens != 0, jnp.int32))
     return np.asarray(logits, np.float64)
 
 

@@ -251,7 +251,7 @@ def _t5_losses(impl: str, steps: int) -> np.ndarray:
     prepare = bind_objective(ml_collections.ConfigDict(dict(name="seq2seq")),
                              SpecialTokens(cfg.vocab_size))
     mesh = make_mesh({"data": 1}, jax.devices()[:1])
-    state, shardings = create_train_state(model, cfg, tx, mesh, seed=0)
+    state, shardings = create_train_state(model, tx, mesh, seed=0)
     step = sharded_jit(make_train_step(model, tx, prepare, schedule), mesh,
                        in_shardings=(shardings, None), out_shardings=(shardings, None))
     rng, n, tl = np.random.default_rng(2), CURVE_LEN, CURVE_LEN // 2

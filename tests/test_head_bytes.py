@@ -36,7 +36,7 @@ def _model(name: str) -> tuple[ModelConfig, object, dict]:
     base, kw = CASES[name]
     cfg = ModelConfig.from_dict(preset(base, **{**SMALL, **kw}))
     model = build_model(cfg)
-    return cfg, model, nn.unbox(model.init(jax.random.key(0))["params"])
+    return cfg, model, nn.unbox(model.init(jax.random.key(0)))
 
 
 def _prepared(cfg: ModelConfig) -> dict:
@@ -133,7 +133,7 @@ def test_mlm_at_the_chosen_positions_equals_every_position():
         for k in ref_sums:
             np.testing.assert_allclose(got_sums[k], ref_sums[k], rtol=2e-6, err_msg=k)
         _assert_grads_close(got_grads, ref_grads)
-    logits, _ = model.apply({"params": params}, **gathered["model_inputs"])
+    logits, _ = model.apply(params, **gathered["model_inputs"])
     assert logits.shape == (4, slots, cfg.padded_vocab_size)
 
 

@@ -311,13 +311,13 @@ def _generator_predictions(loaded, model, rows) -> dict:
     start = [gen.decoder_start_id] + tok.encode(TARGET)
     for r in rows:
         if cfg.family == "encoder_decoder":
-            ours = loaded.model.apply({"params": loaded.params}, jnp.asarray([r]),
+            ours = loaded.model.apply(loaded.params, jnp.asarray([r]),
                                       jnp.asarray([start]))
             with torch.no_grad():
                 theirs = model(input_ids=torch.tensor([r]),
                                decoder_input_ids=torch.tensor([start])).logits.numpy()
         else:
-            ours = loaded.model.apply({"params": loaded.params}, jnp.asarray([r]))
+            ours = loaded.model.apply(loaded.params, jnp.asarray([r]))
             with torch.no_grad():
                 theirs = model(input_ids=torch.tensor([r])).logits.numpy()
         ours = np.asarray(ours)[..., :theirs.shape[-1]]

@@ -304,7 +304,7 @@ def test_roberta_mlms_export_computes_the_runs_logits(roberta_mlm):
     ids = _mlm_ids(tmp)
     with torch.no_grad():
         want = model(input_ids=torch.tensor(ids).long()).logits.numpy()
-    got = np.asarray(loaded.model.apply({"params": loaded.params}, ids))
+    got = np.asarray(loaded.model.apply(loaded.params, ids))
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1e-5
 
 

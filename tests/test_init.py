@@ -50,8 +50,8 @@ def _init_args(cfg: ModelConfig, tokens: jax.Array) -> tuple:
 
 def fresh(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """jaxformer's fresh init, flat ``{path: array}``."""
-    args = _init_args(cfg, jnp.zeros((1, 8), jnp.int32))
-    params = build_model(cfg).init(jax.random.key(seed), *args)["params"]
+    _init_args(cfg, jnp.zeros((1, 8), jnp.int32))
+    params = build_model(cfg).init(jax.random.key(seed))
     return {k: np.asarray(v) for k, v in flatten(flax.core.meta.unbox(params)).items()}
 
 
@@ -183,7 +183,7 @@ def step0(cfg: ModelConfig, seed: int = 0, rows: int = 8, length: int = 48) -> t
         inputs = np.where(masked, cfg.vocab_size - 1, targets)
         weights = masked.astype(np.float32)
     args = inputs if isinstance(inputs, tuple) else (inputs,)
-    params = build_model(cfg).init(jax.random.key(seed), *args)
+    params = build_model(cfg).init(jax.random.key(seed))
     logp = jax.nn.log_softmax(model.apply(params, *args).astype(jnp.float32), -1)
     loss = -(np.take_along_axis(logp, targets[..., None], -1)[..., 0] * weights).sum() / weights.sum()
     own_in = args[-1]  # the token each output position reads at its own position

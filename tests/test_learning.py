@@ -31,14 +31,14 @@ def test_encoder_decoder_learns_to_copy_through_cross_attention():
         return x, np.concatenate([np.zeros((batch, 1), np.int32), x[:, :-1]], 1)
 
     x, x_in = sample()
-    params = model.init(jax.random.key(0), x, x_in)["params"]
+    params = model.init(jax.random.key(0))
     tx = optax.adam(1e-3)
     opt = tx.init(params)
 
     @jax.jit
     def step(params, opt, x, x_in):
         def loss_fn(p):
-            logits = model.apply({"params": p}, x, x_in)
+            logits = model.apply(p, x, x_in)
             return optax.softmax_cross_entropy_with_integer_labels(logits, x).mean()
 
         loss, grads = jax.value_and_grad(loss_fn)(params)

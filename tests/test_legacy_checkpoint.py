@@ -62,14 +62,13 @@ def test_inference_gives_the_recorded_parameters_and_logits(untouched, capsys):
 
     model_cfg, params, tokenizer = load_for_inference(untouched)
     assert params_sha256(params) == REF["params_sha256"]  # bit for bit
-    logits = np.asarray(build_model(model_cfg).apply(
-        {"params": params}, jnp.asarray(REF["tokens"], jnp.int32), deterministic=True))
+    logits = np.asarray(build_model(model_cfg).apply(params, jnp.asarray(REF["tokens"], jnp.int32)))
     assert list(logits.shape) == REF["logits_shape"]
     np.testing.assert_allclose(logits[..., :48], REF["logits_first_48"], rtol=1e-5, atol=1e-6)
     assert np.sum(logits, dtype=np.float64) == pytest.approx(REF["logits_sum"], abs=1e-3)
     # Linen code keeps a Linen module (flax.nnx.bridge) that takes this Linen-era params tree
-    bridged = np.asarray(linen_model(model_cfg).apply(
-        {"params": params}, jnp.asarray(REF["tokens"], jnp.int32), deterministic=True))
+    bridged = np.asarray(linen_model(model_cfg).apply({"params": params},
+                                                      jnp.asarray(REF["tokens"], jnp.int32)))
     np.testing.assert_allclose(bridged[..., :48], REF["logits_first_48"], rtol=1e-5, atol=1e-6)
     assert tokenizer.vocab_size == model_cfg.vocab_size
     assert generate(["--workdir", str(untouched), "--prompt_ids", "2,17,45",

@@ -28,7 +28,6 @@ from jaxformer.models.presets import preset
 from jaxformer.train import config as train_config
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer
-from jaxformer.train.state import init_model_params
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["apple", "river", "stone", "cloud", "green", "music", "table", "light", "ocean", "tiger"]
@@ -39,7 +38,7 @@ def _llama_directory(path: Path, build_tokenizer, vocab_size: int = 512) -> str:
     and a tokenizer (400 pieces: with 512 rows an untrained model can sample ids none decodes)."""
     cfg = ModelConfig.from_dict(preset("llama_tiny", vocab_size=vocab_size, init_std=0.2))  # logits of
     # a useful range through the frozen head
-    params = jax.jit(lambda k: init_model_params(build_model(cfg), cfg, k))(jax.random.key(0))
+    params = jax.jit(lambda k: build_model(cfg).init(k))(jax.random.key(0))
     save_hf(cfg, params, path, extra_config={"bos_token_id": 1, "eos_token_id": 2})
     build_tokenizer(path)
     return str(path)

@@ -37,7 +37,7 @@ from jaxformer.train import config as train_config
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
-from jaxformer.train.state import abstract_params, dummy_model_inputs, init_model_params
+from jaxformer.train.state import boxed_abstract, dummy_model_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(vocab_size=128, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=16)
@@ -62,7 +62,7 @@ def _forward(model, cfg):
     """The jitted forward of ``model``: one compiled program (eagerly each of its ~170 operations
     compiles alone, ~3x slower for these tiny models); ``params`` stay arguments, never constants."""
     def logits(params):
-        out = model.apply({"params": params}, **dummy_model_inputs(cfg, 2, 8), deterministic=True)
+        out = model.apply(params, **dummy_model_inputs(cfg, 2, 8))
         return out[0] if isinstance(out, tuple) else out
 
     return jax.jit(logits, compiler_options=FAST_COMPILE)
@@ -73,8 +73,8 @@ def _logits(model, cfg, params):
 
 
 def _init(model, cfg, seed: int = 0):
-    """`init_model_params` as one compiled program."""
-    return jax.jit(lambda key: init_model_params(model, cfg, key),
+    """``model.init`` as one compiled program."""
+    return jax.jit(lambda key: model.init(key),
                    compiler_options=FAST_COMPILE)(jax.random.key(seed))
 
 
@@ -122,7 +122,7 @@ def test_merge_is_w_plus_scaled_ab_by_hand(scan):
 
 def test_adapters_carry_logical_axes_and_shard_like_their_kernels():
     cfg, model = _model("gpt", scan_layers=True)
-    boxed = abstract_params(model, cfg)
+    boxed = boxed_abstract(model)
     adapters = jax.eval_shape(lambda: lora.init_adapters(jax.random.key(0), boxed, 4, ALL_TARGETS))
     q = adapters["decoder"]["layers"]["self_attn"]["query"]
     assert q["lora_a"].names == ("layers", "embed", None)
@@ -131,7 +131,9 @@ def test_adapters_carry_logical_axes_and_shard_like_their_kernels():
     assert o["lora_a"].names == ("layers", "heads", "head_dim", None)
     assert o["lora_b"].names == ("layers", None, "embed")
     mesh = make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=2, tensor=4)))
-    sh = param_shardings(adapters, mesh)["decoder"]["layers"]
+    is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
+    sh = param_shardings(jax.tree.map(lambda b: tuple(b.names), adapters, is_leaf=is_box),
+                         nn.unbox(adapters), mesh)["decoder"]["layers"]
     assert tuple(sh["self_attn"]["query"]["lora_a"].spec) == (None, "fsdp", None)
     assert tuple(sh["self_attn"]["query"]["lora_b"].spec) == (None, None, "tensor", None)
     assert tuple(sh["ffn"]["wo"]["lora_a"].spec) == (None, "tensor", None)
@@ -140,8 +142,7 @@ def test_adapters_carry_logical_axes_and_shard_like_their_kernels():
 
 def _opt_state_bytes(model, cfg, rank: int | None) -> int:
     """Compiled output bytes of ``tx.init`` on the trainable parameters (all of them: None)."""
-    boxed = abstract_params(model, cfg)
-    params = nn.unbox(boxed)
+    params = model.abstract()
     if rank is not None:
         params = jax.eval_shape(lambda p: lora.trainable(p, jax.random.key(0), _lora_cfg(rank)),
                                 params)

@@ -7,7 +7,6 @@ biases too, so an ignored parameter would show).
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,8 +80,8 @@ def call(model, variables, batch, **kw):
 def random_params(cfg: ModelConfig, seed: int = 0):
     """Parameters of the right tree and shapes (from eval_shape of init), drawn with NumPy."""
     model = build_model(cfg)
-    batch = make_batch(cfg)
-    shapes = jax.eval_shape(lambda: nn.meta.unbox(call_init(model, batch)))
+    make_batch(cfg)
+    shapes = model.abstract()
     r = np.random.default_rng(seed)
 
     def draw(path, s):
@@ -92,13 +91,6 @@ def random_params(cfg: ModelConfig, seed: int = 0):
         return (0.1 * r.normal(size=s.shape)).astype(s.dtype)
 
     return jax.tree_util.tree_map_with_path(draw, shapes)
-
-
-def call_init(model, batch):
-    b = dict(batch)
-    if model.cfg.family == "encoder_decoder":
-        return model.init(KEY(0), b.pop("inputs"), b.pop("targets_in"), **b)
-    return model.init(KEY(0), b.pop("tokens"), **b)
 
 
 @functools.cache
@@ -112,8 +104,7 @@ def loss_fn(cfg: ModelConfig, deterministic: bool = True):
     model = build_model(cfg)
 
     def loss(params, batch, key=None):
-        out = call(model, params, batch, deterministic=deterministic,
-                   rngs=None if deterministic else {"dropout": key})
+        out = call(model, params, batch, rng=None if deterministic else key)
         total = 0.0
         for logits in (out if isinstance(out, tuple) else (out,)):
             labels = jnp.arange(np.prod(logits.shape[:-1])).reshape(logits.shape[:-1])
@@ -141,10 +132,8 @@ def _parameter_count(cfg: ModelConfig) -> int:
     """Counted on the scanned stack: the same parameters, stacked on a 'layers' axis
     (`test_scanned_stack_equals_unrolled` restacks one into the other). Tracing one layer, not 48,
     makes a 1.5B model's count take 0.3 s, not 7 s."""
-    ids = jnp.zeros((1, 8), jnp.int32)
-    args = (ids, ids) if cfg.family == "encoder_decoder" else (ids,)
-    shapes = jax.eval_shape(build_model(cfg.replace(scan_layers=True)).init, KEY(0), *args)
-    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"]))
+    shapes = build_model(cfg.replace(scan_layers=True)).abstract()
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
 
 
 @pytest.mark.parametrize("name,want", [
@@ -187,7 +176,7 @@ def test_forward_backward_with_dropout_is_deterministic_given_the_key():
     """Scanned stack with dropout: layers get their own rngs (split_rngs), key fixes the result."""
     cfg, f = compiled("gpt_tiny", deterministic=False, scan_layers=True)
     params, batch = params_of("gpt_tiny"), make_batch(cfg)
-    params = {"params": _restack(params["params"], "decoder", cfg.num_layers)}
+    params = _restack(params, "decoder", cfg.num_layers)
     (loss, out), grads = f(params, batch, KEY(1))
     (loss_again, _), _ = f(params, batch, KEY(1))
     (loss_other, _), _ = f(params, batch, KEY(2))
@@ -252,9 +241,9 @@ def test_scanned_stack_equals_unrolled(name, stacks):
     model_scan = build_model(cfg.replace(scan_layers=True))
     fwd_scan = jax.jit(lambda params, batch: call(model_scan, params, batch))
     params, batch = params_of(name), make_batch(cfg)
-    scanned = {"params": params["params"]}
+    scanned = params
     for s in stacks:
-        scanned["params"] = _restack(scanned["params"], s, cfg.num_layers)
+        scanned = _restack(scanned, s, cfg.num_layers)
     assert jax.tree.structure(scanned) == jax.tree.structure(
         random_params(cfg.replace(scan_layers=True)))
     want, got = fwd(params, batch), fwd_scan(scanned, batch)
@@ -266,7 +255,7 @@ def test_scanned_stack_equals_unrolled(name, stacks):
 def test_remat_policies_give_equal_outputs_and_gradients():
     base, f = compiled("gpt_tiny")
     params, batch = params_of("gpt_tiny"), make_batch(base)
-    scanned = {"params": _restack(params["params"], "decoder", base.num_layers)}
+    scanned = _restack(params, "decoder", base.num_layers)
     (want_loss, want_out), want_grads = f(params, batch)
     # unrolled (prevent_cse=True) and scanned (prevent_cse=False) stacks; scan compiles 1 layer
     for policy, scan in [("full", False), ("dots", True), ("dots_with_no_batch_dims", True)]:
@@ -276,10 +265,10 @@ def test_remat_policies_give_equal_outputs_and_gradients():
         np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
         np.testing.assert_allclose(out, want_out, atol=1e-5)
         if scan:
-            grads = {"params": dict(grads["params"])}
-            layers = grads["params"]["decoder"].pop("layers")
+            grads = dict(grads, decoder=dict(grads["decoder"]))
+            layers = grads["decoder"].pop("layers")
             for i in range(base.num_layers):
-                grads["params"]["decoder"][f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], layers)
+                grads["decoder"][f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], layers)
         for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
             np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-5, err_msg=policy)
 
@@ -305,7 +294,7 @@ def test_head_output_shapes(family, head, extra, want):
     base = {"encoder": "bert_tiny", "decoder": "gpt_tiny", "encoder_decoder": "t5_tiny"}[family]
     cfg = cfg_of(base, head=head, **dict(dict(nsp_head=False), **extra))
     model, batch = build_model(cfg), make_batch(cfg)
-    out = jax.eval_shape(lambda: call(model, call_init(model, batch), batch))
+    out = jax.eval_shape(lambda: call(model, model.init(KEY(0)), batch))
     shapes = tuple(o.shape for o in out) if isinstance(out, tuple) else out.shape
     assert shapes == want
 
@@ -313,8 +302,8 @@ def test_head_output_shapes(family, head, extra, want):
 @pytest.mark.parametrize("name", ["gpt_tiny", "bert_tiny", "t5_tiny", "transformer_tiny"])
 def test_param_dtype_applies_to_every_parameter(name):
     cfg = cfg_of(name, param_dtype="bfloat16")
-    model, batch = build_model(cfg), make_batch(cfg)
-    shapes = jax.eval_shape(lambda: nn.meta.unbox(call_init(model, batch)))
+    model, _batch = build_model(cfg), make_batch(cfg)
+    shapes = model.abstract()
     for path, x in jax.tree_util.tree_flatten_with_path(shapes)[0]:
         assert x.dtype == jnp.bfloat16, jax.tree_util.keystr(path)
 
@@ -325,12 +314,11 @@ def test_encoder_decoder_encode_and_decode_methods():
     model = build_model(cfg)
 
     def encode_then_decode(p, b):
-        enc = model.apply(p, b["inputs"], inputs_segment_ids=b["inputs_segment_ids"],
-                          inputs_positions=b["inputs_positions"], method="encode")
+        enc = model.encode(p, b["inputs"], inputs_segment_ids=b["inputs_segment_ids"],
+                           inputs_positions=b["inputs_positions"])
         return enc, model.apply(
-            p, enc, b["targets_in"], inputs_segment_ids=b["inputs_segment_ids"],
-            targets_segment_ids=b["targets_segment_ids"], targets_positions=b["targets_positions"],
-            method="decode")
+            p, None, b["targets_in"], encoder_out=enc, inputs_segment_ids=b["inputs_segment_ids"],
+            targets_segment_ids=b["targets_segment_ids"], targets_positions=b["targets_positions"])
 
     enc, dec = jax.jit(encode_then_decode)(params, batch)
     assert enc.shape == (3, L, cfg.d_model)
@@ -390,12 +378,10 @@ def test_positions_types_shapes_and_cache_outside_their_tables_are_errors():
         build_model(ecfg).apply(params_of("bert_tiny"), np.ones((1, 4), np.int32),
                                 token_types=np.array([[0, 1, 2, 1]]))
     cache = model.init_cache(1, 4)
-    _, state = model.apply({**params, "cache": cache}, np.ones((1, 4), np.int32), decode=True,
-                           mutable=["cache"])
+    _, cache = model.apply(params, np.ones((1, 4), np.int32), cache=cache)
     with pytest.raises(ValueError, match=r"decoding 1 more token\(s\) at cache index 4 "
                                          r"overflows the cache of 4 slots"):
-        model.apply({**params, **state}, np.ones((1, 1), np.int32), decode=True,
-                    mutable=["cache"])
+        model.apply(params, np.ones((1, 1), np.int32), cache=cache)
 
 
 @pytest.mark.parametrize("how", ["first", "last", "mean", "max"])

@@ -88,7 +88,7 @@ def batch(cfg: ModelConfig, seed: int = 0) -> tuple[tuple, dict]:
 def boxed(cfg: ModelConfig):
     """Abstract boxed params of the functional model's ``init`` (shapes, dtypes, logical names),
     nothing computed."""
-    return jax.eval_shape(lambda: build_model(cfg).init(jax.random.key(0)))["params"]
+    return jax.eval_shape(lambda: jnnx.FunctionalModel(cfg).init(jax.random.key(0)))["params"]
 
 
 def random_params(cfg: ModelConfig, seed: int = 0) -> dict:
@@ -182,7 +182,7 @@ def test_jitted_values_and_gradients_with_scan_and_remat_equal_the_plain_model(n
     if cfg.replace(**overrides).scan_layers:  # the plain reference is unrolled
         plain_params = dict(params, decoder={f"layer_{i}": jax.tree.map(
             lambda x, i=i: x[i], params["decoder"]["layers"]) for i in range(cfg.num_layers)})
-    plain = build_model(cfg)
+    plain = jnnx.FunctionalModel(cfg)
     (v, out), g = jax.value_and_grad(nnx_loss, has_aux=True)(state)
     (v_ref, out_ref), g_ref = jax.jit(jax.value_and_grad(
         lambda p: (_loss(o := plain.apply({"params": p}, *args, **kw)), o), has_aux=True),
@@ -264,11 +264,12 @@ def test_sharded_init_gives_the_rules_shardings(name):
 
     cfg = cfg_of(name, num_layers=1)
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-    want = param_shardings(boxed(cfg), mesh)  # the rules on init's boxed logical names
+    model = build_model(cfg)
+    want = param_shardings(model.logical_axes(), model.abstract(), mesh)  # the rules on the spec's names
     got = jnnx.param_shardings(jnnx.abstract_model(cfg), mesh)
     assert flat(got) == flat(want)
     assert any(s.spec != jax.sharding.PartitionSpec() for s in flat(want).values())
-    created = jax.tree.map(lambda x: x.sharding, create_params(build_model(cfg), cfg, want, 0))
+    created = jax.tree.map(lambda x: x.sharding, create_params(build_model(cfg), want, 0))
     model = jnnx.build_sharded(cfg, mesh, jax.random.key(0))
     got = jax.tree.map(lambda x: x.sharding, jnnx.param_dict(model))
     assert {k: (s.mesh, s.spec) for k, s in flat(got).items()} == {

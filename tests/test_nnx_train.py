@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxformer.checkpoint import read_metrics
-from jaxformer.nnx import FunctionalModel
+from jaxformer.models import Model
 from jaxformer.train import config as train_config
 from jaxformer.train.config import validate_config
 from jaxformer.train.loop import Trainer
@@ -71,7 +71,7 @@ def _resume_other_api(run: Path, copy: Path, api: str, **overrides) -> dict[int,
     trainer = Trainer(with_module_api(load_config("gpt_pretrain_tiny", **SETTINGS, **overrides), api),
                       copy)
     assert trainer.start_step == 2
-    assert isinstance(trainer.model, FunctionalModel)
+    assert isinstance(trainer.model, Model)
     trainer.run()
     return losses(copy)
 
@@ -107,7 +107,7 @@ def test_init_from_hugging_face_directory_with_nnx(tmp_path):
                                                "data.tokenizer.max_train_texts": 500,
                                                "data.tokenizer.vocab_size": 512})
     trainer = Trainer(config, tmp_path / "run")
-    assert isinstance(trainer.model, FunctionalModel)
+    assert isinstance(trainer.model, Model)
     wte = load_file(f"{hf}/model.safetensors")["transformer.wte.weight"]
     params = jax.device_get(trainer.state.params)
     np.testing.assert_array_equal(params["token_embed"]["embedding"], wte)

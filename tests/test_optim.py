@@ -3,6 +3,8 @@ step's gradient accumulation."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -32,16 +34,17 @@ def init(name: str, abstract: bool = False, **overrides):
     cfg = ModelConfig.from_dict(preset(name, vocab_size=128, max_len=16, dropout_rate=0.0,
                                        attention_dropout_rate=0.0, **overrides))
     model = build_model(cfg)
-    args = (TOKENS, TOKENS) if cfg.family == "encoder_decoder" else (TOKENS,)
     run = jax.eval_shape if abstract else (lambda f: jax.jit(f)())
-    return model, run(lambda: model.init(jax.random.key(0), *args)["params"])
+    params = run(lambda: model.init(jax.random.key(0)))
+    return model, jax.tree.map(nn.LogicallyPartitioned, params, model.logical_axes(),
+                               is_leaf=lambda x: isinstance(x, tuple))
 
 
 def classifier_grads(model, params):
     labels = jnp.array([0, 1, 2, 1])
 
     def loss(p):
-        logits = model.apply({"params": p}, TOKENS)
+        logits = model.apply(nn.unbox(p), TOKENS)
         total, weight = weighted_cross_entropy(logits, labels)
         return total / weight
 
@@ -126,14 +129,19 @@ def test_clipping_bounds_the_gradient_adam_sees(scale):
     assert float(optax.tree.norm(seen)) <= 1.0 + 1e-5
 
 
-class TokenLogits(nn.Module):
-    """logits = table[token]: a model whose cross-entropy gradient NumPy can write down."""
+@dataclasses.dataclass(frozen=True)
+class TokenLogits:
+    """logits = table[token]: a model (what the train step calls: ``apply(params, tokens, rng=…)``,
+    as `jaxformer.models.Model`) whose cross-entropy gradient NumPy can write down."""
 
     vocab: int
+    cfg = None  # not a jaxformer model: its logits are its own (no padded vocabulary)
 
-    @nn.compact
-    def __call__(self, tokens, deterministic: bool = True):
-        return self.param("table", nn.initializers.normal(1.0), (self.vocab, self.vocab))[tokens]
+    def init(self, rng: jax.Array) -> dict:
+        return {"table": jax.random.normal(rng, (self.vocab, self.vocab))}
+
+    def apply(self, params: dict, tokens, rng=None):
+        return params["table"][tokens]
 
 
 def test_scan_accumulation_weights_every_token_equally():
@@ -150,7 +158,7 @@ def test_scan_accumulation_weights_every_token_equally():
     weights = np.zeros((2, length), np.float32)
     weights[0, :71], weights[1, :8] = 1, 1  # grad_accum_steps=2: micro-batch i holds row i
     model = TokenLogits(vocab)
-    params = model.init(jax.random.key(0), jnp.asarray(tokens))["params"]
+    params = model.init(jax.random.key(0))
     tx = optax.sgd(1.0)
     state = TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params),
                        rng=jax.random.key_data(jax.random.key(0)))

@@ -37,9 +37,7 @@ from jaxformer.parallel.shard_map import data_parallel_step
 from jaxformer.train.config import load_config
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
 from jaxformer.train.state import (
-    abstract_params,
     create_train_state,
-    init_model_params,
     state_shardings,
 )
 from jaxformer.train.step import make_eval_step, make_train_step
@@ -114,7 +112,7 @@ def _train_jit(mesh, setup, state, batches, grad_accum_steps: int = 1, explicit:
     """Compile the real train step for ``mesh`` (capturing XLA's warnings) and run it; with
     ``explicit``, the shard_map data-parallel step instead of the jit over the mesh."""
     cfg, model, tx, schedule, prepare = setup
-    _, shardings = state_shardings(model, cfg, tx, mesh)
+    _, shardings = state_shardings(model, tx, mesh)
     step_fn = make_train_step(model, tx, prepare, schedule, grad_accum_steps=grad_accum_steps,
                               axis_name=shard_map.AXIS if explicit else None)
     if explicit:
@@ -150,10 +148,10 @@ def _host_state(setup, seed: int = 0):
     """The unsharded initial state on one device, through `create_train_state(params=…)`: the
     parameters come from a fast-compiled `init_model_params` with the trainer's init key."""
     cfg, model, tx, _, _ = setup
-    init = jax.jit(lambda k: init_model_params(model, cfg, k), compiler_options=FAST_COMPILE)
+    init = jax.jit(lambda k: model.init(k), compiler_options=FAST_COMPILE)
     params = init(jax.random.fold_in(jax.random.key(seed), 0))
     single = make_mesh({"data": 1}, jax.devices()[:1])
-    return jax.device_get(create_train_state(model, cfg, tx, single, seed, params=params)[0])
+    return jax.device_get(create_train_state(model, tx, single, seed, params=params)[0])
 
 
 @pytest.fixture(scope="module")
@@ -168,16 +166,16 @@ def runs():
     for name, sizes in MESHES.items():
         mesh = make_mesh(sizes)
         if name == "fsdp8":  # initialised directly into its shards, as the trainer does
-            state, _ = create_train_state(model, cfg, tx, mesh, seed=0)
+            state, _ = create_train_state(model, tx, mesh, seed=0)
             out["fsdp8_init"] = jax.device_get(state)
         else:
-            state = jax.device_put(host0, state_shardings(model, cfg, tx, mesh)[1])
+            state = jax.device_put(host0, state_shardings(model, tx, mesh)[1])
         accum = 2 if name == "tensor4" else 1  # also: micro-batches sum to the full batch
         out[name] = {**_train_jit(mesh, setup, state, batches, accum), "mesh": mesh}
     data4 = make_mesh({"data": 4}, jax.devices()[:4])  # 2 rows per device: 2 micro-batches
     for name, mesh, accum in (("shard_map", out["data8"]["mesh"], 1),
                               ("shard_map_accum2", data4, 2)):
-        state = jax.device_put(host0, state_shardings(model, cfg, tx, mesh)[1])
+        state = jax.device_put(host0, state_shardings(model, tx, mesh)[1])
         out[name] = {**_train_jit(mesh, setup, state, batches, accum, explicit=True), "mesh": mesh}
     out["pmap"] = _train_pmap(setup, host0, batches)
     out["pmap_accum2"] = _train_pmap(setup, host0, batches, 2, devices=jax.devices()[:4])
@@ -197,12 +195,12 @@ def test_parameters_drawn_on_the_host_equal_the_devices_draw(monkeypatch):
     cfg, model, tx, _, _ = _setup("gpt")
     mesh = make_mesh({"fsdp": 8})
     assert not state_module.draws_on_host(mesh)
-    drawn, shardings = create_train_state(model, cfg, tx, mesh, seed=0)
-    fresh = state_module.create_params(model, cfg, shardings.params, seed=0)
+    drawn, shardings = create_train_state(model, tx, mesh, seed=0)
+    fresh = state_module.create_params(model, shardings.params, seed=0)
     calls = []
     monkeypatch.setattr(state_module, "draws_on_host", lambda m: calls.append(m) or True)
-    on_host, _ = create_train_state(model, cfg, tx, mesh, seed=0)
-    fresh_on_host = state_module.create_params(model, cfg, shardings.params, seed=0)
+    on_host, _ = create_train_state(model, tx, mesh, seed=0)
+    fresh_on_host = state_module.create_params(model, shardings.params, seed=0)
     assert len(calls) == 2  # both went through the host path
     for got, want in ((on_host, drawn), (fresh_on_host, fresh)):
         assert jax.tree.map(lambda x: x.sharding, got) == jax.tree.map(lambda x: x.sharding, want)
@@ -319,7 +317,7 @@ def test_restore_onto_a_different_mesh(runs, tmp_path):
     ckpt.save(STEPS, state)
     ckpt.close()
     target_mesh = make_mesh({"fsdp": 4, "tensor": 2})
-    abstract, shardings = state_shardings(model, cfg, tx, target_mesh)
+    abstract, shardings = state_shardings(model, tx, target_mesh)
     ckpt = Checkpointer(tmp_path, async_save=False)
     restored, step = ckpt.restore(with_shardings(abstract, shardings))
     ckpt.close()
@@ -338,7 +336,7 @@ def test_family_trains_on_mixed_mesh(family):
     setup = cfg, model, tx, schedule, prepare = _setup(family)
     host0 = _host_state(setup)
     mesh = make_mesh(MESHES["mixed"])
-    state = jax.device_put(host0, state_shardings(model, cfg, tx, mesh)[1])
+    state = jax.device_put(host0, state_shardings(model, tx, mesh)[1])
     batch = _batches(family, 1)[0]
     run = _train_jit(mesh, setup, state, [batch] * 3)  # step 0 has learning rate 0 (warm-up)
     assert REMAT_WARNING not in run["stderr"], run["stderr"][-2000:]
@@ -407,7 +405,7 @@ def test_shard_map_step_refuses_a_sharded_state_mesh():
 def test_indivisible_dimension_names_the_parameter():
     cfg, model, tx, _, _ = _setup("gpt")
     with pytest.raises(ValueError, match=r"self_attn.*\(4, 16\).*not divisible by mesh.tensor=8"):
-        param_shardings(abstract_params(model, cfg), make_mesh({"tensor": 8}))
+        param_shardings(model.logical_axes(), model.abstract(), make_mesh({"tensor": 8}))
     with pytest.raises(ValueError, match="data.batch_size=12 is not divisible by the 8 batch"):
         check_batch_size(make_mesh({"fsdp": 8}), 12)
     with pytest.raises(ValueError, match="micro-batch"):
@@ -419,12 +417,13 @@ def test_head_dim_is_the_logical_name_of_the_per_head_width():
     name ``kv`` (which would match nothing and replicate silently) is refused with the new name."""
     cfg, model, *_ = _setup("gpt")
     rules = tuple((name, "tensor" if name == "head_dim" else None) for name, _ in LOGICAL_AXIS_RULES)
-    shardings = param_shardings(abstract_params(model, cfg), make_mesh({"tensor": 2}), rules)
+    shardings = param_shardings(model.logical_axes(), model.abstract(), make_mesh({"tensor": 2}), rules)
     query = shardings["decoder"]["layer_0"]["self_attn"]["query"]["kernel"]  # [D, H, Dh]
     assert tuple(query.spec) == (None, None, "tensor")
     renamed = r"names 'kv', which is now called 'head_dim'.*\('head_dim', 'tensor'\)"
     with pytest.raises(ValueError, match=renamed):
-        param_shardings(abstract_params(model, cfg), make_mesh({"tensor": 2}), (("kv", "tensor"),))
+        param_shardings(model.logical_axes(), model.abstract(), make_mesh({"tensor": 2}),
+                        (("kv", "tensor"),))
     with pytest.raises(ValueError, match="'head_dim'"):
         sharded_jit(lambda x: x, make_mesh({"tensor": 2}), rules=(("kv", None),))
 
@@ -435,7 +434,7 @@ def test_constraints_are_no_ops_without_a_mesh(runs):
     cfg, model, *_ = runs["setup"]
     params = runs["host0"].params
     tokens = _batches("gpt", 1)[0]["inputs"]
-    apply = lambda p, t: model.apply({"params": p}, t)
+    apply = lambda p, t: model.apply(p, t)
     plain = jax.jit(apply, compiler_options=FAST_COMPILE)(params, tokens)
     mesh = make_mesh(MESHES["tensor4"])
     fwd = sharded_jit(apply, mesh)
@@ -454,11 +453,10 @@ def test_tiny_configs_fit_every_test_mesh(path):
     config = load_config(path)
     cfg = ModelConfig.from_dict(config.model)
     model = build_model(cfg)
-    boxed = abstract_params(model, cfg)
     for sizes in MESHES.values():
         mesh = make_mesh(sizes)
         check_batch_size(mesh, config.data.batch_size, config.optimizer.grad_accum_steps)
-        param_shardings(boxed, mesh)  # raises on an indivisible dimension
+        param_shardings(model.logical_axes(), model.abstract(), mesh)  # raises if indivisible
 
 
 # ------------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from jaxformer.train.param_groups import (
     layer_depths,
     map_params_by_path,
 )
-from jaxformer.train.state import abstract_params, trainable_abstract
+from jaxformer.train.state import trainable_abstract
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(vocab_size=64, d_model=16, num_heads=2, d_ff=32, num_layers=3, max_len=16)
@@ -62,8 +62,7 @@ def _params(name: str):
     """Parameters of a tiny model's exact tree (`abstract_params`, unboxed), drawn N(0, 0.05²)
     (the values do not matter to the optimizer's algebra; ``model.init`` would cost seconds)."""
     cfg = _model_cfg(name)
-    return jax.tree.map(lambda g: 0.05 * g, _grads(nn.unbox(abstract_params(build_model(cfg),
-                                                                              cfg)), 99))
+    return jax.tree.map(lambda g: 0.05 * g, _grads(nn.unbox(build_model(cfg).abstract()), 99))
 
 
 def _flat(tree) -> dict[str, object]:
@@ -97,7 +96,7 @@ def expected_depth(path: str, encoder_layers: int, decoder_layers: int, scanned:
 @pytest.mark.parametrize("name", list(MODELS))
 def test_depth_of_every_parameter(name, scanned):
     cfg = _model_cfg(name, scan_layers=scanned)
-    params = abstract_params(build_model(cfg), cfg)
+    params = build_model(cfg).abstract()
     depths, total = layer_depths(params)
     enc = {"t5": 3, "bert_classify": 3, "bert_mlm": 3, "albert": 3}.get(name, 0)
     dec = {"t5": 2, "gpt": 3, "gpt_plm": 3}.get(name, 0)
@@ -118,7 +117,7 @@ def test_depth_of_every_parameter(name, scanned):
 def test_lora_adapters_take_their_kernels_depth():
     cfg = _model_cfg("bert_classify")
     lora_cfg = ml_collections.ConfigDict(dict(rank=2, alpha=4.0, targets=("query", "ffn")))
-    trained = trainable_abstract(abstract_params(build_model(cfg), cfg), lora_cfg)
+    trained = trainable_abstract(build_model(cfg), lora_cfg)[0]
     depths, total = layer_depths(trained)
     flat = _flat(depths)
     assert total == 4 and flat["classifier/kernel"] == 4
@@ -129,8 +128,8 @@ def test_lora_adapters_take_their_kernels_depth():
 def test_lora_updates_are_scaled_by_their_kernels_depth():
     cfg = _model_cfg("bert_classify")
     lora_opt = dict(OPT, lora=dict(rank=2, alpha=4.0, targets=("value",)))
-    trained = _grads(nn.unbox(trainable_abstract(abstract_params(build_model(cfg), cfg),
-                                                 ml_collections.ConfigDict(lora_opt["lora"]))), 5)
+    trained = _grads(trainable_abstract(build_model(cfg),
+                                        ml_collections.ConfigDict(lora_opt["lora"]))[0], 5)
     plain, _ = make_optimizer(default_optimizer_config(**lora_opt), cfg.d_model, 10)
     decayed, _ = make_optimizer(default_optimizer_config(**lora_opt, layer_lr_decay=0.5),
                                 cfg.d_model, 10)
@@ -204,7 +203,7 @@ def test_scanned_and_unrolled_get_equal_multipliers_and_updates():
     scanned = _stack_layers(unrolled)
     scan_cfg = _model_cfg("t5", scan_layers=True)
     assert jax.tree.structure(scanned) == jax.tree.structure(
-        nn.unbox(abstract_params(build_model(scan_cfg), scan_cfg)))
+        nn.unbox(build_model(scan_cfg).abstract()))
     m_unrolled = jax.tree.map(np.broadcast_to, depth_multipliers(unrolled, 0.7),
                               jax.tree.map(np.shape, unrolled))
     m_scanned = jax.tree.map(np.broadcast_to, depth_multipliers(scanned, 0.7),
@@ -297,7 +296,7 @@ def test_settings_without_effect_or_depths_are_refused():
         make_optimizer(default_optimizer_config(freeze_embeddings_steps=3, freeze_backbone=True),
                        16, 10)
     cfg = _model_cfg("albert", share_layers=True)  # one block for every layer: no depth
-    params = abstract_params(build_model(cfg), cfg)
+    params = build_model(cfg).abstract()
     tx, _ = make_optimizer(default_optimizer_config(layer_lr_decay=0.8), cfg.d_model, 10)
     with pytest.raises(ValueError, match="model.share_layers=True"):
         jax.eval_shape(tx.init, nn.unbox(params))

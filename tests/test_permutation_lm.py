@@ -128,7 +128,7 @@ def _batch(seed: int = 0) -> dict:
 
 
 def _init(model, cfg, seed=0):
-    return nn.unbox(model.init(jax.random.key(seed))["params"])
+    return nn.unbox(model.init(jax.random.key(seed)))
 
 
 @pytest.mark.parametrize("position,scan", [
@@ -146,7 +146,7 @@ def test_identity_order_with_k1_is_exactly_the_causal_lm_loss(position, scan):
     @jax.jit
     def run(prepared):
         sums = loss_and_metrics(model, params, prepared, deterministic=True, dropout_rng=None)
-        return sums, model.apply({"params": params}, **prepared["model_inputs"])
+        return sums, model.apply(params, **prepared["model_inputs"])
 
     (clm_sums, clm_logits), (plm_sums, plm_logits) = run(clm), run(plm)
     assert float(clm_sums["weight"]) == float(plm_sums["weight"]) == 6 + 5 + 15
@@ -169,8 +169,8 @@ def test_permutation_lm_leaves_the_causal_lm_function_unchanged():
     gpt_params = {k: v for k, v in params.items() if k != "jump_embed"}
     assert jax.tree.structure(gpt_params) == jax.tree.structure(_init(gpt, cfg))
     tokens = _batch()["inputs"]
-    np.testing.assert_array_equal(plm_model.apply({"params": params}, tokens),
-                                  gpt.apply({"params": gpt_params}, tokens))
+    np.testing.assert_array_equal(plm_model.apply(params, tokens),
+                                  gpt.apply(gpt_params, tokens))
 
 
 @pytest.mark.parametrize("position", [pytest.param("learned", marks=pytest.mark.slow), "rope"])
@@ -187,7 +187,7 @@ def test_a_predicted_position_does_not_see_its_own_token(position):
 
     def logit(table, i):
         p = {**params, "token_embed": {"embedding": table}}
-        out = model.apply({"params": p}, tokens, segment_ids=seg, factorization_rank=rank)
+        out = model.apply(p, tokens, segment_ids=seg, factorization_rank=rank)
         return out[0, i, unused]
 
     r, s = np.asarray(rank)[0], np.asarray(seg)[0]
@@ -213,7 +213,7 @@ def test_bad_settings_are_refused_by_name():
     with pytest.raises(ValueError, match="objective.plm_k"):
         train_config.validate_config(config)
     model = build_model(ModelConfig(vocab_size=V, d_model=32, num_heads=4, d_ff=64, num_layers=1))
-    params = model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))
+    params = model.init(jax.random.key(0))
     with pytest.raises(ValueError, match="model.permutation_lm=True"):
         model.apply(params, jnp.ones((1, 4), jnp.int32),
                     factorization_rank=jnp.zeros((1, 4), jnp.int32))
@@ -246,12 +246,12 @@ def test_a_tiny_plm_run_lowers_its_loss_and_generates_as_a_causal_lm(plm_run, tm
     prompt = tokenizer.encode("the king")
     new = list(np.asarray(generate(model, params, [prompt], max_new_tokens=5, eos_id=None).tokens)[0])
     # greedy decoding (KV cache) = the argmax of the plain causal forward over the whole sequence
-    logits = model.apply({"params": params}, jnp.asarray([prompt + new], jnp.int32))
+    logits = model.apply(params, jnp.asarray([prompt + new], jnp.int32))
     np.testing.assert_array_equal(np.argmax(logits[0, len(prompt) - 1:-1], axis=-1), new)
     # the Hugging Face export is that GPT (the jump table is training-only)
     save_hf(cfg, params, tmp_path / "hf")
     hf_fields, hf_params, _ = load_hf(tmp_path / "hf")
     assert not ModelConfig.from_dict(hf_fields).permutation_lm and "jump_embed" not in hf_params
     hf_logits = build_model(ModelConfig.from_dict(hf_fields)).apply(
-        {"params": hf_params}, jnp.asarray([prompt + new], jnp.int32))
+        hf_params, jnp.asarray([prompt + new], jnp.int32))
     np.testing.assert_allclose(hf_logits, logits, rtol=1e-5, atol=1e-5)

@@ -71,10 +71,9 @@ def test_classification_rows_are_the_softmax_of_the_logits_in_input_order(runs, 
         ids = tok.encode(text)[:15] + [tok.special.eos_id]
         tokens = np.zeros((1, 16), np.int32)
         tokens[0, :len(ids)] = ids
-        logits = model.apply({"params": params}, tokens=jnp.asarray(tokens),
+        logits = model.apply(params, tokens=jnp.asarray(tokens),
                              positions=jnp.arange(16)[None], segment_ids=jnp.asarray(tokens != 0,
-                                                                                     jnp.int32),
-                             deterministic=True)
+                                                                                     jnp.int32))
         want = np.asarray(jax.nn.softmax(logits.astype(jnp.float32))[0])
         got = np.array([row["probabilities"]["neg"], row["probabilities"]["pos"]])
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -128,8 +128,8 @@ def test_span_head_loss_is_the_mean_of_start_and_end_cross_entropy(tokenizer):
     batch["start_position"] = np.array([f["start_position"] for f in feats])
     batch["end_position"] = np.array([f["end_position"] for f in feats])
     prepared = bind_objective({"name": "qa"}, tokenizer.special)(batch, jax.random.key(0))
-    params = model.init(jax.random.key(1), **prepared["model_inputs"])["params"]
-    logits = model.apply({"params": params}, **prepared["model_inputs"])
+    params = model.init(jax.random.key(1))
+    logits = model.apply(params, **prepared["model_inputs"])
     assert logits.shape == (len(feats), 2, L) and "qa_outputs" in params
     loss, w = weighted_cross_entropy(logits, prepared["targets"], prepared["weights"])
     z = np.asarray(logits, np.float64)
@@ -238,7 +238,7 @@ def test_hf_bert_for_question_answering_parity_and_round_trip(tmp_path):
     cfg, params, _ = load_hf(src)
     assert cfg["head"] == "span"
     model = build_model(ModelConfig.from_dict(cfg))
-    logits = np.asarray(model.apply({"params": params}, ref["input_ids"], token_types=ref["token_type_ids"]))
+    logits = np.asarray(model.apply(params, ref["input_ids"], token_types=ref["token_type_ids"]))
     for row, key in ((0, "start_logits"), (1, "end_logits")):
         assert np.max(np.abs(logits[:, row] - ref[key])) <= 1e-5 * max(np.max(np.abs(ref[key])), 1.0)
     save_hf(cfg, params, tmp_path / "out")

@@ -35,7 +35,7 @@ from jaxformer.parallel.partition import mesh_rules, sharded_jit
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.config import base_config, check_context_parallel
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
-from jaxformer.train.state import create_train_state, init_model_params
+from jaxformer.train.state import create_train_state
 from jaxformer.train.step import make_train_step
 from jaxformer.vocab import SpecialTokens
 
@@ -219,7 +219,7 @@ def _train(family: str, mesh_axes: dict, steps: int, keep_params_at: int | None 
     prepare = bind_objective(ml_collections.ConfigDict(dict(name=objective, **options)),
                              SpecialTokens(cfg.vocab_size))
     mesh = _mesh(**mesh_axes)
-    state, shardings = create_train_state(model, cfg, tx, mesh, seed=0)
+    state, shardings = create_train_state(model, tx, mesh, seed=0)
     step = sharded_jit(make_train_step(model, tx, prepare, schedule), mesh,
                        in_shardings=(shardings, None), out_shardings=(shardings, None))
     losses, compiled, kept = [], None, None
@@ -297,12 +297,12 @@ def test_model_outputs_natural_order_under_context_mesh():
     order in and out)."""
     cfg = ModelConfig.from_dict(preset("gpt_tiny", **TINY))
     model = build_model(cfg)
-    params = init_model_params(model, cfg, jax.random.key(0))
+    params = model.init(jax.random.key(0))
     tokens = jnp.asarray(np.random.default_rng(3).integers(7, 128, (2, LEN)), jnp.int32)
-    expect = model.apply({"params": params}, tokens)
+    expect = model.apply(params, tokens)
     mesh = _mesh(context=N)
     with mesh_rules(mesh):
-        got = jax.jit(lambda p, t: model.apply({"params": p}, t))(params, tokens)
+        got = jax.jit(lambda p, t: model.apply(p, t))(params, tokens)
     np.testing.assert_allclose(got, expect, atol=1e-4)
 
 
@@ -313,7 +313,7 @@ def test_generation_on_a_context_mesh_runs_attention_whole():
 
     cfg = ModelConfig.from_dict(preset("t5_tiny", **TINY))
     model = build_model(cfg)
-    params = init_model_params(model, cfg, jax.random.key(0))
+    params = model.init(jax.random.key(0))
     prompts = [[5, 6, 7, 8], [9, 10, 11, 12]]
     expect = generate(model, params, prompts, max_new_tokens=4, eos_id=None)
     with mesh_rules(_mesh(context=N)):

@@ -32,7 +32,7 @@ from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.config import load_config, validate_config
 from jaxformer.train.loop import train_and_evaluate
-from jaxformer.train.state import TrainState, init_model_params, state_shardings
+from jaxformer.train.state import TrainState, state_shardings
 from jaxformer.train.step import make_train_step
 from jaxformer.vocab import SpecialTokens
 
@@ -192,7 +192,7 @@ def _setup(family: str):
     name, objective = FAMILY[family]
     cfg = ModelConfig.from_dict(preset(name, **TINY))
     model = build_model(cfg)
-    params = init_model_params(model, cfg, jax.random.key(0))
+    params = model.init(jax.random.key(0))
     prepare = bind_objective({"name": objective}, SpecialTokens(cfg.vocab_size))
     return cfg, model, params, prepare, objective
 
@@ -216,7 +216,7 @@ def _argmax_inputs(model, params, prepare, objective, batch) -> np.ndarray:
     """The decoder inputs with every replaceable position replaced by the first pass's argmax,
     built outside the step (brute force)."""
     inputs = prepare(batch, jax.random.key(0))["model_inputs"]
-    logits = model.apply({"params": params}, **inputs, deterministic=True)
+    logits = model.apply(params, **inputs)
     key, seg_key = MIXED[objective]
     tokens, seg = np.asarray(inputs[key]), np.asarray(inputs[seg_key])
     continues = _continues(seg)
@@ -290,7 +290,7 @@ def test_mixer_replaces_with_the_first_pass_argmax_at_the_scheduled_rate(tiny):
     key, seg_key = MIXED[objective]
     tokens = np.asarray(prepared["model_inputs"][key])
     seg = np.asarray(prepared["model_inputs"][seg_key])
-    logits = model.apply({"params": params}, **prepared["model_inputs"], deterministic=True)
+    logits = model.apply(params, **prepared["model_inputs"])
     proposed = _brute_force_mix(tokens, seg, np.argmax(np.asarray(logits), -1), _continues(seg))
     visible = _continues(seg) & (proposed != tokens)  # a replacement there changes the token
     changed = 0
@@ -312,7 +312,7 @@ def test_micro_batches_shard_map_and_pmap_match_the_argmax_reference(tiny, stepp
     ref_new, ref_m = stepped["argmax_constants"]
     runs = {"jit_accum2": _run(_step(model, prepare, mixer, grad_accum_steps=2)[1], state, batch)}
     mesh = make_mesh({"data": 4}, jax.devices()[:4])
-    shardings = state_shardings(model, cfg, tx, mesh)[1]
+    shardings = state_shardings(model, tx, mesh)[1]
     sm_step = shard_map.data_parallel_step(
         _step(model, prepare, mixer, grad_accum_steps=2, axis_name=shard_map.AXIS)[1], mesh,
         shardings)

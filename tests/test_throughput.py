@@ -22,7 +22,6 @@ from jaxformer.plan import preset_config
 from jaxformer.train import throughput
 from jaxformer.train.config import load_config, validate_config
 from jaxformer.train.loop import Trainer
-from jaxformer.train.state import abstract_params
 from jaxformer.train.throughput import Throughput, goodput_line, profile_window
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +39,7 @@ def test_model_flops_equal_a_hand_count():
     6 FLOPs per weight per token; attention 12 · B · L² · H·Dh per layer, halved (causal)."""
     cfg = ModelConfig(family="decoder", vocab_size=64, d_model=16, num_heads=2, d_ff=32,
                       num_layers=2, max_len=32)
-    params = abstract_params(build_model(cfg), cfg)
+    params = build_model(cfg).abstract()
     b, length = 3, 10
     weights = 2 * (4 * 16 * 16 + 2 * 16 * 32) + 64 * 16
     dense = 6 * weights * b * length
@@ -49,7 +48,7 @@ def test_model_flops_equal_a_hand_count():
     assert f["dense_flops_per_step"] == dense and f["attention_flops_per_step"] == attention
     assert f["model_flops_per_step"] == dense + attention and f["tokens_per_step"] == b * length
     bidirectional = dataclasses.replace(cfg, family="encoder", head="mlm")
-    assert model_flops(bidirectional, abstract_params(build_model(bidirectional), bidirectional),
+    assert model_flops(bidirectional, build_model(bidirectional).abstract(),
                        b, length, length)["attention_flops_per_step"] == 2 * attention
 
 
@@ -60,7 +59,7 @@ def test_mlm_head_flops_count_only_the_predicted_positions():
     12 · B · L² · H·Dh per layer (bidirectional)."""
     cfg = ModelConfig(family="encoder", head="mlm", vocab_size=64, d_model=16, num_heads=2, d_ff=32,
                       num_layers=2, max_len=32, mlm_transform=True)
-    params = abstract_params(build_model(cfg), cfg)
+    params = build_model(cfg).abstract()
     b, length, p = 3, 10, 2
     layers = 6 * 2 * (4 * 16 * 16 + 2 * 16 * 32) * b * length
     head = 6 * (16 * 16 + 64 * 16) * b * p
@@ -78,7 +77,7 @@ def test_train_step_flops_read_the_mlm_objective_slots():
     position) counts all 512, and GPT's LM head is unchanged."""
     c = preset_config("bert_base", batch=2, seq_len=512)
     cfg = ModelConfig.from_dict(c.model)
-    params = abstract_params(build_model(cfg), cfg)
+    params = build_model(cfg).abstract()
     assert train_step_flops(c, cfg, params) == model_flops(cfg, params, 2, 512, 512, predictions=80)
     c.objective.max_predictions_per_seq = 0
     assert train_step_flops(c, cfg, params) == model_flops(cfg, params, 2, 512, 512)

@@ -68,7 +68,7 @@ def _configs(name: str) -> tuple[ModelConfig, ModelConfig]:
 def _params(cfg: ModelConfig, padded: ModelConfig, seed: int = 0):
     """(the unpadded model's params, the padded model's: the same real rows, padding rows filled
     with values that would win an argmax if they were read: +30 in biases, ±3 elsewhere)."""
-    params = jax.tree.map(np.asarray, nn.unbox(build_model(cfg).init(jax.random.key(seed))["params"]))
+    params = jax.tree.map(np.asarray, nn.unbox(build_model(cfg).init(jax.random.key(seed))))
     out = fit_vocab(params, cfg, padded)
     rng = np.random.default_rng(seed)
     for path, axis in vocab_axes(padded).items():
@@ -125,8 +125,8 @@ def test_padded_model_computes_the_unpadded_function(name):
     cfg, padded = _configs(name)
     params, padded_params = _params(cfg, padded)
     inputs = _inputs(cfg)
-    logits = build_model(cfg).apply({"params": params}, **inputs)
-    got = build_model(padded).apply({"params": padded_params}, **inputs)
+    logits = build_model(cfg).apply(params, **inputs)
+    got = build_model(padded).apply(padded_params, **inputs)
     assert got.shape == (*logits.shape[:-1], padded.padded_vocab_size)
     np.testing.assert_allclose(got[..., :cfg.vocab_size], logits, **TOL)
     assert np.all(np.asarray(got[..., cfg.vocab_size:]) == np.finfo(np.float32).min)
@@ -223,10 +223,10 @@ def test_fit_vocab_round_trips_between_paddings():
 def _golden_logits(apply, params, name: str, ref: dict) -> tuple[np.ndarray, np.ndarray]:
     """(ours, PyTorch's) logits on golden case ``name``'s inputs, at its real (unmasked) tokens."""
     if name == "gpt2":
-        return np.asarray(apply({"params": params}, ref["input_ids"])), ref["logits"]
+        return np.asarray(apply(params, ref["input_ids"])), ref["logits"]
     mask = ref["attention_mask"]
     kw = dict(token_types=ref["token_type_ids"]) if "token_type_ids" in ref else {}
-    ours = np.asarray(apply({"params": params}, ref["input_ids"], segment_ids=mask, **kw))
+    ours = np.asarray(apply(params, ref["input_ids"], segment_ids=mask, **kw))
     return ours[mask == 1], ref["logits"][mask == 1]
 
 
@@ -284,9 +284,9 @@ def _gpt2_step(mesh_sizes: dict, host_state=None, **overrides):
     cfg, model, tx, schedule, prepare = _gpt2_parts(**overrides)
     mesh = make_mesh(mesh_sizes, jax.devices()[:math.prod(mesh_sizes.values())])
     if host_state is None:
-        state, shardings = create_train_state(model, cfg, tx, mesh, seed=0)
+        state, shardings = create_train_state(model, tx, mesh, seed=0)
     else:
-        shardings = state_shardings(model, cfg, tx, mesh)[1]
+        shardings = state_shardings(model, tx, mesh)[1]
         state = jax.device_put(host_state, shardings)
     rows = np.random.default_rng(0).integers(3, cfg.vocab_size, (8, 16)).astype(np.int32)
     rows[:, -1] = cfg.vocab_size - 1
@@ -304,7 +304,7 @@ def test_gpt2_preset_shards_its_padded_vocabulary_over_tensor_and_matches_one_de
                                          r"model.vocab_pad_multiple=2"):
         _gpt2_step({"data": 4, "tensor": 2}, vocab_pad_multiple=1)
     cfg, model, tx, _, _ = _gpt2_parts()
-    host0 = jax.device_get(create_train_state(model, cfg, tx, make_mesh(
+    host0 = jax.device_get(create_train_state(model, tx, make_mesh(
         {"data": 1}, jax.devices()[:1]), seed=0)[0])
     single, single_loss, _ = _gpt2_step({"data": 1}, host0)
     sharded, sharded_loss, shardings = _gpt2_step({"data": 2, "fsdp": 2, "tensor": 2}, host0)
@@ -350,7 +350,7 @@ def test_init_from_a_checkpoint_of_another_padding_repads_its_tables(tmp_path):
                 "data.batch_size": 8, "progress_bar": False}
     config = load_config(ROOT / "configs" / "gpt_pretrain_tiny.py", settings)
     unpadded = ModelConfig.from_dict(config.model.to_dict())
-    params = jax.tree.map(np.asarray, nn.unbox(build_model(unpadded).init(jax.random.key(3))["params"]))
+    params = jax.tree.map(np.asarray, nn.unbox(build_model(unpadded).init(jax.random.key(3))))
     save_params(tmp_path / "pretrained", unpadded, params)
     config = load_config(ROOT / "configs" / "gpt_pretrain_tiny.py", {
         **settings, "model.vocab_pad_multiple": 100, "init_from": str(tmp_path / "pretrained")})

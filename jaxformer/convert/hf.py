@@ -4,8 +4,8 @@ Llama / Mistral / Qwen2 checkpoints.
     cfg_dict, params, tokenizer = load_hf("path/to/hf_model")           # → jaxformer
     save_hf(cfg_dict, params, "path/to/out")                              # → from_pretrained-able
 
-``params`` is the ``params`` collection exactly as ``build_model(cfg).init(...)["params"]``
-structures it (unboxed, host NumPy float32 arrays; place them with ``jax.device_put``), in the
+``params`` is the parameter dict exactly as ``build_model(cfg).init(key)`` structures it (host
+NumPy float32 arrays; place them with ``jax.device_put``), in the
 unrolled (``layer_0 …``) or, with ``scan_layers=True``, the scanned (``layers`` with a leading layer
 axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert`, `hf_albert`,
 `hf_roberta`, `hf_distilbert`, `hf_t5`, `hf_bart` and `hf_llama`.
@@ -25,11 +25,8 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-import flax.core
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from jaxformer.config import ModelConfig, exported_fields
 from jaxformer.convert import (
@@ -64,7 +61,7 @@ from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.layers.heads import is_head_module
 from jaxformer.layers.vocab_padding import fit_vocab
 from jaxformer.models import build_model
-from jaxformer.nnx import from_params
+from jaxformer.models.module import Transformer
 
 log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert": hf_albert,
@@ -99,16 +96,9 @@ def export_converter(cfg: ModelConfig) -> ModuleType:
 JAXFORMER_KEY = "jaxformer_config"
 
 
-def _init_args(model_cfg: ModelConfig) -> tuple:
-    t = jnp.zeros((1, 1), jnp.int32)
-    return (t, t) if model_cfg.family == "encoder_decoder" else (t,)
-
-
 def param_shapes(model_cfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
-    """Flat ``{path: ShapeDtypeStruct}`` of ``build_model(model_cfg).init(...)["params"]`` (no FLOPs)."""
-    model = build_model(model_cfg)
-    v = jax.eval_shape(lambda k: model.init(k, *_init_args(model_cfg)), jax.random.key(0))
-    return flatten(flax.core.meta.unbox(v["params"]))
+    """Flat ``{path: ShapeDtypeStruct}`` of ``build_model(model_cfg).init(key)`` (no FLOPs)."""
+    return flatten(build_model(model_cfg).abstract())
 
 
 def _init_subset(model_cfg: ModelConfig, paths: list[str], seed: int) -> dict[str, np.ndarray]:
@@ -117,7 +107,7 @@ def _init_subset(model_cfg: ModelConfig, paths: list[str], seed: int) -> dict[st
     model = build_model(model_cfg)
 
     def init(key):
-        flat = flatten(flax.core.meta.unbox(model.init(key, *_init_args(model_cfg))["params"]))
+        flat = flatten(model.init(key))
         return {p: flat[p] for p in paths}
 
     return {p: np.asarray(x) for p, x in jax.jit(init)(jax.random.key(seed)).items()}
@@ -212,18 +202,17 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
     return padded.to_dict(), params, find_tokenizer(directory)
 
 
-def from_hf(directory: str | os.PathLike, **kwargs) -> nnx.Module:
-    """The NNX model (`jaxformer.nnx`) of a local Hugging Face directory, holding its weights;
-    ``kwargs`` as `load_hf` (``scan_layers``, ``head``, ``num_classes``, ``seed``,
+def from_hf(directory: str | os.PathLike, **kwargs) -> Transformer:
+    """The NNX model (`jaxformer.models.Transformer`) of a local Hugging Face directory, holding its
+    weights; ``kwargs`` as `load_hf` (``scan_layers``, ``head``, ``num_classes``, ``seed``,
     ``vocab_pad_multiple``)."""
     cfg, params, _ = load_hf(directory, **kwargs)
-    return from_params(ModelConfig.from_dict(cfg), params)
+    return Transformer(ModelConfig.from_dict(cfg), params=params)
 
 
 def _host_params(params: Mapping) -> dict[str, np.ndarray]:
-    """Any params pytree (boxed or not, ``{"params": ...}`` or bare, scanned or unrolled) → flat
-    unrolled ``{path: float32 NumPy array}``."""
-    params = flax.core.meta.unbox(params)
+    """Any params pytree (``{"params": ...}`` or bare, scanned or unrolled) → flat unrolled
+    ``{path: float32 NumPy array}``."""
     if set(params) == {"params"}:
         params = params["params"]
     params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), dict(params))

@@ -9,11 +9,11 @@ Sampling without ``rng`` draws from ``jax.random.key(DEFAULT_SEED)`` (0, as the 
 ``--seed``): the same call gives the same samples; pass another key for other samples.
 
 Two conventions, one program. ``model`` is what ``jaxformer.models.build_model`` returns (a
-`jaxformer.nnx.FunctionalModel`) and ``params`` its parameter tree (a checkpoint's, `load_hf`'s);
-or an NNX model (`jaxformer.nnx.build_model`, `from_hf`), which carries its parameters, so its calls
-omit them: ``generate(nnx_model, prompts, ...)``, ``generate_text(nnx_model, tokenizer, texts,
-...)``. Either way the jitted program holds the model's graph definition statically and takes the
-parameters and the KV cache (the NNX model's `nnx.Cache` state) as pytrees.
+`jaxformer.models.Model`) and ``params`` its parameter tree (a checkpoint's, `load_hf`'s); or an NNX
+model (`jaxformer.models.Transformer`, `from_hf`), which carries its parameters, so its calls omit
+them: ``generate(nnx_model, prompts, ...)``, ``generate_text(nnx_model, tokenizer, texts, ...)``.
+Either way the jitted program holds the model (its config) statically and takes the parameters and
+the KV cache (`jaxformer.models.init_cache`'s dict) as pytrees.
 
 For decoder-only models the inputs are prompts (continued); for encoder-decoder models they are
 sources (the decoder starts from ``decoder_start_id``, 0 = pad as in T5). Everything from the prompt
@@ -39,8 +39,7 @@ from jaxformer.decode.beam import BeamResult, beam_search
 from jaxformer.decode.refill import generate_refill, refill_supported
 from jaxformer.decode.sampling import sample
 from jaxformer.decode.search import DecodeResult, decode_loop
-from jaxformer.nnx.functional import FunctionalModel
-from jaxformer.nnx.params import param_dict
+from jaxformer.models import Model
 from jaxformer.ops.embedding import check_token_ids
 from jaxformer.progress import bar_disabled
 
@@ -135,7 +134,7 @@ def _program(config: GenerationConfig) -> GenerationConfig:
                                top_p=0.5 if top_p_on else None, **beam_defaults)
 
 
-def _generate_impl(model: FunctionalModel, program: GenerationConfig, params: Any, inputs: jax.Array,
+def _generate_impl(model: Model, program: GenerationConfig, params: Any, inputs: jax.Array,
                    lengths: jax.Array, rng: jax.Array | None, temperature: jax.Array,
                    top_p: jax.Array) -> DecodeResult | BeamResult:
     beam = program.strategy == "beam"
@@ -172,13 +171,13 @@ def sampling_key(rng: jax.Array | None) -> jax.Array:
     return jax.random.key(DEFAULT_SEED) if rng is None else rng
 
 
-def generate_padded(model: FunctionalModel, params: Any, inputs: jax.Array, lengths: jax.Array,
+def generate_padded(model: Model, params: Any, inputs: jax.Array, lengths: jax.Array,
                     config: GenerationConfig, rng: jax.Array | None = None
                     ) -> DecodeResult | BeamResult:
     """Jitted generation from a right-padded batch (e.g. a pipeline batch's ``inputs``).
 
     Args:
-      model: the `FunctionalModel` of a decoder-only or encoder-decoder config.
+      model: the `Model` of a decoder-only or encoder-decoder config.
       params: its parameter tree (the ``"params"`` collection).
       inputs: `[B, L]` int32 prompts (decoder-only) or sources (encoder-decoder), right-padded.
       lengths: `[B]` int32 real tokens per row (prompts need at least one).
@@ -194,10 +193,10 @@ def generate_padded(model: FunctionalModel, params: Any, inputs: jax.Array, leng
                          sampling_key(rng) if program.strategy == "sample" else None, *knobs)
 
 
-def _functional(model: Any, params: Any) -> tuple[FunctionalModel, Any]:
-    """(functional model, params) of a `FunctionalModel` and its params, or of an NNX model."""
+def _functional(model: Any, params: Any) -> tuple[Model, Any]:
+    """(model, params) of a `Model` and its params, or of an NNX model (its `nnx.Param` state)."""
     if isinstance(model, nnx.Module):
-        return FunctionalModel(model.cfg), param_dict(model)
+        return Model(model.cfg), nnx.to_pure_dict(nnx.state(model, nnx.Param))
     return model, params
 
 
@@ -208,7 +207,7 @@ def _unwrap(params: Any) -> Any:
 
 
 def generate(
-    model: FunctionalModel | nnx.Module,
+    model: Model | nnx.Module,
     params: Any = None,
     prompts: Sequence[Sequence[int]] | None = None,
     *,
@@ -294,7 +293,7 @@ def bucket_width(longest: int, cap: int, smallest: int = 8) -> int:
     return max(longest, min(cap, max(smallest, 1 << max(longest - 1, 0).bit_length())))
 
 
-def generate_batches(model: FunctionalModel | nnx.Module, params: Any,
+def generate_batches(model: Model | nnx.Module, params: Any,
                      prompts: Sequence[Sequence[int]], config: GenerationConfig, *,
                      batch_size: int, rng: jax.Array | None = None,
                      progress: bool | None = False, refill: bool = False,
@@ -351,7 +350,7 @@ def generate_batches(model: FunctionalModel | nnx.Module, params: Any,
     return out
 
 
-def generate_text(model: FunctionalModel | nnx.Module, params: Any = None, tokenizer: Any = None,
+def generate_text(model: Model | nnx.Module, params: Any = None, tokenizer: Any = None,
                   texts: Sequence[str] | None = None, *,
                   add_bos: bool = False, append_eos: bool | None = None, **kwargs) -> list[str]:
     """Text in, text out. ``tokenizer`` has ``encode(str) -> list[int]``,

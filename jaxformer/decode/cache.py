@@ -1,6 +1,6 @@
 """The decoding cache as a pytree: allocation, batch-axis discovery, beam expansion and reordering.
 
-The model's KV cache (an NNX model's `nnx.Cache` state as a pure dict: `jaxformer.nnx.models`,
+The model's KV cache (`jaxformer.models.model.init_cache`'s pure dict, laid out by
 `jaxformer.ops.stack.stack_cache`) holds, for a batch ``B`` and maximum target length ``S``:
 
 * per layer, self-attention ``key``/``value`` `[B, K, S, Dh]` and ``valid`` `[B, S]`, and for
@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxformer.nnx.models import cache_tree
+from jaxformer.models.model import init_cache as model_cache
 
 Array = jnp.ndarray
 PyTree = Any
@@ -34,16 +34,15 @@ NO_BATCH_AXIS = -1
 def _abstract_cache(model: Any, batch_size: int, max_length: int,
                     source_length: int | None) -> PyTree:
     """Shapes/dtypes (`jax.ShapeDtypeStruct`) of the cache for these sizes, without computing it.
-    ``model``: anything with the model's ``cfg`` (an NNX model, a `FunctionalModel`)."""
-    return jax.eval_shape(lambda: cache_tree(model.cfg, batch_size, max_length, source_length))
+    ``model``: anything with the model's ``cfg`` (a `jaxformer.models.Model`, an NNX model)."""
+    return jax.eval_shape(lambda: model_cache(model.cfg, batch_size, max_length, source_length))
 
 
 def init_cache(model: Any, batch_size: int, max_length: int,
                source_length: int | None = None) -> PyTree:
-    """A zero cache for ``batch_size`` rows of up to ``max_length`` target tokens: the pure dict
-    of an NNX model's ``init_cache`` (`jaxformer.nnx.models.cache_tree`). ``source_length`` is
-    required for encoder-decoder models."""
-    return cache_tree(model.cfg, batch_size, max_length, source_length)
+    """A zero cache for ``batch_size`` rows of up to ``max_length`` target tokens: the model's one
+    `jaxformer.models.model.init_cache`. ``source_length`` is required for encoder-decoder models."""
+    return model_cache(model.cfg, batch_size, max_length, source_length)
 
 
 def _changing_axes(one: PyTree, two: PyTree, what: str) -> PyTree:

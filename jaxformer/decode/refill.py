@@ -38,7 +38,7 @@ from jax import lax
 from jaxformer.decode import steps
 from jaxformer.decode.cache import NO_BATCH_AXIS, cache_batch_axes, cache_slot_axes, grow_slots
 from jaxformer.decode.sampling import sample
-from jaxformer.nnx.functional import FunctionalModel
+from jaxformer.models import Model
 
 Array = jnp.ndarray
 
@@ -92,7 +92,7 @@ def _compact(pool: dict, slot_axes: Any, prefix: int) -> dict:
     return lax.cond(shift > 0, rolled, lambda pool: pool, pool)
 
 
-def empty_pool(model: FunctionalModel, params: Any, batch_size: int, width: int, slots: int,
+def empty_pool(model: Model, params: Any, batch_size: int, width: int, slots: int,
                config) -> dict:
     """A pool of ``batch_size`` finished rows (nothing running) whose cache has ``slots`` slots and
     its index at the prompt width (a prompt's ``P`` slots fit before it); ``width``: the padded
@@ -121,7 +121,7 @@ def _fresh(model, params, inputs, lengths, config) -> steps.DecodeStart:
                        decoder_start_id=config.decoder_start_id)
 
 
-def _refill_impl(model: FunctionalModel, config, params: Any, pool: dict, inputs: Array,
+def _refill_impl(model: Model, config, params: Any, pool: dict, inputs: Array,
                  lengths: Array, take: Array) -> dict:
     """Rows ``take`` `[B]` of ``pool`` start the prompts ``inputs`` `[B, P]` (``lengths`` `[B]`;
     other rows' inputs are ignored)."""
@@ -147,7 +147,7 @@ def _refill_impl(model: FunctionalModel, config, params: Any, pool: dict, inputs
     return pool
 
 
-def _segment_impl(model: FunctionalModel, config, segment: int, params: Any, pool: dict,
+def _segment_impl(model: Model, config, segment: int, params: Any, pool: dict,
                   rng: Array | None, temperature: Array, top_p: Array) -> dict:
     """Up to ``segment`` decoding steps of every row of ``pool`` (stopping when all are done),
     after compacting its cache (`_compact`)."""
@@ -192,7 +192,7 @@ def refill_supported(config) -> bool:
     return config.strategy != "beam" and not config.no_repeat_ngram_size
 
 
-def generate_refill(model: FunctionalModel, params: Any, rows: Sequence[Sequence[int]], config, *,
+def generate_refill(model: Model, params: Any, rows: Sequence[Sequence[int]], config, *,
                     batch_size: int, width: int, pad_rows, program, knobs: tuple[Array, Array],
                     segment: int = 16, rng: jax.Array | None = None) -> list[list[int]]:
     """Generated ids of each of ``rows`` (token-id lists), in order, ``batch_size`` rows decoding at

@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxformer.data.qa import qa_example, qa_windows
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.nnx.functional import FunctionalModel
+from jaxformer.models import Model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +44,7 @@ def best_span(start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndar
     return float(scores[s, e]), int(s), int(e)
 
 
-def best_answer(model: FunctionalModel, params: Any, tokenizer: Tokenizer, record: Mapping[str, Any], *,
+def best_answer(model: Model, params: Any, tokenizer: Tokenizer, record: Mapping[str, Any], *,
                 seq_len: int, doc_stride: int, max_question_len: int, max_answer_len: int
                 ) -> Answer:
     """The best answer to ``record`` (``context`` and ``question``; an answer is not needed)
@@ -71,9 +71,8 @@ def best_answer(model: FunctionalModel, params: Any, tokenizer: Tokenizer, recor
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _span_logits(model: FunctionalModel, params: Any, tokens: jax.Array, segment_ids: jax.Array,
+def _span_logits(model: Model, params: Any, tokens: jax.Array, segment_ids: jax.Array,
                  token_types: jax.Array) -> jax.Array:
     """Start/end logits `[windows, 2, L]` of a span-head model, compiled once per model and
     window-count bucket (op-by-op, one question took ~0.1 s on CPU; compiled, ~1 ms)."""
-    return model.apply({"params": params}, tokens, segment_ids=segment_ids,
-                       token_types=token_types)
+    return model.apply(params, tokens, segment_ids=segment_ids, token_types=token_types)

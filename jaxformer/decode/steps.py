@@ -13,11 +13,11 @@ the same for GPT-style and T5-style models:
   cross-attention keys/values in the cache; later steps pass ``encoder_out=None`` and the source
   segment ids (the padding mask), carried in the decode state.
 
-The model is a `jaxformer.nnx.FunctionalModel` (what ``jaxformer.models.build_model`` gives; an NNX
-model's own, `jaxformer.decode.api`): each call merges the parameters and the KV cache into the NNX
-model and splits the updated cache out, so the loops are pure functions of pytrees. The decode
-state is ``{"cache": ..., "source_segment_ids"?: [B, S]}``, the cache the NNX model's `nnx.Cache`
-state as a pure dict (`jaxformer.decode.cache`).
+The model is a `jaxformer.models.Model` (what ``jaxformer.models.build_model`` gives; a
+`Transformer`'s own, `jaxformer.decode.api`): each call is ``model.apply(params, ..., cache=c)`` →
+(logits, updated cache), so the loops are pure functions of pytrees. The decode state is
+``{"cache": ..., "source_segment_ids"?: [B, S]}``, the cache `jaxformer.models.init_cache`'s pure
+dict (`jaxformer.decode.cache`).
 
 The cache grows as the loops go (`segment_ends`): it is allocated for the first 32 generated tokens
 and doubled in steps (32, 64, 128, … tokens; `DecodeStart.grow`), so that attention, which reads
@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from jaxformer.decode.cache import cache_slot_axes, grow_slots, init_cache
-from jaxformer.nnx.functional import FunctionalModel
+from jaxformer.models import Model
 
 Array = jnp.ndarray
 
@@ -69,7 +69,7 @@ def segment_ends(max_new_tokens: int, first: int = 32) -> tuple[int, ...]:
     return tuple(ends)
 
 
-def start(model: FunctionalModel, params: Any, inputs: Array, lengths: Array, *, max_new_tokens: int,
+def start(model: Model, params: Any, inputs: Array, lengths: Array, *, max_new_tokens: int,
           decoder_start_id: int = 0, tokens_per_step: int = 1) -> DecodeStart:
     """Run the prompt (decoder-only) or the source + start token (encoder-decoder).
 
@@ -85,7 +85,6 @@ def start(model: FunctionalModel, params: Any, inputs: Array, lengths: Array, *,
     b, length = inputs.shape
     slot = jnp.arange(length, dtype=jnp.int32)[None, :]
     lengths = lengths.astype(jnp.int32)
-    variables = {"params": params}
     if model.cfg.family == "decoder":
         shift = (length - lengths)[:, None]  # number of left pads per row
         tokens = jnp.take_along_axis(inputs, (slot - shift) % length, axis=1)
@@ -95,7 +94,7 @@ def start(model: FunctionalModel, params: Any, inputs: Array, lengths: Array, *,
         source_length, prefix = None, length
     else:
         seg = (slot < lengths[:, None]).astype(jnp.int32)
-        encoder_out = model.apply(variables, inputs, inputs_segment_ids=seg, method="encode")
+        encoder_out = model.encode(params, inputs, inputs_segment_ids=seg)
         tokens = jnp.full((b, 1), decoder_start_id, jnp.int32)
         positions = jnp.zeros_like(tokens)
         source_length, prefix = length, 1
@@ -106,14 +105,14 @@ def start(model: FunctionalModel, params: Any, inputs: Array, lengths: Array, *,
 
     cache = init_cache(model, b, slots(ends[0]), source_length=source_length)
     if model.cfg.family == "decoder":
-        logits, mut = model.apply({**variables, "cache": cache}, tokens, positions=positions,
-                                  segment_ids=seg, decode=True, mutable=["cache"])
-        state, next_positions = {"cache": mut["cache"]}, lengths
+        logits, cache = model.apply(params, tokens, positions=positions, segment_ids=seg,
+                                    cache=cache)
+        state, next_positions = {"cache": cache}, lengths
     else:
-        logits, mut = model.apply({**variables, "cache": cache}, encoder_out, tokens,
-                                  inputs_segment_ids=seg, targets_positions=positions,
-                                  decode=True, mutable=["cache"], method="decode")
-        state = {"cache": mut["cache"], "source_segment_ids": seg}
+        logits, cache = model.apply(params, None, tokens, encoder_out=encoder_out,
+                                    inputs_segment_ids=seg, targets_positions=positions,
+                                    cache=cache)
+        state = {"cache": cache, "source_segment_ids": seg}
         next_positions = jnp.ones((b,), jnp.int32)
     axes = cache_slot_axes(model, b, source_length)
 
@@ -124,23 +123,22 @@ def start(model: FunctionalModel, params: Any, inputs: Array, lengths: Array, *,
                        grow)
 
 
-def step(model: FunctionalModel, params: Any, state: dict[str, Any], tokens: Array,
+def step(model: Model, params: Any, state: dict[str, Any], tokens: Array,
          positions: Array, mask: Array | None = None) -> tuple[Array, dict[str, Any]]:
     """Append one token per row: tokens `[B]` at positions `[B]` → (`[B, V]` float32 logits,
     state); or ``L`` per row: `[B, L]`, `[B, L]` → `[B, L, V]`, each seeing the cache slots
     ``mask`` `[B, L, S]` allows (besides causality and validity)."""
-    variables = {"params": params, "cache": state["cache"]}
     one = tokens.ndim == 1
     if one:
         tokens, positions = tokens[:, None], positions[:, None]
     tokens = tokens.astype(jnp.int32)
     if model.cfg.family == "decoder":
-        logits, mut = model.apply(variables, tokens, positions=positions, decode=True,
-                                  decode_mask=mask, mutable=["cache"])
+        logits, cache = model.apply(params, tokens, positions=positions, decode_mask=mask,
+                                    cache=state["cache"])
     else:
-        logits, mut = model.apply(variables, None, tokens,
-                                  inputs_segment_ids=state["source_segment_ids"],
-                                  targets_positions=positions, decode=True, decode_mask=mask,
-                                  mutable=["cache"], method="decode")
+        logits, cache = model.apply(params, None, tokens,
+                                    inputs_segment_ids=state["source_segment_ids"],
+                                    targets_positions=positions, decode_mask=mask,
+                                    cache=state["cache"])
     logits = logits.astype(jnp.float32)
-    return logits[:, 0] if one else logits, {**state, "cache": mut["cache"]}
+    return logits[:, 0] if one else logits, {**state, "cache": cache}

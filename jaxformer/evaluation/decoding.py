@@ -30,7 +30,7 @@ from jaxformer.data.sources import get_source, read_records
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode.api import GenerationConfig, generate_batches
 from jaxformer.evaluation.metrics import sequence_scores
-from jaxformer.nnx import FunctionalModel
+from jaxformer.models import Model
 from jaxformer.objectives.registry import get_objective
 from jaxformer.settings import at_least, positive, setting
 
@@ -156,7 +156,7 @@ def decoding_examples(settings: Any, tokenizer: Tokenizer, split: str, *, limit:
     return out
 
 
-def decode_prompts(model: FunctionalModel, params: Any, prompts: Sequence[Sequence[int]],
+def decode_prompts(model: Model, params: Any, prompts: Sequence[Sequence[int]],
                    gen: GenerationConfig, *, batch_size: int, progress: bool | None = False,
                    refill: bool = False) -> list[list[int]]:
     """Generated token ids (EOS and what follows removed) for each prompt, decoded in batches of
@@ -174,7 +174,7 @@ def decode_prompts(model: FunctionalModel, params: Any, prompts: Sequence[Sequen
                             refill=refill)
 
 
-def score_decoding(model: FunctionalModel, params: Any, tokenizer: Tokenizer,
+def score_decoding(model: Model, params: Any, tokenizer: Tokenizer,
                    examples: Sequence[DecodingExample], gen: GenerationConfig, *, batch_size: int,
                    progress: bool | None = False, refill: bool = False
                    ) -> tuple[dict[str, Any], list[str]]:

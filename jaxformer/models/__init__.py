@@ -1,19 +1,14 @@
-"""The three transformer families as users build them: `build_model` (the pure ``init`` / ``apply``
-pair over the NNX model, `jaxformer.nnx`), their one config type, the presets and LoRA. Their
-forward passes and head registry are `jaxformer.layers`'."""
+"""The three transformer families as users build them: `build_model` (`Model`: the pure ``init`` /
+``apply`` over the parameter dict), `Transformer` (the same model as one Flax NNX module), the one
+`init_cache`, their one config type, the presets and LoRA. Their parameter table and head registry
+are `jaxformer.layers`'."""
 
 from __future__ import annotations
 
 from jaxformer.config import ModelConfig
 from jaxformer.layers.heads import HEAD_MODULE_NAMES, HEAD_MODULES, HeadModule
-from jaxformer.nnx.functional import FunctionalModel
+from jaxformer.models.model import Model, build_model, check_params, init_cache, param_shardings
+from jaxformer.models.module import Transformer
 
-
-def build_model(cfg: ModelConfig) -> FunctionalModel:
-    """The model of ``cfg.family`` as the pure ``init`` / ``apply`` pair the trainer, evaluation and
-    decoding call: `jaxformer.nnx.FunctionalModel` over the NNX model (``jaxformer.nnx.build_model``
-    gives the NNX model itself)."""
-    return FunctionalModel(cfg)
-
-
-__all__ = ["ModelConfig", "build_model", "HEAD_MODULES", "HEAD_MODULE_NAMES", "HeadModule"]
+__all__ = ["ModelConfig", "Model", "build_model", "Transformer", "init_cache", "check_params",
+           "param_shardings", "HEAD_MODULES", "HEAD_MODULE_NAMES", "HeadModule"]

@@ -192,7 +192,7 @@ def scheduled_sampling_mixer(cfg: Any, model: Any) -> MixFn | None:
     ``cfg.scheduled_sampling`` is "none".
 
     ``cfg`` is the ``objective`` section (``name`` one of `MIXED_INPUTS`), ``model`` a module with
-    ``apply({"params": …}, **model_inputs, deterministic=True)``. The hook runs the first,
+    ``apply(params, **model_inputs)``. The hook runs the first,
     teacher-forced pass on ``prepared["model_inputs"]`` with ``stop_gradient(params)``, then returns
     ``prepared`` with the decoder inputs mixed (`mix_predictions`) at the rate of ``step``.
     """
@@ -208,7 +208,7 @@ def scheduled_sampling_mixer(cfg: Any, model: Any) -> MixFn | None:
     def mix_inputs(params, prepared: dict, step: Array, rng: jax.Array) -> dict:
         sample_key, coin_key = jax.random.split(rng)
         inputs = prepared["model_inputs"]
-        out = model.apply({"params": jax.lax.stop_gradient(params)}, **inputs, deterministic=True)
+        out = model.apply(jax.lax.stop_gradient(params), **inputs)
         logits = out[0] if isinstance(out, tuple) else out
         predictions = model_predictions(logits, sample_key, settings.sampling, settings.temperature)
         mixed, _ = mix_predictions(inputs[tokens_key], inputs[segments_key], predictions,

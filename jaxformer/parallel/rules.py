@@ -21,8 +21,8 @@ act_length          context          activations' sequence axis: context paralle
 act_embed           (replicated)     activations' d_model axis
 =================  ===============  ===========================================================
 
-Parameters carry logical names (`jaxformer.layers.params`); `param_shardings` turns an abstract,
-logically-boxed parameter tree into `NamedSharding`s for a mesh, and optimizer moments follow their
+Parameters carry logical names (`jaxformer.layers.params`); `param_shardings` turns an abstract
+parameter tree and its logical names into `NamedSharding`s for a mesh, and optimizer moments follow their
 parameters (`match_shardings_by_path`). Activations carry logical names through
 `flax.linen.with_logical_constraint` in the layers; `jaxformer.parallel.partition.sharded_jit`
 activates this table while tracing. A name missing from the table is replicated. Every function
@@ -110,10 +110,12 @@ def logical_to_shardings(logical_specs, abstract_values, mesh: Mesh,
                                             is_leaf=is_spec)
 
 
-def param_shardings(boxed_abstract_params, mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES):
-    """Shardings for an abstract parameter tree boxed with `nn.LogicallyPartitioned`."""
-    specs = nn.get_partition_spec(boxed_abstract_params)
-    return logical_to_shardings(specs, nn.unbox(boxed_abstract_params), mesh, rules)
+def param_shardings(logical_axes, abstract_params, mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES):
+    """Shardings for an abstract parameter tree (`jax.ShapeDtypeStruct` or array leaves) from the
+    tree of its logical axis names (a tuple per leaf, `jaxformer.models.Model.logical_axes`)."""
+    specs = jax.tree.map(lambda axes: PartitionSpec(*axes), logical_axes,
+                         is_leaf=lambda x: isinstance(x, tuple))
+    return logical_to_shardings(specs, abstract_params, mesh, rules)
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2, rules: Rules = LOGICAL_AXIS_RULES) -> NamedSharding:

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -38,14 +37,13 @@ from absl import logging
 from jaxformer.checkpoint import load_run_params
 from jaxformer.config import ModelConfig, architecture_fields
 from jaxformer.convert.hf import load_hf
-from jaxformer.models import build_model
-from jaxformer.nnx import FunctionalModel
+from jaxformer.models import Model, build_model
 from jaxformer.ops.heads import pool
 from jaxformer.ops.losses import cosine_distance, soft_target_kl
 from jaxformer.parallel.rules import param_shardings
 from jaxformer.train.distill_config import DistillSettings, settings
 from jaxformer.train.setup import Built, Pretrained, ResolvedConfig, merge_backbone, open_pretrained
-from jaxformer.train.state import TrainState, abstract_params, create_params, create_train_state
+from jaxformer.train.state import TrainState, create_params, create_train_state
 
 TEACHER_KEY = "distill.teacher"
 LAYER_COUNTS = ("num_layers", "num_encoder_layers", "num_decoder_layers")
@@ -160,7 +158,7 @@ class DistillLoss:
     ``hard_sums(logits, nsp_logits, prepared)`` is the objective's own cross-entropy sums.
     """
 
-    teacher_model: FunctionalModel
+    teacher_model: Model
     settings: DistillSettings
     pooling: str | None  # classification: pool the hidden states as the head does; else None
 
@@ -168,11 +166,8 @@ class DistillLoss:
                  dropout_rng: jax.Array | None, hard_sums: Callable) -> dict:
         inputs, s = prepared["model_inputs"], self.settings
         teacher_out, teacher_hidden = jax.lax.stop_gradient(self.teacher_model.apply(
-            {"params": jax.lax.stop_gradient(teacher_params)}, **inputs, deterministic=True,
-            return_hidden=True))
-        rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-        student_out, student_hidden = model.apply({"params": params}, **inputs,
-                                                  deterministic=dropout_rng is None, rngs=rngs,
+            jax.lax.stop_gradient(teacher_params), **inputs, return_hidden=True))
+        student_out, student_hidden = model.apply(params, **inputs, rng=dropout_rng,
                                                   return_hidden=True)
         logits, nsp_logits = _split(student_out)
         if self.pooling is not None:
@@ -198,7 +193,7 @@ class Teacher:
     source: Pretrained
     settings: DistillSettings
     model_cfg: ModelConfig
-    model: FunctionalModel
+    model: Model
     params: Any = None
     shardings: Any = None
 
@@ -230,11 +225,11 @@ def load_teacher(teacher: Teacher, mesh, seed: int) -> Teacher:
                          num_classes=cfg.num_classes, seed=seed)[1]
     else:
         params = load_run_params(source.run)
-    boxed = abstract_params(teacher.model, cfg)
-    params, missing = merge_backbone(nn.unbox(boxed), params)  # the model's tree, dtypes, shapes
+    params, missing = merge_backbone(teacher.model.abstract(), params)  # the model's tree, dtypes, shapes
     if missing:
         raise ValueError(f"distill.teacher={source.path} lacks its head's parameters {missing}")
-    placed = jax.device_put(params, shardings := param_shardings(boxed, mesh))
+    placed = jax.device_put(params, shardings := param_shardings(
+        teacher.model.logical_axes(), teacher.model.abstract(), mesh))
     print(f"Distilling from {source.run.step_dir if source.run else source.path} "
           f"({cfg.num_layers} layers; T={teacher.settings.temperature}, α={teacher.settings.alpha}, "
           f"β={teacher.settings.beta}, γ={teacher.settings.gamma})")
@@ -247,9 +242,9 @@ def init_student_state(resolved: ResolvedConfig, built: Built, teacher: Teacher)
     cfg = resolved.model_cfg
     host = jax.tree.map(np.asarray, jax.device_get(teacher.params))
     picked = select_layers(host, teacher.model_cfg, cfg.num_layers, cfg.scan_layers)
-    fresh = create_params(built.model, cfg, built.param_shardings, resolved.config.seed)
+    fresh = create_params(built.model, built.param_shardings, resolved.config.seed)
     params, new = merge_backbone(fresh, picked)
     print(f"Student initialised from the teacher's layers {list(range(0, 2 * cfg.num_layers, 2))}; "
           f"fresh parameters: {new or 'none'}")
-    return create_train_state(built.model, cfg, resolved.tx, built.mesh, resolved.config.seed,
+    return create_train_state(built.model, resolved.tx, built.mesh, resolved.config.seed,
                               params=params)[0]

@@ -40,8 +40,8 @@ def init_lora_state(resolved: ResolvedConfig, built: Built, base: Any) -> TrainS
     key = jax.random.fold_in(jax.random.key(resolved.config.seed), 2)
     trained = jax.jit(lambda p: lora.trainable(p, key, lora_cfg),
                       out_shardings=built.shardings.params)(base)
-    state, _ = create_train_state(built.model, resolved.model_cfg, resolved.tx, built.mesh,
-                                  resolved.config.seed, params=trained, lora_cfg=lora_cfg)
+    state, _ = create_train_state(built.model, resolved.tx, built.mesh, resolved.config.seed,
+                                  params=trained, lora_cfg=lora_cfg)
     n_trained, n_base = lora.count(trained), lora.count(base)
     print(f"LoRA rank {lora_cfg.rank} on {tuple(lora_cfg.targets)}: {n_trained:,} trainable "
           f"parameters ({100 * n_trained / n_base:.2f}% of {n_base:,})")

@@ -263,8 +263,7 @@ class Built:
 
 
 def build(resolved: ResolvedConfig) -> Built:
-    """The model (the NNX model as a pure init/apply pair, `jaxformer.nnx.FunctionalModel`, for
-    either ``module_api``: the former Linen modules had the same parameters) and the state's
+    """The model (`jaxformer.models.Model`, pure functions of the parameter dict) and the state's
     shardings on the mesh; a parameter the mesh cannot split fails here, before any tokenizer or
     file is written."""
     config, model_cfg, settings = resolved.config, resolved.model_cfg, resolved.settings
@@ -272,10 +271,10 @@ def build(resolved: ResolvedConfig) -> Built:
     check_batch_size(mesh, settings.data.batch_size, settings.optimizer.grad_accum_steps)
     model = build_model(model_cfg)
     lora_cfg = config.optimizer.get("lora")
-    abstract, shardings = state_shardings(model, model_cfg, resolved.tx, mesh, lora_cfg)
+    abstract, shardings = state_shardings(model, resolved.tx, mesh, lora_cfg)
     params = shardings.params
     if lora_cfg is not None and lora_cfg.rank:
-        params = state_shardings(model, model_cfg, resolved.tx, mesh)[1].params
+        params = state_shardings(model, resolved.tx, mesh)[1].params
     return Built(model, mesh, abstract, shardings, params)
 
 
@@ -387,12 +386,11 @@ def init_state(resolved: ResolvedConfig, built: Built) -> TrainState:
     """Fresh parameters, or with ``init_from`` its backbone plus fresh (sharded) parameters for new
     heads; the pretrained parameters are read on the host and placed shard by shard, never whole on
     one device."""
-    config, model_cfg, pretrained = resolved.config, resolved.model_cfg, resolved.pretrained
+    config, pretrained = resolved.config, resolved.pretrained
     params, fresh = None, []
     if pretrained is not None:
         params, fresh = load_pretrained(resolved, built)
-    state, _ = create_train_state(built.model, model_cfg, resolved.tx, built.mesh, config.seed,
-                                  params=params)
+    state, _ = create_train_state(built.model, resolved.tx, built.mesh, config.seed, params=params)
     report_init_from(pretrained, fresh)
     return state
 
@@ -407,7 +405,7 @@ def load_pretrained(resolved: ResolvedConfig, built: Built) -> tuple[Any, list[s
     else:  # verified first; its vocabulary tables re-padded as the model pads them (a layout)
         backbone = fit_vocab(load_checkpoint_params(pretrained.run.step_dir),
                              ModelConfig.from_dict(pretrained.model), model_cfg)
-    fresh_params = create_params(built.model, model_cfg, built.param_shardings, config.seed)
+    fresh_params = create_params(built.model, built.param_shardings, config.seed)
     return merge_backbone(fresh_params, backbone)
 
 

@@ -21,8 +21,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from jaxformer.models import lora
-from jaxformer.nnx import FunctionalModel
+from jaxformer.models import Model, lora
 from jaxformer.parallel.rules import match_shardings_by_path, param_shardings, replicated
 
 
@@ -48,22 +47,18 @@ class TrainState:
 
 
 def dummy_model_inputs(model_cfg, batch: int = 1, length: int = 8) -> dict:
-    """Smallest inputs that initialise every parameter of ``model_cfg.family``."""
+    """Smallest inputs of every ``model_cfg.family`` (keyword arguments of ``Model.apply``)."""
     toks = jnp.ones((batch, length), jnp.int32)
     if model_cfg.family == "encoder_decoder":
         return {"inputs": toks, "targets_in": toks}
     return {"tokens": toks}
 
 
-def abstract_params(model: FunctionalModel, model_cfg) -> Any:
-    """Boxed (logically partitioned) abstract parameters: shapes, dtypes and logical names."""
-    inputs = dummy_model_inputs(model_cfg)
-    return jax.eval_shape(lambda r: model.init(r, **inputs)["params"], jax.random.key(0))
-
-
-def init_model_params(model: FunctionalModel, model_cfg, rng: jax.Array) -> Any:
-    """Unboxed parameters (unsharded; see `create_train_state` for the sharded path)."""
-    return nn.unbox(model.init(rng, **dummy_model_inputs(model_cfg))["params"])
+def boxed_abstract(model: Model) -> Any:
+    """The abstract parameters boxed as `flax.linen.LogicallyPartitioned` with their logical names:
+    the form `jaxformer.models.lora.trainable` derives the adapters' names from (LoRA only)."""
+    return jax.tree.map(lambda a, axes: nn.LogicallyPartitioned(a, axes), model.abstract(),
+                        model.logical_axes(), is_leaf=lambda x: isinstance(x, tuple))
 
 
 def draws_on_host(mesh: Mesh) -> bool:
@@ -101,28 +96,29 @@ def init_compiler_options(platform: str) -> dict | None:
     return {"xla_backend_optimization_level": 1} if platform == "cpu" else None
 
 
-def init_params_on_host(model: FunctionalModel, model_cfg, init_key_data: np.ndarray) -> Any:
-    """`init_model_params` computed by the host CPU (one jitted program) from raw key data."""
+def init_params_on_host(model: Model, init_key_data: np.ndarray) -> Any:
+    """``model.init`` computed by the host CPU (one jitted program) from raw key data."""
     with jax.default_device(jax.devices("cpu")[0]):
-        return jax.jit(lambda k: init_model_params(model, model_cfg, jax.random.wrap_key_data(k)),
+        return jax.jit(lambda k: model.init(jax.random.wrap_key_data(k)),
                        compiler_options=init_compiler_options("cpu"))(init_key_data)
 
 
-def trainable_abstract(boxed: Any, lora_cfg: Any = None) -> Any:
-    """The boxed abstract parameters the optimizer trains: all of ``boxed``, or with
+def trainable_abstract(model: Model, lora_cfg: Any = None) -> tuple[Any, Any]:
+    """(abstract parameters, their logical axes) the optimizer trains: all of ``model``'s, or with
     ``lora_cfg.rank`` > 0 the LoRA adapters and task heads (`jaxformer.models.lora.trainable`)."""
     if lora_cfg is None or not lora_cfg.rank:
-        return boxed
-    return jax.eval_shape(lambda: lora.trainable(boxed, jax.random.key(0), lora_cfg))
+        return model.abstract(), model.logical_axes()
+    boxed = jax.eval_shape(lambda: lora.trainable(boxed_abstract(model), jax.random.key(0), lora_cfg))
+    is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
+    return (nn.unbox(boxed), jax.tree.map(lambda b: tuple(b.names), boxed, is_leaf=is_box))
 
 
-def state_shardings(model: FunctionalModel, model_cfg, tx: optax.GradientTransformation, mesh: Mesh,
+def state_shardings(model: Model, tx: optax.GradientTransformation, mesh: Mesh,
                     lora_cfg: Any = None):
     """(abstract TrainState, TrainState of NamedShardings) for ``mesh``; with LoRA
     (``lora_cfg.rank`` > 0) the state's params are the trainable ones (`trainable_abstract`)."""
-    boxed = trainable_abstract(abstract_params(model, model_cfg), lora_cfg)
-    p_abs = nn.unbox(boxed)
-    p_sh = param_shardings(boxed, mesh)
+    p_abs, axes = trainable_abstract(model, lora_cfg)
+    p_sh = param_shardings(axes, p_abs, mesh)
     o_abs = jax.eval_shape(tx.init, p_abs)
     o_sh = match_shardings_by_path(o_abs, p_sh, p_abs, mesh)
     rep = replicated(mesh)
@@ -132,7 +128,7 @@ def state_shardings(model: FunctionalModel, model_cfg, tx: optax.GradientTransfo
     return abstract, shardings
 
 
-def create_train_state(model: FunctionalModel, model_cfg, tx: optax.GradientTransformation, mesh: Mesh,
+def create_train_state(model: Model, tx: optax.GradientTransformation, mesh: Mesh,
                        seed: int, params: Any | None = None, lora_cfg: Any = None
                        ) -> tuple[TrainState, TrainState]:
     """Initialise (or wrap given ``params``) directly into the mesh's shardings.
@@ -142,18 +138,18 @@ def create_train_state(model: FunctionalModel, model_cfg, tx: optax.GradientTran
     ``params`` (`jaxformer.models.lora.trainable`). Fresh parameters are drawn by the host CPU
     where `draws_on_host` says so (GPUs).
     """
-    _, shardings = state_shardings(model, model_cfg, tx, mesh, lora_cfg)
+    _, shardings = state_shardings(model, tx, mesh, lora_cfg)
     # The keys are arguments (host data, replicated), not constants: one compiled program per
     # model serves every seed.
     key_data = [np.asarray(jax.random.key_data(k)) for k in (
         _init_key(seed), jax.random.fold_in(jax.random.key(seed), 1))]
     rep = replicated(mesh)
     if params is None and draws_on_host(mesh):
-        params = init_params_on_host(model, model_cfg, key_data[0])
+        params = init_params_on_host(model, key_data[0])
 
     def build(p, init_data, rng):
         if p is None:
-            p = init_model_params(model, model_cfg, jax.random.wrap_key_data(init_data))
+            p = model.init(jax.random.wrap_key_data(init_data))
         return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p), rng=rng)
 
     if params is None:
@@ -171,13 +167,13 @@ def _init_key(seed: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed), 0)
 
 
-def create_params(model: FunctionalModel, model_cfg, shardings: Any, seed: int) -> Any:
+def create_params(model: Model, shardings: Any, seed: int) -> Any:
     """The fresh parameters `create_train_state` would start from, initialised directly into
     ``shardings`` (the ``params`` part of `state_shardings`), without optimizer state."""
     key_data = np.asarray(jax.random.key_data(_init_key(seed)))  # an argument: one program
     mesh = jax.tree.leaves(shardings)[0].mesh
     if draws_on_host(mesh):
-        return jax.device_put(init_params_on_host(model, model_cfg, key_data), shardings)
-    return jax.jit(lambda k: init_model_params(model, model_cfg, jax.random.wrap_key_data(k)),
+        return jax.device_put(init_params_on_host(model, key_data), shardings)
+    return jax.jit(lambda k: model.init(jax.random.wrap_key_data(k)),
                    in_shardings=replicated(mesh), out_shardings=shardings,
                    compiler_options=init_compiler_options(_platform(mesh)))(key_data)

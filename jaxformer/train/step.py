@@ -14,8 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxformer.models import lora
-from jaxformer.nnx import FunctionalModel
+from jaxformer.models import Model, lora
 from jaxformer.objectives.cloze import class_logits
 from jaxformer.ops.dropout import dropout_key
 from jaxformer.ops.heads import HeadInputs
@@ -27,7 +26,7 @@ from jaxformer.ops.losses import (
 from jaxformer.train.state import TrainState
 
 
-def loss_and_metrics(model: FunctionalModel, params, prepared: dict, *, deterministic: bool,
+def loss_and_metrics(model: Model, params, prepared: dict, *, deterministic: bool,
                      dropout_rng: jax.Array | None, label_smoothing: float = 0.0,
                      z_loss: float = 0.0, vocab_block_size: int = 0) -> tuple[jax.Array, dict]:
     """Sums (not means) of loss, correct predictions and weights for one batch.
@@ -43,7 +42,7 @@ def loss_and_metrics(model: FunctionalModel, params, prepared: dict, *, determin
                  _real_classes(getattr(model, "cfg", None), prepared), vocab_block_size)
 
 
-def blockwise_loss(model: FunctionalModel, prepared: dict, vocab_block_size: int) -> bool:
+def blockwise_loss(model: Model, prepared: dict, vocab_block_size: int) -> bool:
     """Whether the loss of ``prepared`` is computed blockwise from the head's operands: a positive
     ``vocab_block_size``, an LM or MLM head, and an objective that reads only the loss and the
     accuracy of the vocabulary logits (not cloze's label-word logits, ``class_positions``), over
@@ -66,15 +65,14 @@ def _real_classes(cfg, prepared: dict) -> int | None:
     return cfg.vocab_size if padded and "class_positions" not in prepared else None
 
 
-def _forward(model: FunctionalModel, params, prepared: dict, deterministic: bool,
+def _forward(model: Model, params, prepared: dict, deterministic: bool,
              dropout_rng: jax.Array | None, head_inputs: bool = False
              ) -> tuple[jax.Array | HeadInputs, jax.Array | None]:
     """(logits, NSP logits or None) of the model on an objective's ``model_inputs``; with
     ``head_inputs`` the head's `HeadInputs` in place of the logits."""
-    rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
     extra = {"head_inputs": True} if head_inputs else {}
-    out = model.apply({"params": params}, **prepared["model_inputs"], deterministic=deterministic,
-                      rngs=rngs, **extra)
+    out = model.apply(params, **prepared["model_inputs"], rng=None if deterministic else dropout_rng,
+                      **extra)
     if isinstance(out, HeadInputs):
         return out, None
     logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
@@ -113,7 +111,7 @@ def _objective_loss(sums: dict) -> jax.Array:
     return loss
 
 
-def make_train_step(model: FunctionalModel, tx: optax.GradientTransformation, prepare: Callable,
+def make_train_step(model: Model, tx: optax.GradientTransformation, prepare: Callable,
                     schedule: Callable, *, label_smoothing: float = 0.0, z_loss: float = 0.0,
                     grad_accum_steps: int = 1, axis_name: str | None = None,
                     skip_nonfinite: bool = False, lora_scale: float | None = None,
@@ -239,7 +237,7 @@ def make_train_step(model: FunctionalModel, tx: optax.GradientTransformation, pr
     return train_step
 
 
-def make_eval_step(model: FunctionalModel, prepare: Callable, *, predictions: bool = False,
+def make_eval_step(model: Model, prepare: Callable, *, predictions: bool = False,
                    vocab_block_size: int = 0
                    ) -> Callable[[Any, dict, jax.Array], dict | tuple[dict, dict]]:
     """``eval_step(params, batch, key) -> sums`` (loss/correct/weight sums; add over batches).

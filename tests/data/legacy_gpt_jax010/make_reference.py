@@ -70,8 +70,7 @@ def main(workdir: str, out: str) -> None:
 
     root = Path(jaxformer.__file__).resolve().parents[1]
     model_cfg, params, _ = load_for_inference(workdir)
-    logits = build_model(model_cfg).apply({"params": params}, jnp.asarray(TOKENS, jnp.int32),
-                                          deterministic=True)
+    logits = build_model(model_cfg).apply(params, jnp.asarray(TOKENS, jnp.int32))
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "run"
         shutil.copytree(workdir, copy)
