@@ -29,7 +29,8 @@ from demo.settings import MINILM, DemoSettings
 from demo.stats import fmt
 from jaxformer.convert.hf import hf_model_config
 from jaxformer.data.builders.base import SPLITS
-from jaxformer.data.sources import get_source, read_records
+from jaxformer.data.containers import read_records
+from jaxformer.data.sources import get_source
 
 
 @functools.cache  # read once per split: the demo asks for train three times (~0.6 s each)

@@ -22,7 +22,8 @@ from demo.output import banner, write_jsonl
 from demo.runs import best_step, checkpoint_params, count_params, evaluate_split, saved_steps, train_run
 from demo.settings import DemoSettings
 from jaxformer.data.builders.base import SPLITS
-from jaxformer.data.sources import get_source, read_records
+from jaxformer.data.containers import read_records
+from jaxformer.data.sources import get_source
 
 DOMAIN = "kjv_bible"
 

@@ -27,7 +27,8 @@ from demo.runs import best_step, checkpoint_params, count_params, saved_steps, t
 from demo.settings import DemoSettings
 from demo.stats import fmt
 from jaxformer.data.builders.base import SPLITS
-from jaxformer.data.sources import get_source, read_records
+from jaxformer.data.containers import read_records
+from jaxformer.data.sources import get_source
 from jaxformer.decode import GenerationConfig, generate_padded
 from jaxformer.evaluation import sequence_scores
 

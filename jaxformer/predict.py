@@ -8,7 +8,7 @@ The checkpoint is the latest, ``--step N`` or the ``--best`` by the run's ``chec
 The input is read as a ``files:`` source of the run (`jaxformer.data.builders.user_files`): text (one
 example per non-blank line), JSONL or TSV, by its extension or the run's ``data.format``; the text is
 the field ``data.text_key`` (``data.source_key`` for seq2seq runs; unset: the usual names,
-`jaxformer.data.field_names`) of a JSONL object or of a TSV row (columns from ``data.columns`` or
+`jaxformer.data.fields`) of a JSONL object or of a TSV row (columns from ``data.columns`` or
 the header row). Every line is predicted (no split). One JSON
 object per line, in the input's order:
 
@@ -42,9 +42,8 @@ from tqdm import tqdm
 from jaxformer.checkpoint import open_run
 from jaxformer.convert.lora import merged_params
 from jaxformer.data.builders.user_files import FileSource
-from jaxformer.data.field_names import input_field
+from jaxformer.data.fields import Fields, input_field
 from jaxformer.data.pipeline import DataSettings, data_line, example_framing, make_dataset
-from jaxformer.data.sources import Fields
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode.api import GenerationConfig, encode_prompts, generate_batches
 from jaxformer.evaluation.decoding import data_task

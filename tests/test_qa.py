@@ -11,7 +11,7 @@ import pytest
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import make_dataset
-from jaxformer.data.qa import answer_token_span, qa_example, qa_windows
+from jaxformer.data.qa_windows import answer_token_span, qa_example, qa_windows
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 from jaxformer.decode.span import best_answer, best_span
 from jaxformer.models import build_model

@@ -18,7 +18,8 @@ import pytest
 from jaxformer.data import fetch
 from jaxformer.data.builders import BUILDERS, bible_en_es, hash_split, kjv_versification, sword
 from jaxformer.data.builders.shakespeare import paragraphs
-from jaxformer.data.sources import get_source, read_records
+from jaxformer.data.containers import read_records
+from jaxformer.data.sources import get_source
 
 SPLITS = ("train", "validation", "test")
 DOCUMENTED_SIZES = {
@@ -463,7 +464,7 @@ def test_conventional_column_names_take_their_roles(tmp_path):
     parses it) makes ``label`` the label of a classifier; a ``sentence``/``label`` header reads
     the same; ``source``/``target`` and ``input``/``output`` are pairs; ``question``/``context``
     /``answer`` is extractive QA. A text task ignores the label column; a stated key wins."""
-    from jaxformer.data.qa import QA_KEYS, qa_example
+    from jaxformer.data.qa_windows import QA_KEYS, qa_example
 
     rows = ["What is a fjord ?\tDESC", "Who wrote Hamlet ?\tHUM"]
     _write(tmp_path / "plain.tsv", rows)
@@ -503,7 +504,7 @@ def test_conventional_column_names_take_their_roles(tmp_path):
 
 
 def test_predict_reads_the_input_field_by_the_usual_names():
-    from jaxformer.data.field_names import input_field
+    from jaxformer.data.fields import input_field
 
     assert input_field(["sentence", "label", "id"], text_key=None, source_key=None,
                        task="classify") == "sentence"

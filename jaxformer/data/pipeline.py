@@ -40,7 +40,7 @@ that still sets it must agree) and their framing (``data.framing``: "eos" GPT, "
   unless present, trimmed T5-style).
 * ``sentence_pairs``: ``[CLS] A [SEP] B [SEP]`` + ``nsp_label`` (`jaxformer.data.sentence_pairs`).
 * ``qa``: ``[CLS] question [SEP] context window [SEP]`` → ``inputs``, ``inputs_token_types``,
-  ``start_position``, ``end_position``: one row per window (`jaxformer.data.qa`). Never packed.
+  ``start_position``, ``end_position``: one row per window (`jaxformer.data.qa_windows`). Never packed.
 
 The transform (`Objective.example_transform`, or one given to `make_dataset`) is
 ``(example: dict, rng: np.random.Generator) -> dict``; it sees the framed example (for span
@@ -66,18 +66,12 @@ from tqdm.auto import tqdm
 
 from jaxformer.data.builders.user_files import BadRecord, FileSource
 from jaxformer.data.closed_at_exit import ClosedAtExit
+from jaxformer.data.containers import MappedSource, Subset, read_records
+from jaxformer.data.held_out import check_held_out
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
-from jaxformer.data.qa import QA_KEYS, QAFeatures, qa_example, qa_options
+from jaxformer.data.qa_windows import QA_KEYS, QAFeatures, qa_example, qa_options
 from jaxformer.data.sentence_pairs import SentencePairs, check_pair_data, pair_rows
-from jaxformer.data.sources import (
-    MappedSource,
-    SourceSettings,
-    Subset,
-    check_held_out,
-    get_source,
-    read_records,
-    source_kinds,
-)
+from jaxformer.data.sources import SourceSettings, get_source, source_kinds
 from jaxformer.data.sources import source_texts as source_texts  # re-exported
 from jaxformer.data.tokenizer import Tokenizer, TokenizerSettings
 from jaxformer.objectives.registry import (
@@ -341,7 +335,7 @@ def check_train_records(data_cfg: Any, objective: Any = "clm") -> None:
     its first step, in one line naming its file:line, what is wrong and the fix (`BadRecord`): text
     that is not UTF-8, invalid JSON, a TSV row of another width, a missing field, a label outside
     ``data.label_names``, an extractive-QA answer that is not in its context
-    (`jaxformer.data.qa.qa_example`), a seq2seq or SFT pair with an empty target. Found during
+    (`jaxformer.data.qa_windows.qa_example`), a seq2seq or SFT pair with an empty target. Found during
     training, the same record would stop the run from inside the data pipeline (after its last
     checkpoint). Built-in corpora and TFDS datasets are not read here (curated, and a TFDS
     dataset may be far larger than a start-up should read). Plain-text files are not read again:

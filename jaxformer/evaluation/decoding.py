@@ -25,8 +25,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxformer.config import ModelConfig
+from jaxformer.data.containers import read_records
 from jaxformer.data.pipeline import example_framing
-from jaxformer.data.sources import get_source, read_records
+from jaxformer.data.sources import get_source
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode.api import GenerationConfig, generate_batches
 from jaxformer.evaluation.metrics import sequence_scores

@@ -1,6 +1,6 @@
 """Extractive question answering fine-tuning (BERT on SQuAD, Devlin et al. 2019 §4.2): predict the
 answer's first and last token of ``[CLS] question [SEP] context [SEP]`` rows
-(`jaxformer.data.qa`) with the model's span head (``model.head="span"``).
+(`jaxformer.data.qa_windows`) with the model's span head (``model.head="span"``).
 
 The loss is the cross-entropy of the start position plus that of the end position, halved (HF
 ``BertForQuestionAnswering``): the span head returns `[B, 2, L]` logits and the targets are

@@ -70,7 +70,7 @@ class Objective:
       data_task: the example format the pipeline builds (one of `DATA_TASKS`): "lm" text rows,
         "classify" text + label, "seq2seq" source/target pairs, "sft" prompt/response,
         "span_corruption" text pieces turned into inputs/targets by ``corrupt``, or "qa"
-        context/question/answer windows (`jaxformer.data.qa`), or "sentence_pairs" ``[CLS] A
+        context/question/answer windows (`jaxformer.data.qa_windows`), or "sentence_pairs" ``[CLS] A
         [SEP] B [SEP]`` rows with a pair label (`jaxformer.data.sentence_pairs`).
       framing: how the pipeline wraps each example when ``data.framing`` is unset (one of
         `FRAMINGS`: "eos" ``text </s>``, "cls_sep" ``[CLS] text [SEP]`` …); None when no framing
