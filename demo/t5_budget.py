@@ -33,14 +33,15 @@ from demo.t5 import (
 )
 from jaxformer.data.pipeline import source_texts
 from jaxformer.data.sources import get_source
-from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
+from jaxformer.data.tokenizer import Tokenizer, TokenizerSettings, load_or_train_tokenizer
+from jaxformer.settings import read
 
 
 def demo_tokenizer(workdir: Path, overrides: Overrides | None = None):
     """The demo's T5 tokenizer (``configs/t5_pretrain_tiny.py``'s tokenizer section and corpus),
     trained into ``workdir`` unless already there."""
     config = load_config("t5_pretrain_tiny", overrides)
-    return load_or_train_tokenizer(config.data.tokenizer, workdir,
+    return load_or_train_tokenizer(read(TokenizerSettings, config.data.tokenizer), workdir,
                                    lambda: source_texts(get_source(config.data, "train")))
 
 

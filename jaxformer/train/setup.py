@@ -48,7 +48,7 @@ from jaxformer.convert.hf import hf_model_config, load_hf
 from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory, read_config
 from jaxformer.data.pipeline import make_dataset, source_texts
 from jaxformer.data.sources import get_source, label_names_from_data, list_option
-from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
+from jaxformer.data.tokenizer import Tokenizer, TokenizerSettings, load_or_train_tokenizer
 from jaxformer.layers.heads import HEAD_MODULE_NAMES
 from jaxformer.layers.vocab_padding import fit_vocab
 from jaxformer.models import build_model
@@ -56,6 +56,7 @@ from jaxformer.objectives import bind_objective
 from jaxformer.objectives.mlm import uses_word_initial
 from jaxformer.options import option
 from jaxformer.parallel.mesh import check_batch_size, make_mesh
+from jaxformer.settings import read
 from jaxformer.train.config import (
     TrainSettings,
     check_config,
@@ -292,7 +293,8 @@ def open_tokenizer(resolved: ResolvedConfig, workdir: Path, resuming: bool) -> T
     elif config.data.tokenizer.get("path"):
         path = Path(config.data.tokenizer.path)
     else:
-        return load_or_train_tokenizer(config.data.tokenizer, None,  # the trainer saves it
+        return load_or_train_tokenizer(read(TokenizerSettings, config.data.tokenizer),
+                                       None,  # the trainer saves it
                                        lambda: source_texts(get_source(config.data, "train")),
                                        reuse_saved=False)
     tokenizer = Tokenizer.load(str(path))
