@@ -30,6 +30,7 @@ longest; greedy outputs are the same.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -72,12 +73,12 @@ def classify(model: Any, params: Any, tokenizer: Tokenizer, run_config: dict,
     """Class probabilities `[C]` float32 of each text, in order: the texts framed and truncated by
     the run's data pipeline (unshuffled, unpacked), softmax of the model's logits. ``name``: what
     the pipeline's log lines call the texts."""
-    data_cfg = {**run_config["data"], "batch_size": batch_size, "shuffle": False,
-                "worker_count": 0}
+    data = dataclasses.replace(run_settings(run_config).data, batch_size=batch_size, shuffle=False,
+                               worker_count=0)
     source = [{"text": t, "label": 0} for t in texts]
-    batches = make_dataset(data_cfg, "predict", tokenizer, seed=0, objective=run_config["objective"],
-                           process_index=0, process_count=1, num_epochs=1, source=source,
-                           source_name=name)
+    batches = make_dataset(data, "predict", tokenizer, seed=0,
+                           objective=run_config["objective"], process_index=0, process_count=1,
+                           num_epochs=1, source=source, source_name=name)
     prepare = wire_objective(run_config["objective"], tokenizer)
 
     @jax.jit

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxformer.data.packing import unpack_row
-from jaxformer.data.pipeline import default_data_config, make_dataset, source_texts
+from jaxformer.data.pipeline import DataSettings, make_dataset, source_texts
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at "
@@ -74,10 +74,8 @@ OBJECTIVE = {"lm": "clm", "classify": "classify", "seq2seq": "seq2seq", "sft": "
              "span_corruption": "span_corruption"}
 
 
-def _cfg(**kw):
-    cfg = default_data_config()
-    cfg.update(dict(seq_len=32, target_len=16, batch_size=4), **kw)
-    return cfg
+def _cfg(**kw) -> DataSettings:
+    return DataSettings(**{"seq_len": 32, "target_len": 16, "batch_size": 4, **kw})
 
 
 def _make(tok, task="lm", *, seed=0, source=None, pi=0, pc=1, num_epochs=None, **kw):
@@ -298,7 +296,6 @@ def test_finite_pass_pads_the_last_batch(tok):
 
 @pytest.mark.parametrize("objective, kw, match", [
     ("classify", dict(packing=True, framing="eos"), "packing"),
-    ("clm", dict(task="translate"), "data.task"),
     ("clm", dict(framing="sep"), "data.framing"),
     ("seq2seq", dict(long_examples="split"), "long_examples"),
     ("clm", dict(batch_size=5), "divide evenly"),
@@ -313,21 +310,19 @@ def test_bad_config_raises(tok, objective, kw, match):
 
 def test_data_task_is_the_objectives():
     """``data.task`` is derived from ``objective.name``; a config written before (or an old run's
-    config.json) may still set it: accepted when it is the objective's, else refused naming both."""
-    from jaxformer.data.pipeline import check_data_config
+    config.json) may still set it, a legacy key `DataSettings` does not hold: checked on the config
+    section (`validate_config`), accepted when it is the objective's, else refused naming both."""
+    from jaxformer.objectives import check_data_task
 
     for name, task in [("clm", "lm"), ("mlm", "lm"), ("denoise", "span_corruption"),
                        ("span_corruption", "span_corruption"), ("seq2seq", "seq2seq")]:
-        check_data_config(_cfg(task=task), objective={"name": name})
+        assert check_data_task({"name": name}, {"task": task}).data_task == task
     with pytest.raises(ValueError, match="data.task='span_corruption' does not fit "
                                          "objective.name='clm'"):
-        check_data_config(_cfg(task="span_corruption"), objective={"name": "clm"})
+        check_data_task({"name": "clm"}, {"task": "span_corruption"})
 
 
 def test_bad_inputs_raise(tok):
-    with pytest.raises(ValueError, match="data.task='span_corruption' does not fit"):
-        make_dataset(_cfg(task="span_corruption"), "train", tok, seed=0, process_index=0,
-                     process_count=1, source=_source("lm"))
     with pytest.raises(ValueError, match="needs source examples with keys.*data.source_key"):
         next(iter(_make(tok, "seq2seq", source=_source("lm"))))
     with pytest.raises(ValueError, match=r"missing \['label'\]\); set data.label_key"):
@@ -382,14 +377,16 @@ def test_iterators_left_open_exit_quietly(tok, tmp_path):
     (tmp_path / "docs.txt").write_text("\n".join(TEXTS) + "\n")
     script = tmp_path / "leave_open.py"
     script.write_text(textwrap.dedent(f"""
-        from jaxformer.data.pipeline import make_dataset
+        import dataclasses
+        from jaxformer.data.pipeline import DataSettings, make_dataset
         from jaxformer.data.tokenizer import Tokenizer
         if __name__ == "__main__":
             tok = Tokenizer.load({str(tmp_path / "tok.model")!r})
-            cfg = {{"source": {"files:" + str(tmp_path / "docs.txt")!r}, "seq_len": 32,
-                   "batch_size": 2, "split_fractions": (1.0, 0.0, 0.0)}}
+            cfg = DataSettings(source={"files:" + str(tmp_path / "docs.txt")!r}, seq_len=32,
+                               batch_size=2, split_fractions=(1.0, 0.0, 0.0))
             threads = [iter(make_dataset(cfg, "train", tok, seed=s)) for s in (0, 1)]
-            workers = iter(make_dataset({{**cfg, "worker_count": 1}}, "train", tok, seed=0))
+            workers = iter(make_dataset(dataclasses.replace(cfg, worker_count=1), "train", tok,
+                                        seed=0))
             print([next(it)["inputs"].shape for it in (*threads, workers)])
     """))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,

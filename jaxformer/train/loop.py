@@ -31,7 +31,7 @@ from jaxformer.checkpoint import Checkpointer, PreemptionWatch, save_run_config
 from jaxformer.checkpoint.lock import WorkdirLock
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import check_train_records
-from jaxformer.data.sources import list_option
+from jaxformer.data.sources import SourceSettings, list_option
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
 from jaxformer.flops import device_peak_flops, train_step_flops
 from jaxformer.models import lora
@@ -42,6 +42,7 @@ from jaxformer.parallel import pmap, shard_map
 from jaxformer.parallel.mesh import describe
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
+from jaxformer.settings import read
 from jaxformer.train import distill
 from jaxformer.train.collapse import CollapseWatch, with_prediction_counts
 from jaxformer.train.lora_run import init_lora_state, load_base
@@ -100,7 +101,7 @@ class Trainer:
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike):
         config = with_label_names_from_data(config)  # string labels, no names: sorted
-        check_train_records(config.data, config.objective)  # a bad record: refused now
+        check_train_records(read(SourceSettings, config.data), config.objective)  # a bad record: refused now
         resolved = resolve_config(distill.with_teacher_tokenizer(config))
         self.config = config = resolved.config  # the resolved copy: what config.json records
         self.model_cfg, self.tx, self.schedule = resolved.model_cfg, resolved.tx, resolved.schedule

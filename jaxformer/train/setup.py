@@ -46,8 +46,8 @@ from jaxformer.checkpoint.verify import verify_tokenizer
 from jaxformer.config import ModelConfig, architecture_fields, changed_fields, fine_tuning_fields
 from jaxformer.convert.hf import hf_model_config, load_hf
 from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory, read_config
-from jaxformer.data.pipeline import make_dataset, source_texts
-from jaxformer.data.sources import get_source, label_names_from_data, list_option
+from jaxformer.data.pipeline import DataSettings, make_dataset, source_texts
+from jaxformer.data.sources import SourceSettings, get_source, label_names_from_data, list_option
 from jaxformer.data.tokenizer import Tokenizer, TokenizerSettings, load_or_train_tokenizer
 from jaxformer.layers.heads import HEAD_MODULE_NAMES
 from jaxformer.layers.vocab_padding import fit_vocab
@@ -176,7 +176,7 @@ def with_label_names_from_data(config: ml_collections.ConfigDict) -> ml_collecti
     ``evaluate`` and ``predict`` use the same classes."""
     if config.objective.name != "classify":
         return config
-    names = label_names_from_data(config.data)
+    names = label_names_from_data(read(SourceSettings, config.data))
     if names is None:
         return config
     if jax.process_index() == 0:
@@ -295,7 +295,8 @@ def open_tokenizer(resolved: ResolvedConfig, workdir: Path, resuming: bool) -> T
     else:
         return load_or_train_tokenizer(read(TokenizerSettings, config.data.tokenizer),
                                        None,  # the trainer saves it
-                                       lambda: source_texts(get_source(config.data, "train")),
+                                       lambda: source_texts(get_source(read(SourceSettings, config.data),
+                                                                     "train")),
                                        reuse_saved=False)
     tokenizer = Tokenizer.load(str(path))
     check_vocabulary(tokenizer.vocab_size, resolved.model_cfg, f"the tokenizer {path} "
@@ -328,8 +329,9 @@ def open_data(config: ml_collections.ConfigDict, tokenizer: Tokenizer
     objective's data task, framing and host-side step. A missing, empty or unreadable eval split
     fails now, not after training. Each split's size (and what was cut to fit) is reported once,
     by these first datasets, not by every evaluation's."""
-    make_ds = functools.partial(make_dataset, config.data, tokenizer=tokenizer, seed=config.seed,
-                                objective=config.objective, process_index=jax.process_index(),
+    make_ds = functools.partial(make_dataset, read(DataSettings, config.data), tokenizer=tokenizer,
+                                seed=config.seed, objective=config.objective,
+                                process_index=jax.process_index(),
                                 process_count=jax.process_count(), report=False)
     train_iter = iter(make_ds("train", report=True))
     if config.eval.num_batches > 0:

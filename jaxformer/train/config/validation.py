@@ -24,7 +24,7 @@ import optax
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import DataSettings, check_data_config
 from jaxformer.evaluation.decoding import check_generation
-from jaxformer.objectives import check_objective, get_objective
+from jaxformer.objectives import check_data_task, check_objective, get_objective
 from jaxformer.objectives.cloze import check_cloze_config, predicts_labels
 from jaxformer.objectives.mlm import MLMOptions
 from jaxformer.objectives.permutation import check_plm_model
@@ -155,7 +155,8 @@ def _check_data(config: ml_collections.ConfigDict, settings: TrainSettings, reso
     string labels within the classifier's classes, a tokenizer to be trained within the vocabulary
     (one read from a file is checked when it is read)."""
     data, model_cfg = settings.data, settings.model
-    check_data_config(config.data, objective=config.objective)
+    check_data_task(config.objective, config.data)  # a legacy data.task key must be the objective's
+    check_data_config(data, objective=config.objective)
     for key, n in position_lengths(data, model_cfg).items():  # init_from's table: resolve_config
         if n > model_cfg.max_len:  # has fitted the lengths to it (it cannot grow)
             raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
