@@ -327,13 +327,12 @@ def test_every_source_option_is_settable_from_the_command_line(tmp_path):
 
 def test_label_names_given_unquoted_on_the_command_line_are_split():
     """``--config.data.label_names=neg,pos`` parses to the one string ``'neg,pos'``: split it."""
-    from jaxformer.data.sources import list_option
-
-    assert list_option({"label_names": ("neg,pos",)}, "label_names") == ("neg", "pos")
-    assert list_option({"label_names": "neg, pos"}, "label_names") == ("neg", "pos")
-    assert list_option({"label_names": ("neg", "pos")}, "label_names") == ("neg", "pos")
-    assert list_option({}, "label_names") is None
-    assert list_option({"label_names": None}, "label_names") is None
+    assert _read({"label_names": ("neg,pos",)}).label_names == ("neg", "pos")
+    assert _read({"label_names": "neg, pos"}).label_names == ("neg", "pos")
+    assert _read({"label_names": ("neg", "pos")}).label_names == ("neg", "pos")
+    assert _read({"columns": "text,label"}).columns == ("text", "label")
+    assert _read({}).label_names is None
+    assert _read({"label_names": None}).label_names is None
 
 
 def test_an_option_the_source_does_not_read_is_refused(tmp_path):

@@ -56,7 +56,6 @@ from jaxformer.data.containers import (
 from jaxformer.data.fields import Fields, infer_roles
 from jaxformer.data.held_out import check_held_out, held_out
 from jaxformer.data.tfds_source import tfds_name, tfds_source
-from jaxformer.options import option
 from jaxformer.settings import config_dict, defaults, one_of, section, setting
 
 SOURCE_KINDS = (*builders.BUILDERS, "<pairs>:both|source|target|reverse", "tfds:<name>",
@@ -108,24 +107,6 @@ class SourceSettings:
 def default_source_config() -> ml_collections.ConfigDict:
     """The source keys of ``config.data`` (`SourceSettings`), None = the source's default."""
     return config_dict(section(SourceSettings))
-
-
-LIST_OPTIONS = ("label_names", "columns")  # the data options that name several strings
-
-
-def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
-    """The list option ``data.<key>`` (``label_names``, ``columns``) of a config section as a tuple
-    (None if unset); ``neg,pos`` — what an unquoted ``--config.data.label_names=neg,pos`` parses to,
-    one string — is split at the commas. (For the config layer's callers; the sources read
-    `SourceSettings`, whose `jaxformer.settings.read` does the same.)"""
-    names = option(data_cfg, key)
-    if not names:
-        return None
-    if isinstance(names, str):
-        names = (names,)
-    if len(names) == 1 and "," in names[0]:
-        names = names[0].split(",")
-    return tuple(n.strip() for n in names)
 
 
 def _fields(settings: SourceSettings, where: str, available: Sequence[str] | None = None,

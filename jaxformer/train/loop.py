@@ -31,7 +31,7 @@ from jaxformer.checkpoint import Checkpointer, PreemptionWatch, save_run_config
 from jaxformer.checkpoint.lock import WorkdirLock
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import check_train_records
-from jaxformer.data.sources import SourceSettings, list_option
+from jaxformer.data.sources import SourceSettings
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
 from jaxformer.flops import device_peak_flops, train_step_flops
 from jaxformer.models import lora
@@ -124,7 +124,7 @@ class Trainer:
             self.tokenizer = open_tokenizer(resolved, workdir, resuming=resume is not None)
             record_tokenizer(config, self.tokenizer)  # config.json: the size it has
             self.prepare = wire_objective(config.objective, self.tokenizer)
-            self.make_ds, self.train_iter = open_data(config, self.tokenizer)
+            self.make_ds, self.train_iter = open_data(resolved, self.tokenizer)
             if lora.is_lora(config):
                 self.base = load_base(resolved, built)
             if self.teacher is not None:  # read once, on the student's mesh; never checkpointed
@@ -209,7 +209,7 @@ class Trainer:
                                        vocab_block_size=c.objective.vocab_block_size)
             if counts:
                 eval_step = with_prediction_counts(eval_step, self.model_cfg.num_classes)
-                self._collapse = CollapseWatch(list_option(c.data, "label_names"))
+                self._collapse = CollapseWatch(self.settings.data.label_names)
             self._eval_fn = sharded_jit(eval_step, self.mesh,
                                         in_shardings=(self.param_shardings, None, None))
         it = iter(self.make_ds(c.eval.split, num_epochs=1))

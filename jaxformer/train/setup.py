@@ -46,9 +46,9 @@ from jaxformer.checkpoint.verify import verify_tokenizer
 from jaxformer.config import ModelConfig, architecture_fields, changed_fields, fine_tuning_fields
 from jaxformer.convert.hf import hf_model_config, load_hf
 from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory, read_config
-from jaxformer.data.pipeline import DataSettings, make_dataset, source_texts
-from jaxformer.data.sources import SourceSettings, get_source, label_names_from_data, list_option
-from jaxformer.data.tokenizer import Tokenizer, TokenizerSettings, load_or_train_tokenizer
+from jaxformer.data.pipeline import make_dataset, source_texts
+from jaxformer.data.sources import SourceSettings, get_source, label_names_from_data
+from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from jaxformer.layers.heads import HEAD_MODULE_NAMES
 from jaxformer.layers.vocab_padding import fit_vocab
 from jaxformer.models import build_model
@@ -237,9 +237,10 @@ def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
                     "init_from=%s has no tokenizer: training a new tokenizer, so the "
                     "pretrained embeddings are read with other token ids; set "
                     "data.tokenizer.path to the pretraining tokenizer", pretrained.path)
-        for key in ("columns", "label_names"):  # ('text,label',) as the run reads it
-            if resolved.data.get(key):
-                resolved.data[key] = list_option(resolved.data, key)
+        source = read(SourceSettings, resolved.data)  # ('text,label',) as the run reads it
+        for key in ("columns", "label_names"):
+            if getattr(source, key):
+                resolved.data[key] = getattr(source, key)
     resolved.lock()
     model_cfg = ModelConfig.from_dict(resolved.model)
     settings, tx, schedule = check_config(resolved, model_cfg, resolved=True)
@@ -287,16 +288,14 @@ def build(resolved: ResolvedConfig) -> Built:
 def open_tokenizer(resolved: ResolvedConfig, workdir: Path, resuming: bool) -> Tokenizer:
     """The run's own ``tokenizer.model`` when resuming; else ``data.tokenizer.path`` (given, or
     init_from's), else one trained on the train split (its size was checked with the config)."""
-    config = resolved.config
+    data = resolved.settings.data
     if resuming:
         path = workdir / "tokenizer.model"
-    elif config.data.tokenizer.get("path"):
-        path = Path(config.data.tokenizer.path)
+    elif data.tokenizer.path:
+        path = Path(data.tokenizer.path)
     else:
-        return load_or_train_tokenizer(read(TokenizerSettings, config.data.tokenizer),
-                                       None,  # the trainer saves it
-                                       lambda: source_texts(get_source(read(SourceSettings, config.data),
-                                                                     "train")),
+        return load_or_train_tokenizer(data.tokenizer, None,  # the trainer saves it
+                                       lambda: source_texts(get_source(data, "train")),
                                        reuse_saved=False)
     tokenizer = Tokenizer.load(str(path))
     check_vocabulary(tokenizer.vocab_size, resolved.model_cfg, f"the tokenizer {path} "
@@ -323,19 +322,19 @@ def wire_objective(objective_cfg: ml_collections.ConfigDict, tokenizer: Tokenize
                           if uses_word_initial(objective_cfg) else None, tokenizer=tokenizer)
 
 
-def open_data(config: ml_collections.ConfigDict, tokenizer: Tokenizer
-              ) -> tuple[Callable[..., Any], Any]:
+def open_data(resolved: ResolvedConfig, tokenizer: Tokenizer) -> tuple[Callable[..., Any], Any]:
     """(``make_ds(split, num_epochs=None)``, the train iterator), examples built for the
     objective's data task, framing and host-side step. A missing, empty or unreadable eval split
     fails now, not after training. Each split's size (and what was cut to fit) is reported once,
     by these first datasets, not by every evaluation's."""
-    make_ds = functools.partial(make_dataset, read(DataSettings, config.data), tokenizer=tokenizer,
-                                seed=config.seed, objective=config.objective,
+    settings = resolved.settings
+    make_ds = functools.partial(make_dataset, settings.data, tokenizer=tokenizer,
+                                seed=settings.seed, objective=resolved.config.objective,
                                 process_index=jax.process_index(),
                                 process_count=jax.process_count(), report=False)
     train_iter = iter(make_ds("train", report=True))
-    if config.eval.num_batches > 0:
-        probe = iter(make_ds(config.eval.split, num_epochs=1, report=True))
+    if settings.eval.num_batches > 0:
+        probe = iter(make_ds(settings.eval.split, num_epochs=1, report=True))
         next(probe, None)
         if hasattr(probe, "close"):
             probe.close()
