@@ -23,7 +23,7 @@ from jaxformer.objectives.classify import prepare_classify
 from jaxformer.objectives.cloze import class_logits, prepare_cloze
 from jaxformer.objectives.denoise import denoise, poisson_span_lengths
 from jaxformer.objectives.mlm import prepare_mlm
-from jaxformer.objectives.permutation import prepare_plm
+from jaxformer.objectives.plm import prepare_plm
 from jaxformer.objectives.qa import prepare_qa
 from jaxformer.objectives.registry import (
     DATA_TASKS,

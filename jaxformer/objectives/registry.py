@@ -39,7 +39,7 @@ from jaxformer.objectives.mlm import (
     prepare_mlm_gathered,
     uses_word_initial,
 )
-from jaxformer.objectives.permutation import PLMOptions, prepare_plm
+from jaxformer.objectives.plm import PLMOptions, prepare_plm
 from jaxformer.objectives.qa import QAOptions, prepare_qa
 from jaxformer.objectives.scheduled_sampling import ScheduledSamplingOptions
 from jaxformer.objectives.seq2seq import prepare_seq2seq

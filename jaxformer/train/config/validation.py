@@ -27,7 +27,7 @@ from jaxformer.evaluation.decoding import check_generation
 from jaxformer.objectives import check_data_task, check_objective, get_objective
 from jaxformer.objectives.cloze import check_cloze_config, predicts_labels
 from jaxformer.objectives.mlm import MLMOptions
-from jaxformer.objectives.permutation import check_plm_model
+from jaxformer.objectives.plm import check_plm_model
 from jaxformer.objectives.scheduled_sampling import check_scheduled_sampling
 from jaxformer.ops.attention_kernels import check_backend
 from jaxformer.settings import read
