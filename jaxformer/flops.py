@@ -40,6 +40,7 @@ import numpy as np
 
 from jaxformer.config import ModelConfig
 from jaxformer.layers.heads import PER_ROW_MODULES
+from jaxformer.objectives import section_options
 from jaxformer.objectives.mlm import max_predictions
 from jaxformer.parallel.topology import CHIPS, Chip
 
@@ -97,7 +98,7 @@ def train_step_flops(config, model_cfg: ModelConfig, params: Any) -> dict:
     / ``data.target_len``; with objective ``mlm``, the head at its `max_predictions` positions):
     the one count of the trainer's MFU logs and the compile report's roofline."""
     d = config.data
-    predictions = (max_predictions(config.objective, d.seq_len)
+    predictions = (max_predictions(section_options(config.objective), d.seq_len)
                    if config.objective.name == "mlm" and model_cfg.head == "mlm" else 0)
     return model_flops(model_cfg, params, d.batch_size, d.seq_len, d.target_len, predictions)
 

@@ -146,8 +146,10 @@ def _built(resolved: ResolvedConfig, mesh):
     model_cfg, tx, settings = resolved.model_cfg, resolved.tx, resolved.settings
     model = build_model(model_cfg)
     abstract, shardings = state_shardings(model, model_cfg, tx, mesh)
-    prepare = bind_objective(resolved.config.objective, SpecialTokens(model_cfg.vocab_size))
     objective = settings.objective
+    prepare = bind_objective(objective.name, settings.objective_options,
+                             SpecialTokens(model_cfg.vocab_size),
+                             decoder_start_id=objective.decoder_start_id)
     step = make_train_step(model, tx, prepare, resolved.schedule,
                            label_smoothing=objective.label_smoothing, z_loss=objective.z_loss,
                            vocab_block_size=objective.vocab_block_size,

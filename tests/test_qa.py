@@ -129,7 +129,7 @@ def test_span_head_loss_is_the_mean_of_start_and_end_cross_entropy(tokenizer):
              for k in ("inputs", "inputs_token_types")}
     batch["start_position"] = np.array([f["start_position"] for f in feats])
     batch["end_position"] = np.array([f["end_position"] for f in feats])
-    prepared = bind_objective({"name": "qa"}, tokenizer.special)(batch, jax.random.key(0))
+    prepared = bind_objective("qa", None, tokenizer.special)(batch, jax.random.key(0))
     params = model.init(jax.random.key(1), **prepared["model_inputs"])["params"]
     logits = model.apply({"params": params}, **prepared["model_inputs"])
     assert logits.shape == (len(feats), 2, L) and "qa_outputs" in params

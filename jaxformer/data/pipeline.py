@@ -79,6 +79,7 @@ from jaxformer.objectives.registry import (
     OBJECTIVES,
     Objective,
     check_data_task,
+    section_options,
 )
 from jaxformer.options import option
 from jaxformer.settings import at_least, config_dict, positive, section, setting, subsection
@@ -392,7 +393,8 @@ def make_dataset(data: DataSettings, split: str, tokenizer: Tokenizer, *,
     task = spec.data_task
     special = tokenizer.special
     if transform is None:
-        transform = spec.example_transform(special, None if isinstance(objective, str) else objective)
+        transform = spec.example_transform(
+            special, None if isinstance(objective, str) else section_options(objective))
     if source is None:
         source = get_source(data, split, keep=QA_KEYS if task == "qa" else (), task=task)
         source_name = describe_source(data, split)

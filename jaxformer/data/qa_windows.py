@@ -33,8 +33,8 @@ import numpy as np
 from jaxformer.data.builders.user_files import BadRecord
 from jaxformer.data.packing import TruncationCounter
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.objectives.qa import QA_OPTIONS
-from jaxformer.options import option
+from jaxformer.objectives.qa import QAOptions
+from jaxformer.settings import read
 
 # Source fields the QA task needs besides the context (``data.text_key``), passed through as they
 # are by `jaxformer.data.sources.get_source`.
@@ -145,7 +145,8 @@ def qa_options(objective: Any) -> dict:
     """``doc_stride`` and ``max_question_len`` of the ``objective`` config section (or defaults
     when it is a name)."""
     section = None if isinstance(objective, str) else objective
-    return {k: option(section, k, QA_OPTIONS[k]) for k in ("doc_stride", "max_question_len")}
+    options = read(QAOptions, section)
+    return {"doc_stride": options.doc_stride, "max_question_len": options.max_question_len}
 
 
 def check_lengths(seq_len: int, doc_stride: int, max_question_len: int) -> None:

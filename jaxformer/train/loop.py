@@ -35,6 +35,7 @@ from jaxformer.data.sources import SourceSettings
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
 from jaxformer.flops import device_peak_flops, train_step_flops
 from jaxformer.models import lora
+from jaxformer.objectives import section_options
 from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.objectives.scheduled_sampling import scheduled_sampling_mixer
 from jaxformer.ops.embedding import check_token_ids
@@ -175,7 +176,8 @@ class Trainer:
                                   skip_nonfinite=c.nonfinite == "skip",
                                   lora_scale=(lora.lora_scale(c.optimizer.lora) if self.base
                                               is not None else None),
-                                  mix_inputs=scheduled_sampling_mixer(c.objective, self.model),
+                                  mix_inputs=scheduled_sampling_mixer(  # WP1: settings.objective_options
+                                      c.objective.name, section_options(c.objective), self.model),
                                   distill=None if self.teacher is None else self.teacher.loss(
                                       self.model_cfg))
         if self.teacher is not None:  # parallel="jit", no LoRA (checked with the config)

@@ -52,8 +52,7 @@ from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from jaxformer.layers.heads import HEAD_MODULE_NAMES
 from jaxformer.layers.vocab_padding import fit_vocab
 from jaxformer.models import build_model
-from jaxformer.objectives import bind_objective
-from jaxformer.objectives.mlm import uses_word_initial
+from jaxformer.objectives import bind_objective, section_options
 from jaxformer.options import option
 from jaxformer.parallel.mesh import check_batch_size, make_mesh
 from jaxformer.settings import read
@@ -65,6 +64,7 @@ from jaxformer.train.config import (
     position_lengths,
     with_derived_model_fields,
 )
+from jaxformer.train.config.schema import ObjectiveSettings
 from jaxformer.train.state import TrainState, create_params, create_train_state, state_shardings
 
 # --------------------------------------------------------------------------------------------------
@@ -314,12 +314,15 @@ def record_tokenizer(config: ml_collections.ConfigDict, tokenizer: Tokenizer) ->
             config.data.tokenizer.vocab_size = int(tokenizer.vocab_size)
 
 
-def wire_objective(objective_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer
+def wire_objective(objective_cfg: ml_collections.ConfigDict | dict, tokenizer: Tokenizer
                    ) -> Callable[[dict, Any], dict]:
     """The objective's ``prepare(batch, rng)`` for the train step, bound to the tokenizer's ids
-    (its host-side per-example step, if any, is applied by the pipeline: `open_data`)."""
-    return bind_objective(objective_cfg, tokenizer.special, word_initial=tokenizer.word_initial()
-                          if uses_word_initial(objective_cfg) else None, tokenizer=tokenizer)
+    (its host-side per-example step, if any, is applied by the pipeline: `open_data`).
+    ``objective_cfg``: the ``objective`` section of a config or of a run's ``config.json``."""
+    # WP1 rebase: the two reads below become settings.objective and settings.objective_options
+    objective = read(ObjectiveSettings, objective_cfg)
+    return bind_objective(objective.name, section_options(objective_cfg), tokenizer.special,
+                          tokenizer=tokenizer, decoder_start_id=objective.decoder_start_id)
 
 
 def open_data(resolved: ResolvedConfig, tokenizer: Tokenizer) -> tuple[Callable[..., Any], Any]:

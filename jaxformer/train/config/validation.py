@@ -81,10 +81,12 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
                          f"so {', '.join(f'mesh.{a}={v}' for a, v in sharded.items())} would be "
                          "ignored; use parallel='jit' for FSDP / context / tensor parallelism")
     check_context_parallel(settings, model_cfg)
-    check_objective(config.objective)
-    check_plm_model(config.objective, model_cfg)
-    check_cloze_config(config, model_cfg)
-    check_scheduled_sampling(config.objective)
+    name, options = check_objective(config.objective), settings.objective_options
+    if name == "plm":
+        check_plm_model(options, model_cfg)
+    if name == "cloze":
+        check_cloze_config(options, settings.data.framing or "", model_cfg)
+    check_scheduled_sampling(options)
     check_distill(config)
     check_generation(settings, model_cfg)
     check_backend(model_cfg.attention_kernel)  # e.g. cudnn without a CUDA GPU, before compiling
