@@ -144,11 +144,11 @@ class Objective:
         """``prepare(batch, rng)`` bound to ``special`` and ``options`` (an instance of `options`;
         None: its defaults); an objective `with_tokenizer` also takes what it resolves with the
         run's ``tokenizer`` (cloze's ids, MLM's ``word_initial`` table), one `decoder_start` the
-        first decoder input ``decoder_start_id`` (None: ``special.pad_id``, T5's)."""
+        first decoder input ``decoder_start_id`` (None: the prepare's default, the pad id)."""
         options = self.checked_options(options)
         kwargs = {} if self.with_tokenizer is None else dict(self.with_tokenizer(options, tokenizer))
         if self.decoder_start:
-            kwargs["decoder_start_id"] = special.pad_id if decoder_start_id is None else decoder_start_id
+            kwargs["decoder_start_id"] = decoder_start_id
         return functools.partial(self.prepare, special=special, options=options, **kwargs)
 
     def host_transform(self, special: SpecialTokens, options: Any = None) -> HostFn | None:
