@@ -73,13 +73,13 @@ def classify(model: Any, params: Any, tokenizer: Tokenizer, run_config: dict,
     """Class probabilities `[C]` float32 of each text, in order: the texts framed and truncated by
     the run's data pipeline (unshuffled, unpacked), softmax of the model's logits. ``name``: what
     the pipeline's log lines call the texts."""
-    data = dataclasses.replace(run_settings(run_config).data, batch_size=batch_size, shuffle=False,
-                               worker_count=0)
+    settings = run_settings(run_config)
+    data = dataclasses.replace(settings.data, batch_size=batch_size, shuffle=False, worker_count=0)
     source = [{"text": t, "label": 0} for t in texts]
-    batches = make_dataset(data, "predict", tokenizer, seed=0,
-                           objective=run_config["objective"], process_index=0, process_count=1,
+    batches = make_dataset(data, "predict", tokenizer, seed=0, objective=settings.objective.name,
+                           options=settings.objective_options, process_index=0, process_count=1,
                            num_epochs=1, source=source, source_name=name)
-    prepare = wire_objective(run_config["objective"], tokenizer)
+    prepare = wire_objective(settings, tokenizer)
 
     @jax.jit
     def probabilities(params, batch):

@@ -26,7 +26,6 @@ from jaxformer.objectives import (
     prepare_sft,
     random_spans_noise_mask,
     reconstruct_span_corruption,
-    section_options,
     span_corruption,
 )
 from jaxformer.objectives.denoise import DenoiseOptions
@@ -140,17 +139,20 @@ def test_seq2seq_shifts_right_per_segment(seed):
 def test_options_read_from_the_config_are_the_dataclass_defaults():
     """The config's ``objective`` section declares each objective's options once (their dataclass):
     read back from the base config they equal the dataclass's defaults, and a value set there
-    reaches the options (`section_options`, what the trainer binds)."""
-    from jaxformer.train.config import base_config
+    reaches the options (`Objective.read_options`; the trainer's `TrainSettings.objective_options`,
+    what it binds)."""
+    from jaxformer.config import ModelConfig
+    from jaxformer.train.config import base_config, train_settings
 
     for name, objective in OBJECTIVES.items():
         section = base_config().objective
         section.name = name
         expected = objective.options() if objective.options else None
-        assert section_options(section) == expected, name
-    section = base_config().objective
-    section.name, section.mask_rate, section.max_span_length = "mlm", 0.3, 4
-    assert section_options(section) == MLMOptions(mask_rate=0.3, max_span_length=4)
+        assert objective.read_options(section) == expected, name
+    config = base_config()
+    config.objective.name, config.objective.mask_rate, config.objective.max_span_length = "mlm", 0.3, 4
+    settings = train_settings(config, ModelConfig.from_dict(config.model))
+    assert settings.objective_options == MLMOptions(mask_rate=0.3, max_span_length=4)
 
 
 def test_classify_targets_and_weights():
@@ -531,11 +533,11 @@ def test_denoise_from_the_base_config_masks_no_single_tokens():
     cfg = base_config().objective
     cfg.name, cfg.infill_rate = "denoise", 0.0
     tokens = np.arange(LOW, LOW + 60, dtype=np.int32)
-    inputs, targets = host_transform("denoise", SPECIAL, section_options(cfg))(
+    inputs, targets = host_transform("denoise", SPECIAL, get_objective("denoise").read_options(cfg))(
         tokens, np.random.default_rng(0))
     np.testing.assert_array_equal(inputs, targets)
     cfg.token_mask_rate = 0.5
-    inputs, _ = host_transform("denoise", SPECIAL, section_options(cfg))(
+    inputs, _ = host_transform("denoise", SPECIAL, get_objective("denoise").read_options(cfg))(
         tokens, np.random.default_rng(0))
     assert 15 < np.sum(inputs == SPECIAL.mask_id) < 45
 

@@ -309,17 +309,24 @@ def test_bad_config_raises(tok, objective, kw, match):
 
 
 def test_data_task_is_the_objectives():
-    """``data.task`` is derived from ``objective.name``; a config written before (or an old run's
-    config.json) may still set it, a legacy key `DataSettings` does not hold: checked on the config
-    section (`validate_config`), accepted when it is the objective's, else refused naming both."""
-    from jaxformer.objectives import check_data_task
+    """The pipeline's data task is the objective's, as its options choose it: MLM with
+    ``sentence_pairs`` reads sentence pairs (`check_data_task`; the legacy ``data.task`` key a
+    config may still set is checked against it by `validate_config`: tests/test_configs.py)."""
+    from jaxformer.objectives import check_data_task, get_objective
+    from jaxformer.objectives.mlm import MLMOptions
 
     for name, task in [("clm", "lm"), ("mlm", "lm"), ("denoise", "span_corruption"),
-                       ("span_corruption", "span_corruption"), ("seq2seq", "seq2seq")]:
-        assert check_data_task({"name": name}, {"task": task}).data_task == task
-    with pytest.raises(ValueError, match="data.task='span_corruption' does not fit "
-                                         "objective.name='clm'"):
-        check_data_task({"name": "clm"}, {"task": "span_corruption"})
+                       ("span_corruption", "span_corruption"), ("seq2seq", "seq2seq"),
+                       ("cloze", "classify"), ("qa", "qa")]:
+        assert check_data_task(name).data_task == task
+        assert check_data_task(get_objective(name)).data_task == task
+    for pairs in ("nsp", "sop"):
+        assert check_data_task("mlm", MLMOptions(sentence_pairs=pairs)).data_task == "sentence_pairs"
+    with pytest.raises(ValueError, match="objective.sentence_pairs='nope' must be one of"):
+        check_data_task("mlm", MLMOptions(sentence_pairs="nope"))
+    with pytest.raises(ValueError, match="objective 'clm' takes options ScheduledSamplingOptions, "
+                                         "not MLMOptions"):
+        check_data_task("clm", MLMOptions())
 
 
 def test_bad_inputs_raise(tok):
@@ -353,7 +360,7 @@ def test_span_corruption_with_the_objectives_transform(tok):
     from jaxformer.objectives.span_corruption import reconstruct_span_corruption
 
     ds = make_dataset(_cfg(target_len=32, shuffle=False), "train", tok, seed=0,
-                      objective={"name": "span_corruption"}, process_index=0, process_count=1,
+                      objective="span_corruption", process_index=0, process_count=1,
                       num_epochs=1, source=_source("lm"))
     got = []
     for b in ds:

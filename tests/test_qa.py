@@ -16,6 +16,7 @@ from jaxformer.data.sources import SourceSettings
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 from jaxformer.decode.span import best_answer, best_span
 from jaxformer.models import build_model
+from jaxformer.objectives.qa import QAOptions
 from jaxformer.objectives.registry import bind_objective
 from jaxformer.ops.losses import weighted_cross_entropy
 from jaxformer.settings import read
@@ -149,9 +150,9 @@ def test_pipeline_builds_qa_rows_from_a_jsonl_file(tokenizer, tmp_path):
     path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
     data = {"source": f"files:{path}", "text_key": "context", "packing": False, "seq_len": 24,
             "batch_size": 4, "shuffle": False, "split_fractions": (1.0, 0.0, 0.0)}
-    objective = {"name": "qa", "doc_stride": 8, "max_question_len": 6}
-    batch = next(iter(make_dataset(read(DataSettings, data), "train", tokenizer, seed=0, objective=objective,
-                                   num_epochs=1, report=False)))
+    options = QAOptions(doc_stride=8, max_question_len=6)
+    batch = next(iter(make_dataset(read(DataSettings, data), "train", tokenizer, seed=0, objective="qa",
+                                   options=options, num_epochs=1, report=False)))
     assert batch["inputs"].shape == batch["inputs_token_types"].shape == (4, 24)
     assert batch["start_position"].shape == (4,)
     first = rows[0]["context"]

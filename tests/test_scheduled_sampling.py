@@ -20,7 +20,7 @@ from jaxformer.checkpoint import read_metrics
 from jaxformer.config import ModelConfig
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
-from jaxformer.objectives import bind_objective, section_options
+from jaxformer.objectives import bind_objective, get_objective
 from jaxformer.objectives.scheduled_sampling import (
     ScheduledSamplingOptions,
     check_scheduled_sampling,
@@ -373,5 +373,5 @@ def test_config_override_reaches_the_objective_section():
     config = load_config(ROOT / "configs" / "t5_finetune_tiny.py", {
         "objective.scheduled_sampling": "linear", "objective.ss_c": 1e-3})
     assert isinstance(config.objective, ml_collections.ConfigDict)
-    settings = check_scheduled_sampling(section_options(config.objective))
+    settings = check_scheduled_sampling(get_objective("seq2seq").read_options(config.objective))
     assert (settings.schedule, settings.k, settings.c) == ("linear", 1.0, 1e-3)

@@ -69,19 +69,12 @@ from jaxformer.data.closed_at_exit import ClosedAtExit
 from jaxformer.data.containers import MappedSource, Subset, read_records
 from jaxformer.data.held_out import check_held_out
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
-from jaxformer.data.qa_windows import QA_KEYS, QAFeatures, qa_example, qa_options
+from jaxformer.data.qa_windows import QA_KEYS, QAFeatures, qa_example
 from jaxformer.data.sentence_pairs import SentencePairs, check_pair_data, pair_rows
 from jaxformer.data.sources import SourceSettings, get_source, source_kinds
 from jaxformer.data.sources import source_texts as source_texts  # re-exported
 from jaxformer.data.tokenizer import Tokenizer, TokenizerSettings
-from jaxformer.objectives.registry import (
-    FRAMINGS,
-    OBJECTIVES,
-    Objective,
-    check_data_task,
-    section_options,
-)
-from jaxformer.options import option
+from jaxformer.objectives.registry import FRAMINGS, OBJECTIVES, Objective, check_data_task
 from jaxformer.settings import at_least, config_dict, positive, section, setting, subsection
 from jaxformer.vocab import SpecialTokens
 
@@ -271,13 +264,14 @@ class _Finalize(grain.transforms.Map):
 
 
 def check_data_config(data: DataSettings, process_count: int = 1, *,
-                      objective: Any = "clm") -> None:
-    """ValueError naming the ``data.*`` key that is invalid for ``objective`` (the ``objective``
-    config section, or a name), run by `validate_config` too."""
+                      objective: Objective | str = "clm", options: Any = None) -> None:
+    """ValueError naming the ``data.*`` key that is invalid for ``objective`` (or the objective of
+    that name) with ``options`` (its options dataclass, None: the defaults: they may choose its data
+    task, `jaxformer.objectives.check_data_task`), run by `validate_config` too."""
     def bad(key, want):
         raise ValueError(f"data.{key}={getattr(data, key)!r} is invalid: {want}")
 
-    task = check_data_task(objective, data).data_task
+    task = check_data_task(objective, options).data_task
     if data.framing not in ("", *FRAMINGS):
         bad("framing", f"choose one of {FRAMINGS}, or '' for the objective's")
     example_framing(data, objective)
@@ -298,10 +292,10 @@ def check_data_config(data: DataSettings, process_count: int = 1, *,
     check_held_out(data.validation_from_train, data.source)
 
 
-def example_framing(data: DataSettings, objective: Any = "clm") -> str:
-    """The framing of ``objective``'s examples: ``data.framing``, else the objective's
-    (`Objective.framing`); ValueError when neither is set."""
-    spec = check_data_task(objective, data)
+def example_framing(data: DataSettings, objective: Objective | str = "clm") -> str:
+    """The framing of the examples of ``objective`` (or of the objective of that name):
+    ``data.framing``, else the objective's (`Objective.framing`); ValueError when neither is set."""
+    spec = check_data_task(objective)
     chosen = data.framing or spec.framing
     if not chosen:
         raise ValueError(f"data.framing is unset and objective {spec.name!r} has no usual framing; "
@@ -330,7 +324,8 @@ def data_line(split: str, examples: int, name: str) -> str:
     return f"data {split}: {examples:,} examples in {name}"
 
 
-def check_train_records(source: SourceSettings, objective: Any = "clm") -> None:
+def check_train_records(source: SourceSettings, objective: Objective | str = "clm",
+                        options: Any = None) -> None:
     """Read every record of the train split once, as the pipeline will, when it comes from the
     user's files (a ``files:`` part of ``data.source``), so that a bad record stops the run before
     its first step, in one line naming its file:line, what is wrong and the fix (`BadRecord`): text
@@ -340,10 +335,11 @@ def check_train_records(source: SourceSettings, objective: Any = "clm") -> None:
     training, the same record would stop the run from inside the data pipeline (after its last
     checkpoint). Built-in corpora and TFDS datasets are not read here (curated, and a TFDS
     dataset may be far larger than a start-up should read). Plain-text files are not read again:
-    opening them (`jaxformer.data.builders.user_files.FileSource`) decoded every line."""
+    opening them (`jaxformer.data.builders.user_files.FileSource`) decoded every line.
+    ``objective`` (or its name) and its ``options`` (None: the defaults) choose the data task."""
     if "files" not in source_kinds(source.source):
         return
-    task = check_data_task(objective, source).data_task
+    task = check_data_task(objective, options).data_task
     train = get_source(source, "train", keep=QA_KEYS if task == "qa" else (), task=task)
     train = train.base if isinstance(train, Subset) else train  # held-out examples too
     if (isinstance(train, MappedSource) and isinstance(train.base, FileSource)
@@ -359,7 +355,8 @@ def check_train_records(source: SourceSettings, objective: Any = "clm") -> None:
 
 
 def make_dataset(data: DataSettings, split: str, tokenizer: Tokenizer, *,
-                 seed: int, objective: Any = "clm", transform: Transform | None = None,
+                 seed: int, objective: Objective | str = "clm", options: Any = None,
+                 transform: Transform | None = None,
                  process_index: int | None = None, process_count: int | None = None,
                  num_epochs: int | None = None, source: Sequence[Mapping[str, Any]] | None = None,
                  source_name: str | None = None, report: bool = True) -> grain.IterDataset:
@@ -370,8 +367,11 @@ def make_dataset(data: DataSettings, split: str, tokenizer: Tokenizer, *,
       split: passed to ``jaxformer.data.sources.get_source`` (unless ``source`` is given).
       tokenizer: the `Tokenizer`.
       seed: shuffling and ``transform`` randomness.
-      objective: the ``objective`` config section (name and options), or an objective's name: its
-        data task, framing and host-side transform (`jaxformer.objectives.Objective`).
+      objective: the objective (`jaxformer.objectives.Objective`), or its name: its data task,
+        framing and host-side transform.
+      options: the objective's options (an instance of `Objective.options`, e.g. `MLMOptions`;
+        None: the defaults), as a run's `TrainSettings.objective_options`: they may choose the
+        data task (`Objective.resolve`) and set the transform, sentence pairs and QA windows.
       transform: a host-side ``(example, rng) -> example`` step to use instead of the
         objective's (`Objective.example_transform`), e.g. to try another corruption.
       process_index / process_count: this process's shard (default ``jax.process_index()`` /
@@ -388,13 +388,12 @@ def make_dataset(data: DataSettings, split: str, tokenizer: Tokenizer, *,
     """
     if process_index is None or process_count is None:
         process_index, process_count = jax.process_index(), jax.process_count()
-    check_data_config(data, process_count, objective=objective)
-    spec: Objective = check_data_task(objective, data)
-    task = spec.data_task
+    check_data_config(data, process_count, objective=objective, options=options)
+    spec = check_data_task(objective, options)
+    task, options = spec.data_task, spec.checked_options(options)
     special = tokenizer.special
     if transform is None:
-        transform = spec.example_transform(
-            special, None if isinstance(objective, str) else section_options(objective))
+        transform = spec.example_transform(special, options)
     if source is None:
         source = get_source(data, split, keep=QA_KEYS if task == "qa" else (), task=task)
         source_name = describe_source(data, split)
@@ -417,13 +416,14 @@ def make_dataset(data: DataSettings, split: str, tokenizer: Tokenizer, *,
     ds = ds.seed(seed)
     if data.shuffle:
         ds = ds.shuffle()
-    ds = (SentencePairs(ds, tokenizer, mode=option(objective, "sentence_pairs", "none"),
+    ds = (SentencePairs(ds, tokenizer, mode=options.sentence_pairs,
                         seq_len=data.seq_len, seed=seed)
           if task == "sentence_pairs" else ds.map(_Tokenize(tokenizer, task))).repeat(num_epochs)
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=data.read_threads,
                                               prefetch_buffer_size=data.read_buffer))
-    frame = (QAFeatures(tokenizer, counter, seq_len=data.seq_len, **qa_options(objective))
-             if task == "qa" else _Frame(task, example_framing(data, objective), special,
+    frame = (QAFeatures(tokenizer, counter, seq_len=data.seq_len, doc_stride=options.doc_stride,
+                        max_question_len=options.max_question_len)
+             if task == "qa" else _Frame(task, example_framing(data, spec), special,
                                          data.seq_len, data.target_len, data.long_examples == "split",
                                          counter))
     it = grain.experimental.FlatMapIterDataset(it, frame)

@@ -33,8 +33,6 @@ import numpy as np
 from jaxformer.data.builders.user_files import BadRecord
 from jaxformer.data.packing import TruncationCounter
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.objectives.qa import QAOptions
-from jaxformer.settings import read
 
 # Source fields the QA task needs besides the context (``data.text_key``), passed through as they
 # are by `jaxformer.data.sources.get_source`.
@@ -139,14 +137,6 @@ def qa_windows(example: Mapping[str, Any], tokenizer: Tokenizer, *, seq_len: int
         if end >= len(ids):
             return features, cut
         begin += doc_stride
-
-
-def qa_options(objective: Any) -> dict:
-    """``doc_stride`` and ``max_question_len`` of the ``objective`` config section (or defaults
-    when it is a name)."""
-    section = None if isinstance(objective, str) else objective
-    options = read(QAOptions, section)
-    return {"doc_stride": options.doc_stride, "max_question_len": options.max_question_len}
 
 
 def check_lengths(seq_len: int, doc_stride: int, max_question_len: int) -> None:

@@ -32,7 +32,7 @@ from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode.api import GenerationConfig, generate_batches
 from jaxformer.evaluation.metrics import sequence_scores
 from jaxformer.nnx import FunctionalModel
-from jaxformer.objectives.registry import get_objective
+from jaxformer.objectives.registry import check_data_task
 from jaxformer.settings import at_least, positive, setting
 
 DECODING_STRATEGIES = ("greedy", "beam")  # sampling would make the scores noisy
@@ -69,7 +69,7 @@ class DecodingExample:
 def data_task(settings: Any) -> str:
     """The data task of a run's `TrainSettings` (``jaxformer.train.config``): its objective's, as
     its options choose it (`jaxformer.objectives.Objective.resolve`)."""
-    return get_objective(settings.objective.name).resolve(settings.objective_options).data_task
+    return check_data_task(settings.objective.name, settings.objective_options).data_task
 
 
 def decodes(settings: Any, model_cfg: ModelConfig) -> bool:

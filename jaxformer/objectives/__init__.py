@@ -40,7 +40,6 @@ from jaxformer.objectives.registry import (
     option_classes,
     option_settings,
     register_objective,
-    section_options,
 )
 from jaxformer.objectives.seq2seq import prepare_seq2seq
 from jaxformer.objectives.span_corruption import (
@@ -51,7 +50,7 @@ from jaxformer.objectives.span_corruption import (
 
 __all__ = [
     "Objective", "OBJECTIVES", "option_classes", "option_settings", "DATA_TASKS", "FRAMINGS",
-    "register_objective", "get_objective", "section_options", "bind_objective", "check_objective",
+    "register_objective", "get_objective", "bind_objective", "check_objective",
     "check_data_task", "host_transform",
     "prepare_clm", "prepare_mlm", "prepare_seq2seq", "prepare_classify", "prepare_sft", "prepare_qa",
     "prepare_plm", "prepare_cloze", "class_logits",

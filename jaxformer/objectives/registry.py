@@ -134,10 +134,12 @@ class Objective:
         return None if self.options is None else read(self.options, section)
 
     def resolve(self, options: Any = None) -> Objective:
-        """This objective with the data task its ``options`` choose (`data_task_for`)."""
+        """This objective with the data task its ``options`` choose (`data_task_for`); ValueError
+        for options of another type (`checked_options`)."""
+        options = self.checked_options(options)
         if self.data_task_for is None:
             return self
-        return dataclasses.replace(self, data_task=self.data_task_for(self.checked_options(options)))
+        return dataclasses.replace(self, data_task=self.data_task_for(options))
 
     def bind(self, options: Any, special: SpecialTokens, *, tokenizer: Any = None,
              decoder_start_id: int | None = None) -> Callable[[dict, Any], dict]:
@@ -227,20 +229,13 @@ def check_objective(section: Any) -> str:
     own = _fields(objective.options)
     for cls in option_classes():
         given, default = read(cls, section), cls()
-        for key in _fields(cls).keys() - own.keys():
+        for key in _fields(cls):  # in declaration order: the first such option is named
             value = getattr(given, key)
-            if value != getattr(default, key):
+            if key not in own and value != getattr(default, key):
                 users = [n for n, o in OBJECTIVES.items() if o.options is cls]
                 raise ValueError(f"objective.{key}={value!r} applies to objective {users[0]!r}, "
                                  f"not {name!r}; leave it at its default {getattr(default, key)!r}")
     return name
-
-
-def section_options(section: Any) -> Any:
-    """The options dataclass of the objective an ``objective`` config section (a ConfigDict or a
-    run's config.json dict) names, read from it (`Objective.read_options`); None when it has none.
-    The trainer's `TrainSettings.objective_options` is this, built once."""
-    return get_objective(section["name"]).read_options(section)
 
 
 def bind_objective(name: str, options: Any, special: SpecialTokens, *, tokenizer: Any = None,
@@ -256,21 +251,15 @@ def host_transform(name: str, special: SpecialTokens, options: Any = None) -> Ho
     return get_objective(name).host_transform(special, options)
 
 
-def check_data_task(objective_cfg: Any, data_cfg: Any) -> Objective:
-    """The objective of the ``objective`` config section ``objective_cfg`` (or a name), its data
-    task resolved from its options, after checking the ``data.task`` an older config (or an old
-    run's config.json) may still set in the ``data`` section ``data_cfg``: it must be the
-    objective's."""
-    if isinstance(objective_cfg, str):
-        objective = get_objective(objective_cfg)
-    else:  # a config section (ConfigDict or config.json's dict)
-        objective = get_objective(objective_cfg["name"]).resolve(section_options(objective_cfg))
-    legacy = None if data_cfg is None or "task" not in data_cfg else data_cfg["task"]
-    if legacy is not None and legacy != objective.data_task:
-        raise ValueError(f"data.task={legacy!r} does not fit objective.name={objective.name!r}, "
-                         f"whose data task is {objective.data_task!r}; remove data.task (it is "
-                         "derived from objective.name)")
-    return objective
+def check_data_task(objective: Objective | str, options: Any = None) -> Objective:
+    """``objective`` (or the registered objective of that name) with the data task its
+    ``options`` (an instance of its options dataclass; None: the defaults) choose
+    (`Objective.resolve`); ValueError naming the option when they choose none."""
+    objective = get_objective(objective) if isinstance(objective, str) else objective
+    if not isinstance(objective, Objective):
+        raise TypeError(f"objective={objective!r}: expected an Objective or its name; read a config "
+                        "section's options with get_objective(name).read_options(section)")
+    return objective.resolve(options)
 
 
 # The built-in objectives (papers cited in their modules).

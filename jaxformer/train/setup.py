@@ -52,7 +52,7 @@ from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from jaxformer.layers.heads import HEAD_MODULE_NAMES
 from jaxformer.layers.vocab_padding import fit_vocab
 from jaxformer.models import build_model
-from jaxformer.objectives import bind_objective, section_options
+from jaxformer.objectives import bind_objective
 from jaxformer.options import option
 from jaxformer.parallel.mesh import check_batch_size, make_mesh
 from jaxformer.settings import read
@@ -64,7 +64,6 @@ from jaxformer.train.config import (
     position_lengths,
     with_derived_model_fields,
 )
-from jaxformer.train.config.schema import ObjectiveSettings
 from jaxformer.train.state import TrainState, create_params, create_train_state, state_shardings
 
 # --------------------------------------------------------------------------------------------------
@@ -314,14 +313,12 @@ def record_tokenizer(config: ml_collections.ConfigDict, tokenizer: Tokenizer) ->
             config.data.tokenizer.vocab_size = int(tokenizer.vocab_size)
 
 
-def wire_objective(objective_cfg: ml_collections.ConfigDict | dict, tokenizer: Tokenizer
-                   ) -> Callable[[dict, Any], dict]:
-    """The objective's ``prepare(batch, rng)`` for the train step, bound to the tokenizer's ids
-    (its host-side per-example step, if any, is applied by the pipeline: `open_data`).
-    ``objective_cfg``: the ``objective`` section of a config or of a run's ``config.json``."""
-    # WP1 rebase: the two reads below become settings.objective and settings.objective_options
-    objective = read(ObjectiveSettings, objective_cfg)
-    return bind_objective(objective.name, section_options(objective_cfg), tokenizer.special,
+def wire_objective(settings: TrainSettings, tokenizer: Tokenizer) -> Callable[[dict, Any], dict]:
+    """The ``prepare(batch, rng)`` of the objective of ``settings`` (a run's `TrainSettings`:
+    ``objective``, ``objective_options``) for the train step, bound to the tokenizer's ids (its
+    host-side per-example step, if any, is applied by the pipeline: `open_data`)."""
+    objective = settings.objective
+    return bind_objective(objective.name, settings.objective_options, tokenizer.special,
                           tokenizer=tokenizer, decoder_start_id=objective.decoder_start_id)
 
 
@@ -332,7 +329,8 @@ def open_data(resolved: ResolvedConfig, tokenizer: Tokenizer) -> tuple[Callable[
     by these first datasets, not by every evaluation's."""
     settings = resolved.settings
     make_ds = functools.partial(make_dataset, settings.data, tokenizer=tokenizer,
-                                seed=settings.seed, objective=resolved.config.objective,
+                                seed=settings.seed, objective=settings.objective.name,
+                                options=settings.objective_options,
                                 process_index=jax.process_index(),
                                 process_count=jax.process_count(), report=False)
     train_iter = iter(make_ds("train", report=True))
