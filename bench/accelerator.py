@@ -46,7 +46,6 @@ from jaxformer.flops import model_flops  # noqa: E402
 from jaxformer.models import build_model  # noqa: E402
 from jaxformer.models.presets import preset  # noqa: E402
 from jaxformer.objectives import bind_objective  # noqa: E402
-from jaxformer.train.config import base_config  # noqa: E402
 from jaxformer.train.state import TrainState, init_params_on_host  # noqa: E402
 from jaxformer.train.step import make_train_step  # noqa: E402
 from jaxformer.vocab import SpecialTokens  # noqa: E402
@@ -103,11 +102,9 @@ def packed_batch(cfg: ModelConfig, objective: str, args) -> dict:
 def prepare(name: str, impl: str, args) -> dict:
     """Compile the train step of ``name`` with ``impl``: ``{"row", "run"}``."""
     cfg = model_config(name, impl, args)
-    objective = base_config().objective
-    objective.name = MODELS[name][2]
     tx = optax.adamw(1e-4, weight_decay=0.01)
     step_fn = make_train_step(build_model(cfg), tx,
-                              bind_objective(objective, SpecialTokens(cfg.vocab_size)),
+                              bind_objective(MODELS[name][2], None, SpecialTokens(cfg.vocab_size)),
                               optax.constant_schedule(1e-4))
     params = init_on_host(cfg)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params,

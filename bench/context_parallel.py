@@ -24,7 +24,6 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -52,8 +51,7 @@ def build(mesh_axes: dict, a) -> tuple:
     model = build_model(cfg)
     tx, schedule = make_optimizer(default_optimizer_config("gpt3", peak_lr=1e-3, warmup_steps=1),
                                   cfg.d_model, 100)
-    prepare = bind_objective(ml_collections.ConfigDict(dict(name="clm")),
-                             SpecialTokens(cfg.vocab_size))
+    prepare = bind_objective("clm", None, SpecialTokens(cfg.vocab_size))
     mesh = make_mesh(mesh_axes)
     state, shardings = create_train_state(model, tx, mesh, seed=0)
     tokens = np.random.default_rng(0).integers(7, 1024, (a.batch, a.seq_len)).astype(np.int32)

@@ -55,7 +55,7 @@ def cpu_rows(args) -> list[dict]:
                        rng=jax.random.key_data(jax.random.key(1)))
     tokens = np.random.default_rng(0).integers(10, args.vocab, (args.batch, args.seq_len))
     batch = {"inputs": tokens.astype(np.int32)}
-    prepare = bind_objective({"name": "mlm"}, SpecialTokens(args.vocab))
+    prepare = bind_objective("mlm", None, SpecialTokens(args.vocab))
     rows, calls = [], {}
     for impl in IMPLS:
         step = jax.jit(make_train_step(model, tx, prepare, lambda s: 1e-4, dropout_impl=impl,

@@ -32,7 +32,6 @@ from jaxformer.models import build_model  # noqa: E402
 from jaxformer.objectives import bind_objective  # noqa: E402
 from jaxformer.ops.attention_kernels import target_platform  # noqa: E402
 from jaxformer.parallel.topology import parse_topology, topology_devices  # noqa: E402
-from jaxformer.train.config import base_config  # noqa: E402
 from jaxformer.train.state import TrainState  # noqa: E402
 from jaxformer.train.step import make_train_step  # noqa: E402
 from jaxformer.vocab import SpecialTokens  # noqa: E402
@@ -50,11 +49,10 @@ def compile_row(row: str, device) -> dict:
     on = jax.sharding.SingleDeviceSharding(device)
     with target_platform("cuda"):
         cfg = accelerator.model_config(name, impl, args)
-        objective = base_config().objective
-        objective.name = accelerator.MODELS[name][2]
         tx = optax.adamw(1e-4, weight_decay=0.01)
         step = make_train_step(build_model(cfg), tx,
-                               bind_objective(objective, SpecialTokens(cfg.vocab_size)),
+                               bind_objective(accelerator.MODELS[name][2], None,
+                                              SpecialTokens(cfg.vocab_size)),
                                optax.constant_schedule(1e-4))
         state = jax.eval_shape(lambda: TrainState(
             step=jnp.zeros((), jnp.int32),

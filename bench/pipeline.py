@@ -22,9 +22,10 @@ import time
 
 import numpy as np
 
-from jaxformer.data.pipeline import default_data_config, make_dataset
+from jaxformer.data.pipeline import DataSettings, default_data_config, make_dataset
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 from jaxformer.host import skip_absent_tpu
+from jaxformer.settings import read
 
 skip_absent_tpu()  # no failed libtpu start-up on a CPU host (jaxformer.host)
 
@@ -65,7 +66,7 @@ def stdlib_docstrings(limit: int) -> list[str]:
 
 
 def measure(cfg, tok, source, seconds, objective="clm") -> dict:
-    ds = make_dataset(cfg, "train", tok, seed=0, objective=objective, process_index=0,
+    ds = make_dataset(read(DataSettings, cfg), "train", tok, seed=0, objective=objective, process_index=0,
                       process_count=1, source=source)
     it = iter(ds)
     t0 = time.perf_counter()

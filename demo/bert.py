@@ -29,12 +29,13 @@ from demo.settings import MINILM, DemoSettings
 from demo.stats import fmt
 from jaxformer.convert.hf import hf_model_config
 from jaxformer.data.builders.base import SPLITS
-from jaxformer.data.sources import get_source, read_records
+from jaxformer.data.containers import read_records
+from jaxformer.data.sources import SourceSettings, get_source
 
 
 @functools.cache  # read once per split: the demo asks for train three times (~0.6 s each)
 def sentiment_records(split: str) -> tuple[dict, ...]:
-    src = get_source({"source": "movie_sentiment"}, split)
+    src = get_source(SourceSettings(source="movie_sentiment"), split)
     return tuple({"text": r["text"], "label": int(r["label"]), "id": r["id"]}
                  for r in read_records(src))
 

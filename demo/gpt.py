@@ -22,7 +22,8 @@ from demo.output import banner, write_jsonl
 from demo.runs import best_step, checkpoint_params, count_params, evaluate_split, saved_steps, train_run
 from demo.settings import DemoSettings
 from jaxformer.data.builders.base import SPLITS
-from jaxformer.data.sources import get_source, read_records
+from jaxformer.data.containers import read_records
+from jaxformer.data.sources import SourceSettings, get_source
 
 DOMAIN = "kjv_bible"
 
@@ -32,7 +33,7 @@ def write_domain_split(directory: Path, size: int) -> dict:
     order, and every validation / test verse (written once: the content depends on ``size``
     only). Returns the data-config keys that read them."""
     for split in SPLITS if not (directory / "test.jsonl").exists() else ():
-        src = get_source({"source": DOMAIN}, split)
+        src = get_source(SourceSettings(source=DOMAIN), split)
         records = [{"text": r["text"], "id": r["id"]} for r in read_records(src)]
         if split == "train":
             if not 0 < size <= len(records):

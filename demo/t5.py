@@ -27,9 +27,11 @@ from demo.runs import best_step, checkpoint_params, count_params, saved_steps, t
 from demo.settings import DemoSettings
 from demo.stats import fmt
 from jaxformer.data.builders.base import SPLITS
-from jaxformer.data.sources import get_source, read_records
+from jaxformer.data.containers import read_records
+from jaxformer.data.sources import SourceSettings, get_source
 from jaxformer.decode import GenerationConfig, generate_padded
 from jaxformer.evaluation import sequence_scores
+from jaxformer.settings import read
 
 
 def write_translation_split(directory: Path, tokenizer, max_source: int, max_target: int
@@ -38,7 +40,7 @@ def write_translation_split(directory: Path, tokenizer, max_source: int, max_tar
     ``max_source`` / ``max_target`` tokens with EOS. Returns (data-config keys, counts)."""
     counts = {}
     for split in SPLITS:
-        src = get_source({"source": "bible_en_es"}, split)
+        src = get_source(SourceSettings(source="bible_en_es"), split)
         kept = [r for r in read_records(src)
                 if len(tokenizer.encode(r["source"])) < max_source
                 and len(tokenizer.encode(r["target"])) < max_target]
@@ -194,7 +196,8 @@ def run_t5(workdir: Path, settings: DemoSettings, overrides: Overrides | None = 
           + ", ".join(f"{k} {v['kept']:,}/{v['total']:,}" for k, v in counts.items()), flush=True)
     pairs = {"source": f"files:{workdir / 'pairs'}/{{split}}.jsonl", "format": "jsonl",
              "source_key": "source", "target_key": "target"}
-    test = spread(get_source(pairs, "test"), settings.t5_test_verses)  # over the whole Bible
+    test = spread(get_source(read(SourceSettings, pairs), "test"),
+                  settings.t5_test_verses)  # over the whole Bible
     tok = {"data.tokenizer.path": str(workdir / "pretrain" / "tokenizer.model")}
     total = counts["train"]["kept"]
 

@@ -32,16 +32,18 @@ from demo.t5 import (
     write_translation_split,
 )
 from jaxformer.data.pipeline import source_texts
-from jaxformer.data.sources import get_source
-from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
+from jaxformer.data.sources import SourceSettings, get_source
+from jaxformer.data.tokenizer import Tokenizer, TokenizerSettings, load_or_train_tokenizer
+from jaxformer.settings import read
 
 
 def demo_tokenizer(workdir: Path, overrides: Overrides | None = None):
     """The demo's T5 tokenizer (``configs/t5_pretrain_tiny.py``'s tokenizer section and corpus),
     trained into ``workdir`` unless already there."""
     config = load_config("t5_pretrain_tiny", overrides)
-    return load_or_train_tokenizer(config.data.tokenizer, workdir,
-                                   lambda: source_texts(get_source(config.data, "train")))
+    return load_or_train_tokenizer(read(TokenizerSettings, config.data.tokenizer), workdir,
+                                   lambda: source_texts(get_source(read(SourceSettings, config.data),
+                                                                   "train")))
 
 
 # The decodings the budget study chooses among on validation BLEU (besides greedy): beam search with
@@ -68,8 +70,8 @@ def run_budget(workdir: Path, steps: int, every: int, *, tokenizer_path: str = "
     tok_path = tokenizer_path or str(workdir / "tokenizer" / "tokenizer.model")
     data, counts = write_translation_split(workdir / "pairs", tokenizer, max_tokens, max_tokens)
     pairs = {k.removeprefix("data."): v for k, v in data.items()}
-    test = spread(get_source(pairs, "test"), test_verses)
-    select = spread(get_source(pairs, "validation"), select_verses)
+    test = spread(get_source(read(SourceSettings, pairs), "test"), test_verses)
+    select = spread(get_source(read(SourceSettings, pairs), "validation"), select_verses)
     curve_set = spread(test, curve_verses)
 
     banner(f"T5 budget: {steps} fine-tuning steps from random init")

@@ -130,17 +130,17 @@ def with_data(config: ml_collections.ConfigDict, data: str, split: str
     return config, split
 
 
-def teacher_forced(loaded: LoadedRun, config: ml_collections.ConfigDict, split: str, *,
+def teacher_forced(loaded: LoadedRun, settings: TrainSettings, split: str, *,
                    progress: bool | None = None) -> dict[str, Any]:
     """Loss, accuracy, perplexity (not for classification) and, for classification, the
-    `classification_report`, over every batch of ``split``."""
-    settings = loaded.settings
+    `classification_report`, over every batch of ``split`` (``settings.data``: the data read,
+    the run's or ``--data``'s)."""
     classify = predicts_labels(loaded.model_cfg, settings.objective.name)
-    step_fn = jax.jit(make_eval_step(loaded.model, wire_objective(config.objective,
-                                                                  loaded.tokenizer),
+    step_fn = jax.jit(make_eval_step(loaded.model, wire_objective(settings, loaded.tokenizer),
                                      predictions=classify))
-    batches = make_dataset(config.data, split, tokenizer=loaded.tokenizer, seed=settings.seed,
-                           objective=config.objective, process_index=0, process_count=1,
+    batches = make_dataset(settings.data, split, tokenizer=loaded.tokenizer, seed=settings.seed,
+                           objective=settings.objective.name, options=settings.objective_options,
+                           process_index=0, process_count=1,
                            num_epochs=1)
     totals: dict[str, float] = {}
     labels, predicted = [], []
@@ -213,7 +213,7 @@ def evaluate_run(workdir: str | os.PathLike, *, split: str = "test", data: str |
     results: dict[str, Any] = {"workdir": str(workdir), "step": loaded.step, "split": split,
                                "data": data or source, "run_data": loaded.settings.data.source,
                                "objective": name,
-                               "metrics": teacher_forced(loaded, config, split, progress=progress)}
+                               "metrics": teacher_forced(loaded, settings, split, progress=progress)}
     can_decode = decodes(settings, loaded.model_cfg)
     task_default = name in ("seq2seq", "sft")
     if decode and not can_decode:

@@ -92,13 +92,14 @@ def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
             "flops_per_token": total / tokens}
 
 
-def train_step_flops(config, model_cfg: ModelConfig, params: Any) -> dict:
-    """`model_flops` of a training ``config``'s step (``data.batch_size`` rows of ``data.seq_len``
-    / ``data.target_len``; with objective ``mlm``, the head at its `max_predictions` positions):
-    the one count of the trainer's MFU logs and the compile report's roofline."""
-    d = config.data
-    predictions = (max_predictions(config.objective, d.seq_len)
-                   if config.objective.name == "mlm" and model_cfg.head == "mlm" else 0)
+def train_step_flops(settings: Any, params: Any) -> dict:
+    """`model_flops` of the step of a run's `TrainSettings` ``settings``
+    (`jaxformer.train.config`; ``data.batch_size`` rows of ``data.seq_len`` / ``data.target_len``;
+    with objective ``mlm``, the head at its `max_predictions` positions): the one count of the
+    trainer's MFU logs and the compile report's roofline."""
+    d, model_cfg = settings.data, settings.model
+    predictions = (max_predictions(settings.objective_options, d.seq_len)
+                   if settings.objective.name == "mlm" and model_cfg.head == "mlm" else 0)
     return model_flops(model_cfg, params, d.batch_size, d.seq_len, d.target_len, predictions)
 
 

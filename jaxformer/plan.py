@@ -146,8 +146,10 @@ def _built(resolved: ResolvedConfig, mesh):
     model_cfg, tx, settings = resolved.model_cfg, resolved.tx, resolved.settings
     model = build_model(model_cfg)
     abstract, shardings = state_shardings(model, tx, mesh)
-    prepare = bind_objective(resolved.config.objective, SpecialTokens(model_cfg.vocab_size))
     objective = settings.objective
+    prepare = bind_objective(objective.name, settings.objective_options,
+                             SpecialTokens(model_cfg.vocab_size),
+                             decoder_start_id=objective.decoder_start_id)
     step = make_train_step(model, tx, prepare, resolved.schedule,
                            label_smoothing=objective.label_smoothing, z_loss=objective.z_loss,
                            vocab_block_size=objective.vocab_block_size,
@@ -159,10 +161,12 @@ def _built(resolved: ResolvedConfig, mesh):
 def compile_train_step(config, mesh) -> tuple[jax.stages.Compiled, float]:
     """(the train step of ``config`` compiled for ``mesh`` from abstract inputs, seconds to lower
     and compile it). The devices may be compile-only (`jaxformer.parallel.topology`)."""
-    model_cfg, abstract, shardings, step = _setup(config, mesh)
-    task = check_data_task(config.objective, config.data).data_task
+    resolved = resolve_config(config)  # validated; init_from's architecture if it has one
+    model_cfg, abstract, shardings, step = _built(resolved, mesh)
+    settings = resolved.settings
+    task = check_data_task(settings.objective.name, settings.objective_options).data_task
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(mesh, len(v.shape)))
-             for k, v in abstract_batch(config.data, model_cfg, task).items()}
+             for k, v in abstract_batch(settings.data, model_cfg, task).items()}
     fn = sharded_jit(step, mesh, in_shardings=(shardings, None), out_shardings=(shardings, None),
                      donate_argnums=(0,))
     start = time.perf_counter()
@@ -243,7 +247,7 @@ def plan(config, *, devices: int = 0, compile: bool = True, argv: list[str] | No
         "target_len": data.target_len if model_cfg.family == "encoder_decoder" else None,
         "param_dtype": model_cfg.param_dtype, "dtype": model_cfg.dtype,
         "parameters": int(sum(math.prod(p.shape) for p in jax.tree.leaves(params))),
-        **train_step_flops(config, model_cfg, params),
+        **train_step_flops(settings, params),
         "params_bytes": state_bytes(params, shardings.params),
         "opt_state_bytes": state_bytes(abstract.opt_state, shardings.opt_state),
     }

@@ -8,7 +8,7 @@ The checkpoint is the latest, ``--step N`` or the ``--best`` by the run's ``chec
 The input is read as a ``files:`` source of the run (`jaxformer.data.builders.user_files`): text (one
 example per non-blank line), JSONL or TSV, by its extension or the run's ``data.format``; the text is
 the field ``data.text_key`` (``data.source_key`` for seq2seq runs; unset: the usual names,
-`jaxformer.data.field_names`) of a JSONL object or of a TSV row (columns from ``data.columns`` or
+`jaxformer.data.fields`) of a JSONL object or of a TSV row (columns from ``data.columns`` or
 the header row). Every line is predicted (no split). One JSON
 object per line, in the input's order:
 
@@ -30,6 +30,7 @@ longest; greedy outputs are the same.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -42,9 +43,8 @@ from tqdm import tqdm
 from jaxformer.checkpoint import open_run
 from jaxformer.convert.lora import merged_params
 from jaxformer.data.builders.user_files import FileSource
-from jaxformer.data.field_names import input_field
+from jaxformer.data.fields import Fields, input_field
 from jaxformer.data.pipeline import DataSettings, data_line, example_framing, make_dataset
-from jaxformer.data.sources import Fields
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode.api import GenerationConfig, encode_prompts, generate_batches
 from jaxformer.evaluation.decoding import data_task
@@ -73,13 +73,13 @@ def classify(model: Any, params: Any, tokenizer: Tokenizer, run_config: dict,
     """Class probabilities `[C]` float32 of each text, in order: the texts framed and truncated by
     the run's data pipeline (unshuffled, unpacked), softmax of the model's logits. ``name``: what
     the pipeline's log lines call the texts."""
-    data_cfg = {**run_config["data"], "batch_size": batch_size, "shuffle": False,
-                "worker_count": 0}
+    settings = run_settings(run_config)
+    data = dataclasses.replace(settings.data, batch_size=batch_size, shuffle=False, worker_count=0)
     source = [{"text": t, "label": 0} for t in texts]
-    batches = make_dataset(data_cfg, "predict", tokenizer, seed=0, objective=run_config["objective"],
-                           process_index=0, process_count=1, num_epochs=1, source=source,
-                           source_name=name)
-    prepare = wire_objective(run_config["objective"], tokenizer)
+    batches = make_dataset(data, "predict", tokenizer, seed=0, objective=settings.objective.name,
+                           options=settings.objective_options, process_index=0, process_count=1,
+                           num_epochs=1, source=source, source_name=name)
+    prepare = wire_objective(settings, tokenizer)
 
     @jax.jit
     def probabilities(params, batch):

@@ -22,6 +22,7 @@ from jaxformer.models import build_model
 from jaxformer.objectives import bind_objective
 from jaxformer.objectives.cloze import (
     ClozeIds,
+    ClozeOptions,
     check_cloze_options,
     insert_pattern,
     prepare_cloze,
@@ -119,7 +120,7 @@ def tokenizer() -> Tokenizer:
 
 
 def test_words_and_pattern_resolve_to_pieces_in_context(tokenizer):
-    ids = resolve_cloze({"cloze_pattern": "It was <mask>.", "verbalizers": "bad,good"},
+    ids = resolve_cloze(ClozeOptions(cloze_pattern="It was <mask>.", verbalizers="bad,good"),
                         tokenizer)["cloze"]
     for word, i in zip(("bad", "good"), ids.label_ids):
         assert tokenizer.encode(f"It was {word}.") == [*ids.before, i, *ids.after]
@@ -129,19 +130,19 @@ def test_words_and_pattern_resolve_to_pieces_in_context(tokenizer):
 
 def test_bad_words_and_patterns_fail_naming_the_field(tokenizer):
     with pytest.raises(ValueError, match="objective.cloze_pattern='It was.' must hold '<mask>'"):
-        check_cloze_options({"cloze_pattern": "It was.", "verbalizers": "bad,good"})
+        check_cloze_options(ClozeOptions(cloze_pattern="It was.", verbalizers="bad,good"))
     with pytest.raises(ValueError, match="objective.cloze_pattern"):
-        check_cloze_options({"cloze_pattern": "<mask> <mask>", "verbalizers": "bad,good"})
+        check_cloze_options(ClozeOptions(cloze_pattern="<mask> <mask>", verbalizers="bad,good"))
     for words in ("bad", "bad,bad", "bad,,good", ""):
         with pytest.raises(ValueError, match="objective.verbalizers="):
-            check_cloze_options({"verbalizers": words})
+            check_cloze_options(ClozeOptions(verbalizers=words))
     with pytest.raises(ValueError, match=r"model.num_classes=3"):
-        check_cloze_options({"verbalizers": "bad,good"}, num_classes=3)
+        check_cloze_options(ClozeOptions(verbalizers="bad,good"), num_classes=3)
     with pytest.raises(ValueError, match="objective.verbalizers: 'goodbadness' is not a single "
                                          "piece"):
-        resolve_cloze({"verbalizers": "bad,goodbadness"}, tokenizer)
+        resolve_cloze(ClozeOptions(verbalizers="bad,goodbadness"), tokenizer)
     with pytest.raises(ValueError, match="needs the run's tokenizer"):
-        bind_objective({"name": "cloze", "verbalizers": "bad,good"}, SPECIAL)
+        bind_objective("cloze", ClozeOptions(verbalizers="bad,good"), SPECIAL)
 
 
 def _config(name: str, **overrides):

@@ -17,7 +17,7 @@ import transformers
 from jaxformer.config import ModelConfig
 from jaxformer.convert import save_hf
 from jaxformer.data.sentencepiece_json import sentencepiece_backend
-from jaxformer.data.sources import get_source
+from jaxformer.data.sources import SourceSettings, get_source
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
@@ -29,7 +29,7 @@ EDGE_CASES = ["", " ", "a  b", "  leading and trailing  ", "tabs\tand\nnewlines"
 
 
 def _texts(source: str, split: str, n: int) -> list[str]:
-    src = get_source({"source": source}, split)
+    src = get_source(SourceSettings(source=source), split)
     return [src[i]["text"] for i in range(min(n, len(src)))]
 
 

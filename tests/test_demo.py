@@ -22,7 +22,7 @@ from demo.pretrain_lr import rate_config
 from demo.report import goals, headline, plot
 from demo.settings import CHOSEN_LR, LR_GRID, LR_GRID_INIT, MINILM, PRETRAIN_STEPS, chosen_lr
 from demo.stats import compare, mean_se
-from jaxformer.data.sources import get_source
+from jaxformer.data.sources import SourceSettings, get_source
 
 TINY = {"model.d_model": 32, "model.num_heads": 2, "model.d_ff": 64, "model.num_layers": 1,
         "model.max_len": 64, "model.vocab_size": 512, "data.tokenizer.vocab_size": 512,
@@ -75,7 +75,7 @@ def demo(tmp_path_factory):
     third a tiny Hugging Face BERT through ``init_from``)."""
     tmp = tmp_path_factory.mktemp("demo")
     settings = dataclasses.replace(SETTINGS, bert_hf=tiny_hf_bert(tmp / "hf_bert"))
-    src = get_source({"source": "shakespeare"}, "train")
+    src = get_source(SourceSettings(source="shakespeare"), "train")
     lines = [src[i]["text"].replace("\n", " ") for i in range(600)]
     (tmp / "corpus.txt").write_text("\n".join(t for t in lines if t.strip()) + "\n")
     small = {**SHORT, "data.source": f"files:{tmp}/corpus.txt", "data.format": "text"}

@@ -16,9 +16,10 @@ import pytest
 import sacrebleu
 
 from jaxformer.checkpoint import read_metrics, resolve_checkpoint
-from jaxformer.data.sources import get_source
+from jaxformer.data.sources import SourceSettings, get_source
 from jaxformer.evaluate_run import evaluate_run, load_run, results_path
 from jaxformer.evaluation import classification_report, exact_match, sequence_scores
+from jaxformer.settings import read
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import Trainer
 
@@ -149,7 +150,7 @@ def test_classification_scores_equal_numpy_over_the_model_applied_by_hand(classi
     results = evaluate_run(workdir, split="test", progress=False)
     loaded = load_run(workdir)
     tok, seq_len = loaded.tokenizer, loaded.config.data.seq_len
-    source = get_source(loaded.config.data, "test")
+    source = get_source(read(SourceSettings, loaded.config.data), "test")
     examples = [source[i] for i in range(60)]
     rows = [tok.encode(e["text"])[:seq_len - 1] + [tok.special.eos_id] for e in examples]  # text </s>
     logits = _apply_by_hand(loaded, rows)
@@ -221,7 +222,7 @@ def test_lm_loss_and_perplexity_equal_a_direct_computation(tmp_path):
     results = evaluate_run(tmp_path / "run", split="test", progress=False)
     loaded = load_run(tmp_path / "run")
     tok, seq_len = loaded.tokenizer, loaded.config.data.seq_len
-    source = get_source(loaded.config.data, "test")
+    source = get_source(read(SourceSettings, loaded.config.data), "test")
     rows = [(tok.encode(e["text"]) + [tok.special.eos_id])[:seq_len]  # text </s>, truncated
             for e in (source[i] for i in range(20))]
     logits = _apply_by_hand(loaded, rows)  # unpacked: the run packs, with segment ids

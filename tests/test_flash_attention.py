@@ -231,7 +231,6 @@ def _t5_losses(impl: str, steps: int) -> np.ndarray:
     """``steps`` train steps of a one-layer t5_tiny (seq2seq, packed rows with padding) on one
     device with ``attention_impl=impl``: the losses. Self-attention (with the bias) and
     cross-attention (no bias, bidirectional) go through the kernel."""
-    import ml_collections
 
     from jaxformer.models import build_model
     from jaxformer.objectives import bind_objective
@@ -248,8 +247,7 @@ def _t5_losses(impl: str, steps: int) -> np.ndarray:
     model = build_model(cfg)
     tx, schedule = make_optimizer(default_optimizer_config("gpt3", peak_lr=1e-2, warmup_steps=1,
                                                            eps=1e-3), cfg.d_model, steps)
-    prepare = bind_objective(ml_collections.ConfigDict(dict(name="seq2seq")),
-                             SpecialTokens(cfg.vocab_size))
+    prepare = bind_objective("seq2seq", None, SpecialTokens(cfg.vocab_size))
     mesh = make_mesh({"data": 1}, jax.devices()[:1])
     state, shardings = create_train_state(model, tx, mesh, seed=0)
     step = sharded_jit(make_train_step(model, tx, prepare, schedule), mesh,

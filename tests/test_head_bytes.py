@@ -18,7 +18,7 @@ from jaxformer.config import ModelConfig
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective, prepare_mlm
-from jaxformer.objectives.mlm import gather_predictions, max_predictions
+from jaxformer.objectives.mlm import MLMOptions, gather_predictions, max_predictions
 from jaxformer.train.step import blockwise_loss, loss_and_metrics, make_train_step
 from jaxformer.vocab import SpecialTokens
 
@@ -111,10 +111,10 @@ def test_mlm_at_the_chosen_positions_equals_every_position():
     cfg, model, params = _model("bert_mlm_nsp_padded")
     special = SpecialTokens(cfg.vocab_size)
     batch, key = _mlm_batch(), jax.random.key(5)
-    full = prepare_mlm(batch, key, special, {"mask_rate": 0.15})
-    gathered = bind_objective({"name": "mlm", "mask_rate": 0.15}, special)(batch, key)
+    full = prepare_mlm(batch, key, special, MLMOptions(mask_rate=0.15))
+    gathered = bind_objective("mlm", MLMOptions(mask_rate=0.15), special)(batch, key)
     slots = gathered["targets"].shape[1]
-    assert slots == max_predictions({"mask_rate": 0.15}, 24) == 4  # ⌈0.15·24⌉ = 4
+    assert slots == max_predictions(MLMOptions(mask_rate=0.15), 24) == 4  # ⌈0.15·24⌉ = 4
     np.testing.assert_array_equal(gathered["model_inputs"]["tokens"], full["model_inputs"]["tokens"])
     w_full, w = np.asarray(full["weights"]), np.asarray(gathered["weights"])
     np.testing.assert_array_equal(w.sum(1), w_full.sum(1))  # no target left out
@@ -138,15 +138,15 @@ def test_mlm_at_the_chosen_positions_equals_every_position():
 
 
 def test_max_predictions_follows_bert_and_refuses_caps_that_drop_targets():
-    assert max_predictions(None, 128) == 20 and max_predictions(None, 512) == 80  # BERT's
-    assert max_predictions({"max_predictions_per_seq": 0}, 512) == 0
-    assert max_predictions({"max_predictions_per_seq": 100}, 512) == 100
-    assert max_predictions({"whole_word_mask": True}, 512) == 0  # not bounded by mask_rate
-    assert max_predictions({"masking": "span"}, 512) == 0
+    assert max_predictions(MLMOptions(), 128) == 20 and max_predictions(MLMOptions(), 512) == 80
+    assert max_predictions(MLMOptions(max_predictions_per_seq=0), 512) == 0  # above: BERT's
+    assert max_predictions(MLMOptions(max_predictions_per_seq=100), 512) == 100
+    assert max_predictions(MLMOptions(whole_word_mask=True), 512) == 0  # not bounded by mask_rate
+    assert max_predictions(MLMOptions(masking="span"), 512) == 0
     with pytest.raises(ValueError, match="max_predictions_per_seq=70 is less than"):
-        max_predictions({"max_predictions_per_seq": 70}, 512)
+        max_predictions(MLMOptions(max_predictions_per_seq=70), 512)
     with pytest.raises(ValueError, match="max_predictions_per_seq=80 with whole-word"):
-        max_predictions({"max_predictions_per_seq": 80, "whole_word_mask": True}, 512)
+        max_predictions(MLMOptions(max_predictions_per_seq=80, whole_word_mask=True), 512)
     full = {"model_inputs": {}, "targets": np.zeros((1, 8)), "weights": np.zeros((1, 8))}
     assert gather_predictions(full, 0) is full
 
@@ -168,7 +168,7 @@ def test_a_train_step_with_both_equals_the_plain_step():
                        rng=np.asarray(jax.random.key_data(jax.random.key(1))))
     batch = _mlm_batch()
     plain = make_train_step(model, tx, lambda b, k: prepare_mlm(b, k, special), lambda s: 0.1)
-    fast = make_train_step(model, tx, bind_objective({"name": "mlm"}, special), lambda s: 0.1,
+    fast = make_train_step(model, tx, bind_objective("mlm", None, special), lambda s: 0.1,
                            vocab_block_size=64)
     s0, m0 = jax.jit(plain)(state, batch)
     s1, m1 = jax.jit(fast)(state, batch)

@@ -267,16 +267,17 @@ def fine_tune(family: Family, hf_dir: str, tmp: Path) -> Path:
 def run_rows(loaded, texts: list[str]) -> list[list[int]]:
     """The ids the run feeds its model for each text: a classifier's pipeline rows (framed and
     cut to ``data.seq_len``), else the prompts ``predict`` / ``generate`` encode."""
-    config, tok = loaded.config, loaded.tokenizer
+    settings, tok = loaded.settings, loaded.tokenizer
     if loaded.model_cfg.head == "classify":
-        data = {**config.data.to_dict(), "batch_size": 4, "shuffle": False, "worker_count": 0}
-        batches = make_dataset(data, "predict", tok, seed=0, objective=config.objective.to_dict(),
+        data = dataclasses.replace(settings.data, batch_size=4, shuffle=False, worker_count=0)
+        batches = make_dataset(data, "predict", tok, seed=0, objective=settings.objective.name,
+                               options=settings.objective_options,
                                process_index=0, process_count=1, num_epochs=1,
                                source=[{"text": t, "label": 0} for t in texts], report=False)
         rows = [list(x[s > 0]) for b in batches
                 for x, s in zip(b["inputs"], b["inputs_segment_ids"])]
         return [[int(i) for i in r] for r in rows[:len(texts)]]
-    add_bos = example_framing(config.data, config.objective) == "bos_eos"
+    add_bos = example_framing(settings.data, settings.objective.name) == "bos_eos"
     return encode_prompts(tok, texts, loaded.model_cfg.family, add_bos=add_bos)
 
 

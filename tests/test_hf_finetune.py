@@ -21,11 +21,12 @@ from jaxformer.checkpoint import read_metrics
 from jaxformer.cli.convert import main as convert_main
 from jaxformer.convert import load_hf
 from jaxformer.data.fast_tokenizer import FastTokenizer
-from jaxformer.data.sources import get_source
+from jaxformer.data.sources import SourceSettings, get_source
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.evaluate_run import evaluate_run, load_run
 from jaxformer.evaluation import sequence_scores
 from jaxformer.evaluation.decoding import decode_prompts, decoding_examples, generation_config
+from jaxformer.settings import read
 from jaxformer.train.config import load_config
 from jaxformer.train.loop import Trainer
 
@@ -134,7 +135,7 @@ def test_roberta_classifier_fine_tuned_on_a_tsv(roberta_classifier):
     tmp, loaded, results = roberta_classifier
     assert isinstance(loaded.tokenizer, FastTokenizer)  # the checkpoint's, stored with the run
     assert (loaded.model_cfg.position_offset, loaded.model_cfg.pooler_activation) == (2, "tanh")
-    examples = list(get_source(loaded.config.data, "test"))
+    examples = list(get_source(read(SourceSettings, loaded.config.data), "test"))
     assert results["examples"] == len(examples) and 0 <= results["accuracy"] <= 1
     # The export: AutoTokenizer (transformers without torch) gives the run's ids, framed <s> … </s>
     import transformers
@@ -158,7 +159,7 @@ def test_roberta_classifiers_export_scores_the_test_split_as_evaluate(roberta_cl
     tok = transformers.AutoTokenizer.from_pretrained(tmp / "export")
     model = transformers.RobertaForSequenceClassification.from_pretrained(
         tmp / "export", attn_implementation="eager").eval()
-    examples = list(get_source(loaded.config.data, "test"))
+    examples = list(get_source(read(SourceSettings, loaded.config.data), "test"))
     enc = tok([e["text"] for e in examples], padding=True, return_tensors="pt")
     with torch.no_grad():
         logits = model(**enc).logits.numpy().astype(np.float64)

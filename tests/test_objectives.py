@@ -14,6 +14,7 @@ from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import (
     OBJECTIVES,
+    bind_objective,
     denoise,
     get_objective,
     host_transform,
@@ -27,7 +28,9 @@ from jaxformer.objectives import (
     reconstruct_span_corruption,
     span_corruption,
 )
-from jaxformer.objectives.span_corruption import _replace_spans
+from jaxformer.objectives.denoise import DenoiseOptions
+from jaxformer.objectives.mlm import MLMOptions
+from jaxformer.objectives.span_corruption import SpanCorruptionOptions, _replace_spans
 from jaxformer.vocab import SpecialTokens
 
 SPECIAL = SpecialTokens(vocab_size=300)  # specials 0..106, ordinary tokens 107..299
@@ -107,7 +110,7 @@ def test_seq2seq_shifts_right_per_segment(seed):
     batch = {**packed_batch(seed, length=20),
              **packed_batch(seed + 10, length=16, prefix="targets")}
     start = 2
-    out = prepare_seq2seq(batch, jax.random.key(0), SPECIAL, {"decoder_start_id": start})
+    out = prepare_seq2seq(batch, jax.random.key(0), SPECIAL, decoder_start_id=start)
     tg, seg = batch["targets"], batch["targets_segment_ids"]
     expected = np.zeros_like(tg)
     for b in range(tg.shape[0]):
@@ -126,6 +129,30 @@ def test_seq2seq_shifts_right_per_segment(seed):
     default = prepare_seq2seq(batch, jax.random.key(0), SPECIAL, None)["model_inputs"]["targets_in"]
     np.testing.assert_array_equal(default, np.where(expected == start, SPECIAL.pad_id, expected)
                                   * (seg != 0))
+    for name in ("seq2seq", "span_corruption", "denoise"):  # objective.decoder_start_id, bound
+        bound = bind_objective(name, None, SPECIAL, decoder_start_id=start)
+        np.testing.assert_array_equal(bound(batch, None)["model_inputs"]["targets_in"], expected)
+        np.testing.assert_array_equal(
+            bind_objective(name, None, SPECIAL)(batch, None)["model_inputs"]["targets_in"], default)
+
+
+def test_options_read_from_the_config_are_the_dataclass_defaults():
+    """The config's ``objective`` section declares each objective's options once (their dataclass):
+    read back from the base config they equal the dataclass's defaults, and a value set there
+    reaches the options (`Objective.read_options`; the trainer's `TrainSettings.objective_options`,
+    what it binds)."""
+    from jaxformer.config import ModelConfig
+    from jaxformer.train.config import base_config, train_settings
+
+    for name, objective in OBJECTIVES.items():
+        section = base_config().objective
+        section.name = name
+        expected = objective.options() if objective.options else None
+        assert objective.read_options(section) == expected, name
+    config = base_config()
+    config.objective.name, config.objective.mask_rate, config.objective.max_span_length = "mlm", 0.3, 4
+    settings = train_settings(config, ModelConfig.from_dict(config.model))
+    assert settings.objective_options == MLMOptions(mask_rate=0.3, max_span_length=4)
 
 
 def test_classify_targets_and_weights():
@@ -144,7 +171,7 @@ def test_classify_targets_and_weights():
 def test_mlm_rates_split_and_exclusions():
     batches = [packed_batch(s, batch=32, length=64, with_specials=True) for s in range(8)]
     chosen_n = mask_n = random_n = same_n = 0
-    mlm = jax.jit(lambda b, k: prepare_mlm(b, k, SPECIAL, {"mask_rate": 0.15}))
+    mlm = jax.jit(lambda b, k: prepare_mlm(b, k, SPECIAL, MLMOptions(mask_rate=0.15)))
     for i, batch in enumerate(batches):
         out = mlm(batch, jax.random.key(i))
         tokens, seg = batch["inputs"], batch["inputs_segment_ids"]
@@ -192,7 +219,7 @@ def test_mlm_nsp_token_types_jit_and_determinism():
     other = prepare_mlm(batch, jax.random.key(8), SPECIAL, None)
     assert (np.asarray(other["weights"]) != np.asarray(eager["weights"])).any()
     with pytest.raises(ValueError, match="mask_rate"):
-        prepare_mlm(batch, jax.random.key(0), SPECIAL, {"mask_rate": 1.5})
+        prepare_mlm(batch, jax.random.key(0), SPECIAL, MLMOptions(mask_rate=1.5))
 
 
 @pytest.mark.parametrize("name", ["clm", "sft", "seq2seq", "classify"])
@@ -210,7 +237,7 @@ def test_registry_and_host_transform():
     with pytest.raises(ValueError, match="unknown objective 'nope'"):
         get_objective("nope")
     assert host_transform("clm", SPECIAL) is None
-    fn = host_transform("span_corruption", SPECIAL, {"noise_density": 0.3})
+    fn = host_transform("span_corruption", SPECIAL, SpanCorruptionOptions(noise_density=0.3))
     inputs, targets = fn(np.arange(LOW, LOW + 100), np.random.default_rng(0))
     assert len(targets) - 1 - np.isin(targets, SPECIAL.sentinel_ids).sum() == 30
     inputs, targets = host_transform("denoise", SPECIAL)(np.arange(LOW, LOW + 50),
@@ -228,7 +255,7 @@ def test_each_objective_declares_its_data():
                         "classify": ("classify", None, None), "sft": ("sft", "eos", None),
                         "qa": ("qa", "cls_sep", None), "plm": ("lm", "eos", None),
                         "cloze": ("classify", "cls_sep", None)}
-    transform = get_objective("denoise").example_transform(SPECIAL, {"infill_rate": 0.0})
+    transform = get_objective("denoise").example_transform(SPECIAL, DenoiseOptions(infill_rate=0.0))
     example = transform({"inputs": np.arange(LOW, LOW + 9), "extra": 1}, np.random.default_rng(0))
     np.testing.assert_array_equal(example["inputs"], [*range(LOW, LOW + 9), SPECIAL.eos_id])
     np.testing.assert_array_equal(example["targets"], example["inputs"])
@@ -246,7 +273,6 @@ def test_a_new_objective_is_one_registration(monkeypatch):
     from jaxformer.settings import setting
 
     monkeypatch.setattr(registry, "OBJECTIVES", dict(registry.OBJECTIVES))
-    monkeypatch.setattr(registry, "OPTION_DEFAULTS", dict(registry.OPTION_DEFAULTS))
 
     def reverse(tokens, rng, special, reverse_rate=0.5):
         out = tokens[::-1] if rng.random() < reverse_rate else tokens
@@ -263,7 +289,7 @@ def test_a_new_objective_is_one_registration(monkeypatch):
     with pytest.raises(ValueError, match="objective.reverse_rate=1.0 applies to objective "
                                          "'reverse', not 'clm'"):
         check_objective({"name": "clm", "reverse_rate": 1.0})
-    inputs, targets = host_transform("reverse", SPECIAL, {"reverse_rate": 1.0})(
+    inputs, targets = host_transform("reverse", SPECIAL, ReverseOptions(reverse_rate=1.0))(
         np.arange(LOW, LOW + 4), np.random.default_rng(0))
     np.testing.assert_array_equal(inputs, [LOW + 3, LOW + 2, LOW + 1, LOW, SPECIAL.eos_id])
     with pytest.raises(ValueError, match="already registered"):
@@ -437,7 +463,7 @@ def _whole_word_rows(rate_rows: int = 16, length: int = 48):
 def test_whole_word_mask_chooses_whole_words_uniformly():
     tok, batch, spans = _whole_word_rows()
     assert any(e - s > 1 for row in spans for s, e in row), "no multi-piece word to test"
-    cfg = {"mask_rate": 0.3, "whole_word_mask": True}
+    cfg = MLMOptions(mask_rate=0.3, whole_word_mask=True)
     mlm = jax.jit(lambda b, k: prepare_mlm(b, k, tok.special, cfg, tok.word_initial()))
     hits = [np.zeros(len(row)) for row in spans]
     trials = 300
@@ -465,27 +491,35 @@ def test_whole_word_mask_chooses_whole_words_uniformly():
 def test_an_option_of_another_objective_is_refused(name):
     """Each objective accepts a non-default value of exactly its own options (the MLM rates for
     mlm, T5's noise for span_corruption, BART's for denoise); any other is refused, naming it."""
-    from jaxformer.objectives import OPTION_DEFAULTS, check_objective
+    from jaxformer.objectives import check_objective, option_classes
 
     assert check_objective({"name": name}) == name  # every default is accepted
-    for key, default in OPTION_DEFAULTS.items():
-        changed = {"name": name, key: (not default) if isinstance(default, bool)
-                   else default + "_other" if isinstance(default, str) else default + 0.05}
-        if key in get_objective(name).option_defaults:
-            assert check_objective(changed) == name
-        else:
-            with pytest.raises(ValueError, match=f"objective.{key}=.* not '{name}'"):
-                check_objective(changed)
+    own = get_objective(name).options
+    for cls in option_classes():
+        for key, default in dataclasses.asdict(cls()).items():
+            changed = {"name": name, key: (not default) if isinstance(default, bool)
+                       else default + "_other" if isinstance(default, str) else default + 0.05}
+            if own is not None and key in dataclasses.asdict(own()):
+                assert check_objective(changed) == name
+            else:
+                with pytest.raises(ValueError, match=f"objective.{key}=.* not '{name}'"):
+                    check_objective(changed)
 
 
 def test_whole_word_mask_needs_the_table_and_an_mlm_objective():
-    from jaxformer.objectives import bind_objective
+    from jaxformer.objectives import check_objective
 
     tok, batch, _ = _whole_word_rows(rate_rows=2)
     with pytest.raises(ValueError, match="word_initial"):
-        prepare_mlm(batch, jax.random.key(0), tok.special, {"whole_word_mask": True})
+        prepare_mlm(batch, jax.random.key(0), tok.special, MLMOptions(whole_word_mask=True))
+    with pytest.raises(ValueError, match="word_initial"):  # bound without the tokenizer
+        bind_objective("mlm", MLMOptions(whole_word_mask=True), tok.special)
     with pytest.raises(ValueError, match="whole_word_mask=True applies to objective 'mlm'"):
-        bind_objective({"name": "clm", "whole_word_mask": True}, tok.special)
+        check_objective({"name": "clm", "whole_word_mask": True})
+    with pytest.raises(ValueError, match="takes options ScheduledSamplingOptions, not dict"):
+        bind_objective("clm", {"whole_word_mask": True}, tok.special)
+    bound = bind_objective("mlm", MLMOptions(whole_word_mask=True), tok.special, tokenizer=tok)
+    assert np.array_equal(bound.keywords["word_initial"], tok.word_initial())
     initial = tok.word_initial()
     for word in ("unwatchable", "the", "heartfelt", "extraordinarily"):
         first, *rest = tok.encode(word)  # a word's first piece begins it, the others continue it
@@ -499,10 +533,12 @@ def test_denoise_from_the_base_config_masks_no_single_tokens():
     cfg = base_config().objective
     cfg.name, cfg.infill_rate = "denoise", 0.0
     tokens = np.arange(LOW, LOW + 60, dtype=np.int32)
-    inputs, targets = host_transform("denoise", SPECIAL, cfg)(tokens, np.random.default_rng(0))
+    inputs, targets = host_transform("denoise", SPECIAL, get_objective("denoise").read_options(cfg))(
+        tokens, np.random.default_rng(0))
     np.testing.assert_array_equal(inputs, targets)
     cfg.token_mask_rate = 0.5
-    inputs, _ = host_transform("denoise", SPECIAL, cfg)(tokens, np.random.default_rng(0))
+    inputs, _ = host_transform("denoise", SPECIAL, get_objective("denoise").read_options(cfg))(
+        tokens, np.random.default_rng(0))
     assert 15 < np.sum(inputs == SPECIAL.mask_id) < 45
 
 

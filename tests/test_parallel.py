@@ -28,6 +28,7 @@ from jaxformer.config import ModelConfig
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective
+from jaxformer.objectives.mlm import MLMOptions
 from jaxformer.parallel import pmap, shard_map
 from jaxformer.parallel.distributed import distributed_requested
 from jaxformer.parallel.mesh import check_batch_size, describe, make_mesh, mesh_shape
@@ -66,9 +67,8 @@ def _setup(family: str, **model_overrides):
     model = build_model(cfg)
     opt = default_optimizer_config("gpt3", peak_lr=1e-2, warmup_steps=1, eps=1e-3)
     tx, schedule = make_optimizer(opt, cfg.d_model, 10)
-    options = dict(mask_rate=0.3) if objective == "mlm" else {}
-    prepare = bind_objective(ml_collections.ConfigDict(dict(name=objective, **options)),
-                             SpecialTokens(cfg.vocab_size))
+    options = MLMOptions(mask_rate=0.3) if objective == "mlm" else None
+    prepare = bind_objective(objective, options, SpecialTokens(cfg.vocab_size))
     return cfg, model, tx, schedule, prepare
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -21,6 +20,7 @@ from jaxformer.convert.hf import load_hf, save_hf
 from jaxformer.decode import generate
 from jaxformer.models import build_model
 from jaxformer.objectives import prepare_clm, prepare_plm
+from jaxformer.objectives.plm import PLMOptions
 from jaxformer.ops import permutation
 from jaxformer.train import config as train_config
 from jaxformer.train.loop import train_and_evaluate
@@ -139,7 +139,7 @@ def test_identity_order_with_k1_is_exactly_the_causal_lm_loss(position, scan):
     model = build_model(cfg)
     params = _init(model, cfg)
     batch = _batch()
-    options = ml_collections.ConfigDict({"name": "plm", "plm_k": 1.0, "plm_identity_order": True})
+    options = PLMOptions(plm_k=1.0, plm_identity_order=True)
     clm, plm = prepare_clm(batch, None, SPECIAL), prepare_plm(batch, jax.random.key(1), SPECIAL,
                                                              options)
 

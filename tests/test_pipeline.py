@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxformer.data.packing import unpack_row
-from jaxformer.data.pipeline import default_data_config, make_dataset, source_texts
+from jaxformer.data.pipeline import DataSettings, make_dataset, source_texts
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at "
@@ -74,10 +74,8 @@ OBJECTIVE = {"lm": "clm", "classify": "classify", "seq2seq": "seq2seq", "sft": "
              "span_corruption": "span_corruption"}
 
 
-def _cfg(**kw):
-    cfg = default_data_config()
-    cfg.update(dict(seq_len=32, target_len=16, batch_size=4), **kw)
-    return cfg
+def _cfg(**kw) -> DataSettings:
+    return DataSettings(**{"seq_len": 32, "target_len": 16, "batch_size": 4, **kw})
 
 
 def _make(tok, task="lm", *, seed=0, source=None, pi=0, pc=1, num_epochs=None, **kw):
@@ -298,7 +296,6 @@ def test_finite_pass_pads_the_last_batch(tok):
 
 @pytest.mark.parametrize("objective, kw, match", [
     ("classify", dict(packing=True, framing="eos"), "packing"),
-    ("clm", dict(task="translate"), "data.task"),
     ("clm", dict(framing="sep"), "data.framing"),
     ("seq2seq", dict(long_examples="split"), "long_examples"),
     ("clm", dict(batch_size=5), "divide evenly"),
@@ -312,22 +309,27 @@ def test_bad_config_raises(tok, objective, kw, match):
 
 
 def test_data_task_is_the_objectives():
-    """``data.task`` is derived from ``objective.name``; a config written before (or an old run's
-    config.json) may still set it: accepted when it is the objective's, else refused naming both."""
-    from jaxformer.data.pipeline import check_data_config
+    """The pipeline's data task is the objective's, as its options choose it: MLM with
+    ``sentence_pairs`` reads sentence pairs (`check_data_task`; the legacy ``data.task`` key a
+    config may still set is checked against it by `validate_config`: tests/test_configs.py)."""
+    from jaxformer.objectives import check_data_task, get_objective
+    from jaxformer.objectives.mlm import MLMOptions
 
     for name, task in [("clm", "lm"), ("mlm", "lm"), ("denoise", "span_corruption"),
-                       ("span_corruption", "span_corruption"), ("seq2seq", "seq2seq")]:
-        check_data_config(_cfg(task=task), objective={"name": name})
-    with pytest.raises(ValueError, match="data.task='span_corruption' does not fit "
-                                         "objective.name='clm'"):
-        check_data_config(_cfg(task="span_corruption"), objective={"name": "clm"})
+                       ("span_corruption", "span_corruption"), ("seq2seq", "seq2seq"),
+                       ("cloze", "classify"), ("qa", "qa")]:
+        assert check_data_task(name).data_task == task
+        assert check_data_task(get_objective(name)).data_task == task
+    for pairs in ("nsp", "sop"):
+        assert check_data_task("mlm", MLMOptions(sentence_pairs=pairs)).data_task == "sentence_pairs"
+    with pytest.raises(ValueError, match="objective.sentence_pairs='nope' must be one of"):
+        check_data_task("mlm", MLMOptions(sentence_pairs="nope"))
+    with pytest.raises(ValueError, match="objective 'clm' takes options ScheduledSamplingOptions, "
+                                         "not MLMOptions"):
+        check_data_task("clm", MLMOptions())
 
 
 def test_bad_inputs_raise(tok):
-    with pytest.raises(ValueError, match="data.task='span_corruption' does not fit"):
-        make_dataset(_cfg(task="span_corruption"), "train", tok, seed=0, process_index=0,
-                     process_count=1, source=_source("lm"))
     with pytest.raises(ValueError, match="needs source examples with keys.*data.source_key"):
         next(iter(_make(tok, "seq2seq", source=_source("lm"))))
     with pytest.raises(ValueError, match=r"missing \['label'\]\); set data.label_key"):
@@ -358,7 +360,7 @@ def test_span_corruption_with_the_objectives_transform(tok):
     from jaxformer.objectives.span_corruption import reconstruct_span_corruption
 
     ds = make_dataset(_cfg(target_len=32, shuffle=False), "train", tok, seed=0,
-                      objective={"name": "span_corruption"}, process_index=0, process_count=1,
+                      objective="span_corruption", process_index=0, process_count=1,
                       num_epochs=1, source=_source("lm"))
     got = []
     for b in ds:
@@ -382,14 +384,16 @@ def test_iterators_left_open_exit_quietly(tok, tmp_path):
     (tmp_path / "docs.txt").write_text("\n".join(TEXTS) + "\n")
     script = tmp_path / "leave_open.py"
     script.write_text(textwrap.dedent(f"""
-        from jaxformer.data.pipeline import make_dataset
+        import dataclasses
+        from jaxformer.data.pipeline import DataSettings, make_dataset
         from jaxformer.data.tokenizer import Tokenizer
         if __name__ == "__main__":
             tok = Tokenizer.load({str(tmp_path / "tok.model")!r})
-            cfg = {{"source": {"files:" + str(tmp_path / "docs.txt")!r}, "seq_len": 32,
-                   "batch_size": 2, "split_fractions": (1.0, 0.0, 0.0)}}
+            cfg = DataSettings(source={"files:" + str(tmp_path / "docs.txt")!r}, seq_len=32,
+                               batch_size=2, split_fractions=(1.0, 0.0, 0.0))
             threads = [iter(make_dataset(cfg, "train", tok, seed=s)) for s in (0, 1)]
-            workers = iter(make_dataset({{**cfg, "worker_count": 1}}, "train", tok, seed=0))
+            workers = iter(make_dataset(dataclasses.replace(cfg, worker_count=1), "train", tok,
+                                        seed=0))
             print([next(it)["inputs"].shape for it in (*threads, workers)])
     """))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,

@@ -10,13 +10,16 @@ import numpy as np
 import pytest
 
 from jaxformer.config import ModelConfig
-from jaxformer.data.pipeline import make_dataset
-from jaxformer.data.qa import answer_token_span, qa_example, qa_windows
+from jaxformer.data.pipeline import DataSettings, make_dataset
+from jaxformer.data.qa_windows import answer_token_span, qa_example, qa_windows
+from jaxformer.data.sources import SourceSettings
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
 from jaxformer.decode.span import best_answer, best_span
 from jaxformer.models import build_model
+from jaxformer.objectives.qa import QAOptions
 from jaxformer.objectives.registry import bind_objective
 from jaxformer.ops.losses import weighted_cross_entropy
+from jaxformer.settings import read
 
 CONTEXTS = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
@@ -127,7 +130,7 @@ def test_span_head_loss_is_the_mean_of_start_and_end_cross_entropy(tokenizer):
              for k in ("inputs", "inputs_token_types")}
     batch["start_position"] = np.array([f["start_position"] for f in feats])
     batch["end_position"] = np.array([f["end_position"] for f in feats])
-    prepared = bind_objective({"name": "qa"}, tokenizer.special)(batch, jax.random.key(0))
+    prepared = bind_objective("qa", None, tokenizer.special)(batch, jax.random.key(0))
     params = model.init(jax.random.key(1))
     logits = model.apply(params, **prepared["model_inputs"])
     assert logits.shape == (len(feats), 2, L) and "qa_outputs" in params
@@ -147,9 +150,9 @@ def test_pipeline_builds_qa_rows_from_a_jsonl_file(tokenizer, tmp_path):
     path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
     data = {"source": f"files:{path}", "text_key": "context", "packing": False, "seq_len": 24,
             "batch_size": 4, "shuffle": False, "split_fractions": (1.0, 0.0, 0.0)}
-    objective = {"name": "qa", "doc_stride": 8, "max_question_len": 6}
-    batch = next(iter(make_dataset(data, "train", tokenizer, seed=0, objective=objective,
-                                   num_epochs=1, report=False)))
+    options = QAOptions(doc_stride=8, max_question_len=6)
+    batch = next(iter(make_dataset(read(DataSettings, data), "train", tokenizer, seed=0, objective="qa",
+                                   options=options, num_epochs=1, report=False)))
     assert batch["inputs"].shape == batch["inputs_token_types"].shape == (4, 24)
     assert batch["start_position"].shape == (4,)
     first = rows[0]["context"]
@@ -197,7 +200,7 @@ def test_tiny_qa_run_learns_beyond_chance(tmp_path):
     from jaxformer.train.config import load_config
     from jaxformer.train.loop import train_and_evaluate
 
-    source = get_source({"source": "movie_sentiment"}, "train")  # opened once, not per record
+    source = get_source(SourceSettings(source="movie_sentiment"), "train")  # opened once, not per record
     texts = [source[i]["text"] for i in range(3000)]
     rng = np.random.default_rng(0)
     rows = synthetic_qa([t for t in texts if len(t) < 160], rng, 1500)

@@ -17,9 +17,10 @@ import pytest
 from jaxformer.data import fetch
 from jaxformer.data.builders import ReviewSnippets, hash_split, no_tempdir_leak
 from jaxformer.data.builders.movie_sentiment import ARTIFACT, INNER_ARCHIVE
-from jaxformer.data.pipeline import default_data_config, make_dataset
-from jaxformer.data.sources import get_source, source_texts
+from jaxformer.data.pipeline import DataSettings, default_data_config, make_dataset
+from jaxformer.data.sources import SourceSettings, get_source, source_texts
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
+from jaxformer.settings import read
 
 SPLITS = ("train", "validation", "test")
 RAW_FILES = {"amazon": "amazonReviewSnippets_GroundTruth.txt",
@@ -43,7 +44,7 @@ def records() -> dict[str, list[dict]]:
     """Split → the corpus' raw TFDS records (bytes/numpy: ``kind`` and ``score`` included)."""
     out = {}
     for split in SPLITS:
-        base = get_source({"source": "review_snippets"}, split).base
+        base = get_source(SourceSettings(source="review_snippets"), split).base
         out[split] = base.__getitems__(list(range(len(base))))
     return out
 
@@ -90,7 +91,7 @@ def test_texts_are_unescaped_whitespace_normalised_and_not_movie_reviews(raw, re
     assert texts["tweets.3517"] == "@anonymous cierra la puerta!!!!!!!! Oh yeaaaah... Clases de español ;)"
     assert "with me & £1000 homewares" in texts["tweets.1241"]
     assert texts["amazon.1_1"] == "troubleshooting ad-2500 and ad-2600 no picture scrolling b/w."
-    movie = set(source_texts(get_source({"source": "movie_sentiment"}, "validation")))
+    movie = set(source_texts(get_source(SourceSettings(source="movie_sentiment"), "validation")))
     assert not movie & set(texts.values())
 
 
@@ -105,22 +106,23 @@ def test_building_again_gives_the_same_records(tmp_path, records):
 
 def test_concat_with_movie_sentiment_is_mlm_text():
     spec = {"source": "concat:movie_sentiment,review_snippets"}
-    mixed = get_source(spec, "validation")
-    movie = get_source({"source": "movie_sentiment"}, "validation")
-    snippets = get_source({"source": "review_snippets"}, "validation")
+    mixed = get_source(read(SourceSettings, spec), "validation")
+    movie = get_source(SourceSettings(source="movie_sentiment"), "validation")
+    snippets = get_source(SourceSettings(source="review_snippets"), "validation")
     assert len(mixed) == len(movie) + len(snippets) == 1_034 + 622
     assert set(mixed[0]) == {"text", "label", "id"} and mixed[0] == movie[0]
     assert set(mixed[len(movie)]) == {"text", "id"} and mixed[len(movie)] == snippets[0]
     for split in SPLITS:
-        assert len(get_source(spec, split)) == sum(
-            len(get_source({"source": name}, split)) for name in ("movie_sentiment",
+        assert len(get_source(read(SourceSettings, spec), split)) == sum(
+            len(get_source(SourceSettings(source=name), split)) for name in ("movie_sentiment",
                                                                   "review_snippets"))
     # MLM reads only "text": one [CLS] text [SEP] row per example of both corpora.
     tok = Tokenizer(train_sentencepiece(list(source_texts(mixed))[::4], vocab_size=500))
     cfg = default_data_config()
     cfg.update(dict(spec, seq_len=32, batch_size=64, packing=False, shuffle=False))
     rows = 0
-    for batch in make_dataset(cfg, "validation", tok, seed=0, objective="mlm", num_epochs=1,
+    for batch in make_dataset(read(DataSettings, cfg), "validation", tok, seed=0, objective="mlm",
+                              num_epochs=1,
                               report=False):
         real = batch["inputs_segment_ids"][:, 0] > 0
         assert (batch["inputs"][real, 0] == tok.special.cls_id).all()

@@ -17,7 +17,6 @@ import re
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
@@ -27,6 +26,7 @@ from jaxformer.config import ModelConfig
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective
+from jaxformer.objectives.mlm import MLMOptions
 from jaxformer.ops import ring_attention as ra
 from jaxformer.ops.attention import dot_product_attention
 from jaxformer.parallel.context import ring_attention_sharded
@@ -215,9 +215,8 @@ def _train(family: str, mesh_axes: dict, steps: int, keep_params_at: int | None 
     model = build_model(cfg)
     opt = default_optimizer_config("gpt3", peak_lr=1e-2, warmup_steps=1, eps=1e-3)
     tx, schedule = make_optimizer(opt, cfg.d_model, 30)
-    options = dict(mask_rate=0.3) if objective == "mlm" else {}
-    prepare = bind_objective(ml_collections.ConfigDict(dict(name=objective, **options)),
-                             SpecialTokens(cfg.vocab_size))
+    options = MLMOptions(mask_rate=0.3) if objective == "mlm" else None
+    prepare = bind_objective(objective, options, SpecialTokens(cfg.vocab_size))
     mesh = _mesh(**mesh_axes)
     state, shardings = create_train_state(model, tx, mesh, seed=0)
     step = sharded_jit(make_train_step(model, tx, prepare, schedule), mesh,

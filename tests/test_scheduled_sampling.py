@@ -20,8 +20,9 @@ from jaxformer.checkpoint import read_metrics
 from jaxformer.config import ModelConfig
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
-from jaxformer.objectives import bind_objective
+from jaxformer.objectives import bind_objective, get_objective
 from jaxformer.objectives.scheduled_sampling import (
+    ScheduledSamplingOptions,
     check_scheduled_sampling,
     mix_predictions,
     model_predictions,
@@ -64,7 +65,7 @@ STEPS = np.array([0, 1, 7, 50, 300, 1000, 5000])
      lambda i: 200 / (200 + np.exp(i / 200))),
 ])
 def test_schedules_follow_bengio_2015_formulas(options, formula):
-    settings = check_scheduled_sampling({"name": "clm", **options})
+    settings = check_scheduled_sampling(ScheduledSamplingOptions(**options))
     got = np.array([float(settings.rate(jnp.int32(i))) for i in STEPS])
     with np.errstate(over="ignore"):  # exp(5000) = inf: the rate is 0
         want = formula(STEPS.astype(np.float64))
@@ -102,7 +103,8 @@ def test_scheduled_sampling_is_refused_for_other_objectives_and_off_by_default()
                                          "objective 'clm', not 'mlm'"):
         validate_config(config)
     for name in ("clm", "seq2seq"):  # "none": no hook, so the step's program is the plain one
-        assert scheduled_sampling_mixer({"name": name}, model=None) is None
+        assert scheduled_sampling_mixer(name, ScheduledSamplingOptions(), model=None) is None
+    assert check_scheduled_sampling(None) is None  # another objective's options: off
 
 
 # --- Mixing --------------------------------------------------------------------------------------
@@ -193,7 +195,7 @@ def _setup(family: str):
     cfg = ModelConfig.from_dict(preset(name, **TINY))
     model = build_model(cfg)
     params = model.init(jax.random.key(0))
-    prepare = bind_objective({"name": objective}, SpecialTokens(cfg.vocab_size))
+    prepare = bind_objective(objective, None, SpecialTokens(cfg.vocab_size))
     return cfg, model, params, prepare, objective
 
 
@@ -248,7 +250,7 @@ def stepped(tiny):
     """One scheduled-sampling step (linear: rate 1 at step 0, 0 from step 100 on) and the plain
     step reading the decoder inputs from the batch, each compiled once, run at steps 0 and 1000."""
     family, cfg, model, params, prepare, objective, batch = tiny
-    mixer = scheduled_sampling_mixer({"name": objective, **SCHEDULE_1_TO_0}, model)
+    mixer = scheduled_sampling_mixer(objective, ScheduledSamplingOptions(**SCHEDULE_1_TO_0), model)
     tx, ss_step = _step(model, prepare, mixer)
     _, given_step = _step(model, _constant_inputs_prepare(prepare, objective))
     gold = np.asarray(prepare(batch, jax.random.key(0))["model_inputs"][MIXED[objective][0]])
@@ -285,7 +287,7 @@ def test_mixer_replaces_with_the_first_pass_argmax_at_the_scheduled_rate(tiny):
     _, _, model, params, prepare, objective, batch = tiny
     # inverse sigmoid, k = 1, step 0: ε = 1 / (1 + e^0) = 1/2
     mixer = jax.jit(scheduled_sampling_mixer(
-        {"name": objective, "scheduled_sampling": "inverse_sigmoid", "ss_k": 1.0}, model))
+        objective, ScheduledSamplingOptions(scheduled_sampling="inverse_sigmoid", ss_k=1.0), model))
     prepared = prepare(batch, jax.random.key(0))
     key, seg_key = MIXED[objective]
     tokens = np.asarray(prepared["model_inputs"][key])
@@ -371,5 +373,5 @@ def test_config_override_reaches_the_objective_section():
     config = load_config(ROOT / "configs" / "t5_finetune_tiny.py", {
         "objective.scheduled_sampling": "linear", "objective.ss_c": 1e-3})
     assert isinstance(config.objective, ml_collections.ConfigDict)
-    settings = check_scheduled_sampling(config.objective)
+    settings = check_scheduled_sampling(get_objective("seq2seq").read_options(config.objective))
     assert (settings.schedule, settings.k, settings.c) == ("linear", 1.0, 1e-3)

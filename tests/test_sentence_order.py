@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import ml_collections
 import numpy as np
 import pytest
 
 from jaxformer.checkpoint import read_metrics
-from jaxformer.data.pipeline import make_dataset
+from jaxformer.data.pipeline import DataSettings, make_dataset
 from jaxformer.data.sentence_pairs import text_segments, truncate_pair
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
+from jaxformer.objectives.mlm import MLMOptions
 from jaxformer.train.config import load_config, validate_config
 from jaxformer.train.loop import train_and_evaluate
 
@@ -37,10 +37,10 @@ def corpus():
 
 def _rows(corpus, mode: str, seed: int = 0, seq_len: int = 48) -> dict[str, np.ndarray]:
     docs, tok, _ = corpus
-    cfg = ml_collections.ConfigDict(dict(seq_len=seq_len, batch_size=4, packing=False))
-    it = iter(make_dataset(cfg, "train", tok, seed=seed, objective={"name": "mlm",
-                                                                  "sentence_pairs": mode},
-                           source=docs, num_epochs=2, report=False))
+    cfg = DataSettings(seq_len=seq_len, batch_size=4, packing=False)
+    it = iter(make_dataset(cfg, "train", tok, seed=seed, objective="mlm",
+                           options=MLMOptions(sentence_pairs=mode), source=docs, num_epochs=2,
+                           report=False))
     batches = list(it)
     rows = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
     real = rows["nsp_weight"] == 1  # the last batch is padded with all-padding rows, weight 0

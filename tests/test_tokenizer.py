@@ -1,17 +1,17 @@
 """SentencePiece tokenizer: lossless round trips, reserved special ids, determinism, loading."""
 
+import dataclasses
 import io
 import pickle
 import re
 
-import ml_collections
 import numpy as np
 import pytest
 import sentencepiece as spm
 
 from jaxformer.data.tokenizer import (
     Tokenizer,
-    default_tokenizer_config,
+    TokenizerSettings,
     load_or_train_tokenizer,
     resolve_num_sentinels,
     train_sentencepiece,
@@ -86,8 +86,7 @@ def test_decode_stops_at_eos_and_skips_padding(tok):
 
 
 def test_training_is_deterministic(tmp_path):
-    cfg = default_tokenizer_config()
-    cfg.vocab_size = 600
+    cfg = TokenizerSettings(vocab_size=600)
     paths = []
     for d in ("a", "b"):
         load_or_train_tokenizer(cfg, tmp_path / d, lambda: iter(CORPUS))
@@ -97,8 +96,7 @@ def test_training_is_deterministic(tmp_path):
 
 
 def test_load_or_train_prefers_path_then_workdir(tmp_path):
-    cfg = default_tokenizer_config()
-    cfg.vocab_size, cfg.max_train_texts = 500, 10
+    cfg = TokenizerSettings(vocab_size=500, max_train_texts=10)
     calls = []
 
     def texts():
@@ -115,11 +113,24 @@ def test_load_or_train_prefers_path_then_workdir(tmp_path):
 
     other = Tokenizer(train_sentencepiece(CORPUS, vocab_size=700, num_sentinels=5))
     other.save(tmp_path / "other.model")
-    cfg.path = str(tmp_path / "other.model")
+    cfg = dataclasses.replace(cfg, path=str(tmp_path / "other.model"))
     loaded = load_or_train_tokenizer(cfg, tmp_path, texts)
     assert calls == [1] and loaded.encode(SPANISH) == other.encode(SPANISH)
     assert loaded.special.sentinel_ids == (7, 8, 9, 10, 11)
     assert loaded.id_to_piece(12) == "<0x00>"
+
+
+def test_load_or_train_reads_every_training_setting(tmp_path):
+    """Each `TokenizerSettings` field reaches the trainer as set (the normalization included: it was
+    once read with a second default): the model equals ``train_sentencepiece`` given the same."""
+    settings = TokenizerSettings(vocab_size=520, model_type="bpe", num_sentinels=3,
+                                 max_train_texts=12, character_coverage=1.0, normalization="nfkc")
+    load_or_train_tokenizer(settings, tmp_path, lambda: iter(CORPUS))
+    assert (tmp_path / "tokenizer.model").read_bytes() == train_sentencepiece(
+        CORPUS[:12], vocab_size=520, model_type="bpe", num_sentinels=3, character_coverage=1.0,
+        normalization="nfkc")
+    assert (tmp_path / "tokenizer.model").read_bytes() != train_sentencepiece(
+        CORPUS[:12], vocab_size=520, model_type="bpe", num_sentinels=3, character_coverage=1.0)
 
 
 def test_load_an_arbitrary_sentencepiece_model(tmp_path):
@@ -167,9 +178,8 @@ def test_a_vocabulary_too_small_for_the_corpus_names_the_size_that_fits():
 
 
 def test_no_text_raises(tmp_path):
-    cfg = ml_collections.ConfigDict(default_tokenizer_config().to_dict())
     with pytest.raises(ValueError, match="no non-empty text"):
-        load_or_train_tokenizer(cfg, tmp_path, lambda: iter(["", "  "]))
+        load_or_train_tokenizer(TokenizerSettings(), tmp_path, lambda: iter(["", "  "]))
 
 
 @pytest.mark.parametrize("bad_at", [0, 20])

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from jaxformer.checkpoint import load_checkpoint_params, read_metrics
-from jaxformer.data.sources import get_source
+from jaxformer.data.sources import SourceSettings, get_source
 from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.settings import read
 from jaxformer.train import config as train_config
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate
@@ -444,7 +445,7 @@ def test_a_headerless_tsv_classifier_runs_with_one_override_per_fact(tmp_path, c
     trainer.run()
     out = capsys.readouterr().out
     assert ", attention xla (auto)" in out  # the preset's "auto", resolved for this CPU host
-    sizes = {s: len(get_source(config.data, s)) for s in ("train", "validation")}
+    sizes = {s: len(get_source(read(SourceSettings, config.data), s)) for s in ("train", "validation")}
     assert f"data train: {sizes['train']:,} examples in data.source='files:" in out
     assert f"data validation: {sizes['validation']:,} examples in data.source=" in out
     rows = [r for r in read_metrics(tmp_path / "run") if "loss" in r]

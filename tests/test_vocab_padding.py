@@ -19,7 +19,6 @@ from pathlib import Path
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from golden import golden_dir, reference, rel_err
@@ -273,8 +272,7 @@ def _gpt2_parts(**overrides):
     cfg = ModelConfig.from_dict(preset("gpt2_small", **{**GPT2_NARROW, **overrides}))
     tx, schedule = make_optimizer(default_optimizer_config("gpt3", peak_lr=1e-2, warmup_steps=1,
                                                            eps=1e-3), cfg.d_model, 10)
-    prepare = bind_objective(ml_collections.ConfigDict(dict(name="clm")),
-                             SpecialTokens(cfg.vocab_size))
+    prepare = bind_objective("clm", None, SpecialTokens(cfg.vocab_size))
     return cfg, build_model(cfg), tx, schedule, prepare
 
 

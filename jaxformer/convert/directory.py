@@ -35,7 +35,7 @@ from jaxformer.convert.hf_io import (
 from jaxformer.convert.lora import merged_params
 from jaxformer.data.pipeline import DataSettings, example_framing, framing_tokens
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.objectives.registry import check_data_task
+from jaxformer.objectives.registry import get_objective
 from jaxformer.settings import read
 from jaxformer.vocab import SpecialTokens
 
@@ -103,11 +103,12 @@ def run_framing(run_config: dict, model_cfg: ModelConfig, special: SpecialTokens
     checkpoint that is no training run (`jaxformer.checkpoint.save_params`'s)."""
     if "data" not in run_config or "objective" not in run_config:
         return None
-    data, objective = run_config["data"], run_config["objective"]
-    task = check_data_task(objective, data).data_task
-    if model_cfg.family == "encoder_decoder" or task in ("seq2seq", "span_corruption"):
+    section = run_config["objective"]  # (jaxformer.train.config.run_settings: above convert)
+    objective = get_objective(section["name"])
+    objective = objective.resolve(objective.read_options(section))  # its options choose the task
+    if model_cfg.family == "encoder_decoder" or objective.data_task in ("seq2seq", "span_corruption"):
         return [], [special.eos_id]
-    framing = example_framing(data, objective)
+    framing = example_framing(read(DataSettings, run_config["data"]), objective)
     prefix, suffix = framing_tokens(framing, special)
     if model_cfg.family == "decoder" and model_cfg.head == "lm":
         return prefix if framing == "bos_eos" else [], []

@@ -40,7 +40,7 @@ that still sets it must agree) and their framing (``data.framing``: "eos" GPT, "
   unless present, trimmed T5-style).
 * ``sentence_pairs``: ``[CLS] A [SEP] B [SEP]`` + ``nsp_label`` (`jaxformer.data.sentence_pairs`).
 * ``qa``: ``[CLS] question [SEP] context window [SEP]`` → ``inputs``, ``inputs_token_types``,
-  ``start_position``, ``end_position``: one row per window (`jaxformer.data.qa`). Never packed.
+  ``start_position``, ``end_position``: one row per window (`jaxformer.data.qa_windows`). Never packed.
 
 The transform (`Objective.example_transform`, or one given to `make_dataset`) is
 ``(example: dict, rng: np.random.Generator) -> dict``; it sees the framed example (for span
@@ -66,27 +66,15 @@ from tqdm.auto import tqdm
 
 from jaxformer.data.builders.user_files import BadRecord, FileSource
 from jaxformer.data.closed_at_exit import ClosedAtExit
+from jaxformer.data.containers import MappedSource, Subset, read_records
+from jaxformer.data.held_out import check_held_out
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
-from jaxformer.data.qa import QA_KEYS, QAFeatures, qa_example, qa_options
+from jaxformer.data.qa_windows import QA_KEYS, QAFeatures, qa_example
 from jaxformer.data.sentence_pairs import SentencePairs, check_pair_data, pair_rows
-from jaxformer.data.sources import (
-    MappedSource,
-    SourceSettings,
-    Subset,
-    check_held_out,
-    get_source,
-    read_records,
-    source_kinds,
-)
+from jaxformer.data.sources import SourceSettings, get_source, source_kinds
 from jaxformer.data.sources import source_texts as source_texts  # re-exported
 from jaxformer.data.tokenizer import Tokenizer, TokenizerSettings
-from jaxformer.objectives.registry import (
-    FRAMINGS,
-    OBJECTIVES,
-    Objective,
-    check_data_task,
-)
-from jaxformer.options import option
+from jaxformer.objectives.registry import FRAMINGS, OBJECTIVES, Objective, check_data_task
 from jaxformer.settings import at_least, config_dict, positive, section, setting, subsection
 from jaxformer.vocab import SpecialTokens
 
@@ -275,39 +263,40 @@ class _Finalize(grain.transforms.Map):
         return out
 
 
-def check_data_config(cfg: ml_collections.ConfigDict, process_count: int = 1, *,
-                      objective: Any = "clm") -> None:
-    """ValueError naming the ``data.*`` key that is invalid for ``objective`` (the ``objective``
-    config section, or a name), run by `validate_config` too."""
+def check_data_config(data: DataSettings, process_count: int = 1, *,
+                      objective: Objective | str = "clm", options: Any = None) -> None:
+    """ValueError naming the ``data.*`` key that is invalid for ``objective`` (or the objective of
+    that name) with ``options`` (its options dataclass, None: the defaults: they may choose its data
+    task, `jaxformer.objectives.check_data_task`), run by `validate_config` too."""
     def bad(key, want):
-        raise ValueError(f"data.{key}={cfg.get(key)!r} is invalid: {want}")
+        raise ValueError(f"data.{key}={getattr(data, key)!r} is invalid: {want}")
 
-    task = check_data_task(objective, cfg).data_task
-    if cfg.framing not in ("", *FRAMINGS):
+    task = check_data_task(objective, options).data_task
+    if data.framing not in ("", *FRAMINGS):
         bad("framing", f"choose one of {FRAMINGS}, or '' for the objective's")
-    example_framing(cfg, objective)
-    if cfg.long_examples not in LONG_EXAMPLES:
+    example_framing(data, objective)
+    if data.long_examples not in LONG_EXAMPLES:
         bad("long_examples", f"choose one of {LONG_EXAMPLES}")
-    if cfg.long_examples == "split" and task not in SPLITTABLE_TASKS:
+    if data.long_examples == "split" and task not in SPLITTABLE_TASKS:
         names = [n for n, o in OBJECTIVES.items() if o.data_task in SPLITTABLE_TASKS]
         bad("long_examples", f"'split' applies to objectives {names} only")
     for key, least in (("seq_len", 4), ("target_len", 4), ("batch_size", 1)):
-        if not isinstance(cfg.get(key), int) or cfg.get(key) < least:
+        if not isinstance(getattr(data, key), int) or getattr(data, key) < least:
             bad(key, f"must be an integer >= {least}")
-    if cfg.batch_size % process_count:
+    if data.batch_size % process_count:
         bad("batch_size", f"the global batch must divide evenly among {process_count} processes")
-    if cfg.packing and task in ("classify", "qa"):
+    if data.packing and task in ("classify", "qa"):
         bad("packing", f"{task} rows hold one example (one label); set data.packing=False")
     if task == "sentence_pairs":
-        check_pair_data(example_framing(cfg, objective), cfg.packing)
-    check_held_out(option(cfg, "validation_from_train", 0.0), option(cfg, "source", ""))
+        check_pair_data(example_framing(data, objective), data.packing)
+    check_held_out(data.validation_from_train, data.source)
 
 
-def example_framing(cfg: Any, objective: Any = "clm") -> str:
-    """The framing of ``objective``'s examples: ``data.framing``, else the objective's
-    (`Objective.framing`); ValueError when neither is set."""
-    spec = check_data_task(objective, cfg)
-    chosen = option(cfg, "framing") or spec.framing
+def example_framing(data: DataSettings, objective: Objective | str = "clm") -> str:
+    """The framing of the examples of ``objective`` (or of the objective of that name):
+    ``data.framing``, else the objective's (`Objective.framing`); ValueError when neither is set."""
+    spec = check_data_task(objective)
+    chosen = data.framing or spec.framing
     if not chosen:
         raise ValueError(f"data.framing is unset and objective {spec.name!r} has no usual framing; "
                          "set data.framing='cls_sep' ([CLS] text [SEP], BERT) or 'eos' "
@@ -315,14 +304,14 @@ def example_framing(cfg: Any, objective: Any = "clm") -> str:
     return chosen
 
 
-def describe_source(cfg: Any, split: str) -> str:
+def describe_source(source: SourceSettings, split: str) -> str:
     """How logs and errors name the source of ``split``: ``data.source='…'``, the files of a
     ``files:{split}`` source (`jaxformer.evaluate_run.with_data`), and a held-out validation
     split's origin."""
-    spec = option(cfg, "source", "")
+    spec = source.source
     if spec == "files:{split}":
         return f"files {split!r}"
-    held = option(cfg, "validation_from_train", 0.0)
+    held = source.validation_from_train
     if held and split in ("train", "validation"):
         side = "held out from" if split == "validation" else "the rest of"
         return f"data.source={spec!r} ({side} its train split: data.validation_from_train={held})"
@@ -335,48 +324,54 @@ def data_line(split: str, examples: int, name: str) -> str:
     return f"data {split}: {examples:,} examples in {name}"
 
 
-def check_train_records(data_cfg: Any, objective: Any = "clm") -> None:
+def check_train_records(source: SourceSettings, objective: Objective | str = "clm",
+                        options: Any = None) -> None:
     """Read every record of the train split once, as the pipeline will, when it comes from the
     user's files (a ``files:`` part of ``data.source``), so that a bad record stops the run before
     its first step, in one line naming its file:line, what is wrong and the fix (`BadRecord`): text
     that is not UTF-8, invalid JSON, a TSV row of another width, a missing field, a label outside
     ``data.label_names``, an extractive-QA answer that is not in its context
-    (`jaxformer.data.qa.qa_example`), a seq2seq or SFT pair with an empty target. Found during
+    (`jaxformer.data.qa_windows.qa_example`), a seq2seq or SFT pair with an empty target. Found during
     training, the same record would stop the run from inside the data pipeline (after its last
     checkpoint). Built-in corpora and TFDS datasets are not read here (curated, and a TFDS
     dataset may be far larger than a start-up should read). Plain-text files are not read again:
-    opening them (`jaxformer.data.builders.user_files.FileSource`) decoded every line."""
-    if "files" not in source_kinds(option(data_cfg, "source", "")):
+    opening them (`jaxformer.data.builders.user_files.FileSource`) decoded every line.
+    ``objective`` (or its name) and its ``options`` (None: the defaults) choose the data task."""
+    if "files" not in source_kinds(source.source):
         return
-    task = check_data_task(objective, data_cfg).data_task
-    source = get_source(data_cfg, "train", keep=QA_KEYS if task == "qa" else (), task=task)
-    source = source.base if isinstance(source, Subset) else source  # held-out examples too
-    if (isinstance(source, MappedSource) and isinstance(source.base, FileSource)
-            and source.base.fmt == "text"):
+    task = check_data_task(objective, options).data_task
+    train = get_source(source, "train", keep=QA_KEYS if task == "qa" else (), task=task)
+    train = train.base if isinstance(train, Subset) else train  # held-out examples too
+    if (isinstance(train, MappedSource) and isinstance(train.base, FileSource)
+            and train.base.fmt == "text"):
         return  # its lines are its texts, each decoded when the files were opened
-    for record in read_records(source):
+    for record in read_records(train):
         if task == "qa":
             qa_example(record)
         elif task in ("seq2seq", "sft") and not str(record.get("target", "")).strip():
-            raise BadRecord(f"data.source={option(data_cfg, 'source', '')!r}, record "
+            raise BadRecord(f"data.source={source.source!r}, record "
                             f"{record.get('id', '')}: its target is empty; give every example a "
                             "target, or remove that line")
 
 
-def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tokenizer, *,
-                 seed: int, objective: Any = "clm", transform: Transform | None = None,
+def make_dataset(data: DataSettings, split: str, tokenizer: Tokenizer, *,
+                 seed: int, objective: Objective | str = "clm", options: Any = None,
+                 transform: Transform | None = None,
                  process_index: int | None = None, process_count: int | None = None,
                  num_epochs: int | None = None, source: Sequence[Mapping[str, Any]] | None = None,
                  source_name: str | None = None, report: bool = True) -> grain.IterDataset:
     """This process's batches of ``split`` (see the module docstring).
 
     Args:
-      data_cfg: ``config.data`` (keys of `default_data_config`, plus the source's keys).
+      data: ``config.data`` as its section (`DataSettings`).
       split: passed to ``jaxformer.data.sources.get_source`` (unless ``source`` is given).
       tokenizer: the `Tokenizer`.
       seed: shuffling and ``transform`` randomness.
-      objective: the ``objective`` config section (name and options), or an objective's name: its
-        data task, framing and host-side transform (`jaxformer.objectives.Objective`).
+      objective: the objective (`jaxformer.objectives.Objective`), or its name: its data task,
+        framing and host-side transform.
+      options: the objective's options (an instance of `Objective.options`, e.g. `MLMOptions`;
+        None: the defaults), as a run's `TrainSettings.objective_options`: they may choose the
+        data task (`Objective.resolve`) and set the transform, sentence pairs and QA windows.
       transform: a host-side ``(example, rng) -> example`` step to use instead of the
         objective's (`Objective.example_transform`), e.g. to try another corruption.
       process_index / process_count: this process's shard (default ``jax.process_index()`` /
@@ -391,19 +386,17 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     Returns:
       a `grain.IterDataset` of dicts of numpy arrays; ``iter()`` it for a checkpointable iterator.
     """
-    cfg = ml_collections.ConfigDict(default_data_config().to_dict())
-    cfg.update(data_cfg)
     if process_index is None or process_count is None:
         process_index, process_count = jax.process_index(), jax.process_count()
-    check_data_config(cfg, process_count, objective=objective)
-    spec: Objective = check_data_task(objective, cfg)
-    task = spec.data_task
+    check_data_config(data, process_count, objective=objective, options=options)
+    spec = check_data_task(objective, options)
+    task, options = spec.data_task, spec.checked_options(options)
     special = tokenizer.special
     if transform is None:
-        transform = spec.example_transform(special, None if isinstance(objective, str) else objective)
+        transform = spec.example_transform(special, options)
     if source is None:
-        source = get_source(data_cfg, split, keep=QA_KEYS if task == "qa" else (), task=task)
-        source_name = describe_source(cfg, split)
+        source = get_source(data, split, keep=QA_KEYS if task == "qa" else (), task=task)
+        source_name = describe_source(data, split)
 
     ds = grain.MapDataset.source(source)[process_index::process_count]
     if len(ds) == 0:
@@ -421,25 +414,26 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     counter = TruncationCounter(f"{split}/{task}", len(ds), report=report)
     after = TruncationCounter(f"{split}/{task} after transform", report=report)
     ds = ds.seed(seed)
-    if cfg.shuffle:
+    if data.shuffle:
         ds = ds.shuffle()
-    ds = (SentencePairs(ds, tokenizer, mode=option(objective, "sentence_pairs", "none"),
-                        seq_len=cfg.seq_len, seed=seed)
+    ds = (SentencePairs(ds, tokenizer, mode=options.sentence_pairs,
+                        seq_len=data.seq_len, seed=seed)
           if task == "sentence_pairs" else ds.map(_Tokenize(tokenizer, task))).repeat(num_epochs)
-    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
-                                              prefetch_buffer_size=cfg.read_buffer))
-    frame = (QAFeatures(tokenizer, counter, seq_len=cfg.seq_len, **qa_options(objective))
-             if task == "qa" else _Frame(task, example_framing(cfg, objective), special,
-                                         cfg.seq_len, cfg.target_len, cfg.long_examples == "split",
+    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=data.read_threads,
+                                              prefetch_buffer_size=data.read_buffer))
+    frame = (QAFeatures(tokenizer, counter, seq_len=data.seq_len, doc_stride=options.doc_stride,
+                        max_question_len=options.max_question_len)
+             if task == "qa" else _Frame(task, example_framing(data, spec), special,
+                                         data.seq_len, data.target_len, data.long_examples == "split",
                                          counter))
     it = grain.experimental.FlatMapIterDataset(it, frame)
 
-    lengths = {"inputs": cfg.seq_len}
+    lengths = {"inputs": data.seq_len}
     if task in ("seq2seq", "span_corruption"):
-        lengths["targets"] = cfg.target_len
+        lengths["targets"] = data.target_len
     meta = {"sft": ("inputs_loss_mask",), "qa": ("inputs_token_types",),
             "sentence_pairs": ("inputs_token_types",)}.get(task, ())
-    lengths.update({k: cfg.seq_len for k in meta})
+    lengths.update({k: data.seq_len for k in meta})
     if transform is not None:
         it = it.random_map(transform, seed=seed)
         seq2seq_like = task in ("seq2seq", "span_corruption")
@@ -447,9 +441,9 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
                               after))
 
     pad_id = max(special.pad_id, 0)
-    local_batch = cfg.batch_size // process_count
-    if cfg.packing:
-        bins = cfg.packing_bins or max(local_batch, 32)
+    local_batch = data.batch_size // process_count
+    if data.packing:
+        bins = data.packing_bins or max(local_batch, 32)
         it = pack(it, lengths, num_bins=bins, pad_id=pad_id, meta_features=meta)
     else:
         it = it.map(PadToLength(lengths, pad_id=pad_id, meta_features=meta))
@@ -458,11 +452,11 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, split: str, tokenizer: Tok
     else:
         it = it.batch(local_batch, batch_fn=functools.partial(
             grain.experimental.batch_and_pad, batch_size=local_batch))
-    if cfg.worker_count > 0:
+    if data.worker_count > 0:
         if not flags.FLAGS.is_parsed():  # Grain workers read absl flags; outside an absl app
             flags.FLAGS.mark_as_parsed()  # (tests, notebooks) use their defaults
         it = it.mp_prefetch(grain.MultiprocessingOptions(
-            num_workers=cfg.worker_count, per_worker_buffer_size=cfg.worker_buffer_size))
-    elif cfg.prefetch > 0:
-        it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=cfg.prefetch)
+            num_workers=data.worker_count, per_worker_buffer_size=data.worker_buffer_size))
+    elif data.prefetch > 0:
+        it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=data.prefetch)
     return ClosedAtExit(it, on_close=lambda: (counter.close(), after.close()))

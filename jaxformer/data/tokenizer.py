@@ -296,33 +296,32 @@ class Tokenizer:
         return f"Tokenizer(vocab_size={self.vocab_size}, special={self.special})"
 
 
-def load_or_train_tokenizer(tok_cfg: ml_collections.ConfigDict, workdir: str | os.PathLike | None,
+def load_or_train_tokenizer(settings: TokenizerSettings, workdir: str | os.PathLike | None,
                             texts_fn: Callable[[], Iterable[str]], *, reuse_saved: bool = True
                             ) -> Tokenizer:
-    """``tok_cfg.path`` if set; else ``<workdir>/tokenizer.model`` if present and ``reuse_saved``;
-    else train on the first ``tok_cfg.max_train_texts`` texts of ``texts_fn()`` and save it there
+    """``settings.path`` if set; else ``<workdir>/tokenizer.model`` if present and ``reuse_saved``;
+    else train on the first ``settings.max_train_texts`` texts of ``texts_fn()`` and save it there
     (the trainer reuses a saved one only when resuming: a run that failed before its first
     checkpoint must not leave a tokenizer that overrides the next run's config). ``workdir`` None:
     trained and returned only (the trainer saves it once the run's checks have passed).
 
     Training is deterministic, so several processes may each train and save the same model.
     """
-    if tok_cfg.get("path"):
-        return Tokenizer.load(tok_cfg.path)
+    if settings.path:
+        return Tokenizer.load(settings.path)
     path = None if workdir is None else os.path.join(os.fspath(workdir), "tokenizer.model")
     if path and reuse_saved and os.path.exists(path):
         logging.info("tokenizer: loading %s", path)
         return Tokenizer.load(path)
-    if tok_cfg.max_train_texts <= 0:
-        raise ValueError(f"data.tokenizer.max_train_texts={tok_cfg.max_train_texts} is invalid: "
+    if settings.max_train_texts <= 0:
+        raise ValueError(f"data.tokenizer.max_train_texts={settings.max_train_texts} is invalid: "
                          "must be positive")
-    logging.info("tokenizer: training %s (vocab %d) on up to %d texts", tok_cfg.model_type,
-                 tok_cfg.vocab_size, tok_cfg.max_train_texts)
+    logging.info("tokenizer: training %s (vocab %d) on up to %d texts", settings.model_type,
+                 settings.vocab_size, settings.max_train_texts)
     proto = train_sentencepiece(
-        itertools.islice(texts_fn(), tok_cfg.max_train_texts), vocab_size=tok_cfg.vocab_size,
-        model_type=tok_cfg.model_type, num_sentinels=tok_cfg.get("num_sentinels"),
-        character_coverage=tok_cfg.character_coverage,
-        normalization=tok_cfg.get("normalization", "identity"))
+        itertools.islice(texts_fn(), settings.max_train_texts), vocab_size=settings.vocab_size,
+        model_type=settings.model_type, num_sentinels=settings.num_sentinels,
+        character_coverage=settings.character_coverage, normalization=settings.normalization)
     tok = Tokenizer(proto)
     if path:
         tok.save(path)

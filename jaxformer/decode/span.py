@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxformer.data.qa import qa_example, qa_windows
+from jaxformer.data.qa_windows import qa_example, qa_windows
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.models import Model
 

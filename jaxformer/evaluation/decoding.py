@@ -25,13 +25,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxformer.config import ModelConfig
+from jaxformer.data.containers import read_records
 from jaxformer.data.pipeline import example_framing
-from jaxformer.data.sources import get_source, read_records
+from jaxformer.data.sources import get_source
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decode.api import GenerationConfig, generate_batches
 from jaxformer.evaluation.metrics import sequence_scores
 from jaxformer.models import Model
-from jaxformer.objectives.registry import get_objective
+from jaxformer.objectives.registry import check_data_task
 from jaxformer.settings import at_least, positive, setting
 
 DECODING_STRATEGIES = ("greedy", "beam")  # sampling would make the scores noisy
@@ -68,7 +69,7 @@ class DecodingExample:
 def data_task(settings: Any) -> str:
     """The data task of a run's `TrainSettings` (``jaxformer.train.config``): its objective's, as
     its options choose it (`jaxformer.objectives.Objective.resolve`)."""
-    return get_objective(settings.objective.name).resolve(settings.objective_options).data_task
+    return check_data_task(settings.objective.name, settings.objective_options).data_task
 
 
 def decodes(settings: Any, model_cfg: ModelConfig) -> bool:

@@ -31,22 +31,22 @@ def _next_token(batch: Mapping[str, Array], special: SpecialTokens, name: str) -
 
 
 def prepare_clm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
-                cfg: Any = None) -> dict:
+                options: Any = None) -> dict:
     """Next-token prediction.
 
     Batch: ``inputs`` `[B, L]` int32, optional ``inputs_segment_ids`` / ``inputs_positions``
-    (default: one segment of the non-pad tokens, positions ``0..L-1``). ``rng``, ``cfg`` unused.
+    (default: one segment of the non-pad tokens, positions ``0..L-1``). ``rng``, ``options`` unused.
 
     Returns ``model_inputs`` {tokens, positions, segment_ids} (kwargs of `DecoderOnly`),
     ``targets`` `[B, L]` = ``inputs[t+1]`` within the segment (``pad_id`` elsewhere) and
     ``weights`` `[B, L]` float32, 1 where that next token exists.
     """
-    del rng, cfg
+    del rng, options
     return _next_token(batch, special, "clm")
 
 
 def prepare_sft(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
-                cfg: Any = None) -> dict:
+                options: Any = None) -> dict:
     """Supervised fine-tuning of a causal LM on prompt/response rows: `prepare_clm`, but the loss
     counts only positions whose *target* (next) token is a response token.
 
@@ -54,7 +54,7 @@ def prepare_sft(batch: Mapping[str, Array], rng: jax.Array, special: SpecialToke
     prompt tokens and padding). ``weights[t] = clm_weights[t] · inputs_loss_mask[t+1]``, so the
     first response token is predicted from the last prompt token and the prompt is never a target.
     """
-    del rng, cfg
+    del rng, options
     require(batch, "sft", "inputs", "inputs_loss_mask")
     out = _next_token(batch, special, "sft")
     loss_mask = jnp.asarray(batch["inputs_loss_mask"]).astype(jnp.int32)

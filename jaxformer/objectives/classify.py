@@ -16,7 +16,7 @@ Array = jnp.ndarray
 
 
 def prepare_classify(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
-                     cfg: Any = None) -> dict:
+                     options: Any = None) -> dict:
     """Batch ``inputs`` `[B, L]`, ``label`` `[B]` int (optional segment ids / positions and
     ``inputs_token_types`` for sentence pairs) → ``model_inputs`` {tokens, positions, segment_ids
     [, token_types]}, ``targets`` `[B]` = label, ``weights`` `[B]` float32: 1 for rows holding an
@@ -24,7 +24,7 @@ def prepare_classify(batch: Mapping[str, Array], rng: jax.Array, special: Specia
 
     Rows must be unpacked (one example per row): the head pools one token per row.
     """
-    del rng, cfg
+    del rng, options
     require(batch, "classify", "inputs", "label")
     tokens, seg, pos = segments_and_positions(batch, "inputs", special.pad_id)
     label = jnp.asarray(batch["label"], jnp.int32)

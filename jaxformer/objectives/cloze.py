@@ -25,12 +25,13 @@ import jax.numpy as jnp
 
 from jaxformer.config import ModelConfig
 from jaxformer.objectives._common import require
-from jaxformer.options import option
-from jaxformer.settings import defaults, setting
+from jaxformer.settings import setting
 from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
 MASK_PLACEHOLDER = "<mask>"
+
+
 @dataclasses.dataclass(frozen=True)
 class ClozeOptions:
     """The ``objective.*`` options of objective ``cloze`` (PET, Schick & Schütze 2021)."""
@@ -41,9 +42,6 @@ class ClozeOptions:
     verbalizers: str = setting(
         "", "cloze: one word per class, in label order, comma-separated (e.g. 'bad,good'); each must "
         "be a single piece of the tokenizer in the pattern")
-
-
-CLOZE_OPTIONS = defaults(ClozeOptions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,53 +59,53 @@ class ClozeIds:
     label_ids: tuple[int, ...]
 
 
-def verbalizer_words(cfg: Any) -> list[str]:
+def verbalizer_words(options: ClozeOptions) -> list[str]:
     """``objective.verbalizers`` split at commas (blank entries kept, so they can be refused)."""
-    text = option(cfg, "verbalizers", CLOZE_OPTIONS["verbalizers"])
+    text = options.verbalizers
     return [w.strip() for w in text.split(",")] if text.strip() else []
 
 
-def check_cloze_options(cfg: Any, num_classes: int | None = None) -> tuple[str, list[str]]:
-    """(pattern, words) of the ``objective`` section ``cfg``; ValueError naming the field when the
+def check_cloze_options(options: ClozeOptions, num_classes: int | None = None
+                        ) -> tuple[str, list[str]]:
+    """(pattern, words) of ``options``; ValueError naming the field when the
     pattern lacks exactly one placeholder or the words are not distinct (at least two; with
     ``num_classes``, exactly that many)."""
-    pattern = option(cfg, "cloze_pattern", CLOZE_OPTIONS["cloze_pattern"])
+    pattern = options.cloze_pattern
     if not isinstance(pattern, str) or pattern.count(MASK_PLACEHOLDER) != 1:
         raise ValueError(f"objective.cloze_pattern={pattern!r} must hold {MASK_PLACEHOLDER!r} "
                          "exactly once, where the class's word goes (e.g. 'It was <mask>.')")
-    words = verbalizer_words(cfg)
+    words = verbalizer_words(options)
     count = len(words) if num_classes is None else num_classes
     if (len(words) != count or len(words) < 2 or not all(words)
             or len(set(words)) != len(words)):
         classes = "" if num_classes is None else f" (model.num_classes={num_classes})"
-        raise ValueError(f"objective.verbalizers={option(cfg, 'verbalizers', '')!r} must name "
+        raise ValueError(f"objective.verbalizers={options.verbalizers!r} must name "
                          f"one distinct word per class{classes}, in label order, comma-separated, "
                          "e.g. 'bad,good'")
     return pattern, words
 
 
-def check_cloze_config(config: Any, model_cfg: ModelConfig) -> None:
-    """Objective 'cloze' needs an encoder with the MLM head, ``[CLS] text [SEP]`` rows and valid
-    options (`check_cloze_options`); ValueError naming the field, before compiling."""
-    if option(config.objective, "name", "") != "cloze":
-        return
+def check_cloze_config(options: ClozeOptions, framing: str, model_cfg: ModelConfig) -> None:
+    """Objective 'cloze' with ``options`` needs an encoder with the MLM head, ``[CLS] text [SEP]``
+    rows (``data.framing`` = ``framing``, '' = unset) and valid options (`check_cloze_options`);
+    ValueError naming the field, before compiling."""
     if model_cfg.family != "encoder" or model_cfg.head != "mlm":
         raise ValueError(f"objective.name='cloze' reads the MLM head's logits: model.family="
                          f"{model_cfg.family!r} and model.head={model_cfg.head!r} must be "
                          "'encoder' and 'mlm'")
-    framing = option(config.data, "framing", "") or "cls_sep"
+    framing = framing or "cls_sep"
     if framing != "cls_sep":
         raise ValueError(f"data.framing={framing!r}: objective 'cloze' inserts its pattern into "
                          "[CLS] text [SEP] rows; set data.framing='cls_sep' (or leave it unset)")
-    check_cloze_options(config.objective, model_cfg.num_classes)
+    check_cloze_options(options, model_cfg.num_classes)
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text)) if text.strip() else []
 
 
-def resolve_cloze(cfg: Any, tokenizer: Any) -> dict[str, ClozeIds]:
-    """``{"cloze": ClozeIds}`` of the ``objective`` section ``cfg`` for ``tokenizer``.
+def resolve_cloze(options: ClozeOptions, tokenizer: Any) -> dict[str, ClozeIds]:
+    """``{"cloze": ClozeIds}`` of ``options`` for ``tokenizer``.
 
     The pattern is tokenized filled with each word, as the model read such text in pretraining
     (sentencepiece's word-initial "▁great", a "." glued to the word before it): the pieces before
@@ -115,7 +113,10 @@ def resolve_cloze(cfg: Any, tokenizer: Any) -> dict[str, ClozeIds]:
     pieces after it must be the same for every word. ValueError naming ``objective.verbalizers``
     (the word and its pieces) or ``objective.cloze_pattern`` otherwise.
     """
-    pattern, words = check_cloze_options(cfg)
+    if tokenizer is None:
+        raise ValueError("objective 'cloze' needs the run's tokenizer: "
+                         "bind_objective(..., tokenizer=tokenizer)")
+    pattern, words = check_cloze_options(options)
     head, tail = pattern.split(MASK_PLACEHOLDER)
     before = _encode(tokenizer, head.rstrip())
     filled = [_encode(tokenizer, head + w + tail) for w in words]
@@ -172,13 +173,13 @@ def insert_pattern(tokens: Array, pattern: Sequence[int] | Array, pad_id: int
 
 
 def prepare_cloze(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
-                  cfg: Any = None, cloze: ClozeIds | None = None) -> dict:
+                  options: ClozeOptions | None = None, cloze: ClozeIds | None = None) -> dict:
     """Batch ``inputs`` `[B, L]` (``[CLS] text [SEP]`` rows), ``label`` `[B]` → ``model_inputs``
     {tokens (pattern inserted), positions, segment_ids}, ``targets`` `[B]` = label, ``weights``
     `[B]` (0 for all-padding rows), ``class_positions`` `[B]` (each row's [MASK]) and
     ``class_token_ids`` `[C]` (the label words): `class_logits` reads the model's `[B, L, V]` MLM
     logits there. ``cloze`` comes from `resolve_cloze` (the trainer binds it)."""
-    del rng
+    del rng, options  # read on the host: `resolve_cloze` made ``cloze``
     if cloze is None:
         raise ValueError("objective 'cloze' needs its pattern and words as token ids: bind it with "
                          "the tokenizer (bind_objective(..., tokenizer=tokenizer))")

@@ -21,7 +21,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxformer.settings import defaults, fraction, positive, setting
+from jaxformer.settings import fraction, positive, setting
 from jaxformer.vocab import SpecialTokens
 
 
@@ -40,8 +40,6 @@ class DenoiseOptions:
     token_mask_rate: float = setting(
         0.0, "denoise: fraction of tokens masked one by one", check=fraction)
 
-
-DENOISE_OPTIONS = defaults(DenoiseOptions)
 
 
 def poisson_span_lengths(num_tokens: int, rng: np.random.Generator, poisson_lambda: float = 3.0

@@ -46,11 +46,12 @@ import numpy as np
 
 from jaxformer.objectives._common import require, segments_and_positions
 from jaxformer.objectives.span_masking import MASKINGS, Spans, sample_spans
-from jaxformer.options import option
-from jaxformer.settings import defaults, fraction, setting
+from jaxformer.settings import fraction, setting
 from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
+
+
 # The ``objective.*`` options of MLM with their defaults: BERT's 15% of positions, 80/10/10.
 @dataclasses.dataclass(frozen=True)
 class MLMOptions:
@@ -79,31 +80,42 @@ class MLMOptions:
         "from another document) or 'sop' (A and B consecutive, swapped or not); needs model.nsp_head")
 
 
-MLM_OPTIONS = defaults(MLMOptions)
 SENTENCE_PAIRS = ("none", "nsp", "sop")
 
 
-def uses_word_initial(cfg: Any) -> bool:
-    """Whether MLM with options ``cfg`` reads the tokenizer's ``word_initial`` table (whole-word
+def uses_word_initial(options: MLMOptions) -> bool:
+    """Whether MLM with ``options`` reads the tokenizer's ``word_initial`` table (whole-word
     masking, or span lengths counted in words)."""
-    return bool(option(cfg, "whole_word_mask", False)) or option(cfg, "masking", "token") == "span"
+    return options.whole_word_mask or options.masking == "span"
 
 
-def mlm_data_task(cfg: Any) -> str:
-    """The data task of MLM with options ``cfg``: "sentence_pairs" when ``sentence_pairs`` is "nsp"
+def mlm_word_initial(options: MLMOptions, tokenizer: Any) -> dict[str, Any]:
+    """``{"word_initial": tokenizer.word_initial()}`` when ``options`` need the table
+    (`uses_word_initial`), else {}: the extra `prepare_mlm_gathered` argument `Objective.bind`
+    resolves with the run's tokenizer. ValueError when the table is needed and ``tokenizer`` is
+    None."""
+    if not uses_word_initial(options):
+        return {}
+    if tokenizer is None:
+        raise ValueError("objective.whole_word_mask / masking='span' need the tokenizer's "
+                         "word_initial table: bind_objective(..., tokenizer=tokenizer)")
+    return {"word_initial": tokenizer.word_initial()}
+
+
+def mlm_data_task(options: MLMOptions) -> str:
+    """The data task of MLM with ``options``: "sentence_pairs" when ``sentence_pairs`` is "nsp"
     or "sop" (`jaxformer.data.sentence_pairs`), else "lm"."""
-    pairs = option(cfg, "sentence_pairs", MLM_OPTIONS["sentence_pairs"])
+    pairs = options.sentence_pairs
     if pairs not in SENTENCE_PAIRS:
         raise ValueError(f"objective.sentence_pairs={pairs!r} must be one of {SENTENCE_PAIRS}")
     return "lm" if pairs == "none" else "sentence_pairs"
 
 
-def max_predictions(cfg: Any, length: int) -> int:
+def max_predictions(options: MLMOptions, length: int) -> int:
     """The ``P`` slots per row of `prepare_mlm_gathered` for rows of ``length`` (0: no gather, the
     head reads every position); ValueError for a cap that could leave a chosen target out."""
-    p = option(cfg, "max_predictions_per_seq", MLM_OPTIONS["max_predictions_per_seq"])
-    rate = float(option(cfg, "mask_rate", MLM_OPTIONS["mask_rate"]))
-    bounded = not uses_word_initial(cfg)  # token masking: at most ⌈rate · L⌉ per row
+    p, rate = options.max_predictions_per_seq, float(options.mask_rate)
+    bounded = not uses_word_initial(options)  # token masking: at most ⌈rate · L⌉ per row
     need = max(1, math.ceil(rate * length))
     if p == -1:
         return min(length, -(-need // 4) * 4) if bounded else 0
@@ -133,12 +145,14 @@ def gather_predictions(prepared: dict, slots: int) -> dict:
 
 
 def prepare_mlm_gathered(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
-                         cfg: Any = None, word_initial: np.ndarray | None = None) -> dict:
+                         options: MLMOptions | None = None, word_initial: np.ndarray | None = None
+                         ) -> dict:
     """`prepare_mlm`, then `gather_predictions` into `max_predictions` slots: the MLM objective
     the trainer runs (module docstring). Same masks, loss and gradients as `prepare_mlm`'s
     all-position output; the MLM logits are `[B, P, V]`."""
-    out = prepare_mlm(batch, rng, special, cfg, word_initial)
-    return gather_predictions(out, max_predictions(cfg, out["targets"].shape[1]))
+    options = options or MLMOptions()
+    out = prepare_mlm(batch, rng, special, options, word_initial)
+    return gather_predictions(out, max_predictions(options, out["targets"].shape[1]))
 
 
 def _non_special_ids(special: SpecialTokens) -> np.ndarray:
@@ -198,26 +212,26 @@ def _candidates(batch: Mapping[str, Array], special: SpecialTokens) -> tuple[Arr
 
 
 def mlm_spans(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
-              cfg: Any = None, word_initial: np.ndarray | None = None) -> Spans:
+              options: MLMOptions | None = None, word_initial: np.ndarray | None = None) -> Spans:
     """The SpanBERT spans `prepare_mlm` masks with ``masking="span"`` for the same ``rng``
     (`jaxformer.objectives.span_masking.Spans`, each `[B, L]`). Lengths count whole words when
     ``word_initial`` marks word-initial pieces, else tokens."""
-    rate = float(option(cfg, "mask_rate", MLM_OPTIONS["mask_rate"]))
+    options = options or MLMOptions()
     tokens, seg, _, candidates = _candidates(batch, special)
     has_words = word_initial is not None and bool(np.any(word_initial))
     starts, head = _units(tokens, candidates, seg, word_initial if has_words else None)
     return sample_spans(jax.random.split(rng, 3)[0], candidates, starts, head, seg,
-                        mask_budget(candidates, rate),
-                        float(option(cfg, "span_geometric_p", MLM_OPTIONS["span_geometric_p"])),
-                        option(cfg, "max_span_length", MLM_OPTIONS["max_span_length"]))
+                        mask_budget(candidates, float(options.mask_rate)),
+                        float(options.span_geometric_p), options.max_span_length)
 
 
 def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
-                cfg: Any = None, word_initial: np.ndarray | None = None) -> dict:
+                options: MLMOptions | None = None, word_initial: np.ndarray | None = None) -> dict:
     """BERT masking of ``inputs`` `[B, L]`.
 
-    Options (``cfg``): ``mask_rate`` (0.15), ``mask_token_fraction`` (0.8) and
-    ``random_token_fraction`` (0.1) of the chosen positions; the rest stay unchanged.
+    Options (``options``, `MLMOptions`; None: the defaults): ``mask_rate`` (0.15),
+    ``mask_token_fraction`` (0.8) and ``random_token_fraction`` (0.1) of the chosen positions; the
+    rest stay unchanged.
     ``whole_word_mask`` (False) chooses whole words; it needs ``word_initial``, a bool `[vocab]`
     table of the pieces that begin a word (`Tokenizer.word_initial`; the Trainer passes it).
     ``masking`` ("token"; "span": SpanBERT, `mlm_spans`, with ``span_geometric_p`` 0.2 and
@@ -229,10 +243,9 @@ def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialToke
     (``nsp_weight`` of the batch, else 1).
     """
     require(batch, "mlm", "inputs")
-    rate = float(option(cfg, "mask_rate", MLM_OPTIONS["mask_rate"]))
-    p_mask = float(option(cfg, "mask_token_fraction", MLM_OPTIONS["mask_token_fraction"]))
-    p_random = float(option(cfg, "random_token_fraction", MLM_OPTIONS["random_token_fraction"]))
-    masking = option(cfg, "masking", MLM_OPTIONS["masking"])
+    options = options or MLMOptions()
+    rate, masking = float(options.mask_rate), options.masking
+    p_mask, p_random = float(options.mask_token_fraction), float(options.random_token_fraction)
     if not 0.0 < rate < 1.0:
         raise ValueError(f"objective.mask_rate={rate} must be in (0, 1) (BERT uses 0.15)")
     if p_mask < 0 or p_random < 0 or p_mask + p_random > 1.0:
@@ -242,13 +255,13 @@ def prepare_mlm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialToke
         raise ValueError(f"objective.masking={masking!r} must be one of {MASKINGS}")
     tokens, seg, pos, candidates = _candidates(batch, special)
     k_choose, k_how, k_tok = jax.random.split(rng, 3)
-    whole_word = option(cfg, "whole_word_mask", MLM_OPTIONS["whole_word_mask"])
+    whole_word = options.whole_word_mask
     if whole_word and word_initial is None:
         raise ValueError("objective.whole_word_mask needs the tokenizer's word_initial table "
-                         "(bind_objective(..., word_initial=tokenizer.word_initial()))")
+                         "(bind_objective(..., tokenizer=tokenizer))")
     how = jax.random.uniform(k_how, tokens.shape)
     if masking == "span":
-        spans = mlm_spans(batch, rng, special, cfg, word_initial)
+        spans = mlm_spans(batch, rng, special, options, word_initial)
         chosen, how = spans.chosen, spans.how
     elif whole_word:
         starts, head = _units(tokens, candidates, seg, word_initial)

@@ -1,6 +1,6 @@
 """Extractive question answering fine-tuning (BERT on SQuAD, Devlin et al. 2019 §4.2): predict the
 answer's first and last token of ``[CLS] question [SEP] context [SEP]`` rows
-(`jaxformer.data.qa`) with the model's span head (``model.head="span"``).
+(`jaxformer.data.qa_windows`) with the model's span head (``model.head="span"``).
 
 The loss is the cross-entropy of the start position plus that of the end position, halved (HF
 ``BertForQuestionAnswering``): the span head returns `[B, 2, L]` logits and the targets are
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.objectives._common import require, segments_and_positions
-from jaxformer.settings import defaults, positive, setting
+from jaxformer.settings import positive, setting
 from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
@@ -36,16 +36,14 @@ class QAOptions:
         30, "qa: longest answer in tokens that span decoding returns", check=positive)
 
 
-QA_OPTIONS = defaults(QAOptions)
-
 
 def prepare_qa(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
-               cfg: Any = None) -> dict:
+               options: Any = None) -> dict:
     """Batch ``inputs`` `[B, L]`, ``inputs_token_types`` `[B, L]`, ``start_position``,
     ``end_position`` `[B]` int → ``model_inputs`` {tokens, positions, segment_ids, token_types},
     ``targets`` `[B, 2]` = (start, end), ``weights`` `[B, 2]` float32: 1 on rows holding a feature,
     0 on all-padding rows. Rows are unpacked (one feature per row)."""
-    del rng, cfg
+    del rng, options
     require(batch, "qa", "inputs", "inputs_token_types", "start_position", "end_position")
     tokens, seg, pos = segments_and_positions(batch, "inputs", special.pad_id)
     targets = jnp.stack([jnp.asarray(batch["start_position"], jnp.int32),

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,16 +35,15 @@ from jaxformer.objectives.denoise import DenoiseOptions, denoise
 from jaxformer.objectives.mlm import (
     MLMOptions,
     mlm_data_task,
+    mlm_word_initial,
     prepare_mlm_gathered,
-    uses_word_initial,
 )
-from jaxformer.objectives.permutation import PLMOptions, prepare_plm
+from jaxformer.objectives.plm import PLMOptions, prepare_plm
 from jaxformer.objectives.qa import QAOptions, prepare_qa
 from jaxformer.objectives.scheduled_sampling import ScheduledSamplingOptions
 from jaxformer.objectives.seq2seq import prepare_seq2seq
 from jaxformer.objectives.span_corruption import SpanCorruptionOptions, span_corruption
-from jaxformer.options import option
-from jaxformer.settings import defaults, merge, section
+from jaxformer.settings import merge, read, section
 from jaxformer.vocab import SpecialTokens
 
 PrepareFn = Callable[..., dict]
@@ -65,12 +63,13 @@ class Objective:
 
     Attributes:
       name: its ``objective.name``.
-      prepare: device side, ``prepare(batch, rng, special, cfg) -> {"model_inputs", "targets",
-        "weights"}`` (see `jaxformer.objectives`).
+      prepare: device side, ``prepare(batch, rng, special, options) -> {"model_inputs", "targets",
+        "weights"}`` (see `jaxformer.objectives`); ``options`` is an instance of `options` (None
+        when the objective has none).
       data_task: the example format the pipeline builds (one of `DATA_TASKS`): "lm" text rows,
         "classify" text + label, "seq2seq" source/target pairs, "sft" prompt/response,
         "span_corruption" text pieces turned into inputs/targets by ``corrupt``, or "qa"
-        context/question/answer windows (`jaxformer.data.qa`), or "sentence_pairs" ``[CLS] A
+        context/question/answer windows (`jaxformer.data.qa_windows`), or "sentence_pairs" ``[CLS] A
         [SEP] B [SEP]`` rows with a pair label (`jaxformer.data.sentence_pairs`).
       framing: how the pipeline wraps each example when ``data.framing`` is unset (one of
         `FRAMINGS`: "eos" ``text </s>``, "cls_sep" ``[CLS] text [SEP]`` …); None when no framing
@@ -80,11 +79,13 @@ class Objective:
       options: the section dataclass of the ``objective.<key>`` options it reads (each field a
         `jaxformer.settings.setting`: type, default, one-line doc, check), or None; every other
         objective refuses a non-default value of them (`check_objective`).
-      data_task_for: ``f(cfg) -> data task`` when an option chooses it (MLM's ``sentence_pairs``);
-        None = always ``data_task``. `check_data_task` resolves it (`resolve`).
-      with_tokenizer: ``f(cfg, tokenizer) -> {keyword: value}``, extra ``prepare`` arguments
-        resolved on the host with the run's tokenizer (the cloze pattern's and label words' ids),
-        or None.
+      data_task_for: ``f(options) -> data task`` when an option chooses it (MLM's
+        ``sentence_pairs``); None = always ``data_task``. `resolve` applies it.
+      with_tokenizer: ``f(options, tokenizer) -> {keyword: value}``, extra ``prepare`` arguments
+        resolved on the host with the run's tokenizer (the cloze pattern's and label words' ids,
+        MLM's ``word_initial`` table), or None; ``tokenizer`` is None when `bind` is given none.
+      decoder_start: ``prepare`` takes ``decoder_start_id`` (encoder-decoder teacher forcing: the
+        ``objective.decoder_start_id`` every objective section holds).
     """
 
     name: str
@@ -95,6 +96,7 @@ class Objective:
     options: type | None = None
     data_task_for: Callable[[Any], str] | None = None
     with_tokenizer: Callable[[Any, Any], Mapping[str, Any]] | None = None
+    decoder_start: bool = False
 
     def __post_init__(self) -> None:
         if self.data_task not in DATA_TASKS:
@@ -111,47 +113,60 @@ class Objective:
                              "jaxformer.settings.setting fields (type, default, doc, check), not "
                              f"{type(self.options).__name__}")
 
-    @property
-    def option_defaults(self) -> Mapping[str, Any]:
-        """``{option: default}`` of `options` (empty without options)."""
-        return types.MappingProxyType(defaults(self.options) if self.options else {})
+    def checked_options(self, options: Any = None) -> Any:
+        """``options``, an instance of `options` (None: its defaults); ValueError for another type
+        (a dict or a config section: build the dataclass, e.g. `read_options`)."""
+        if self.options is None:
+            if options is not None:
+                raise ValueError(f"objective {self.name!r} takes no options, got {options!r}")
+            return None
+        if options is None:
+            return self.options()
+        if not isinstance(options, self.options):
+            raise ValueError(f"objective {self.name!r} takes options {self.options.__name__}, not "
+                             f"{type(options).__name__}; build them with "
+                             f"{self.options.__name__}(...) or read_options(section)")
+        return options
 
-    def resolve(self, cfg: Any) -> Objective:
-        """This objective with the data task its options ``cfg`` choose (`data_task_for`)."""
-        if self.data_task_for is None or cfg is None:
+    def read_options(self, section: Any) -> Any:
+        """The `options` dataclass of the ``objective`` config section ``section`` (a ConfigDict
+        or dict; `jaxformer.settings.read`: unset keys as their defaults), None without options."""
+        return None if self.options is None else read(self.options, section)
+
+    def resolve(self, options: Any = None) -> Objective:
+        """This objective with the data task its ``options`` choose (`data_task_for`); ValueError
+        for options of another type (`checked_options`)."""
+        options = self.checked_options(options)
+        if self.data_task_for is None:
             return self
-        return dataclasses.replace(self, data_task=self.data_task_for(cfg))
+        return dataclasses.replace(self, data_task=self.data_task_for(options))
 
-    def bind(self, cfg: Any, special: SpecialTokens, word_initial: Any = None,
-             tokenizer: Any = None) -> Callable[[dict, Any], dict]:
-        """``prepare(batch, rng)`` bound to ``special`` and the options ``cfg`` (the ``objective``
-        config section); MLM's ``whole_word_mask`` and span masking also take the tokenizer's
-        ``word_initial`` table (`Tokenizer.word_initial`); an objective `with_tokenizer` takes
-        what it resolves with ``tokenizer`` (ValueError without one)."""
-        if uses_word_initial(cfg):
-            return functools.partial(self.prepare, special=special, cfg=cfg,
-                                     word_initial=word_initial)
-        if self.with_tokenizer is not None:
-            if tokenizer is None:
-                raise ValueError(f"objective {self.name!r} needs the run's tokenizer: "
-                                 "bind_objective(..., tokenizer=tokenizer)")
-            return functools.partial(self.prepare, special=special, cfg=cfg,
-                                     **self.with_tokenizer(cfg, tokenizer))
-        return functools.partial(self.prepare, special=special, cfg=cfg)
+    def bind(self, options: Any, special: SpecialTokens, *, tokenizer: Any = None,
+             decoder_start_id: int | None = None) -> Callable[[dict, Any], dict]:
+        """``prepare(batch, rng)`` bound to ``special`` and ``options`` (an instance of `options`;
+        None: its defaults); an objective `with_tokenizer` also takes what it resolves with the
+        run's ``tokenizer`` (cloze's ids, MLM's ``word_initial`` table), one `decoder_start` the
+        first decoder input ``decoder_start_id`` (None: the prepare's default, the pad id)."""
+        options = self.checked_options(options)
+        kwargs = {} if self.with_tokenizer is None else dict(self.with_tokenizer(options, tokenizer))
+        if self.decoder_start:
+            kwargs["decoder_start_id"] = decoder_start_id
+        return functools.partial(self.prepare, special=special, options=options, **kwargs)
 
-    def host_transform(self, special: SpecialTokens, cfg: Any = None) -> HostFn | None:
-        """``f(tokens [n], rng) -> (inputs, targets)``: ``corrupt`` with this objective's options
-        from ``cfg`` (defaults where unset); None for device-only objectives."""
+    def host_transform(self, special: SpecialTokens, options: Any = None) -> HostFn | None:
+        """``f(tokens [n], rng) -> (inputs, targets)``: ``corrupt`` with this objective's
+        ``options`` (None: its defaults); None for device-only objectives."""
         if self.corrupt is None:
             return None
-        kwargs = {key: option(cfg, key, default) for key, default in self.option_defaults.items()}
+        options = self.checked_options(options)
+        kwargs = {} if options is None else dataclasses.asdict(options)
         return functools.partial(self.corrupt, special=special, **kwargs)
 
-    def example_transform(self, special: SpecialTokens, cfg: Any = None
+    def example_transform(self, special: SpecialTokens, options: Any = None
                           ) -> ExampleTransform | None:
         """The pipeline's ``(example, rng) -> example`` step: `host_transform` on
         ``example["inputs"]``, returning the example with ``inputs`` and ``targets``."""
-        fn = self.host_transform(special, cfg)
+        fn = self.host_transform(special, options)
         if fn is None:
             return None
 
@@ -163,31 +178,38 @@ class Objective:
 
 
 OBJECTIVES: dict[str, Objective] = {}
-# Every objective option with its default (the union of the registered objectives' options);
-# `base_config` declares them all (`option_settings`) so that ``--config.objective.<key>=…`` can set any.
-OPTION_DEFAULTS: dict[str, Any] = {}
+
+
+def _fields(options: type | None) -> dict[str, dataclasses.Field]:
+    return {} if options is None else {f.name: f for f in dataclasses.fields(options)}
 
 
 def register_objective(objective: Objective) -> Objective:
     """Add ``objective`` to `OBJECTIVES` (ValueError if its name is taken, or if one of its options
-    is already declared by another objective with another default)."""
+    is already declared by another objective's options class with another default)."""
     if objective.name in OBJECTIVES:
         raise ValueError(f"objective {objective.name!r} is already registered")
-    for key, default in objective.option_defaults.items():
-        if key in OPTION_DEFAULTS and OPTION_DEFAULTS[key] != default:
-            raise ValueError(f"objective {objective.name!r}: option {key!r} defaults to "
-                             f"{default!r}, but another objective declares it with "
-                             f"{OPTION_DEFAULTS[key]!r}")
+    mine = objective.options() if objective.options else None
+    for other in option_classes():
+        theirs = other()
+        for key in _fields(objective.options).keys() & _fields(other).keys():
+            if getattr(mine, key) != getattr(theirs, key):
+                raise ValueError(f"objective {objective.name!r}: option {key!r} defaults to "
+                                 f"{getattr(mine, key)!r}, but {other.__name__} declares it with "
+                                 f"{getattr(theirs, key)!r}")
     OBJECTIVES[objective.name] = objective
-    OPTION_DEFAULTS.update(objective.option_defaults)
     return objective
+
+
+def option_classes() -> tuple[type, ...]:
+    """The options classes of the registered objectives, each once, in registration order."""
+    return tuple(dict.fromkeys(o.options for o in OBJECTIVES.values() if o.options))
 
 
 def option_settings() -> dict:
     """The declared options of every registered objective (`jaxformer.settings` tree): the
     ``objective`` section of the training config holds them all."""
-    return merge(*(section(o.options) for o in OBJECTIVES.values() if o.options),
-                 where="objective.")
+    return merge(*(section(cls) for cls in option_classes()), where="objective.")
 
 
 def get_objective(name: str) -> Objective:
@@ -197,55 +219,62 @@ def get_objective(name: str) -> Objective:
     return OBJECTIVES[name]
 
 
-def check_objective(cfg: Any) -> str:
-    """The objective's name, after checking that its options fit it (ValueError naming them)."""
-    name = option(cfg, "name", "")
+def check_objective(section: Any) -> str:
+    """The name of the ``objective`` config section ``section`` (a ConfigDict or dict, as the
+    config holds it: every objective's options), after checking that the options set in it are its
+    objective's: another objective's option at a value other than its default is a ValueError
+    naming it."""
+    name = section["name"]
     objective = get_objective(name)
-    for key, default in OPTION_DEFAULTS.items():
-        value = option(cfg, key, default)
-        if value != default and key not in objective.option_defaults:
-            users = [n for n, o in OBJECTIVES.items() if key in o.option_defaults]
-            raise ValueError(f"objective.{key}={value!r} applies to objective {users[0]!r}, not "
-                             f"{name!r}; leave it at its default {default!r}")
+    own = _fields(objective.options)
+    for cls in option_classes():
+        given, default = read(cls, section), cls()
+        for key in _fields(cls):  # in declaration order: the first such option is named
+            value = getattr(given, key)
+            if key not in own and value != getattr(default, key):
+                users = [n for n, o in OBJECTIVES.items() if o.options is cls]
+                raise ValueError(f"objective.{key}={value!r} applies to objective {users[0]!r}, "
+                                 f"not {name!r}; leave it at its default {getattr(default, key)!r}")
     return name
 
 
-def bind_objective(cfg: Any, special: SpecialTokens, word_initial: Any = None,
-                   tokenizer: Any = None) -> Callable[[dict, Any], dict]:
-    """``prepare(batch, rng)`` of the objective section ``cfg`` (checked: `check_objective`)."""
-    return get_objective(check_objective(cfg)).bind(cfg, special, word_initial, tokenizer)
+def bind_objective(name: str, options: Any, special: SpecialTokens, *, tokenizer: Any = None,
+                   decoder_start_id: int | None = None) -> Callable[[dict, Any], dict]:
+    """``prepare(batch, rng)`` of objective ``name`` with ``options`` (`Objective.bind`)."""
+    return get_objective(name).bind(options, special, tokenizer=tokenizer,
+                                    decoder_start_id=decoder_start_id)
 
 
-def host_transform(name: str, special: SpecialTokens, cfg: Any = None) -> HostFn | None:
+def host_transform(name: str, special: SpecialTokens, options: Any = None) -> HostFn | None:
     """`Objective.host_transform` of objective ``name``: per example ``f(tokens [n], rng) ->
     (inputs, targets)``, or None."""
-    return get_objective(name).host_transform(special, cfg)
+    return get_objective(name).host_transform(special, options)
 
 
-def check_data_task(objective_cfg: Any, data_cfg: Any) -> Objective:
-    """The objective of section ``objective_cfg`` (or a name), after checking the ``data.task`` an
-    older config (or an old run's config.json) may still set: it must be the objective's."""
-    name = objective_cfg if isinstance(objective_cfg, str) else option(objective_cfg, "name", "")
-    objective = get_objective(name).resolve(None if isinstance(objective_cfg, str) else objective_cfg)
-    legacy = option(data_cfg, "task")
-    if legacy is not None and legacy != objective.data_task:
-        raise ValueError(f"data.task={legacy!r} does not fit objective.name={name!r}, whose data "
-                         f"task is {objective.data_task!r}; remove data.task (it is derived from "
-                         "objective.name)")
-    return objective
+def check_data_task(objective: Objective | str, options: Any = None) -> Objective:
+    """``objective`` (or the registered objective of that name) with the data task its
+    ``options`` (an instance of its options dataclass; None: the defaults) choose
+    (`Objective.resolve`); ValueError naming the option when they choose none."""
+    objective = get_objective(objective) if isinstance(objective, str) else objective
+    if not isinstance(objective, Objective):
+        raise TypeError(f"objective={objective!r}: expected an Objective or its name; read a config "
+                        "section's options with get_objective(name).read_options(section)")
+    return objective.resolve(options)
 
 
 # The built-in objectives (papers cited in their modules).
 register_objective(Objective("clm", prepare_clm, data_task="lm", framing="eos",
                              options=ScheduledSamplingOptions))
 register_objective(Objective("mlm", prepare_mlm_gathered, data_task="lm", framing="cls_sep",
-                             options=MLMOptions, data_task_for=mlm_data_task))
+                             options=MLMOptions, data_task_for=mlm_data_task,
+                             with_tokenizer=mlm_word_initial))
 register_objective(Objective("seq2seq", prepare_seq2seq, data_task="seq2seq",
-                             options=ScheduledSamplingOptions))
+                             options=ScheduledSamplingOptions, decoder_start=True))
 register_objective(Objective("span_corruption", prepare_seq2seq, data_task="span_corruption",
-                             corrupt=span_corruption, options=SpanCorruptionOptions))
+                             corrupt=span_corruption, options=SpanCorruptionOptions,
+                             decoder_start=True))
 register_objective(Objective("denoise", prepare_seq2seq, data_task="span_corruption",
-                             corrupt=denoise, options=DenoiseOptions))
+                             corrupt=denoise, options=DenoiseOptions, decoder_start=True))
 register_objective(Objective("classify", prepare_classify, data_task="classify", framing=None))
 register_objective(Objective("cloze", prepare_cloze, data_task="classify", framing="cls_sep",
                              options=ClozeOptions, with_tokenizer=resolve_cloze))

@@ -20,7 +20,7 @@ them. The first input of every packed segment (BOS / the decoder start token, wh
 predicts) and padding (segment id 0) are never replaced. Evaluation stays teacher-forced.
 
 `scheduled_sampling_mixer` builds the train step's ``mix_inputs(params, prepared, step, rng)`` hook
-(`jaxformer.train.step.make_train_step`) from the ``objective`` config section and the model; with
+(`jaxformer.train.step.make_train_step`) from the objective's name and options and the model; with
 ``objective.scheduled_sampling="none"`` (the default) it returns None and the step is unchanged.
 """
 
@@ -35,14 +35,15 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.objectives._common import shift_right_within_segments
-from jaxformer.options import option
-from jaxformer.settings import defaults, fraction, setting
+from jaxformer.settings import fraction, setting
 
 Array = jnp.ndarray
 MixFn = Callable[[Any, dict, Array, jax.Array], dict]
 
 SCHEDULES = ("none", "linear", "exponential", "inverse_sigmoid")
 SAMPLINGS = ("argmax", "sample")
+
+
 # The ``objective.*`` options of scheduled sampling with their defaults (off). ss_k = 0 is unset:
 # the linear schedule then starts at k = 1; the other two need it.
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +66,6 @@ class ScheduledSamplingOptions:
         1.0, "scheduled sampling: temperature of ss_sampling='sample' (> 0)")
 
 
-SCHEDULED_SAMPLING_OPTIONS = defaults(ScheduledSamplingOptions)
 # Per objective: the decoder-input tokens that are mixed and their segment ids (`model_inputs` keys).
 MIXED_INPUTS = {"clm": ("tokens", "segment_ids"), "seq2seq": ("targets_in", "targets_segment_ids")}
 
@@ -109,14 +109,16 @@ class ScheduledSampling:
         return jnp.clip(rate, 0.0, 1.0)
 
 
-def check_scheduled_sampling(cfg: Any) -> ScheduledSampling | None:
-    """The settings of the ``objective`` section ``cfg``, or None when scheduled sampling is off.
+def check_scheduled_sampling(options: Any) -> ScheduledSampling | None:
+    """The settings of ``options``, or None when scheduled sampling is off (or ``options`` are
+    another objective's: not `ScheduledSamplingOptions`).
 
     ValueError naming the field for an unknown schedule or sampling, a parameter outside its
     schedule's range, or an ``ss_*`` option that would have no effect.
     """
-    defaults = SCHEDULED_SAMPLING_OPTIONS
-    values = {key: option(cfg, key, default) for key, default in defaults.items()}
+    if not isinstance(options, ScheduledSamplingOptions):
+        return None
+    values, defaults = dataclasses.asdict(options), dataclasses.asdict(ScheduledSamplingOptions())
     schedule = values["scheduled_sampling"]
     if schedule not in SCHEDULES:
         raise ValueError(f"objective.scheduled_sampling={schedule!r} must be one of {SCHEDULES}")
@@ -187,19 +189,19 @@ def mix_predictions(tokens: Array, segment_ids: Array, predictions: Array,
     return jnp.where(replaced, proposed, tokens).astype(tokens.dtype), replaced
 
 
-def scheduled_sampling_mixer(cfg: Any, model: Any) -> MixFn | None:
+def scheduled_sampling_mixer(name: str, options: Any, model: Any) -> MixFn | None:
     """``mix_inputs(params, prepared, step, rng) -> prepared`` for the train step, or None when
-    ``cfg.scheduled_sampling`` is "none".
+    scheduled sampling is off (``options.scheduled_sampling`` is "none", or ``options`` are not
+    `ScheduledSamplingOptions`: another objective's).
 
-    ``cfg`` is the ``objective`` section (``name`` one of `MIXED_INPUTS`), ``model`` a module with
+    ``name`` is the objective (one of `MIXED_INPUTS`), ``model`` a module with
     ``apply(params, **model_inputs)``. The hook runs the first,
     teacher-forced pass on ``prepared["model_inputs"]`` with ``stop_gradient(params)``, then returns
     ``prepared`` with the decoder inputs mixed (`mix_predictions`) at the rate of ``step``.
     """
-    settings = check_scheduled_sampling(cfg)
+    settings = check_scheduled_sampling(options)
     if settings is None:
         return None
-    name = option(cfg, "name", "")
     if name not in MIXED_INPUTS:
         raise ValueError(f"objective.scheduled_sampling={settings.schedule!r} applies to the "
                          f"objectives {sorted(MIXED_INPUTS)}, not objective.name={name!r}")

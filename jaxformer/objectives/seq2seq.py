@@ -25,26 +25,27 @@ from jaxformer.objectives._common import (
     segments_and_positions,
     shift_right_within_segments,
 )
-from jaxformer.options import option
 from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
 
 
 def prepare_seq2seq(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
-                    cfg: Any = None) -> dict:
+                    options: Any = None, decoder_start_id: int | None = None) -> dict:
     """Encoder-decoder batch → model inputs, targets and weights.
 
     Batch: ``inputs`` `[B, S]`, ``targets`` `[B, L]` (ending with EOS, not shifted) and optional
-    ``{inputs,targets}_{segment_ids,positions}``. Option ``decoder_start_id`` (default pad id).
+    ``{inputs,targets}_{segment_ids,positions}``. ``options`` unused (those of span corruption,
+    denoising or scheduled sampling act elsewhere); ``decoder_start_id`` (None: the pad id, T5's)
+    is the decoder's first input (``objective.decoder_start_id``; `Objective.bind` passes it).
 
     Returns ``model_inputs`` with the keyword names of `EncoderDecoder` (inputs, targets_in,
     inputs_positions, inputs_segment_ids, targets_positions, targets_segment_ids), ``targets``
     `[B, L]` and ``weights`` `[B, L]` float32 = (targets_segment_ids != 0).
     """
-    del rng
+    del rng, options
     require(batch, "seq2seq", "inputs", "targets")
-    start = int(option(cfg, "decoder_start_id", special.pad_id))
+    start = special.pad_id if decoder_start_id is None else int(decoder_start_id)
     inputs, in_seg, in_pos = segments_and_positions(batch, "inputs", special.pad_id)
     targets, tg_seg, tg_pos = segments_and_positions(batch, "targets", special.pad_id)
     targets_in = shift_right_within_segments(targets, tg_seg, start, pad=special.pad_id)

@@ -21,7 +21,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxformer.settings import defaults, fraction, positive, setting
+from jaxformer.settings import fraction, positive, setting
 from jaxformer.vocab import SpecialTokens
 
 
@@ -39,8 +39,6 @@ class SpanCorruptionOptions:
         True, "span_corruption: roll each noise mask by a random offset (seqio's random_roll); "
         "without it a short example's only span always ends it (T5's mask always ends with noise)")
 
-
-SPAN_CORRUPTION_OPTIONS = defaults(SpanCorruptionOptions)
 
 
 def _random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:

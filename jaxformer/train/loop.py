@@ -31,10 +31,11 @@ from jaxformer.checkpoint import Checkpointer, PreemptionWatch, save_run_config
 from jaxformer.checkpoint.lock import WorkdirLock
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import check_train_records
-from jaxformer.data.sources import list_option
+from jaxformer.data.sources import SourceSettings
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
 from jaxformer.flops import device_peak_flops, train_step_flops
 from jaxformer.models import lora
+from jaxformer.objectives import get_objective
 from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.objectives.scheduled_sampling import scheduled_sampling_mixer
 from jaxformer.ops.embedding import check_token_ids
@@ -42,6 +43,7 @@ from jaxformer.parallel import pmap, shard_map
 from jaxformer.parallel.mesh import describe
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
+from jaxformer.settings import read
 from jaxformer.train import distill
 from jaxformer.train.collapse import CollapseWatch, with_prediction_counts
 from jaxformer.train.lora_run import init_lora_state, load_base
@@ -100,11 +102,13 @@ class Trainer:
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike):
         config = with_label_names_from_data(config)  # string labels, no names: sorted
-        check_train_records(config.data, config.objective)  # a bad record: refused now
+        objective = get_objective(config.objective.name)  # a bad record: refused now, before the
+        check_train_records(read(SourceSettings, config.data), objective,  # config's other checks
+                            objective.read_options(config.objective))
         resolved = resolve_config(distill.with_teacher_tokenizer(config))
         self.config = config = resolved.config  # the resolved copy: what config.json records
         self.model_cfg, self.tx, self.schedule = resolved.model_cfg, resolved.tx, resolved.schedule
-        self.settings = resolved.settings  # the config as typed sections (TrainSettings)
+        self.settings = settings = resolved.settings  # the config as typed sections (TrainSettings)
         self.predicts_labels = predicts_labels(self.model_cfg, config.objective.name)
         self.workdir = workdir = Path(workdir)
         if workdir.exists() and not workdir.is_dir():
@@ -122,8 +126,8 @@ class Trainer:
                       f"{self.model_cfg.attention_summary(self.mesh.shape['context'])}")
             self.tokenizer = open_tokenizer(resolved, workdir, resuming=resume is not None)
             record_tokenizer(config, self.tokenizer)  # config.json: the size it has
-            self.prepare = wire_objective(config.objective, self.tokenizer)
-            self.make_ds, self.train_iter = open_data(config, self.tokenizer)
+            self.prepare = wire_objective(settings, self.tokenizer)
+            self.make_ds, self.train_iter = open_data(resolved, self.tokenizer)
             if lora.is_lora(config):
                 self.base = load_base(resolved, built)
             if self.teacher is not None:  # read once, on the student's mesh; never checkpointed
@@ -174,7 +178,9 @@ class Trainer:
                                   skip_nonfinite=c.nonfinite == "skip",
                                   lora_scale=(lora.lora_scale(c.optimizer.lora) if self.base
                                               is not None else None),
-                                  mix_inputs=scheduled_sampling_mixer(c.objective, self.model),
+                                  mix_inputs=scheduled_sampling_mixer(
+                                      self.settings.objective.name, self.settings.objective_options,
+                                      self.model),
                                   distill=None if self.teacher is None else self.teacher.loss(
                                       self.model_cfg))
         if self.teacher is not None:  # parallel="jit", no LoRA (checked with the config)
@@ -208,7 +214,7 @@ class Trainer:
                                        vocab_block_size=c.objective.vocab_block_size)
             if counts:
                 eval_step = with_prediction_counts(eval_step, self.model_cfg.num_classes)
-                self._collapse = CollapseWatch(list_option(c.data, "label_names"))
+                self._collapse = CollapseWatch(self.settings.data.label_names)
             self._eval_fn = sharded_jit(eval_step, self.mesh,
                                         in_shardings=(self.param_shardings, None, None))
         it = iter(self.make_ds(c.eval.split, num_epochs=1))
@@ -245,11 +251,11 @@ class Trainer:
 
     def throughput(self) -> Throughput:
         """The run's clock (`jaxformer.train.throughput`): model FLOPs of a step
-        (`jaxformer.flops.train_step_flops` of the model's parameters and the data config) and
+        (`jaxformer.flops.train_step_flops` of the model's parameters and the run's settings) and
         the peak of the mesh's devices, which process 0 names once (when there are steps to run)."""
         c = self.config
         params = self.base if self.base is not None else self.state.params  # LoRA: the model's
-        flops = train_step_flops(c, self.model_cfg, params)["model_flops_per_step"]
+        flops = train_step_flops(self.settings, params)["model_flops_per_step"]
         peak = device_peak_flops(self.mesh.devices.flat[0])
         if jax.process_index() == 0 and self.start_step < c.num_train_steps:
             n = self.mesh.devices.size

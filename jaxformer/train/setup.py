@@ -47,15 +47,15 @@ from jaxformer.config import ModelConfig, architecture_fields, changed_fields, f
 from jaxformer.convert.hf import hf_model_config, load_hf
 from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory, read_config
 from jaxformer.data.pipeline import make_dataset, source_texts
-from jaxformer.data.sources import get_source, label_names_from_data, list_option
+from jaxformer.data.sources import SourceSettings, get_source, label_names_from_data
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from jaxformer.layers.heads import HEAD_MODULE_NAMES
 from jaxformer.layers.vocab_padding import fit_vocab
 from jaxformer.models import build_model
 from jaxformer.objectives import bind_objective
-from jaxformer.objectives.mlm import uses_word_initial
 from jaxformer.options import option
 from jaxformer.parallel.mesh import check_batch_size, make_mesh
+from jaxformer.settings import read
 from jaxformer.train.config import (
     TrainSettings,
     check_config,
@@ -175,7 +175,7 @@ def with_label_names_from_data(config: ml_collections.ConfigDict) -> ml_collecti
     ``evaluate`` and ``predict`` use the same classes."""
     if config.objective.name != "classify":
         return config
-    names = label_names_from_data(config.data)
+    names = label_names_from_data(read(SourceSettings, config.data))
     if names is None:
         return config
     if jax.process_index() == 0:
@@ -236,9 +236,10 @@ def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
                     "init_from=%s has no tokenizer: training a new tokenizer, so the "
                     "pretrained embeddings are read with other token ids; set "
                     "data.tokenizer.path to the pretraining tokenizer", pretrained.path)
-        for key in ("columns", "label_names"):  # ('text,label',) as the run reads it
-            if resolved.data.get(key):
-                resolved.data[key] = list_option(resolved.data, key)
+        source = read(SourceSettings, resolved.data)  # ('text,label',) as the run reads it
+        for key in ("columns", "label_names"):
+            if getattr(source, key):
+                resolved.data[key] = getattr(source, key)
     resolved.lock()
     model_cfg = ModelConfig.from_dict(resolved.model)
     settings, tx, schedule = check_config(resolved, model_cfg, resolved=True)
@@ -285,14 +286,14 @@ def build(resolved: ResolvedConfig) -> Built:
 def open_tokenizer(resolved: ResolvedConfig, workdir: Path, resuming: bool) -> Tokenizer:
     """The run's own ``tokenizer.model`` when resuming; else ``data.tokenizer.path`` (given, or
     init_from's), else one trained on the train split (its size was checked with the config)."""
-    config = resolved.config
+    data = resolved.settings.data
     if resuming:
         path = workdir / "tokenizer.model"
-    elif config.data.tokenizer.get("path"):
-        path = Path(config.data.tokenizer.path)
+    elif data.tokenizer.path:
+        path = Path(data.tokenizer.path)
     else:
-        return load_or_train_tokenizer(config.data.tokenizer, None,  # the trainer saves it
-                                       lambda: source_texts(get_source(config.data, "train")),
+        return load_or_train_tokenizer(data.tokenizer, None,  # the trainer saves it
+                                       lambda: source_texts(get_source(data, "train")),
                                        reuse_saved=False)
     tokenizer = Tokenizer.load(str(path))
     check_vocabulary(tokenizer.vocab_size, resolved.model_cfg, f"the tokenizer {path} "
@@ -311,26 +312,29 @@ def record_tokenizer(config: ml_collections.ConfigDict, tokenizer: Tokenizer) ->
             config.data.tokenizer.vocab_size = int(tokenizer.vocab_size)
 
 
-def wire_objective(objective_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer
-                   ) -> Callable[[dict, Any], dict]:
-    """The objective's ``prepare(batch, rng)`` for the train step, bound to the tokenizer's ids
-    (its host-side per-example step, if any, is applied by the pipeline: `open_data`)."""
-    return bind_objective(objective_cfg, tokenizer.special, word_initial=tokenizer.word_initial()
-                          if uses_word_initial(objective_cfg) else None, tokenizer=tokenizer)
+def wire_objective(settings: TrainSettings, tokenizer: Tokenizer) -> Callable[[dict, Any], dict]:
+    """The ``prepare(batch, rng)`` of the objective of ``settings`` (a run's `TrainSettings`:
+    ``objective``, ``objective_options``) for the train step, bound to the tokenizer's ids (its
+    host-side per-example step, if any, is applied by the pipeline: `open_data`)."""
+    objective = settings.objective
+    return bind_objective(objective.name, settings.objective_options, tokenizer.special,
+                          tokenizer=tokenizer, decoder_start_id=objective.decoder_start_id)
 
 
-def open_data(config: ml_collections.ConfigDict, tokenizer: Tokenizer
-              ) -> tuple[Callable[..., Any], Any]:
+def open_data(resolved: ResolvedConfig, tokenizer: Tokenizer) -> tuple[Callable[..., Any], Any]:
     """(``make_ds(split, num_epochs=None)``, the train iterator), examples built for the
     objective's data task, framing and host-side step. A missing, empty or unreadable eval split
     fails now, not after training. Each split's size (and what was cut to fit) is reported once,
     by these first datasets, not by every evaluation's."""
-    make_ds = functools.partial(make_dataset, config.data, tokenizer=tokenizer, seed=config.seed,
-                                objective=config.objective, process_index=jax.process_index(),
+    settings = resolved.settings
+    make_ds = functools.partial(make_dataset, settings.data, tokenizer=tokenizer,
+                                seed=settings.seed, objective=settings.objective.name,
+                                options=settings.objective_options,
+                                process_index=jax.process_index(),
                                 process_count=jax.process_count(), report=False)
     train_iter = iter(make_ds("train", report=True))
-    if config.eval.num_batches > 0:
-        probe = iter(make_ds(config.eval.split, num_epochs=1, report=True))
+    if settings.eval.num_batches > 0:
+        probe = iter(make_ds(settings.eval.split, num_epochs=1, report=True))
         next(probe, None)
         if hasattr(probe, "close"):
             probe.close()

@@ -5,7 +5,7 @@ offset of every example line (``int64`` arrays, 16 bytes per example); records a
 on demand with ``os.pread``, so corpora larger than memory work and the source pickles small
 for Grain worker processes.
 
-Raw records (field names are mapped by `jaxformer.data.sources.Fields`):
+Raw records (field names are mapped by `jaxformer.data.fields.Fields`):
 
 - ``text``:  ``{"text": line, "id": ...}``
 - ``jsonl``: the parsed JSON object plus ``"id"`` (unless it has one)

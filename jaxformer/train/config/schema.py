@@ -62,8 +62,8 @@ PARALLEL_MODES = ("jit", "shard_map", "pmap")  # see jaxformer.parallel: which t
 # Keys a config (or an old run's config.json) may still hold that the schema no longer declares,
 # with what became of each: the schema check skips them, and a config that sets one logs this note
 # (`note_legacy_keys`).
-LEGACY_KEYS = {"data.task": "derived from objective.name (checked by "
-                            "jaxformer.objectives.check_data_task)",
+LEGACY_KEYS = {"data.task": "derived from objective.name (a config that sets it must agree: "
+                            "validation._check_data)",
                "module_api": "ignored: there is one model implementation (the former 'linen' and "
                              "'nnx' ran the same program)"}
 
@@ -235,11 +235,10 @@ def train_settings(config: Any, model: ModelConfig) -> TrainSettings:
     note_legacy_keys(config)
     run = read(RunSettings, config)
     sections = {k: read(cls, _node(config, k)) for k, cls in SECTIONS.items()}
-    options = get_objective(sections["objective"].name).options
+    objective = get_objective(sections["objective"].name)
     return TrainSettings(
         **{f.name: getattr(run, f.name) for f in dataclasses.fields(RunSettings)}, model=model,
-        objective_options=None if options is None else read(options, _node(config, "objective")),
-        **sections)
+        objective_options=objective.read_options(_node(config, "objective")), **sections)
 
 
 def run_settings(run_config: dict) -> TrainSettings:

@@ -24,10 +24,10 @@ import optax
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import DataSettings, check_data_config
 from jaxformer.evaluation.decoding import check_generation
-from jaxformer.objectives import check_objective, get_objective
+from jaxformer.objectives import check_data_task, check_objective, get_objective
 from jaxformer.objectives.cloze import check_cloze_config, predicts_labels
 from jaxformer.objectives.mlm import MLMOptions
-from jaxformer.objectives.permutation import check_plm_model
+from jaxformer.objectives.plm import check_plm_model
 from jaxformer.objectives.scheduled_sampling import check_scheduled_sampling
 from jaxformer.ops.attention_kernels import check_backend
 from jaxformer.settings import read
@@ -81,10 +81,12 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
                          f"so {', '.join(f'mesh.{a}={v}' for a, v in sharded.items())} would be "
                          "ignored; use parallel='jit' for FSDP / context / tensor parallelism")
     check_context_parallel(settings, model_cfg)
-    check_objective(config.objective)
-    check_plm_model(config.objective, model_cfg)
-    check_cloze_config(config, model_cfg)
-    check_scheduled_sampling(config.objective)
+    name, options = check_objective(config.objective), settings.objective_options
+    if name == "plm":
+        check_plm_model(options, model_cfg)
+    if name == "cloze":
+        check_cloze_config(options, settings.data.framing or "", model_cfg)
+    check_scheduled_sampling(options)
     check_distill(config)
     check_generation(settings, model_cfg)
     check_backend(model_cfg.attention_kernel)  # e.g. cudnn without a CUDA GPU, before compiling
@@ -155,7 +157,13 @@ def _check_data(config: ml_collections.ConfigDict, settings: TrainSettings, reso
     string labels within the classifier's classes, a tokenizer to be trained within the vocabulary
     (one read from a file is checked when it is read)."""
     data, model_cfg = settings.data, settings.model
-    check_data_config(config.data, objective=config.objective)
+    objective = check_data_task(settings.objective.name, settings.objective_options)
+    legacy = config.data.task if "task" in config.data else None  # LEGACY_KEYS: not in DataSettings
+    if legacy is not None and legacy != objective.data_task:
+        raise ValueError(f"data.task={legacy!r} does not fit objective.name={objective.name!r}, "
+                         f"whose data task is {objective.data_task!r}; remove data.task (it is "
+                         "derived from objective.name)")
+    check_data_config(data, objective=objective, options=settings.objective_options)
     for key, n in position_lengths(data, model_cfg).items():  # init_from's table: resolve_config
         if n > model_cfg.max_len:  # has fitted the lengths to it (it cannot grow)
             raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,11 +22,11 @@ import jax.numpy as jnp
 from jaxformer.config import ModelConfig
 from jaxformer.objectives._common import require, segments_and_positions
 from jaxformer.ops.permutation import identity_order, partial_prediction_targets, sample_order
-from jaxformer.options import option
-from jaxformer.settings import defaults, setting
+from jaxformer.settings import setting
 from jaxformer.vocab import SpecialTokens
 
 Array = jnp.ndarray
+
 
 @dataclasses.dataclass(frozen=True)
 class PLMOptions:
@@ -42,13 +41,9 @@ class PLMOptions:
         "plm_k=1: exactly the causal LM's loss)")
 
 
-PLM_OPTIONS = defaults(PLMOptions)
-
-
-def check_plm_options(cfg: Any) -> tuple[float, bool]:
-    """(K, identity order?) of the ``objective`` section, checked (ValueError naming the option)."""
-    k = option(cfg, "plm_k", PLM_OPTIONS["plm_k"])
-    identity = option(cfg, "plm_identity_order", PLM_OPTIONS["plm_identity_order"])
+def check_plm_options(options: PLMOptions) -> tuple[float, bool]:
+    """(K, identity order?) of ``options``, checked (ValueError naming the option)."""
+    k, identity = options.plm_k, options.plm_identity_order
     if isinstance(k, bool) or not isinstance(k, int | float) or not k >= 1:
         raise ValueError(f"objective.plm_k={k!r} must be a number >= 1 (the last 1/K of each "
                          "factorisation order is trained; XLNet uses 6)")
@@ -57,11 +52,10 @@ def check_plm_options(cfg: Any) -> tuple[float, bool]:
     return float(k), identity
 
 
-def check_plm_model(objective_cfg: Any, model_cfg: ModelConfig) -> None:
-    """Objective 'plm' needs ``model.permutation_lm=True`` (ValueError naming it, before compiling)."""
-    if option(objective_cfg, "name", "") != "plm":
-        return
-    check_plm_options(objective_cfg)
+def check_plm_model(options: PLMOptions, model_cfg: ModelConfig) -> None:
+    """Objective 'plm' with ``options`` needs ``model.permutation_lm=True`` (ValueError naming it,
+    before compiling)."""
+    check_plm_options(options)
     if not model_cfg.permutation_lm:
         raise ValueError("objective.name='plm' needs model.permutation_lm=True (the query stream's "
                          "jump_embed table; family='decoder', head='lm')")
@@ -71,18 +65,19 @@ def check_plm_model(objective_cfg: Any, model_cfg: ModelConfig) -> None:
 
 
 def prepare_plm(batch: Mapping[str, Array], rng: jax.Array, special: SpecialTokens,
-                cfg: Any = None) -> dict:
+                options: PLMOptions | None = None) -> dict:
     """Permutation LM targets.
 
     Batch: ``inputs`` `[B, L]` int32, optional ``inputs_segment_ids`` / ``inputs_positions`` (as
-    `prepare_clm`). ``rng`` draws the orders.
+    `prepare_clm`). ``rng`` draws the orders; ``options`` (None: the defaults) give K and the
+    identity order.
 
     Returns ``model_inputs`` {tokens, positions, segment_ids, factorization_rank `[B, L]`} (kwargs
     of `DecoderOnly`), ``targets`` `[B, L]` = ``inputs`` (each row predicts its own token) and
     ``weights`` `[B, L]` float32, 1 on the partial-prediction targets.
     """
     require(batch, "plm", "inputs")
-    k, identity = check_plm_options(cfg)
+    k, identity = check_plm_options(options or PLMOptions())
     tokens, seg, pos = segments_and_positions(batch, "inputs", special.pad_id)
     rank = identity_order(seg) if identity else sample_order(rng, seg)
     weights = partial_prediction_targets(rank, seg, k).astype(jnp.float32)

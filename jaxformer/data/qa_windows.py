@@ -33,8 +33,6 @@ import numpy as np
 from jaxformer.data.builders.user_files import BadRecord
 from jaxformer.data.packing import TruncationCounter
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.objectives.qa import QA_OPTIONS
-from jaxformer.options import option
 
 # Source fields the QA task needs besides the context (``data.text_key``), passed through as they
 # are by `jaxformer.data.sources.get_source`.
@@ -139,13 +137,6 @@ def qa_windows(example: Mapping[str, Any], tokenizer: Tokenizer, *, seq_len: int
         if end >= len(ids):
             return features, cut
         begin += doc_stride
-
-
-def qa_options(objective: Any) -> dict:
-    """``doc_stride`` and ``max_question_len`` of the ``objective`` config section (or defaults
-    when it is a name)."""
-    section = None if isinstance(objective, str) else objective
-    return {k: option(section, k, QA_OPTIONS[k]) for k in ("doc_stride", "max_question_len")}
 
 
 def check_lengths(seq_len: int, doc_stride: int, max_question_len: int) -> None:
