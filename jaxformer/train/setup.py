@@ -49,9 +49,9 @@ from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory, read_config
 from jaxformer.data.pipeline import make_dataset, source_texts
 from jaxformer.data.sources import get_source, label_names_from_data, list_option
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
-from jaxformer.layers.heads import HEAD_MODULE_NAMES
-from jaxformer.layers.vocab_padding import fit_vocab
 from jaxformer.models import build_model
+from jaxformer.models.head_parts import HEAD_MODULE_NAMES
+from jaxformer.models.vocab_padding import fit_vocab
 from jaxformer.objectives import bind_objective
 from jaxformer.objectives.mlm import uses_word_initial
 from jaxformer.options import option
