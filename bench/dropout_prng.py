@@ -30,7 +30,6 @@ IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
 def cpu_rows(args) -> list[dict]:
-    import flax.linen as nn
     import jax
     import numpy as np
     import optax
@@ -49,7 +48,7 @@ def cpu_rows(args) -> list[dict]:
         d_ff=4 * args.d_model, num_layers=args.layers, max_len=args.seq_len, dropout_rate=0.1,
         attention_dropout_rate=0.1))
     model = build_model(cfg)
-    params = nn.unbox(model.init(jax.random.key(0)))
+    params = model.init(jax.random.key(0))
     tx = optax.adamw(1e-4)
     state = TrainState(step=jax.numpy.int32(0), params=params, opt_state=tx.init(params),
                        rng=jax.random.key_data(jax.random.key(1)))

@@ -4,7 +4,7 @@
     python bench/tensor_sizes.py --markdown   # the table only, as docs/scaling.md quotes it
 
 For every preset (the ``_bf16`` twins have the same shapes and are left out) and every size
-``t`` = 2 … 128, the preset's parameter tree (`jaxformer.layers.params.model_spec`, shapes and
+``t`` = 2 … 128, the preset's parameter tree (`jaxformer.models.spec.model_spec`, shapes and
 logical axes) is sharded on an abstract mesh ``tensor=t`` by the trainer's own check
 (`jaxformer.parallel.rules.logical_to_shardings`): ``t`` is listed when nothing is refused. The
 rules send ``heads``, ``kv_heads``, ``mlp`` (d_ff) and ``vocab`` (the stored rows, padded to
@@ -21,8 +21,8 @@ import jax
 from jax.sharding import AbstractMesh, PartitionSpec
 
 from jaxformer.config import ModelConfig
-from jaxformer.layers.params import ParamSpec, model_spec
 from jaxformer.models.presets import PRESETS
+from jaxformer.models.spec import ParamSpec, model_spec
 from jaxformer.parallel.mesh import MESH_AXES
 from jaxformer.parallel.rules import logical_to_shardings
 

@@ -11,7 +11,7 @@ Variants: ``xla`` (baseline: `jaxformer.models.build_model`'s pure pair), ``scan
 over layers), ``remat`` (full rematerialisation), ``chunked`` (memory-efficient attention),
 ``nodonate`` (baseline without buffer donation), ``bf16``
 (bfloat16 compute, float32 parameters; MFU still against the float32 peak); ``nnx`` and
-``nnx_scan``: the NNX model (`jaxformer.nnx`) split by hand in the same pure jitted step
+``nnx_scan``: the NNX class (`jaxformer.models.Transformer`) split by hand in the same pure jitted step
 (``nnx.split`` once, ``nnx.merge(graphdef, params)`` inside the traced loss); ``nnx_jit``: the
 stateful NNX idiom, `nnx.jit` over the model and an `nnx.Optimizer` updated in place (graph
 traversal in Python on every call, flax issues 4045 / 4459). "same program as" names the first
@@ -45,9 +45,8 @@ from common import (  # noqa: E402
     train_step_flops,
 )
 
-from jaxformer import nnx as jnnx  # noqa: E402
 from jaxformer.config import ModelConfig  # noqa: E402
-from jaxformer.models import build_model  # noqa: E402
+from jaxformer.models import Transformer, build_model  # noqa: E402
 from jaxformer.ops import weighted_cross_entropy  # noqa: E402
 
 VARIANTS = {
@@ -92,9 +91,9 @@ def make_step(apply, tx: optax.GradientTransformation, donate: bool):
 
 def init_variant(name: str, cfg: ModelConfig, tokens):
     """(pure apply, params, the params tree): `build_model`'s functional pair, or (``nnx*``) the
-    NNX model split by hand."""
+    NNX class split by hand."""
     if name.startswith("nnx"):
-        graphdef, state = nnx.split(jnnx.build_model(cfg, nnx.Rngs(params=0)))
+        graphdef, state = nnx.split(Transformer(cfg, nnx.Rngs(params=0)))
         params = nnx.to_pure_dict(state)
         return (lambda p, t: nnx.merge(graphdef, p)(t)), params, params
     model = build_model(cfg)
@@ -105,7 +104,7 @@ def init_variant(name: str, cfg: ModelConfig, tokens):
 def prepare_nnx_jit(cfg: ModelConfig, tx: optax.GradientTransformation, tokens) -> dict:
     """`nnx.jit` over the model and an `nnx.Optimizer` that update in place (no AOT compile: the
     first call, compile included, is ``first_s``)."""
-    model = jnnx.build_model(cfg, nnx.Rngs(params=0))
+    model = Transformer(cfg, nnx.Rngs(params=0))
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
 
     @nnx.jit
@@ -114,7 +113,7 @@ def prepare_nnx_jit(cfg: ModelConfig, tx: optax.GradientTransformation, tokens) 
         optimizer.update(model, grads)
         return loss
 
-    return {"run": lambda: step(model, optimizer, tokens), "params": jnnx.param_dict(model),
+    return {"run": lambda: step(model, optimizer, tokens), "params": model.param_dict(),
             "compile_s": None, "temp_bytes": None}
 
 

@@ -40,12 +40,12 @@ FAMILIES = ("encoder", "decoder", "encoder_decoder")
 POSITIONS = ("sinusoidal", "learned", "rope", "relative", "alibi", "none")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
-HEADS = ("lm", "mlm", "classify", "token_classify", "span", "none")  # modules: `jaxformer.layers.heads`
+HEADS = ("lm", "mlm", "classify", "token_classify", "span", "none")  # modules: `jaxformer.models.head_parts`
 POOLINGS = ("first", "last", "mean", "max")
 REMAT_POLICIES = ("none", *_REMAT)  # "none": no activation checkpointing
 ATTENTION_IMPLS = ("auto", *IMPLEMENTATIONS)  # "auto": `ModelConfig.attention_kernel`
 DTYPES = ("float32", "bfloat16", "float16")
-# Fresh-initialisation rules per family (`jaxformer.layers.params.initializer_of` holds them).
+# Fresh-initialisation rules per family (`jaxformer.models.spec.initializer_of` holds them).
 INIT_SCHEMES = ("normal", "gpt2", "bert", "t5", "transformer")
 
 ARCHITECTURE, HEAD, REGULARIZATION, INIT, COMPUTE, LAYOUT = (
@@ -180,7 +180,7 @@ class ModelConfig:
         INIT, "normal", 'rules of fresh weights: "normal" (every kernel N(0, init_std)), "gpt2" '
         '(residual output kernels / sqrt(2 n_layer)), "bert" (truncated normal), "t5" (init_std * '
         'fan_in^-1/2), "transformer" (tensor2tensor\'s uniform unit scaling): '
-        "jaxformer.layers.params.initializer_of")
+        "jaxformer.models.spec.initializer_of")
     init_std: float = _field(
         INIT, 0.02, "base scale of fresh weights: the kernels' std, or the factor of fan_in^-1/2 "
         'with init_scheme="t5" (HF\'s initializer_factor, 1.0) or "transformer" (t2t\'s gain)')

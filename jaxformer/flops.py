@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.config import ModelConfig
-from jaxformer.layers.heads import PER_ROW_MODULES
+from jaxformer.models.head_parts import PER_ROW_MODULES
 from jaxformer.objectives.mlm import max_predictions
 from jaxformer.parallel.topology import CHIPS, Chip
 
@@ -66,7 +66,6 @@ def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
     dense = 0
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         names = [str(getattr(k, "key", k)) for k in path]
-        names = [n for n in names if n != ".value"]  # the attribute of a boxed (partitioned) leaf
         tied_output = names[0] == "token_embed" and m.tie_embeddings and output_matmul
         if names[-1] != "kernel" and not tied_output:
             continue

@@ -11,16 +11,16 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 from golden import golden_dir, reference, rel_err
 from jax.sharding import PartitionSpec
 from safetensors.numpy import load_file
 
-from jaxformer import nnx as jnnx
 from jaxformer.config import ModelConfig
 from jaxformer.convert import load_hf, save_hf
-from jaxformer.layers.params import FACTORED_EMBED, block_spec, init_params
-from jaxformer.models import build_model
+from jaxformer.models import Transformer, build_model
 from jaxformer.models.presets import preset
+from jaxformer.models.spec import FACTORED_EMBED, block_spec, init_params
 from jaxformer.ops.blocks import transformer_block
 from jaxformer.ops.dense import dense
 from jaxformer.ops.norms import normalize
@@ -96,7 +96,7 @@ def test_without_the_options_the_model_is_bert():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("head", ["mlm", "classify", "none"])
-def test_scan_loop_and_nnx_agree(head):
+def test_scan_loop_and_transformer_agree(head):
     cfg = tiny(head=head, pooler=True, dropout_rate=0.1, attention_dropout_rate=0.1)
     p = init(cfg)
     assert jax.tree.map(np.shape, p) == jax.tree.map(np.shape, init(cfg.replace(scan_layers=True)))
@@ -106,12 +106,12 @@ def test_scan_loop_and_nnx_agree(head):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), loop, scan)
     for scanned in (False, True):
         c = cfg.replace(scan_layers=scanned)
-        model = jnnx.from_params(c, p)
+        model = Transformer(c, params=p)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
                      model(x), loop)
         if scanned:  # dropout: layer i draws split(key, num_layers)[i] in both layouts
             on = model(x, deterministic=False, rngs=jax.random.key(3))
-            off = jnnx.from_params(cfg, p)(x, deterministic=False, rngs=jax.random.key(3))
+            off = Transformer(cfg, params=p)(x, deterministic=False, rngs=jax.random.key(3))
             jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), on, off)
 
 
@@ -123,7 +123,9 @@ def test_logical_axes_keep_sharding_names():
     assert axes["mlm_head"]["dense"]["kernel"] == ("embed", FACTORED_EMBED)
     want = jax.tree.map(lambda s: s.axes, block_spec(cfg), is_leaf=lambda s: hasattr(s, "axes"))
     assert axes["encoder"]["shared"] == want  # the shared block: a block's names, no 'layers'
-    assert jnnx.logical_axes(jnnx.abstract_model(cfg)) == axes
+    t = nnx.eval_shape(lambda: Transformer(cfg, 0))
+    assert nnx.to_pure_dict(nnx.state(t, nnx.Param),
+                            extract_fn=lambda v: tuple(v.get_metadata("out_sharding"))) == axes
     assert init_params(jax.random.key(0), block_spec(cfg))["ffn"]["wi"]["kernel"].shape == (32, 64)
 
 

@@ -17,10 +17,10 @@ import pytest
 from test_beam import reference_beam
 from test_decode import PROMPTS, reference_greedy, tiny
 
-from jaxformer import nnx as jnnx
 from jaxformer.config import ModelConfig
 from jaxformer.convert import save_hf
 from jaxformer.decode import generate
+from jaxformer.models import Transformer, build_model
 from jaxformer.models.presets import preset
 from jaxformer.ops import alibi_bias, alibi_slopes
 
@@ -81,7 +81,7 @@ def one_layer(family: str, **kw) -> ModelConfig:
 
 def random_params(cfg: ModelConfig, seed: int = 0) -> dict:
     r = np.random.default_rng(seed)
-    shapes = jnnx.param_dict(jnnx.abstract_model(cfg))
+    shapes = build_model(cfg).abstract()
     return jax.tree_util.tree_map_with_path(
         lambda p, s: (1.0 if "scale" in jax.tree_util.keystr(p) else 0.0)
         + r.normal(0.0, 0.3, s.shape).astype(np.float32), shapes)
@@ -119,14 +119,14 @@ def np_forward(cfg: ModelConfig, params: dict, tokens, positions, segment_ids) -
     return x @ table.T if cfg.causal else x
 
 
-FRONT_ENDS = {  # the NNX module, and Linen users' module (flax's bridge over the same model)
-    "nnx": lambda cfg, params, *a, **kw: jnnx.from_params(cfg, params)(*a, **kw),
-    "linen": lambda cfg, params, *a, **kw: jnnx.linen_model(cfg).apply({"params": params}, *a,
-                                                                       **kw),
+FRONT_ENDS = {  # the NNX class, and the pure model it calls
+    "transformer": lambda cfg, params, *a, **kw: Transformer(cfg, params=params)(*a, **kw),
+    "model": lambda cfg, params, *a, **kw: build_model(cfg).apply(params, *a, **kw),
 }
 
 
-@pytest.mark.parametrize("front_end,impl", [("nnx", "xla"), ("nnx", "chunked"), ("linen", "xla")])
+@pytest.mark.parametrize("front_end,impl", [("transformer", "xla"), ("transformer", "chunked"),
+                                            ("model", "xla")])
 @pytest.mark.parametrize("family", ["decoder", "encoder"])
 def test_model_matches_float64_numpy(family, front_end, impl):
     """Packed rows (positions restart per segment) and padding; plain and chunked attention (blocks
@@ -149,7 +149,7 @@ def test_decoder_runs_past_max_len_and_is_causal():
     max_len long is finite, its first max_len logits are those of the max_len-long row, and
     changing tokens after position i leaves logits up to i unchanged."""
     cfg = one_layer("decoder")
-    model = jnnx.from_params(cfg, random_params(cfg))
+    model = Transformer(cfg, params=random_params(cfg))
     toks = np.random.default_rng(2).integers(7, 64, (2, 3 * cfg.max_len)).astype(np.int32)
     long = np.asarray(model(toks))
     assert np.isfinite(long).all()
@@ -161,7 +161,7 @@ def test_decoder_runs_past_max_len_and_is_causal():
     assert not np.allclose(out[:, 21:], long[:, 21:])
     learned = one_layer("decoder", position="learned")
     with pytest.raises(ValueError, match="exceed model.max_len=16"):
-        jnnx.build_model(learned, 0)(toks)
+        Transformer(learned, 0)(toks)
 
 
 def test_beams_sharing_one_cache_match_the_python_reference():

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from jaxformer.config import ModelConfig
-from jaxformer.layers import block_spec, init_params
-from jaxformer.layers.params import ParamSpec
+from jaxformer.models.spec import ParamSpec, block_spec, init_params
 from jaxformer.ops import decoder_block, encoder_block, transformer_block
 
 KEY = functools.partial(jax.random.key, impl="rbg")  # as threefry, but compiles fast on CPU

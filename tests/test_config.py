@@ -141,11 +141,11 @@ def test_choices_come_from_the_ops_that_implement_them():
 
 
 def test_the_head_registry_names_every_head_module_a_model_builds():
-    """`jaxformer.layers.heads` is the one list of head modules: every top-level parameter module
+    """`jaxformer.models.head_parts` is the one list of head modules: every top-level parameter module
     of every head configuration is either a head module there or part of the backbone."""
     from jaxformer.config import HEADS
-    from jaxformer.layers.heads import HEAD_MODULES, PER_ROW_MODULES
-    from jaxformer.layers.params import model_spec
+    from jaxformer.models.head_parts import HEAD_MODULES, PER_ROW_MODULES
+    from jaxformer.models.spec import model_spec
 
     backbone = set(model_spec(ModelConfig(family="decoder", head="none")))
     seen = set()

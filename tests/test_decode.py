@@ -164,7 +164,7 @@ CACHE_CASES = [
 
 # Slow tier: the scanned GPT and T5 (2.8 and 4.5 s of CPU). A scanned cache ([layers, B, …]) through
 # the decoding loop is test_refill_equals_each_prompt_alone's (RoPE GPT, scanned); scanned GPT and T5
-# caches against the uncached forward are tests/test_nnx.py's test_nnx_kv_cache_steps_… [gpt], [t5].
+# caches against the uncached forward are tests/test_model.py's test_transformer_kv_cache_… [gpt], [t5].
 SCANNED = {1, 4}
 
 

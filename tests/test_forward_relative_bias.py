@@ -1,4 +1,4 @@
-"""T5's relative bias shared over the batch (`jaxformer.layers.forward.in_row_index`): a non-decoding
+"""T5's relative bias shared over the batch (`jaxformer.models.forward.in_row_index`): a non-decoding
 call computes one `[1, H, L, L]` bias from the in-row indices instead of a `[B, H, L, L]` bias per
 row from the positions. Checked against the per-row definition through an invariant that does not
 use the shortcut's assumption: every document of a packed batch — packed after others, left-padded,
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from jaxformer.config import ModelConfig
-from jaxformer.layers.forward import relative_bias
 from jaxformer.models import build_model
+from jaxformer.models.forward import relative_bias
 from jaxformer.models.presets import preset
 from jaxformer.ops.positions import relative_position_bias
 

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -36,7 +35,7 @@ def _model(name: str) -> tuple[ModelConfig, object, dict]:
     base, kw = CASES[name]
     cfg = ModelConfig.from_dict(preset(base, **{**SMALL, **kw}))
     model = build_model(cfg)
-    return cfg, model, nn.unbox(model.init(jax.random.key(0)))
+    return cfg, model, model.init(jax.random.key(0))
 
 
 def _prepared(cfg: ModelConfig) -> dict:

@@ -1,4 +1,4 @@
-"""Fresh initialisation per family (`jaxformer.layers.params.initializer_of`): every parameter's std
+"""Fresh initialisation per family (`jaxformer.models.spec.initializer_of`): every parameter's std
 against Hugging Face PyTorch's ``_init_weights`` for the same config, and the step-0 loss of every
 family preset against the uniform ln(vocab).
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 
-import flax.core
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,9 +20,9 @@ from golden import init_stats
 
 from jaxformer.config import ModelConfig
 from jaxformer.convert.mapping import flatten, unflatten
-from jaxformer.layers.params import initializer_of, residual_sublayers
 from jaxformer.models import build_model
 from jaxformer.models.presets import PRESETS, preset
+from jaxformer.models.spec import initializer_of, residual_sublayers
 
 # The std of a normal cut at ±2 std, as a fraction of its std before the cut.
 TRUNCATED_STD = 0.8796256610342398
@@ -44,15 +43,10 @@ HF_CASES = {
 }
 
 
-def _init_args(cfg: ModelConfig, tokens: jax.Array) -> tuple:
-    return (tokens, tokens) if cfg.family == "encoder_decoder" else (tokens,)
-
-
 def fresh(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """jaxformer's fresh init, flat ``{path: array}``."""
-    _init_args(cfg, jnp.zeros((1, 8), jnp.int32))
     params = build_model(cfg).init(jax.random.key(seed))
-    return {k: np.asarray(v) for k, v in flatten(flax.core.meta.unbox(params)).items()}
+    return {k: np.asarray(v) for k, v in flatten(params).items()}
 
 
 def _hf_fresh(name: str, cfg: ModelConfig) -> dict[str, tuple[float, float]]:
@@ -87,18 +81,18 @@ def test_every_parameter_std_matches_hf_pytorch_fresh_init(name):
 
 
 @pytest.mark.parametrize("name", ["gpt_tiny", "t5_tiny", "albert_tiny", "transformer_tiny"])
-def test_linen_nnx_and_both_stack_layouts_initialise_alike(name):
-    """One rule table: the unrolled and scanned Linen stacks and the NNX model draw each tensor with
-    the same distribution (the scanned ``layers/…`` tensor pools the unrolled ``layer_i/…``)."""
+def test_both_stack_layouts_and_the_nnx_class_initialise_alike(name):
+    """One rule table: the unrolled and scanned stacks and the NNX class (`Transformer`) draw each
+    tensor with the same distribution (the scanned ``layers/…`` tensor pools the unrolled
+    ``layer_i/…``)."""
     from jaxformer.convert.mapping import unstack_layers
-    from jaxformer.nnx import build_model as build_nnx
-    from jaxformer.nnx.params import param_dict
+    from jaxformer.models import Transformer
 
     cfg = ModelConfig.from_dict(preset(name, num_layers=4, d_ff=512))
     layouts = {
         "unrolled": fresh(cfg),
         "scanned": flatten(unstack_layers(unflatten(fresh(cfg.replace(scan_layers=True))))),
-        "nnx": flatten(param_dict(build_nnx(cfg, rngs=0))),
+        "nnx": flatten(Transformer(cfg, 1).param_dict()),
     }
     ref = layouts["unrolled"]
     for layout, flat in layouts.items():

@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 
 from jaxformer.checkpoint import load_for_inference
-from jaxformer.models import build_model
-from jaxformer.nnx import linen_model
+from jaxformer.models import Transformer, build_model
 from jaxformer.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,10 +65,9 @@ def test_inference_gives_the_recorded_parameters_and_logits(untouched, capsys):
     assert list(logits.shape) == REF["logits_shape"]
     np.testing.assert_allclose(logits[..., :48], REF["logits_first_48"], rtol=1e-5, atol=1e-6)
     assert np.sum(logits, dtype=np.float64) == pytest.approx(REF["logits_sum"], abs=1e-3)
-    # Linen code keeps a Linen module (flax.nnx.bridge) that takes this Linen-era params tree
-    bridged = np.asarray(linen_model(model_cfg).apply({"params": params},
-                                                      jnp.asarray(REF["tokens"], jnp.int32)))
-    np.testing.assert_allclose(bridged[..., :48], REF["logits_first_48"], rtol=1e-5, atol=1e-6)
+    # the NNX class holds this Linen-era params tree as it is
+    held = np.asarray(Transformer(model_cfg, params=params)(jnp.asarray(REF["tokens"], jnp.int32)))
+    np.testing.assert_allclose(held[..., :48], REF["logits_first_48"], rtol=1e-5, atol=1e-6)
     assert tokenizer.vocab_size == model_cfg.vocab_size
     assert generate(["--workdir", str(untouched), "--prompt_ids", "2,17,45",
                      "--max_new_tokens", "3"]) == 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,21 +29,20 @@ TOKENS = jnp.asarray(np.random.default_rng(0).integers(7, 128, (4, 10)), jnp.int
 
 
 def init(name: str, abstract: bool = False, **overrides):
-    """(model, boxed params); ``abstract`` gives ShapeDtypeStructs without running the init."""
+    """(model, params); ``abstract`` gives ShapeDtypeStructs without running the init."""
     cfg = ModelConfig.from_dict(preset(name, vocab_size=128, max_len=16, dropout_rate=0.0,
                                        attention_dropout_rate=0.0, **overrides))
     model = build_model(cfg)
     run = jax.eval_shape if abstract else (lambda f: jax.jit(f)())
     params = run(lambda: model.init(jax.random.key(0)))
-    return model, jax.tree.map(nn.LogicallyPartitioned, params, model.logical_axes(),
-                               is_leaf=lambda x: isinstance(x, tuple))
+    return model, params
 
 
 def classifier_grads(model, params):
     labels = jnp.array([0, 1, 2, 1])
 
     def loss(p):
-        logits = model.apply(nn.unbox(p), TOKENS)
+        logits = model.apply(p, TOKENS)
         total, weight = weighted_cross_entropy(logits, labels)
         return total / weight
 
@@ -53,23 +51,22 @@ def classifier_grads(model, params):
 
 @pytest.fixture(scope="module")
 def classifier():
-    """A BERT-tiny classifier with scanned layers (boxed params, rank-2 scanned biases) and the
+    """A BERT-tiny classifier with scanned layers (rank-2 scanned biases) and the
     gradients of a cross-entropy loss."""
     model, params = init("bert_tiny", head="classify", num_classes=3, scan_layers=True)
     return model, params, classifier_grads(model, params)
 
 
-def flat(tree) -> dict:
-    leaves = jax.tree_util.tree_flatten_with_path(
-        tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))[0]
+def flat(tree, is_leaf=None) -> dict:
+    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]
     return {"/".join(str(k.key) for k in path): leaf for path, leaf in leaves}
 
 
-def expected_decay(boxed_leaf: nn.LogicallyPartitioned) -> bool:
+def expected_decay(axes: tuple[str | None, ...]) -> bool:
     """Independent rule from logical axes: a projection (≥ 2 axes besides ``layers``, one of
     them ``embed``) that is not an embedding table. Attention biases `[heads, head_dim]` are rank 2
     but have no ``embed`` axis."""
-    names = [n for n in boxed_leaf.names if n != "layers"]
+    names = [n for n in axes if n != "layers"]
     return len(names) >= 2 and "embed" in names and names[0] not in TABLE_AXES
 
 
@@ -80,14 +77,13 @@ def expected_decay(boxed_leaf: nn.LogicallyPartitioned) -> bool:
     ("gpt_tiny", dict(tie_embeddings=False, scan_layers=True)),
 ])
 def test_decay_mask_on_real_models(name, overrides):
-    _, boxed = init(name, abstract=True, **overrides)
-    params = flat(boxed)
-    mask_boxed = flat(decay_mask(boxed))
-    mask_plain = flat(decay_mask(nn.unbox(boxed)))
-    assert set(mask_boxed) == set(mask_plain) == set(params)
-    for path, leaf in params.items():
-        want = expected_decay(leaf)
-        assert mask_boxed[path].value is want and mask_plain[path] is want, path
+    model, params = init(name, abstract=True, **overrides)
+    params = flat(params)
+    axes = flat(model.logical_axes(), is_leaf=lambda x: isinstance(x, tuple))
+    mask_plain = flat(decay_mask(model.abstract()))
+    assert set(mask_plain) == set(params) == set(axes)
+    for path in params:
+        assert mask_plain[path] is expected_decay(axes[path]), path
     decayed = [p for p in params if mask_plain[p]]
     assert decayed and all(p.endswith("kernel") for p in decayed)
     assert not any(mask_plain[p] for p in params if p.endswith(("bias", "scale", "embedding")))
@@ -103,8 +99,7 @@ def run_updates(tx, params, grads_seq):
 
 
 def test_weight_decay_is_applied_only_where_masked(classifier):
-    _, boxed, _ = classifier
-    params = nn.unbox(boxed)
+    _, params, _ = classifier
     cfg = default_optimizer_config(schedule="constant", peak_lr=0.1, weight_decay=0.5)
     tx, _ = make_optimizer(cfg, 64, 100, params)
     zeros = jax.tree.map(jnp.zeros_like, params)
@@ -190,19 +185,17 @@ def test_scan_accumulation_weights_every_token_equally():
     assert rel > 0.5, rel  # the two rules differ here
 
 
-@pytest.mark.parametrize("boxed", [True, False])
-def test_frozen_backbone_moves_only_the_head(classifier, boxed):
+def test_frozen_backbone_moves_only_the_head(classifier):
     _, params, grads = classifier
     # Huge backbone gradients must neither move the backbone nor shrink the head's clipped update.
     grads = jax.tree.map(lambda lab, g: g if lab == "head" else g * 1e6, param_labels(grads), grads)
-    params, grads = (params, grads) if boxed else (nn.unbox(params), nn.unbox(grads))
     cfg = default_optimizer_config(schedule="constant", peak_lr=1e-2, weight_decay=0.1,
                                    clip_norm=1e3, freeze_backbone=True, head_lr_multiplier=2.0)
     tx, _ = make_optimizer(cfg, 64, 100, params)
     new, state = run_updates(tx, params, [grads])
     labels = flat(param_labels(params))
-    old_f, new_f = flat(nn.unbox(params)), flat(nn.unbox(new))
-    head = [p for p in labels if (labels[p].value if boxed else labels[p]) == "head"]
+    old_f, new_f = flat(params), flat(new)
+    head = [p for p in labels if labels[p] == "head"]
     assert {p.split("/")[0] for p in head} == {"pooler", "classifier"}
     for path in old_f:
         if path in head:
@@ -211,8 +204,8 @@ def test_frozen_backbone_moves_only_the_head(classifier, boxed):
             np.testing.assert_array_equal(old_f[path], new_f[path], err_msg=path)
     mu = jax.tree_util.tree_leaves(optax.tree_utils.tree_get(state, "mu"))
     assert len(mu) == len(head)  # no optimizer state for the frozen backbone
-    head_grads = [g for p, g in flat(nn.unbox(grads)).items() if p in head]
-    mu_head = jax.tree_util.tree_leaves(nn.unbox(optax.tree_utils.tree_get(state, "mu")))
+    head_grads = [g for p, g in flat(grads).items() if p in head]
+    mu_head = jax.tree_util.tree_leaves(optax.tree_utils.tree_get(state, "mu"))
     assert float(optax.tree.norm(head_grads)) < 1e3  # below the clip: Adam saw it unscaled
     np.testing.assert_allclose(float(optax.tree.norm(mu_head)) / 0.1,
                                float(optax.tree.norm(head_grads)), rtol=1e-5)
@@ -225,10 +218,10 @@ def test_head_learning_rate_multiplier(classifier):
     new, _ = run_updates(tx, params, [grads])
     labels = flat(param_labels(params))
     step = {p: np.abs(np.asarray(a) - np.asarray(b)).max()
-            for (p, a), b in zip(flat(nn.unbox(params)).items(), flat(nn.unbox(new)).values())}
+            for (p, a), b in zip(flat(params).items(), flat(new).values())}
     # Adam's first step moves each weight by lr·g/(|g|+ε) ≈ lr wherever the gradient is non-zero.
     for group, lr in (("head", 1e-2), ("backbone", 1e-3)):
-        biggest = max(s for p, s in step.items() if labels[p].value == group)
+        biggest = max(s for p, s in step.items() if labels[p] == group)
         np.testing.assert_allclose(biggest, lr, rtol=1e-3)
     assert float(schedule(0)) == pytest.approx(1e-3)
 

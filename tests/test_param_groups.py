@@ -16,7 +16,6 @@ import functools
 import re
 from pathlib import Path
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -25,8 +24,8 @@ import optax
 import pytest
 
 from jaxformer.config import ModelConfig
-from jaxformer.layers.heads import HEAD_MODULE_NAMES
 from jaxformer.models import build_model
+from jaxformer.models.head_parts import HEAD_MODULE_NAMES
 from jaxformer.models.presets import preset
 from jaxformer.train import config as train_config
 from jaxformer.train.config import set_key
@@ -62,7 +61,7 @@ def _params(name: str):
     """Parameters of a tiny model's exact tree (`abstract_params`, unboxed), drawn N(0, 0.05²)
     (the values do not matter to the optimizer's algebra; ``model.init`` would cost seconds)."""
     cfg = _model_cfg(name)
-    return jax.tree.map(lambda g: 0.05 * g, _grads(nn.unbox(build_model(cfg).abstract()), 99))
+    return jax.tree.map(lambda g: 0.05 * g, _grads(build_model(cfg).abstract(), 99))
 
 
 def _flat(tree) -> dict[str, object]:
@@ -203,7 +202,7 @@ def test_scanned_and_unrolled_get_equal_multipliers_and_updates():
     scanned = _stack_layers(unrolled)
     scan_cfg = _model_cfg("t5", scan_layers=True)
     assert jax.tree.structure(scanned) == jax.tree.structure(
-        nn.unbox(build_model(scan_cfg).abstract()))
+        build_model(scan_cfg).abstract())
     m_unrolled = jax.tree.map(np.broadcast_to, depth_multipliers(unrolled, 0.7),
                               jax.tree.map(np.shape, unrolled))
     m_scanned = jax.tree.map(np.broadcast_to, depth_multipliers(scanned, 0.7),
@@ -299,7 +298,7 @@ def test_settings_without_effect_or_depths_are_refused():
     params = build_model(cfg).abstract()
     tx, _ = make_optimizer(default_optimizer_config(layer_lr_decay=0.8), cfg.d_model, 10)
     with pytest.raises(ValueError, match="model.share_layers=True"):
-        jax.eval_shape(tx.init, nn.unbox(params))
+        jax.eval_shape(tx.init, params)
 
 
 FREEZE_STEPS = 3

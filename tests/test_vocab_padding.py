@@ -16,7 +16,6 @@ import math
 import os
 from pathlib import Path
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,10 +28,9 @@ from jaxformer.cli.convert import main as convert_main
 from jaxformer.config import ModelConfig
 from jaxformer.convert import load_hf, save_hf
 from jaxformer.decode import generate
-from jaxformer.layers.vocab_padding import fit_vocab, vocab_axes
-from jaxformer.models import build_model
+from jaxformer.models import build_model, check_params
 from jaxformer.models.presets import preset
-from jaxformer.nnx import from_params
+from jaxformer.models.vocab_padding import fit_vocab, vocab_axes
 from jaxformer.objectives import bind_objective
 from jaxformer.ops import cross_entropy_with_integer_labels, mask_padded_vocab
 from jaxformer.parallel.mesh import make_mesh
@@ -67,7 +65,7 @@ def _configs(name: str) -> tuple[ModelConfig, ModelConfig]:
 def _params(cfg: ModelConfig, padded: ModelConfig, seed: int = 0):
     """(the unpadded model's params, the padded model's: the same real rows, padding rows filled
     with values that would win an argmax if they were read: +30 in biases, ±3 elsewhere)."""
-    params = jax.tree.map(np.asarray, nn.unbox(build_model(cfg).init(jax.random.key(seed))))
+    params = jax.tree.map(np.asarray, build_model(cfg).init(jax.random.key(seed)))
     out = fit_vocab(params, cfg, padded)
     rng = np.random.default_rng(seed)
     for path, axis in vocab_axes(padded).items():
@@ -216,7 +214,7 @@ def test_fit_vocab_round_trips_between_paddings():
     with pytest.raises(ValueError, match="cannot re-pad a vocabulary of 250 tokens"):
         fit_vocab(params, cfg, padded.replace(vocab_size=200))
     with pytest.raises(ValueError, match="re-pad the parameters with .*fit_vocab"):
-        from_params(padded, params)
+        check_params(padded, params)
 
 
 def _golden_logits(apply, params, name: str, ref: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -348,7 +346,7 @@ def test_init_from_a_checkpoint_of_another_padding_repads_its_tables(tmp_path):
                 "data.batch_size": 8, "progress_bar": False}
     config = load_config(ROOT / "configs" / "gpt_pretrain_tiny.py", settings)
     unpadded = ModelConfig.from_dict(config.model.to_dict())
-    params = jax.tree.map(np.asarray, nn.unbox(build_model(unpadded).init(jax.random.key(3))))
+    params = jax.tree.map(np.asarray, build_model(unpadded).init(jax.random.key(3)))
     save_params(tmp_path / "pretrained", unpadded, params)
     config = load_config(ROOT / "configs" / "gpt_pretrain_tiny.py", {
         **settings, "model.vocab_pad_multiple": 100, "init_from": str(tmp_path / "pretrained")})

@@ -24,8 +24,8 @@ from jaxformer.checkpoint.select import best_step, committed_steps
 from jaxformer.checkpoint.verify import read_manifest, verify_for_reading, verify_tokenizer
 from jaxformer.config import ModelConfig
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.layers.params import model_spec
 from jaxformer.models import lora
+from jaxformer.models.spec import model_spec
 
 
 def with_shardings(abstract, shardings):
@@ -128,7 +128,7 @@ def open_run(path: str | os.PathLike, *, step: int | None = None, best: bool = F
 def load_run_params(run: SavedRun) -> Any:
     """The parameters ``run``'s model applies, verified; a LoRA run's adapters and heads merged into
     its ``init_from``'s (`lora.inference_params`, the model's parts from its parameter table
-    `jaxformer.layers.params.model_spec`; a Hugging Face base: `jaxformer.convert.lora.load_merged`)."""
+    `jaxformer.models.spec.model_spec`; a Hugging Face base: `jaxformer.convert.lora.load_merged`)."""
     params, c = load_checkpoint_params(run.step_dir, verified=True), run.run_config
     if not lora.is_lora(c):
         return params

@@ -58,10 +58,10 @@ from jaxformer.convert.mapping import (
 )
 from jaxformer.data.fast_tokenizer import FastTokenizer
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.layers.heads import is_head_module
-from jaxformer.layers.vocab_padding import fit_vocab
 from jaxformer.models import build_model
+from jaxformer.models.head_parts import is_head_module
 from jaxformer.models.module import Transformer
+from jaxformer.models.vocab_padding import fit_vocab
 
 log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert": hf_albert,
@@ -157,7 +157,7 @@ def load_hf(directory: str | os.PathLike, *, scan_layers: bool = False, head: st
         ``build_model(model_cfg).init(jax.random.key(seed))`` would; unused checkpoint heads are dropped.
       num_classes: classes of a classification head (default: the checkpoint's ``num_labels``).
       vocab_pad_multiple: pad the vocabulary tables with zero rows to a multiple of this (and set
-        it in the config; `jaxformer.layers.vocab_padding`): the same function, shapes a
+        it in the config; `jaxformer.models.vocab_padding`): the same function, shapes a
         tensor-parallel mesh divides.
 
     Returns:

@@ -46,7 +46,7 @@ canonical_name = hf_bert.canonical_name  # old TF-converted names: LayerNorm.gam
 
 
 def _pooled_head(cfg: ModelConfig) -> bool:
-    """Whether the model has a pooler (`jaxformer.layers.params.model_spec`)."""
+    """Whether the model has a pooler (`jaxformer.models.spec.model_spec`)."""
     return cfg.pooler and (cfg.head in ("classify", "none") or cfg.nsp_head)
 
 

@@ -51,7 +51,7 @@ def canonical_name(name: str) -> str:
 
 
 def _pooled_head(cfg: ModelConfig) -> bool:
-    """Whether the model has a pooler (`jaxformer.layers.params.model_spec`)."""
+    """Whether the model has a pooler (`jaxformer.models.spec.model_spec`)."""
     return cfg.pooler and (cfg.head in ("classify", "none") or cfg.nsp_head)
 
 

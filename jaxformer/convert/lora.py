@@ -27,8 +27,8 @@ from jaxformer.config import ModelConfig
 from jaxformer.convert.hf import load_hf
 from jaxformer.convert.hf_io import is_hf_directory
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.layers.params import model_spec
 from jaxformer.models import lora
+from jaxformer.models.spec import model_spec
 
 
 def load_merged(path: str | os.PathLike, *, step: int | None = None, best: bool = False

@@ -1,12 +1,12 @@
 """The three transformer families as users build them: `build_model` (`Model`: the pure ``init`` /
 ``apply`` over the parameter dict), `Transformer` (the same model as one Flax NNX module), the one
-`init_cache`, their one config type, the presets and LoRA. Their parameter table and head registry
-are `jaxformer.layers`'."""
+`init_cache`, their one config type, the presets and LoRA; the parameter table (`spec`), the head registry
+(`head_parts`), the forward passes (`forward`) and vocabulary re-padding (`vocab_padding`)."""
 
 from __future__ import annotations
 
 from jaxformer.config import ModelConfig
-from jaxformer.layers.heads import HEAD_MODULE_NAMES, HEAD_MODULES, HeadModule
+from jaxformer.models.head_parts import HEAD_MODULE_NAMES, HEAD_MODULES, HeadModule
 from jaxformer.models.model import Model, build_model, check_params, init_cache, param_shardings
 from jaxformer.models.module import Transformer
 

@@ -1,6 +1,6 @@
 """The three families' forward passes as pure functions of (config, parameters, inputs, key, cache).
 
-``params`` is the model's parameter tree (`jaxformer.layers.params.model_spec`: ``token_embed``,
+``params`` is the model's parameter tree (`jaxformer.models.spec.model_spec`: ``token_embed``,
 ``decoder``, ``lm_head``, …; a part without parameters is absent). ``rng`` None runs
 deterministically (no dropout); a key turns dropout on: part ``p`` of the model draws
 ``fold_in(rng, crc32(p))``, the model-level draws (word dropout) ``fold_in(rng, crc32("model"))``,
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxformer.config import ModelConfig
-from jaxformer.layers.params import embedding_width
+from jaxformer.models.spec import embedding_width
 from jaxformer.ops import permutation, ring_attention
 from jaxformer.ops.dropout import token_dropout
 from jaxformer.ops.embedding import check_token_ids

@@ -27,12 +27,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxformer.layers.heads import HEAD_MODULES
-from jaxformer.layers.params import lora_a_std
+from jaxformer.models.head_parts import HEAD_MODULES
+from jaxformer.models.spec import lora_a_std
 from jaxformer.settings import at_least, check_tree, section, setting
 
 # ``optimizer.lora.targets`` → (parent module names, kernel module names) in the parameter tree
-# (`jaxformer.layers.params.attention_spec` / `ffn_spec`).
+# (`jaxformer.models.spec.attention_spec` / `ffn_spec`).
 _ATTENTION = ("self_attn", "cross_attn")
 TARGET_MODULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "query": (_ATTENTION, ("query",)),

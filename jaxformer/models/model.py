@@ -8,7 +8,7 @@
     cache = model.init_cache(batch_size, max_length)
     logits, cache = model.apply(params, tokens, cache=cache)   # decoding: appends at the next slot
 
-``params`` is laid out by the one parameter table (`jaxformer.layers.params.model_spec`), so it is
+``params`` is laid out by the one parameter table (`jaxformer.models.spec.model_spec`), so it is
 exactly the ``params`` of every checkpoint, of the HF converters and of LoRA's transform; the
 logical axis names come from the same table (`Model.logical_axes`), and the forward passes are
 `jaxformer.models.forward`'s. A jitted train step is a pure function of (params, batch, key), and a
@@ -24,13 +24,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh
 
 from jaxformer.config import ModelConfig
-from jaxformer.layers.params import ParamSpec, model_spec
 from jaxformer.models import forward
+from jaxformer.models.spec import ParamSpec, model_spec
 from jaxformer.ops.stack import stack_cache
-from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, Rules, logical_to_shardings
+from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, Rules
+from jaxformer.parallel.rules import param_shardings as rules_param_shardings
 
 # The named scope each family's ops run in (compiled programs and profiles name an op by its place:
 # ``DecoderOnly/decoder/layer_0/…``).
@@ -90,7 +91,7 @@ class Model:
     cfg: ModelConfig
 
     def spec(self) -> dict:
-        """The parameter table (`jaxformer.layers.params.model_spec`): `ParamSpec` leaves."""
+        """The parameter table (`jaxformer.models.spec.model_spec`): `ParamSpec` leaves."""
         return model_spec(self.cfg)
 
     def init(self, rng: jax.Array) -> dict:
@@ -160,7 +161,7 @@ def check_params(cfg: ModelConfig, params: Mapping) -> None:
         elif any(p.startswith("token_embed/") for p in shapes):
             layout = (f"; the vocabulary tables have {cfg.padded_vocab_size} rows in this model "
                       f"(vocab_pad_multiple={cfg.vocab_pad_multiple}): re-pad the parameters with "
-                      "jaxformer.layers.vocab_padding.fit_vocab")
+                      "jaxformer.models.vocab_padding.fit_vocab")
         raise ValueError(f"parameters do not fit the model: missing {missing[:6]}, unexpected "
                          f"{extra[:6]}, shapes {shapes[:6]}{layout}")
 
@@ -169,6 +170,4 @@ def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: Rules = LOGICAL_AXIS_RU
     """`NamedSharding` per parameter of ``cfg``'s model (a dict like `Model.init`'s), by the logical
     rules (`jaxformer.parallel.rules`), divisibility checked."""
     model = Model(cfg)
-    specs = jax.tree.map(lambda axes: PartitionSpec(*axes), model.logical_axes(),
-                         is_leaf=lambda x: isinstance(x, tuple))
-    return logical_to_shardings(specs, model.abstract(), mesh, rules)
+    return rules_param_shardings(model.logical_axes(), model.abstract(), mesh, rules)

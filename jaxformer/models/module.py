@@ -7,7 +7,7 @@
     logits = model(tokens, decode=True)               # appends tokens at the cache's next slot
     params = model.param_dict()                       # == nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
-It holds one `nnx.Param` per leaf of the parameter table (`jaxformer.layers.params.model_spec`),
+It holds one `nnx.Param` per leaf of the parameter table (`jaxformer.models.spec.model_spec`),
 named by its path, its logical axes as ``out_sharding`` metadata, and its call is
 `jaxformer.models.model.Model.apply` on those parameters: one forward pass for the module and the
 pure functions the trainer and the decoding loops call.
@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config import ModelConfig
-from jaxformer.layers.params import ParamSpec
 from jaxformer.models.model import Model, check_params, init_tree
+from jaxformer.models.spec import ParamSpec
 
 RngsArg = nnx.Rngs | nnx.RngStream | jax.Array | None
 

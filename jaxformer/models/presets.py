@@ -19,7 +19,7 @@ the function is GPT-2's. Counts of what is stored include the 47 padding rows: G
 as published (T5's 32,128 and Llama's 32,000 are multiples of 128 already).
 
 Each family initialises as its reference does (``init_scheme``, rules in
-`jaxformer.layers.params.initializer_of`): GPT-2 "gpt2", BERT and ALBERT "bert", T5 "t5" (with
+`jaxformer.models.spec.initializer_of`): GPT-2 "gpt2", BERT and ALBERT "bert", T5 "t5" (with
 ``init_std`` = 1.0, T5's factor), the Vaswani presets "transformer" (tensor2tensor's; embeddings
 at d_model^-1/2).
 

@@ -1,7 +1,7 @@
 """Permutation language modelling (XLNet; Yang et al. 2019) on the decoder family.
 
 Each packed segment gets its own uniformly random factorisation order (§2.2, eq. 3); the model runs
-two-stream attention (§2.3) through the GPT's own blocks (`jaxformer.layers.forward.permutation_lm`,
+two-stream attention (§2.3) through the GPT's own blocks (`jaxformer.models.forward.permutation_lm`,
 ``model.permutation_lm=True``) and returns the query stream's logits, row ``i`` predicting
 ``inputs[i]`` from its predecessors in the order. Partial prediction (§2.4): only the last
 ``ceil(n / K)`` elements of each order of length ``n`` are targets (never the first, which has no

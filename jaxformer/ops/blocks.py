@@ -6,8 +6,8 @@ cross-attention) + FFN, each wrapped in a residual connection with either
     post-LN:  x ← Norm(x + Dropout(Sublayer(x)))          (Vaswani et al. 2017 §5.4; BERT)
     pre-LN:   x ← x + Dropout(Sublayer(Norm(x)))          (GPT-2, T5; Xiong et al. 2020)
 
-`encoder_block` and `decoder_block` are the two common call patterns. The Flax modules in
-`jaxformer.layers` only declare these parameters and call these functions.
+`encoder_block` and `decoder_block` are the two common call patterns. The parameter table
+`jaxformer.models.spec` declares these parameters and `jaxformer.models.forward` calls these functions.
 
 Shapes use the letters of `jaxformer.ops` (``L`` the queries' length, ``S`` the keys' — the encoder
 output in cross-attention, the cache's slots when decoding; ``H`` heads, ``K`` kv heads, ``Dh``

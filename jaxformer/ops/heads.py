@@ -1,4 +1,4 @@
-"""Output heads as pure functions of their parameter dicts (laid out by `jaxformer.layers.params`).
+"""Output heads as pure functions of their parameter dicts (laid out by `jaxformer.models.spec`).
 
 * `lm_logits`: tied (logits = h·Eᵀ, Press & Wolf 2017; T5 first scales h by d_model^-0.5) or an
   untied `[d_model, vocab]` kernel, plus an optional vocabulary bias; the columns of a padded

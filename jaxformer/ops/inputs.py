@@ -1,6 +1,6 @@
 """Model inputs as pure functions: token lookup, and the sum of token, position and type embeddings.
 
-Parameters are plain dicts laid out by `jaxformer.layers.params` (``token_embed_spec``,
+Parameters are plain dicts laid out by `jaxformer.models.spec` (``token_embed_spec``,
 ``input_embedding_spec``); the models call these functions. ``constrain(x,
 names)`` is the optional sharding hook of `jaxformer.ops.blocks` (logical axis names).
 """

@@ -26,7 +26,7 @@ dense matmuls that XLA skips whole. With ``layout="contiguous"`` (device ``d`` h
 one: the step takes as long as the busiest.
 
 `to_zigzag` / `from_zigzag` reorder a `[batch, length, ...]` array between natural and zig-zag
-order; the model reorders its inputs once (`jaxformer.layers.forward`), so positions (RoPE,
+order; the model reorders its inputs once (`jaxformer.models.forward`), so positions (RoPE,
 learned, sinusoidal, T5's relative buckets), packing segment ids and the residual stream travel in
 zig-zag order, and ``causal`` here means "by original index". Call `ring_attention` inside
 `jax.shard_map` over the axis (`jaxformer.parallel.context` does for the model).

@@ -1,13 +1,13 @@
 """A stack of `transformer_block`s over a parameter pytree: unrolled or scanned, optionally remat.
 
-Layouts (as `jaxformer.layers.params.stack_spec` builds them): unrolled ``{"layer_0": block, …}``,
+Layouts (as `jaxformer.models.spec.stack_spec` builds them): unrolled ``{"layer_0": block, …}``,
 or scanned ``{"layers": block}`` with every leaf stacked on a leading ``layers`` axis, or shared
 ``{"shared": block}`` (ALBERT's cross-layer sharing, Lan et al. 2019: one block applied
 ``num_layers`` times, by `jax.lax.scan` with ``cfg.scan_layers``, else a loop). Scanning
 (`jax.lax.scan`) compiles one layer instead of ``num_layers``; both compute the same function.
 ``cfg.remat_policy`` wraps each block in `jax.checkpoint` (Chen et al. 2016): "full" saves nothing,
 "dots" saves matmul outputs. This is the one layer loop of the library: the models
-(`jaxformer.nnx.models`) run every stack, decoding included (`stack_cache`), through `run_stack`.
+(`jaxformer.models.forward`) run every stack, decoding included (`stack_cache`), through `run_stack`.
 """
 
 from __future__ import annotations

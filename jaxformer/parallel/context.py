@@ -7,7 +7,7 @@ projections, FFN, logits, losses) need nothing else. Attention, the one layer th
 positions, runs per device under `jax.shard_map` as `ring_attention`: rows split over the rules'
 ``batch`` axes, heads over their ``heads`` axes (when they divide), the length over ``context``,
 keys/values passed around the ring with collective-permutes. The model runs its sequence in
-zig-zag order, which balances causal attention (`jaxformer.layers.forward` reorders its inputs
+zig-zag order, which balances causal attention (`jaxformer.models.forward` reorders its inputs
 once and its last hidden states back), so batches, logits and losses keep their natural order.
 
 `mesh_rules` (`jaxformer.parallel.partition`) enters `context_parallel_for(mesh, rules)`, so a

@@ -21,7 +21,7 @@ act_length          context          activations' sequence axis: context paralle
 act_embed           (replicated)     activations' d_model axis
 =================  ===============  ===========================================================
 
-Parameters carry logical names (`jaxformer.layers.params`); `param_shardings` turns an abstract
+Parameters carry logical names (`jaxformer.models.spec`); `param_shardings` turns an abstract
 parameter tree and its logical names into `NamedSharding`s for a mesh, and optimizer moments follow their
 parameters (`match_shardings_by_path`). Activations carry logical names through
 `flax.linen.with_logical_constraint` in the layers; `jaxformer.parallel.partition.sharded_jit`

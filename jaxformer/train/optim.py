@@ -34,9 +34,6 @@ is exactly the one above.
 LoRA (``lora.rank`` > 0, `jaxformer.models.lora`): the optimizer sees only the trainable tree
 (adapters + task heads), so its state exists only for them; the adapters (``lora_a``/``lora_b``)
 get no weight decay.
-
-Parameter trees may be plain or boxed in ``flax.linen.LogicallyPartitioned`` (as ``model.init``
-returns them); the mask and label functions handle both.
 """
 
 from __future__ import annotations
@@ -49,7 +46,7 @@ import jax
 import ml_collections
 import optax
 
-from jaxformer.layers.heads import HEAD_MODULE_NAMES
+from jaxformer.models.head_parts import HEAD_MODULE_NAMES
 from jaxformer.models.lora import LoraSettings, check_lora_config
 from jaxformer.settings import (
     at_least,
@@ -77,7 +74,7 @@ from jaxformer.train.schedules import (
     warmup_rsqrt,
 )
 
-HEAD_PARAM_PREFIXES = HEAD_MODULE_NAMES  # every head module (`jaxformer.layers.heads`)
+HEAD_PARAM_PREFIXES = HEAD_MODULE_NAMES  # every head module (`jaxformer.models.head_parts`)
 
 def _decay_rate(v: float) -> str | None:
     return None if 0.0 <= v < 1.0 else "must lie in [0, 1)"
@@ -161,7 +158,7 @@ def default_optimizer_config(preset: str = "vaswani", **overrides) -> ml_collect
 
 
 # ------------------------------------------------------------------------------------------------
-# Per-parameter decisions by path, on plain or LogicallyPartitioned trees.
+# Per-parameter decisions by path.
 
 
 def decay_mask(params: Any) -> Any:
@@ -193,7 +190,7 @@ def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = N
       opt_cfg: the ``optimizer`` config section (see `default_optimizer_config`).
       d_model: model width, for the ``inverse_sqrt`` schedule.
       total_steps: number of optimizer updates (not micro-batches), for decaying schedules.
-      params: optional parameter tree (plain or boxed, arrays or ``ShapeDtypeStruct``); when
+      params: optional parameter tree (arrays or ``ShapeDtypeStruct``); when
         given, a fine-tuning config whose ``head_param_prefixes`` match no parameter is an error
         now rather than a silently frozen model later.
 

@@ -1,7 +1,7 @@
 """Parameters by depth: layer-wise learning-rate decay and embedding freezing.
 
 Depth (`layer_depths`) orders a model's parameters from the input up, by module name
-(`jaxformer.layers.params.model_spec`), for every family:
+(`jaxformer.models.spec.model_spec`), for every family:
 
 * depth 0 — the embeddings (`EMBEDDING_MODULES`): the token table (also the tied output
   projection), learned position and token-type tables, BERT's embedding norm, ALBERT's embedding
@@ -10,7 +10,7 @@ Depth (`layer_depths`) orders a model's parameters from the input up, by module 
 * layer ``i`` (0-based) of the stack — depth ``i + 1``. Encoder-decoder models count the encoder's
   ``E`` layers first (depths 1 … E), then the decoder's (depths E + 1 … E + L_dec); the encoder's
   final norm (``encoder_norm``) sits with the encoder's last layer (depth E);
-* the last stack's final norm and every head module (`jaxformer.layers.heads.HEAD_MODULE_NAMES`:
+* the last stack's final norm and every head module (`jaxformer.models.head_parts.HEAD_MODULE_NAMES`:
   ``lm_head``, ``mlm_head``, ``pooler``, ``classifier``, …) — depth ``D`` = number of layers + 1
   (encoder-decoder: E + L_dec + 1).
 
@@ -32,8 +32,8 @@ zero the weight decay with the learning rate, exactly as a per-group learning ra
   embedding part of gradual unfreezing (Howard & Ruder 2018, ULMFiT §3.3). Adam's moments keep
   accumulating their gradients meanwhile, so the first unfrozen update is an ordinary one.
 
-Pure functions of pytrees (plain arrays or Flax ``LogicallyPartitioned`` boxes); depths are computed
-from paths and shapes at trace time, so the multipliers are compile-time constants.
+Pure functions of parameter pytrees; depths are computed from paths and shapes at trace time, so the
+multipliers are compile-time constants.
 """
 
 from __future__ import annotations
@@ -42,26 +42,21 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxformer.layers.heads import HEAD_MODULE_NAMES
 from jaxformer.models import lora
+from jaxformer.models.head_parts import HEAD_MODULE_NAMES
 
-# Top-level modules before the first layer (`jaxformer.layers.params.model_spec`): depth 0.
+# Top-level modules before the first layer (`jaxformer.models.spec.model_spec`): depth 0.
 EMBEDDING_MODULES: tuple[str, ...] = (
     "token_embed", "embed", "encoder_embed", "decoder_embed", "encoder_relative_bias",
     "decoder_relative_bias", "jump_embed")
 # The layer stacks, in depth order (the encoder feeds the decoder).
 STACKS: tuple[str, ...] = ("encoder", "decoder")
 _LAYER = re.compile(r"layer_(\d+)")
-
-
-def _is_box(x) -> bool:
-    return isinstance(x, nn.meta.AxisMetadata)
 
 
 def _key_name(k) -> str:
@@ -74,18 +69,15 @@ def _key_name(k) -> str:
 def map_params_by_path(fn: Callable[[str, Any], Any], tree: Any) -> Any:
     """Apply ``fn("a/b/kernel", array)`` to every parameter; a tree of the same structure.
 
-    Boxed parameters are unboxed for ``fn`` and the result re-boxed, so the output matches a
-    boxed input leaf for leaf. Entries without a shape (optax's ``MaskedNode`` inside a box, seen
-    under `optax.multi_transform`) are passed through unchanged.
+    Entries without a shape (optax's ``MaskedNode``, seen under `optax.multi_transform`) are passed
+    through unchanged.
     """
     def leaf(path, x):
-        value = x.unbox() if _is_box(x) else x
-        if not hasattr(value, "shape"):
+        if not hasattr(x, "shape"):
             return x
-        out = fn("/".join(_key_name(k) for k in path), value)
-        return x.replace_boxed(out) if _is_box(x) else out
+        return fn("/".join(_key_name(k) for k in path), x)
 
-    return jax.tree_util.tree_map_with_path(leaf, tree, is_leaf=_is_box)
+    return jax.tree_util.tree_map_with_path(leaf, tree)
 
 
 def _parts(path: str) -> list[str]:

@@ -49,9 +49,9 @@ from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory, read_config
 from jaxformer.data.pipeline import make_dataset, source_texts
 from jaxformer.data.sources import SourceSettings, get_source, label_names_from_data
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
-from jaxformer.layers.heads import HEAD_MODULE_NAMES
-from jaxformer.layers.vocab_padding import fit_vocab
 from jaxformer.models import build_model
+from jaxformer.models.head_parts import HEAD_MODULE_NAMES
+from jaxformer.models.vocab_padding import fit_vocab
 from jaxformer.objectives import bind_objective
 from jaxformer.options import option
 from jaxformer.parallel.mesh import check_batch_size, make_mesh

@@ -9,7 +9,7 @@ named here once. Every list of head modules is derived from `HEAD_MODULES`:
   modules by default;
 * `jaxformer.plan` counts a per-row module's FLOPs once per row, not once per token.
 
-The modules are built by `jaxformer.layers.params.model_spec` from the ModelConfig fields named in
+The modules are built by `jaxformer.models.spec.model_spec` from the ModelConfig fields named in
 ``built_by``.
 """
 

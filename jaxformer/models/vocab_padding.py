@@ -1,6 +1,6 @@
 """Vocabulary padding (``ModelConfig.vocab_pad_multiple``): parameters moved between paddings.
 
-The tables on the ``vocab`` logical axis (`jaxformer.layers.params`: the token embedding, an untied
+The tables on the ``vocab`` logical axis (`jaxformer.models.spec`: the token embedding, an untied
 LM / MLM output kernel, the output bias) hold ``cfg.padded_vocab_size`` rows, ``vocab_size`` rounded
 up to a multiple of ``vocab_pad_multiple`` so that a tensor-parallel mesh divides them (Megatron's
 ``--make-vocab-size-divisible-by``, 128 by default there; Shoeybi et al. 2019 §3). Rows from
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.config import ModelConfig
-from jaxformer.layers.params import ParamSpec, model_spec
+from jaxformer.models.spec import ParamSpec, model_spec
 
 VOCAB = "vocab"  # the logical axis of the vocabulary (`jaxformer.parallel.rules`: over ``tensor``)
 

@@ -4,8 +4,9 @@ A spec is a nested dict whose leaves are `ParamSpec`. The same spec
 
 * initialises a plain pytree without any module system (`init_params`), for users of the pure
   functions in `jaxformer.ops.blocks`, and
-* builds the `nnx.Param`s of the models (`jaxformer.nnx.params`), the logical names carried as
-  their ``out_sharding`` metadata, which a mesh shards by rules (`jaxformer.parallel`).
+* is the model's parameter tree (`jaxformer.models.model.Model`: ``init``, ``abstract``, and the
+  logical names, which a mesh shards by rules, `jaxformer.parallel`) and `Transformer`'s
+  `nnx.Param`s, the names carried as their ``out_sharding`` metadata.
 
 `model_spec` lists a whole model by part: the one parameter tree of the models, checkpoints and the
 HF converters.
