@@ -38,7 +38,7 @@ LONGEST_FIRST = (
     "test_ring_attention.py",  # context-parallel attention and train steps (61 s)
     "test_parallel.py",
     "test_reliability.py",  # 56 s
-    "test_nnx.py",  # 43 s
+    "test_model.py",  # the model layer: trees, scan, cache, from_hf, sharded init (was test_nnx.py, 43 s)
     "test_models.py",  # 46 s
     "test_convert_llama.py",  # five golden Llama-family models, greedy generation (36 s)
     "test_own_data.py",  # train.py and evaluate subprocesses on a user's TSV and JSONL (35 s)
@@ -65,7 +65,7 @@ MULTI_DEVICE_FILES = frozenset({
     "test_compile.py",  # TPU slices of 4 chips (the CPU devices host the abstract inputs)
     "test_decode.py",  # generation on params sharded over (fsdp 2, tensor 4)
     "test_lora.py",  # adapters shard like their kernels on FSDP / tensor meshes
-    "test_nnx.py",  # sharded NNX init on a 2 × 2 × 2 mesh
+    "test_model.py",  # sharded init on a 2 × 2 × 2 mesh
     "test_parallel.py",  # every mesh, pmap and shard_map against one device
     "test_ring_attention.py",  # context parallelism
     "test_scheduled_sampling.py",  # its shard_map and pmap paths

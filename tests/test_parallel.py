@@ -146,7 +146,7 @@ def _train_pmap(setup, host_state, batches, grad_accum_steps: int = 1, devices=N
 
 def _host_state(setup, seed: int = 0):
     """The unsharded initial state on one device, through `create_train_state(params=…)`: the
-    parameters come from a fast-compiled `init_model_params` with the trainer's init key."""
+    parameters come from a fast-compiled `Model.init` with the trainer's init key."""
     cfg, model, tx, _, _ = setup
     init = jax.jit(lambda k: model.init(k), compiler_options=FAST_COMPILE)
     params = init(jax.random.fold_in(jax.random.key(seed), 0))
