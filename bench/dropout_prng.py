@@ -30,6 +30,8 @@ IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
 def cpu_rows(args) -> list[dict]:
+    import dataclasses
+
     import jax
     import numpy as np
     import optax
@@ -39,6 +41,8 @@ def cpu_rows(args) -> list[dict]:
     from jaxformer.models import build_model
     from jaxformer.models.presets import preset
     from jaxformer.objectives import bind_objective
+    from jaxformer.train.config import base_config, train_settings
+    from jaxformer.train.config.schema import ObjectiveSettings
     from jaxformer.train.state import TrainState
     from jaxformer.train.step import make_train_step
     from jaxformer.vocab import SpecialTokens
@@ -57,8 +61,10 @@ def cpu_rows(args) -> list[dict]:
     prepare = bind_objective("mlm", None, SpecialTokens(args.vocab))
     rows, calls = [], {}
     for impl in IMPLS:
-        step = jax.jit(make_train_step(model, tx, prepare, lambda s: 1e-4, dropout_impl=impl,
-                                       vocab_block_size=args.vocab_block_size))
+        run = dataclasses.replace(train_settings(base_config(), cfg), dropout_prng=impl)
+        step = jax.jit(make_train_step(model, tx, prepare, lambda s: 1e-4, run=run,
+                                       objective=ObjectiveSettings(
+                                           vocab_block_size=args.vocab_block_size)))
         compiled, seconds = compile_seconds(step, state, batch)
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost

@@ -150,11 +150,7 @@ def _built(resolved: ResolvedConfig, mesh):
     prepare = bind_objective(objective.name, settings.objective_options,
                              SpecialTokens(model_cfg.vocab_size),
                              decoder_start_id=objective.decoder_start_id)
-    step = make_train_step(model, tx, prepare, resolved.schedule,
-                           label_smoothing=objective.label_smoothing, z_loss=objective.z_loss,
-                           vocab_block_size=objective.vocab_block_size,
-                           dropout_impl=settings.dropout_prng,
-                           grad_accum_steps=settings.optimizer.grad_accum_steps)
+    step = make_train_step(model, tx, prepare, resolved.schedule, objective=objective, run=settings)
     return model_cfg, abstract, shardings, step
 
 

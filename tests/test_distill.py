@@ -4,7 +4,6 @@ config's refusals, and a tiny distillation on real text (`jaxformer.train.distil
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import jax
@@ -261,7 +260,7 @@ def test_distillation_lowers_the_students_loss_faster(teacher_run, tmp_path):
     assert set(saved["decoder"]) == {"layer_0", "layer_1"}
     resumed = Trainer(_config(2, STUDENT_STEPS + 5, **{"distill.teacher": str(teacher_run)}),
                       tmp_path / "distilled")
-    assert resumed.start_step == STUDENT_STEPS and resumed.teacher.params is not None
+    assert resumed.start_step == STUDENT_STEPS and resumed.extension.frozen is not None
     assert resumed.run()["eval_loss"] < distilled[STUDENT_STEPS] + 0.1
 
 
@@ -276,7 +275,7 @@ def test_init_student_starts_from_teacher_layers_0_and_2(teacher_run, tmp_path):
         for a, b in zip(jax.tree.leaves(student["decoder"][f"layer_{i}"]),
                         jax.tree.leaves(teacher["decoder"][f"layer_{j}"]), strict=True):
             np.testing.assert_array_equal(a, b)
-    assert dataclasses.asdict(trainer.teacher.settings)["init_student"] is True
+    assert trainer.settings.distill.init_student is True
     # distill.teacher_step picks a step as init_from_step does; a Hugging Face dir has none
     config = _config(2, 1, **{"distill.teacher": str(teacher_run), "distill.teacher_step": 40})
     assert open_pretrained(config, "distill.teacher").run.step_dir.name == str(TEACHER_STEPS)

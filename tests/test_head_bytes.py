@@ -156,6 +156,7 @@ def test_a_train_step_with_both_equals_the_plain_step():
     full-logits step."""
     import optax
 
+    from jaxformer.train.config.schema import ObjectiveSettings
     from jaxformer.train.state import TrainState
 
     cfg, model, params = _model("bert_mlm_nsp_padded")
@@ -168,7 +169,7 @@ def test_a_train_step_with_both_equals_the_plain_step():
     batch = _mlm_batch()
     plain = make_train_step(model, tx, lambda b, k: prepare_mlm(b, k, special), lambda s: 0.1)
     fast = make_train_step(model, tx, bind_objective("mlm", None, special), lambda s: 0.1,
-                           vocab_block_size=64)
+                           objective=ObjectiveSettings(vocab_block_size=64))
     s0, m0 = jax.jit(plain)(state, batch)
     s1, m1 = jax.jit(fast)(state, batch)
     for k in m0:

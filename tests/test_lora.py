@@ -140,6 +140,23 @@ def test_adapters_carry_logical_axes_and_shard_like_their_kernels():
     assert tuple(sh["ffn"]["wo"]["lora_b"].spec) == (None, None, "fsdp")
 
 
+@pytest.mark.parametrize("family,heads", [("bert", {"head": "classify", "num_classes": 3}),
+                                          ("t5", {})])
+def test_trainable_axes_from_the_models_axes_tree(family, heads):
+    """`lora.trainable_axes` gives, from the model's axes tree (a tuple of names per leaf, no
+    boxes), the names of every adapter and task head that `lora.trainable` gives boxed ones."""
+    cfg, model = _model(family, scan_layers=family == "t5", **heads)
+    boxed = boxed_abstract(model)
+    is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
+    names = lambda tree: jax.tree.map(lambda b: tuple(b.names), tree, is_leaf=is_box)  # noqa: E731
+    want = names(jax.eval_shape(lambda: lora.trainable(boxed, jax.random.key(0), _lora_cfg())))
+    got = lora.trainable_axes(names(boxed), _lora_cfg())
+    assert set(got) == {"lora", *(["classifier"] if heads else [])}
+    flat = lambda t: dict(jax.tree_util.tree_flatten_with_path(  # noqa: E731
+        t, is_leaf=lambda x: isinstance(x, tuple))[0])
+    assert flat(got) == flat(want)
+
+
 def _opt_state_bytes(model, cfg, rank: int | None) -> int:
     """Compiled output bytes of ``tx.init`` on the trainable parameters (all of them: None)."""
     params = model.abstract()
@@ -228,7 +245,7 @@ def test_lora_finetune_trains_only_adapters_and_exports_merged(gpt_run, tmp_path
     config.optimizer.peak_lr = 1e-2
     trainer = Trainer(config, wd)
     assert set(trainer.state.params) == {"lora", "classifier"}
-    base_before = _flat(trainer.base)
+    base_before = _flat(trainer.extension.frozen)
     pretrained = _flat(load_checkpoint_params(gpt_run))
     for name, value in base_before.items():  # the base is init_from's backbone, bit for bit
         if not name.startswith("['classifier']"):
@@ -239,8 +256,8 @@ def test_lora_finetune_trains_only_adapters_and_exports_merged(gpt_run, tmp_path
     trainer.run()
     first, last = _first_last(wd)
     assert last < first, (first, last)
-    assert _flat(trainer.base).keys() == base_before.keys()
-    for name, value in _flat(trainer.base).items():  # the base never changes
+    assert _flat(trainer.extension.frozen).keys() == base_before.keys()
+    for name, value in _flat(trainer.extension.frozen).items():  # the base never changes
         np.testing.assert_array_equal(value, base_before[name], err_msg=name)
     adapted = _flat(trainer.model_params(trainer.state))
     changed = {n for n in adapted if not np.array_equal(adapted[n], base_before[n])}
@@ -251,7 +268,7 @@ def test_lora_finetune_trains_only_adapters_and_exports_merged(gpt_run, tmp_path
     # the checkpoint holds the adapters and the task head only, not the base
     saved = load_checkpoint_params(wd)
     assert set(saved) == {"lora", "classifier"}
-    assert lora.count(saved) < lora.count(trainer.base) / 5
+    assert lora.count(saved) < lora.count(trainer.extension.frozen) / 5
     # merged for inference and export: equal to the adapted model
     model_cfg, merged, _ = load_for_inference(wd)
     for name, value in _flat(merged).items():
@@ -288,7 +305,7 @@ def test_lora_finetunes_an_imported_random_gpt2(tmp_path):
     _, back, _ = load_hf(str(out))
     for name, value in _flat(back).items():
         np.testing.assert_allclose(value, adapted[name], rtol=1e-6, atol=1e-7, err_msg=name)
-    assert any(not np.array_equal(adapted[n], _flat(trainer.base)[n]) for n in adapted)
+    assert any(not np.array_equal(adapted[n], _flat(trainer.extension.frozen)[n]) for n in adapted)
 
 
 @pytest.fixture(scope="module")

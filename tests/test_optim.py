@@ -18,6 +18,7 @@ from jaxformer.ops.losses import weighted_cross_entropy
 from jaxformer.train.optim import (
     HEAD_PARAM_PREFIXES,
     OPTIMIZER_PRESETS,
+    OptimizerSettings,
     decay_mask,
     default_optimizer_config,
     make_optimizer,
@@ -143,6 +144,9 @@ def test_scan_accumulation_weights_every_token_equally():
     """Micro-batches of 71 and 8 counted tokens: the accumulated step's gradient is the mean over
     all 79 tokens (float64 NumPy reference), not the mean of the two micro-batch means (optax
     ``MultiSteps``' rule, which weighs a token of the short micro-batch 71/8 times as much)."""
+    import dataclasses
+
+    from jaxformer.train.config import base_config, train_settings
     from jaxformer.train.state import TrainState
     from jaxformer.train.step import make_train_step
 
@@ -162,7 +166,9 @@ def test_scan_accumulation_weights_every_token_equally():
         return {"model_inputs": {"tokens": batch["inputs"]}, "targets": batch["targets"],
                 "weights": batch["weights"]}
 
-    step = jax.jit(make_train_step(model, tx, prepare, lambda s: 1.0, grad_accum_steps=2))
+    run = dataclasses.replace(train_settings(base_config(), ModelConfig()),
+                              optimizer=OptimizerSettings(grad_accum_steps=2))
+    step = jax.jit(make_train_step(model, tx, prepare, lambda s: 1.0, run=run))
     new, metrics = step(state, {"inputs": jnp.asarray(tokens, jnp.int32),
                                 "targets": jnp.asarray(targets, jnp.int32),
                                 "weights": jnp.asarray(weights)})

@@ -12,6 +12,7 @@ matches. Each train step is compiled once (module fixture) and reused by the tes
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import glob
 import math
@@ -29,14 +30,15 @@ from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective
 from jaxformer.objectives.mlm import MLMOptions
-from jaxformer.parallel import pmap, shard_map
+from jaxformer.parallel import shard_map
 from jaxformer.parallel.distributed import distributed_requested
 from jaxformer.parallel.mesh import check_batch_size, describe, make_mesh, mesh_shape
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, batch_sharding, param_shardings
 from jaxformer.parallel.shard_map import data_parallel_step
-from jaxformer.train.config import load_config
-from jaxformer.train.optim import default_optimizer_config, make_optimizer
+from jaxformer.parallel.step import axis_name, compile_step
+from jaxformer.train.config import base_config, load_config, train_settings
+from jaxformer.train.optim import OptimizerSettings, default_optimizer_config, make_optimizer
 from jaxformer.train.state import (
     create_train_state,
     state_shardings,
@@ -113,8 +115,8 @@ def _train_jit(mesh, setup, state, batches, grad_accum_steps: int = 1, explicit:
     ``explicit``, the shard_map data-parallel step instead of the jit over the mesh."""
     cfg, model, tx, schedule, prepare = setup
     _, shardings = state_shardings(model, tx, mesh)
-    step_fn = make_train_step(model, tx, prepare, schedule, grad_accum_steps=grad_accum_steps,
-                              axis_name=shard_map.AXIS if explicit else None)
+    step_fn = make_train_step(model, tx, prepare, schedule, run=_run_settings(cfg, grad_accum_steps),
+                              axis_name=axis_name("shard_map" if explicit else "jit"))
     if explicit:
         step = data_parallel_step(step_fn, mesh, shardings)
     else:
@@ -130,18 +132,30 @@ def _train_jit(mesh, setup, state, batches, grad_accum_steps: int = 1, explicit:
             "memory": compiled.memory_analysis(), "stderr": err["text"], "hlo": compiled.as_text()}
 
 
+def _run_settings(cfg: ModelConfig, grad_accum_steps: int):
+    """The run's settings (`make_train_step`'s ``run``) with ``grad_accum_steps`` micro-batches."""
+    return dataclasses.replace(train_settings(base_config(), cfg),
+                               optimizer=OptimizerSettings(grad_accum_steps=grad_accum_steps))
+
+
 def _columns(metrics: list[dict]) -> dict:
     """Per-step losses, token sums and gradient norms of a run."""
     get = lambda k: np.array([float(m[k]) for m in metrics])
     return {"losses": get("loss"), "tokens": list(get("tokens")), "grad_norms": get("grad_norm")}
 
 
-def _train_pmap(setup, host_state, batches, grad_accum_steps: int = 1, devices=None):
+def _train_pmap(setup, host_state, batches, mesh, grad_accum_steps: int = 1):
+    """The trainer's pmap runner (`compile_step`) over ``mesh``'s devices, from the host state."""
     cfg, model, tx, schedule, prepare = setup
-    runner = pmap.PmapRunner(make_train_step(model, tx, prepare, schedule, axis_name=pmap.AXIS,
-                                             grad_accum_steps=grad_accum_steps),
-                             host_state, devices=devices)
-    return {**_columns([runner.step(b)[1] for b in batches]), "params": runner.params()}
+    runner = compile_step("pmap", make_train_step(model, tx, prepare, schedule,
+                                                  axis_name=axis_name("pmap"),
+                                                  run=_run_settings(cfg, grad_accum_steps)),
+                          mesh, None)
+    state, metrics = runner.place(host_state), []
+    for b in batches:
+        state, m = runner(state, b)
+        metrics.append(m)
+    return {**_columns(metrics), "params": runner.host_state(state).params}
 
 
 def _host_state(setup, seed: int = 0):
@@ -177,8 +191,8 @@ def runs():
                               ("shard_map_accum2", data4, 2)):
         state = jax.device_put(host0, state_shardings(model, tx, mesh)[1])
         out[name] = {**_train_jit(mesh, setup, state, batches, accum, explicit=True), "mesh": mesh}
-    out["pmap"] = _train_pmap(setup, host0, batches)
-    out["pmap_accum2"] = _train_pmap(setup, host0, batches, 2, devices=jax.devices()[:4])
+    out["pmap"] = _train_pmap(setup, host0, batches, out["data8"]["mesh"])
+    out["pmap_accum2"] = _train_pmap(setup, host0, batches, data4, 2)
     return out
 
 

@@ -7,6 +7,7 @@ and tiny runs on real text for seq2seq and clm.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -28,13 +29,15 @@ from jaxformer.objectives.scheduled_sampling import (
     model_predictions,
     scheduled_sampling_mixer,
 )
-from jaxformer.parallel import pmap, shard_map
+from jaxformer.parallel import shard_map
 from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.rules import batch_sharding
-from jaxformer.train.config import load_config, validate_config
+from jaxformer.parallel.step import axis_name, compile_step
+from jaxformer.train.config import base_config, load_config, train_settings, validate_config
 from jaxformer.train.loop import train_and_evaluate
+from jaxformer.train.optim import OptimizerSettings
 from jaxformer.train.state import TrainState, state_shardings
-from jaxformer.train.step import make_train_step
+from jaxformer.train.step import StepHooks, make_train_step
 from jaxformer.vocab import SpecialTokens
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,9 +202,12 @@ def _setup(family: str):
     return cfg, model, params, prepare, objective
 
 
-def _step(model, prepare, mix_inputs=None, **kwargs):
+def _step(model, prepare, mix_inputs=None, grad_accum_steps=1, axis_name=None):
     tx = optax.sgd(1.0)  # new params = old − gradient / tokens: the update shows the gradient
-    return tx, make_train_step(model, tx, prepare, lambda s: 1.0, mix_inputs=mix_inputs, **kwargs)
+    run = dataclasses.replace(train_settings(base_config(), model.cfg),
+                              optimizer=OptimizerSettings(grad_accum_steps=grad_accum_steps))
+    return tx, make_train_step(model, tx, prepare, lambda s: 1.0, run=run, axis_name=axis_name,
+                               hooks=StepHooks(mix_inputs=mix_inputs))
 
 
 def _run(step_fn, state, batch):
@@ -322,11 +328,10 @@ def test_micro_batches_shard_map_and_pmap_match_the_argmax_reference(tiny, stepp
     # from host copies: the step donates its state, which must not alias the fixture's params
     runs["shard_map_accum2"] = sm_step(jax.device_put(jax.device_get(state), shardings),
                                        global_batch)
-    runner = pmap.PmapRunner(_step(model, prepare, mixer, grad_accum_steps=2,
-                                   axis_name=pmap.AXIS)[1], jax.device_get(state),
-                             devices=jax.devices()[:4])
-    metrics = runner.step(batch)[1]
-    runs["pmap_accum2"] = (TrainState(jnp.int32(0), runner.params(), None, None), metrics)
+    runner = compile_step("pmap", _step(model, prepare, mixer, grad_accum_steps=2,
+                                        axis_name=axis_name("pmap"))[1], mesh, None)
+    replicated, metrics = runner(runner.place(jax.device_get(state)), batch)
+    runs["pmap_accum2"] = (runner.host_state(replicated), metrics)
     for name, (new, m) in runs.items():
         np.testing.assert_allclose(float(m["loss"]), float(ref_m["loss"]), rtol=1e-5, err_msg=name)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),

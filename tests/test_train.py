@@ -499,3 +499,31 @@ def test_config_json_stores_what_the_run_used(tmp_path):
     assert saved["data"]["tokenizer"]["vocab_size"] == size != 2048
     # a resume under the same config compares it with config.json: no refusal, no note
     assert check_resume(saved, resolve_config(with_label_names_from_data(c)).config) == []
+
+
+def test_a_feature_reaches_the_step_and_evaluation_through_its_extension_only(tmp_path, monkeypatch):
+    """A toy feature registered as one `Extension` (no edit to the loop): its ``model_params`` hook
+    scales every parameter by the frozen factor 0, so the model's logits are all 0 and the loss is
+    ln(vocabulary) exactly, in the train step and in evaluation (which apply the same hook); the
+    same run without it does not give ln(V)."""
+    import jax.numpy as jnp
+
+    from jaxformer.train import loop
+    from jaxformer.train.extension import Extension
+    from jaxformer.train.step import StepHooks
+
+    def scaled(trained, factor):
+        return jax.tree.map(lambda p: p * factor.astype(p.dtype), trained)
+
+    def toy(resolved, built):
+        return Extension(hooks=StepHooks(model_params=scaled), frozen=jnp.zeros((), jnp.float32))
+
+    config = load_config("gpt_pretrain_tiny", num_train_steps=1, log_every_steps=1,
+                         **{"eval.every_steps": 1, "eval.num_batches": 1})
+    plain = Trainer(config, tmp_path / "plain").run()
+    monkeypatch.setattr(loop, "FEATURES", (*loop.FEATURES, toy))
+    trainer = Trainer(config, tmp_path / "toy")
+    toyed = trainer.run()
+    uniform = float(np.log(trainer.model_cfg.vocab_size))  # -log(1/V) at every position
+    np.testing.assert_allclose([toyed["loss"], toyed["eval_loss"]], uniform, rtol=1e-6)
+    assert abs(plain["loss"] - uniform) > 1e-4 and abs(plain["eval_loss"] - uniform) > 1e-4

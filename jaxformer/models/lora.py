@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from jaxformer.models.head_parts import HEAD_MODULES
 from jaxformer.models.spec import lora_a_std
-from jaxformer.settings import at_least, check_tree, section, setting
+from jaxformer.settings import at_least, check_tree, read, section, setting
 
 # ``optimizer.lora.targets`` → (parent module names, kernel module names) in the parameter tree
 # (`jaxformer.models.spec.attention_spec` / `ffn_spec`).
@@ -80,10 +80,9 @@ def is_lora(run_config: Any) -> bool:
     return bool(dict(run_config.get("optimizer") or {}).get("lora", {}).get("rank"))
 
 
-def lora_scale(lora_cfg: Any) -> float:
-    """``alpha / rank`` (Hu et al. §4.1), the factor of ``A B`` (``optimizer.lora``: a ConfigDict
-    or its dict)."""
-    return float(lora_cfg["alpha"]) / int(lora_cfg["rank"])
+def lora_scale(lora_cfg: LoraSettings) -> float:
+    """``alpha / rank`` (Hu et al. §4.1), the factor of ``A B`` (``optimizer.lora``)."""
+    return float(lora_cfg.alpha) / int(lora_cfg.rank)
 
 
 def _unbox(x):
@@ -179,6 +178,20 @@ def merge(params: Any, adapters: dict, scale: float) -> Any:
     return jax.tree_util.tree_unflatten(jax.tree.structure(params), list(flat.values()))
 
 
+def trainable_axes(axes: dict, lora_cfg: Any) -> dict:
+    """The logical axes of `trainable`'s tree, from the model's (a tuple of names per parameter,
+    no boxes): an adapter ``A`` of a kernel named ``(*b, *in, *out)`` is ``(*b, *in, None)``, its
+    ``B`` ``(*b, None, *out)`` (the module docstring); task heads keep theirs."""
+    leaves = jax.tree_util.tree_flatten_with_path(axes, is_leaf=lambda x: isinstance(x, tuple))[0]
+    out = {}
+    for path, names in ((tuple(str(k.key) for k in p), v) for p, v in leaves):
+        if _is_target(path, tuple(lora_cfg.targets)):
+            nb, ni, _ = _split_dims(path, len(names))
+            out[path[:-1] + ("lora_a",)] = (*names[:nb + ni], None)
+            out[path[:-1] + ("lora_b",)] = (*names[:nb], None, *names[nb + ni:])
+    return {LORA: _nest(out), **{k: v for k, v in axes.items() if k in TASK_HEADS}}
+
+
 def trainable(params: Any, rng: jax.Array, lora_cfg: Any) -> dict:
     """The trainable parameters of a LoRA run: ``{"lora": init_adapters(...), **task heads}``
     (the task heads taken from ``params``)."""
@@ -194,7 +207,8 @@ def model_params(base: Any, trained: dict, scale: float) -> Any:
 
 
 def inference_params(base: Any, trained: dict, lora_cfg: Any, modules: Any) -> Any:
-    """`model_params` of a saved LoRA run for inference: ``base`` (its ``init_from``'s parameters)
+    """`model_params` of a saved LoRA run (``lora_cfg``: its ``config.json``'s ``optimizer.lora``)
+    for inference: ``base`` (its ``init_from``'s parameters)
     keeps only the model's top-level ``modules`` (a pretraining head the fine-tuned model lacks is
     dropped). ValueError naming a module in neither ``base`` nor ``trained``."""
     base = {k: v for k, v in base.items() if k in modules}
@@ -202,7 +216,7 @@ def inference_params(base: Any, trained: dict, lora_cfg: Any, modules: Any) -> A
     if missing:
         raise ValueError(f"LoRA run: parameters {missing} are in neither its checkpoint nor its "
                          "init_from")
-    return model_params(base, trained, lora_scale(lora_cfg))
+    return model_params(base, trained, lora_scale(read(LoraSettings, lora_cfg)))
 
 
 def count(tree: Any) -> int:

@@ -15,19 +15,23 @@ shard_map  data parallel, written per device (`shard_map.data_parallel_step`): s
            batch split over ``data``, gradient and loss/token sums `lax.psum`-ed in the step
            where they can be read; global arrays, so multi-host as is. The migration target for
            pmap code, and the place for hand-written collectives.
-pmap       kept for old code (`pmap.PmapRunner`): `jax.pmap` is in maintenance mode (implemented
+pmap       kept for old code (`jaxformer.parallel.pmap`): `jax.pmap` is in maintenance mode (implemented
            with ``jit(shard_map)`` since JAX 0.8), stacks the state once per local device and
            reshapes each batch on the host.
 =========  ===================================================================================
+
+`jaxformer.parallel.step.compile_step` makes the choice for the trainer (one `StepRunner` whatever
+the mode).
 """
 
 from jaxformer.parallel.distributed import maybe_initialize_distributed
 from jaxformer.parallel.mesh import MESH_AXES, check_batch_size, describe, make_mesh, mesh_shape
 from jaxformer.parallel.partition import mesh_rules, sharded_jit
-from jaxformer.parallel.pmap import PmapRunner
 from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, batch_sharding, param_shardings
 from jaxformer.parallel.shard_map import data_parallel_step
+from jaxformer.parallel.step import StepRunner, axis_name, compile_step
 
-__all__ = ["LOGICAL_AXIS_RULES", "MESH_AXES", "PmapRunner", "batch_sharding", "check_batch_size",
-           "data_parallel_step", "describe", "make_mesh", "maybe_initialize_distributed",
-           "mesh_rules", "mesh_shape", "param_shardings", "sharded_jit"]
+__all__ = ["LOGICAL_AXIS_RULES", "MESH_AXES", "StepRunner", "axis_name",
+           "batch_sharding", "check_batch_size", "compile_step", "data_parallel_step", "describe",
+           "make_mesh", "maybe_initialize_distributed", "mesh_rules", "mesh_shape",
+           "param_shardings", "sharded_jit"]

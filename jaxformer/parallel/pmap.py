@@ -6,8 +6,10 @@ implemented with `jax.jit` and `jax.shard_map`): new data-parallel code should u
 arrays, without stacking the state per device or reshaping batches on the host), and the jit path
 over a mesh is the default, also covering FSDP and tensor parallelism.
 
-This runner wraps the same train step (`make_train_step(..., axis_name="batch")`), so every path
-computes the same update: each local device gets ``batch_size / local_device_count`` rows,
+The pieces here (`replicate`, `pmapped`, `split`, `first`) make the runner of
+`jaxformer.parallel.step.compile_step`. It wraps the same train step (`make_train_step(...,
+axis_name="batch")`), so every path computes the same update: each local device gets
+``batch_size / local_device_count`` rows,
 gradient and loss *sums* are `lax.psum`-ed across all devices (of all processes), and every
 replica applies the identical optimizer update. With dropout off it matches the jit path with a
 data-only mesh to float rounding (tested).
@@ -33,48 +35,28 @@ def replicate(tree, devices: Sequence[jax.Device]):
                      host), sharding)
 
 
-class PmapRunner:
-    """Holds a replicated state and runs ``step_fn(state, batch)`` under `jax.pmap`.
-
-    ``step_fn`` must be built with ``axis_name="batch"``. ``batch`` is this process's share of the
-    global batch (what the data pipeline yields), split here over the local devices.
-    """
-
-    def __init__(self, step_fn: Callable, state, devices: Sequence[jax.Device] | None = None):
-        # pmap maps over the devices of *every* process (each feeds its local ones): restricting
-        # it to this process's devices would psum gradients within each process only
-        self.devices = jax.local_devices() if devices is None else list(devices)
-        self._state = replicate(state, self.devices)
-        self._step = jax.pmap(step_fn, axis_name=AXIS, donate_argnums=(0,),
-                              devices=None if devices is None else self.devices)
-
-    def split(self, batch: dict) -> dict:
-        """`[rows, ...]` → `[devices, rows / devices, ...]`; ValueError if rows don't divide."""
-        n = len(self.devices)
-        out = {}
-        for k, v in batch.items():
-            v = np.asarray(v)
-            if v.shape[0] % n:
-                raise ValueError(f"pmap: batch[{k!r}] has {v.shape[0]} rows, not divisible by the "
-                                 f"{n} local devices; make data.batch_size / process count a "
-                                 f"multiple of {n}")
-            out[k] = v.reshape(n, v.shape[0] // n, *v.shape[1:])
-        return out
-
-    def step(self, batch: dict):
-        """One update; returns (replicated state, metrics of replica 0)."""
-        self._state, metrics = self._step(self._state, self.split(batch))
-        return self._state, jax.tree.map(_first, metrics)
-
-    def state(self):
-        """The state of the first local replica (all replicas are identical), as host arrays: the
-        loop's evaluation and Orbax checkpoints place it on the mesh from there."""
-        return jax.device_get(jax.tree.map(_first, self._state))
-
-    def params(self):
-        return self.state().params
+def pmapped(step_fn: Callable, devices: Sequence[jax.Device] | None = None) -> Callable:
+    """``jax.pmap`` of ``step_fn(state, batch)`` over ``AXIS``, the state donated; ``devices``
+    None: every process's local devices (each feeds its own: restricting pmap to this process's
+    devices would psum gradients within each process only)."""
+    return jax.pmap(step_fn, axis_name=AXIS, donate_argnums=(0,),
+                    devices=None if devices is None else list(devices))
 
 
-def _first(x: jax.Array) -> jax.Array:
+def split(batch: dict, n: int) -> dict:
+    """`[rows, ...]` → `[n, rows / n, ...]` (one slice per local device); ValueError if rows don't
+    divide."""
+    out = {}
+    for k, v in batch.items():
+        v = np.asarray(v)
+        if v.shape[0] % n:
+            raise ValueError(f"pmap: batch[{k!r}] has {v.shape[0]} rows, not divisible by the "
+                             f"{n} local devices; make data.batch_size / process count a "
+                             f"multiple of {n}")
+        out[k] = v.reshape(n, v.shape[0] // n, *v.shape[1:])
+    return out
+
+
+def first(x: jax.Array) -> jax.Array:
     """Replica 0 of a pmapped array, without a gather (its first addressable shard)."""
     return x.addressable_shards[0].data[0]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,10 @@ from jaxformer.ops.heads import pool
 from jaxformer.ops.losses import cosine_distance, soft_target_kl
 from jaxformer.parallel.rules import param_shardings
 from jaxformer.train.distill_config import DistillSettings, settings
+from jaxformer.train.extension import Extension
 from jaxformer.train.setup import Built, Pretrained, ResolvedConfig, merge_backbone, open_pretrained
 from jaxformer.train.state import TrainState, create_params, create_train_state
+from jaxformer.train.step import StepHooks
 
 TEACHER_KEY = "distill.teacher"
 LAYER_COUNTS = ("num_layers", "num_encoder_layers", "num_decoder_layers")
@@ -150,7 +153,8 @@ def distill_terms(student_logits, teacher_logits, student_hidden, teacher_hidden
 
 @dataclasses.dataclass(frozen=True)
 class DistillLoss:
-    """The train step's loss hook (`jaxformer.train.step.make_train_step`'s ``distill``).
+    """The train step's loss hook (`jaxformer.train.step.StepHooks.loss`; the teacher's parameters
+    are the step's ``frozen`` tree).
 
     ``__call__(model, params, teacher_params, prepared, *, dropout_rng, hard_sums)`` → the sums of
     `jaxformer.train.step.loss_and_metrics` with ``loss`` = α·distill_kl + β·hard + γ·distill_cos
@@ -242,9 +246,25 @@ def init_student_state(resolved: ResolvedConfig, built: Built, teacher: Teacher)
     cfg = resolved.model_cfg
     host = jax.tree.map(np.asarray, jax.device_get(teacher.params))
     picked = select_layers(host, teacher.model_cfg, cfg.num_layers, cfg.scan_layers)
-    fresh = create_params(built.model, built.param_shardings, resolved.config.seed)
+    fresh = create_params(built.model, built.param_shardings, resolved.settings.seed)
     params, new = merge_backbone(fresh, picked)
     print(f"Student initialised from the teacher's layers {list(range(0, 2 * cfg.num_layers, 2))}; "
           f"fresh parameters: {new or 'none'}")
-    return create_train_state(built.model, resolved.tx, built.mesh, resolved.config.seed,
+    return create_train_state(built.model, resolved.tx, built.mesh, resolved.settings.seed,
                               params=params)[0]
+
+
+def extension(resolved: ResolvedConfig, built: Built) -> Extension | None:
+    """The distillation `Extension` of a run with ``distill.teacher`` (None otherwise): the teacher
+    checked against the student (`open_teacher`), its parameters read on the student's mesh once
+    (`load_teacher`, never checkpointed: a resume reads them again) as the step's frozen tree, the
+    loss hook `DistillLoss`; with ``distill.init_student`` a fresh run starts from its layers
+    (`init_student_state`)."""
+    teacher = open_teacher(resolved)
+    if teacher is None:
+        return None
+    teacher = load_teacher(teacher, built.mesh, resolved.settings.seed)
+    init = (functools.partial(init_student_state, teacher=teacher) if teacher.settings.init_student
+            else None)
+    return Extension(hooks=StepHooks(loss=teacher.loss(resolved.model_cfg)), frozen=teacher.params,
+                     frozen_shardings=teacher.shardings, init_state=init)

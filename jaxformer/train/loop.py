@@ -8,11 +8,13 @@
    if any; load or train the tokenizer; build the Grain train iterator — every check that can
    refuse the run, before any write (a refused run, or one that fails before its first step,
    removes the workdir or ``.lock`` it created: `jaxformer.checkpoint.lock`);
-3. resume from that step (state *and* data iterator), else initialise — from ``init_from``
-   (backbone of a pretraining run or a Hugging Face model) when given;
-4. run jit-compiled steps sharded over the mesh (or shard_map / pmap), evaluating, logging and
-   checkpointing periodically and at the end; a non-finite loss or gradient norm stops the run or
-   skips the update (``nonfinite``).
+3. build the features the config asks for (`FEATURES`: each an
+   `jaxformer.train.extension.Extension` — its step hooks, its frozen parameters, its start);
+4. resume from that step (state *and* data iterator), else initialise — from ``init_from``
+   (backbone of a pretraining run or a Hugging Face model) when given, or as a feature starts;
+5. run the step compiled for ``parallel`` (`jaxformer.parallel.step.compile_step`: jit over the
+   mesh, shard_map or pmap), evaluating, logging and checkpointing periodically and at the end; a
+   non-finite loss or gradient norm stops the run or skips the update (``nonfinite``).
 """
 
 from __future__ import annotations
@@ -34,19 +36,16 @@ from jaxformer.data.pipeline import check_train_records
 from jaxformer.data.sources import SourceSettings
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
 from jaxformer.flops import device_peak_flops, train_step_flops
-from jaxformer.models import lora
 from jaxformer.objectives import get_objective
 from jaxformer.objectives.cloze import predicts_labels
-from jaxformer.objectives.scheduled_sampling import scheduled_sampling_mixer
 from jaxformer.ops.embedding import check_token_ids
-from jaxformer.parallel import pmap, shard_map
 from jaxformer.parallel.mesh import describe
 from jaxformer.parallel.partition import sharded_jit
-from jaxformer.parallel.rules import batch_sharding
+from jaxformer.parallel.step import StepRunner, axis_name, compile_step, global_batch
 from jaxformer.settings import read
-from jaxformer.train import distill
+from jaxformer.train import distill, extension, lora_run
 from jaxformer.train.collapse import CollapseWatch, with_prediction_counts
-from jaxformer.train.lora_run import init_lora_state, load_base
+from jaxformer.train.extension import combine
 from jaxformer.train.metrics import MetricWriter, Progress, truncate_metrics
 from jaxformer.train.nonfinite import NonfiniteGuard
 from jaxformer.train.setup import (
@@ -61,7 +60,12 @@ from jaxformer.train.setup import (
     wire_objective,
     with_label_names_from_data,
 )
-from jaxformer.train.step import make_eval_step, make_train_step, summarize_eval
+from jaxformer.train.step import (
+    make_eval_step,
+    make_train_step,
+    summarize_eval,
+    trained_params,
+)
 from jaxformer.train.throughput import (
     GOODPUT_FILE,
     TIMING_KEYS,
@@ -71,10 +75,8 @@ from jaxformer.train.throughput import (
     ready,
 )
 
-
-def _to_global(batch: dict, mesh) -> dict:
-    return {k: jax.make_array_from_process_local_data(batch_sharding(mesh, np.ndim(v)), np.asarray(v))
-            for k, v in batch.items()}
+# The features a run may ask for, each ``(resolved, built) -> Extension | None``.
+FEATURES = (lora_run.extension, distill.extension, extension.scheduled_sampling)
 
 
 def _check_batch(batch: dict, cfg: ModelConfig, labels: bool) -> None:
@@ -107,38 +109,30 @@ class Trainer:
                             objective.read_options(config.objective))
         resolved = resolve_config(distill.with_teacher_tokenizer(config))
         self.config = config = resolved.config  # the resolved copy: what config.json records
+        self.settings = s = resolved.settings  # the config as typed sections (TrainSettings)
         self.model_cfg, self.tx, self.schedule = resolved.model_cfg, resolved.tx, resolved.schedule
-        self.settings = settings = resolved.settings  # the config as typed sections (TrainSettings)
-        self.predicts_labels = predicts_labels(self.model_cfg, config.objective.name)
+        self.predicts_labels = predicts_labels(self.model_cfg, s.objective.name)
         self.workdir = workdir = Path(workdir)
         if workdir.exists() and not workdir.is_dir():
             raise ValueError(f"workdir {str(workdir)!r} exists and is not a directory")
         built = build(resolved)
         self.model, self.mesh, self.shardings = built.model, built.mesh, built.shardings
-        self.param_shardings, self.base = built.param_shardings, None  # base: LoRA's frozen params
-        self.teacher = distill.open_teacher(resolved)  # distill.teacher, checked; params read below
+        self.param_shardings = built.param_shardings
         self.lock = WorkdirLock(workdir).acquire()  # a second run stops here; nothing written
         try:  # every check that can refuse the run, reading only: a refusal leaves no trace
-            self.ckpt = Checkpointer(workdir, resolved.settings.checkpoint)
+            self.ckpt = Checkpointer(workdir, s.checkpoint)
             resume = plan_resume(self.ckpt, workdir, config)
             if jax.process_index() == 0:
-                print(f"Mesh {describe(self.mesh)}, parallel={config.parallel}, attention "
+                print(f"Mesh {describe(self.mesh)}, parallel={s.parallel}, attention "
                       f"{self.model_cfg.attention_summary(self.mesh.shape['context'])}")
             self.tokenizer = open_tokenizer(resolved, workdir, resuming=resume is not None)
             record_tokenizer(config, self.tokenizer)  # config.json: the size it has
-            self.prepare = wire_objective(settings, self.tokenizer)
+            self.prepare = wire_objective(s, self.tokenizer)
             self.make_ds, self.train_iter = open_data(resolved, self.tokenizer)
-            if lora.is_lora(config):
-                self.base = load_base(resolved, built)
-            if self.teacher is not None:  # read once, on the student's mesh; never checkpointed
-                self.teacher = distill.load_teacher(self.teacher, self.mesh, config.seed)
-            if resume is None and self.teacher is not None and self.teacher.settings.init_student:
-                self.state, self.start_step = distill.init_student_state(resolved, built,
-                                                                         self.teacher), 0
-            elif resume is None and self.base is not None:
-                self.state, self.start_step = init_lora_state(resolved, built, self.base), 0
-            elif resume is None:
-                self.state, self.start_step = init_state(resolved, built), 0
+            self.extension = combine(*(feature(resolved, built) for feature in FEATURES))
+            if resume is None:
+                self.state = (self.extension.init_state or init_state)(resolved, built)
+                self.start_step = 0
             else:  # sets damaged newer steps aside once the restore has succeeded
                 self.state, self.start_step = restore_state(self.ckpt, built, self.train_iter,
                                                             resume, workdir)
@@ -153,75 +147,48 @@ class Trainer:
             truncate_metrics(workdir, self.start_step)  # one row per step across crashes
 
     def model_params(self, state):
-        """The parameters the model applies: ``state.params``, or a LoRA run's merged with its
-        base (`jaxformer.models.lora.model_params`)."""
-        if self.base is None:
+        """The parameters the model applies: ``state.params``, or as the step's ``model_params``
+        hook makes them of the state's and the feature's frozen ones (LoRA: merged with its base),
+        compiled into the model's parameter shardings."""
+        hook = self.extension.hooks.model_params
+        if hook is trained_params:
             return state.params
-        if not hasattr(self, "_merge"):
-            scale = lora.lora_scale(self.config.optimizer.lora)
-            self._merge = sharded_jit(lambda b, p: lora.model_params(b, p, scale), self.mesh,
-                                      out_shardings=self.param_shardings)
-        return self._merge(self.base, state.params)
+        if not hasattr(self, "_model_params"):
+            self._model_params = sharded_jit(hook, self.mesh, out_shardings=self.param_shardings)
+        return self._model_params(state.params, self.extension.frozen)
 
-    def _step_fn(self):
-        """jit over the mesh (default), jit of an explicit shard_map, or a `PmapRunner`; a LoRA
-        run's step takes the frozen base as a third argument, bound here."""
-        c = self.config
+    def runner(self) -> StepRunner:
+        """The train step with the features' hooks, compiled for ``parallel``
+        (`jaxformer.parallel.step.compile_step`)."""
+        s = self.settings
         step_fn = make_train_step(self.model, self.tx, self.prepare, self.schedule,
-                                  label_smoothing=c.objective.label_smoothing,
-                                  z_loss=c.objective.z_loss,
-                                  vocab_block_size=c.objective.vocab_block_size,
-                                  dropout_impl=c.dropout_prng,
-                                  grad_accum_steps=c.optimizer.get("grad_accum_steps", 1),
-                                  axis_name={"pmap": pmap.AXIS,
-                                             "shard_map": shard_map.AXIS}.get(c.parallel),
-                                  skip_nonfinite=c.nonfinite == "skip",
-                                  lora_scale=(lora.lora_scale(c.optimizer.lora) if self.base
-                                              is not None else None),
-                                  mix_inputs=scheduled_sampling_mixer(
-                                      self.settings.objective.name, self.settings.objective_options,
-                                      self.model),
-                                  distill=None if self.teacher is None else self.teacher.loss(
-                                      self.model_cfg))
-        if self.teacher is not None:  # parallel="jit", no LoRA (checked with the config)
-            step = sharded_jit(step_fn, self.mesh,
-                               in_shardings=(self.shardings, None, None, self.teacher.shardings),
-                               out_shardings=(self.shardings, None), donate_argnums=(0,))
-            return lambda state, batch: step(state, batch, None, self.teacher.params)
-        if self.base is not None:  # parallel="jit" (checked with the config)
-            step = sharded_jit(step_fn, self.mesh,
-                               in_shardings=(self.shardings, None, self.param_shardings),
-                               out_shardings=(self.shardings, None), donate_argnums=(0,))
-            return lambda state, batch: step(state, batch, self.base)
-        if c.parallel == "pmap":
-            return pmap.PmapRunner(step_fn, self.state)
-        if c.parallel == "shard_map":
-            return shard_map.data_parallel_step(step_fn, self.mesh, self.shardings)
-        return sharded_jit(step_fn, self.mesh, in_shardings=(self.shardings, None),
-                           out_shardings=(self.shardings, None), donate_argnums=(0,))
+                                  objective=s.objective, run=s, axis_name=axis_name(s.parallel),
+                                  hooks=self.extension.hooks)
+        return compile_step(s.parallel, step_fn, self.mesh, self.shardings,
+                            self.extension.frozen_shardings)
 
     def evaluate(self, params, step: int | None = None) -> dict:
         """Loss, accuracy and perplexity over ``eval.num_batches`` batches of ``eval.split``, and
         decoding scores with ``eval.generate_examples``. A sequence classifier's evaluations at
         ``step`` are watched for a collapse to one class or an accuracy at or below the
         majority-class rate (`jaxformer.train.collapse`)."""
-        c = self.config
-        if c.eval.num_batches == 0:
+        s = self.settings
+        if s.eval.num_batches == 0:
             return {}
         if not hasattr(self, "_eval_fn"):
             counts = self.predicts_labels and self.model_cfg.head == "classify"
             eval_step = make_eval_step(self.model, self.prepare, predictions=counts,
-                                       vocab_block_size=c.objective.vocab_block_size)
+                                       vocab_block_size=s.objective.vocab_block_size)
             if counts:
                 eval_step = with_prediction_counts(eval_step, self.model_cfg.num_classes)
-                self._collapse = CollapseWatch(self.settings.data.label_names)
+                self._collapse = CollapseWatch(s.data.label_names)
             self._eval_fn = sharded_jit(eval_step, self.mesh,
                                         in_shardings=(self.param_shardings, None, None))
-        it = iter(self.make_ds(c.eval.split, num_epochs=1))
-        totals, key = None, jax.random.key(c.seed + 1)
-        for i, batch in zip(range(c.eval.num_batches), it):
+        it = iter(self.make_ds(s.eval.split, num_epochs=1))
+        totals, key = None, jax.random.key(s.seed + 1)
+        for i, batch in zip(range(s.eval.num_batches), it):
             _check_batch(batch, self.model_cfg, self.predicts_labels)
-            sums = self._eval_fn(params, _to_global(batch, self.mesh), jax.random.fold_in(key, i))
+            sums = self._eval_fn(params, global_batch(batch, self.mesh), jax.random.fold_in(key, i))
             totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
         if totals is None:
             return {}
@@ -231,33 +198,33 @@ class Trainer:
             self._collapse.push(step, predicted, labelled, out["accuracy"])
         if self.predicts_labels:  # exp(cross-entropy) of a label is no perplexity
             out.pop("perplexity")
-        if c.eval.get("generate_examples", 0) > 0:
+        if s.eval.generate_examples > 0:
             out.update(self._decoding_scores(params))
         return {f"eval_{k}": v for k, v in out.items()}
 
     def _decoding_scores(self, params) -> dict:
         """BLEU, chrF and exact match of generations for the first ``eval.generate_examples``
         examples of ``eval.split`` (`jaxformer.evaluation.decoding`; the same sample each time)."""
-        c = self.config
+        s = self.settings
         if not hasattr(self, "_decoding"):
-            examples = decoding_examples(self.settings, self.tokenizer, c.eval.split,
-                                         limit=c.eval.generate_examples)
+            examples = decoding_examples(s, self.tokenizer, s.eval.split,
+                                         limit=s.eval.generate_examples)
             self._decoding = (self.model, examples,
-                              generation_config(self.settings, self.tokenizer))
+                              generation_config(s, self.tokenizer))
         model, examples, gen = self._decoding
         scores, _ = score_decoding(model, params, self.tokenizer, examples, gen,
-                                   batch_size=c.data.batch_size)
+                                   batch_size=s.data.batch_size)
         return {k: scores[k] for k in ("bleu", "chrf", "exact_match")}
 
     def throughput(self) -> Throughput:
         """The run's clock (`jaxformer.train.throughput`): model FLOPs of a step
         (`jaxformer.flops.train_step_flops` of the model's parameters and the run's settings) and
         the peak of the mesh's devices, which process 0 names once (when there are steps to run)."""
-        c = self.config
-        params = self.base if self.base is not None else self.state.params  # LoRA: the model's
+        params = jax.eval_shape(self.extension.hooks.model_params, self.state.params,
+                                self.extension.frozen)  # the shapes of what the model applies
         flops = train_step_flops(self.settings, params)["model_flops_per_step"]
         peak = device_peak_flops(self.mesh.devices.flat[0])
-        if jax.process_index() == 0 and self.start_step < c.num_train_steps:
+        if jax.process_index() == 0 and self.start_step < self.settings.num_train_steps:
             n = self.mesh.devices.size
             print(f"MFU: model FLOPs {flops:.4g} per step over {n} device{'s' * (n != 1)}, "
                   f"against {peak['source']}")
@@ -279,33 +246,29 @@ class Trainer:
         """Train from ``start_step`` to ``num_train_steps``; returns the last logged metrics (but
         the wall-clock ones, `throughput.TIMING_KEYS`: every process returns the same). The run's
         goodput is printed as one line and written to ``<workdir>/goodput.json``."""
-        c, total = self.config, self.config.num_train_steps
+        s, total = self.settings, self.settings.num_train_steps
         if self.start_step >= total:
             print(f"{self.workdir} is already at step {self.start_step} of num_train_steps={total}: "
                   "nothing to train (raise --config.num_train_steps to continue; to score it on "
                   f"a split or a file: python -m jaxformer.cli.evaluate --workdir {self.workdir} "
                   "--split test)")
-        step_fn = self._step_fn()
-        pmap = not callable(step_fn) or hasattr(step_fn, "step")
+        runner = self.runner()
         writer = MetricWriter(self.workdir, count_name="examples" if self.predicts_labels
                               else "tokens")  # one label per example
-        progress = Progress(self.start_step, total, enabled=c.progress_bar)
+        progress = Progress(self.start_step, total, enabled=s.progress_bar)
         clock = self.throughput()
-        profile = ProfileWindow(c.profile_steps, self.workdir, clock)
-        last, train_metrics, state, metrics = {}, {}, self.state, None
+        profile = ProfileWindow(s.profile_steps, self.workdir, clock)
+        last, train_metrics, state, metrics = {}, {}, runner.place(self.state), None
         stepped = self.start_step >= total  # False until a step has run: `WorkdirLock.release`
         watch = PreemptionWatch()
-        guard = NonfiniteGuard(c.nonfinite, c.nonfinite_limit,
+        guard = NonfiniteGuard(s.nonfinite, s.nonfinite_limit,
                                lambda: (self.ckpt.wait(), self.ckpt.resume_point())[1])
         try:
             for step in range(self.start_step + 1, total + 1):
                 batch = self._next_batch(clock, metrics)
                 profile.before(step)
                 t0 = time.perf_counter()
-                if pmap:
-                    state, metrics = step_fn.step(batch)
-                else:
-                    state, metrics = step_fn(state, _to_global(batch, self.mesh))
+                state, metrics = runner(state, batch, self.extension.frozen)
                 if not stepped:  # this process's first step: compiled, then run (blocked on)
                     jax.block_until_ready(metrics)
                     clock.add("compilation", time.perf_counter() - t0, steps=1)
@@ -313,8 +276,8 @@ class Trainer:
                 profile.after(step, metrics)
                 guard.push(step, metrics)  # checks the step before: the nonfinite policy
                 self.ckpt.check()  # a background save that failed stops the run here
-                log_now = step % c.log_every_steps == 0 or step == total
-                eval_now = step % c.eval.every_steps == 0 or step == total
+                log_now = step % s.log_every_steps == 0 or step == total
+                eval_now = step % s.eval.every_steps == 0 or step == total
                 if log_now or eval_now:
                     train_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
                     guard.flush()  # its scalars are here: checked now, counted in this row
@@ -329,7 +292,7 @@ class Trainer:
                 if eval_now:
                     try:
                         with clock.phase("evaluation"):
-                            current = step_fn.state() if pmap else state
+                            current = runner.host_state(state)
                             eval_metrics = self.evaluate(self.model_params(current), step)
                     except Exception:  # e.g. a bad record further into the eval split: keep the
                         self.ckpt.save(step, current, self.train_iter)  # training done so far
@@ -344,10 +307,10 @@ class Trainer:
                     last = {**last, **{k: v for k, v in writer.named(row).items()
                                        if k not in TIMING_KEYS}}
                 preempted = self.ckpt.preempted(step, watch.signalled)
-                if step % c.checkpoint.every_steps == 0 or step == total or preempted:
+                if step % s.checkpoint.every_steps == 0 or step == total or preempted:
                     guard.flush()
                     with clock.phase("checkpoint"):
-                        current = step_fn.state() if pmap else state
+                        current = runner.host_state(state)
                         self.ckpt.save(step, current, self.train_iter, metrics=eval_metrics or None)
                 if preempted:
                     print(f"Preempted (SIGTERM) at step {step}: checkpoint saved; rerun the same "
@@ -355,7 +318,7 @@ class Trainer:
                     last = {**last, "preempted_at_step": step}
                     break
             guard.flush()
-            self.state = step_fn.state() if pmap else state
+            self.state = runner.host_state(state)
             with clock.phase("checkpoint"):
                 self.ckpt.wait()  # the last save, committed
             if stepped and self.start_step < total:

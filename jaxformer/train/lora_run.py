@@ -8,15 +8,21 @@ loaded again, never saved: at the start, at every resume (its ``config.json`` re
 `jaxformer.convert.lora.load_merged` / `merged_params` (any base, a Hugging Face model included:
 what ``generate``, ``evaluate``, ``predict``, ``answer`` and ``python -m jaxformer.cli.convert
 --from <lora run> --to-hf <dir>`` read).
+
+In the trainer LoRA is one `Extension` (`extension`): the base is the step's ``frozen`` tree, the
+step's ``model_params`` hook merges it with the trained adapters (`jaxformer.models.lora`), a fresh
+run starts from `init_lora_state`, and evaluation applies the merged parameters (the same hook).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 
 from jaxformer.models import lora
+from jaxformer.train.extension import Extension
 from jaxformer.train.setup import (
     Built,
     ResolvedConfig,
@@ -24,6 +30,7 @@ from jaxformer.train.setup import (
     report_init_from,
 )
 from jaxformer.train.state import TrainState, create_train_state
+from jaxformer.train.step import StepHooks
 
 
 def load_base(resolved: ResolvedConfig, built: Built) -> Any:
@@ -36,13 +43,30 @@ def load_base(resolved: ResolvedConfig, built: Built) -> Any:
 def init_lora_state(resolved: ResolvedConfig, built: Built, base: Any) -> TrainState:
     """A fresh LoRA train state: adapters (A ~ N, B = 0; key ``fold_in(key(seed), 2)``) and the
     base's task heads, with optimizer state for these only."""
-    lora_cfg = resolved.config.optimizer.lora
-    key = jax.random.fold_in(jax.random.key(resolved.config.seed), 2)
+    lora_cfg = resolved.settings.optimizer.lora
+    key = jax.random.fold_in(jax.random.key(resolved.settings.seed), 2)
     trained = jax.jit(lambda p: lora.trainable(p, key, lora_cfg),
                       out_shardings=built.shardings.params)(base)
-    state, _ = create_train_state(built.model, resolved.tx, built.mesh, resolved.config.seed,
+    state, _ = create_train_state(built.model, resolved.tx, built.mesh, resolved.settings.seed,
                                   params=trained, lora_cfg=lora_cfg)
     n_trained, n_base = lora.count(trained), lora.count(base)
     print(f"LoRA rank {lora_cfg.rank} on {tuple(lora_cfg.targets)}: {n_trained:,} trainable "
           f"parameters ({100 * n_trained / n_base:.2f}% of {n_base:,})")
     return state
+
+
+def adapted(scale: float, trained: Any, base: Any) -> Any:
+    """The step's ``model_params`` hook: ``base`` + scale · A B, the trained task heads."""
+    return lora.model_params(base, trained, scale)
+
+
+def extension(resolved: ResolvedConfig, built: Built) -> Extension | None:
+    """The LoRA `Extension` of a run with ``optimizer.lora.rank`` > 0 (None otherwise): its base
+    read (`load_base`) as the step's frozen tree; fresh runs start from `init_lora_state`."""
+    lora_cfg = resolved.settings.optimizer.lora
+    if not lora_cfg.rank:
+        return None
+    base, scale = load_base(resolved, built), lora.lora_scale(lora_cfg)
+    return Extension(hooks=StepHooks(model_params=functools.partial(adapted, scale)), frozen=base,
+                     frozen_shardings=built.param_shardings,
+                     init_state=functools.partial(init_lora_state, base=base))

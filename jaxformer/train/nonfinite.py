@@ -1,7 +1,7 @@
 """The ``nonfinite`` policy, host side: what a non-finite loss or gradient norm does to the run.
 
 ``nonfinite="stop"`` ends training at the first such step; ``"skip"`` has the jitted step leave
-the update out (`make_train_step(skip_nonfinite=True)` keeps params and optimizer state with
+the update out (`make_train_step` of a run with ``nonfinite="skip"`` keeps params and optimizer state with
 `jnp.where`), counts it, and stops after ``nonfinite_limit`` in a row. Either way the error
 names the step and the last good checkpoint (or that none was saved yet); checkpoints never hold
 non-finite parameters (`Checkpointer.save` refuses them).

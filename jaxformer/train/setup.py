@@ -53,7 +53,6 @@ from jaxformer.models import build_model
 from jaxformer.models.head_parts import HEAD_MODULE_NAMES
 from jaxformer.models.vocab_padding import fit_vocab
 from jaxformer.objectives import bind_objective
-from jaxformer.options import option
 from jaxformer.parallel.mesh import check_batch_size, make_mesh
 from jaxformer.settings import read
 from jaxformer.train.config import (
@@ -62,6 +61,7 @@ from jaxformer.train.config import (
     check_resume,
     check_vocabulary,
     position_lengths,
+    run_settings,
     with_derived_model_fields,
 )
 from jaxformer.train.state import TrainState, create_params, create_train_state, state_shardings
@@ -195,7 +195,7 @@ def _take_decoder_start(resolved: ml_collections.ConfigDict, pretrained: Pretrai
     if pretrained.is_hf:
         start = read_config(pretrained.path).get("decoder_start_token_id")
     else:
-        start = option(pretrained.run.run_config.get("objective"), "decoder_start_id")
+        start = run_settings(pretrained.run.run_config).objective.decoder_start_id
     if (pretrained.model.get("family") == "encoder_decoder" and isinstance(start, int)
             and start != 0 and resolved.objective.get("decoder_start_id", 0) == 0):
         logging.info("objective.decoder_start_id=%d: init_from=%s's decoder start", start,
@@ -267,14 +267,14 @@ def build(resolved: ResolvedConfig) -> Built:
     """The model (`jaxformer.models.Model`, pure functions of the parameter dict) and the state's
     shardings on the mesh; a parameter the mesh cannot split fails here, before any tokenizer or
     file is written."""
-    config, model_cfg, settings = resolved.config, resolved.model_cfg, resolved.settings
+    model_cfg, settings = resolved.model_cfg, resolved.settings
     mesh = make_mesh(settings.mesh)
     check_batch_size(mesh, settings.data.batch_size, settings.optimizer.grad_accum_steps)
     model = build_model(model_cfg)
-    lora_cfg = config.optimizer.get("lora")
+    lora_cfg = settings.optimizer.lora
     abstract, shardings = state_shardings(model, resolved.tx, mesh, lora_cfg)
     params = shardings.params
-    if lora_cfg is not None and lora_cfg.rank:
+    if lora_cfg.rank:
         params = state_shardings(model, resolved.tx, mesh)[1].params
     return Built(model, mesh, abstract, shardings, params)
 
@@ -390,26 +390,27 @@ def init_state(resolved: ResolvedConfig, built: Built) -> TrainState:
     """Fresh parameters, or with ``init_from`` its backbone plus fresh (sharded) parameters for new
     heads; the pretrained parameters are read on the host and placed shard by shard, never whole on
     one device."""
-    config, pretrained = resolved.config, resolved.pretrained
+    pretrained = resolved.pretrained
     params, fresh = None, []
     if pretrained is not None:
         params, fresh = load_pretrained(resolved, built)
-    state, _ = create_train_state(built.model, resolved.tx, built.mesh, config.seed, params=params)
+    state, _ = create_train_state(built.model, resolved.tx, built.mesh, resolved.settings.seed,
+                                  params=params)
     report_init_from(pretrained, fresh)
     return state
 
 
 def load_pretrained(resolved: ResolvedConfig, built: Built) -> tuple[Any, list[str]]:
     """(init_from's parameters with fresh ones for new heads, on the host; the fresh paths)."""
-    config, model_cfg, pretrained = resolved.config, resolved.model_cfg, resolved.pretrained
+    model_cfg, pretrained, seed = resolved.model_cfg, resolved.pretrained, resolved.settings.seed
     if pretrained.is_hf:  # the importer initialises any head the checkpoint lacks (logged)
         backbone = load_hf(pretrained.path, scan_layers=model_cfg.scan_layers,
                            head=model_cfg.head, num_classes=model_cfg.num_classes,
-                           seed=config.seed, vocab_pad_multiple=model_cfg.vocab_pad_multiple)[1]
+                           seed=seed, vocab_pad_multiple=model_cfg.vocab_pad_multiple)[1]
     else:  # verified first; its vocabulary tables re-padded as the model pads them (a layout)
         backbone = fit_vocab(load_checkpoint_params(pretrained.run.step_dir),
                              ModelConfig.from_dict(pretrained.model), model_cfg)
-    fresh_params = create_params(built.model, built.param_shardings, config.seed)
+    fresh_params = create_params(built.model, built.param_shardings, seed)
     return merge_backbone(fresh_params, backbone)
 
 

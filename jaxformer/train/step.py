@@ -7,6 +7,7 @@ loss is the same whatever the mesh, the micro-batching or the number of hosts.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxformer.models import Model, lora
+from jaxformer.models import Model
 from jaxformer.objectives.cloze import class_logits
 from jaxformer.ops.dropout import dropout_key
 from jaxformer.ops.heads import HeadInputs
@@ -23,6 +24,8 @@ from jaxformer.ops.losses import (
     weighted_blockwise_cross_entropy,
     weighted_cross_entropy,
 )
+from jaxformer.train.config.schema import ObjectiveSettings, RunSettings, TrainSettings
+from jaxformer.train.optim import OptimizerSettings
 from jaxformer.train.state import TrainState
 
 
@@ -111,79 +114,104 @@ def _objective_loss(sums: dict) -> jax.Array:
     return loss
 
 
-def make_train_step(model: Model, tx: optax.GradientTransformation, prepare: Callable,
-                    schedule: Callable, *, label_smoothing: float = 0.0, z_loss: float = 0.0,
-                    grad_accum_steps: int = 1, axis_name: str | None = None,
-                    skip_nonfinite: bool = False, lora_scale: float | None = None,
-                    mix_inputs: Callable | None = None, distill: Callable | None = None,
-                    vocab_block_size: int = 0, dropout_impl: str = "threefry2x32"
-                    ) -> Callable[..., tuple[TrainState, dict]]:
-    """``train_step(state, batch) -> (state, metrics)``, to be wrapped in `jax.jit`.
+def trained_params(trained: Any, frozen: Any) -> Any:
+    """`StepHooks.model_params`'s default: the model applies the trained parameters as they are."""
+    return trained
 
-    LoRA (``lora_scale`` = alpha / rank): ``train_step(state, batch, base)``: ``state.params`` are
-    the trainable adapters and task heads, ``base`` the frozen parameters; the model applies
-    `jaxformer.models.lora.model_params` (base + scale · A B) and only ``state.params`` are
-    differentiated and updated.
 
-    ``prepare(batch, rng)`` is the objective bound to its special tokens and options. With
-    ``grad_accum_steps > 1`` (``A``) the batch is split into ``A`` strided micro-batches (rows
-    ``i, i+A, …``) whose gradients are summed in a `lax.scan` before one optimizer update (same
-    result as one big batch, less activation memory).
+@dataclasses.dataclass(frozen=True)
+class StepHooks:
+    """What a feature changes in the train step (`jaxformer.train.extension.Extension.hooks`).
 
-    ``axis_name`` (shard_map and pmap paths): each device holds a slice of the batch; gradient and
-    loss *sums* are `lax.psum`-ed over the axis before normalising, which equals the jit path's
-    global-batch normalisation (a `pmean` of per-device means would weight devices equally
-    instead). Devices fold their index into the step key so their dropout masks differ.
-
-    ``skip_nonfinite`` (``nonfinite="skip"``): when the loss or the gradient norm is not finite the
-    step keeps the old params and optimizer state (`jnp.where`; the step counter still advances) and
-    reports ``skipped`` = 1.
-
-    ``mix_inputs(params, prepared, step, rng) -> prepared`` (scheduled sampling,
-    `jaxformer.objectives.scheduled_sampling.scheduled_sampling_mixer`): applied to each
-    micro-batch's prepared inputs before the differentiated loss, with the model's parameters and
-    the optimizer step ``state.step``; None (the default) leaves the step's program unchanged.
-
-    ``distill`` (`jaxformer.train.distill.DistillLoss`): ``train_step(state, batch, None,
-    teacher)``; the hook computes the sums from the student and the frozen ``teacher`` parameters
-    (no gradient reaches them) and its ``distill_*`` sums are logged per weight.
-
-    ``vocab_block_size`` (``objective.vocab_block_size``): the LM/MLM loss over blocks of that many
-    vocabulary columns, without `[B, L, V]` logits (`loss_and_metrics`; distillation, which
-    compares logits, keeps them); 0: from the full logits.
-
-    ``dropout_impl`` (``dropout_prng``): the `jax.random` implementation the dropout masks are drawn
-    with (`jaxformer.ops.dropout.dropout_key`); the objective's masking keeps threefry.
+    Attributes:
+      model_params: ``(trained, frozen) -> params`` the model applies, differentiated through
+        ``trained`` only (LoRA: the base merged with the adapters, `jaxformer.train.lora_run`).
+      mix_inputs: ``(params, prepared, step, rng) -> prepared``, applied to each micro-batch's
+        prepared inputs before the differentiated loss, with the model's parameters outside the
+        gradient and the optimizer step ``state.step`` (scheduled sampling,
+        `jaxformer.objectives.scheduled_sampling.scheduled_sampling_mixer`); None: no pass.
+      loss: ``(model, params, frozen, prepared, *, dropout_rng, hard_sums) -> sums``, replacing
+        `loss_and_metrics` (distillation: `jaxformer.train.distill.DistillLoss`, the teacher's
+        parameters as ``frozen``); ``hard_sums(logits, nsp_logits, prepared)`` is the objective's own
+        cross-entropy sums. Sums beyond `loss_and_metrics`' are logged per weight.
     """
 
-    def micro_grads(params, batch, key, base, step, teacher=None):
+    model_params: Callable[[Any, Any], Any] = trained_params
+    mix_inputs: Callable | None = None
+    loss: Callable | None = None
+
+
+SUMS = ("loss", "correct", "weight", "nsp_loss", "nsp_correct", "nsp_weight")  # loss_and_metrics'
+# A step built without the run's objective section (tests, benchmarks): the plain cross-entropy,
+# from the full logits, as `make_eval_step` computes it.
+PLAIN_LOSS = ObjectiveSettings(vocab_block_size=0)
+
+
+def make_train_step(model: Model, tx: optax.GradientTransformation, prepare: Callable,
+                    schedule: Callable, *, objective: ObjectiveSettings = PLAIN_LOSS,
+                    run: TrainSettings | None = None, axis_name: str | None = None,
+                    hooks: StepHooks = StepHooks()) -> Callable[..., tuple[TrainState, dict]]:
+    """``train_step(state, batch, frozen=None) -> (state, metrics)``, to be compiled by
+    `jaxformer.parallel.step.compile_step` (or wrapped in `jax.jit`).
+
+    ``prepare(batch, rng)`` is the objective bound to its special tokens and options. ``objective``
+    (the run's ``objective`` section; `PLAIN_LOSS` when not given) gives the training loss's
+    ``label_smoothing``, ``z_loss`` and ``vocab_block_size`` (> 0: the LM/MLM loss over blocks of
+    that many vocabulary columns, without `[B, L, V]` logits, `loss_and_metrics`; distillation,
+    which compares logits, keeps them; 0: the full logits).
+    ``run`` (None: the declared defaults of its keys) gives:
+
+    - ``optimizer.grad_accum_steps`` (``A``): the batch is split into ``A`` strided micro-batches
+      (rows ``i, i+A, …``) whose gradients are summed in a `lax.scan` before one optimizer update
+      (same result as one big batch, less activation memory);
+    - ``nonfinite="skip"``: when the loss or the gradient norm is not finite the step keeps the old
+      params and optimizer state (`jnp.where`; the step counter still advances) and reports
+      ``skipped`` = 1;
+    - ``dropout_prng``: the `jax.random` implementation the dropout masks are drawn with
+      (`jaxformer.ops.dropout.dropout_key`); the objective's masking keeps threefry.
+
+    ``axis_name`` (shard_map and pmap paths, `jaxformer.parallel.step.axis_name`): each device
+    holds a slice of the batch; gradient and loss *sums* are `lax.psum`-ed over the axis before
+    normalising, which equals the jit path's global-batch normalisation (a `pmean` of per-device
+    means would weight devices equally instead). Devices fold their index into the step key so
+    their dropout masks differ.
+
+    ``hooks`` (`StepHooks`) are what a feature changes; ``frozen`` is the pytree of parameters a
+    feature keeps untrained (LoRA's base, a teacher's parameters): no gradient reaches it. The
+    defaults (no hooks, ``frozen=None``, which has no leaves) compile the plain step.
+    """
+    accum = (run.optimizer if run is not None else OptimizerSettings()).grad_accum_steps
+    top = run if run is not None else RunSettings()
+    skip_nonfinite, dropout_impl = top.nonfinite == "skip", top.dropout_prng
+    label_smoothing, z_loss = objective.label_smoothing, objective.z_loss
+
+    def hard_sums(logits, nsp_logits, prepared):
+        return _sums(logits, nsp_logits, prepared, label_smoothing, z_loss,
+                     _real_classes(model.cfg, prepared))
+
+    def micro_grads(params, batch, key, frozen, step):
         obj_key, drop_key = jax.random.split(key)
         drop_key = dropout_key(drop_key, dropout_impl)
         prepared = prepare(batch, obj_key)
-        if mix_inputs is not None:  # scheduled sampling: a first pass, outside the gradient
-            full = params if base is None else lora.model_params(base, params, lora_scale)
-            prepared = mix_inputs(jax.lax.stop_gradient(full), prepared, step,
-                                  jax.random.fold_in(obj_key, 1))
+        if hooks.mix_inputs is not None:  # e.g. scheduled sampling: a first pass, outside the grad
+            prepared = hooks.mix_inputs(jax.lax.stop_gradient(hooks.model_params(params, frozen)),
+                                        prepared, step, jax.random.fold_in(obj_key, 1))
 
         def f(p):
-            full = p if base is None else lora.model_params(base, p, lora_scale)
-            if distill is not None:  # knowledge distillation: the hook adds the teacher's terms
-                sums = distill(model, full, teacher, prepared, dropout_rng=drop_key,
-                               hard_sums=lambda lg, nsp, pr: _sums(
-                                   lg, nsp, pr, label_smoothing, z_loss,
-                                   _real_classes(model.cfg, pr)))
-                return sums["loss"] + sums.get("nsp_loss", 0.0), sums
-            sums = loss_and_metrics(model, full, prepared, deterministic=False, dropout_rng=drop_key,
-                                    label_smoothing=label_smoothing, z_loss=z_loss,
-                                    vocab_block_size=vocab_block_size)
+            full = hooks.model_params(p, frozen)
+            if hooks.loss is not None:
+                sums = hooks.loss(model, full, frozen, prepared, dropout_rng=drop_key,
+                                  hard_sums=hard_sums)
+            else:
+                sums = loss_and_metrics(model, full, prepared, deterministic=False,
+                                        dropout_rng=drop_key, label_smoothing=label_smoothing,
+                                        z_loss=z_loss, vocab_block_size=objective.vocab_block_size)
             # Sum-of-losses gradient; normalised once all micro-batches are in.
-            total = sums["loss"] + sums.get("nsp_loss", 0.0)
-            return total, sums
+            return sums["loss"] + sums.get("nsp_loss", 0.0), sums
 
         return jax.grad(f, has_aux=True)(params)
 
-    def train_step(state: TrainState, batch: dict, base=None, teacher=None
-                   ) -> tuple[TrainState, dict]:
+    def train_step(state: TrainState, batch: dict, frozen: Any = None) -> tuple[TrainState, dict]:
         key, params = state.step_key(), state.params
         if axis_name is not None:
             key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
@@ -191,28 +219,25 @@ def make_train_step(model: Model, tx: optax.GradientTransformation, prepare: Cal
             # (device-invariant) parameters of a `jax.shard_map` would psum them in the transpose
             # already. A no-op under pmap, whose state is stacked per device.
             params = jax.lax.pcast(params, axis_name, to="varying")
-        if grad_accum_steps == 1:
-            grads, sums = micro_grads(params, batch, key, base, state.step, teacher)
+        if accum == 1:
+            grads, sums = micro_grads(params, batch, key, frozen, state.step)
         else:
             # Micro-batch i takes rows i, i+A, i+2A, …: each device splits its own (contiguous)
             # rows of a batch-sharded array, so no row moves between devices.
             micro = jax.tree.map(
-                lambda x: x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps,
-                                    *x.shape[1:]).swapaxes(0, 1),
-                batch)
+                lambda x: x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1), batch)
 
             def body(acc, xs):
                 i, mb = xs
-                g, s = micro_grads(params, mb, jax.random.fold_in(key, i), base, state.step,
-                                   teacher)
+                g, s = micro_grads(params, mb, jax.random.fold_in(key, i), frozen, state.step)
                 return jax.tree.map(jnp.add, acc, (g, s)), None
 
             zeros = jax.eval_shape(micro_grads, params, jax.tree.map(lambda x: x[0], micro), key,
-                                   base, state.step, teacher)
+                                   frozen, state.step)
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
             if axis_name is not None:  # the carry holds per-device sums
                 zeros = jax.lax.pcast(zeros, axis_name, to="varying")
-            (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(grad_accum_steps), micro))
+            (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
         if axis_name is not None:
             grads, sums = jax.lax.psum((grads, sums), axis_name)
         denom = jnp.maximum(sums["weight"], 1.0)
@@ -225,7 +250,7 @@ def make_train_step(model: Model, tx: optax.GradientTransformation, prepare: Cal
             "tokens": sums["weight"],
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state.step),
-            **{k: v / denom for k, v in sums.items() if k.startswith("distill_")},
+            **{k: v / denom for k, v in sums.items() if k not in SUMS},  # a loss hook's own sums
         }
         if skip_nonfinite:
             finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])

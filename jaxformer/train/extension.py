@@ -1,0 +1,66 @@
+"""A training feature as one object: what it changes in the step and what it keeps beside the state.
+
+The trainer (`jaxformer.train.loop.Trainer`) knows features only through `Extension`: it builds the
+step with ``ext.hooks``, passes ``ext.frozen`` to every step (compiled in
+``ext.frozen_shardings``), starts a fresh run with ``ext.init_state`` when the feature has one, and
+evaluates the parameters ``ext.hooks.model_params(state.params, ext.frozen)``. A feature is a
+function of ``(resolved, built)`` (`jaxformer.train.setup`) returning an `Extension`, or None
+when the config does not ask for it: `jaxformer.train.lora_run.extension` (LoRA: a parameter
+transform), `jaxformer.train.distill.extension` (a teacher and a loss), `scheduled_sampling` (an
+input hook); `combine` joins those a run asks for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from jaxformer.objectives.scheduled_sampling import scheduled_sampling_mixer
+from jaxformer.train.step import StepHooks
+
+
+@dataclasses.dataclass(frozen=True)
+class Extension:
+    """What one feature adds to a run (the defaults add nothing: the plain step).
+
+    Attributes:
+      hooks: the step's hooks (`jaxformer.train.step.StepHooks`).
+      frozen: parameters the step reads but never trains (LoRA's base, a teacher's), or None;
+        never checkpointed (the feature reloads them on resume).
+      frozen_shardings: their `NamedSharding`s on the run's mesh (None: where they are).
+      init_state: ``(resolved, built) -> TrainState`` for a fresh run, in place of
+        `jaxformer.train.setup.init_state`; None: that one.
+    """
+
+    hooks: StepHooks = StepHooks()
+    frozen: Any = None
+    frozen_shardings: Any = None
+    init_state: Callable | None = None
+
+
+def combine(*extensions: Extension | None) -> Extension:
+    """One `Extension` of the given ones (None: not asked for); ValueError when two set the same
+    part (e.g. both a frozen tree), which the config checks refuse first with the keys' names."""
+    out, default = Extension(), Extension()
+    hooks, default_hooks = StepHooks(), StepHooks()
+    for ext in (e for e in extensions if e is not None):
+        for f in dataclasses.fields(Extension):
+            if f.name != "hooks" and getattr(ext, f.name) is not getattr(default, f.name):
+                if getattr(out, f.name) is not getattr(default, f.name):
+                    raise ValueError(f"two features set the run's {f.name}; train with one of them")
+                out = dataclasses.replace(out, **{f.name: getattr(ext, f.name)})
+        for f in dataclasses.fields(StepHooks):
+            if getattr(ext.hooks, f.name) is not getattr(default_hooks, f.name):
+                if getattr(hooks, f.name) is not getattr(default_hooks, f.name):
+                    raise ValueError(f"two features set the step's {f.name}; train with one of them")
+                hooks = dataclasses.replace(hooks, **{f.name: getattr(ext.hooks, f.name)})
+    return dataclasses.replace(out, hooks=hooks)
+
+
+def scheduled_sampling(resolved: Any, built: Any) -> Extension | None:
+    """Scheduled sampling (`jaxformer.objectives.scheduled_sampling`; here because objectives do
+    not import the trainer): its mixer as the step's ``mix_inputs`` hook, or None when the
+    objective's ``scheduled_sampling`` is "none"."""
+    mix = scheduled_sampling_mixer(resolved.config.objective, built.model)
+    return None if mix is None else Extension(hooks=StepHooks(mix_inputs=mix))
