@@ -62,5 +62,6 @@ def scheduled_sampling(resolved: Any, built: Any) -> Extension | None:
     """Scheduled sampling (`jaxformer.objectives.scheduled_sampling`; here because objectives do
     not import the trainer): its mixer as the step's ``mix_inputs`` hook, or None when the
     objective's ``scheduled_sampling`` is "none"."""
-    mix = scheduled_sampling_mixer(resolved.config.objective, built.model)
+    settings = resolved.settings
+    mix = scheduled_sampling_mixer(settings.objective.name, settings.objective_options, built.model)
     return None if mix is None else Extension(hooks=StepHooks(mix_inputs=mix))
