@@ -13,7 +13,6 @@ import functools
 import json
 from pathlib import Path
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -36,8 +35,9 @@ from jaxformer.predict import classify
 from jaxformer.train import config as train_config
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate
+from jaxformer.train.lora_run import trainable_abstract
 from jaxformer.train.optim import default_optimizer_config, make_optimizer
-from jaxformer.train.state import boxed_abstract, dummy_model_inputs
+from jaxformer.train.state import dummy_model_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(vocab_size=128, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=16)
@@ -121,40 +121,39 @@ def test_merge_is_w_plus_scaled_ab_by_hand(scan):
 
 
 def test_adapters_carry_logical_axes_and_shard_like_their_kernels():
+    """`lora.trainable_axes`: an adapter of a kernel named ``(*b, *in, *out)`` is named
+    ``(*b, *in, None)`` (A) and ``(*b, None, *out)`` (B), and shards like its kernel."""
     cfg, model = _model("gpt", scan_layers=True)
-    boxed = boxed_abstract(model)
-    adapters = jax.eval_shape(lambda: lora.init_adapters(jax.random.key(0), boxed, 4, ALL_TARGETS))
-    q = adapters["decoder"]["layers"]["self_attn"]["query"]
-    assert q["lora_a"].names == ("layers", "embed", None)
-    assert q["lora_b"].names == ("layers", None, "heads", "head_dim")
-    o = adapters["decoder"]["layers"]["self_attn"]["out"]
-    assert o["lora_a"].names == ("layers", "heads", "head_dim", None)
-    assert o["lora_b"].names == ("layers", None, "embed")
+    trained, axes = trainable_abstract(model, _lora_cfg())
+    q = axes["lora"]["decoder"]["layers"]["self_attn"]["query"]
+    assert q["lora_a"] == ("layers", "embed", None)
+    assert q["lora_b"] == ("layers", None, "heads", "head_dim")
+    o = axes["lora"]["decoder"]["layers"]["self_attn"]["out"]
+    assert o["lora_a"] == ("layers", "heads", "head_dim", None)
+    assert o["lora_b"] == ("layers", None, "embed")
+    is_axes = lambda x: isinstance(x, tuple)  # noqa: E731
+    for (path, names), shape in zip(jax.tree_util.tree_flatten_with_path(axes, is_leaf=is_axes)[0],
+                                    jax.tree.leaves(trained), strict=True):
+        assert len(names) == len(shape.shape), path  # one name per dim, in the trained tree's order
     mesh = make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=2, tensor=4)))
-    is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
-    sh = param_shardings(jax.tree.map(lambda b: tuple(b.names), adapters, is_leaf=is_box),
-                         nn.unbox(adapters), mesh)["decoder"]["layers"]
+    sh = param_shardings(axes, trained, mesh)["lora"]["decoder"]["layers"]
     assert tuple(sh["self_attn"]["query"]["lora_a"].spec) == (None, "fsdp", None)
     assert tuple(sh["self_attn"]["query"]["lora_b"].spec) == (None, None, "tensor", None)
     assert tuple(sh["ffn"]["wo"]["lora_a"].spec) == (None, "tensor", None)
     assert tuple(sh["ffn"]["wo"]["lora_b"].spec) == (None, None, "fsdp")
 
 
-@pytest.mark.parametrize("family,heads", [("bert", {"head": "classify", "num_classes": 3}),
-                                          ("t5", {})])
-def test_trainable_axes_from_the_models_axes_tree(family, heads):
-    """`lora.trainable_axes` gives, from the model's axes tree (a tuple of names per leaf, no
-    boxes), the names of every adapter and task head that `lora.trainable` gives boxed ones."""
-    cfg, model = _model(family, scan_layers=family == "t5", **heads)
-    boxed = boxed_abstract(model)
-    is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
-    names = lambda tree: jax.tree.map(lambda b: tuple(b.names), tree, is_leaf=is_box)  # noqa: E731
-    want = names(jax.eval_shape(lambda: lora.trainable(boxed, jax.random.key(0), _lora_cfg())))
-    got = lora.trainable_axes(names(boxed), _lora_cfg())
-    assert set(got) == {"lora", *(["classifier"] if heads else [])}
-    flat = lambda t: dict(jax.tree_util.tree_flatten_with_path(  # noqa: E731
-        t, is_leaf=lambda x: isinstance(x, tuple))[0])
-    assert flat(got) == flat(want)
+def test_task_heads_keep_their_axes_and_only_targets_get_adapters():
+    """`lora.trainable_axes` of a classifier: the ``classifier`` head's axes as the model has them,
+    adapters exactly on the target kernels (here query and value only)."""
+    cfg, model = _model("bert", head="classify", num_classes=3)
+    targets = ("query", "value")
+    trained, axes = trainable_abstract(model, _lora_cfg(targets=targets))
+    assert set(axes) == {"lora", "classifier"}
+    assert axes["classifier"] == model.logical_axes()["classifier"]
+    adapted = {p[:-1] for p in lora._flat(trained["lora"])}
+    assert adapted == {p[:-1] for p in lora.target_paths(model.abstract(), targets)}
+    assert len(adapted) == 2 * cfg.num_layers
 
 
 def _opt_state_bytes(model, cfg, rank: int | None) -> int:

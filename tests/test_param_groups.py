@@ -30,6 +30,7 @@ from jaxformer.models.presets import preset
 from jaxformer.train import config as train_config
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer
+from jaxformer.train.lora_run import trainable_abstract
 from jaxformer.train.optim import decay_mask, default_optimizer_config, make_optimizer
 from jaxformer.train.param_groups import (
     depth_multipliers,
@@ -37,7 +38,6 @@ from jaxformer.train.param_groups import (
     layer_depths,
     map_params_by_path,
 )
-from jaxformer.train.state import trainable_abstract
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(vocab_size=64, d_model=16, num_heads=2, d_ff=32, num_layers=3, max_len=16)

@@ -15,7 +15,7 @@ The trainable parameters of a LoRA run (`trainable`) are ``{"lora": adapters, **
 adapters mirror the parameter tree down to each target (``encoder/layer_0/self_attn/query/lora_a``)
 and the task heads (`TASK_HEADS`: heads no pretraining objective has, e.g. ``classifier``, always
 fresh when fine-tuning) are trained whole. Every other parameter is frozen (`model_params` merges).
-Pure functions of pytrees (plain arrays or Flax ``LogicallyPartitioned`` boxes).
+Pure functions of parameter pytrees; `trainable_axes` gives the trained tree's logical axes.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -85,10 +84,6 @@ def lora_scale(lora_cfg: LoraSettings) -> float:
     return float(lora_cfg.alpha) / int(lora_cfg.rank)
 
 
-def _unbox(x):
-    return x.unbox() if isinstance(x, nn.meta.AxisMetadata) else x
-
-
 def _is_target(path: tuple[str, ...], targets: tuple[str, ...]) -> bool:
     if len(path) < 3 or path[-1] != "kernel":
         return False
@@ -97,8 +92,7 @@ def _is_target(path: tuple[str, ...], targets: tuple[str, ...]) -> bool:
 
 
 def _flat(tree) -> dict[tuple[str, ...], Any]:
-    leaves = jax.tree_util.tree_flatten_with_path(
-        tree, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))[0]
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     return {tuple(str(k.key) for k in path): v for path, v in leaves}
 
 
@@ -129,12 +123,11 @@ def init_adapters(rng: jax.Array, params: Any, rank: int, targets: tuple[str, ..
     """``{module path: {"lora_a": A, "lora_b": B}}`` for every target kernel of ``params``.
 
     ``A`` ~ N(0, `lora_a_std`(prod(in_dims))²) ``[*b, *in, r]``, ``B`` = 0 ``[*b, r, *out]``, in the kernel's
-    dtype. Boxed (logically partitioned) kernels give boxed adapters with the axes above.
+    dtype (their logical axes: `trainable_axes`).
     """
-    out = {}
+    out, flat = {}, _flat(params)
     for i, path in enumerate(target_paths(params, targets)):
-        boxed = _flat(params)[path]
-        w = _unbox(boxed)
+        w = flat[path]
         nb, ni, _ = _split_dims(path, w.ndim)
         batch, ins, outs = w.shape[:nb], w.shape[nb:nb + ni], w.shape[nb + ni:]
         fan_in = 1
@@ -143,10 +136,6 @@ def init_adapters(rng: jax.Array, params: Any, rank: int, targets: tuple[str, ..
         a = jax.random.normal(jax.random.fold_in(rng, i), (*batch, *ins, rank), jnp.float32)
         a = (a * lora_a_std(fan_in)).astype(w.dtype)
         b = jnp.zeros((*batch, rank, *outs), w.dtype)
-        if isinstance(boxed, nn.LogicallyPartitioned):
-            names = boxed.names
-            a = boxed.replace_boxed(a).replace(names=(*names[:nb + ni], None))
-            b = boxed.replace_boxed(b).replace(names=(*names[:nb], None, *names[nb + ni:]))
         out[path[:-1] + ("lora_a",)] = a
         out[path[:-1] + ("lora_b",)] = b
     return _nest(out)
@@ -222,8 +211,7 @@ def inference_params(base: Any, trained: dict, lora_cfg: Any, modules: Any) -> A
 def count(tree: Any) -> int:
     """Number of scalars in a pytree (of arrays or ``ShapeDtypeStruct``s)."""
     total = 0
-    for x in jax.tree.leaves(jax.tree.map(_unbox, tree, is_leaf=lambda x: isinstance(
-            x, nn.meta.AxisMetadata))):
+    for x in jax.tree.leaves(tree):
         n = 1
         for d in x.shape:
             n *= d

@@ -26,6 +26,8 @@ class Extension:
 
     Attributes:
       hooks: the step's hooks (`jaxformer.train.step.StepHooks`).
+      trained: (abstract parameters, their logical axes) the train state holds in place of the
+        model's (LoRA: adapters and task heads), or None (`jaxformer.train.setup.with_trained`).
       frozen: parameters the step reads but never trains (LoRA's base, a teacher's), or None;
         never checkpointed (the feature reloads them on resume).
       frozen_shardings: their `NamedSharding`s on the run's mesh (None: where they are).
@@ -34,6 +36,7 @@ class Extension:
     """
 
     hooks: StepHooks = StepHooks()
+    trained: Any = None
     frozen: Any = None
     frozen_shardings: Any = None
     init_state: Callable | None = None

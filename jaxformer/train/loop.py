@@ -59,6 +59,7 @@ from jaxformer.train.setup import (
     restore_state,
     wire_objective,
     with_label_names_from_data,
+    with_trained,
 )
 from jaxformer.train.step import (
     make_eval_step,
@@ -130,6 +131,8 @@ class Trainer:
             self.prepare = wire_objective(s, self.tokenizer)
             self.make_ds, self.train_iter = open_data(resolved, self.tokenizer)
             self.extension = combine(*(feature(resolved, built) for feature in FEATURES))
+            built = with_trained(built, resolved.tx, self.extension.trained)
+            self.shardings = built.shardings  # the state's: what a feature trains, if not the model
             if resume is None:
                 self.state = (self.extension.init_state or init_state)(resolved, built)
                 self.start_step = 0
@@ -148,8 +151,8 @@ class Trainer:
 
     def model_params(self, state):
         """The parameters the model applies: ``state.params``, or as the step's ``model_params``
-        hook makes them of the state's and the feature's frozen ones (LoRA: merged with its base),
-        compiled into the model's parameter shardings."""
+        hook makes them of the state's and a feature's frozen ones (e.g. adapters merged into
+        their base), compiled into the model's parameter shardings."""
         hook = self.extension.hooks.model_params
         if hook is trained_params:
             return state.params

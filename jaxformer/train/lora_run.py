@@ -21,7 +21,8 @@ from typing import Any
 
 import jax
 
-from jaxformer.models import lora
+from jaxformer.models import Model, lora
+from jaxformer.models.lora import LoraSettings
 from jaxformer.train.extension import Extension
 from jaxformer.train.setup import (
     Built,
@@ -40,6 +41,14 @@ def load_base(resolved: ResolvedConfig, built: Built) -> Any:
     return jax.device_put(params, built.param_shardings)
 
 
+def trainable_abstract(model: Model, lora_cfg: LoraSettings) -> tuple[Any, Any]:
+    """(abstract parameters, their logical axes) a LoRA run trains: the adapters and task heads
+    (`jaxformer.models.lora.trainable`, `jaxformer.models.lora.trainable_axes`)."""
+    abstract = jax.eval_shape(lambda p: lora.trainable(p, jax.random.key(0), lora_cfg),
+                              model.abstract())
+    return abstract, lora.trainable_axes(model.logical_axes(), lora_cfg)
+
+
 def init_lora_state(resolved: ResolvedConfig, built: Built, base: Any) -> TrainState:
     """A fresh LoRA train state: adapters (A ~ N, B = 0; key ``fold_in(key(seed), 2)``) and the
     base's task heads, with optimizer state for these only."""
@@ -48,7 +57,8 @@ def init_lora_state(resolved: ResolvedConfig, built: Built, base: Any) -> TrainS
     trained = jax.jit(lambda p: lora.trainable(p, key, lora_cfg),
                       out_shardings=built.shardings.params)(base)
     state, _ = create_train_state(built.model, resolved.tx, built.mesh, resolved.settings.seed,
-                                  params=trained, lora_cfg=lora_cfg)
+                                  params=trained,
+                                  trained=trainable_abstract(built.model, lora_cfg))
     n_trained, n_base = lora.count(trained), lora.count(base)
     print(f"LoRA rank {lora_cfg.rank} on {tuple(lora_cfg.targets)}: {n_trained:,} trainable "
           f"parameters ({100 * n_trained / n_base:.2f}% of {n_base:,})")
@@ -61,12 +71,14 @@ def adapted(scale: float, trained: Any, base: Any) -> Any:
 
 
 def extension(resolved: ResolvedConfig, built: Built) -> Extension | None:
-    """The LoRA `Extension` of a run with ``optimizer.lora.rank`` > 0 (None otherwise): its base
-    read (`load_base`) as the step's frozen tree; fresh runs start from `init_lora_state`."""
+    """The LoRA `Extension` of a run with ``optimizer.lora.rank`` > 0 (None otherwise): the state
+    trains the adapters and task heads (`trainable_abstract`), its base read (`load_base`) is the
+    step's frozen tree; fresh runs start from `init_lora_state`."""
     lora_cfg = resolved.settings.optimizer.lora
     if not lora_cfg.rank:
         return None
     base, scale = load_base(resolved, built), lora.lora_scale(lora_cfg)
-    return Extension(hooks=StepHooks(model_params=functools.partial(adapted, scale)), frozen=base,
+    return Extension(hooks=StepHooks(model_params=functools.partial(adapted, scale)),
+                     trained=trainable_abstract(built.model, lora_cfg), frozen=base,
                      frozen_shardings=built.param_shardings,
                      init_state=functools.partial(init_lora_state, base=base))

@@ -253,8 +253,8 @@ def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
 @dataclasses.dataclass(frozen=True)
 class Built:
     """The model, the mesh, and the train state's abstract shapes and shardings on it;
-    ``param_shardings`` are the model's full parameters' (with LoRA the state holds only the
-    trainable ones: `jaxformer.train.lora_run`)."""
+    ``param_shardings`` are the model's parameters' (the state's too, unless a feature trains
+    other parameters: `with_trained`)."""
 
     model: Any
     mesh: Mesh
@@ -271,12 +271,19 @@ def build(resolved: ResolvedConfig) -> Built:
     mesh = make_mesh(settings.mesh)
     check_batch_size(mesh, settings.data.batch_size, settings.optimizer.grad_accum_steps)
     model = build_model(model_cfg)
-    lora_cfg = settings.optimizer.lora
-    abstract, shardings = state_shardings(model, resolved.tx, mesh, lora_cfg)
-    params = shardings.params
-    if lora_cfg.rank:
-        params = state_shardings(model, resolved.tx, mesh)[1].params
-    return Built(model, mesh, abstract, shardings, params)
+    abstract, shardings = state_shardings(model, resolved.tx, mesh)
+    return Built(model, mesh, abstract, shardings, shardings.params)
+
+
+def with_trained(built: Built, tx: optax.GradientTransformation,
+                 trained: tuple[Any, Any] | None) -> Built:
+    """``built`` with a train state that holds ``trained`` = (abstract parameters, their logical
+    axes) in place of the model's parameters (a feature's:
+    `jaxformer.train.extension.Extension.trained`); None: ``built`` as it is."""
+    if trained is None:
+        return built
+    abstract, shardings = state_shardings(built.model, tx, built.mesh, trained)
+    return dataclasses.replace(built, abstract=abstract, shardings=shardings)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -21,7 +20,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from jaxformer.models import Model, lora
+from jaxformer.models import Model
 from jaxformer.parallel.rules import match_shardings_by_path, param_shardings, replicated
 
 
@@ -52,13 +51,6 @@ def dummy_model_inputs(model_cfg, batch: int = 1, length: int = 8) -> dict:
     if model_cfg.family == "encoder_decoder":
         return {"inputs": toks, "targets_in": toks}
     return {"tokens": toks}
-
-
-def boxed_abstract(model: Model) -> Any:
-    """The abstract parameters boxed as `flax.linen.LogicallyPartitioned` with their logical names:
-    the form `jaxformer.models.lora.trainable` derives the adapters' names from (LoRA only)."""
-    return jax.tree.map(lambda a, axes: nn.LogicallyPartitioned(a, axes), model.abstract(),
-                        model.logical_axes(), is_leaf=lambda x: isinstance(x, tuple))
 
 
 def draws_on_host(mesh: Mesh) -> bool:
@@ -103,21 +95,12 @@ def init_params_on_host(model: Model, init_key_data: np.ndarray) -> Any:
                        compiler_options=init_compiler_options("cpu"))(init_key_data)
 
 
-def trainable_abstract(model: Model, lora_cfg: Any = None) -> tuple[Any, Any]:
-    """(abstract parameters, their logical axes) the optimizer trains: all of ``model``'s, or with
-    ``lora_cfg.rank`` > 0 the LoRA adapters and task heads (`jaxformer.models.lora.trainable`)."""
-    if lora_cfg is None or not lora_cfg.rank:
-        return model.abstract(), model.logical_axes()
-    boxed = jax.eval_shape(lambda: lora.trainable(boxed_abstract(model), jax.random.key(0), lora_cfg))
-    is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
-    return (nn.unbox(boxed), jax.tree.map(lambda b: tuple(b.names), boxed, is_leaf=is_box))
-
-
 def state_shardings(model: Model, tx: optax.GradientTransformation, mesh: Mesh,
-                    lora_cfg: Any = None):
-    """(abstract TrainState, TrainState of NamedShardings) for ``mesh``; with LoRA
-    (``lora_cfg.rank`` > 0) the state's params are the trainable ones (`trainable_abstract`)."""
-    p_abs, axes = trainable_abstract(model, lora_cfg)
+                    trained: tuple[Any, Any] | None = None):
+    """(abstract TrainState, TrainState of NamedShardings) for ``mesh``. The state's params are the
+    model's, or ``trained`` = (abstract parameters, their logical axes) when a feature trains
+    others (`jaxformer.train.extension.Extension.trained`)."""
+    p_abs, axes = trained or (model.abstract(), model.logical_axes())
     p_sh = param_shardings(axes, p_abs, mesh)
     o_abs = jax.eval_shape(tx.init, p_abs)
     o_sh = match_shardings_by_path(o_abs, p_sh, p_abs, mesh)
@@ -129,16 +112,16 @@ def state_shardings(model: Model, tx: optax.GradientTransformation, mesh: Mesh,
 
 
 def create_train_state(model: Model, tx: optax.GradientTransformation, mesh: Mesh,
-                       seed: int, params: Any | None = None, lora_cfg: Any = None
+                       seed: int, params: Any | None = None, trained: tuple[Any, Any] | None = None
                        ) -> tuple[TrainState, TrainState]:
     """Initialise (or wrap given ``params``) directly into the mesh's shardings.
 
     Returns (state, shardings). The parameter init key is ``fold_in(key(seed), 0)``; the step keys
-    derive from ``fold_in(key(seed), 1)``. A LoRA state (``lora_cfg``) needs its trainable
-    ``params`` (`jaxformer.models.lora.trainable`). Fresh parameters are drawn by the host CPU
-    where `draws_on_host` says so (GPUs).
+    derive from ``fold_in(key(seed), 1)``. A state of other parameters than the model's
+    (``trained``, as for `state_shardings`) needs them as ``params``. Fresh parameters are drawn by
+    the host CPU where `draws_on_host` says so (GPUs).
     """
-    _, shardings = state_shardings(model, tx, mesh, lora_cfg)
+    _, shardings = state_shardings(model, tx, mesh, trained)
     # The keys are arguments (host data, replicated), not constants: one compiled program per
     # model serves every seed.
     key_data = [np.asarray(jax.random.key_data(k)) for k in (
