@@ -5,13 +5,15 @@ and float64 NumPy."""
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import numpy as np
 import pytest
 
+from jaxformer.config import ModelConfig
 from jaxformer.objectives.causal import prepare_clm
-from jaxformer.objectives.prefix_lm import PrefixLMOptions, prepare_prefix_lm
+from jaxformer.objectives.prefix_lm import PrefixLMOptions, check_prefix_lm_model, prepare_prefix_lm
 from jaxformer.ops import prefix_lm_mask, segment_mask
 from jaxformer.vocab import SpecialTokens
 
@@ -94,3 +96,19 @@ def test_no_prefix_is_the_causal_lm(rng):
     clm = prepare_clm(batch, None, SPECIAL)
     assert not np.asarray(got["model_inputs"].pop("prefix")).any()
     jax.tree.map(np.testing.assert_array_equal, got, clm)
+
+
+@pytest.mark.parametrize("fields,named", [
+    (dict(family="encoder", head="mlm"), "model.family='encoder'"),
+    (dict(family="decoder", head="classify", num_classes=2, pooling="last"), "model.head='classify'"),
+    (dict(family="decoder", head="lm", permutation_lm=True), "model.permutation_lm=False"),
+    (dict(family="decoder", head="lm", attention_impl="splash", attention_dropout_rate=0.0),
+     "model.attention_impl='splash'"),
+])
+def test_a_model_it_cannot_train_is_refused_naming_the_field(fields, named):
+    cfg = ModelConfig(**{**dict(vocab_size=64, d_model=32, num_heads=2, d_ff=64, num_layers=1,
+                                max_len=16), **fields})
+    with pytest.raises(ValueError, match=re.escape(named)):
+        check_prefix_lm_model(cfg)
+    check_prefix_lm_model(ModelConfig(vocab_size=64, d_model=32, num_heads=2, d_ff=64, num_layers=1,
+                                      max_len=16, family="decoder", head="lm", attention_impl="chunked"))

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.config import ModelConfig
 from jaxformer.objectives._common import require, segments_and_positions, shift_left_within_segments
 from jaxformer.settings import setting
 from jaxformer.vocab import SpecialTokens
@@ -40,6 +41,21 @@ class PrefixLMOptions:
     prefix_fraction: float = setting(
         0.5, "prefix_lm: the first floor(prefix_fraction · n) tokens of each n-token segment are "
         "its prefix, read bidirectionally and never a target (0 = the causal LM)", check=_below_one)
+
+
+def check_prefix_lm_model(model_cfg: ModelConfig) -> None:
+    """Objective 'prefix_lm' needs a decoder with an LM head whose attention takes the prefix's
+    additive mask (ValueError naming the field, before compiling)."""
+    if model_cfg.family != "decoder" or model_cfg.head != "lm":
+        raise ValueError(f"objective.name='prefix_lm' trains a decoder's LM head: model.family="
+                         f"{model_cfg.family!r}, model.head={model_cfg.head!r} must be 'decoder', 'lm'")
+    if model_cfg.permutation_lm:
+        raise ValueError("objective.name='prefix_lm' reads the prefix through one stream: set "
+                         "model.permutation_lm=False (XLNet's two streams are objective 'plm')")
+    if model_cfg.attention_kernel not in ("xla", "chunked"):
+        raise ValueError(f"objective.name='prefix_lm' adds the prefix's visibility to the attention "
+                         f"logits as a bias, which model.attention_impl={model_cfg.attention_impl!r} "
+                         f"(runs {model_cfg.attention_kernel!r}) does not take: use 'xla' or 'chunked'")
 
 
 def segment_lengths(segment_ids: Array) -> Array:
