@@ -379,6 +379,15 @@ def test_every_python_block_of_the_docs_runs():
     assert not failed, "\n".join(failed)
 
 
+def test_the_readmes_first_snippet_runs_whole():
+    """Issue 61: README's first snippet used ``logits``, ``labels`` and ``weights`` without defining
+    them (a ``given`` marker supplied them here, not to a user). It carries no marker: the run above
+    executes it as a user copies it, every name its own."""
+    first = next(b for b in BLOCKS if b.page == "README.md" and b.lang == "python")
+    assert "weighted_cross_entropy" in first.text, first  # the layers' snippet, not another
+    assert not first.marks, f"{first}: runs whole, as copied; no {first.marks}"
+
+
 def _block(page: str, lang: str, needle: str) -> Block:
     """The block of ``page`` in ``lang`` holding ``needle``."""
     found = [b for b in BLOCKS if b.page == page and b.lang == lang and needle in b.text]

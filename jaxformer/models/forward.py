@@ -40,7 +40,7 @@ from jaxformer.ops.heads import (
     span_logits,
 )
 from jaxformer.ops.inputs import embed_inputs, embed_tokens
-from jaxformer.ops.masks import sliding_window_mask
+from jaxformer.ops.masks import prefix_lm_mask, sliding_window_mask
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import alibi_bias, relative_position_bias
 from jaxformer.ops.stack import has_dropout, run_stack
@@ -205,19 +205,23 @@ def relative_bias(cfg: ModelConfig, table, positions, kv_positions=None, *, caus
 def stack_pass(cfg: ModelConfig, params: dict, name: str, x, positions, segment_ids, *, rng=None,
                causal: bool, num_layers: int | None = None, cache: dict | None = None,
                cache_index=None, kv_positions=None, encoder_out=None, encoder_segment_ids=None,
-               decode_mask=None):
+               decode_mask=None, prefix=None):
     """Relative or ALiBi bias and sliding window (if any) → the stack ``name`` → final norm (pre-LN).
     `[B, L, D]` → `[B, L, D]` (with a decoding ``cache``: and the stack's new cache entry). The
     relative bias of a call without ``kv_positions`` (not decoding) is shared over the batch
     (`in_row_index`): it assumes positions consecutive within a segment. ``decode_mask`` `[B, L, S]`
-    (decoding): the cache slots each query may see, added to the self-attention bias as 0 / −∞."""
+    (decoding): the cache slots each query may see, added to the self-attention bias as 0 / −∞.
+    ``prefix`` `[B, L]` bool (a causal stack, not decoding): the tokens of their segment's prefix,
+    seen by every query (`jaxformer.ops.masks.prefix_lm_mask`, added as 0 / −∞; the stack then runs
+    unmasked by causality, and the position biases take their bidirectional form)."""
     bias = None
     kv_pos = positions if kv_positions is None else kv_positions  # the keys' (cache slots' when decoding)
+    one_way = causal and prefix is None  # a prefix is read both ways
     if cfg.position == "relative":
         bias = relative_bias(cfg, part(params, f"{name}_relative_bias")["embedding"], positions,
-                             kv_positions, causal=causal)
+                             kv_positions, causal=one_way)
     if cfg.position == "alibi":  # float32: bfloat16 holds slope · distance in steps of 2 from 256 on
-        bias = alibi_bias(positions, kv_pos, cfg.num_heads, bidirectional=not causal)
+        bias = alibi_bias(positions, kv_pos, cfg.num_heads, bidirectional=not one_way)
     if cfg.sliding_window is not None and causal:
         in_window_Bx1xLxS = sliding_window_mask(
             positions, positions if kv_positions is None else kv_positions, cfg.sliding_window)
@@ -226,8 +230,11 @@ def stack_pass(cfg: ModelConfig, params: dict, name: str, x, positions, segment_
     if decode_mask is not None:
         hidden_Bx1xLxS = jnp.where(decode_mask[:, None], 0.0, -jnp.inf).astype(cfg.dtype)
         bias = hidden_Bx1xLxS if bias is None else bias + hidden_Bx1xLxS
+    if prefix is not None:
+        seen_Bx1xLxL = jnp.where(prefix_lm_mask(positions, positions, prefix), 0.0, -jnp.inf)
+        bias = seen_Bx1xLxL.astype(cfg.dtype) if bias is None else bias + seen_Bx1xLxL.astype(cfg.dtype)
     out = run_part_stack(cfg, params, name, x, rng=rng, num_layers=num_layers or cfg.num_layers,
-                         causal=causal, cache=cache, cache_index=cache_index, positions=positions,
+                         causal=one_way, cache=cache, cache_index=cache_index, positions=positions,
                          segment_ids=segment_ids, bias=bias, encoder_out=encoder_out,
                          encoder_segment_ids=encoder_segment_ids)
     x, new = out if cache is not None else (out, None)
@@ -303,7 +310,8 @@ def encoder_only(cfg: ModelConfig, params: dict, tokens, *, rng=None, positions=
 
 def decoder_only(cfg: ModelConfig, params: dict, tokens, *, rng=None, cache: dict | None = None,
                  positions=None, segment_ids=None, factorization_rank=None,
-                 return_hidden: bool = False, decode_mask=None, head_inputs: bool = False):
+                 return_hidden: bool = False, decode_mask=None, head_inputs: bool = False,
+                 prefix=None):
     """GPT (Radford et al. 2019): tokens `[B, L]` → logits `[B, L, V]` (or the head's output).
     With a ``cache`` the call appends ``L`` tokens at the cache's current index and returns
     (output, updated cache); ``decode_mask`` `[B, L, S]` bool then limits the cache slots each of
@@ -311,7 +319,12 @@ def decoder_only(cfg: ModelConfig, params: dict, tokens, *, rng=None, cache: dic
     one cache, `jaxformer.decode.beam`). With ``factorization_rank`` `[B, L]`
     (``cfg.permutation_lm``): `permutation_lm`'s query-stream logits. ``return_hidden``: (that
     output, the last hidden states `[B, L, D]`), as `encoder_only`. ``head_inputs``: see `head`.
+    ``prefix`` `[B, L]` bool (objective ``prefix_lm``; Raffel et al. 2020 §3.2.1): the tokens of
+    their segment's prefix, which every query of the segment sees ("causal with prefix").
     """
+    if prefix is not None and (cache is not None or factorization_rank is not None):
+        raise ValueError("a prefix (objective 'prefix_lm') is read in one forward pass: not with a "
+                         "decoding cache or a factorization_rank")
     if factorization_rank is not None:
         return permutation_lm(cfg, params, tokens, factorization_rank, rng=rng, positions=positions,
                               segment_ids=segment_ids, head_inputs=head_inputs)
@@ -322,10 +335,11 @@ def decoder_only(cfg: ModelConfig, params: dict, tokens, *, rng=None, cache: dic
         cache_index, positions, kv_positions, cache = _decode_state(cache, tokens, positions)
     positions = default_positions(tokens, positions)
     with ring_scope(decode, tokens):
-        ids, pos, seg = ring_order(tokens, positions, segment_ids)
+        ids, pos, seg, pre = ring_order(tokens, positions, segment_ids, prefix)
         x = embed(cfg, params, "embed", ids, pos, rng=rng)
         x = stack_pass(cfg, params, "decoder", x, pos, seg, rng=rng, causal=True, cache=cache,
-                       cache_index=cache_index, kv_positions=kv_positions, decode_mask=decode_mask)
+                       cache_index=cache_index, kv_positions=kv_positions, decode_mask=decode_mask,
+                       prefix=pre)
         if decode:
             x, cache = x[0], {**cache, "decoder": x[1]}
         x = natural_order(x)

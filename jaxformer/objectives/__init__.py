@@ -26,6 +26,7 @@ from jaxformer.objectives.cloze import class_logits, prepare_cloze
 from jaxformer.objectives.denoise import denoise, poisson_span_lengths
 from jaxformer.objectives.mlm import prepare_mlm
 from jaxformer.objectives.plm import prepare_plm
+from jaxformer.objectives.prefix_lm import prepare_prefix_lm
 from jaxformer.objectives.qa import prepare_qa
 from jaxformer.objectives.registry import (
     DATA_TASKS,
@@ -53,7 +54,7 @@ __all__ = [
     "register_objective", "get_objective", "bind_objective", "check_objective",
     "check_data_task", "host_transform",
     "prepare_clm", "prepare_mlm", "prepare_seq2seq", "prepare_classify", "prepare_sft", "prepare_qa",
-    "prepare_plm", "prepare_cloze", "class_logits",
+    "prepare_plm", "prepare_prefix_lm", "prepare_cloze", "class_logits",
     "span_corruption",
     "reconstruct_span_corruption", "random_spans_noise_mask", "denoise", "poisson_span_lengths",
 ]

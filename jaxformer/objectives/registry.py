@@ -39,6 +39,7 @@ from jaxformer.objectives.mlm import (
     prepare_mlm_gathered,
 )
 from jaxformer.objectives.plm import PLMOptions, prepare_plm
+from jaxformer.objectives.prefix_lm import PrefixLMOptions, prepare_prefix_lm
 from jaxformer.objectives.qa import QAOptions, prepare_qa
 from jaxformer.objectives.scheduled_sampling import ScheduledSamplingOptions
 from jaxformer.objectives.seq2seq import prepare_seq2seq
@@ -281,3 +282,5 @@ register_objective(Objective("cloze", prepare_cloze, data_task="classify", frami
 register_objective(Objective("sft", prepare_sft, data_task="sft"))
 register_objective(Objective("qa", prepare_qa, data_task="qa", framing="cls_sep", options=QAOptions))
 register_objective(Objective("plm", prepare_plm, data_task="lm", framing="eos", options=PLMOptions))
+register_objective(Objective("prefix_lm", prepare_prefix_lm, data_task="lm", framing="eos",
+                             options=PrefixLMOptions))

@@ -45,6 +45,7 @@ from jaxformer.ops.masks import (
     key_padding_mask,
     make_attention_mask,
     padding_mask,
+    prefix_lm_mask,
     segment_mask,
     sliding_window_mask,
 )
@@ -69,7 +70,8 @@ __all__ = [
     "check_token_ids", "embed", "ffn", "cross_entropy_with_integer_labels", "weighted_accuracy",
     "weighted_cross_entropy", "blockwise_cross_entropy", "weighted_blockwise_cross_entropy",
     "causal_mask", "causal_mask_from_positions", "combine_masks",
-    "key_padding_mask", "make_attention_mask", "padding_mask", "segment_mask", "sliding_window_mask",
+    "key_padding_mask", "make_attention_mask", "padding_mask", "prefix_lm_mask", "segment_mask",
+    "sliding_window_mask",
     "layer_norm", "normalize", "rms_norm", "apply_rope", "RopeScaling", "rope_frequencies",
     "lookup_positions", "alibi_bias", "alibi_slopes",
     "relative_position_bias", "relative_position_bucket", "sinusoidal", "sinusoidal_table",

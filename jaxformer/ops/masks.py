@@ -40,6 +40,24 @@ def causal_mask_from_positions(q_positions: Array, kv_positions: Array) -> Array
     return (kv_positions[:, None, None, :] <= q_positions[:, None, :, None])
 
 
+def prefix_lm_mask(q_positions: Array, kv_positions: Array, kv_in_prefix: Array) -> Array:
+    """"Causal with prefix" (Raffel et al. 2020, §3.2.1 and Fig. 3, right; the prefix LM of
+    Fig. 4): a query sees the keys at or before its position, as `causal_mask_from_positions`, and
+    every key of the prefix, so the prefix is read bidirectionally and the rest causally.
+    ``kv_in_prefix[b, j]``: key ``j`` lies in its segment's prefix. For packed rows combine with
+    `segment_mask` (a prefix key is visible to its own segment only).
+
+    Args:
+      q_positions: `[batch, q_len]` ints.
+      kv_positions: `[batch, kv_len]` ints.
+      kv_in_prefix: `[batch, kv_len]` bool.
+
+    Returns:
+      `[batch, 1, q_len, kv_len]` bool.
+    """
+    return causal_mask_from_positions(q_positions, kv_positions) | kv_in_prefix[:, None, None, :]
+
+
 def sliding_window_mask(q_positions: Array, kv_positions: Array, window: int) -> Array:
     """Local attention (Beltagy et al. 2020 §3.1; Mistral): query at position ``p`` sees keys at
     positions ``> p - window`` — itself and the ``window - 1`` before it (with a causal mask).

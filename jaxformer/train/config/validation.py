@@ -28,6 +28,7 @@ from jaxformer.objectives import check_data_task, check_objective, get_objective
 from jaxformer.objectives.cloze import check_cloze_config, predicts_labels
 from jaxformer.objectives.mlm import MLMOptions
 from jaxformer.objectives.plm import check_plm_model
+from jaxformer.objectives.prefix_lm import check_prefix_lm_model
 from jaxformer.objectives.scheduled_sampling import check_scheduled_sampling
 from jaxformer.ops.attention_kernels import check_backend
 from jaxformer.settings import read
@@ -84,6 +85,8 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
     name, options = check_objective(config.objective), settings.objective_options
     if name == "plm":
         check_plm_model(options, model_cfg)
+    if name == "prefix_lm":
+        check_prefix_lm_model(model_cfg)
     if name == "cloze":
         check_cloze_config(options, settings.data.framing or "", model_cfg)
     check_scheduled_sampling(options)
