@@ -172,12 +172,12 @@ def test_from_dict_reads_none_as_unset():
 
 
 # --------------------------------------------------------------------------------------------------
-# What ops read of the config: `jaxformer.ops.fields.ModelFields`.
+# What ops read of the config: `jaxformer.ops.model_fields.ModelFields`.
 
 
 def test_model_config_has_every_field_ops_read():
     """`ModelConfig` (a preset of each family, too) satisfies the Protocol ops type ``cfg`` with."""
-    from jaxformer.ops.fields import ModelFields
+    from jaxformer.ops.model_fields import ModelFields
 
     assert isinstance(ModelConfig(), ModelFields)
     for name in ("gpt2_small", "bert_base", "t5_small"):
@@ -192,7 +192,7 @@ def test_every_cfg_field_read_in_ops_is_declared_in_model_fields():
     import typing
     from pathlib import Path
 
-    from jaxformer.ops.fields import ModelFields
+    from jaxformer.ops.model_fields import ModelFields
 
     declared = set(typing.get_type_hints(ModelFields))
     ops = Path(__file__).resolve().parents[1] / "jaxformer" / "ops"

@@ -25,7 +25,7 @@ _SPEC.loader.exec_module(house_metrics)
 # the parameter specs and their NNX holders (params.py), the config declarations (settings.py), the
 # head registry and the head math (heads.py), the permutation-LM objective and its math
 # (permutation.py), the QA windows and the QA objective (qa.py).
-NO_TWINS = ("params.py", "settings.py", "heads.py", "permutation.py", "qa.py")
+NO_TWINS = ("params.py", "settings.py", "heads.py", "permutation.py", "qa.py", "fields.py", "step.py")
 README_LIMIT = 12 * 1024  # bytes: the README is a door (docs/ holds the detail)
 
 

@@ -35,8 +35,8 @@ from jaxformer.parallel.distributed import distributed_requested
 from jaxformer.parallel.mesh import check_batch_size, describe, make_mesh, mesh_shape
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, batch_sharding, param_shardings
+from jaxformer.parallel.runner import axis_name, compile_step
 from jaxformer.parallel.shard_map import data_parallel_step
-from jaxformer.parallel.step import axis_name, compile_step
 from jaxformer.train.config import base_config, load_config, train_settings
 from jaxformer.train.optim import OptimizerSettings, default_optimizer_config, make_optimizer
 from jaxformer.train.state import (

@@ -32,7 +32,7 @@ from jaxformer.objectives.scheduled_sampling import (
 from jaxformer.parallel import shard_map
 from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.rules import batch_sharding
-from jaxformer.parallel.step import axis_name, compile_step
+from jaxformer.parallel.runner import axis_name, compile_step
 from jaxformer.train.config import base_config, load_config, train_settings, validate_config
 from jaxformer.train.loop import train_and_evaluate
 from jaxformer.train.optim import OptimizerSettings

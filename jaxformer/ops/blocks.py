@@ -50,8 +50,8 @@ from jaxformer.ops.attention import dot_product_attention
 from jaxformer.ops.dense import dense
 from jaxformer.ops.dropout import dropout
 from jaxformer.ops.ffn import ffn
-from jaxformer.ops.fields import ModelFields
 from jaxformer.ops.masks import causal_mask, combine_masks, key_padding_mask
+from jaxformer.ops.model_fields import ModelFields
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import apply_rope
 from jaxformer.ops.ring_attention import active as context_parallel_active

@@ -24,7 +24,7 @@ from jaxformer.ops.activations import get_activation
 from jaxformer.ops.dense import dense
 from jaxformer.ops.dropout import dropout
 from jaxformer.ops.embedding import attend
-from jaxformer.ops.fields import ModelFields
+from jaxformer.ops.model_fields import ModelFields
 from jaxformer.ops.norms import normalize
 
 Array = jnp.ndarray

@@ -16,7 +16,7 @@ from jaxformer.ops.blocks import ACTIVATION_AXES, Constrain
 from jaxformer.ops.dense import dense
 from jaxformer.ops.dropout import dropout
 from jaxformer.ops.embedding import check_ids, embed
-from jaxformer.ops.fields import ModelFields
+from jaxformer.ops.model_fields import ModelFields
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import lookup_positions, sinusoidal
 

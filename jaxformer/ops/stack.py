@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxformer.ops.blocks import ACTIVATION_AXES, Constrain, transformer_block, two_stream_block
-from jaxformer.ops.fields import ModelFields
+from jaxformer.ops.model_fields import ModelFields
 
 Array = jnp.ndarray
 

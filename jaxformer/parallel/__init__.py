@@ -20,7 +20,7 @@ pmap       kept for old code (`jaxformer.parallel.pmap`): `jax.pmap` is in maint
            reshapes each batch on the host.
 =========  ===================================================================================
 
-`jaxformer.parallel.step.compile_step` makes the choice for the trainer (one `StepRunner` whatever
+`jaxformer.parallel.runner.compile_step` makes the choice for the trainer (one `StepRunner` whatever
 the mode).
 """
 
@@ -28,8 +28,8 @@ from jaxformer.parallel.distributed import maybe_initialize_distributed
 from jaxformer.parallel.mesh import MESH_AXES, check_batch_size, describe, make_mesh, mesh_shape
 from jaxformer.parallel.partition import mesh_rules, sharded_jit
 from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, batch_sharding, param_shardings
+from jaxformer.parallel.runner import StepRunner, axis_name, compile_step
 from jaxformer.parallel.shard_map import data_parallel_step
-from jaxformer.parallel.step import StepRunner, axis_name, compile_step
 
 __all__ = ["LOGICAL_AXIS_RULES", "MESH_AXES", "StepRunner", "axis_name",
            "batch_sharding", "check_batch_size", "compile_step", "data_parallel_step", "describe",

@@ -7,7 +7,7 @@ arrays, without stacking the state per device or reshaping batches on the host),
 over a mesh is the default, also covering FSDP and tensor parallelism.
 
 The pieces here (`replicate`, `pmapped`, `split`, `first`) make the runner of
-`jaxformer.parallel.step.compile_step`. It wraps the same train step (`make_train_step(...,
+`jaxformer.parallel.runner.compile_step`. It wraps the same train step (`make_train_step(...,
 axis_name="batch")`), so every path computes the same update: each local device gets
 ``batch_size / local_device_count`` rows,
 gradient and loss *sums* are `lax.psum`-ed across all devices (of all processes), and every

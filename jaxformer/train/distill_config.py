@@ -88,7 +88,7 @@ def check_distill(config: ml_collections.ConfigDict) -> None:
     if config.parallel != "jit":
         raise ValueError(f"distill.teacher needs parallel='jit' (got {config.parallel!r}): the "
                          "teacher is sharded on the student's mesh")
-    if config.optimizer.get("lora", {}).get("rank"):
+    if config.optimizer.lora.rank:
         raise ValueError("distill.teacher with optimizer.lora.rank > 0 is not supported: train the "
                          "student's full parameters (optimizer.lora.rank=0)")
     if s.init_student and config.init_from:

@@ -12,7 +12,7 @@
    `jaxformer.train.extension.Extension` — its step hooks, its frozen parameters, its start);
 4. resume from that step (state *and* data iterator), else initialise — from ``init_from``
    (backbone of a pretraining run or a Hugging Face model) when given, or as a feature starts;
-5. run the step compiled for ``parallel`` (`jaxformer.parallel.step.compile_step`: jit over the
+5. run the step compiled for ``parallel`` (`jaxformer.parallel.runner.compile_step`: jit over the
    mesh, shard_map or pmap), evaluating, logging and checkpointing periodically and at the end; a
    non-finite loss or gradient norm stops the run or skips the update (``nonfinite``).
 """
@@ -41,7 +41,7 @@ from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.ops.embedding import check_token_ids
 from jaxformer.parallel.mesh import describe
 from jaxformer.parallel.partition import sharded_jit
-from jaxformer.parallel.step import StepRunner, axis_name, compile_step, global_batch
+from jaxformer.parallel.runner import StepRunner, axis_name, compile_step, global_batch
 from jaxformer.settings import read
 from jaxformer.train import distill, extension, lora_run
 from jaxformer.train.collapse import CollapseWatch, with_prediction_counts
@@ -162,7 +162,7 @@ class Trainer:
 
     def runner(self) -> StepRunner:
         """The train step with the features' hooks, compiled for ``parallel``
-        (`jaxformer.parallel.step.compile_step`)."""
+        (`jaxformer.parallel.runner.compile_step`)."""
         s = self.settings
         step_fn = make_train_step(self.model, self.tx, self.prepare, self.schedule,
                                   objective=s.objective, run=s, axis_name=axis_name(s.parallel),

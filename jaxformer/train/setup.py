@@ -197,7 +197,7 @@ def _take_decoder_start(resolved: ml_collections.ConfigDict, pretrained: Pretrai
     else:
         start = run_settings(pretrained.run.run_config).objective.decoder_start_id
     if (pretrained.model.get("family") == "encoder_decoder" and isinstance(start, int)
-            and start != 0 and resolved.objective.get("decoder_start_id", 0) == 0):
+            and start != 0 and resolved.objective.decoder_start_id == 0):
         logging.info("objective.decoder_start_id=%d: init_from=%s's decoder start", start,
                      pretrained.path)
         resolved.objective.decoder_start_id = start

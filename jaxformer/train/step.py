@@ -152,7 +152,7 @@ def make_train_step(model: Model, tx: optax.GradientTransformation, prepare: Cal
                     run: TrainSettings | None = None, axis_name: str | None = None,
                     hooks: StepHooks = StepHooks()) -> Callable[..., tuple[TrainState, dict]]:
     """``train_step(state, batch, frozen=None) -> (state, metrics)``, to be compiled by
-    `jaxformer.parallel.step.compile_step` (or wrapped in `jax.jit`).
+    `jaxformer.parallel.runner.compile_step` (or wrapped in `jax.jit`).
 
     ``prepare(batch, rng)`` is the objective bound to its special tokens and options. ``objective``
     (the run's ``objective`` section; `PLAIN_LOSS` when not given) gives the training loss's
@@ -170,7 +170,7 @@ def make_train_step(model: Model, tx: optax.GradientTransformation, prepare: Cal
     - ``dropout_prng``: the `jax.random` implementation the dropout masks are drawn with
       (`jaxformer.ops.dropout.dropout_key`); the objective's masking keeps threefry.
 
-    ``axis_name`` (shard_map and pmap paths, `jaxformer.parallel.step.axis_name`): each device
+    ``axis_name`` (shard_map and pmap paths, `jaxformer.parallel.runner.axis_name`): each device
     holds a slice of the batch; gradient and loss *sums* are `lax.psum`-ed over the axis before
     normalising, which equals the jit path's global-batch normalisation (a `pmean` of per-device
     means would weight devices equally instead). Devices fold their index into the step key so
