@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.models.head_parts import HEAD_MODULES
-from jaxformer.models.spec import lora_a_std
 from jaxformer.settings import at_least, check_tree, read, section, setting
 
 # ``optimizer.lora.targets`` → (parent module names, kernel module names) in the parameter tree
@@ -59,6 +58,13 @@ class LoraSettings:
     targets: tuple[str, ...] = setting(
         ("query", "value"), "kernels that get adapters: a tuple from 'query', 'key', 'value', 'out' "
         "(attention) and 'ffn' (wi, wi_gate, wo)")
+
+
+def lora_a_std(fan_in: int) -> float:
+    """Std of LoRA's fresh ``A``, in every init scheme: fan_in^-1/2, so ``x A`` has unit-scale
+    entries. Hu et al. 2021 §4.1 say only "random Gaussian"; loralib and PEFT draw
+    kaiming_uniform(a=√5), std (3·fan_in)^-1/2. The adapters' product starts at 0 either way (B = 0)."""
+    return fan_in ** -0.5
 
 
 def check_lora_config(lora_cfg: Any) -> None:

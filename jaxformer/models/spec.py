@@ -138,12 +138,6 @@ def residual_sublayers(cfg: ModelConfig, *, cross_attention: bool = False) -> in
     return 2 * (cfg.num_encoder_layers if cfg.family == "encoder_decoder" else cfg.num_layers)
 
 
-def lora_a_std(fan_in: int) -> float:
-    """Std of LoRA's fresh ``A`` (`jaxformer.models.lora`), in every scheme: fan_in^-1/2, so ``x A``
-    has unit-scale entries. Hu et al. 2021 §4.1 say only "random Gaussian"; loralib and PEFT draw
-    kaiming_uniform(a=√5), std (3·fan_in)^-1/2. The adapters' product starts at 0 either way (B = 0)."""
-    return fan_in ** -0.5
-
 
 def _kernel(cfg: ModelConfig, shape, axes, role: str, fan_in: int, residuals: int = 0) -> ParamSpec:
     return ParamSpec(tuple(shape), tuple(axes), *initializer_of(cfg, role, fan_in, residuals))
