@@ -14,6 +14,7 @@ import math
 import jax
 import numpy as np
 import pytest
+from float64_layer import np_layer, np_rms, random_params
 from test_beam import reference_beam
 from test_decode import PROMPTS, reference_greedy, tiny
 
@@ -79,17 +80,6 @@ def one_layer(family: str, **kw) -> ModelConfig:
         attention_dropout_rate=0.0, **head), **kw})
 
 
-def random_params(cfg: ModelConfig, seed: int = 0) -> dict:
-    r = np.random.default_rng(seed)
-    shapes = build_model(cfg).abstract()
-    return jax.tree_util.tree_map_with_path(
-        lambda p, s: (1.0 if "scale" in jax.tree_util.keystr(p) else 0.0)
-        + r.normal(0.0, 0.3, s.shape).astype(np.float32), shapes)
-
-
-def np_rms(x, scale, eps):
-    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * scale
-
 
 def np_forward(cfg: ModelConfig, params: dict, tokens, positions, segment_ids) -> np.ndarray:
     """float64: token embedding (no position embedding) → x + Attn(RMS(x)) with the ALiBi bias →
@@ -98,23 +88,13 @@ def np_forward(cfg: ModelConfig, params: dict, tokens, positions, segment_ids) -
     stack = "decoder" if cfg.causal else "encoder"
     layer, table = p[stack]["layer_0"], p["token_embed"]["embedding"]
     x = table[tokens]
-    h = np_rms(x, layer["self_attn_norm"]["scale"], cfg.norm_eps)
-    q, k, v = (np.einsum("bld,dhk->blhk", h, layer["self_attn"][n]["kernel"])
-               for n in ("query", "key", "value"))
     distance = positions[:, :, None] - positions[:, None, :]
     distance = distance if cfg.causal else np.abs(distance)
     bias = -np.array(paper_slopes(cfg.num_heads))[None, :, None, None] * distance[:, None]
     seen = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)
     if cfg.causal:
         seen &= np.tril(np.ones(seen.shape[1:], bool))
-    logits = np.einsum("bihk,bjhk->bhij", q, k) / math.sqrt(cfg.head_dim) + bias
-    logits = np.where(seen[:, None], logits, -np.inf)
-    with np.errstate(invalid="ignore"):  # padding queries see no key: NaN rows, not compared
-        w = np.exp(logits - logits.max(-1, keepdims=True))
-        w = w / w.sum(-1, keepdims=True)
-    x = x + np.einsum("bhij,bjhk,hkd->bid", w, v, layer["self_attn"]["out"]["kernel"])
-    h = np_rms(x, layer["ffn_norm"]["scale"], cfg.norm_eps)
-    x = x + np.maximum(h @ layer["ffn"]["wi"]["kernel"], 0.0) @ layer["ffn"]["wo"]["kernel"]
+    x = np_layer(cfg, layer, x, seen, bias)
     x = np_rms(x, p[f"{stack}_norm"]["scale"], cfg.norm_eps)
     return x @ table.T if cfg.causal else x
 

@@ -10,6 +10,7 @@ import re
 import jax
 import numpy as np
 import pytest
+from float64_layer import np_layer, np_rms, random_params
 
 from jaxformer.config import ModelConfig
 from jaxformer.models import build_model
@@ -127,16 +128,6 @@ def one_layer(**kw) -> ModelConfig:
         dropout_rate=0.0, attention_dropout_rate=0.0), **kw})
 
 
-def random_params(cfg: ModelConfig, seed: int = 0) -> dict:
-    r = np.random.default_rng(seed)
-    return jax.tree_util.tree_map_with_path(
-        lambda p, s: (1.0 if "scale" in jax.tree_util.keystr(p) else 0.0)
-        + r.normal(0.0, 0.3, s.shape).astype(np.float32), build_model(cfg).abstract())
-
-
-def np_rms(x, scale, eps):
-    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * scale
-
 
 def np_forward(cfg: ModelConfig, params: dict, tokens, positions, seen) -> np.ndarray:
     """float64: token + position embedding → x + Attn(RMS(x)) over the keys ``seen`` `[B, L, L]`
@@ -144,17 +135,7 @@ def np_forward(cfg: ModelConfig, params: dict, tokens, positions, seen) -> np.nd
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     layer, table = p["decoder"]["layer_0"], p["token_embed"]["embedding"]
     x = table[tokens] + p["embed"]["pos_embedding"][positions]
-    h = np_rms(x, layer["self_attn_norm"]["scale"], cfg.norm_eps)
-    q, k, v = (np.einsum("bld,dhk->blhk", h, layer["self_attn"][n]["kernel"])
-               for n in ("query", "key", "value"))
-    logits = np.einsum("bihk,bjhk->bhij", q, k) / math.sqrt(cfg.head_dim)
-    logits = np.where(seen[:, None], logits, -np.inf)
-    with np.errstate(invalid="ignore"):  # padding queries see no key: NaN rows, not compared
-        w = np.exp(logits - logits.max(-1, keepdims=True))
-        w = w / w.sum(-1, keepdims=True)
-    x = x + np.einsum("bhij,bjhk,hkd->bid", w, v, layer["self_attn"]["out"]["kernel"])
-    h = np_rms(x, layer["ffn_norm"]["scale"], cfg.norm_eps)
-    x = x + np.maximum(h @ layer["ffn"]["wi"]["kernel"], 0.0) @ layer["ffn"]["wo"]["kernel"]
+    x = np_layer(cfg, layer, x, seen)
     return np_rms(x, p["decoder_norm"]["scale"], cfg.norm_eps) @ table.T
 
 
