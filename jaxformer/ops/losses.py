@@ -21,6 +21,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jaxformer.ops.varying import grad_like, vary_like
+
 Array = jnp.ndarray
 
 
@@ -176,6 +178,7 @@ def _ce_forward(h_NxD, w, bias, labels, static):
     low = jnp.full((n,), -jnp.inf, dtype)
     zeros = jnp.zeros((n,), dtype)
     init = (low, zeros, zeros, zeros, low, jnp.zeros((n,), jnp.int32))
+    init = vary_like(init, h_NxD, w, bias, labels)  # under shard_map: the body's outputs vary
     (m, s, true, total, _, arg), _ = jax.lax.scan(
         body, init, (jnp.arange(w_blocks.shape[0], dtype=jnp.int32), w_blocks, b_blocks))
     log_z = m + jnp.log(s)
@@ -222,11 +225,12 @@ def _blockwise_ce_bwd(static, res, cotangents):
         dw_KxD = jnp.einsum("nk,nd->kd", d_NxK, h_NxD).astype(w.dtype)
         return dh, (dw_KxD, jnp.sum(d_NxK, axis=0).astype(bias.dtype))
 
-    dh, (dw, db) = jax.lax.scan(body, jnp.zeros(h_NxD.shape, log_z.dtype),
+    dh0 = vary_like(jnp.zeros(h_NxD.shape, log_z.dtype), h_NxD, w, bias, labels, log_z, g)
+    dh, (dw, db) = jax.lax.scan(body, dh0,
                                 (jnp.arange(w_blocks.shape[0], dtype=jnp.int32), w_blocks, b_blocks))
     v = w.shape[0]
-    return (dh.astype(h_NxD.dtype), dw.reshape(-1, w.shape[1])[:v], db.reshape(-1)[:v],
-            None)
+    return (grad_like(dh, h_NxD), grad_like(dw.reshape(-1, w.shape[1])[:v], w),
+            grad_like(db.reshape(-1)[:v], bias), None)
 
 
 _blockwise_ce.defvjp(_blockwise_ce_fwd, _blockwise_ce_bwd)

@@ -47,6 +47,7 @@ import numpy as np
 from jax import lax
 
 from jaxformer.ops.attention import _acc_dtype, _block_mask, _to_5d, online_softmax_update
+from jaxformer.ops.varying import grad_like, vary, vary_like
 
 Array = jnp.ndarray
 LAYOUTS = ("zigzag", "contiguous")
@@ -270,7 +271,7 @@ def _ring_pass(st: _Static, carry, held, visit: Callable):
     (carry, held) after the last visit."""
     n, me = lax.axis_size(st.axis_name), lax.axis_index(st.axis_name)
     # what travels differs between devices from the first hop on (e.g. default segment ids)
-    held = jax.tree.map(lambda x: _vary(x, st.axis_name), held)
+    held = jax.tree.map(lambda x: vary(x, st.axis_name), held)
     carry, held = visit(carry, held, 0, me)
 
     def hop(step, state):
@@ -310,7 +311,7 @@ def _forward(st, q_BxLxKxGxDh, k, v, q_seg, kv_seg, bias):
 
     init = (jnp.zeros((b, kvh, g, lq, v.shape[-1]), acc), jnp.full((b, kvh, g, lq), -jnp.inf, acc),
             jnp.zeros((b, kvh, g, lq), acc))
-    init = _vary_like(init, q_BxLxKxGxDh, k, v, q_seg, kv_seg, bias)
+    init = vary_like(init, q_BxLxKxGxDh, k, v, q_seg, kv_seg, bias)
     (o, mx, norm), _ = _ring_pass(st, init, (k, v, kv_seg), visit)
     seen = norm > 0
     out_BxKxGxLxDv = o / jnp.where(seen, norm, 1.0)[..., None]
@@ -367,43 +368,14 @@ def _bwd_rule(st, res, dout_BxLxKxGxDv):
 
     dbias0 = None if bias5 is None else jnp.zeros(bias5.shape, acc)
     refs = (q_BxLxKxGxDh, k, v, q_seg, kv_seg, bias, dout_BxLxKxGxDv)
-    held = _vary_like((k, v, kv_seg, jnp.zeros(k.shape, acc), jnp.zeros(v.shape, acc)), *refs)
-    carry = _vary_like((jnp.zeros(q_BxLxKxGxDh.shape, acc), dbias0), *refs)
+    held = vary_like((k, v, kv_seg, jnp.zeros(k.shape, acc), jnp.zeros(v.shape, acc)), *refs)
+    carry = vary_like((jnp.zeros(q_BxLxKxGxDh.shape, acc), dbias0), *refs)
     (dq, dbias), held = _ring_pass(st, carry, held, visit)
     # after N - 1 hops each device holds the next one's block: one more hop takes it home
     dk, dv = lax.ppermute((held[3], held[4]), st.axis_name, _next(lax.axis_size(st.axis_name)))
-    dbias_out = None if bias is None else _like(dbias.reshape(bias.shape), bias)
-    return (_like(dq, q_BxLxKxGxDh), _like(dk, k), _like(dv, v), None, None, dbias_out)
+    dbias_out = None if bias is None else grad_like(dbias.reshape(bias.shape), bias)
+    return (grad_like(dq, q_BxLxKxGxDh), grad_like(dk, k), grad_like(dv, v), None, None, dbias_out)
 
-
-def _like(grad: Array, primal: Array) -> Array:
-    """``grad`` in ``primal``'s dtype, summed over the mesh axes along which ``primal`` is the
-    same on every device but ``grad`` is not (e.g. a bias replicated over the ring: each device
-    holds the gradient of its own query rows) — the transpose of that implicit broadcast."""
-    extra = tuple(sorted(_varying(grad) - _varying(primal)))
-    return (lax.psum(grad, extra) if extra else grad).astype(primal.dtype)
-
-
-def _varying(x: Array) -> set[str]:
-    """The manual mesh axes along which ``x`` differs between devices (inside `jax.shard_map`):
-    ``manual_axis_type.varying`` of its type (``vma`` in jax < 0.12)."""
-    aval = jax.typeof(x)
-    manual = getattr(aval, "manual_axis_type", None)
-    return set(manual.varying) if manual is not None else set(getattr(aval, "vma", ()))
-
-
-def _vary(x: Array, axes) -> Array:
-    """``x`` typed as varying along mesh ``axes`` (a name or several; those it already varies
-    along are left)."""
-    missing = tuple(sorted(set((axes,) if isinstance(axes, str) else axes) - _varying(x)))
-    return lax.pcast(x, missing, to="varying") if missing else x
-
-
-def _vary_like(tree, *refs):
-    """Every leaf of ``tree`` varying along all axes that some array of ``refs`` varies along (the
-    initial carry of a loop whose body mixes them in)."""
-    axes = set().union(*(_varying(r) for r in refs if r is not None))
-    return jax.tree.map(lambda x: _vary(x, axes), tree)
 
 
 def _add_bias_grad(dbias5, ds_BxKxGxLxS, src, rows, cols, lk: int):
