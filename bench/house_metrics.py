@@ -33,6 +33,9 @@ Dynamic (``--static`` skips them; ~1-2 min of CPU):
     ``forward`` (any function of ``jaxformer/ops/attention*.py``), ``loss`` (``jaxformer/ops/
     losses.py``), ``update`` (``optax.apply_updates``) and ``checkpoint`` (Orbax's
     ``CheckpointManager.save``); ``path_with_data`` adds ``data`` (any ``jaxformer/data/`` function);
+  - ``path_step`` (a variant, reported next to ``path``): the same with ``forward`` and ``loss``
+    counted only when entered under the train step (a frame of ``jaxformer/train/step.py`` on the
+    stack), so a start-up check that calls an attention or loss function does not count;
   - ``executed``: every distinct library function (code object) entered, by file (an upper bound:
     start-up checks, logging and throughput included);
 - ``config_walk``: within ``Trainer.__init__``, every library function called with a config object
@@ -382,6 +385,17 @@ def path_explain(stacks: dict[str, set[tuple]], names: tuple[str, ...], per_file
             for f, v in sorted(out.items())}
 
 
+STEP_FILE = "jaxformer/train/step.py"
+
+
+def step_only(stacks: dict[str, set[tuple]]) -> dict[str, set[tuple]]:
+    """The anchor stacks with ``forward`` and ``loss`` kept only when entered under the train step (a
+    frame of `STEP_FILE` on the stack): start-up checks that call an attention or loss function are
+    left out, whatever their files are named."""
+    return {name: {s for s in v if name not in ("forward", "loss") or any(f == STEP_FILE for f, _, _ in s)}
+            for name, v in stacks.items()}
+
+
 def trace_metrics() -> dict:
     import optax
     import orbax.checkpoint as ocp
@@ -418,6 +432,8 @@ def trace_metrics() -> dict:
         "command": " ".join(argv[:1] + argv[1:3] + ["--workdir", "<tmp>"] + argv[5:]),
         "checkpoints_written": steps,
         "path": {**path_summary(tracer.path, core), "explain": path_explain(tracer.stacks, core)},
+        "path_step": path_summary({k: set().union(*v) for k, v in step_only(tracer.stacks).items()},
+                                  core),
         "path_with_data": path_summary(tracer.path, (*core, "data")),
         "executed": {"files": len(files), "functions": sum(files.values()),
                      "files_without_data": len(no_data), "functions_without_data": sum(no_data.values()),
@@ -453,6 +469,8 @@ def table(m: dict) -> str:
         rows += [("train.py → one GPT step → checkpoint, path: files / functions",
                   f"{p['files']} / {p['functions']} (with the data pipeline: {pd['files']} / "
                   f"{pd['functions']})"),
+                 ("  variant: forward / loss anchors counted under the train step only",
+                  f"{t['path_step']['files']} / {t['path_step']['functions']}"),
                  ("  every library function executed: files / functions",
                   f"{x['files']} / {x['functions']} (without data/: {x['files_without_data']} / "
                   f"{x['functions_without_data']})"),
