@@ -7,7 +7,7 @@ parameters, no attention dropout) trained by the trainer's own jitted step
 BERT, ``seq2seq`` for T5 (inputs ``--seq_len``, targets ``--seq_len // 4``, as span corruption
 leaves them), on random tokens packed two documents per row (segment ids, as the data pipeline
 packs them). Implementations (``--impls auto``): ``xla`` plus the backend's fused kernel
-(`jaxformer.ops.attention_kernels.fastest_attention`: ``cudnn`` on a CUDA GPU, ``splash`` on a
+(`jaxformer.ops.kernel_choice.fastest_attention`: ``cudnn`` on a CUDA GPU, ``splash`` on a
 TPU: what ``attention_impl="auto"`` picks for the model, `ModelConfig.attention_kernel`). Steps
 of one model's implementations are timed round-robin (`bench/train_step.py`), and MFU is model FLOPs
 (`jaxformer.flops`: 6·N·tokens + attention, causal halved) / step time / the bfloat16 matmul peak

@@ -30,7 +30,7 @@ import accelerator  # noqa: E402
 
 from jaxformer.models import build_model  # noqa: E402
 from jaxformer.objectives import bind_objective  # noqa: E402
-from jaxformer.ops.attention_kernels import target_platform  # noqa: E402
+from jaxformer.ops.kernel_choice import target_platform  # noqa: E402
 from jaxformer.parallel.topology import parse_topology, topology_devices  # noqa: E402
 from jaxformer.train.state import TrainState  # noqa: E402
 from jaxformer.train.step import make_train_step  # noqa: E402

@@ -33,6 +33,9 @@ Dynamic (``--static`` skips them; ~1-2 min of CPU):
     ``forward`` (any function of ``jaxformer/ops/attention*.py``), ``loss`` (``jaxformer/ops/
     losses.py``), ``update`` (``optax.apply_updates``) and ``checkpoint`` (Orbax's
     ``CheckpointManager.save``); ``path_with_data`` adds ``data`` (any ``jaxformer/data/`` function);
+  - ``path_step`` (a variant, reported next to ``path``): the same with ``forward`` and ``loss``
+    counted only when entered under the train step (a frame of ``jaxformer/train/step.py`` on the
+    stack), so a start-up check that calls an attention or loss function does not count;
   - ``executed``: every distinct library function (code object) entered, by file (an upper bound:
     start-up checks, logging and throughput included);
 - ``config_walk``: within ``Trainer.__init__``, every library function called with a config object
@@ -44,6 +47,10 @@ Dynamic (``--static`` skips them; ~1-2 min of CPU):
   ``reentries`` (entries into a file entered before: the reader climbs back to a file already read,
   as the issue's "climbs back up" count; ``options.py`` is entered from every reader of an option);
   ``path_climbs`` (the strict case: entries into a file on the walk's path above the caller).
+
+``--explain`` also prints, per file on the path, the anchor and the shortest library stacks that put
+it there (always in the JSON: ``trace.path.explain``); the walk's JSON lists its cross-file call
+sites (``edges``: ``caller file:line function -> file:function``).
 
 Prints one JSON object and a short table.
 """
@@ -259,6 +266,7 @@ class Tracer:
         self.anchors = {code: name for name, code in anchors.items()}  # code object → anchor name
         self.anchor_files = anchor_files  # library file → anchor name
         self.path: dict[str, set[tuple[str, str, int]]] = collections.defaultdict(set)
+        self.stacks: dict[str, set[tuple]] = collections.defaultdict(set)  # anchor → library stacks
         self.edges: dict[tuple, dict] = {}  # config walk: distinct call sites, first seen first
         self.frames: dict[int, dict] = {}  # id(frame) → walk node, while the frame runs
         self.init_code = None
@@ -287,11 +295,13 @@ class Tracer:
             self.functions.add(self._key(code))
             anchor = anchor or self.anchor_files.get(rel(code.co_filename))
         if anchor is not None:
-            f = frame
+            stack, f = [], frame
             while f is not None:
                 if self._ours(f.f_code.co_filename):
-                    self.path[anchor].add(self._key(f.f_code))
+                    stack.append(self._key(f.f_code))
                 f = f.f_back
+            self.path[anchor].update(stack)
+            self.stacks[anchor].add(tuple(reversed(stack)))  # outermost first
         if ours and self.init_code is not None and self._inside_init(frame):
             self._walk(frame, code)
 
@@ -317,6 +327,7 @@ class Tracer:
                 p = p["parent"]
             self.edges[key] = {"file": node["file"], "function": node["function"],
                                "caller_file": None if parent is None else parent["file"],
+                               "site": None if site is None else f"{site[0]}:{site[2]} {site[1]}",
                                "above": above}
 
     def _inside_init(self, frame) -> bool:
@@ -348,7 +359,9 @@ def walk_summary(edges: list[dict]) -> dict:
     return {"files": len(entries), "call_sites": len(edges), "entries": sum(entries.values()),
             "reentries": reentries, "path_climbs": path_climbs,
             "entries_by_file": dict(entries.most_common()),
-            "functions": sorted({f"{e['file']}:{e['function']}" for e in edges})}
+            "functions": sorted({f"{e['file']}:{e['function']}" for e in edges}),
+            "edges": [f"{e['site']} -> {e['file']}:{e['function']}" for e in edges
+                      if e["caller_file"] != e["file"]]}
 
 
 def path_summary(path: dict[str, set], names: tuple[str, ...]) -> dict:
@@ -356,6 +369,31 @@ def path_summary(path: dict[str, set], names: tuple[str, ...]) -> dict:
     files = collections.Counter(f for f, _, _ in union)
     return {"files": len(files), "functions": len(union), "missing_anchors":
             [n for n in names if not path.get(n)], "functions_by_file": dict(files.most_common())}
+
+
+def path_explain(stacks: dict[str, set[tuple]], names: tuple[str, ...], per_file: int = 2) -> dict:
+    """Why each file is on the path: per path file, the anchor and the shortest library stacks
+    (outermost first, ``file:function``) in which one of its functions was running when the anchor
+    was entered. A file is there for the reason its stacks show, e.g. a start-up check calling an
+    attention function."""
+    out: dict[str, list[dict]] = collections.defaultdict(list)
+    for name in names:
+        for stack in stacks.get(name, ()):
+            for f in {f for f, _, _ in stack}:
+                out[f].append({"anchor": name, "stack": [f"{g}:{q}" for g, q, _ in stack]})
+    return {f: sorted(v, key=lambda e: (len(e["stack"]), e["stack"]))[:per_file]
+            for f, v in sorted(out.items())}
+
+
+STEP_FILE = "jaxformer/train/step.py"
+
+
+def step_only(stacks: dict[str, set[tuple]]) -> dict[str, set[tuple]]:
+    """The anchor stacks with ``forward`` and ``loss`` kept only when entered under the train step (a
+    frame of `STEP_FILE` on the stack): start-up checks that call an attention or loss function are
+    left out, whatever their files are named."""
+    return {name: {s for s in v if name not in ("forward", "loss") or any(f == STEP_FILE for f, _, _ in s)}
+            for name, v in stacks.items()}
 
 
 def trace_metrics() -> dict:
@@ -393,7 +431,9 @@ def trace_metrics() -> dict:
     return {
         "command": " ".join(argv[:1] + argv[1:3] + ["--workdir", "<tmp>"] + argv[5:]),
         "checkpoints_written": steps,
-        "path": path_summary(tracer.path, core),
+        "path": {**path_summary(tracer.path, core), "explain": path_explain(tracer.stacks, core)},
+        "path_step": path_summary({k: set().union(*v) for k, v in step_only(tracer.stacks).items()},
+                                  core),
         "path_with_data": path_summary(tracer.path, (*core, "data")),
         "executed": {"files": len(files), "functions": sum(files.values()),
                      "files_without_data": len(no_data), "functions_without_data": sum(no_data.values()),
@@ -429,6 +469,8 @@ def table(m: dict) -> str:
         rows += [("train.py → one GPT step → checkpoint, path: files / functions",
                   f"{p['files']} / {p['functions']} (with the data pipeline: {pd['files']} / "
                   f"{pd['functions']})"),
+                 ("  variant: forward / loss anchors counted under the train step only",
+                  f"{t['path_step']['files']} / {t['path_step']['functions']}"),
                  ("  every library function executed: files / functions",
                   f"{x['files']} / {x['functions']} (without data/: {x['files_without_data']} / "
                   f"{x['functions_without_data']})"),
@@ -438,10 +480,20 @@ def table(m: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def explain_text(explain: dict) -> str:
+    lines = ["why each file is on the path (anchor: its shortest library stacks, outermost first):"]
+    for f, entries in explain.items():
+        lines.append(f"{f}")
+        lines += [f"  {e['anchor']}: " + " > ".join(e["stack"]) for e in entries]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", help="also write the JSON here")
     p.add_argument("--static", action="store_true", help="skip the import count and the trace")
+    p.add_argument("--explain", action="store_true",
+                   help="also print, per file on the path, the anchor stacks that put it there")
     args = p.parse_args(argv)
     m = {"static": static_metrics()}
     if not args.static:
@@ -451,6 +503,8 @@ def main(argv=None) -> dict:
     if args.out:
         Path(args.out).write_text(text + "\n")
     print(text)
+    if args.explain and "trace" in m:
+        print(explain_text(m["trace"]["path"]["explain"]))
     print(table(m))
     return m
 

@@ -30,8 +30,8 @@ from typing import Any
 
 from jaxformer.ops.activations import ACTIVATIONS
 from jaxformer.ops.attention import IMPLEMENTATIONS
-from jaxformer.ops.attention_kernels import fastest_attention
-from jaxformer.ops.attention_kernels import unsupported as _kernel_cannot_run
+from jaxformer.ops.kernel_choice import fastest_attention
+from jaxformer.ops.kernel_choice import unsupported as _kernel_cannot_run
 from jaxformer.ops.positions import ROPE_SCALINGS, RopeScaling
 from jaxformer.ops.stack import REMAT_POLICIES as _REMAT
 from jaxformer.settings import setting
@@ -386,7 +386,7 @@ class ModelConfig:
     @property
     def attention_kernel(self) -> str:
         """The attention implementation that runs: ``attention_impl``, or for "auto" the fastest the
-        target platform runs for this model (`jaxformer.ops.attention_kernels.fastest_attention`:
+        target platform runs for this model (`jaxformer.ops.kernel_choice.fastest_attention`:
         the platform of a `target_platform` context, as `jaxformer.compile` sets for a topology,
         else jax's backend). ALiBi and a sliding window (additive biases `validate` keeps off the
         kernels) and XLNet's dense two-stream masks run on "xla"; so does decoding with a KV cache,

@@ -64,7 +64,7 @@ from jaxformer.flops import train_step_flops
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective, check_data_task
-from jaxformer.ops.attention_kernels import target_platform
+from jaxformer.ops.kernel_choice import target_platform
 from jaxformer.parallel.mesh import (
     DCN_AXES,
     MESH_AXES,

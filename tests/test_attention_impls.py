@@ -19,14 +19,8 @@ from jaxformer.config import ModelConfig
 from jaxformer.models import build_model
 from jaxformer.models.presets import PRESETS, preset
 from jaxformer.ops import dot_product_attention
-from jaxformer.ops.attention_kernels import (
-    backend_problem,
-    check_backend,
-    cudnn_arguments,
-    cudnn_attention,
-    fastest_attention,
-    target_platform,
-)
+from jaxformer.ops.attention_kernels import cudnn_arguments, cudnn_attention
+from jaxformer.ops.kernel_choice import backend_problem, check_backend, fastest_attention, target_platform
 from jaxformer.train.config import check_config, load_config, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]

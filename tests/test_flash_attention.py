@@ -16,8 +16,8 @@ import pytest
 from jaxformer.config import ModelConfig
 from jaxformer.models.presets import preset
 from jaxformer.ops import dot_product_attention
-from jaxformer.ops.attention_kernels import backend_problem, unsupported
 from jaxformer.ops.flash_attention import flash_attention
+from jaxformer.ops.kernel_choice import backend_problem, unsupported
 from jaxformer.ops.positions import relative_position_bias
 
 B, H, D, BUCKETS = 2, 4, 16, 8

@@ -33,7 +33,7 @@ runs (`ModelConfig.attention_kernel`), so a preset validates on any machine and 
 between them. On a TPU that is splash for GPT and our Pallas flash kernel for BERT and T5
 (bidirectional attention; T5's relative bias), on a CUDA GPU cuDNN (for the bf16 presets: the
 kernels take no attention dropout and cuDNN no float32), on a CPU "xla"
-(`jaxformer.ops.attention_kernels.FASTEST`).
+(`jaxformer.ops.kernel_choice.FASTEST`).
 """
 
 from __future__ import annotations

@@ -32,12 +32,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxformer.ops.attention_kernels import KERNELS, fused_attention
+from jaxformer.ops.attention_kernels import fused_attention
 from jaxformer.ops.dropout import dropout, is_active
+from jaxformer.ops.kernel_choice import KERNELS
 from jaxformer.ops.masks import causal_mask_from_positions, combine_masks, segment_mask
 
 Array = jnp.ndarray
-IMPLEMENTATIONS = ("xla", "chunked", *KERNELS)  # kernels: `jaxformer.ops.attention_kernels`
+IMPLEMENTATIONS = ("xla", "chunked", *KERNELS)  # `jaxformer.ops.kernel_choice`
 KV_LAYOUTS = ("bskd", "bksd")  # keys/values [B, S, K, Dh] or heads-major [B, K, S, Dh]
 
 

@@ -209,8 +209,8 @@ class Teacher:
 def open_teacher(resolved: ResolvedConfig) -> Teacher | None:
     """The teacher of ``distill.teacher`` (None when unset), its model checked against the student
     (`check_student`); its parameters are not read yet."""
-    s = settings(resolved.config)
-    if s is None:
+    s = resolved.settings.distill  # the typed section, read once (`resolve_config`)
+    if not s.teacher:
         return None
     source = open_pretrained(resolved.config, TEACHER_KEY)
     fields = {f.name for f in dataclasses.fields(ModelConfig)}

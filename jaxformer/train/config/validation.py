@@ -30,7 +30,7 @@ from jaxformer.objectives.mlm import MLMOptions
 from jaxformer.objectives.plm import check_plm_model
 from jaxformer.objectives.prefix_lm import check_prefix_lm_model
 from jaxformer.objectives.scheduled_sampling import check_scheduled_sampling
-from jaxformer.ops.attention_kernels import check_backend
+from jaxformer.ops.kernel_choice import check_backend
 from jaxformer.settings import read
 from jaxformer.train.config.schema import TrainSettings, check_schema, train_settings
 from jaxformer.train.distill_config import check_distill
