@@ -45,20 +45,24 @@ class Extension:
 def combine(*extensions: Extension | None) -> Extension:
     """One `Extension` of the given ones (None: not asked for); ValueError when two set the same
     part (e.g. both a frozen tree), which the config checks refuse first with the keys' names."""
-    out, default = Extension(), Extension()
-    hooks, default_hooks = StepHooks(), StepHooks()
+    out, hooks = Extension(), StepHooks()
     for ext in (e for e in extensions if e is not None):
-        for f in dataclasses.fields(Extension):
-            if f.name != "hooks" and getattr(ext, f.name) is not getattr(default, f.name):
-                if getattr(out, f.name) is not getattr(default, f.name):
-                    raise ValueError(f"two features set the run's {f.name}; train with one of them")
-                out = dataclasses.replace(out, **{f.name: getattr(ext, f.name)})
-        for f in dataclasses.fields(StepHooks):
-            if getattr(ext.hooks, f.name) is not getattr(default_hooks, f.name):
-                if getattr(hooks, f.name) is not getattr(default_hooks, f.name):
-                    raise ValueError(f"two features set the step's {f.name}; train with one of them")
-                hooks = dataclasses.replace(hooks, **{f.name: getattr(ext.hooks, f.name)})
+        out = _set_parts(out, ext, "run's", skip=("hooks",))
+        hooks = _set_parts(hooks, ext.hooks, "step's")
     return dataclasses.replace(out, hooks=hooks)
+
+
+def _set_parts(into, part, whose: str, skip=()):
+    """``into`` with every field ``part`` sets (differs from its class's default) copied over;
+    ValueError when ``into`` already set it."""
+    default = type(into)()
+    for f in dataclasses.fields(into):
+        if f.name in skip or getattr(part, f.name) is getattr(default, f.name):
+            continue
+        if getattr(into, f.name) is not getattr(default, f.name):
+            raise ValueError(f"two features set the {whose} {f.name}; train with one of them")
+        into = dataclasses.replace(into, **{f.name: getattr(part, f.name)})
+    return into
 
 
 def scheduled_sampling(resolved: Any, built: Any) -> Extension | None:
