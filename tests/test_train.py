@@ -477,6 +477,8 @@ def test_config_json_stores_what_the_run_used(tmp_path):
     tokenizer's own size, and the run resumes under the same config."""
     import json
 
+    from jaxformer.data.sources import SourceSettings
+    from jaxformer.settings import read
     from jaxformer.train.config.resume import check_resume
     from jaxformer.train.setup import resolve_config, with_label_names_from_data
 
@@ -498,7 +500,8 @@ def test_config_json_stores_what_the_run_used(tmp_path):
     saved = json.loads((tmp_path / "second" / "config.json").read_text())
     assert saved["data"]["tokenizer"]["vocab_size"] == size != 2048
     # a resume under the same config compares it with config.json: no refusal, no note
-    assert check_resume(saved, resolve_config(with_label_names_from_data(c)).config) == []
+    named = with_label_names_from_data(c, read(SourceSettings, c.data))
+    assert check_resume(saved, resolve_config(*named).config) == []
 
 
 def test_a_feature_reaches_the_step_and_evaluation_through_its_extension_only(tmp_path, monkeypatch):

@@ -44,7 +44,7 @@ from jaxformer.objectives.qa import QAOptions, prepare_qa
 from jaxformer.objectives.scheduled_sampling import ScheduledSamplingOptions
 from jaxformer.objectives.seq2seq import prepare_seq2seq
 from jaxformer.objectives.span_corruption import SpanCorruptionOptions, span_corruption
-from jaxformer.settings import merge, read, section
+from jaxformer.settings import as_declared, merge, read, section
 from jaxformer.vocab import SpecialTokens
 
 PrepareFn = Callable[..., dict]
@@ -220,22 +220,23 @@ def get_objective(name: str) -> Objective:
     return OBJECTIVES[name]
 
 
-def check_objective(section: Any) -> str:
-    """The name of the ``objective`` config section ``section`` (a ConfigDict or dict, as the
-    config holds it: every objective's options), after checking that the options set in it are its
+def check_objective(stated: Any) -> str:
+    """The name of the ``objective`` config section ``stated`` (a ConfigDict or dict, as the config
+    holds it: every objective's options), after checking that the options set in it are its
     objective's: another objective's option at a value other than its default is a ValueError
-    naming it."""
-    name = section["name"]
-    objective = get_objective(name)
-    own = _fields(objective.options)
+    naming it. The stated values are compared as their settings read them
+    (`jaxformer.settings.as_declared`); the named objective's own options are read once, by
+    `jaxformer.train.config.train_settings`."""
+    name = stated["name"]
+    own = _fields(get_objective(name).options)
     for cls in option_classes():
-        given, default = read(cls, section), cls()
-        for key in _fields(cls):  # in declaration order: the first such option is named
-            value = getattr(given, key)
-            if key not in own and value != getattr(default, key):
-                users = [n for n, o in OBJECTIVES.items() if o.options is cls]
-                raise ValueError(f"objective.{key}={value!r} applies to objective {users[0]!r}, "
-                                 f"not {name!r}; leave it at its default {getattr(default, key)!r}")
+        for key, s in section(cls).items():  # in declaration order: the first such option is named
+            value = stated[key] if key in stated else None
+            if key in own or value is None or as_declared(value, s.type) == s.default:
+                continue
+            users = [n for n, o in OBJECTIVES.items() if o.options is cls]
+            raise ValueError(f"objective.{key}={as_declared(value, s.type)!r} applies to objective "
+                             f"{users[0]!r}, not {name!r}; leave it at its default {s.default!r}")
     return name
 
 

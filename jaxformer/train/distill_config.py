@@ -14,6 +14,8 @@ classification) — where DistilBERT averages its cosine term over every non-pad
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 import ml_collections
 from absl import logging
@@ -63,20 +65,22 @@ def settings(config: ml_collections.ConfigDict) -> DistillSettings | None:
     return dataclasses.replace(s, teacher_step=s.teacher_step or None) if s.teacher else None
 
 
-def check_distill(config: ml_collections.ConfigDict) -> None:
+def check_distill(settings: Any, stated: Mapping | None) -> None:
     """ValueError naming the field for a distillation the trainer cannot run (before anything is
     read or compiled): an objective other than `DISTILL_OBJECTIVES`, all weights zero, or a
-    combination the step does not support (each key alone: `DistillSettings`' checks)."""
-    section = config.get("distill") or {}
-    stated = [f.name for f in dataclasses.fields(DistillSettings)
-              if f.name != "teacher" and section.get(f.name) is not None]
-    s = settings(config)
-    if s is None:  # e.g. a distillation config run without its teacher, as a baseline
-        if stated:
+    combination the step does not support. ``settings`` is the run's typed config (a
+    `jaxformer.train.config.TrainSettings`: ``distill``, ``objective``, ``parallel``, ``optimizer``,
+    ``init_from``; each key alone was checked by `DistillSettings`' checks), ``stated`` the config's
+    ``distill`` section as given (its keys set without a teacher are named in a warning)."""
+    s = settings.distill
+    if not s.teacher:  # e.g. a distillation config run without its teacher, as a baseline
+        named = [f.name for f in dataclasses.fields(DistillSettings)
+                 if f.name != "teacher" and (stated or {}).get(f.name) is not None]
+        if named:
             logging.warning("distill.teacher is unset: no distillation (distill.%s ignored)",
-                            ", distill.".join(stated))
+                            ", distill.".join(named))
         return
-    objective = config.objective.name
+    objective = settings.objective.name
     if objective not in DISTILL_OBJECTIVES:
         raise ValueError(f"distill.teacher is set but objective.name={objective!r}: distillation "
                          f"supports {DISTILL_OBJECTIVES}")
@@ -85,12 +89,12 @@ def check_distill(config: ml_collections.ConfigDict) -> None:
     if s.teacher_step and s.teacher_best:
         raise ValueError(f"distill.teacher_step={s.teacher_step} and distill.teacher_best=True: "
                          "choose one")
-    if config.parallel != "jit":
-        raise ValueError(f"distill.teacher needs parallel='jit' (got {config.parallel!r}): the "
+    if settings.parallel != "jit":
+        raise ValueError(f"distill.teacher needs parallel='jit' (got {settings.parallel!r}): the "
                          "teacher is sharded on the student's mesh")
-    if config.optimizer.lora.rank:
+    if settings.optimizer.lora.rank:
         raise ValueError("distill.teacher with optimizer.lora.rank > 0 is not supported: train the "
                          "student's full parameters (optimizer.lora.rank=0)")
-    if s.init_student and config.init_from:
-        raise ValueError(f"distill.init_student=True and init_from={config.init_from!r} both "
+    if s.init_student and settings.init_from:
+        raise ValueError(f"distill.init_student=True and init_from={settings.init_from!r} both "
                          "initialise the student: choose one")

@@ -104,11 +104,12 @@ class Trainer:
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike):
-        config = with_label_names_from_data(config)  # string labels, no names: sorted
+        source = read(SourceSettings, config.data)  # the sources' section, read once
+        config, source = with_label_names_from_data(config, source)  # string labels: sorted
         objective = get_objective(config.objective.name)  # a bad record: refused now, before the
-        check_train_records(read(SourceSettings, config.data), objective,  # config's other checks
+        check_train_records(source, objective,  # config's other checks
                             objective.read_options(config.objective))
-        resolved = resolve_config(distill.with_teacher_tokenizer(config))
+        resolved = resolve_config(distill.with_teacher_tokenizer(config), source)
         self.config = config = resolved.config  # the resolved copy: what config.json records
         self.settings = s = resolved.settings  # the config as typed sections (TrainSettings)
         self.model_cfg, self.tx, self.schedule = resolved.model_cfg, resolved.tx, resolved.schedule

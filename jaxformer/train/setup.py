@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ from jaxformer.models.head_parts import HEAD_MODULE_NAMES
 from jaxformer.models.vocab_padding import fit_vocab
 from jaxformer.objectives import bind_objective
 from jaxformer.parallel.mesh import check_batch_size, make_mesh
-from jaxformer.settings import read
+from jaxformer.settings import as_declared, read
 from jaxformer.train.config import (
     TrainSettings,
     check_config,
@@ -167,24 +168,27 @@ def resolve_model(stated: dict[str, Any], pretrained: Pretrained | None) -> dict
     return merged
 
 
-def with_label_names_from_data(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """``config``, or for a classifier (objective ``classify``) whose ``files:`` / ``tfds:``
-    labels are strings and whose ``data.label_names`` is unset, a copy naming the train split's
-    labels in sorted order (`jaxformer.data.sources.label_names_from_data`, as Hugging Face's
-    ``run_glue.py`` does), said in one line; the run's ``config.json`` records them, so
-    ``evaluate`` and ``predict`` use the same classes."""
+def with_label_names_from_data(config: ml_collections.ConfigDict, source: SourceSettings
+                               ) -> tuple[ml_collections.ConfigDict, SourceSettings]:
+    """(``config``, ``source``: its ``data`` sources' section), or for a classifier (objective
+    ``classify``) whose ``files:`` / ``tfds:`` labels are strings and whose ``data.label_names`` is
+    unset, copies naming the train split's labels in sorted order
+    (`jaxformer.data.sources.label_names_from_data`, as Hugging Face's ``run_glue.py`` does), said
+    in one line; the run's ``config.json`` records them, so ``evaluate`` and ``predict`` use the
+    same classes."""
     if config.objective.name != "classify":
-        return config
-    names = label_names_from_data(read(SourceSettings, config.data))
+        return config, source
+    names = label_names_from_data(source)
     if names is None:
-        return config
+        return config, source
     if jax.process_index() == 0:
         print(f"data.label_names unset: the train split's labels, sorted: {','.join(names)} "
               "(set --config.data.label_names to choose the order)")
     named = copy.deepcopy(config)
     with named.unlocked():
         named.data.label_names = names
-    return named
+    label_type = typing.get_type_hints(SourceSettings)["label_names"]
+    return named, dataclasses.replace(source, label_names=as_declared(names, label_type))
 
 
 def _take_decoder_start(resolved: ml_collections.ConfigDict, pretrained: Pretrained) -> None:
@@ -217,10 +221,13 @@ def _fit_lengths_to_positions(resolved: ml_collections.ConfigDict, pretrained: P
                       f"data.{key}={model_cfg.max_len}, the checkpoint's")
 
 
-def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
+def resolve_config(config: ml_collections.ConfigDict, source: SourceSettings | None = None
+                   ) -> ResolvedConfig:
     """Resolve ``config`` against ``init_from`` (`resolve_model`) and validate it once
-    (`jaxformer.train.config.check_config`); ``config`` itself is left as it is."""
-    config = with_derived_model_fields(config)  # model.num_classes from data.label_names
+    (`jaxformer.train.config.check_config`); ``config`` itself is left as it is. ``source``: its
+    ``data`` sources' section when the caller has read it (`set_up`), else read here."""
+    source = read(SourceSettings, config.data) if source is None else source
+    config = with_derived_model_fields(config, source.label_names)  # model.num_classes
     pretrained = open_pretrained(config)
     resolved = copy.deepcopy(config)
     with resolved.unlocked():
@@ -236,8 +243,7 @@ def resolve_config(config: ml_collections.ConfigDict) -> ResolvedConfig:
                     "init_from=%s has no tokenizer: training a new tokenizer, so the "
                     "pretrained embeddings are read with other token ids; set "
                     "data.tokenizer.path to the pretraining tokenizer", pretrained.path)
-        source = read(SourceSettings, resolved.data)  # ('text,label',) as the run reads it
-        for key in ("columns", "label_names"):
+        for key in ("columns", "label_names"):  # ('text,label',) as the run reads it
             if getattr(source, key):
                 resolved.data[key] = getattr(source, key)
     resolved.lock()

@@ -37,17 +37,18 @@ from jaxformer.train.distill_config import check_distill
 from jaxformer.train.optim import make_optimizer
 
 
-def with_derived_model_fields(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """``config``, or a copy of it with ``model.num_classes = len(data.label_names)`` when it
-    classifies (``objective.name``), names its labels and leaves ``model.num_classes`` unset (a
-    stated value is kept: `check_config` refuses one smaller than the labels)."""
-    names = read(DataSettings, config.data).label_names
-    if (not names or config.model.num_classes is not None
+def with_derived_model_fields(config: ml_collections.ConfigDict,
+                              label_names: tuple[str, ...] | None) -> ml_collections.ConfigDict:
+    """``config``, or a copy of it with ``model.num_classes = len(label_names)`` (its
+    ``data.label_names``, as the sources' section reads them) when it classifies
+    (``objective.name``), names its labels and leaves ``model.num_classes`` unset (a stated value is
+    kept: `check_config` refuses one smaller than the labels)."""
+    if (not label_names or config.model.num_classes is not None
             or get_objective(config.objective.name).data_task != "classify"):
         return config
     derived = copy.deepcopy(config)
     with derived.unlocked():
-        derived.model.num_classes = len(names)
+        derived.model.num_classes = len(label_names)
     return derived
 
 
@@ -58,7 +59,7 @@ def validate_config(config: ml_collections.ConfigDict) -> ModelConfig:
     Raises ValueError naming the offending field.
     """
     check_schema(config)
-    config = with_derived_model_fields(config)
+    config = with_derived_model_fields(config, read(DataSettings, config.data).label_names)
     model_cfg = ModelConfig.from_dict(config.model)
     check_config(config, model_cfg)
     return model_cfg
@@ -90,7 +91,7 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
     if name == "cloze":
         check_cloze_config(options, settings.data.framing or "", model_cfg)
     check_scheduled_sampling(options)
-    check_distill(config)
+    check_distill(settings, config.get("distill"))
     check_generation(settings, model_cfg)
     check_backend(model_cfg.attention_kernel)  # e.g. cudnn without a CUDA GPU, before compiling
     tx, schedule = make_optimizer(config.optimizer, model_cfg.d_model, settings.num_train_steps)
