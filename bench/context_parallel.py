@@ -36,7 +36,7 @@ from jaxformer.objectives import bind_objective  # noqa: E402
 from jaxformer.parallel.mesh import make_mesh  # noqa: E402
 from jaxformer.parallel.partition import sharded_jit  # noqa: E402
 from jaxformer.parallel.rules import batch_sharding  # noqa: E402
-from jaxformer.train.optim import default_optimizer_config, make_optimizer  # noqa: E402
+from jaxformer.train.optim import make_optimizer, optimizer_settings  # noqa: E402
 from jaxformer.train.state import create_train_state  # noqa: E402
 from jaxformer.train.step import make_train_step  # noqa: E402
 from jaxformer.vocab import SpecialTokens  # noqa: E402
@@ -49,7 +49,7 @@ def build(mesh_axes: dict, a) -> tuple:
         num_layers=a.layers, max_len=a.seq_len, dropout_rate=0.0, attention_dropout_rate=0.0,
         ffn_dropout_rate=0.0))
     model = build_model(cfg)
-    tx, schedule = make_optimizer(default_optimizer_config("gpt3", peak_lr=1e-3, warmup_steps=1),
+    tx, schedule = make_optimizer(optimizer_settings("gpt3", peak_lr=1e-3, warmup_steps=1),
                                   cfg.d_model, 100)
     prepare = bind_objective("clm", None, SpecialTokens(cfg.vocab_size))
     mesh = make_mesh(mesh_axes)

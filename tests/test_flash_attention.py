@@ -236,7 +236,7 @@ def _t5_losses(impl: str, steps: int) -> np.ndarray:
     from jaxformer.objectives import bind_objective
     from jaxformer.parallel.mesh import make_mesh
     from jaxformer.parallel.partition import sharded_jit
-    from jaxformer.train.optim import default_optimizer_config, make_optimizer
+    from jaxformer.train.optim import make_optimizer, optimizer_settings
     from jaxformer.train.state import create_train_state
     from jaxformer.train.step import make_train_step
     from jaxformer.vocab import SpecialTokens
@@ -245,7 +245,7 @@ def _t5_losses(impl: str, steps: int) -> np.ndarray:
         "t5_tiny", vocab_size=128, num_layers=1, max_len=CURVE_LEN, dropout_rate=0.0,
         attention_dropout_rate=0.0, ffn_dropout_rate=0.0, attention_impl=impl))
     model = build_model(cfg)
-    tx, schedule = make_optimizer(default_optimizer_config("gpt3", peak_lr=1e-2, warmup_steps=1,
+    tx, schedule = make_optimizer(optimizer_settings("gpt3", peak_lr=1e-2, warmup_steps=1,
                                                            eps=1e-3), cfg.d_model, steps)
     prepare = bind_objective("seq2seq", None, SpecialTokens(cfg.vocab_size))
     mesh = make_mesh({"data": 1}, jax.devices()[:1])

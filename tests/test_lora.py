@@ -36,7 +36,7 @@ from jaxformer.train import config as train_config
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer, train_and_evaluate
 from jaxformer.train.lora_run import trainable_abstract
-from jaxformer.train.optim import default_optimizer_config, make_optimizer
+from jaxformer.train.optim import make_optimizer, optimizer_settings
 from jaxformer.train.state import dummy_model_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +162,7 @@ def _opt_state_bytes(model, cfg, rank: int | None) -> int:
     if rank is not None:
         params = jax.eval_shape(lambda p: lora.trainable(p, jax.random.key(0), _lora_cfg(rank)),
                                 params)
-    tx, _ = make_optimizer(default_optimizer_config(), cfg.d_model, 10)
+    tx, _ = make_optimizer(optimizer_settings(), cfg.d_model, 10)
     compiled = jax.jit(tx.init).lower(params).compile()
     return compiled.memory_analysis().output_size_in_bytes, lora.count(params)
 
@@ -181,8 +181,8 @@ def test_bad_lora_config_is_refused_by_name():
     for bad, word in ((dict(rank=-1), "rank"), (dict(alpha=0.0), "alpha"),
                       (dict(targets=("qkv",)), "targets"), (dict(targets=()), "targets")):
         with pytest.raises(ValueError, match=f"optimizer.lora.{word}"):
-            lora.check_lora_config(_lora_cfg(**bad))
-    opt = default_optimizer_config(freeze_backbone=True, lora=dict(rank=4, alpha=8.0,
+            make_optimizer(optimizer_settings(lora={**_lora_cfg(), **bad}), 32, 10)
+    opt = optimizer_settings(freeze_backbone=True, lora=dict(rank=4, alpha=8.0,
                                                                    targets=("query",)))
     with pytest.raises(ValueError, match="freeze_backbone"):
         make_optimizer(opt, 32, 10)

@@ -22,6 +22,7 @@ from jaxformer.train.optim import (
     decay_mask,
     default_optimizer_config,
     make_optimizer,
+    optimizer_settings,
     param_labels,
 )
 
@@ -101,7 +102,7 @@ def run_updates(tx, params, grads_seq):
 
 def test_weight_decay_is_applied_only_where_masked(classifier):
     _, params, _ = classifier
-    cfg = default_optimizer_config(schedule="constant", peak_lr=0.1, weight_decay=0.5)
+    cfg = optimizer_settings(schedule="constant", peak_lr=0.1, weight_decay=0.5)
     tx, _ = make_optimizer(cfg, 64, 100, params)
     zeros = jax.tree.map(jnp.zeros_like, params)
     new, _ = run_updates(tx, params, [zeros])  # Adam's step is 0 for zero gradients
@@ -116,7 +117,7 @@ def test_clipping_bounds_the_gradient_adam_sees(scale):
     params = {"a": {"kernel": jnp.ones((3, 4))}, "b": {"bias": jnp.ones(4)}}
     grads = jax.tree.map(lambda p: scale * jnp.asarray(rng.normal(size=p.shape), jnp.float32),
                          params)
-    tx, _ = make_optimizer(default_optimizer_config(schedule="constant", clip_norm=1.0), 8, 10)
+    tx, _ = make_optimizer(optimizer_settings(schedule="constant", clip_norm=1.0), 8, 10)
     _, state = run_updates(tx, params, [grads])
     seen = jax.tree.map(lambda m: m / (1 - 0.9), optax.tree_utils.tree_get(state, "mu"))
     norm = float(optax.tree.norm(grads))
@@ -195,7 +196,7 @@ def test_frozen_backbone_moves_only_the_head(classifier):
     _, params, grads = classifier
     # Huge backbone gradients must neither move the backbone nor shrink the head's clipped update.
     grads = jax.tree.map(lambda lab, g: g if lab == "head" else g * 1e6, param_labels(grads), grads)
-    cfg = default_optimizer_config(schedule="constant", peak_lr=1e-2, weight_decay=0.1,
+    cfg = optimizer_settings(schedule="constant", peak_lr=1e-2, weight_decay=0.1,
                                    clip_norm=1e3, freeze_backbone=True, head_lr_multiplier=2.0)
     tx, _ = make_optimizer(cfg, 64, 100, params)
     new, state = run_updates(tx, params, [grads])
@@ -219,7 +220,7 @@ def test_frozen_backbone_moves_only_the_head(classifier):
 
 def test_head_learning_rate_multiplier(classifier):
     _, params, grads = classifier
-    cfg = default_optimizer_config(schedule="constant", peak_lr=1e-3, head_lr_multiplier=10.0)
+    cfg = optimizer_settings(schedule="constant", peak_lr=1e-3, head_lr_multiplier=10.0)
     tx, schedule = make_optimizer(cfg, 64, 100, params)
     new, _ = run_updates(tx, params, [grads])
     labels = flat(param_labels(params))
@@ -236,7 +237,7 @@ def test_presets_build_and_step():
     params = {"dense": {"kernel": jnp.ones((4, 4)), "bias": jnp.zeros(4)}}
     grads = jax.tree.map(jnp.ones_like, params)
     for name in OPTIMIZER_PRESETS:
-        cfg = default_optimizer_config(name)
+        cfg = optimizer_settings(name)
         tx, schedule = make_optimizer(cfg, 64, 20_000)
         new, _ = run_updates(tx, params, [grads, grads])
         assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(new))
@@ -259,7 +260,7 @@ def test_config_errors(classifier):
     ]
     for overrides, match in cases:
         with pytest.raises(ValueError, match=match):
-            make_optimizer(default_optimizer_config(**overrides), 64, 100, params)
+            make_optimizer(optimizer_settings(**overrides), 64, 100, params)
     with pytest.raises(ValueError, match="unknown optimizer config keys \\['lr'\\]"):
         default_optimizer_config(lr=1.0)
     with pytest.raises(ValueError, match="unknown optimizer preset"):

@@ -38,7 +38,12 @@ from jaxformer.parallel.rules import LOGICAL_AXIS_RULES, batch_sharding, param_s
 from jaxformer.parallel.runner import axis_name, compile_step
 from jaxformer.parallel.shard_map import data_parallel_step
 from jaxformer.train.config import base_config, load_config, train_settings
-from jaxformer.train.optim import OptimizerSettings, default_optimizer_config, make_optimizer
+from jaxformer.train.optim import (
+    OptimizerSettings,
+    default_optimizer_config,
+    make_optimizer,
+    optimizer_settings,
+)
 from jaxformer.train.state import (
     create_train_state,
     state_shardings,
@@ -67,7 +72,7 @@ def _setup(family: str, **model_overrides):
     name, objective = FAMILY[family]
     cfg = ModelConfig.from_dict(preset(name, **{**TINY, **model_overrides}))
     model = build_model(cfg)
-    opt = default_optimizer_config("gpt3", peak_lr=1e-2, warmup_steps=1, eps=1e-3)
+    opt = optimizer_settings("gpt3", peak_lr=1e-2, warmup_steps=1, eps=1e-3)
     tx, schedule = make_optimizer(opt, cfg.d_model, 10)
     options = MLMOptions(mask_rate=0.3) if objective == "mlm" else None
     prepare = bind_objective(objective, options, SpecialTokens(cfg.vocab_size))

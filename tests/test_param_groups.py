@@ -12,6 +12,7 @@ bit-identical for the first 3 steps and moves them afterwards. Invalid settings 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from pathlib import Path
@@ -31,7 +32,7 @@ from jaxformer.train import config as train_config
 from jaxformer.train.config import set_key
 from jaxformer.train.loop import Trainer
 from jaxformer.train.lora_run import trainable_abstract
-from jaxformer.train.optim import decay_mask, default_optimizer_config, make_optimizer
+from jaxformer.train.optim import decay_mask, make_optimizer, optimizer_settings
 from jaxformer.train.param_groups import (
     depth_multipliers,
     is_embedding,
@@ -129,8 +130,8 @@ def test_lora_updates_are_scaled_by_their_kernels_depth():
     lora_opt = dict(OPT, lora=dict(rank=2, alpha=4.0, targets=("value",)))
     trained = _grads(trainable_abstract(build_model(cfg),
                                         ml_collections.ConfigDict(lora_opt["lora"]))[0], 5)
-    plain, _ = make_optimizer(default_optimizer_config(**lora_opt), cfg.d_model, 10)
-    decayed, _ = make_optimizer(default_optimizer_config(**lora_opt, layer_lr_decay=0.5),
+    plain, _ = make_optimizer(optimizer_settings(**lora_opt), cfg.d_model, 10)
+    decayed, _ = make_optimizer(optimizer_settings(**lora_opt, layer_lr_decay=0.5),
                                 cfg.d_model, 10)
     (u_plain,), (u_decayed,) = _run(plain, trained, 1), _run(decayed, trained, 1)
     for path, u in _flat(u_decayed).items():  # lora/encoder/layer_i/... at depth i + 1 of D = 4
@@ -162,7 +163,7 @@ OPT = dict(schedule="constant", peak_lr=1e-2, b1=0.9, b2=0.99, eps=1e-6, weight_
 def test_two_adamw_steps_match_float64_reference(head_mult):
     cfg, params = _model_cfg("bert_classify"), _params("bert_classify")
     decay = 0.5
-    opt = default_optimizer_config(**OPT, layer_lr_decay=decay, head_lr_multiplier=head_mult)
+    opt = optimizer_settings(**OPT, layer_lr_decay=decay, head_lr_multiplier=head_mult)
     tx, _ = make_optimizer(opt, cfg.d_model, 10, params)
     got = _run(tx, params)
     p64 = {k: np.asarray(v, np.float64) for k, v in _flat(params).items()}
@@ -208,7 +209,7 @@ def test_scanned_and_unrolled_get_equal_multipliers_and_updates():
     m_scanned = jax.tree.map(np.broadcast_to, depth_multipliers(scanned, 0.7),
                              jax.tree.map(np.shape, scanned))
     jax.tree.map(np.testing.assert_array_equal, _stack_layers(m_unrolled), m_scanned)
-    opt = default_optimizer_config(**OPT, layer_lr_decay=0.7, freeze_embeddings_steps=1)
+    opt = optimizer_settings(**OPT, layer_lr_decay=0.7, freeze_embeddings_steps=1)
     tx, _ = make_optimizer(opt, cfg.d_model, 10)
     grads_like = [_stack_layers(g) for g in [_grads(unrolled, t) for t in range(2)]]
     state, u_scanned, update = tx.init(scanned), [], jax.jit(tx.update)
@@ -225,9 +226,9 @@ def test_scanned_and_unrolled_get_equal_multipliers_and_updates():
 
 def test_defaults_give_the_unchanged_optimizer_bit_for_bit():
     cfg, params = _model_cfg("bert_classify"), _params("bert_classify")
-    opt = default_optimizer_config("bert", warmup_steps=2, head_lr_multiplier=2.0)
+    opt = optimizer_settings("bert", warmup_steps=2, head_lr_multiplier=2.0)
     tx, schedule = make_optimizer(opt, cfg.d_model, 10, params)
-    explicit, _ = make_optimizer(dict(opt, layer_lr_decay=1.0, freeze_embeddings_steps=0),
+    explicit, _ = make_optimizer(dataclasses.replace(opt, layer_lr_decay=1.0, freeze_embeddings_steps=0),
                                  cfg.d_model, 10, params)
 
     def adamw(lr):
@@ -247,9 +248,9 @@ def test_defaults_give_the_unchanged_optimizer_bit_for_bit():
 
 def test_freeze_zeroes_only_the_embeddings_and_only_for_n_steps():
     cfg, params = _model_cfg("gpt"), _params("gpt")
-    opt = default_optimizer_config(**OPT)
+    opt = optimizer_settings(**OPT)
     plain, _ = make_optimizer(opt, cfg.d_model, 10)
-    frozen, _ = make_optimizer(dict(opt, freeze_embeddings_steps=2), cfg.d_model, 10)
+    frozen, _ = make_optimizer(dataclasses.replace(opt, freeze_embeddings_steps=2), cfg.d_model, 10)
     plain_updates = _run(plain, params, 4)  # the same gradients; params differ after step 0
     state, p, update = frozen.init(params), params, jax.jit(frozen.update)
     for t in range(4):
@@ -284,19 +285,19 @@ def test_invalid_values_name_the_field(key, value, message):
     config = train_config.load_config(ROOT / "configs" / "bert_finetune_tiny.py")
     set_key(config, f"optimizer.{key}", value)
     with pytest.raises(ValueError, match=re.escape(message)):
-        make_optimizer(config.optimizer, 16, 10)
+        train_config.validate_config(config)  # each key alone: its setting's check
 
 
 def test_settings_without_effect_or_depths_are_refused():
     lora_opt = dict(lora=dict(rank=2, alpha=4.0, targets=("query",)))
     with pytest.raises(ValueError, match="optimizer.freeze_embeddings_steps=3"):
-        make_optimizer(default_optimizer_config(freeze_embeddings_steps=3, **lora_opt), 16, 10)
+        make_optimizer(optimizer_settings(freeze_embeddings_steps=3, **lora_opt), 16, 10)
     with pytest.raises(ValueError, match="optimizer.freeze_embeddings_steps=3"):
-        make_optimizer(default_optimizer_config(freeze_embeddings_steps=3, freeze_backbone=True),
+        make_optimizer(optimizer_settings(freeze_embeddings_steps=3, freeze_backbone=True),
                        16, 10)
     cfg = _model_cfg("albert", share_layers=True)  # one block for every layer: no depth
     params = build_model(cfg).abstract()
-    tx, _ = make_optimizer(default_optimizer_config(layer_lr_decay=0.8), cfg.d_model, 10)
+    tx, _ = make_optimizer(optimizer_settings(layer_lr_decay=0.8), cfg.d_model, 10)
     with pytest.raises(ValueError, match="model.share_layers=True"):
         jax.eval_shape(tx.init, params)
 

@@ -34,7 +34,7 @@ from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.partition import mesh_rules, sharded_jit
 from jaxformer.parallel.rules import batch_sharding
 from jaxformer.train.config import base_config, check_context_parallel
-from jaxformer.train.optim import default_optimizer_config, make_optimizer
+from jaxformer.train.optim import make_optimizer, optimizer_settings
 from jaxformer.train.state import create_train_state
 from jaxformer.train.step import make_train_step
 from jaxformer.vocab import SpecialTokens
@@ -213,7 +213,7 @@ def _train(family: str, mesh_axes: dict, steps: int, keep_params_at: int | None 
     name, objective, extra = FAMILIES[family]
     cfg = ModelConfig.from_dict(preset(name, **{**TINY, **extra}))
     model = build_model(cfg)
-    opt = default_optimizer_config("gpt3", peak_lr=1e-2, warmup_steps=1, eps=1e-3)
+    opt = optimizer_settings("gpt3", peak_lr=1e-2, warmup_steps=1, eps=1e-3)
     tx, schedule = make_optimizer(opt, cfg.d_model, 30)
     options = MLMOptions(mask_rate=0.3) if objective == "mlm" else None
     prepare = bind_objective(objective, options, SpecialTokens(cfg.vocab_size))

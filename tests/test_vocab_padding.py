@@ -36,7 +36,7 @@ from jaxformer.ops import cross_entropy_with_integer_labels, mask_padded_vocab
 from jaxformer.parallel.mesh import make_mesh
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.rules import batch_sharding
-from jaxformer.train.optim import default_optimizer_config, make_optimizer
+from jaxformer.train.optim import make_optimizer, optimizer_settings
 from jaxformer.train.state import create_train_state, state_shardings
 from jaxformer.train.step import loss_and_metrics, make_train_step
 from jaxformer.vocab import SpecialTokens
@@ -268,7 +268,7 @@ GPT2_NARROW = dict(d_model=64, num_heads=4, d_ff=128, num_layers=1, max_len=16, 
 def _gpt2_parts(**overrides):
     """(cfg, model, optimizer, schedule, clm objective) of the narrow GPT-2 preset."""
     cfg = ModelConfig.from_dict(preset("gpt2_small", **{**GPT2_NARROW, **overrides}))
-    tx, schedule = make_optimizer(default_optimizer_config("gpt3", peak_lr=1e-2, warmup_steps=1,
+    tx, schedule = make_optimizer(optimizer_settings("gpt3", peak_lr=1e-2, warmup_steps=1,
                                                            eps=1e-3), cfg.d_model, 10)
     prepare = bind_objective("clm", None, SpecialTokens(cfg.vocab_size))
     return cfg, build_model(cfg), tx, schedule, prepare

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.models.head_parts import HEAD_MODULES
-from jaxformer.settings import at_least, check_tree, read, section, setting
+from jaxformer.settings import at_least, read, setting
 
 # ``optimizer.lora.targets`` → (parent module names, kernel module names) in the parameter tree
 # (`jaxformer.models.spec.attention_spec` / `ffn_spec`).
@@ -67,11 +67,10 @@ def lora_a_std(fan_in: int) -> float:
     return fan_in ** -0.5
 
 
-def check_lora_config(lora_cfg: Any) -> None:
-    """ValueError naming the ``optimizer.lora`` key when rank, alpha or targets are invalid (each
-    key alone: `LoraSettings`; with rank > 0, alpha > 0 and targets from `TARGET_MODULES`)."""
-    check_tree(section(LoraSettings), lora_cfg, "optimizer.lora.")
-    rank, alpha, targets = int(lora_cfg.rank), float(lora_cfg.alpha), tuple(lora_cfg.targets)
+def check_lora_config(lora: LoraSettings) -> None:
+    """ValueError naming the ``optimizer.lora`` key when alpha or targets do not fit a rank > 0
+    (alpha > 0, targets from `TARGET_MODULES`); each key alone was checked by its setting."""
+    rank, alpha, targets = lora.rank, lora.alpha, lora.targets
     if rank and alpha <= 0:
         raise ValueError(f"optimizer.lora.alpha={alpha} must be > 0")
     unknown = sorted(set(targets) - set(TARGET_MODULES))

@@ -54,6 +54,7 @@ from jaxformer.settings import (
     config_dict,
     one_of,
     positive,
+    read,
     section,
     setting,
     subsection,
@@ -182,12 +183,23 @@ def param_labels(params: Any, head_prefixes: Sequence[str] = HEAD_PARAM_PREFIXES
 # ------------------------------------------------------------------------------------------------
 
 
-def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = None
+def optimizer_settings(preset: str = "vaswani", **overrides) -> OptimizerSettings:
+    """The typed ``optimizer`` section of ``preset`` and ``overrides`` (`default_optimizer_config`),
+    each key checked by its setting (ValueError naming it): what `make_optimizer` takes outside a
+    training config (a training config's is `jaxformer.train.config.TrainSettings.optimizer`,
+    checked with the whole config)."""
+    stated = default_optimizer_config(preset, **overrides)
+    check_tree(section(OptimizerSettings), stated, "optimizer.")
+    return read(OptimizerSettings, stated)
+
+
+def make_optimizer(opt: OptimizerSettings, d_model: int, total_steps: int, params: Any = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """The gradient transformation and its (backbone) learning-rate schedule.
 
     Args:
-      opt_cfg: the ``optimizer`` config section (see `default_optimizer_config`).
+      opt: the typed ``optimizer`` section (a run's ``TrainSettings.optimizer``, or
+        `optimizer_settings`); each key was checked alone with it, how they combine is checked here.
       d_model: model width, for the ``inverse_sqrt`` schedule.
       total_steps: number of optimizer updates (not micro-batches), for decaying schedules.
       params: optional parameter tree (arrays or ``ShapeDtypeStruct``); when
@@ -198,21 +210,19 @@ def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = N
       ``(tx, schedule)``; ``schedule(step)`` is the backbone learning rate at optax update count
       ``step`` (the head's is ``head_lr_multiplier`` times it).
     """
-    cfg = ml_collections.ConfigDict(dict(_DEFAULTS, **dict(opt_cfg)))
-    check_tree(section(OptimizerSettings), cfg, "optimizer.")  # each key: its declaration
-    check_lora_config(cfg.lora)
-    if cfg.lora.rank and cfg.freeze_backbone:
+    check_lora_config(opt.lora)
+    if opt.lora.rank and opt.freeze_backbone:
         raise ValueError("optimizer.lora.rank > 0 already freezes the base weights; unset "
                          "optimizer.freeze_backbone")
-    if cfg.freeze_embeddings_steps and (cfg.lora.rank or cfg.freeze_backbone and not any(
-            p in EMBEDDING_MODULES for p in cfg.head_param_prefixes)):
-        raise ValueError(f"optimizer.freeze_embeddings_steps={cfg.freeze_embeddings_steps} has "
+    if opt.freeze_embeddings_steps and (opt.lora.rank or opt.freeze_backbone and not any(
+            p in EMBEDDING_MODULES for p in opt.head_param_prefixes)):
+        raise ValueError(f"optimizer.freeze_embeddings_steps={opt.freeze_embeddings_steps} has "
                          "nothing to freeze: optimizer.lora.rank > 0 / freeze_backbone already "
                          "keep the embeddings frozen; set it to 0")
-    schedule = make_schedule(cfg, d_model, total_steps)
-    prefixes = tuple(cfg.head_param_prefixes)
-    mult = float(cfg.head_lr_multiplier)
-    grouped = cfg.freeze_backbone or mult != 1.0
+    schedule = make_schedule(opt, d_model, total_steps)
+    prefixes = tuple(opt.head_param_prefixes)
+    mult = float(opt.head_lr_multiplier)
+    grouped = opt.freeze_backbone or mult != 1.0
     if grouped and params is not None:
         labels = jax.tree_util.tree_leaves(param_labels(params, prefixes))
         if "head" not in labels:
@@ -221,13 +231,13 @@ def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = N
                              f"optimizer.head_param_prefixes={list(prefixes)}")
 
     def adamw(lr):
-        return optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+        return optax.adamw(lr, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay,
                            mask=decay_mask)
 
-    clip = [optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm > 0 else []
+    clip = [optax.clip_by_global_norm(opt.clip_norm)] if opt.clip_norm > 0 else []
     head_schedule = schedule if mult == 1.0 else (lambda step: mult * schedule(step))
     label_fn = lambda p: param_labels(p, prefixes)
-    if cfg.freeze_backbone:
+    if opt.freeze_backbone:
         tx = optax.multi_transform(
             {"head": optax.chain(*clip, adamw(head_schedule)), "backbone": optax.set_to_zero()},
             label_fn)
@@ -236,13 +246,14 @@ def make_optimizer(opt_cfg: Any, d_model: int, total_steps: int, params: Any = N
             {"head": adamw(head_schedule), "backbone": adamw(schedule)}, label_fn))
     else:
         tx = optax.chain(*clip, adamw(schedule))
-    by_depth = ([scale_by_layer_decay(cfg.layer_lr_decay)] if cfg.layer_lr_decay != 1.0 else []) \
-        + ([freeze_embeddings(cfg.freeze_embeddings_steps)] if cfg.freeze_embeddings_steps else [])
+    by_depth = ([scale_by_layer_decay(opt.layer_lr_decay)] if opt.layer_lr_decay != 1.0 else []) \
+        + ([freeze_embeddings(opt.freeze_embeddings_steps)] if opt.freeze_embeddings_steps else [])
     return (optax.chain(tx, *by_depth) if by_depth else tx), schedule
 
 
 __all__ = [
     "HEAD_PARAM_PREFIXES", "OptimizerSettings", "OPTIMIZER_PRESETS", "default_optimizer_config",
-    "make_optimizer", "make_schedule", "decay_mask", "param_labels", "is_head", "map_params_by_path",
+    "optimizer_settings", "make_optimizer", "make_schedule", "decay_mask", "param_labels", "is_head",
+    "map_params_by_path",
     "inverse_sqrt", "warmup_rsqrt", "warmup_cosine", "warmup_linear", "constant",
 ]

@@ -94,7 +94,7 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
     check_distill(settings, config.get("distill"))
     check_generation(settings, model_cfg)
     check_backend(model_cfg.attention_kernel)  # e.g. cudnn without a CUDA GPU, before compiling
-    tx, schedule = make_optimizer(config.optimizer, model_cfg.d_model, settings.num_train_steps)
+    tx, schedule = make_optimizer(settings.optimizer, model_cfg.d_model, settings.num_train_steps)
     if settings.optimizer.lora.rank and (not settings.init_from or settings.parallel != "jit"):
         raise ValueError("optimizer.lora.rank > 0 adapts the weights of init_from (set it) and "
                          f"trains with parallel='jit' (got {settings.parallel!r})")
