@@ -2,8 +2,10 @@
 
 ``train_and_evaluate(config, workdir)``:
 
+Steps 1–4 are `jaxformer.train.setup.set_up`, which ``Trainer(config, workdir)`` calls:
+
 1. resolve the config against ``init_from`` and validate it, before anything compiles; build the
-   model and the mesh (`jaxformer.train.setup`);
+   model and the mesh;
 2. lock the workdir; find the newest intact (checksum-verified) step of ``<workdir>/checkpoints``
    if any; load or train the tokenizer; build the Grain train iterator — every check that can
    refuse the run, before any write (a refused run, or one that fails before its first step,
@@ -22,45 +24,25 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 
 import jax
 import ml_collections
 import numpy as np
 from absl import logging
 
-from jaxformer.checkpoint import Checkpointer, PreemptionWatch, save_run_config
-from jaxformer.checkpoint.lock import WorkdirLock
+from jaxformer.checkpoint import PreemptionWatch
 from jaxformer.config import ModelConfig
-from jaxformer.data.pipeline import check_train_records
-from jaxformer.data.sources import SourceSettings
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
 from jaxformer.flops import device_peak_flops, train_step_flops
-from jaxformer.objectives import get_objective
 from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.ops.embedding import check_token_ids
-from jaxformer.parallel.mesh import describe
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.runner import StepRunner, axis_name, compile_step, global_batch
-from jaxformer.settings import read
 from jaxformer.train import distill, extension, lora_run
 from jaxformer.train.collapse import CollapseWatch, with_prediction_counts
-from jaxformer.train.extension import combine
-from jaxformer.train.metrics import MetricWriter, Progress, truncate_metrics
+from jaxformer.train.metrics import MetricWriter, Progress
 from jaxformer.train.nonfinite import NonfiniteGuard
-from jaxformer.train.setup import (
-    build,
-    init_state,
-    open_data,
-    open_tokenizer,
-    plan_resume,
-    record_tokenizer,
-    resolve_config,
-    restore_state,
-    wire_objective,
-    with_label_names_from_data,
-    with_trained,
-)
+from jaxformer.train.setup import set_up
 from jaxformer.train.step import (
     make_eval_step,
     make_train_step,
@@ -76,8 +58,10 @@ from jaxformer.train.throughput import (
     ready,
 )
 
-# The features a run may ask for, each ``(resolved, built) -> Extension | None``.
+# The features a run may ask for, each ``(resolved, built) -> Extension | None``, and their steps on
+# the stated config before it is resolved (`jaxformer.train.setup.set_up`).
 FEATURES = (lora_run.extension, distill.extension, extension.scheduled_sampling)
+CONFIG_STEPS = (distill.with_teacher_tokenizer,)
 
 
 def _check_batch(batch: dict, cfg: ModelConfig, labels: bool) -> None:
@@ -104,51 +88,17 @@ class Trainer:
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike):
-        source = read(SourceSettings, config.data)  # the sources' section, read once
-        config, source = with_label_names_from_data(config, source)  # string labels: sorted
-        objective = get_objective(config.objective.name)  # a bad record: refused now, before the
-        check_train_records(source, objective,  # config's other checks
-                            objective.read_options(config.objective))
-        resolved = resolve_config(distill.with_teacher_tokenizer(config), source)
-        self.config = config = resolved.config  # the resolved copy: what config.json records
-        self.settings = s = resolved.settings  # the config as typed sections (TrainSettings)
+        ready = set_up(config, workdir, FEATURES, CONFIG_STEPS)  # refused, or the workdir is claimed
+        resolved, built = ready.resolved, ready.built
+        self.config, self.settings = resolved.config, resolved.settings  # config.json's; typed
         self.model_cfg, self.tx, self.schedule = resolved.model_cfg, resolved.tx, resolved.schedule
-        self.predicts_labels = predicts_labels(self.model_cfg, s.objective.name)
-        self.workdir = workdir = Path(workdir)
-        if workdir.exists() and not workdir.is_dir():
-            raise ValueError(f"workdir {str(workdir)!r} exists and is not a directory")
-        built = build(resolved)
-        self.model, self.mesh, self.shardings = built.model, built.mesh, built.shardings
-        self.param_shardings = built.param_shardings
-        self.lock = WorkdirLock(workdir).acquire()  # a second run stops here; nothing written
-        try:  # every check that can refuse the run, reading only: a refusal leaves no trace
-            self.ckpt = Checkpointer(workdir, s.checkpoint)
-            resume = plan_resume(self.ckpt, workdir, config)
-            if jax.process_index() == 0:
-                print(f"Mesh {describe(self.mesh)}, parallel={s.parallel}, attention "
-                      f"{self.model_cfg.attention_summary(self.mesh.shape['context'])}")
-            self.tokenizer = open_tokenizer(resolved, workdir, resuming=resume is not None)
-            record_tokenizer(config, self.tokenizer)  # config.json: the size it has
-            self.prepare = wire_objective(s, self.tokenizer)
-            self.make_ds, self.train_iter = open_data(resolved, self.tokenizer)
-            self.extension = combine(*(feature(resolved, built) for feature in FEATURES))
-            built = with_trained(built, resolved.tx, self.extension.trained)
-            self.shardings = built.shardings  # the state's: what a feature trains, if not the model
-            if resume is None:
-                self.state = (self.extension.init_state or init_state)(resolved, built)
-                self.start_step = 0
-            else:  # sets damaged newer steps aside once the restore has succeeded
-                self.state, self.start_step = restore_state(self.ckpt, built, self.train_iter,
-                                                            resume, workdir)
-        except BaseException:
-            self.lock.release(undo=True)
-            raise
-        self.lock.claim()  # the checks have passed: the run writes the workdir from here on
-        if jax.process_index() == 0:
-            save_run_config(workdir, config)
-            if resume is None:  # a resumed run keeps its own
-                self.tokenizer.save(str(workdir / "tokenizer.model"))
-            truncate_metrics(workdir, self.start_step)  # one row per step across crashes
+        self.predicts_labels = predicts_labels(self.model_cfg, self.settings.objective.name)
+        self.workdir, self.lock, self.ckpt = ready.workdir, ready.lock, ready.ckpt
+        self.model, self.mesh, self.param_shardings = built.model, built.mesh, built.param_shardings
+        self.shardings = built.shardings  # the state's: what a feature trains, if not the model
+        self.tokenizer, self.prepare = ready.tokenizer, ready.prepare
+        self.make_ds, self.train_iter = ready.make_ds, ready.train_iter
+        self.extension, self.state, self.start_step = ready.extension, ready.state, ready.start_step
 
     def model_params(self, state):
         """The parameters the model applies: ``state.params``, or as the step's ``model_params``

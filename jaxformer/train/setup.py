@@ -1,4 +1,5 @@
-"""The trainer's set-up, in one direction: each step a function that returns a value.
+"""The trainer's set-up, in one direction: each step a function that returns a value, run in order
+by `set_up` (what ``Trainer(config, workdir)`` calls):
 
     resolved = resolve_config(config)             # pure: init_from read, validated once
     built = build(resolved)                       # model, mesh, abstract state and its shardings
@@ -23,7 +24,7 @@ import copy
 import dataclasses
 import functools
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,23 +39,25 @@ from jaxformer.checkpoint import (
     Checkpointer,
     SavedRun,
     StateMismatch,
+    WorkdirLock,
     load_checkpoint_params,
     load_run_config,
     open_run,
+    save_run_config,
     with_shardings,
 )
 from jaxformer.checkpoint.verify import verify_tokenizer
 from jaxformer.config import ModelConfig, architecture_fields, changed_fields, fine_tuning_fields
 from jaxformer.convert.hf import hf_model_config, load_hf
 from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory, read_config
-from jaxformer.data.pipeline import make_dataset, source_texts
+from jaxformer.data.pipeline import check_train_records, make_dataset, source_texts
 from jaxformer.data.sources import SourceSettings, get_source, label_names_from_data
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from jaxformer.models import build_model
 from jaxformer.models.head_parts import HEAD_MODULE_NAMES
 from jaxformer.models.vocab_padding import fit_vocab
-from jaxformer.objectives import bind_objective
-from jaxformer.parallel.mesh import check_batch_size, make_mesh
+from jaxformer.objectives import bind_objective, get_objective
+from jaxformer.parallel.mesh import check_batch_size, describe, make_mesh
 from jaxformer.settings import as_declared, read
 from jaxformer.train.config import (
     TrainSettings,
@@ -65,6 +68,8 @@ from jaxformer.train.config import (
     run_settings,
     with_derived_model_fields,
 )
+from jaxformer.train.extension import Extension, combine
+from jaxformer.train.metrics import truncate_metrics
 from jaxformer.train.state import TrainState, create_params, create_train_state, state_shardings
 
 # --------------------------------------------------------------------------------------------------
@@ -487,3 +492,95 @@ def restore_state(ckpt: Checkpointer, built: Built, train_iter: Any, plan: Resum
            else "written before checkpoints carried checksums: not verified")
     print(f"Resumed from {ckpt.directory}/{step} ({how})")
     return state, step
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. All of it, in order.
+
+# A feature of the run (`jaxformer.train.loop.FEATURES`): ``(resolved, built) -> Extension | None``.
+Feature = Callable[[ResolvedConfig, Built], Extension | None]
+# A feature's step on the stated config before it is resolved (distillation's teacher tokenizer).
+ConfigStep = Callable[[ml_collections.ConfigDict], ml_collections.ConfigDict]
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What a run starts from (`set_up`).
+
+    Attributes:
+      resolved: the config resolved and validated (``resolved.settings``: its typed sections).
+      built: the model, the mesh and the state's shardings (a feature's trained tree included).
+      workdir: the run's directory; ``lock``: held on it, claimed (the run writes it).
+      ckpt: the workdir's `Checkpointer`.
+      tokenizer: the run's tokenizer; ``prepare``: the objective's ``prepare(batch, rng)``.
+      make_ds, train_iter: ``make_ds(split, num_epochs=None)`` and the train iterator.
+      extension: the features' combined `Extension`.
+      state, start_step: the state training starts from (resumed, from ``init_from``, a feature's
+        start, or fresh) and its step.
+    """
+
+    resolved: ResolvedConfig
+    built: Built
+    workdir: Path
+    lock: WorkdirLock
+    ckpt: Checkpointer
+    tokenizer: Tokenizer
+    prepare: Callable[[dict, Any], dict]
+    make_ds: Callable[..., Any]
+    train_iter: Any
+    extension: Extension
+    state: TrainState
+    start_step: int
+
+
+def set_up(config: ml_collections.ConfigDict, workdir: str | Path, features: Sequence[Feature],
+           config_steps: Sequence[ConfigStep] = ()) -> Setup:
+    """The trainer's set-up, in order (Levanter's ``TrainLmConfig.build()``): the train records and
+    label names read from the data (a bad record refused before the config's other checks),
+    ``config_steps`` (each feature's, on the stated config), `resolve_config`, `build`; then, the
+    workdir locked, every check that can refuse the run, reading only (`plan_resume`,
+    `open_tokenizer`, the objective, `open_data`, ``features``: each ``(resolved, built) ->
+    Extension | None``, combined); the state restored or initialised. A refusal, or a failure
+    before the lock is claimed, leaves no trace (`jaxformer.checkpoint.lock`); after it the run
+    writes ``config.json``, a new tokenizer and the metrics cut back to its start step."""
+    source = read(SourceSettings, config.data)  # the sources' section, read once before resolve
+    config, source = with_label_names_from_data(config, source)  # string labels: sorted
+    objective = get_objective(config.objective.name)  # a bad record: refused now, before the
+    check_train_records(source, objective,  # config's other checks
+                        objective.read_options(config.objective))
+    for step in config_steps:
+        config = step(config)
+    resolved = resolve_config(config, source)
+    workdir = Path(workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"workdir {str(workdir)!r} exists and is not a directory")
+    built = build(resolved)
+    lock = WorkdirLock(workdir).acquire()  # a second run stops here; nothing written
+    try:  # every check that can refuse the run, reading only: a refusal leaves no trace
+        settings, model_cfg = resolved.settings, resolved.model_cfg
+        ckpt = Checkpointer(workdir, settings.checkpoint)
+        resume = plan_resume(ckpt, workdir, resolved.config)
+        if jax.process_index() == 0:
+            print(f"Mesh {describe(built.mesh)}, parallel={settings.parallel}, attention "
+                  f"{model_cfg.attention_summary(built.mesh.shape['context'])}")
+        tokenizer = open_tokenizer(resolved, workdir, resuming=resume is not None)
+        record_tokenizer(resolved.config, tokenizer)  # config.json: the size it has
+        prepare = wire_objective(settings, tokenizer)
+        make_ds, train_iter = open_data(resolved, tokenizer)
+        ext = combine(*(feature(resolved, built) for feature in features))
+        built = with_trained(built, resolved.tx, ext.trained)  # what a feature trains, if not the model
+        if resume is None:
+            state, start_step = (ext.init_state or init_state)(resolved, built), 0
+        else:  # sets damaged newer steps aside once the restore has succeeded
+            state, start_step = restore_state(ckpt, built, train_iter, resume, workdir)
+    except BaseException:
+        lock.release(undo=True)
+        raise
+    lock.claim()  # the checks have passed: the run writes the workdir from here on
+    if jax.process_index() == 0:
+        save_run_config(workdir, resolved.config)
+        if resume is None:  # a resumed run keeps its own
+            tokenizer.save(str(workdir / "tokenizer.model"))
+        truncate_metrics(workdir, start_step)  # one row per step across crashes
+    return Setup(resolved, built, workdir, lock, ckpt, tokenizer, prepare, make_ds, train_iter, ext,
+                 state, start_step)
