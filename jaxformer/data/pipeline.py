@@ -367,11 +367,12 @@ def make_dataset(data: DataSettings, split: str, tokenizer: Tokenizer, *,
       split: passed to ``jaxformer.data.sources.get_source`` (unless ``source`` is given).
       tokenizer: the `Tokenizer`.
       seed: shuffling and ``transform`` randomness.
-      objective: the objective (`jaxformer.objectives.Objective`), or its name: its data task,
-        framing and host-side transform.
+      objective: the objective (`jaxformer.objectives.Objective`; resolved with its options, as a
+        run's `TrainSettings.objective_spec`), or its name: its data task, framing and host-side
+        transform.
       options: the objective's options (an instance of `Objective.options`, e.g. `MLMOptions`;
-        None: the defaults), as a run's `TrainSettings.objective_options`: they may choose the
-        data task (`Objective.resolve`) and set the transform, sentence pairs and QA windows.
+        None: those ``objective`` was resolved with, else the defaults): they may choose the data
+        task (`Objective.resolve`) and set the transform, sentence pairs and QA windows.
       transform: a host-side ``(example, rng) -> example`` step to use instead of the
         objective's (`Objective.example_transform`), e.g. to try another corruption.
       process_index / process_count: this process's shard (default ``jax.process_index()`` /
@@ -389,8 +390,8 @@ def make_dataset(data: DataSettings, split: str, tokenizer: Tokenizer, *,
     if process_index is None or process_count is None:
         process_index, process_count = jax.process_index(), jax.process_count()
     check_data_config(data, process_count, objective=objective, options=options)
-    spec = check_data_task(objective, options)
-    task, options = spec.data_task, spec.checked_options(options)
+    spec = check_data_task(objective, options)  # resolved: its data task and options
+    task, options = spec.data_task, spec.resolved_options
     special = tokenizer.special
     if transform is None:
         transform = spec.example_transform(special, options)

@@ -87,6 +87,9 @@ class Objective:
         MLM's ``word_initial`` table), or None; ``tokenizer`` is None when `bind` is given none.
       decoder_start: ``prepare`` takes ``decoder_start_id`` (encoder-decoder teacher forcing: the
         ``objective.decoder_start_id`` every objective section holds).
+      resolved_options: the instance of `options` this objective was resolved with (`resolve`;
+        None before, or when it has no options): a method given no options uses them (else the
+        defaults), so the resolved objective stands for the (name, options) pair.
     """
 
     name: str
@@ -98,6 +101,7 @@ class Objective:
     data_task_for: Callable[[Any], str] | None = None
     with_tokenizer: Callable[[Any, Any], Mapping[str, Any]] | None = None
     decoder_start: bool = False
+    resolved_options: Any = None
 
     def __post_init__(self) -> None:
         if self.data_task not in DATA_TASKS:
@@ -115,8 +119,10 @@ class Objective:
                              f"{type(self.options).__name__}")
 
     def checked_options(self, options: Any = None) -> Any:
-        """``options``, an instance of `options` (None: its defaults); ValueError for another type
-        (a dict or a config section: build the dataclass, e.g. `read_options`)."""
+        """``options``, an instance of `options` (None: those it was resolved with, else its
+        defaults); ValueError for another type (a dict or a config section: build the dataclass,
+        e.g. `read_options`)."""
+        options = self.resolved_options if options is None else options
         if self.options is None:
             if options is not None:
                 raise ValueError(f"objective {self.name!r} takes no options, got {options!r}")
@@ -135,12 +141,12 @@ class Objective:
         return None if self.options is None else read(self.options, section)
 
     def resolve(self, options: Any = None) -> Objective:
-        """This objective with the data task its ``options`` choose (`data_task_for`); ValueError
-        for options of another type (`checked_options`)."""
+        """This objective resolved with ``options`` (None: those it was resolved with, else its
+        defaults): the data task they choose (`data_task_for`), and the options themselves
+        (`resolved_options`); ValueError for options of another type (`checked_options`)."""
         options = self.checked_options(options)
-        if self.data_task_for is None:
-            return self
-        return dataclasses.replace(self, data_task=self.data_task_for(options))
+        task = self.data_task if self.data_task_for is None else self.data_task_for(options)
+        return dataclasses.replace(self, data_task=task, resolved_options=options)
 
     def bind(self, options: Any, special: SpecialTokens, *, tokenizer: Any = None,
              decoder_start_id: int | None = None) -> Callable[[dict, Any], dict]:

@@ -56,7 +56,7 @@ from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from jaxformer.models import build_model
 from jaxformer.models.head_parts import HEAD_MODULE_NAMES
 from jaxformer.models.vocab_padding import fit_vocab
-from jaxformer.objectives import bind_objective, get_objective
+from jaxformer.objectives import get_objective
 from jaxformer.parallel.mesh import check_batch_size, describe, make_mesh
 from jaxformer.settings import as_declared, read
 from jaxformer.train.config import (
@@ -331,12 +331,13 @@ def record_tokenizer(config: ml_collections.ConfigDict, tokenizer: Tokenizer) ->
 
 
 def wire_objective(settings: TrainSettings, tokenizer: Tokenizer) -> Callable[[dict, Any], dict]:
-    """The ``prepare(batch, rng)`` of the objective of ``settings`` (a run's `TrainSettings`:
-    ``objective``, ``objective_options``) for the train step, bound to the tokenizer's ids (its
-    host-side per-example step, if any, is applied by the pipeline: `open_data`)."""
-    objective = settings.objective
-    return bind_objective(objective.name, settings.objective_options, tokenizer.special,
-                          tokenizer=tokenizer, decoder_start_id=objective.decoder_start_id)
+    """The ``prepare(batch, rng)`` of the objective of ``settings`` (a run's `TrainSettings`: its
+    resolved ``objective_spec`` and ``objective.decoder_start_id``) for the train step, bound to the
+    tokenizer's ids (its host-side per-example step, if any, is applied by the pipeline:
+    `open_data`)."""
+    spec = settings.objective_spec
+    return spec.bind(spec.resolved_options, tokenizer.special, tokenizer=tokenizer,
+                     decoder_start_id=settings.objective.decoder_start_id)
 
 
 def open_data(resolved: ResolvedConfig, tokenizer: Tokenizer) -> tuple[Callable[..., Any], Any]:
@@ -346,8 +347,7 @@ def open_data(resolved: ResolvedConfig, tokenizer: Tokenizer) -> tuple[Callable[
     by these first datasets, not by every evaluation's."""
     settings = resolved.settings
     make_ds = functools.partial(make_dataset, settings.data, tokenizer=tokenizer,
-                                seed=settings.seed, objective=settings.objective.name,
-                                options=settings.objective_options,
+                                seed=settings.seed, objective=settings.objective_spec,
                                 process_index=jax.process_index(),
                                 process_count=jax.process_count(), report=False)
     train_iter = iter(make_ds("train", report=True))
@@ -546,8 +546,8 @@ def set_up(config: ml_collections.ConfigDict, workdir: str | Path, features: Seq
     source = read(SourceSettings, config.data)  # the sources' section, read once before resolve
     config, source = with_label_names_from_data(config, source)  # string labels: sorted
     objective = get_objective(config.objective.name)  # a bad record: refused now, before the
-    check_train_records(source, objective,  # config's other checks
-                        objective.read_options(config.objective))
+    check_train_records(source, objective.resolve(  # config's other checks
+        objective.read_options(config.objective)))
     for step in config_steps:
         config = step(config)
     resolved = resolve_config(config, source)

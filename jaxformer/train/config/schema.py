@@ -37,7 +37,7 @@ from jaxformer.checkpoint.select import CheckpointSettings
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import DataSettings
 from jaxformer.evaluation.decoding import EvalSettings
-from jaxformer.objectives import OBJECTIVES, get_objective, option_settings
+from jaxformer.objectives import OBJECTIVES, Objective, get_objective, option_settings
 from jaxformer.ops.dropout import PRNG_IMPLS
 from jaxformer.parallel.mesh import MeshSettings
 from jaxformer.settings import (
@@ -205,6 +205,9 @@ class TrainSettings(RunSettings):
       objective: `ObjectiveSettings` (the keys every objective reads).
       objective_options: the options dataclass of the named objective (``MLMOptions`` …, declared
         beside it: `jaxformer.objectives.Objective.options`), or None when it has none.
+      objective_spec: the named `jaxformer.objectives.Objective` resolved once with those options
+        (`Objective.resolve`: its data task chosen, the options carried), what the data checks, the
+        pipeline and the train step's ``prepare`` take.
       data: `DataSettings`, with ``data.tokenizer`` (`TokenizerSettings`).
       optimizer: `OptimizerSettings`, with ``optimizer.lora`` (`LoraSettings`).
       checkpoint, eval, mesh, distill: `CheckpointSettings`, `EvalSettings`, `MeshSettings`,
@@ -214,6 +217,7 @@ class TrainSettings(RunSettings):
     model: ModelConfig
     objective: ObjectiveSettings
     objective_options: Any
+    objective_spec: Objective
     data: DataSettings
     optimizer: OptimizerSettings
     checkpoint: CheckpointSettings
@@ -236,9 +240,10 @@ def train_settings(config: Any, model: ModelConfig) -> TrainSettings:
     run = read(RunSettings, config)
     sections = {k: read(cls, _node(config, k)) for k, cls in SECTIONS.items()}
     objective = get_objective(sections["objective"].name)
+    options = objective.read_options(_node(config, "objective"))
     return TrainSettings(
         **{f.name: getattr(run, f.name) for f in dataclasses.fields(RunSettings)}, model=model,
-        objective_options=objective.read_options(_node(config, "objective")), **sections)
+        objective_options=options, objective_spec=objective.resolve(options), **sections)
 
 
 def run_settings(run_config: dict) -> TrainSettings:

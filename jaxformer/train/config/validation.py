@@ -24,7 +24,7 @@ import optax
 from jaxformer.config import ModelConfig
 from jaxformer.data.pipeline import DataSettings, check_data_config
 from jaxformer.evaluation.decoding import check_generation
-from jaxformer.objectives import check_data_task, check_objective, get_objective
+from jaxformer.objectives import check_objective, get_objective
 from jaxformer.objectives.cloze import check_cloze_config, predicts_labels
 from jaxformer.objectives.mlm import MLMOptions
 from jaxformer.objectives.plm import check_plm_model
@@ -161,13 +161,13 @@ def _check_data(config: ml_collections.ConfigDict, settings: TrainSettings, reso
     string labels within the classifier's classes, a tokenizer to be trained within the vocabulary
     (one read from a file is checked when it is read)."""
     data, model_cfg = settings.data, settings.model
-    objective = check_data_task(settings.objective.name, settings.objective_options)
+    objective = settings.objective_spec
     legacy = config.data.task if "task" in config.data else None  # LEGACY_KEYS: not in DataSettings
     if legacy is not None and legacy != objective.data_task:
         raise ValueError(f"data.task={legacy!r} does not fit objective.name={objective.name!r}, "
                          f"whose data task is {objective.data_task!r}; remove data.task (it is "
                          "derived from objective.name)")
-    check_data_config(data, objective=objective, options=settings.objective_options)
+    check_data_config(data, objective=objective)
     for key, n in position_lengths(data, model_cfg).items():  # init_from's table: resolve_config
         if n > model_cfg.max_len:  # has fitted the lengths to it (it cannot grow)
             raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
