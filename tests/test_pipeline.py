@@ -329,6 +329,27 @@ def test_data_task_is_the_objectives():
         check_data_task("clm", MLMOptions())
 
 
+def test_a_resolved_objective_carries_its_options_into_the_pipeline(tok):
+    """A run hands the pipeline its objective resolved once with its options
+    (`TrainSettings.objective_spec`, `Objective.resolve`): its batches equal those of the
+    (name, options) pair, and differ from the default options' (so the options are not dropped)."""
+    from jaxformer.objectives import get_objective
+    from jaxformer.objectives.span_corruption import SpanCorruptionOptions
+
+    options = SpanCorruptionOptions(noise_density=0.5, mean_span_length=2.0)
+    spec = get_objective("span_corruption").resolve(options)
+    assert spec.resolved_options is options and spec.checked_options() is options
+
+    def batches(**objective):
+        return _take(iter(make_dataset(_cfg(), "train", tok, seed=0, process_index=0,
+                                       process_count=1, source=_source("lm"), **objective)), 3)
+
+    carried = batches(objective=spec)
+    _assert_same(carried, batches(objective="span_corruption", options=options))
+    default = batches(objective="span_corruption")
+    assert any(not np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(carried, default))
+
+
 def test_bad_inputs_raise(tok):
     with pytest.raises(ValueError, match="needs source examples with keys.*data.source_key"):
         next(iter(_make(tok, "seq2seq", source=_source("lm"))))
