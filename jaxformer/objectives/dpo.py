@@ -160,3 +160,15 @@ def dpo_sums(model: Any, params: Any, reference: Any, prepared: Mapping[str, Arr
             "rewards_chosen": total(chosen), "rewards_rejected": total(rejected),
             "rewards_margins": total(chosen - rejected), "rewards_accuracies": correct,
             "logps_chosen": total(logps[0]), "logps_rejected": total(logps[1])}
+
+
+def check_dpo_model(name: str, model_cfg: Any) -> None:
+    """ValueError when objective ``name`` (``dpo`` / ``dpo_seq2seq``) cannot train ``model_cfg``:
+    a language-model head of the family whose rows it builds."""
+    family = {"dpo": "decoder", "dpo_seq2seq": "encoder_decoder"}[name]
+    if model_cfg.family != family or model_cfg.head != "lm":
+        other = "dpo" if model_cfg.family == "decoder" else "dpo_seq2seq"
+        fix = (f"use objective.name={other!r}" if model_cfg.family in ("decoder", "encoder_decoder")
+               else "use a decoder or encoder-decoder model with head='lm'")
+        raise ValueError(f"objective.name={name!r} trains a {family} model with head='lm', not "
+                         f"model.family={model_cfg.family!r}, model.head={model_cfg.head!r}; {fix}")

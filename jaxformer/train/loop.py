@@ -43,7 +43,7 @@ from jaxformer.parallel.mesh import describe
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.runner import StepRunner, axis_name, compile_step, global_batch
 from jaxformer.settings import read
-from jaxformer.train import distill, extension, lora_run
+from jaxformer.train import distill, dpo_run, extension, lora_run
 from jaxformer.train.collapse import CollapseWatch, with_prediction_counts
 from jaxformer.train.extension import combine
 from jaxformer.train.metrics import MetricWriter, Progress, truncate_metrics
@@ -77,7 +77,8 @@ from jaxformer.train.throughput import (
 )
 
 # The features a run may ask for, each ``(resolved, built) -> Extension | None``.
-FEATURES = (lora_run.extension, distill.extension, extension.scheduled_sampling)
+FEATURES = (lora_run.extension, distill.extension, extension.scheduled_sampling,
+            dpo_run.extension)
 
 
 def _check_batch(batch: dict, cfg: ModelConfig, labels: bool) -> None:
