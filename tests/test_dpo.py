@@ -10,13 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from golden import GOLDEN
 from test_pipeline import _texts
 
 from jaxformer.config import ModelConfig
 from jaxformer.data.preference import decoder_pair, seq2seq_pair
 from jaxformer.models import build_model
 from jaxformer.models.presets import preset
-from jaxformer.objectives.dpo import DPOOptions, pair_logprobs, prepare_dpo
+from jaxformer.objectives.dpo import DPOOptions, pair_logprobs, pair_losses, prepare_dpo
 from jaxformer.objectives.dpo import dpo_sums as _dpo_sums
 from jaxformer.ops.preference import preference_loss, segment_sums
 from jaxformer.vocab import SpecialTokens
@@ -209,3 +210,36 @@ def test_jsonl_pairs_through_the_files_source(objective, tmp_path):
     np.testing.assert_array_equal(chosen, [*pair_tokens[1], eos])
     np.testing.assert_array_equal(rejected, [*pair_tokens[2], eos])
     it.close()
+
+
+TRL = np.load(GOLDEN / "trl_dpo" / "reference.npz")  # tests/make_golden_trl.py (TRL 1.16)
+
+
+@pytest.mark.parametrize("case", sorted({k.partition("/")[0] for k in TRL.files}))
+def test_matches_trls_dpo_trainer_loss_gradient_and_metrics(case):
+    """TRL's ``DPOTrainer._compute_loss`` (run by the golden maker) on the same per-token
+    log-probabilities: the mean loss, its gradient with respect to them, and TRL's logged rewards."""
+    g = {k.partition("/")[2]: TRL[k] for k in TRL.files if k.startswith(case + "/")}
+    loss_type, beta = case.split("_beta")[0], float(g["beta"])
+    options = DPOOptions(dpo_beta=beta, dpo_loss=loss_type)
+    mask = g["completion_mask"][:, 1:].astype(np.float32)  # the positions whose token is scored
+    n = len(mask) // 2
+    counts = jnp.asarray(mask.sum(1).reshape(2, n))
+    reference = jnp.asarray(np.stack([g["ref_chosen_logps"], g["ref_rejected_logps"]]), jnp.float32)
+
+    def mean_loss(token_logps):
+        policy = (token_logps * mask).sum(1).reshape(2, n)
+        losses, chosen, rejected = pair_losses(policy, reference, counts, options)
+        return losses.mean(), (chosen, rejected, policy)
+
+    (loss, (chosen, rejected, policy)), grad = jax.value_and_grad(mean_loss, has_aux=True)(
+        jnp.asarray(g["token_logps"], jnp.float32))
+    np.testing.assert_allclose(loss, g["loss"], rtol=1e-5)
+    # TRL sums every position of its log_probs (0 off the completion), so its gradient there is the
+    # row's; ours reaches only the scored positions, where the two agree
+    np.testing.assert_allclose(grad, g["grad"] * mask, rtol=1e-4, atol=1e-7)
+    ours = {"rewards_chosen": chosen.mean(), "rewards_rejected": rejected.mean(),
+            "rewards_accuracies": (chosen > rejected).mean(), "rewards_margins": (chosen - rejected).mean(),
+            "logps_chosen": policy[0].mean(), "logps_rejected": policy[1].mean()}
+    for k, v in ours.items():
+        np.testing.assert_allclose(v, g[k], rtol=1e-5, atol=1e-6, err_msg=k)

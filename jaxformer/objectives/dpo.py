@@ -127,6 +127,22 @@ def pair_logprobs(logits: Array, prepared: Mapping[str, Array]) -> tuple[Array, 
     return (jnp.stack([logp[:, 0::2], logp[:, 1::2]]), jnp.stack([count[:, 0::2], count[:, 1::2]]))
 
 
+def pair_losses(policy: Array, reference: Array, counts: Array, options: DPOOptions
+                ) -> tuple[Array, Array, Array]:
+    """(losses, chosen rewards, rejected rewards), each `[...]`, of pairs whose summed response
+    log-probabilities under the policy and the reference and response token counts are ``policy``,
+    ``reference``, ``counts`` `[2, ...]` (chosen, rejected): `preference_loss` with ``options``; the
+    IPO loss on per-token means, its rewards on the sums, as TRL computes and logs them
+    (``DPOTrainer._compute_loss``)."""
+    kw = dict(beta=options.dpo_beta, label_smoothing=options.dpo_label_smoothing,
+              loss_type=options.dpo_loss)
+    losses, chosen, rejected = preference_loss(policy[0], policy[1], reference[0], reference[1], **kw)
+    if options.dpo_loss == "ipo":
+        policy, reference = policy / jnp.maximum(counts, 1.0), reference / jnp.maximum(counts, 1.0)
+        losses = preference_loss(policy[0], policy[1], reference[0], reference[1], **kw)[0]
+    return losses, chosen, rejected
+
+
 def _logits(model: Any, params: Any, inputs: Mapping[str, Array]) -> Array:
     out = model.apply(params, **inputs, rng=None)
     return out[0] if isinstance(out, tuple) else out
@@ -147,11 +163,7 @@ def dpo_sums(model: Any, params: Any, reference: Any, prepared: Mapping[str, Arr
     ref_logits = _logits(model, jax.lax.stop_gradient(reference), inputs)
     ref, _ = pair_logprobs(jax.lax.stop_gradient(ref_logits), prepared)
     valid = (counts[0] > 0) & (counts[1] > 0)
-    if options.dpo_loss == "ipo":  # TRL's IPO: per-token mean log-probabilities
-        policy, ref = policy / jnp.maximum(counts, 1.0), ref / jnp.maximum(counts, 1.0)
-    losses, chosen, rejected = preference_loss(
-        policy[0], policy[1], ref[0], ref[1], beta=options.dpo_beta,
-        label_smoothing=options.dpo_label_smoothing, loss_type=options.dpo_loss)
+    losses, chosen, rejected = pair_losses(policy, ref, counts, options)
     w = valid.astype(jnp.float32)
     total = lambda x: jnp.sum(jnp.where(valid, x, 0.0))
     correct = total((chosen > rejected).astype(jnp.float32))
