@@ -66,3 +66,30 @@ def extension(resolved: ResolvedConfig, built: Built) -> Extension | None:
           f"{settings.objective_options.dpo_beta}, loss {settings.objective_options.dpo_loss})")
     return Extension(hooks=hooks, frozen=load_reference(resolved, built),
                      frozen_shardings=built.param_shardings)
+
+
+def evaluate_pairs(model, params: Any, reference: Any, batches, options: DPOOptions, prepare: Callable
+                   ) -> dict[str, float]:
+    """Held-out DPO metrics of ``params`` against ``reference`` over ``batches`` (a finite pass of
+    preference batches, e.g. ``trainer.make_ds("validation", num_epochs=1)``): ``loss``,
+    ``rewards_accuracies``, ``rewards_chosen``, ``rewards_rejected``, ``rewards_margins``,
+    ``logps_chosen``, ``logps_rejected`` (means over the pairs, as TRL's eval logs them) and
+    ``pairs``. ``prepare(batch, rng)`` is the bound objective (``trainer.prepare``)."""
+    step = jax.jit(lambda p, r, b: dpo_sums(model, p, r, prepare(b, None), options))
+    totals = None
+    for batch in batches:
+        sums = step(params, reference, batch)
+        totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+    if totals is None:
+        return {}
+    n = max(float(totals["weight"]), 1.0)
+    out = {k: float(v) / n for k, v in totals.items() if k not in ("weight", "correct")}
+    return {**out, "pairs": float(totals["weight"])}
+
+
+def evaluate_trainer(trainer, split: str = "validation") -> dict[str, float]:
+    """`evaluate_pairs` of a DPO `jaxformer.train.loop.Trainer`'s current policy (LoRA merged)
+    against its reference (the step's frozen tree) on ``split``."""
+    batches = trainer.make_ds(split, num_epochs=1)
+    return evaluate_pairs(trainer.model, trainer.model_params(trainer.state), trainer.extension.frozen,
+                          batches, trainer.settings.objective_options, trainer.prepare)
