@@ -30,7 +30,7 @@ def get_config():
     c.objective.dpo_beta = 0.1
     c.data.source = "files:pairs.jsonl"  # yours: prompt / chosen / rejected
     c.data.framing = "bos_eos"  # Llama's rows start with <s>
-    c.data.seq_len = 1024  # one pair: both halves, the prompt twice
+    c.data.seq_len = 512  # one pair: both halves, the prompt twice (raise it for long pairs)
     c.data.batch_size = 16  # pairs per step (up to: short pairs are packed several to a row)
     c.optimizer = default_optimizer_config("gpt3", peak_lr=1e-6, end_lr=1e-6, warmup_steps=50,
                                            weight_decay=0.0)
