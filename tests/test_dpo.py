@@ -5,6 +5,7 @@ rewards) on random decoders and encoder-decoders, and JSONL pairs through the ``
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -243,3 +244,29 @@ def test_matches_trls_dpo_trainer_loss_gradient_and_metrics(case):
             "logps_chosen": policy[0].mean(), "logps_rejected": policy[1].mean()}
     for k, v in ours.items():
         np.testing.assert_allclose(v, g[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_the_plan_counts_the_reference_and_lora_keeps_no_second_copy(tmp_path):
+    """`jaxformer.plan` (what jaxformer-plan reports): full DPO holds the policy, its optimizer state
+    and the reference (a second copy of the parameters); LoRA-DPO holds the base once (its frozen
+    tree is the reference) and trains adapters only."""
+    from jaxformer.convert import save_hf
+    from jaxformer.plan import plan
+    from jaxformer.train.config import load_config, set_key
+
+    cfg = ModelConfig.from_dict(preset("llama_tiny", vocab_size=512))
+    save_hf(cfg, build_model(cfg).init(jax.random.key(0)), tmp_path / "llama")
+    reports = {}
+    for rank in (0, 4):
+        config = load_config(Path(__file__).resolve().parents[1] / "configs" / "llama_dpo.py")
+        for key, value in {"init_from": str(tmp_path / "llama"), "data.seq_len": 32,
+                           "data.batch_size": 8, "optimizer.lora.rank": rank,
+                           "data.tokenizer.vocab_size": 512}.items():
+            set_key(config, key, value)
+        reports[rank] = plan(config, compile=False)
+    full, lora = reports[0], reports[4]
+    n_bytes = 4 * full["parameters"]  # float32
+    assert full["params_bytes"]["total"] == full["frozen_bytes"]["total"] == n_bytes
+    assert lora["frozen_bytes"]["total"] == n_bytes  # the base: the reference, once
+    assert lora["params_bytes"]["total"] < 0.1 * n_bytes  # adapters only
+    assert lora["opt_state_bytes"]["total"] < 0.1 * full["opt_state_bytes"]["total"]
