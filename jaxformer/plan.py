@@ -264,20 +264,20 @@ def plan(config, *, devices: int = 0, compile: bool = True, argv: list[str] | No
     with target_platform(topology.chip.platform) if topology else contextlib.nullcontext():
         model_cfg, abstract, shardings, _ = _built(resolved, abstract_mesh)
         attention = model_cfg.attention_summary(sizes["context"])  # for the target platform
-    params = abstract.params
+    params, model = abstract.params, build_model(model_cfg)
+    weights = model.abstract()  # the model's (LoRA trains adapters: `params`, counted in bytes)
     report = {
         "name": settings.name, "family": model_cfg.family, "mesh": sizes,
         "attention": attention,
         "devices": n, "batch": data.batch_size, "seq_len": data.seq_len,
         "target_len": data.target_len if model_cfg.family == "encoder_decoder" else None,
         "param_dtype": model_cfg.param_dtype, "dtype": model_cfg.dtype,
-        "parameters": int(sum(math.prod(p.shape) for p in jax.tree.leaves(params))),
-        **train_step_flops(settings, params),
+        "parameters": int(sum(math.prod(p.shape) for p in jax.tree.leaves(weights))),
+        **train_step_flops(settings, weights),
         "params_bytes": state_bytes(params, shardings.params),
         "opt_state_bytes": state_bytes(abstract.opt_state, shardings.opt_state),
     }
-    _, _, frozen, frozen_shardings = planned_features(resolved, build_model(model_cfg),
-                                                      abstract_mesh)
+    _, _, frozen, frozen_shardings = planned_features(resolved, model, abstract_mesh)
     if frozen is not None:  # LoRA's base, DPO's reference: parameters kept beside the state
         report["frozen_bytes"] = state_bytes(frozen, frozen_shardings)
     if compile and topology is not None:

@@ -269,4 +269,5 @@ def test_the_plan_counts_the_reference_and_lora_keeps_no_second_copy(tmp_path):
     assert full["params_bytes"]["total"] == full["frozen_bytes"]["total"] == n_bytes
     assert lora["frozen_bytes"]["total"] == n_bytes  # the base: the reference, once
     assert lora["params_bytes"]["total"] < 0.1 * n_bytes  # adapters only
+    assert lora["parameters"] == full["parameters"]  # the model's, as its FLOPs
     assert lora["opt_state_bytes"]["total"] < 0.1 * full["opt_state_bytes"]["total"]
