@@ -46,12 +46,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -60,8 +62,9 @@ from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from jaxformer.checkpoint import with_shardings
 from jaxformer.config import ModelConfig
+from jaxformer.data.preference import PAIR_FEATURES
 from jaxformer.flops import train_step_flops
-from jaxformer.models import build_model
+from jaxformer.models import build_model, lora
 from jaxformer.models.presets import preset
 from jaxformer.objectives import bind_objective, check_data_task
 from jaxformer.ops.kernel_choice import target_platform
@@ -74,12 +77,14 @@ from jaxformer.parallel.mesh import (
     mesh_shape,
 )
 from jaxformer.parallel.partition import sharded_jit
-from jaxformer.parallel.rules import batch_sharding
+from jaxformer.parallel.rules import batch_sharding, param_shardings
 from jaxformer.parallel.topology import Topology, topology_devices
 from jaxformer.train.config import base_config
+from jaxformer.train.dpo_run import DPO_OBJECTIVES, DPOLoss
+from jaxformer.train.lora_run import adapted, trainable_abstract
 from jaxformer.train.setup import ResolvedConfig, resolve_config
 from jaxformer.train.state import state_shardings
-from jaxformer.train.step import make_train_step
+from jaxformer.train.step import StepHooks, make_train_step
 from jaxformer.vocab import SpecialTokens
 
 CHILD_FLAG = "--plan_compile_child"  # `jaxformer.cli.plan`: compile on simulated devices
@@ -119,6 +124,8 @@ def abstract_batch(data_cfg, model_cfg: ModelConfig, task: str) -> dict[str, jax
         out["label"] = jax.ShapeDtypeStruct((b,), jnp.int32)
     if task == "sft":
         out["inputs_loss_mask"] = jax.ShapeDtypeStruct((b, data_cfg.seq_len), jnp.int32)
+    for name in PAIR_FEATURES.get(task, ()):  # DPO's pairs, `jaxformer.data.preference`
+        out[name] = jax.ShapeDtypeStruct((b, features[name.partition("_")[0]]), jnp.int32)
     if task == "sentence_pairs":  # `jaxformer.data.sentence_pairs`
         out["inputs_token_types"] = jax.ShapeDtypeStruct((b, data_cfg.seq_len), jnp.int32)
         out["nsp_label"] = out["nsp_weight"] = jax.ShapeDtypeStruct((b,), jnp.int32)
@@ -145,13 +152,33 @@ def _built(resolved: ResolvedConfig, mesh):
     """`_setup` of a resolved config: the step reads its typed sections (`TrainSettings`)."""
     model_cfg, tx, settings = resolved.model_cfg, resolved.tx, resolved.settings
     model = build_model(model_cfg)
-    abstract, shardings = state_shardings(model, tx, mesh)
+    trained, hooks, _, _ = planned_features(resolved, model, mesh)
+    abstract, shardings = state_shardings(model, tx, mesh, trained)
     objective = settings.objective
     prepare = bind_objective(objective.name, settings.objective_options,
                              SpecialTokens(model_cfg.vocab_size),
                              decoder_start_id=objective.decoder_start_id)
-    step = make_train_step(model, tx, prepare, resolved.schedule, objective=objective, run=settings)
+    step = make_train_step(model, tx, prepare, resolved.schedule, objective=objective, run=settings,
+                           hooks=hooks)
     return model_cfg, abstract, shardings, step
+
+
+def planned_features(resolved: ResolvedConfig, model, mesh) -> tuple[Any, StepHooks, Any, Any]:
+    """(trained parameters or None, step hooks, frozen parameters or None, their shardings) of the
+    features whose memory a plan counts, abstract: LoRA (`jaxformer.train.lora_run`: adapters
+    trained, the base frozen) and DPO (`jaxformer.train.dpo_run`: the reference frozen, which is
+    LoRA's base when LoRA is on, else a second copy of the parameters)."""
+    settings = resolved.settings
+    lora_cfg, trained, hooks, frozen = settings.optimizer.lora, None, StepHooks(), None
+    if lora_cfg.rank:
+        trained, frozen = trainable_abstract(model, lora_cfg), model.abstract()
+        hooks = StepHooks(model_params=functools.partial(adapted, lora.lora_scale(lora_cfg)))
+    if settings.objective.name in DPO_OBJECTIVES:
+        hooks = dataclasses.replace(hooks, loss=DPOLoss(settings.objective_options))
+        frozen = model.abstract()
+    if frozen is None:
+        return trained, hooks, None, None
+    return trained, hooks, frozen, param_shardings(model.logical_axes(), frozen, mesh)
 
 
 def compile_train_step(config, mesh) -> tuple[jax.stages.Compiled, float]:
@@ -159,14 +186,16 @@ def compile_train_step(config, mesh) -> tuple[jax.stages.Compiled, float]:
     and compile it). The devices may be compile-only (`jaxformer.parallel.topology`)."""
     resolved = resolve_config(config)  # validated; init_from's architecture if it has one
     model_cfg, abstract, shardings, step = _built(resolved, mesh)
+    _, _, frozen, frozen_shardings = planned_features(resolved, build_model(model_cfg), mesh)
     settings = resolved.settings
     task = check_data_task(settings.objective.name, settings.objective_options).data_task
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(mesh, len(v.shape)))
              for k, v in abstract_batch(settings.data, model_cfg, task).items()}
-    fn = sharded_jit(step, mesh, in_shardings=(shardings, None), out_shardings=(shardings, None),
-                     donate_argnums=(0,))
+    fn = sharded_jit(step, mesh, in_shardings=(shardings, None, frozen_shardings),
+                     out_shardings=(shardings, None), donate_argnums=(0,))
+    frozen = None if frozen is None else with_shardings(frozen, frozen_shardings)
     start = time.perf_counter()
-    compiled = fn.lower(with_shardings(abstract, shardings), batch).compile()
+    compiled = fn.lower(with_shardings(abstract, shardings), batch, frozen).compile()
     return compiled, time.perf_counter() - start
 
 
@@ -235,18 +264,22 @@ def plan(config, *, devices: int = 0, compile: bool = True, argv: list[str] | No
     with target_platform(topology.chip.platform) if topology else contextlib.nullcontext():
         model_cfg, abstract, shardings, _ = _built(resolved, abstract_mesh)
         attention = model_cfg.attention_summary(sizes["context"])  # for the target platform
-    params = abstract.params
+    params, model = abstract.params, build_model(model_cfg)
+    weights = model.abstract()  # the model's (LoRA trains adapters: `params`, counted in bytes)
     report = {
         "name": settings.name, "family": model_cfg.family, "mesh": sizes,
         "attention": attention,
         "devices": n, "batch": data.batch_size, "seq_len": data.seq_len,
         "target_len": data.target_len if model_cfg.family == "encoder_decoder" else None,
         "param_dtype": model_cfg.param_dtype, "dtype": model_cfg.dtype,
-        "parameters": int(sum(math.prod(p.shape) for p in jax.tree.leaves(params))),
-        **train_step_flops(settings, params),
+        "parameters": int(sum(math.prod(p.shape) for p in jax.tree.leaves(weights))),
+        **train_step_flops(settings, weights),
         "params_bytes": state_bytes(params, shardings.params),
         "opt_state_bytes": state_bytes(abstract.opt_state, shardings.opt_state),
     }
+    _, _, frozen, frozen_shardings = planned_features(resolved, model, abstract_mesh)
+    if frozen is not None:  # LoRA's base, DPO's reference: parameters kept beside the state
+        report["frozen_bytes"] = state_bytes(frozen, frozen_shardings)
     if compile and topology is not None:
         compiled, seconds, _ = compile_on_topology(config, topology)
         report["compiled"] = {**compiled_memory(compiled), "simulated": False,

@@ -254,7 +254,9 @@ def test_each_objective_declares_its_data():
                         "denoise": ("span_corruption", "eos", denoise),
                         "classify": ("classify", None, None), "sft": ("sft", "eos", None),
                         "qa": ("qa", "cls_sep", None), "plm": ("lm", "eos", None),
-                        "cloze": ("classify", "cls_sep", None), "prefix_lm": ("lm", "eos", None)}
+                        "cloze": ("classify", "cls_sep", None), "prefix_lm": ("lm", "eos", None),
+                        "dpo": ("preference", "eos", None),
+                        "dpo_seq2seq": ("preference_seq2seq", "eos", None)}
     transform = get_objective("denoise").example_transform(SPECIAL, DenoiseOptions(infill_rate=0.0))
     example = transform({"inputs": np.arange(LOW, LOW + 9), "extra": 1}, np.random.default_rng(0))
     np.testing.assert_array_equal(example["inputs"], [*range(LOW, LOW + 9), SPECIAL.eos_id])

@@ -45,7 +45,10 @@ def format_table(r: dict) -> str:
             f"  model FLOPs / token   {r['flops_per_token']:>18.4e}   "
             f"({r['tokens_per_step']:,} tokens / step)",
             f"  {'':20}  {'total':>18}  {'per device':>14}"]
-    for label, key in (("parameters", "params_bytes"), ("optimizer state", "opt_state_bytes")):
+    for label, key in (("parameters", "params_bytes"), ("optimizer state", "opt_state_bytes"),
+                       ("frozen parameters", "frozen_bytes")):  # LoRA's base, DPO's reference
+        if key not in r:
+            continue
         rows.append(f"  {label:20}  {_gb(r[key]['total']):>18}  {_gb(r[key]['per_device']):>14}")
     c = r.get("compiled")
     if c:

@@ -5,6 +5,8 @@ A source's records (`jaxformer.data.sources.get_source`) follow one of three sch
 - text:           ``{"text": str}``                    (LM / MLM / span-corruption pretraining)
 - classification: ``{"text": str, "label": int}``
 - pairs:          ``{"source": str, "target": str}``   (translation, other seq2seq)
+- preference:     ``{"prompt": str, "chosen": str, "rejected": str}``   (DPO; TRL's names, read
+  for the `PREFERENCE_TASKS`; ``source_key`` / ``target_key`` rename the first two)
 
 plus ``"id": str`` where the source has one (built-in corpora, user files). `Fields` maps a raw
 record (a TFDS example, a JSONL object, a TSV row) to its schema, by the roles ``config.data``
@@ -40,6 +42,8 @@ LABEL_NAMES = ("label", "labels", "class", "category")
 PAIR_NAMES = (("source", "target"), ("input", "output"), ("src", "tgt"), ("prompt", "response"),
               ("question", "answer"))
 PAIR_TASKS = ("seq2seq", "sft")
+PREFERENCE_NAMES = ("prompt", "chosen", "rejected")
+PREFERENCE_TASKS = ("preference", "preference_seq2seq")
 
 
 def _first(names: Collection[str], candidates: tuple[str, ...]) -> str | None:
@@ -54,6 +58,9 @@ def infer_roles(available: Collection[str], *, text_key: str | None, label_key: 
     docstring). ``task``: the data task reading the records (None: only their text is read, e.g.
     to train the tokenizer)."""
     names = set(available)
+    if task in PREFERENCE_TASKS:
+        return dict(text_key=None, label_key=None, source_key=source_key or PREFERENCE_NAMES[0],
+                    target_key=target_key or PREFERENCE_NAMES[1], rejected_key=PREFERENCE_NAMES[2])
     roles = dict(text_key=text_key or "text", label_key=label_key, source_key=source_key,
                  target_key=target_key)
     if source_key or target_key:
@@ -106,6 +113,7 @@ class Fields:
     label_key: str | None = None
     source_key: str | None = None
     target_key: str | None = None
+    rejected_key: str | None = None  # preference pairs: the rejected response
     label_names: tuple[str, ...] | None = None
     where: str = "source"
     keep: tuple[str, ...] = ()  # other fields passed through as they are (extractive QA's)
@@ -113,6 +121,8 @@ class Fields:
 
     @property
     def schema(self) -> str:
+        if self.rejected_key:
+            return "preference"
         if self.source_key and self.target_key:
             return "pairs"
         return "classification" if self.label_key else "text"
@@ -121,6 +131,8 @@ class Fields:
     def keys(self) -> tuple[str, ...]:
         if self.schema == "pairs":
             return (self.source_key, self.target_key)
+        if self.schema == "preference":
+            return (self.source_key, self.target_key, self.rejected_key)
         return (self.text_key, self.label_key) if self.label_key else (self.text_key,)
 
     def check(self, available: Sequence[str], hint: str = "", where: str = "",
@@ -149,7 +161,10 @@ class Fields:
         where = f"{self.where}, record {_python(record['id'])}" if "id" in record else self.where
         if any(k not in record for k in self.keys):
             self.check(list(record), where=where, error=BadRecord)
-        if self.schema == "pairs":
+        if self.schema == "preference":
+            out = {name: self._text(record, key, where) for name, key in zip(PREFERENCE_NAMES,
+                                                                             self.keys)}
+        elif self.schema == "pairs":
             out = {"source": self._text(record, self.source_key, where),
                    "target": self._text(record, self.target_key, where)}
         else:

@@ -35,6 +35,8 @@ that still sets it must agree) and their framing (``data.framing``: "eos" GPT, "
 * ``seq2seq``: ``source </s>`` → ``inputs``, ``target </s>`` → ``targets`` (trimmed to keep EOS).
 * ``sft``: ``<s>? prompt response </s>`` → ``inputs``; ``inputs_loss_mask`` is 1 on the response
   tokens and its EOS. Source keys ``prompt``/``response`` (or ``source``/``target``).
+* ``preference`` / ``preference_seq2seq`` (DPO): ``prompt``, ``chosen``, ``rejected`` → one pair per
+  example, packed whole (`jaxformer.data.preference`); too long: cut from the prompt's left, counted.
 * ``span_corruption`` (objectives ``span_corruption``, ``denoise``): text pieces of ``seq_len - 1``
   tokens → the objective's transform → ``inputs``/``targets``, each ending with EOS (appended
   unless present, trimmed T5-style).
@@ -69,6 +71,7 @@ from jaxformer.data.closed_at_exit import ClosedAtExit
 from jaxformer.data.containers import MappedSource, Subset, read_records
 from jaxformer.data.held_out import check_held_out
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
+from jaxformer.data.preference import PAIR_FEATURES, decoder_pair, seq2seq_pair
 from jaxformer.data.qa_windows import QA_KEYS, QAFeatures, qa_example
 from jaxformer.data.sentence_pairs import SentencePairs, check_pair_data, pair_rows
 from jaxformer.data.sources import SourceSettings, get_source, source_kinds
@@ -158,6 +161,9 @@ class _Tokenize(grain.transforms.Map):
         if task == "seq2seq":
             src, tgt = _get(ex, task, "source", "target")
             return {"inputs": _i32(enc(src)), "targets": _i32(enc(tgt))}
+        if task in PAIR_FEATURES:  # DPO's pairs
+            return {k: _i32(enc(t)) for k, t in zip(("prompt", "chosen", "rejected"),
+                                                    _get(ex, task, "prompt", "chosen", "rejected"))}
         keys = ("prompt", "response") if "prompt" in ex else ("source", "target")
         prompt, response = _get(ex, task, *keys)
         return {"prompt": _i32(enc(prompt)), "response": _i32(enc(response))}
@@ -230,6 +236,13 @@ class _Frame(grain.experimental.FlatMapTransform):
             targets, cut_tg = _trim_eos(ex["targets"], self.target_len, eos)
             self.counter.record(cut_in + cut_tg)
             return [{"inputs": inputs, "targets": targets}]
+        if task in PAIR_FEATURES:  # `jaxformer.data.preference`: truncated from the prompt's left
+            bos = pre[:1] if len(pre) and pre[0] == self.special.bos_id else pre[:0]
+            texts = (ex["prompt"], ex["chosen"], ex["rejected"])
+            pair, cut = (decoder_pair(*texts, bos=bos, eos=eos, seq_len=L) if task == "preference"
+                         else seq2seq_pair(*texts, eos=eos, seq_len=L, target_len=self.target_len))
+            self.counter.record(cut)
+            return [pair]
         # sft: <s>? prompt response </s>, loss on the response and its EOS
         bos = pre[:1] if len(pre) and pre[0] == self.special.bos_id else pre[:0]
         head = np.concatenate([bos, ex["prompt"]])
@@ -430,11 +443,11 @@ def make_dataset(data: DataSettings, split: str, tokenizer: Tokenizer, *,
     it = grain.experimental.FlatMapIterDataset(it, frame)
 
     lengths = {"inputs": data.seq_len}
-    if task in ("seq2seq", "span_corruption"):
+    if task in ("seq2seq", "span_corruption", "preference_seq2seq"):
         lengths["targets"] = data.target_len
     meta = {"sft": ("inputs_loss_mask",), "qa": ("inputs_token_types",),
-            "sentence_pairs": ("inputs_token_types",)}.get(task, ())
-    lengths.update({k: data.seq_len for k in meta})
+            "sentence_pairs": ("inputs_token_types",), **PAIR_FEATURES}.get(task, ())
+    lengths.update({k: lengths[k.partition("_")[0]] for k in meta})
     if transform is not None:
         it = it.random_map(transform, seed=seed)
         seq2seq_like = task in ("seq2seq", "span_corruption")

@@ -32,6 +32,7 @@ from jaxformer.objectives.causal import prepare_clm, prepare_sft
 from jaxformer.objectives.classify import prepare_classify
 from jaxformer.objectives.cloze import ClozeOptions, prepare_cloze, resolve_cloze
 from jaxformer.objectives.denoise import DenoiseOptions, denoise
+from jaxformer.objectives.dpo import DPOOptions, prepare_dpo
 from jaxformer.objectives.mlm import (
     MLMOptions,
     mlm_data_task,
@@ -54,7 +55,8 @@ HostFn = Callable[[np.ndarray, np.random.Generator], tuple[np.ndarray, np.ndarra
 ExampleTransform = Callable[[dict, np.random.Generator], dict]
 
 # `jaxformer.data.pipeline`
-DATA_TASKS = ("lm", "seq2seq", "classify", "sft", "span_corruption", "qa", "sentence_pairs")
+DATA_TASKS = ("lm", "seq2seq", "classify", "sft", "span_corruption", "qa", "sentence_pairs",
+              "preference", "preference_seq2seq")
 FRAMINGS = ("eos", "bos_eos", "cls_sep", "none")
 
 
@@ -291,3 +293,7 @@ register_objective(Objective("qa", prepare_qa, data_task="qa", framing="cls_sep"
 register_objective(Objective("plm", prepare_plm, data_task="lm", framing="eos", options=PLMOptions))
 register_objective(Objective("prefix_lm", prepare_prefix_lm, data_task="lm", framing="eos",
                              options=PrefixLMOptions))
+# Preference tuning (DPO, `jaxformer.objectives.dpo`): decoder-only and encoder-decoder rows.
+register_objective(Objective("dpo", prepare_dpo, data_task="preference", options=DPOOptions))
+register_objective(Objective("dpo_seq2seq", prepare_dpo, data_task="preference_seq2seq",
+                             options=DPOOptions, decoder_start=True))

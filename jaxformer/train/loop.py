@@ -38,7 +38,7 @@ from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.ops.embedding import check_token_ids
 from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.runner import StepRunner, axis_name, compile_step, global_batch
-from jaxformer.train import distill, extension, lora_run
+from jaxformer.train import distill, dpo_run, extension, lora_run
 from jaxformer.train.collapse import CollapseWatch, with_prediction_counts
 from jaxformer.train.metrics import MetricWriter, Progress
 from jaxformer.train.nonfinite import NonfiniteGuard
@@ -60,7 +60,8 @@ from jaxformer.train.throughput import (
 
 # The features a run may ask for, each ``(resolved, built) -> Extension | None``, and their steps on
 # the stated config before it is resolved (`jaxformer.train.setup.set_up`).
-FEATURES = (lora_run.extension, distill.extension, extension.scheduled_sampling)
+FEATURES = (lora_run.extension, distill.extension, extension.scheduled_sampling,
+            dpo_run.extension)
 CONFIG_STEPS = (distill.with_teacher_tokenizer,)
 
 

@@ -26,6 +26,7 @@ from jaxformer.data.pipeline import DataSettings, check_data_config
 from jaxformer.evaluation.decoding import check_generation
 from jaxformer.objectives import check_objective, get_objective
 from jaxformer.objectives.cloze import check_cloze_config, predicts_labels
+from jaxformer.objectives.dpo import check_dpo_model
 from jaxformer.objectives.mlm import MLMOptions
 from jaxformer.objectives.plm import check_plm_model
 from jaxformer.objectives.prefix_lm import check_prefix_lm_model
@@ -90,6 +91,8 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
         check_prefix_lm_model(model_cfg)
     if name == "cloze":
         check_cloze_config(options, settings.data.framing or "", model_cfg)
+    if name in ("dpo", "dpo_seq2seq"):
+        check_dpo_model(name, model_cfg)
     check_scheduled_sampling(options)
     check_distill(settings, config.get("distill"))
     check_generation(settings, model_cfg)

@@ -1,0 +1,95 @@
+"""DPO runs (`jaxformer.objectives.dpo`): the frozen reference beside the policy.
+
+The reference is the policy's ``init_from`` (the SFT model: a jaxformer run or a Hugging Face
+directory), read once more at the start and at every resume, never checkpointed. It stays **on the
+same mesh**, sharded like the policy by the same logical-axis rules (the step's ``frozen`` tree), and
+runs inside the jitted step without gradients: its log-probabilities are not precomputed, so the data
+pipeline is the one every objective uses and a resumed or re-shuffled run needs no second pass.
+It costs one more copy of the parameters (no optimizer state, no gradients) and one forward pass
+per step; docs/training.md has the compiled memory of both forms.
+
+With LoRA (``optimizer.lora.rank`` > 0) the reference is LoRA's frozen base, the adapters switched
+off: `jaxformer.train.lora_run` already holds it as the step's frozen tree, so DPO adds only its loss
+and no second copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from jaxformer.objectives.dpo import DPOOptions, dpo_sums
+from jaxformer.train.extension import Extension
+from jaxformer.train.setup import Built, ResolvedConfig, load_pretrained
+from jaxformer.train.step import StepHooks
+
+DPO_OBJECTIVES = ("dpo", "dpo_seq2seq")
+
+
+@dataclasses.dataclass(frozen=True)
+class DPOLoss:
+    """The train step's loss hook (`jaxformer.train.step.StepHooks.loss`): `dpo_sums` of the policy
+    (``params``) against the reference (the step's ``frozen`` tree: the reference's parameters, or
+    LoRA's base)."""
+
+    options: DPOOptions
+
+    def __call__(self, model, params, frozen, prepared: dict, *, dropout_rng: jax.Array | None,
+                 hard_sums: Callable) -> dict:
+        del dropout_rng, hard_sums  # dropout off in both passes (TRL's disable_dropout)
+        return dpo_sums(model, params, frozen, prepared, self.options)
+
+
+def load_reference(resolved: ResolvedConfig, built: Built) -> Any:
+    """``init_from``'s parameters (heads it lacks fresh, seeded by ``seed``), placed on the policy's
+    parameter shardings."""
+    params, _ = load_pretrained(resolved, built)
+    return jax.device_put(params, built.param_shardings)
+
+
+def extension(resolved: ResolvedConfig, built: Built) -> Extension | None:
+    """The DPO `Extension` of a run whose objective is ``dpo`` or ``dpo_seq2seq`` (None otherwise):
+    its loss hook, and, without LoRA, ``init_from``'s parameters as the frozen reference."""
+    settings = resolved.settings
+    if settings.objective.name not in DPO_OBJECTIVES:
+        return None
+    hooks = StepHooks(loss=DPOLoss(settings.objective_options))
+    if settings.optimizer.lora.rank:
+        return Extension(hooks=hooks)  # LoRA's base is the frozen tree: the reference
+    if resolved.pretrained is None:
+        raise ValueError(f"objective.name={settings.objective.name!r} needs init_from=<the SFT run "
+                         "or Hugging Face directory>: the frozen reference the policy starts from")
+    print(f"DPO reference: {resolved.pretrained.path} (frozen, on the policy's mesh; β="
+          f"{settings.objective_options.dpo_beta}, loss {settings.objective_options.dpo_loss})")
+    return Extension(hooks=hooks, frozen=load_reference(resolved, built),
+                     frozen_shardings=built.param_shardings)
+
+
+def evaluate_pairs(model, params: Any, reference: Any, batches, options: DPOOptions, prepare: Callable
+                   ) -> dict[str, float]:
+    """Held-out DPO metrics of ``params`` against ``reference`` over ``batches`` (a finite pass of
+    preference batches, e.g. ``trainer.make_ds("validation", num_epochs=1)``): ``loss``,
+    ``rewards_accuracies``, ``rewards_chosen``, ``rewards_rejected``, ``rewards_margins``,
+    ``logps_chosen``, ``logps_rejected`` (means over the pairs, as TRL's eval logs them) and
+    ``pairs``. ``prepare(batch, rng)`` is the bound objective (``trainer.prepare``)."""
+    step = jax.jit(lambda p, r, b: dpo_sums(model, p, r, prepare(b, None), options))
+    totals = None
+    for batch in batches:
+        sums = step(params, reference, batch)
+        totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+    if totals is None:
+        return {}
+    n = max(float(totals["weight"]), 1.0)
+    out = {k: float(v) / n for k, v in totals.items() if k not in ("weight", "correct")}
+    return {**out, "pairs": float(totals["weight"])}
+
+
+def evaluate_trainer(trainer, split: str = "validation") -> dict[str, float]:
+    """`evaluate_pairs` of a DPO `jaxformer.train.loop.Trainer`'s current policy (LoRA merged)
+    against its reference (the step's frozen tree) on ``split``."""
+    batches = trainer.make_ds(split, num_epochs=1)
+    return evaluate_pairs(trainer.model, trainer.model_params(trainer.state), trainer.extension.frozen,
+                          batches, trainer.settings.objective_options, trainer.prepare)
