@@ -169,3 +169,72 @@ def test_two_processes_read_disjoint_slices_of_every_component(corpora):
                 zip(b["inputs"], b["inputs_segment_ids"], b[COMPONENT_FEATURE])]
     assert sorted(ids for c, ids in got if c == 2) == sorted(texts["b"])
     assert not Counter(ids for c, ids in got if c == 1) - Counter(texts["a"])
+
+
+def _train_config(d: Path, tok_path: Path, tokens_dir: Path, steps: int):
+    from jaxformer.train import config as train_config
+    from jaxformer.train.config import set_key
+
+    c = train_config.load_config(Path(__file__).resolve().parents[1] / "configs/gpt_pretrain_tiny.py")
+    settings = {"model.d_model": 32, "model.num_heads": 2, "model.d_ff": 64, "model.num_layers": 1,
+                "model.max_len": 32, "model.vocab_size": 320, "data.seq_len": 32,
+                "data.batch_size": 8, "data.source": f"mix:files:{d}/a.txt@0.7,tokens:{tokens_dir}@0.3",
+                "data.tokenizer.path": str(tok_path), "num_train_steps": steps,
+                "log_every_steps": 2, "eval.every_steps": 4, "eval.num_batches": 2,
+                "checkpoint.every_steps": 4, "checkpoint.async_save": False,
+                "progress_bar": False, "optimizer.warmup_steps": 1,
+                "optimizer.schedule": "constant"}  # a longer run keeps the schedule
+    for k, v in settings.items():
+        set_key(c, k, v)
+    return c
+
+
+@pytest.fixture(scope="module")
+def mixed_run(corpora, tmp_path_factory):
+    """A 4-step run on 'mix:files:a.txt@0.7,tokens:<b.txt tokenized>@0.3'."""
+    from jaxformer.data.token_shards import write_token_shards
+    from jaxformer.data.tokenizer import TokenizerSettings
+    from jaxformer.train.loop import train_and_evaluate
+
+    d, tok = corpora
+    work = tmp_path_factory.mktemp("mixrun")
+    tok.save(work / "tok.model")
+    b = DataSettings(source=f"files:{d}/b.txt", tokenizer=TokenizerSettings(path=str(work / "tok.model")))
+    write_token_shards(b, tok, work / "b_tokens", ["train", "validation"], num_shards=2)
+    train_and_evaluate(_train_config(d, work / "tok.model", work / "b_tokens", 4), work / "run")
+    return d, work
+
+
+def test_trainer_logs_tokens_and_eval_loss_per_component(mixed_run):
+    from jaxformer.checkpoint import read_metrics
+
+    d, work = mixed_run
+    a, b = f"files:{d}/a.txt", f"tokens:{work / 'b_tokens'}"
+    rows = read_metrics(work / "run")
+    logged = [r for r in rows if f"tokens/{a}" in r]
+    assert [r["step"] for r in logged] == [2, 4]
+    for r in logged:  # every token of the rows, split by component: ~70/30
+        assert r[f"tokens/{a}"] + r[f"tokens/{b}"] > 0
+        assert 0.55 < r[f"tokens/{a}"] / (r[f"tokens/{a}"] + r[f"tokens/{b}"]) < 0.85
+    last = [r for r in rows if "eval_loss" in r][-1]
+    assert np.isfinite(last[f"eval_loss/{a}"]) and np.isfinite(last[f"eval_loss/{b}"])
+    assert min(last[f"eval_loss/{a}"], last[f"eval_loss/{b}"]) <= last["eval_loss"] <= max(
+        last[f"eval_loss/{a}"], last[f"eval_loss/{b}"])
+
+
+@pytest.mark.slow  # two more runs (~30 s)
+def test_trainer_resumes_a_mixture_exactly(mixed_run, tmp_path):
+    """The 4-step run continued to 8 steps has the losses of a straight 8-step run."""
+    import shutil
+
+    from jaxformer.checkpoint import read_metrics
+    from jaxformer.train.loop import Trainer, train_and_evaluate
+
+    d, work = mixed_run
+    shutil.copytree(work / "run", tmp_path / "resumed")
+    trainer = Trainer(_train_config(d, work / "tok.model", work / "b_tokens", 8), tmp_path / "resumed")
+    assert trainer.start_step == 4
+    trainer.run()
+    train_and_evaluate(_train_config(d, work / "tok.model", work / "b_tokens", 8), tmp_path / "straight")
+    loss = lambda w: {r["step"]: r["loss"] for r in read_metrics(w) if "loss" in r}
+    assert loss(tmp_path / "resumed") == loss(tmp_path / "straight")

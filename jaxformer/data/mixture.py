@@ -19,16 +19,20 @@ each once, whatever the weights (`jaxformer.data.sources.get_source`).
 
 Rows carry ``inputs_component`` ``[B, L]`` int32: the component index + 1 of every token (0 on
 padding), so the trainer counts the tokens seen per component (``tokens/<component>`` in the
-metrics).
+metrics, summed over the steps since the previous metrics row), and evaluation scores each
+component on its own as well (``eval_loss/<component>``, ``eval_accuracy/<component>``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grain
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 COMPONENT_FEATURE = "inputs_component"
@@ -124,3 +128,42 @@ def tokens_per_component(rows: np.ndarray, names: Sequence[str]) -> dict[str, in
     """``{component: tokens}`` of ``inputs_component`` rows ``[B, L]`` (index + 1, 0 = padding)."""
     counts = np.bincount(np.asarray(rows).ravel(), minlength=len(names) + 1)
     return {name: int(counts[i + 1]) for i, name in enumerate(names)}
+
+
+class ComponentTokens:
+    """The trainer's count of the tokens read from each component of ``data.source`` (none for
+    a source that is not a mixture): `take` removes ``inputs_component`` from a batch (the step
+    does not read it) and counts it; `row` gives ``{"tokens/<component>": n}`` since the last row,
+    summed over processes."""
+
+    def __init__(self, spec: str):
+        self.names = component_names(spec)
+        self.counts = np.zeros(len(self.names) + 1, np.int64)
+
+    def take(self, batch: dict) -> dict:
+        rows = batch.pop(COMPONENT_FEATURE, None)
+        if rows is not None:
+            self.counts += np.bincount(np.asarray(rows).ravel(), minlength=len(self.counts))
+        return batch
+
+    def row(self) -> dict[str, int]:
+        if not self.names:
+            return {}
+        counts = self.counts
+        if jax.process_count() > 1:  # every process logs the same steps: a collective is safe
+            counts = np.asarray(multihost_utils.process_allgather(counts)).sum(axis=0)
+        self.counts = np.zeros_like(self.counts)
+        return {f"tokens/{n}": int(counts[i + 1]) for i, n in enumerate(self.names)}
+
+
+def component_sources(data: Any, split: str, objective: str, options: Any = None
+                      ) -> list[tuple[str, Sequence[dict]]]:
+    """``[(component, its random-access source of split)]`` of a mixture ``data`` (the
+    `jaxformer.data.pipeline.DataSettings`) for ``objective``'s data task, to evaluate each on its
+    own; [] for a source that is not a mixture."""
+    from jaxformer.data.sources import get_source
+    from jaxformer.objectives.registry import check_data_task
+
+    task = check_data_task(objective, options).data_task
+    return [(n, get_source(dataclasses.replace(data, source=n), split, task=task))
+            for n in component_names(data.source)]
