@@ -90,7 +90,7 @@ def _write_shard(job: _ShardJob) -> tuple[int, int]:
     from jaxformer.data.sources import get_source
 
     source = get_source(job.settings, job.split)
-    writer = ArrayRecordWriter(job.path + ".tmp", "group_size:1")
+    writer = ArrayRecordWriter(job.path + ".tmp", "group_size:1,uncompressed")  # random access
     tokens = 0
     try:
         for record in read_records(source, range(job.start, job.stop)):
