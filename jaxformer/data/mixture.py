@@ -6,7 +6,8 @@ drawn from in the weights' proportions by Grain's mixing (``grain.IterDataset.mi
 keyed by the component's spec). Grain's mixing is a deterministic interleaving in integer
 proportions (the smallest weight scaled to 100, the others truncated: 0.7 / 0.3 → 233 : 100, 69.97%;
 over 10,000 examples 6,997 / 3,003, `tests/test_mixture.py`); which examples those are is each
-component's own seeded shuffle. A component read to its end starts its next epoch, so a training stream never ends.
+component's own seeded shuffle. A component read to its end starts its next epoch, so a training
+stream never ends.
 
 The mixing state (the position ``k`` and every component's own position) is part of the
 checkpointed iterator state, so a resumed run reads on bit for bit. A run resumed with changed
