@@ -87,19 +87,35 @@ def test_packed_rows_are_byte_equal_to_on_the_fly(made, objective, kw):
                        _rows(text, tok, objective=objective))
 
 
-def test_training_stream_and_resume_are_byte_equal(made):
+@pytest.mark.parametrize("objective", ["clm", "span_corruption"])  # packed in blocks; by Grain
+def test_training_stream_and_resume_are_byte_equal(made, objective):
     text, tokens, tok, _ = made
-    want = _rows(text, tok, num_epochs=None, n=40, objective="span_corruption")  # > 1 epoch
-    _assert_byte_equal(_rows(tokens, tok, num_epochs=None, n=40, objective="span_corruption"), want)
-    it = iter(make_dataset(tokens, "train", tok, seed=3, objective="span_corruption",
-                           process_index=0, process_count=1))
-    for _ in range(17):
-        next(it)
-    state = json.loads(json.dumps(it.get_state()))
-    fresh = iter(make_dataset(tokens, "train", tok, seed=3, objective="span_corruption",
-                              process_index=0, process_count=1))
-    fresh.set_state(state)
-    _assert_byte_equal([next(fresh) for _ in range(23)], want[17:])
+    want = _rows(text, tok, num_epochs=None, n=40, objective=objective)  # > 1 epoch
+    _assert_byte_equal(_rows(tokens, tok, num_epochs=None, n=40, objective=objective), want)
+    for cut in (1, 17, 39):
+        it = iter(make_dataset(tokens, "train", tok, seed=3, objective=objective,
+                               process_index=0, process_count=1))
+        for _ in range(cut):
+            next(it)
+        state = json.loads(json.dumps(it.get_state()))
+        it.close()
+        fresh = iter(make_dataset(tokens, "train", tok, seed=3, objective=objective,
+                                  process_index=0, process_count=1))
+        fresh.set_state(state)
+        _assert_byte_equal([next(fresh) for _ in range(40 - cut)], want[cut:])
+        fresh.close()
+
+
+def test_pre_tokenized_text_is_packed_in_blocks(made):
+    """clm on tokens: takes the block packer (`jaxformer.data.block_packing`); its rows are Grain's."""
+    from jaxformer.data.block_packing import PackedTokenRows
+    text, tokens, tok, _ = made
+    ds = make_dataset(dataclasses.replace(tokens, prefetch=0), "train", tok, seed=3,
+                      objective="clm", process_index=0, process_count=1)
+    assert isinstance(ds._parent._parent, PackedTokenRows)  # batch → rows
+    for kw in (dict(batch_size=8, packing_bins=3), dict(seq_len=8, long_examples="split")):
+        _assert_byte_equal(_rows(dataclasses.replace(tokens, **kw), tok, num_epochs=2),
+                           _rows(dataclasses.replace(text, **kw), tok, num_epochs=2))
 
 
 def test_process_slices_are_disjoint_and_complete(made):

@@ -64,6 +64,7 @@ import numpy as np
 from absl import flags
 from tqdm.auto import tqdm
 
+from jaxformer.data.block_packing import PackedTokenRows
 from jaxformer.data.builders.user_files import BadRecord, FileSource
 from jaxformer.data.closed_at_exit import ClosedAtExit
 from jaxformer.data.containers import MappedSource, Subset, read_records
@@ -371,9 +372,11 @@ def check_train_records(source: SourceSettings, objective: Objective | str = "cl
 def _examples(ds: grain.MapDataset, *, data: DataSettings, tokenizer: Tokenizer, spec: Objective,
               options: Any, transform: Transform | None, lengths: Mapping[str, int],
               num_epochs: int | None, seed: int,
-              counters: tuple[TruncationCounter, TruncationCounter]) -> grain.IterDataset:
+              counters: tuple[TruncationCounter, TruncationCounter],
+              block_bins: int = 0) -> grain.IterDataset:
     """This process's shard ``ds`` of a source → shuffled, tokenized, framed and transformed
-    examples that fit ``lengths`` (the stages before packing; one per mixture component)."""
+    examples that fit ``lengths`` (the stages before packing; one per mixture component), or with
+    ``block_bins`` the packed rows of pre-tokenized text (`jaxformer.data.block_packing`)."""
     task, special, (counter, after) = spec.data_task, tokenizer.special, counters
     ds = ds.seed(seed)
     if data.shuffle:
@@ -381,13 +384,16 @@ def _examples(ds: grain.MapDataset, *, data: DataSettings, tokenizer: Tokenizer,
     ds = (SentencePairs(ds, tokenizer, mode=options.sentence_pairs,
                         seq_len=data.seq_len, seed=seed)
           if task == "sentence_pairs" else ds.map(_Tokenize(tokenizer, task))).repeat(num_epochs)
-    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=data.read_threads,
-                                              prefetch_buffer_size=data.read_buffer))
     frame = (QAFeatures(tokenizer, counter, seq_len=data.seq_len, doc_stride=options.doc_stride,
                         max_question_len=options.max_question_len)
              if task == "qa" else _Frame(task, example_framing(data, spec), special,
                                          data.seq_len, data.target_len, data.long_examples == "split",
                                          counter))
+    if block_bins:
+        return PackedTokenRows(ds, frame.flat_map, seq_len=data.seq_len, num_bins=block_bins,
+                               pad_id=max(special.pad_id, 0))
+    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=data.read_threads,
+                                              prefetch_buffer_size=data.read_buffer))
     it = grain.experimental.FlatMapIterDataset(it, frame)
     if transform is not None:
         it = it.random_map(transform, seed=seed)
@@ -476,15 +482,16 @@ def make_dataset(data: DataSettings, split: str, tokenizer: Tokenizer, *,
                             for k, (n, ds) in enumerate(zip(mixed, shards))},
                            dict(mixture_components(data.source)))
         meta, lengths = (*meta, COMPONENT_FEATURE), {**lengths, COMPONENT_FEATURE: data.seq_len}
-    else:
-        it = examples(shards[0], seed=seed)
-
     pad_id = max(special.pad_id, 0)
     local_batch = data.batch_size // process_count
-    if data.packing:
-        bins = data.packing_bins or max(local_batch, 32)
+    bins = data.packing_bins or max(local_batch, 32)
+    blocks = (not given and not mixed and data.packing and task == "lm" and transform is None
+              and source_kinds(data.source) == ["tokens"])  # pre-tokenized text: in blocks
+    if not mixed:
+        it = examples(shards[0], seed=seed, block_bins=bins if blocks else 0)
+    if data.packing and not blocks:
         it = pack(it, lengths, num_bins=bins, pad_id=pad_id, meta_features=meta)
-    else:
+    elif not data.packing:
         it = it.map(PadToLength(lengths, pad_id=pad_id, meta_features=meta))
     if num_epochs is None:
         it = it.batch(local_batch, drop_remainder=True)
