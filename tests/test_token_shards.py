@@ -159,6 +159,14 @@ def test_processes_write_the_same_shards(made, tmp_path):
         assert (tmp_path / s["file"]).read_bytes() == (one_dir / s["file"]).read_bytes()
 
 
+@pytest.mark.slow  # worker processes start in ~10 s each here
+def test_block_packing_in_worker_processes_equals_grains(made):
+    """2 worker processes, each packing its slice of the examples: the same rows as Grain's."""
+    text, tokens, tok, _ = made
+    _assert_byte_equal(_rows(dataclasses.replace(tokens, worker_count=2), tok, num_epochs=None, n=12),
+                       _rows(dataclasses.replace(text, worker_count=2), tok, num_epochs=None, n=12))
+
+
 @pytest.mark.slow
 def test_the_console_command(tmp_path):
     corpus = _corpus(tmp_path / "c.txt")

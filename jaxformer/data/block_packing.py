@@ -39,6 +39,12 @@ class PackedTokenRows(grain.IterDataset):
         self.examples, self.frame = examples, frame
         self.seq_len, self.num_bins, self.pad_id = seq_len, num_bins, pad_id
 
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """The examples at ``sl`` only (what Grain's worker processes each read, as its
+        ``PrefetchIterDataset`` does; ``sequential_slice`` is read as a strided slice too)."""
+        self.examples = self.examples.slice(sl)
+        self._parents = (self.examples,)
+
     def __iter__(self) -> grain.DatasetIterator:
         return _RowsIterator(self)
 
