@@ -10,6 +10,7 @@ installed console script ``jaxformer-<command>`` (`[project.scripts]` in pyproje
 - `plan`: memory and FLOPs of a config or preset, nothing allocated (`jaxformer.plan`)
 - `compile`: compile the train step for a TPU topology this host lacks (`jaxformer.compile`)
 - `convert`: a Hugging Face directory to a jaxformer checkpoint, or back (`jaxformer.convert`)
+- `tokenize`: a data source tokenized once into ArrayRecord shards of ids (`jaxformer.data.token_shards`)
 
 Each module holds flag definitions, ``main(argv)`` and ``run()`` (what the console script calls);
 the work itself is in the library module named above. Nothing in the library imports this package.

@@ -27,6 +27,10 @@ def check_held_out(fraction: Any, spec: str = "") -> None:
                          "e.g. 0.1 (0 = the source's own validation split)")
     hashed = [p for p in spec.removeprefix("concat:").split(",")
               if p.strip().startswith("files:") and "{split}" not in p]
+    if fraction and "tokens:" in spec:
+        raise ValueError(f"data.validation_from_train={fraction} cannot hold out texts of "
+                         f"pre-tokenized data.source={spec!r}: tokenize with it set instead "
+                         "(the shards then hold that validation split); leave it at 0")
     if fraction and hashed:
         raise ValueError(f"data.validation_from_train={fraction} applies to sources with a train "
                          f"split of their own; {hashed[0].strip()!r} has no '{{split}}', so its "

@@ -66,16 +66,25 @@ import numpy as np
 from absl import flags
 from tqdm.auto import tqdm
 
+from jaxformer.data.block_packing import PackedTokenRows
 from jaxformer.data.builders.user_files import BadRecord, FileSource
 from jaxformer.data.closed_at_exit import ClosedAtExit
 from jaxformer.data.containers import MappedSource, Subset, read_records
 from jaxformer.data.held_out import check_held_out
+from jaxformer.data.mixture import (
+    COMPONENT_FEATURE,
+    MixedExamples,
+    TagComponent,
+    component_names,
+    mixture_components,
+)
 from jaxformer.data.packing import PadToLength, TruncationCounter, pack
 from jaxformer.data.preference import PAIR_FEATURES, decoder_pair, seq2seq_pair
 from jaxformer.data.qa_windows import QA_KEYS, QAFeatures, qa_example
 from jaxformer.data.sentence_pairs import SentencePairs, check_pair_data, pair_rows
-from jaxformer.data.sources import SourceSettings, get_source, source_kinds
+from jaxformer.data.sources import SourceSettings, get_source, source_kinds, source_parts
 from jaxformer.data.sources import source_texts as source_texts  # re-exported
+from jaxformer.data.token_shards import check_token_manifest
 from jaxformer.data.tokenizer import Tokenizer, TokenizerSettings
 from jaxformer.objectives.registry import FRAMINGS, OBJECTIVES, Objective, check_data_task
 from jaxformer.settings import at_least, config_dict, positive, section, setting, subsection
@@ -151,6 +160,8 @@ class _Tokenize(grain.transforms.Map):
 
     def map(self, ex):
         enc, task = self.tokenizer.encode, self.task
+        if "inputs" in ex:  # pre-tokenized (`jaxformer.data.token_shards`): text tasks only
+            return {"inputs": _i32(ex["inputs"])}
         if task == "qa":  # tokenized with character offsets by `QAFeatures`
             return ex
         if task in ("lm", "span_corruption"):
@@ -303,6 +314,10 @@ def check_data_config(data: DataSettings, process_count: int = 1, *,
     if task == "sentence_pairs":
         check_pair_data(example_framing(data, objective), data.packing)
     check_held_out(data.validation_from_train, data.source)
+    tokens = [p for p in source_parts(data.source) if p.startswith("tokens:")]
+    if tokens and not data.tokenizer.path:
+        raise ValueError(f"data.source={data.source!r} is pre-tokenized: set data.tokenizer.path to "
+                         f"the tokenizer it was made with ({tokens[0][7:]}/tokenizer.model)")
 
 
 def example_framing(data: DataSettings, objective: Objective | str = "clm") -> str:
@@ -367,6 +382,39 @@ def check_train_records(source: SourceSettings, objective: Objective | str = "cl
                             "target, or remove that line")
 
 
+def _examples(ds: grain.MapDataset, *, data: DataSettings, tokenizer: Tokenizer, spec: Objective,
+              options: Any, transform: Transform | None, lengths: Mapping[str, int],
+              num_epochs: int | None, seed: int,
+              counters: tuple[TruncationCounter, TruncationCounter],
+              block_bins: int = 0) -> grain.IterDataset:
+    """This process's shard ``ds`` of a source → shuffled, tokenized, framed and transformed
+    examples that fit ``lengths`` (the stages before packing; one per mixture component), or with
+    ``block_bins`` the packed rows of pre-tokenized text (`jaxformer.data.block_packing`)."""
+    task, special, (counter, after) = spec.data_task, tokenizer.special, counters
+    ds = ds.seed(seed)
+    if data.shuffle:
+        ds = ds.shuffle()
+    ds = (SentencePairs(ds, tokenizer, mode=options.sentence_pairs,
+                        seq_len=data.seq_len, seed=seed)
+          if task == "sentence_pairs" else ds.map(_Tokenize(tokenizer, task))).repeat(num_epochs)
+    frame = (QAFeatures(tokenizer, counter, seq_len=data.seq_len, doc_stride=options.doc_stride,
+                        max_question_len=options.max_question_len)
+             if task == "qa" else _Frame(task, example_framing(data, spec), special,
+                                         data.seq_len, data.target_len, data.long_examples == "split",
+                                         counter))
+    if block_bins:
+        return PackedTokenRows(ds, frame.flat_map, seq_len=data.seq_len, num_bins=block_bins,
+                               pad_id=max(special.pad_id, 0))
+    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=data.read_threads,
+                                              prefetch_buffer_size=data.read_buffer))
+    it = grain.experimental.FlatMapIterDataset(it, frame)
+    if transform is not None:
+        it = it.random_map(transform, seed=seed)
+        seq2seq_like = task in ("seq2seq", "span_corruption")
+        it = it.map(_Finalize(lengths, special.eos_id if seq2seq_like else None, after))
+    return it
+
+
 def make_dataset(data: DataSettings, split: str, tokenizer: Tokenizer, *,
                  seed: int, objective: Objective | str = "clm", options: Any = None,
                  transform: Transform | None = None,
@@ -408,58 +456,56 @@ def make_dataset(data: DataSettings, split: str, tokenizer: Tokenizer, *,
     special = tokenizer.special
     if transform is None:
         transform = spec.example_transform(special, options)
-    if source is None:
-        source = get_source(data, split, keep=QA_KEYS if task == "qa" else (), task=task)
+    keep, given = QA_KEYS if task == "qa" else (), source is not None
+    if not given:
+        source = get_source(data, split, keep=keep, task=task)
         source_name = describe_source(data, split)
-
-    ds = grain.MapDataset.source(source)[process_index::process_count]
-    if len(ds) == 0:
-        fix = ("; give that split more data (data.split_fractions for a files: glob without "
-               "'{split}')" + ("" if split == "train" else
-                               ", or set eval.num_batches=0 to train without evaluation")
-               if len(source) == 0 else "")
-        raise ValueError(f"process {process_index} of {process_count} has no examples: split "
-                         f"{split!r} of {source_name or 'the given source'} holds {len(source)}"
-                         f"{fix}")
+        for part in source_parts(data.source):
+            if part.startswith("tokens:"):
+                check_token_manifest(part.partition(":")[2], tokenizer, task)
+    mixed = component_names(data.source) if not given and num_epochs is None else []
+    parts = ([get_source(dataclasses.replace(data, source=n), split, keep=keep, task=task)
+              for n in mixed] or [source])
+    shards = [grain.MapDataset.source(p)[process_index::process_count] for p in parts]
+    for part, name, ds in zip(parts, mixed or [source_name], shards):
+        if len(ds) == 0:
+            fix = ("; give that split more data (data.split_fractions for a files: glob without "
+                   "'{split}')" + ("" if split == "train" else
+                                   ", or set eval.num_batches=0 to train without evaluation")
+                   if len(part) == 0 else "")
+            raise ValueError(f"process {process_index} of {process_count} has no examples: split "
+                             f"{split!r} of {name or 'the given source'} holds {len(part)}{fix}")
     report = report and process_index == 0
+    local = sum(len(ds) for ds in shards)
     if report:
-        shard = f" ({len(ds):,} in this process's shard)" if process_count > 1 else ""
+        shard = f" ({local:,} in this process's shard)" if process_count > 1 else ""
         tqdm.write(data_line(split, len(source), source_name or "a given source") + shard)
-    counter = TruncationCounter(f"{split}/{task}", len(ds), report=report)
+    counter = TruncationCounter(f"{split}/{task}", local, report=report)
     after = TruncationCounter(f"{split}/{task} after transform", report=report)
-    ds = ds.seed(seed)
-    if data.shuffle:
-        ds = ds.shuffle()
-    ds = (SentencePairs(ds, tokenizer, mode=options.sentence_pairs,
-                        seq_len=data.seq_len, seed=seed)
-          if task == "sentence_pairs" else ds.map(_Tokenize(tokenizer, task))).repeat(num_epochs)
-    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=data.read_threads,
-                                              prefetch_buffer_size=data.read_buffer))
-    frame = (QAFeatures(tokenizer, counter, seq_len=data.seq_len, doc_stride=options.doc_stride,
-                        max_question_len=options.max_question_len)
-             if task == "qa" else _Frame(task, example_framing(data, spec), special,
-                                         data.seq_len, data.target_len, data.long_examples == "split",
-                                         counter))
-    it = grain.experimental.FlatMapIterDataset(it, frame)
-
     lengths = {"inputs": data.seq_len}
     if task in ("seq2seq", "span_corruption", "preference_seq2seq"):
         lengths["targets"] = data.target_len
     meta = {"sft": ("inputs_loss_mask",), "qa": ("inputs_token_types",),
             "sentence_pairs": ("inputs_token_types",), **PAIR_FEATURES}.get(task, ())
     lengths.update({k: lengths[k.partition("_")[0]] for k in meta})
-    if transform is not None:
-        it = it.random_map(transform, seed=seed)
-        seq2seq_like = task in ("seq2seq", "span_corruption")
-        it = it.map(_Finalize(lengths, special.eos_id if seq2seq_like else None,
-                              after))
-
+    examples = functools.partial(
+        _examples, data=data, tokenizer=tokenizer, spec=spec, options=options, transform=transform,
+        lengths=lengths, num_epochs=num_epochs, counters=(counter, after))
+    if mixed:  # each component read, framed and transformed on its own, then drawn by weight
+        it = MixedExamples({n: examples(ds, seed=seed + k).map(TagComponent(k))
+                            for k, (n, ds) in enumerate(zip(mixed, shards))},
+                           dict(mixture_components(data.source)))
+        meta, lengths = (*meta, COMPONENT_FEATURE), {**lengths, COMPONENT_FEATURE: data.seq_len}
     pad_id = max(special.pad_id, 0)
     local_batch = data.batch_size // process_count
-    if data.packing:
-        bins = data.packing_bins or max(local_batch, 32)
+    bins = data.packing_bins or max(local_batch, 32)
+    blocks = (not given and not mixed and data.packing and task == "lm" and transform is None
+              and source_kinds(data.source) == ["tokens"])  # pre-tokenized text: in blocks
+    if not mixed:
+        it = examples(shards[0], seed=seed, block_bins=bins if blocks else 0)
+    if data.packing and not blocks:
         it = pack(it, lengths, num_bins=bins, pad_id=pad_id, meta_features=meta)
-    else:
+    elif not data.packing:
         it = it.map(PadToLength(lengths, pad_id=pad_id, meta_features=meta))
     if num_epochs is None:
         it = it.batch(local_batch, drop_remainder=True)

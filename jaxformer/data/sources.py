@@ -23,6 +23,10 @@ the source has one (built-in corpora, user files).
 - ``"concat:<spec>,<spec>,…"``: the sources one after another (same options for each). Records
   keep each source's own fields (``concat:movie_sentiment,review_snippets`` mixes records with
   and without ``label``); text tasks read only ``text``.
+- ``"tokens:<dir>"``: a source pre-tokenized by ``jaxformer-tokenize`` (`jaxformer.data.token_shards`):
+  records ``{"inputs": int32 [n]}``, the pipeline's tokenize step skipped.
+- ``"mix:<spec>@<weight>,<spec>@<weight>,…"``: a weighted mixture (`jaxformer.data.mixture`); read
+  here (tokenizer training, record checks, finite passes) it is its components one after another.
 
 Field options (TFDS feature names, JSONL keys, TSV columns): ``text_key`` (default "text"),
 ``label_key`` (set → classification), ``source_key`` + ``target_key`` (set → pairs),
@@ -55,11 +59,13 @@ from jaxformer.data.containers import (
 )
 from jaxformer.data.fields import Fields, infer_roles
 from jaxformer.data.held_out import check_held_out, held_out
+from jaxformer.data.mixture import check_mixture
 from jaxformer.data.tfds_source import tfds_name, tfds_source
+from jaxformer.data.token_shards import read_manifest, token_source
 from jaxformer.settings import config_dict, defaults, one_of, section, setting
 
 SOURCE_KINDS = (*builders.BUILDERS, "<pairs>:both|source|target|reverse", "tfds:<name>",
-                "files:<glob>", "concat:<a>,<b>")
+                "files:<glob>", "concat:<a>,<b>", "tokens:<dir>", "mix:<a>@<w>,<b>@<w>")
 _BUILTIN_FIELDS = {"shakespeare": ("text", None, None, None),
                    "kjv_bible": ("text", None, None, None),
                    "movie_sentiment": ("text", "label", None, None),
@@ -164,15 +170,26 @@ _KIND_OPTIONS = {"files": ("format", "columns", "split_fractions", *_FIELD_OPTIO
                  "tfds": ("tfds_data_dir", "tfds_download", *_FIELD_OPTIONS)}
 
 
+def source_parts(spec: str) -> list[str]:
+    """The sources of ``spec``: the parts of a ``concat:`` or ``mix:`` (weights dropped), else it."""
+    kind, _, rest = spec.partition(":")
+    if kind not in ("concat", "mix"):
+        return [spec]
+    parts = [p.strip() for p in rest.split(",") if p.strip()]
+    return [p.rpartition("@")[0] or p for p in parts] if kind == "mix" else parts
+
+
 def source_splits(settings: SourceSettings) -> list[str] | None:
     """The split names ``settings.source`` can be read at (None: not known without opening it, as
     for TFDS): built-in corpora and hash-split files have train/validation/test; a ``{split}``
     glob has those its files name, plus validation when ``validation_from_train`` is set."""
     spec = settings.source
     found: set[str] = set()
-    for part in (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec]):
+    for part in source_parts(spec):
         kind, _, rest = part.strip().partition(":")
-        if kind == "files" and "{split}" in rest:
+        if kind == "tokens":
+            found |= set(read_manifest(rest)["splits"])
+        elif kind == "files" and "{split}" in rest:
             found |= set(user_files.available_splits(rest))
         elif kind == "files" or kind in builders.BUILDERS:
             found |= set(user_files.SPLITS)
@@ -184,16 +201,17 @@ def source_splits(settings: SourceSettings) -> list[str] | None:
 
 
 def source_kinds(spec: str) -> list[str]:
-    """The kind (the part before ':') of each source of ``spec`` (each part of a concat)."""
-    return [p.strip().partition(":")[0] for p in
-            (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec])]
+    """The kind (the part before ':') of each source of ``spec`` (each part of a concat or mix)."""
+    return [p.strip().partition(":")[0] for p in source_parts(spec)]
 
 
 def _check_kinds(spec: str) -> None:
     """ValueError for a source of unknown kind, before its options are checked (a path given
     without 'files:' would otherwise be refused for its options)."""
-    known = {*builders.BUILDERS, "tfds", "files", "concat"}
-    for part in (spec.partition(":")[2].split(",") if spec.startswith("concat:") else [spec]):
+    known = {*builders.BUILDERS, "tfds", "files", "concat", "tokens"}
+    if spec.startswith("mix:"):
+        check_mixture(spec)
+    for part in source_parts(spec):
         part = part.strip()
         if part.partition(":")[0] not in known:
             looks_like_path = "/" in part or "." in part or os.path.exists(part)
@@ -218,8 +236,10 @@ def _check_options(settings: SourceSettings, spec: str) -> None:
 def _from_spec(spec: str, settings: SourceSettings, split: str, keep: tuple[str, ...] = (),
                task: str | None = None, raw_labels: bool = False) -> Sequence[dict[str, Any]]:
     kind, _, rest = spec.partition(":")
-    if kind == "concat":
-        parts = [p.strip() for p in rest.split(",") if p.strip()]
+    if kind == "tokens":
+        return token_source(rest, split)
+    if kind in ("concat", "mix"):
+        parts = source_parts(spec)
         if not parts:
             raise ValueError(f"data.source {spec!r}: 'concat:' needs comma-separated sources")
         return ConcatSource([_from_spec(p, settings, split, keep, task, raw_labels)

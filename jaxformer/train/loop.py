@@ -32,6 +32,7 @@ from absl import logging
 
 from jaxformer.checkpoint import PreemptionWatch
 from jaxformer.config import ModelConfig
+from jaxformer.data.mixture import ComponentTokens, component_sources
 from jaxformer.evaluation.decoding import decoding_examples, generation_config, score_decoding
 from jaxformer.flops import device_peak_flops, train_step_flops
 from jaxformer.objectives.cloze import predicts_labels
@@ -100,6 +101,7 @@ class Trainer:
         self.tokenizer, self.prepare = ready.tokenizer, ready.prepare
         self.make_ds, self.train_iter = ready.make_ds, ready.train_iter
         self.extension, self.state, self.start_step = ready.extension, ready.state, ready.start_step
+        self.mix_tokens = ComponentTokens(self.settings.data.source)  # tokens/<component> metrics
 
     def model_params(self, state):
         """The parameters the model applies: ``state.params``, or as the step's ``model_params``
@@ -139,14 +141,16 @@ class Trainer:
                 self._collapse = CollapseWatch(s.data.label_names)
             self._eval_fn = sharded_jit(eval_step, self.mesh,
                                         in_shardings=(self.param_shardings, None, None))
-        it = iter(self.make_ds(s.eval.split, num_epochs=1))
-        totals, key = None, jax.random.key(s.seed + 1)
-        for i, batch in zip(range(s.eval.num_batches), it):
-            _check_batch(batch, self.model_cfg, self.predicts_labels)
-            sums = self._eval_fn(params, global_batch(batch, self.mesh), jax.random.fold_in(key, i))
-            totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+        totals = self._eval_sums(params, self.make_ds(s.eval.split, num_epochs=1))
         if totals is None:
             return {}
+        parts = {}  # a mixture's components, each scored on its own too: eval_loss/<component>
+        for name, source in component_sources(s.data, s.eval.split, self.settings.objective.name,
+                                              s.objective_options):
+            sums = self._eval_sums(params, self.make_ds(s.eval.split, num_epochs=1, source=source,
+                                                        source_name=name)) or {}
+            parts.update({f"eval_{k}/{name}": v for k, v in summarize_eval(sums).items()
+                          if k in ("loss", "accuracy")} if sums else {})
         predicted, labelled = totals.pop("predicted", None), totals.pop("labelled", None)
         out = summarize_eval(totals)
         if predicted is not None and step is not None and jax.process_index() == 0:
@@ -155,7 +159,16 @@ class Trainer:
             out.pop("perplexity")
         if s.eval.generate_examples > 0:
             out.update(self._decoding_scores(params))
-        return {f"eval_{k}": v for k, v in out.items()}
+        return {**{f"eval_{k}": v for k, v in out.items()}, **parts}
+
+    def _eval_sums(self, params, batches) -> dict | None:
+        """The eval step's sums over the first ``eval.num_batches`` of ``batches`` (None: none)."""
+        totals, key = None, jax.random.key(self.settings.seed + 1)
+        for i, batch in zip(range(self.settings.eval.num_batches), iter(batches)):
+            _check_batch(batch, self.model_cfg, self.predicts_labels)
+            sums = self._eval_fn(params, global_batch(batch, self.mesh), jax.random.fold_in(key, i))
+            totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+        return totals
 
     def _decoding_scores(self, params) -> dict:
         """BLEU, chrF and exact match of generations for the first ``eval.generate_examples``
@@ -191,7 +204,7 @@ class Trainer:
         """The next training batch, checked; its fetch counts as data wait when the device had
         finished the ``previous`` step's metrics by its end (`jaxformer.train.throughput`)."""
         t0 = time.perf_counter()
-        batch = next(self.train_iter)
+        batch = self.mix_tokens.take(next(self.train_iter))
         _check_batch(batch, self.model_cfg, self.predicts_labels)
         if previous is None or ready(previous):
             clock.add("data_wait", time.perf_counter() - t0)
@@ -238,6 +251,7 @@ class Trainer:
                     guard.flush()  # its scalars are here: checked now, counted in this row
                 if log_now:
                     train_metrics.update(clock.row(step, train_metrics.get("tokens")))
+                    train_metrics.update(self.mix_tokens.row())
                 progress.update(1, loss=train_metrics.get("loss"),  # None before the first log
                                 lr=train_metrics.get("learning_rate"), mfu=train_metrics.get("mfu"),
                                 tokens=float(np.sum(batch.get("inputs_segment_ids",
