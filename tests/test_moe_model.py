@@ -188,3 +188,15 @@ def test_shared_experts_and_their_gate_add_a_dense_ffn():
     assert ffn["shared"]["wi"]["kernel"].shape == (32, 16)  # 2 shared experts × moe_d_ff
     assert ffn["shared_gate"]["kernel"].shape == (32, 1)
     assert ffn["wi"]["kernel"].shape == (4, 32, 8)
+
+
+@pytest.mark.parametrize("name,want", [("mixtral_8x7b", 46_702_792_704),
+                                       ("switch_base_8", 619_339_008)])
+def test_moe_presets_have_the_published_parameter_counts(name, want):
+    """Mixtral-8x7B: HF's 46,702,792,704. Switch-Base-8: T5-base v1.0 (222,903,552) plus 7 more
+    FFNs (2 · 768 · 3072 each) and a router (768 · 8) in 12 of its 24 layers."""
+    cfg = ModelConfig.from_dict(preset(name))
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(build_model(cfg).abstract()))
+    assert count == want
+    if name == "switch_base_8":
+        assert count == 222_903_552 + 12 * (7 * 2 * 768 * 3072 + 768 * 8)
