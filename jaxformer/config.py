@@ -151,6 +151,40 @@ class ModelConfig:
     permutation_lm: bool = _field(
         ARCHITECTURE, False, "decoder: add XLNet's query-stream jump_embed table for objective 'plm' "
         "(permutation LM, Yang et al. 2019); without an order the model is the plain GPT")
+    # mixture of experts (issue 62; jaxformer.ops.moe): HF / MaxText names where they have one
+    num_experts: int = _field(
+        ARCHITECTURE, 0, "experts of each MoE feed-forward block (HF num_local_experts / num_experts); "
+        "0 = dense FFNs only")
+    experts_per_token: int = _field(
+        ARCHITECTURE, 2, "k of the top-k router: 1 Switch, 2 Mixtral (HF num_experts_per_tok)")
+    moe_every: int = _field(
+        ARCHITECTURE, 1, "layer i (from 0) of each stack has the MoE FFN when (i + 1) % moe_every == 0: "
+        "1 every layer (Mixtral), 2 every other (Switch; HF decoder_sparse_step)")
+    moe_d_ff: int | None = _field(
+        ARCHITECTURE, None, "hidden width of each expert (HF moe_intermediate_size); unset = d_ff")
+    num_shared_experts: int = _field(
+        ARCHITECTURE, 0, "experts every token runs besides the routed ones, as one dense FFN "
+        "num_shared_experts * moe_d_ff wide (DeepSeekMoE; Qwen2-MoE's shared expert)")
+    shared_expert_gate: bool = _field(
+        ARCHITECTURE, False, "Qwen2-MoE: the shared experts' output times sigmoid(x . w), w [d_model, 1]")
+    norm_topk_prob: bool | None = _field(
+        ARCHITECTURE, None, "gates renormalised over the k chosen experts (Mixtral: softmax over the "
+        "chosen logits), else the router's probabilities (Switch, Qwen2-MoE); unset = "
+        "experts_per_token > 1")
+    capacity_factor: float = _field(
+        COMPUTE, 1.25, "expert capacity ceil(capacity_factor * length * k / num_experts) per row; "
+        "assignments past it are dropped in order (Switch, GShard); unused with moe_dropless")
+    moe_dropless: bool = _field(
+        COMPUTE, False, "run every assignment through grouped matmuls (jax.lax.ragged_dot; "
+        "MegaBlocks, Mixtral): nothing dropped, = capacity_factor infinite")
+    router_jitter_noise: float = _field(
+        REGULARIZATION, 0.0, "training: router inputs times uniform noise in [1 - this, 1 + this] "
+        "(Switch; HF router_jitter_noise)")
+    router_aux_loss_weight: float = _field(
+        REGULARIZATION, 0.01, "weight of the load-balancing loss (Switch eq. 4's alpha; HF "
+        "router_aux_loss_coef), averaged over the MoE layers")
+    router_z_loss_weight: float = _field(
+        REGULARIZATION, 0.0, "weight of the router z-loss (ST-MoE: 0.001; HF router_z_loss_coef)")
     # head: the output head (a new one starts fresh when fine-tuning)
     lm_head_bias: bool = _field(HEAD, False, "a bias on the LM / MLM output projection")
     head: str = _field(
@@ -217,6 +251,8 @@ class ModelConfig:
             "num_encoder_layers": self.num_layers,
             "num_decoder_layers": self.num_layers,
             "embed_init_std": self.init_std,
+            "moe_d_ff": self.d_ff,
+            "norm_topk_prob": self.experts_per_token > 1,
         }
         for name, value in defaults.items():
             if getattr(self, name) is None:
@@ -285,6 +321,7 @@ class ModelConfig:
             bad("nsp_head", True, "next-sentence prediction needs family='encoder', head='mlm'")
         self._validate_albert(bad)
         self._validate_rope_scaling(bad)
+        self._validate_moe(bad)
         w = self.sliding_window
         if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w <= 0):
             bad("sliding_window", w, "must be a positive integer (or unset: full causal attention)")
@@ -330,6 +367,41 @@ class ModelConfig:
         if kind == "yarn" and not self.rope_beta_fast > self.rope_beta_slow > 0:
             bad("rope_beta_fast", self.rope_beta_fast,
                 f"must exceed rope_beta_slow={self.rope_beta_slow} > 0")
+
+    def _validate_moe(self, bad) -> None:
+        """Mixture-of-experts fields (`jaxformer.ops.moe`)."""
+        for f in ["num_experts", "num_shared_experts"]:
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                bad(f, v, "must be an integer >= 0")
+        for f in ["router_aux_loss_weight", "router_z_loss_weight"]:
+            if not getattr(self, f) >= 0:
+                bad(f, getattr(self, f), "must be >= 0")
+        if not self.num_experts:
+            return
+        if not 1 <= self.experts_per_token <= self.num_experts:
+            bad("experts_per_token", self.experts_per_token,
+                f"must be in [1, num_experts={self.num_experts}]")
+        for f in ["moe_every", "moe_d_ff"]:
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                bad(f, v, "must be a positive integer")
+        if not self.capacity_factor > 0:
+            bad("capacity_factor", self.capacity_factor, "must be > 0 (or set moe_dropless=True)")
+        if not 0.0 <= self.router_jitter_noise < 1.0:
+            bad("router_jitter_noise", self.router_jitter_noise, "must be in [0, 1)")
+        if self.shared_expert_gate and not self.num_shared_experts:
+            bad("shared_expert_gate", True, "gates shared experts: set num_shared_experts >= 1")
+        if self.moe_every > 1 and (self.scan_layers or self.share_layers):
+            bad("moe_every", self.moe_every, "a scanned or shared stack repeats one block: use "
+                "moe_every=1 or set scan_layers=False and share_layers=False")
+        if self.permutation_lm:
+            bad("num_experts", self.num_experts, "XLNet's two-stream attention has no MoE FFN: "
+                "set num_experts=0 or permutation_lm=False")
+
+    def moe_layer(self, index: int) -> bool:
+        """Whether layer ``index`` (from 0) of a stack has the MoE FFN (`moe_every`)."""
+        return self.num_experts > 0 and (index + 1) % self.moe_every == 0
 
     def _validate_albert(self, bad) -> None:
         """ALBERT's options (factorised embedding, shared layers) exist on the encoder family."""

@@ -35,6 +35,7 @@ import transformers
 # also where only a .pth file points at the project's environment, as in .venv-hf)
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 import test_convert_llama as llama  # noqa: E402  (the model zoo's builders live beside their tests)
+import test_convert_mixtral as mixtral  # noqa: E402
 import test_convert_mt5 as mt5  # noqa: E402
 import test_convert_roberta_distilbert_bart as zoo  # noqa: E402
 import test_hf_finetune as finetune  # noqa: E402
@@ -225,6 +226,8 @@ CASES: dict[str, Case] = {
     "mistral": Case(llama.build_mistral, llama_inputs, run_llama),
     "qwen2": Case(llama.build_qwen2, llama_inputs, run_llama),
     "llama_classifier": Case(llama.build_llama_classifier, llama_inputs, run_classifier),
+    # tests/test_convert_mixtral.py: Mixtral (4 experts, top-2, sliding window)
+    "mixtral": Case(mixtral.build_mixtral, llama_inputs, run_llama),
     # tests/test_convert_mt5.py: T5 v1.1 graphs
     "mt5": Case(mt5.build_mt5, lambda: {"input_ids": mt5.INPUTS, "decoder_input_ids": mt5.TARGETS},
                 lambda model, inputs: mt5.reference_outputs(model)),

@@ -66,6 +66,7 @@ MULTI_DEVICE_FILES = frozenset({
     "test_decode.py",  # generation on params sharded over (fsdp 2, tensor 4)
     "test_lora.py",  # adapters shard like their kernels on FSDP / tensor meshes
     "test_model.py",  # sharded init on a 2 × 2 × 2 mesh
+    "test_moe_parallel.py",  # expert=4 × data=2 against one device
     "test_parallel.py",  # every mesh, pmap and shard_map against one device
     "test_ring_attention.py",  # context parallelism
     "test_scheduled_sampling.py",  # its shard_map and pmap paths

@@ -242,7 +242,8 @@ def test_two_slices_only_the_data_parallel_gradient_reduction_crosses_the_dcn():
     the gradients over the data axis (MaxText's layout)."""
     report = compile_report(tiny("gpt_tiny", "fsdp=4,dcn_data=2", num_layers=1),
                             parse_topology("v5e:2x2", 2))
-    assert report["mesh"] == {"data": 2, "fsdp": 4, "context": 1, "tensor": 1} and report["devices"] == 8
+    assert report["mesh"] == {"data": 2, "fsdp": 4, "expert": 1, "context": 1, "tensor": 1}
+    assert report["devices"] == 8
     comm = report["collectives"]
     assert comm["all-gather"]["count"] > 0 and comm["all-gather"]["dcn_count"] == 0
     crossing = {k: c["dcn_count"] for k, c in comm.items() if c["dcn_count"]}
@@ -253,7 +254,7 @@ def test_dcn_sizes_multiply_the_slice_sizes_and_slices_hold_contiguous_blocks():
     from jaxformer.parallel.mesh import make_mesh, mesh_shape
 
     cfg = {"data": -1, "fsdp": 2, "dcn_data": 2}
-    assert mesh_shape(cfg, 8) == {"data": 4, "fsdp": 2, "context": 1, "tensor": 1}
+    assert mesh_shape(cfg, 8) == {"data": 4, "fsdp": 2, "expert": 1, "context": 1, "tensor": 1}
     with pytest.raises(ValueError, match="do not split into"):
         mesh_shape({"dcn_data": 3}, 8)
     mesh = make_mesh(cfg, jax.devices()[:8])  # CPU: consecutive devices stand in for a slice

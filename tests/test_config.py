@@ -121,11 +121,13 @@ def test_every_field_declares_its_kind_and_the_lists_derive_from_it():
     assert arch.isdisjoint(fine) and arch | fine == set(fields)
     assert {"d_model", "activation", "norm_position", "position", "vocab_size"} <= arch
     assert {"head", "num_classes", "pooling", "pooler", "nsp_head", "scan_layers"} <= fine
-    # a resume may change what neither shapes the parameters nor changes their function
+    # a resume may change what neither shapes the parameters nor changes their function, and an
+    # MoE's capacity (which assignments drop) and router-loss weights
     assert config.resumable_fields() == (
-        "dropout_rate", "attention_dropout_rate", "ffn_dropout_rate", "target_token_dropout_rate",
-        "init_scheme", "init_std", "embed_init_std", "dtype", "remat_policy", "attention_impl",
-        "attention_chunk_size")
+        "capacity_factor", "moe_dropless", "router_jitter_noise", "router_aux_loss_weight",
+        "router_z_loss_weight", "dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
+        "target_token_dropout_rate", "init_scheme", "init_std", "embed_init_std", "dtype",
+        "remat_policy", "attention_impl", "attention_chunk_size")
     assert set(config.exported_fields()) <= fine
     with pytest.raises(ValueError, match="unknown field kinds"):
         config.fields_of("runtime")

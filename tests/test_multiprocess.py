@@ -125,7 +125,8 @@ def test_two_processes_train_and_checkpoint(jit_run):
     params = load_checkpoint_params(workdir)  # read back in this (single) process
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
     assert json.loads((workdir / "config.json").read_text())["mesh"] == {
-        "data": 2, "fsdp": 2, "context": 1, "tensor": 2, "dcn_data": 1, "dcn_fsdp": 1}  # one slice
+        "data": 2, "fsdp": 2, "expert": 1, "context": 1, "tensor": 2, "dcn_data": 1,
+        "dcn_fsdp": 1}  # one slice
     # The manifest (process 0) covers both processes' files.
     # (Both resume from it: the reruns of the killed and the preempted runs below resume both
     # processes from their latest verified step and continue bit for bit.)
@@ -247,7 +248,7 @@ def test_plan_cli_compiles_on_simulated_devices(tmp_path):
     assert "per device" in proc.stdout
     r = json.loads(out.read_text())
     c = r["compiled"]
-    assert r["devices"] == 8 and r["mesh"] == {"data": 1, "fsdp": 8, "context": 1, "tensor": 1}
+    assert r["devices"] == 8 and r["mesh"] == {"data": 1, "fsdp": 8, "expert": 1, "context": 1, "tensor": 1}
     assert c["simulated"] and c["platform"] == "cpu"
     state = r["params_bytes"]["per_device"] + r["opt_state_bytes"]["per_device"] + 4 + 8  # + step, rng
     batch = 3 * r["batch"] * r["seq_len"] * 4 // 8  # inputs, segment ids, positions; 1/8 each

@@ -392,7 +392,7 @@ def test_a_mesh_too_big_for_the_devices_says_how_to_get_them():
 
 
 def test_mesh_shape_fills_and_validates():
-    assert mesh_shape({}, 8) == {"data": 8, "fsdp": 1, "context": 1, "tensor": 1}
+    assert mesh_shape({}, 8) == {"data": 8, "fsdp": 1, "expert": 1, "context": 1, "tensor": 1}
     assert mesh_shape({"data": -1, "tensor": 2}, 8) == {"data": 4, "fsdp": 1, "context": 1,
                                                         "tensor": 2}
     assert mesh_shape({"data": 1, "fsdp": -1, "tensor": 4}, 8)["fsdp"] == 2
@@ -403,16 +403,17 @@ def test_mesh_shape_fills_and_validates():
     # data's default -1 gives way to another -1 (the README's `--config.mesh.fsdp=-1` commands
     # used to fail with "at most one axis may be -1", data's default being the other)
     assert mesh_shape({"data": -1, "fsdp": -1, "tensor": 1}, 8) == {"data": 1, "fsdp": 8,
-                                                                     "context": 1, "tensor": 1}
-    assert mesh_shape({"fsdp": -1, "tensor": 4}, 8) == {"data": 1, "fsdp": 2, "context": 1,
-                                                     "tensor": 4}
+                                                                     "expert": 1, "context": 1,
+                                                                     "tensor": 1}
+    assert mesh_shape({"fsdp": -1, "tensor": 4}, 8) == {"data": 1, "fsdp": 2, "expert": 1,
+                                                     "context": 1, "tensor": 4}
     with pytest.raises(ValueError, match="at most one axis"):
         mesh_shape({"fsdp": -1, "tensor": -1}, 8)
     with pytest.raises(ValueError, match="unknown mesh axes"):
         mesh_shape({"model": 2}, 8)
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     assert mesh.axis_names == ("data", "fsdp", "context", "tensor") and mesh.size == jax.device_count()
-    assert describe(mesh) == "data=2 fsdp=2 context=1 tensor=2 (8 devices, 1 process)"
+    assert describe(mesh) == "data=2 fsdp=2 expert=1 context=1 tensor=2 (8 devices, 1 process)"
     assert describe(make_mesh({"data": 1}, jax.devices()[:1])).endswith("(1 device, 1 process)")
 
 

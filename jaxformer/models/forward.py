@@ -18,6 +18,7 @@ equal ids attend to each other; default: all one segment).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import zlib
 
 import flax.linen as nn
@@ -41,6 +42,7 @@ from jaxformer.ops.heads import (
 )
 from jaxformer.ops.inputs import embed_inputs, embed_tokens
 from jaxformer.ops.masks import prefix_lm_mask, sliding_window_mask
+from jaxformer.ops.moe import RouterStats
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import alibi_bias, relative_position_bias
 from jaxformer.ops.stack import has_dropout, run_stack
@@ -156,9 +158,43 @@ def run_part_stack(cfg: ModelConfig, params: dict, name: str, x, *, rng, num_lay
     with jax.named_scope(name):  # op names in HLO and profiles: <Family>/<stack>/layer_<i>/…
         dropout_rng = None if rng is None or not has_dropout(cfg) else part_rng(rng, name)
         stack_cache = {} if cache is None else dict(cache=cache[name], cache_index=cache_index)
-        return run_stack(part(params, name), x, cfg=cfg, num_layers=num_layers,
-                         dropout_rng=dropout_rng, constrain=constrain, causal=causal, **stack_cache,
-                         **inputs)
+        collected = _ROUTER_STATS.get()
+        out = run_stack(part(params, name), x, cfg=cfg, num_layers=num_layers,
+                        dropout_rng=dropout_rng, constrain=constrain, causal=causal, **stack_cache,
+                        router_stats=collected is not None, **inputs)
+        if collected is None:
+            return out
+        out, stats = out
+        if stats is not None:
+            collected.append((stats, sum(cfg.moe_layer(i) for i in range(num_layers))))
+        return out
+
+
+# The MoE layers' statistics of the stacks run inside `collect_router_stats` (None outside).
+_ROUTER_STATS: contextvars.ContextVar[list | None] = contextvars.ContextVar("router_stats",
+                                                                           default=None)
+
+
+@contextlib.contextmanager
+def collect_router_stats():
+    """Inside it, every stack that runs records its MoE layers' mean `RouterStats` and their count
+    (in the list it yields), for `router_stats_of`; outside it no statistics are kept."""
+    collected: list = []
+    token = _ROUTER_STATS.set(collected)
+    try:
+        yield collected
+    finally:
+        _ROUTER_STATS.reset(token)
+
+
+def router_stats_of(collected: list) -> RouterStats | None:
+    """The mean `RouterStats` over every MoE layer of the model (`collect_router_stats`'s list);
+    None for a dense model."""
+    if not collected:
+        return None
+    total = sum(n for _, n in collected)
+    return jax.tree.map(lambda *a: sum(a) / total, *[jax.tree.map(lambda v, n=n: v * n, st)
+                                                    for st, n in collected])
 
 
 def embed(cfg: ModelConfig, params: dict, name: str, ids, positions, token_types=None, *, rng=None,

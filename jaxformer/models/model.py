@@ -110,19 +110,25 @@ class Model:
         return jax.tree.map(lambda s: s.axes, self.spec(), is_leaf=_is_spec)
 
     def apply(self, params: Mapping, *inputs, rng: jax.Array | None = None,
-              cache: dict | None = None, **kwargs):
+              cache: dict | None = None, router_stats: bool = False, **kwargs):
         """The forward pass (`jaxformer.models.forward`) of ``cfg.family`` on ``inputs``: ``tokens``
         (encoder, decoder) or ``inputs, targets_in`` (encoder-decoder; ``inputs`` None with an
         ``encoder_out=``). ``rng`` None: deterministic, else dropout keyed by it. ``cache`` (from
         `init_cache`): decode, returning (output, updated cache). ``kwargs``: the family's
         keywords (``positions``, ``segment_ids``, ``token_types``, ``return_hidden``,
         ``head_inputs``, ``predict_positions``, ``factorization_rank``, ``decode_mask``,
-        ``encoder_out``, ``inputs_``/``targets_positions``, ``inputs_``/``targets_segment_ids``)."""
+        ``encoder_out``, ``inputs_``/``targets_positions``, ``inputs_``/``targets_segment_ids``).
+        ``router_stats``: return (that output, the mean `jaxformer.ops.moe.RouterStats` over the
+        MoE layers, None for a dense model), for the auxiliary losses and their metrics."""
         fn = forward.FORWARD[self.cfg.family]
         if cache is not None:
             kwargs["cache"] = cache
         with jax.named_scope(SCOPES[self.cfg.family]):
-            return fn(self.cfg, params, *inputs, rng=rng, **kwargs)
+            if not router_stats:
+                return fn(self.cfg, params, *inputs, rng=rng, **kwargs)
+            with forward.collect_router_stats() as collected:
+                out = fn(self.cfg, params, *inputs, rng=rng, **kwargs)
+            return out, forward.router_stats_of(collected)
 
     def encode(self, params: Mapping, inputs, **kwargs):
         """Encoder-decoder models: inputs `[B, S]` → encoder output `[B, S, D]`."""

@@ -8,7 +8,10 @@ T5-small v1.0 60,506,624; ALBERT-base v2 11,683,584 (Lan et al. 2019: E = 128 fa
 one block shared by the 12 layers; with pooler, without MLM head); GPT-2 medium 354,823,168;
 T5-base v1.0 222,903,552; GPT-2 large 774,030,080; GPT-2 XL 1,557,611,200; BERT-large-uncased
 335,141,888 (with pooler, without MLM head); T5-large v1.0 737,668,096; T5-3B 2,851,598,336;
-Llama-2-7B 6,738,415,616 ("llama2_7b"; ``llama_tiny`` is its 2-layer width-64 twin with GQA).
+Llama-2-7B 6,738,415,616 ("llama2_7b"; ``llama_tiny`` is its 2-layer width-64 twin with GQA);
+Mixtral-8x7B 46,702,792,704 ("mixtral_8x7b"); Switch-Base-8 619,339,008 ("switch_base_8": HF
+google/switch-base-8's layout, tied embeddings; ``switch_tiny`` and ``mixtral_tiny`` are the
+tiny twins).
 
 The GPT-2 presets pad the vocabulary of 50,257 to 50,304 rows (``vocab_pad_multiple=128``, as
 Megatron does), so that tensor = 2 … 128 divides the vocabulary tables; the padding is masked, so
@@ -123,6 +126,24 @@ PRESETS: dict[str, dict[str, Any]] = {
 PRESETS.update({f"{name}_bf16": dict(PRESETS[name], **_BF16)
                 for name in ("gpt2_small", "gpt2_medium", "gpt2_large", "gpt2_xl", "bert_base",
                              "bert_large", "t5_base", "t5_large", "t5_3b", "llama2_7b")})
+# Mixture of experts (issue 62; jaxformer.ops.moe). Switch-Base-8 (Fedus et al. 2022; HF
+# google/switch-base-8): T5-base v1.0 with 8 top-1 experts in every other FFN of both stacks, router
+# jitter 0.01, α = 0.01 (the paper's), ST-MoE's z-loss 0.001. Mixtral 8x7B (Jiang et al. 2024; HF
+# mistralai/Mixtral-8x7B-v0.1): Mistral-7B's layout (GQA 8 kv heads, RoPE θ 1e6) with 8 SwiGLU
+# experts per layer, top-2 renormalised, dropless, HF's router_aux_loss_coef 0.02.
+_SWITCH = dict(num_experts=8, experts_per_token=1, moe_every=2, capacity_factor=1.25,
+               router_jitter_noise=0.01, router_aux_loss_weight=0.01, router_z_loss_weight=0.001)
+_MIXTRAL = dict(_LLAMA, num_kv_heads=8, rope_theta=1_000_000.0, num_experts=8, experts_per_token=2,
+                moe_dropless=True, router_aux_loss_weight=0.02)
+PRESETS.update({
+    "switch_base_8": dict(PRESETS["t5_base"], **_SWITCH),
+    "switch_tiny": dict(PRESETS["t5_tiny"], **_SWITCH),
+    "mixtral_8x7b": dict(_MIXTRAL, vocab_size=32000, d_model=4096, num_heads=32, d_ff=14336,
+                         num_layers=32, max_len=32768),
+    "mixtral_tiny": dict(_MIXTRAL, vocab_size=512, d_model=64, num_heads=4, num_kv_heads=2, d_ff=192,
+                         num_layers=2, max_len=128),
+})
+PRESETS["mixtral_8x7b_bf16"] = dict(PRESETS["mixtral_8x7b"], **_BF16)
 PRESETS = {name: dict(kw, attention_impl="auto") for name, kw in PRESETS.items()}
 
 

@@ -14,7 +14,8 @@ HF converters.
 Logical axis names used across the library: ``vocab``, ``embed`` (d_model), ``heads``, ``kv_heads``,
 ``head_dim``, ``mlp`` (d_ff), ``classes``, ``relpos`` (relative buckets), ``length``
 (learned positions), ``types``, ``factored_embed`` (ALBERT's embedding width E, replicated);
-``layers`` is prepended by scanned stacks.
+``layers`` is prepended by scanned stacks; ``expert`` (the experts of an MoE FFN) and
+``router_expert`` (the router's output columns, replicated).
 """
 
 from __future__ import annotations
@@ -183,9 +184,10 @@ def attention_spec(cfg: ModelConfig, residuals: int) -> dict:
     }
 
 
-def ffn_spec(cfg: ModelConfig, residuals: int) -> dict:
-    """wi (and wi_gate) `[D, F]`, wo `[F, D]` of a stack of ``residuals`` sublayers."""
-    d, f = cfg.d_model, cfg.d_ff
+def ffn_spec(cfg: ModelConfig, residuals: int, width: int | None = None) -> dict:
+    """wi (and wi_gate) `[D, F]`, wo `[F, D]` of a stack of ``residuals`` sublayers; F = ``width``
+    (default d_ff)."""
+    d, f = cfg.d_model, width or cfg.d_ff
     out = {"wi": _dense(cfg, (d, f), ("embed", "mlp"), (f,), ("mlp",), "ffn_in", d)}
     if cfg.gated_ffn:
         out["wi_gate"] = _dense(cfg, (d, f), ("embed", "mlp"), (f,), ("mlp",), "ffn_in", d)
@@ -193,14 +195,33 @@ def ffn_spec(cfg: ModelConfig, residuals: int) -> dict:
     return out
 
 
-def block_spec(cfg: ModelConfig, *, cross_attention: bool = False) -> dict:
-    """Spec of one `jaxformer.ops.blocks.transformer_block`."""
+def moe_ffn_spec(cfg: ModelConfig, residuals: int) -> dict:
+    """An MoE FFN (`jaxformer.ops.moe`): router `[D, E]`; wi (and wi_gate) `[E, D, F]`, wo
+    `[E, F, D]` with ``E`` = num_experts on logical axis ``expert``, F = moe_d_ff; the shared
+    experts' dense FFN `[D, S·F]` (``num_shared_experts`` = S) and its gate `[D, 1]`."""
+    d, f, e = cfg.d_model, cfg.moe_d_ff, cfg.num_experts
+    expert_in = ("expert", "embed", "mlp"), ("expert", "mlp")
+    out = {"router": {"kernel": _kernel(cfg, (d, e), ("embed", "router_expert"), "ffn_in", d)},
+           "wi": _dense(cfg, (e, d, f), expert_in[0], (e, f), expert_in[1], "ffn_in", d)}
+    if cfg.gated_ffn:
+        out["wi_gate"] = _dense(cfg, (e, d, f), expert_in[0], (e, f), expert_in[1], "ffn_in", d)
+    out["wo"] = _dense(cfg, (e, f, d), ("expert", "mlp", "embed"), (e, d), ("expert", "embed"),
+                       "ffn_out", f, residuals)
+    if cfg.num_shared_experts:
+        out["shared"] = ffn_spec(cfg, residuals, cfg.num_shared_experts * f)
+    if cfg.shared_expert_gate:
+        out["shared_gate"] = {"kernel": _kernel(cfg, (d, 1), ("embed", None), "ffn_in", d)}
+    return out
+
+
+def block_spec(cfg: ModelConfig, *, cross_attention: bool = False, moe: bool = False) -> dict:
+    """Spec of one `jaxformer.ops.blocks.transformer_block`; ``moe``: its FFN is `moe_ffn_spec`."""
     n = residual_sublayers(cfg, cross_attention=cross_attention)
     spec = {"self_attn": attention_spec(cfg, n), "self_attn_norm": norm_spec(cfg)}
     if cross_attention:
         spec["cross_attn"] = attention_spec(cfg, n)
         spec["cross_attn_norm"] = norm_spec(cfg)
-    spec["ffn"] = ffn_spec(cfg, n)
+    spec["ffn"] = moe_ffn_spec(cfg, n) if moe else ffn_spec(cfg, n)
     spec["ffn_norm"] = norm_spec(cfg)
     return spec
 
@@ -283,12 +304,12 @@ def stacked(spec: Mapping, n: int) -> dict:
 def stack_spec(cfg: ModelConfig, num_layers: int, *, cross_attention: bool = False) -> dict:
     """``num_layers`` blocks: ``{"layers": stacked}`` with ``cfg.scan_layers``, else ``layer_i``;
     with ``cfg.share_layers`` (ALBERT) one block ``{"shared": block}`` in either layout."""
-    block = block_spec(cfg, cross_attention=cross_attention)
-    if cfg.share_layers:
-        return {"shared": block}
+    block = lambda i: block_spec(cfg, cross_attention=cross_attention, moe=cfg.moe_layer(i))  # noqa: E731
+    if cfg.share_layers:  # validated: moe_every = 1 with shared or scanned stacks
+        return {"shared": block(0)}
     if cfg.scan_layers:
-        return {"layers": stacked(block, num_layers)}
-    return {f"layer_{i}": block for i in range(num_layers)}
+        return {"layers": stacked(block(0), num_layers)}
+    return {f"layer_{i}": block(i) for i in range(num_layers)}
 
 
 def model_spec(cfg: ModelConfig) -> dict:

@@ -20,6 +20,8 @@ Parameter tree of one block::
     self_attn_norm: {scale [D], bias? [D]}
     cross_attn, cross_attn_norm: as above (decoder blocks of encoder-decoder models)
     ffn: wi {kernel [D, F], bias? [F]}, wi_gate? {kernel [D, F]}, wo {kernel [F, D], bias? [D]}
+         (an MoE FFN: router {kernel [D, E]} and experts' kernels with a leading [E] axis,
+         `jaxformer.ops.moe`)
     ffn_norm: {scale [D], bias? [D]}
 
 Decoding cache (self-attention): ``{"key": [B, K, S, Dh], "value": [B, K, S, Dh], "valid": [B, S]}``
@@ -52,6 +54,7 @@ from jaxformer.ops.dropout import dropout
 from jaxformer.ops.ffn import ffn
 from jaxformer.ops.masks import causal_mask, combine_masks, key_padding_mask
 from jaxformer.ops.model_fields import ModelFields
+from jaxformer.ops.moe import RouterStats, moe_ffn
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.positions import apply_rope
 from jaxformer.ops.ring_attention import active as context_parallel_active
@@ -189,13 +192,26 @@ def _residual(cfg: ModelFields, norm_params: dict, x: Array, sublayer, rng) -> A
     return norm(x + dropout(sublayer(x), cfg.dropout_rate, rng))
 
 
-def _ffn_residual(params: dict, x: Array, *, cfg: ModelFields, rngs, constrain: Constrain | None
-                  ) -> Array:
-    """The FFN sublayer in its residual wrapper; ``rngs``: (FFN dropout, residual dropout) keys."""
-    ff = lambda h: ffn(params["ffn"], h, activation=cfg.activation,
-                       dropout_rate=cfg.ffn_dropout_rate, dropout_rng=rngs[0],
-                       constrain=None if constrain is None else lambda h: constrain(h, MLP_AXES))
-    return _residual(cfg, params["ffn_norm"], x, ff, rngs[1])
+def _ffn_residual(params: dict, x: Array, *, cfg: ModelFields, rngs, constrain: Constrain | None,
+                  token_mask: Array | None = None) -> tuple[Array, RouterStats | None]:
+    """The FFN sublayer in its residual wrapper; ``rngs``: (FFN dropout, residual dropout) keys.
+    An MoE FFN (``params["ffn"]`` has a ``router``, `jaxformer.ops.moe`) routes the tokens of
+    ``token_mask`` `[B, L]` (all when None) and returns its `RouterStats`; a dense one None."""
+    stats = None
+    if "router" in params["ffn"]:
+        def ff(h):
+            nonlocal stats
+            y, stats = moe_ffn(params["ffn"], h, experts_per_token=cfg.experts_per_token,
+                               capacity_factor=cfg.capacity_factor, dropless=cfg.moe_dropless,
+                               activation=cfg.activation, norm_topk_prob=cfg.norm_topk_prob,
+                               jitter=cfg.router_jitter_noise, token_mask=token_mask,
+                               dropout_rate=cfg.ffn_dropout_rate, rng=rngs[0], constrain=constrain)
+            return y
+    else:
+        ff = lambda h: ffn(params["ffn"], h, activation=cfg.activation,  # noqa: E731
+                           dropout_rate=cfg.ffn_dropout_rate, dropout_rng=rngs[0],
+                           constrain=None if constrain is None else lambda h: constrain(h, MLP_AXES))
+    return _residual(cfg, params["ffn_norm"], x, ff, rngs[1]), stats
 
 
 def transformer_block(
@@ -233,7 +249,8 @@ def transformer_block(
       constrain: sharding hook ``constrain(x, logical_names)`` (see the module docstring).
 
     Returns:
-      (`[B, L, D]`, ``{"self": cache, "cross": (k, v)}`` when decoding, else None).
+      (`[B, L, D]`, ``{"self": cache, "cross": (k, v)}`` when decoding, else None, the MoE FFN's
+      `jaxformer.ops.moe.RouterStats` or None for a dense FFN).
     """
     rngs = list(jax.random.split(dropout_rng, 6)) if dropout_rng is not None else [None] * 6
     new_cache = None
@@ -266,10 +283,11 @@ def transformer_block(
             dropout_rng=rngs[2], constrain=constrain,
             kv_layout="bksd" if cache is not None else "bskd")[0]
         x = _residual(cfg, params["cross_attn_norm"], x, cross, rngs[3])
-    x = _ffn_residual(params, x, cfg=cfg, rngs=rngs[4:], constrain=constrain)
+    x, stats = _ffn_residual(params, x, cfg=cfg, rngs=rngs[4:], constrain=constrain,
+                             token_mask=None if segment_ids is None else segment_ids != 0)
     if cache is not None:
-        return x, {"self": new_cache, "cross": cross_out_kv}
-    return x, None
+        return x, {"self": new_cache, "cross": cross_out_kv}, stats
+    return x, None, stats
 
 
 def encoder_block(params: dict, x: Array, *, cfg: ModelFields, **kwargs) -> Array:
@@ -278,8 +296,9 @@ def encoder_block(params: dict, x: Array, *, cfg: ModelFields, **kwargs) -> Arra
 
 
 def decoder_block(params: dict, x: Array, *, cfg: ModelFields, **kwargs) -> tuple[Array, dict | None]:
-    """Causal block (GPT; T5 decoder with cross-attention when ``params`` has ``cross_attn``)."""
-    return transformer_block(params, x, cfg=cfg, causal=True, **kwargs)
+    """Causal block (GPT; T5 decoder with cross-attention when ``params`` has ``cross_attn``):
+    (`[B, L, D]`, the new cache or None)."""
+    return transformer_block(params, x, cfg=cfg, causal=True, **kwargs)[:2]
 
 
 def query_stream_block(params: dict, g: Array, h: Array, *, cfg: ModelFields, mask: Array,
@@ -305,7 +324,7 @@ def query_stream_block(params: dict, g: Array, h: Array, *, cfg: ModelFields, ma
         params["self_attn"], q_in, cfg=cfg, kv_input=kv_in, positions=positions,
         kv_positions=kv_positions, mask=mask, dropout_rng=rngs[0], constrain=constrain)[0]
     g = _residual(cfg, params["self_attn_norm"], g, attn, rngs[1])
-    return _ffn_residual(params, g, cfg=cfg, rngs=rngs[2:], constrain=constrain)
+    return _ffn_residual(params, g, cfg=cfg, rngs=rngs[2:], constrain=constrain)[0]
 
 
 def two_stream_block(params: dict, h: Array, g: Array, *, cfg: ModelFields, content_mask: Array,

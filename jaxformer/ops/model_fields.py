@@ -56,3 +56,9 @@ class ModelFields(Protocol):
     dtype: str
     scan_layers: bool
     remat_policy: str
+    # mixture of experts (`jaxformer.ops.moe`)
+    experts_per_token: int
+    capacity_factor: float
+    moe_dropless: bool
+    norm_topk_prob: bool
+    router_jitter_noise: float

@@ -18,6 +18,7 @@ from jax import lax
 
 from jaxformer.ops.blocks import ACTIVATION_AXES, Constrain, transformer_block, two_stream_block
 from jaxformer.ops.model_fields import ModelFields
+from jaxformer.ops.moe import RouterStats
 
 Array = jnp.ndarray
 
@@ -34,13 +35,14 @@ def has_dropout(cfg: ModelFields) -> bool:
 
 
 def stack_block(params: dict, x: Array, *, cfg: ModelFields, constrain: Constrain | None = None,
-                two_stream: dict | None = None, **kwargs) -> tuple[Array, dict | None]:
+                two_stream: dict | None = None, **kwargs
+                ) -> tuple[Array, dict | None, RouterStats | None]:
     """`transformer_block` on the residual stream `[B, L, D]` cast to ``cfg.dtype`` and pinned to
     ``ACTIVATION_AXES`` on the way in and out (the output only when not decoding).
 
     ``two_stream`` (XLNet's permutation LM): ``{"content_mask", "query_mask", "query_positions"}``
     of `two_stream_block`; ``x`` is then the pair (content stream, query stream), each `[B, L, D]`,
-    and so is the output."""
+    and so is the output. Returns (output, new cache or None, MoE `RouterStats` or None)."""
     pin = constrain or (lambda a, _: a)
     if two_stream is not None:
         h, g = (pin(s.astype(jnp.dtype(cfg.dtype)), ACTIVATION_AXES) for s in x)
@@ -48,16 +50,23 @@ def stack_block(params: dict, x: Array, *, cfg: ModelFields, constrain: Constrai
                                 positions=kwargs.get("positions"),
                                 segment_ids=kwargs.get("segment_ids"),
                                 dropout_rng=kwargs.get("dropout_rng"))
-        return (pin(h, ACTIVATION_AXES), pin(g, ACTIVATION_AXES)), None
+        return (pin(h, ACTIVATION_AXES), pin(g, ACTIVATION_AXES)), None, None
     x = pin(x.astype(jnp.dtype(cfg.dtype)), ACTIVATION_AXES)
-    y, cache = transformer_block(params, x, cfg=cfg, constrain=constrain, **kwargs)
-    return (y if cache is not None else pin(y, ACTIVATION_AXES)), cache
+    y, cache, stats = transformer_block(params, x, cfg=cfg, constrain=constrain, **kwargs)
+    return (y if cache is not None else pin(y, ACTIVATION_AXES)), cache, stats
+
+
+def mean_stats(stats: list[RouterStats]) -> RouterStats | None:
+    """The mean of MoE layers' `RouterStats` (None without any)."""
+    if not stats:
+        return None
+    return jax.tree.map(lambda *a: sum(a) / len(a), *stats)
 
 
 def run_stack(params: dict, x: Array, *, cfg: ModelFields, num_layers: int, causal: bool = False,
               dropout_rng: jax.Array | None = None, constrain: Constrain | None = None,
               cache: dict | None = None, cache_index: Array | None = None,
-              **inputs) -> Array | tuple[Array, dict]:
+              router_stats: bool = False, **inputs):
     """``num_layers`` blocks in order, `[B, L, D]` → `[B, L, D]`; with a ``two_stream`` input (see
     `stack_block`) the pair (content, query stream) → the pair; with a decoding ``cache``
     (`stack_cache`'s layout) the pair (`[B, L, D]`, the updated cache).
@@ -73,6 +82,8 @@ def run_stack(params: dict, x: Array, *, cfg: ModelFields, num_layers: int, caus
         ``{"self": …, "cross"?: (k, v)}`` of `jaxformer.ops.blocks.transformer_block`; the new
         tokens are written at slot ``cache_index``. The cross-attention keys/values are computed
         on a call that passes ``encoder_out`` and read from the cache on the others.
+      router_stats: return (that output, the mean `jaxformer.ops.moe.RouterStats` of the stack's
+        MoE layers, None without any).
       inputs: `transformer_block` arrays shared by the layers (``positions``, ``segment_ids``,
         ``bias``, ``encoder_out``, ``encoder_segment_ids``; None when absent). They are explicit
         arguments of the rematerialised block, so the block compiles once per stack.
@@ -88,33 +99,42 @@ def run_stack(params: dict, x: Array, *, cfg: ModelFields, num_layers: int, caus
             kwargs = dict(cache=c["self"], cache_index=index)
             if "cross" in c and shared.get("encoder_out") is None:  # later steps: cached k/v
                 kwargs["cross_kv"] = c["cross"]
-        h, new = stack_block(p, h, cfg=cfg, causal=causal, dropout_rng=rng, constrain=constrain,
-                             **shared, **kwargs)
-        return h, None if c is None else {k: new[k] for k in c}
+        h, new, stats = stack_block(p, h, cfg=cfg, causal=causal, dropout_rng=rng,
+                                    constrain=constrain, **shared, **kwargs)
+        return h, None if c is None else {k: new[k] for k in c}, stats
 
     if cfg.remat_policy != "none":
         block = jax.checkpoint(block, policy=REMAT_POLICIES[cfg.remat_policy],
                                prevent_cse=not scanned)
     rngs = None if dropout_rng is None else jax.random.split(dropout_rng, num_layers)
+    done = lambda out, stats: (out, mean_stats(stats)) if router_stats else out  # noqa: E731
     if scanned and shared is not None:
-        body = lambda h, rng: (block(shared, h, rng, None, None, inputs)[0], None)
-        return lax.scan(body, x, rngs, length=num_layers)[0]
+        def shared_body(h, rng):
+            h, _, stats = block(shared, h, rng, None, None, inputs)
+            return h, stats
+
+        x, stats = lax.scan(shared_body, x, rngs, length=num_layers)
+        return done(x, [] if stats is None else [jax.tree.map(lambda a: a.mean(0), stats)])
     if scanned:
         def body(h, prc):
-            return block(prc[0], h, prc[1], prc[2], cache_index, inputs)
+            h, new, stats = block(prc[0], h, prc[1], prc[2], cache_index, inputs)
+            return h, (new, stats)
 
         with jax.named_scope("layers"):
-            x, new_cache = lax.scan(body, x, (params["layers"], rngs,
-                                              None if cache is None else cache["layers"]))
-        return x if cache is None else (x, {"layers": new_cache})
-    new_cache = {}
+            x, (new_cache, stats) = lax.scan(body, x, (params["layers"], rngs,
+                                                       None if cache is None else cache["layers"]))
+        stats = [] if stats is None else [jax.tree.map(lambda a: a.mean(0), stats)]
+        return done(x if cache is None else (x, {"layers": new_cache}), stats)
+    new_cache, stats = {}, []
     for i in range(num_layers):
         name = f"layer_{i}"
         p = params[name] if shared is None else shared
         with jax.named_scope(name):
-            x, new_cache[name] = block(p, x, None if rngs is None else rngs[i],
-                                       None if cache is None else cache[name], cache_index, inputs)
-    return x if cache is None else (x, new_cache)
+            x, new_cache[name], layer_stats = block(
+                p, x, None if rngs is None else rngs[i], None if cache is None else cache[name],
+                cache_index, inputs)
+        stats += [] if layer_stats is None else [layer_stats]
+    return done(x if cache is None else (x, new_cache), stats)
 
 
 def stack_cache(cfg: ModelFields, num_layers: int, batch_size: int, slots: int,

@@ -1,7 +1,7 @@
-"""Device meshes from the config: ``mesh.data``, ``mesh.fsdp``, ``mesh.context``, ``mesh.tensor``
-(−1 = the rest).
+"""Device meshes from the config: ``mesh.data``, ``mesh.fsdp``, ``mesh.expert``, ``mesh.context``,
+``mesh.tensor`` (−1 = the rest).
 
-The mesh spans all devices of all processes. Axis order is (data, fsdp, context, tensor): the
+The mesh spans all devices of all processes. Axis order is (data, fsdp, expert, context, tensor): the
 innermost axis, tensor parallelism, gets the closest devices, context parallelism (a ring of
 key/value hops per attention layer) the next closest (`jax.make_mesh` orders devices for the
 topology), and on several hosts the outermost axes span the hosts — keep ``tensor`` within a host
@@ -15,6 +15,8 @@ fsdp=N                 the batch, and every parameter/moment with a d_model axis
 context=N              the sequence (activations' length axis); attention runs as ring attention
                        over the axis (`jaxformer.parallel.context`); parameters replicated
 tensor=N               heads, FFN hidden units and the vocabulary (Megatron); batch replicated
+expert=N               the experts of MoE FFNs (GShard); the batch as well (data parallel outside
+                       the experts), tokens sent to their experts' devices by all-to-all
 data=a,fsdp=b,...      any combination; the product = number of devices
 =====================  =========================================================================
 
@@ -40,7 +42,7 @@ from jax.sharding import AxisType, Mesh
 from jaxformer.parallel.rules import batch_shards
 from jaxformer.settings import read, setting
 
-MESH_AXES = ("data", "fsdp", "context", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
 DCN_AXES = ("dcn_data", "dcn_fsdp")  # slices along data / fsdp (multi-slice)
 
 
@@ -50,6 +52,9 @@ class MeshSettings:
 
     data: int = setting(-1, "data-parallel mesh axis size (-1 = the devices the other axes leave)")
     fsdp: int = setting(1, "FSDP mesh axis size (parameters sharded over it)")
+    expert: int = setting(
+        1, "expert-parallel mesh axis size: MoE experts split over it, tokens dispatched by "
+        "all-to-all; the batch split over it too (must divide model.num_experts)")
     context: int = setting(
         1, "context-parallel mesh axis size: the sequence split over it, attention as zig-zag ring "
         "attention (data.seq_len / target_len multiples of 2×context)")
@@ -73,10 +78,10 @@ def mesh_settings(sizes: MeshSettings | Mapping[str, int] | None) -> MeshSetting
 
 
 def dcn_shape(mesh: MeshSettings | Mapping[str, int]) -> dict[str, int]:
-    """Slices along each mesh axis: ``{"data": dcn_data, "fsdp": dcn_fsdp, "context": 1,
-    "tensor": 1}``."""
+    """Slices along each mesh axis: ``{"data": dcn_data, "fsdp": dcn_fsdp, "expert": 1,
+    "context": 1, "tensor": 1}``."""
     mesh = mesh_settings(mesh)
-    out = {"data": mesh.dcn_data, "fsdp": mesh.dcn_fsdp, "context": 1, "tensor": 1}
+    out = {"data": mesh.dcn_data, "fsdp": mesh.dcn_fsdp, "expert": 1, "context": 1, "tensor": 1}
     for a in ("data", "fsdp"):
         if out[a] < 1:
             raise ValueError(f"mesh.dcn_{a}={out[a]} is invalid: use a positive number of slices")
@@ -149,7 +154,7 @@ def _ici_shape(mesh: MeshSettings, num_devices: int,
 
 def make_mesh(mesh: MeshSettings | Mapping[str, int] | None = None,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A `Mesh` with axes ``("data", "fsdp", "context", "tensor")`` over ``devices`` (default: all
+    """A `Mesh` with axes ``("data", "fsdp", "expert", "context", "tensor")`` over ``devices`` (default: all
     devices), of sizes ``mesh`` (`MeshSettings`, or a mapping of some axes: `mesh_settings`)."""
     devices = list(jax.devices() if devices is None else devices)
     mesh = mesh_settings(mesh)
@@ -192,7 +197,7 @@ def _hybrid_mesh(shape: tuple[int, ...], dcn: tuple[int, ...], devices: list) ->
 
 
 def describe(mesh: Mesh) -> str:
-    """E.g. ``"data=2 fsdp=2 context=1 tensor=2 (8 devices, 1 process)"``."""
+    """E.g. ``"data=2 fsdp=2 expert=1 context=1 tensor=2 (8 devices, 1 process)"``."""
     axes = " ".join(f"{a}={n}" for a, n in mesh.shape.items())
     procs = len({d.process_index for d in mesh.devices.flat})
     return (f"{axes} ({mesh.size} device{'s' if mesh.size > 1 else ''}, "

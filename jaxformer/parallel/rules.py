@@ -3,7 +3,8 @@
 =================  ===============  ===========================================================
 logical axis        mesh axes        why
 =================  ===============  ===========================================================
-batch               (data, fsdp)     data parallelism; FSDP shards the batch as well
+batch               (data, fsdp,     data parallelism; FSDP shards the batch as well, and so
+                    expert)          does expert parallelism outside the experts (MaxText)
 embed               fsdp             ZeRO-3 / FSDP: every weight with a d_model axis is split
                                      and all-gathered where a layer uses it (Rajbhandari et al.
                                      2020; Zhao et al. 2023)
@@ -19,6 +20,12 @@ act_length          context          activations' sequence axis: context paralle
                                      as ring attention (Liu et al. 2023;
                                      `jaxformer.parallel.context`); size 1 unless mesh.context>1
 act_embed           (replicated)     activations' d_model axis
+expert, act_expert  expert           MoE experts' weights `[E, ...]` and their dispatched tokens
+                                     `[G, E, C, D]` (GShard, Lepikhin et al. 2020): the reshard
+                                     from the batch to the experts is an all-to-all
+act_expert_batch    (data, fsdp)     the dispatched tokens' group axis: the batch less the expert
+                                     axis, which the experts took
+router_expert       (replicated)     the router's `[D, E]` columns (small; float32)
 =================  ===============  ===========================================================
 
 Parameters carry logical names (`jaxformer.models.spec`); `param_shardings` turns an abstract
@@ -39,7 +46,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 LOGICAL_AXIS_RULES: Rules = (
-    ("batch", ("data", "fsdp")),
+    ("batch", ("data", "fsdp", "expert")),
     ("embed", "fsdp"),
     ("vocab", "tensor"),
     ("heads", "tensor"),
@@ -53,6 +60,10 @@ LOGICAL_AXIS_RULES: Rules = (
     ("types", None),
     ("act_length", "context"),
     ("act_embed", None),
+    ("expert", "expert"),
+    ("act_expert", "expert"),
+    ("act_expert_batch", ("data", "fsdp")),
+    ("router_expert", None),
 )
 # Logical names the library used before, and what it calls them now.
 RETIRED_AXES = {"kv": "head_dim"}
@@ -125,7 +136,8 @@ def batch_sharding(mesh: Mesh, ndim: int = 2, rules: Rules = LOGICAL_AXIS_RULES)
 
 
 def batch_shards(mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES) -> int:
-    """Number of ways the batch axis is split on ``mesh`` (data × fsdp with the default rules)."""
+    """Number of ways the batch axis is split on ``mesh`` (data × fsdp × expert with the default
+    rules)."""
     return _mesh_axis_size(mesh, nn.logical_to_mesh_axes(("batch",), check_rules(rules))[0])
 
 

@@ -24,6 +24,7 @@ from jaxformer.ops.losses import (
     weighted_blockwise_cross_entropy,
     weighted_cross_entropy,
 )
+from jaxformer.ops.moe import RouterStats
 from jaxformer.train.config.schema import ObjectiveSettings, RunSettings, TrainSettings
 from jaxformer.train.optim import OptimizerSettings
 from jaxformer.train.state import TrainState
@@ -40,9 +41,28 @@ def loss_and_metrics(model: Model, params, prepared: dict, *, deterministic: boo
     columns, never forming the `[B, L, V]` logits (`blockwise_loss`); 0: from the full logits.
     """
     blockwise = blockwise_loss(model, prepared, vocab_block_size)
-    logits, nsp_logits = _forward(model, params, prepared, deterministic, dropout_rng, blockwise)
-    return _sums(logits, nsp_logits, prepared, label_smoothing, z_loss,
+    logits, nsp_logits, stats = _forward(model, params, prepared, deterministic, dropout_rng,
+                                         blockwise)
+    sums = _sums(logits, nsp_logits, prepared, label_smoothing, z_loss,
                  _real_classes(getattr(model, "cfg", None), prepared), vocab_block_size)
+    return {**sums, **router_sums(model.cfg, stats, sums["weight"])} if stats is not None else sums
+
+
+def router_sums(cfg, stats: RouterStats, weight: jax.Array) -> dict:
+    """An MoE model's router statistics (`jaxformer.ops.moe.RouterStats`, means over its MoE
+    layers) as sums weighted by the batch's loss ``weight``, so that the step's division by the
+    summed weight logs their token-weighted means: ``router_loss`` = router_aux_loss_weight ·
+    load-balancing loss + router_z_loss_weight · z-loss (added to the differentiated loss),
+    ``moe_aux_loss``, ``moe_z_loss``, ``moe_dropped`` (fraction of assignments past capacity),
+    ``moe_load_max`` (the busiest expert's share × num_experts: 1 when balanced) and
+    ``moe_load_<i>`` (expert i's share of the assignments)."""
+    w = jax.lax.stop_gradient(weight)
+    loss = cfg.router_aux_loss_weight * stats.aux_loss + cfg.router_z_loss_weight * stats.z_loss
+    seen = jax.lax.stop_gradient(stats)  # logged only
+    logged = {"moe_aux_loss": seen.aux_loss, "moe_z_loss": seen.z_loss, "moe_dropped": seen.dropped,
+              "moe_load_max": jnp.max(seen.load) * seen.load.shape[0],
+              **{f"moe_load_{i}": seen.load[i] for i in range(seen.load.shape[0])}}
+    return {"router_loss": loss * w, **{k: v * w for k, v in logged.items()}}
 
 
 def blockwise_loss(model: Model, prepared: dict, vocab_block_size: int) -> bool:
@@ -70,16 +90,21 @@ def _real_classes(cfg, prepared: dict) -> int | None:
 
 def _forward(model: Model, params, prepared: dict, deterministic: bool,
              dropout_rng: jax.Array | None, head_inputs: bool = False
-             ) -> tuple[jax.Array | HeadInputs, jax.Array | None]:
-    """(logits, NSP logits or None) of the model on an objective's ``model_inputs``; with
-    ``head_inputs`` the head's `HeadInputs` in place of the logits."""
+             ) -> tuple[jax.Array | HeadInputs, jax.Array | None, RouterStats | None]:
+    """(logits, NSP logits or None, router statistics of an MoE model or None) of the model on an
+    objective's ``model_inputs``; with ``head_inputs`` the head's `HeadInputs` in place of the
+    logits."""
     extra = {"head_inputs": True} if head_inputs else {}
+    moe = getattr(getattr(model, "cfg", None), "num_experts", 0) > 0
+    if moe:
+        extra["router_stats"] = True
     out = model.apply(params, **prepared["model_inputs"], rng=None if deterministic else dropout_rng,
                       **extra)
+    out, stats = out if moe else (out, None)
     if isinstance(out, HeadInputs):
-        return out, None
+        return out, None, stats
     logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
-    return class_logits(logits, prepared), nsp_logits  # cloze: the label words' logits [B, C]
+    return class_logits(logits, prepared), nsp_logits, stats  # cloze: label words' logits [B, C]
 
 
 def _sums(logits: jax.Array | HeadInputs, nsp_logits: jax.Array | None, prepared: dict,
@@ -206,8 +231,9 @@ def make_train_step(model: Model, tx: optax.GradientTransformation, prepare: Cal
                 sums = loss_and_metrics(model, full, prepared, deterministic=False,
                                         dropout_rng=drop_key, label_smoothing=label_smoothing,
                                         z_loss=z_loss, vocab_block_size=objective.vocab_block_size)
-            # Sum-of-losses gradient; normalised once all micro-batches are in.
-            return sums["loss"] + sums.get("nsp_loss", 0.0), sums
+            # Sum-of-losses gradient; normalised once all micro-batches are in. An MoE model's
+            # router losses (`router_sums`) are weighted sums alike.
+            return sums["loss"] + sums.get("nsp_loss", 0.0) + sums.get("router_loss", 0.0), sums
 
         return jax.grad(f, has_aux=True)(params)
 
@@ -280,7 +306,7 @@ def make_eval_step(model: Model, prepare: Callable, *, predictions: bool = False
         if not predictions:
             return loss_and_metrics(model, params, prepared, deterministic=True, dropout_rng=None,
                                     vocab_block_size=vocab_block_size)
-        logits, nsp_logits = _forward(model, params, prepared, True, None)
+        logits, nsp_logits, _ = _forward(model, params, prepared, True, None)
         sums = _sums(logits, nsp_logits, prepared, num_classes=_real_classes(model.cfg, prepared))
         return sums, {"predictions": jnp.argmax(logits, axis=-1).astype(jnp.int32),
                       "targets": prepared["targets"], "weights": prepared["weights"]}

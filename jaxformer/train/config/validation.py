@@ -78,12 +78,15 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
     check_schema(config)  # each key alone; the rules between keys follow, on the typed sections
     settings = train_settings(config, model_cfg)
     mesh = settings.mesh
-    sharded = {a: getattr(mesh, a) for a in ("fsdp", "context", "tensor") if getattr(mesh, a) != 1}
+    sharded = {a: getattr(mesh, a) for a in ("fsdp", "expert", "context", "tensor")
+               if getattr(mesh, a) != 1}
     if settings.parallel != "jit" and sharded:
         raise ValueError(f"parallel={settings.parallel!r} is data parallel only (replicated state), "
                          f"so {', '.join(f'mesh.{a}={v}' for a, v in sharded.items())} would be "
-                         "ignored; use parallel='jit' for FSDP / context / tensor parallelism")
+                         "ignored; use parallel='jit' for FSDP / expert / context / tensor "
+                         "parallelism")
     check_context_parallel(settings, model_cfg)
+    check_expert_parallel(mesh.expert, model_cfg)
     name, options = check_objective(config.objective), settings.objective_options
     if name == "plm":
         check_plm_model(options, model_cfg)
@@ -107,6 +110,24 @@ def check_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig, *,
         raise ValueError(f"data.batch_size={settings.data.batch_size} must be divisible by "
                          f"optimizer.grad_accum_steps={accum}")
     return settings, tx, schedule
+
+
+def check_expert_parallel(expert: int, model_cfg: ModelConfig) -> None:
+    """``mesh.expert > 1`` (`jaxformer.parallel.rules`: experts split over it): an MoE model whose
+    experts it divides, on the capacity path (the dropless path's sort runs over a device's own
+    tokens only), refused naming the fields otherwise."""
+    if expert == 1:
+        return
+    if not model_cfg.num_experts:
+        raise ValueError(f"mesh.expert={expert} splits MoE experts, but model.num_experts=0 (a "
+                         "dense model): use mesh.data for data parallelism")
+    if model_cfg.num_experts % expert:
+        raise ValueError(f"mesh.expert={expert} must divide model.num_experts="
+                         f"{model_cfg.num_experts}")
+    if model_cfg.moe_dropless:
+        raise ValueError(f"model.moe_dropless=True with mesh.expert={expert} is not supported "
+                         "(grouped matmuls over one device's tokens): set moe_dropless=False "
+                         "(capacity_factor) or mesh.expert=1")
 
 
 def check_context_parallel(settings: TrainSettings, model_cfg: ModelConfig) -> None:
