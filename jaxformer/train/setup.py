@@ -412,9 +412,10 @@ def load_pretrained(resolved: ResolvedConfig, built: Built) -> tuple[Any, list[s
     """(init_from's parameters with fresh ones for new heads, on the host; the fresh paths)."""
     model_cfg, pretrained, seed = resolved.model_cfg, resolved.pretrained, resolved.settings.seed
     if pretrained.is_hf:  # the importer initialises any head the checkpoint lacks (logged)
-        backbone = load_hf(pretrained.path, scan_layers=model_cfg.scan_layers,
-                           head=model_cfg.head, num_classes=model_cfg.num_classes,
-                           seed=seed, vocab_pad_multiple=model_cfg.vocab_pad_multiple)[1]
+        hf_cfg, backbone, _ = load_hf(pretrained.path, scan_layers=model_cfg.scan_layers,
+                                      head=model_cfg.head, num_classes=model_cfg.num_classes,
+                                      seed=seed, vocab_pad_multiple=model_cfg.vocab_pad_multiple)
+        backbone = fit_image_size(backbone, ModelConfig.from_dict(hf_cfg), model_cfg)
     else:  # verified first; its vocabulary tables re-padded as the model pads them (a layout)
         source = ModelConfig.from_dict(pretrained.model)  # ViT at another resolution: positions resampled
         backbone = fit_image_size(fit_vocab(load_checkpoint_params(pretrained.run.step_dir), source,
