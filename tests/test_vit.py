@@ -206,3 +206,16 @@ def test_images_of_the_wrong_shape_are_refused_before_compiling():
         build_model(cfg).apply(params, images=jnp.zeros((1, 9, 9, 3)))
     with pytest.raises(ValueError, match="reads images"):
         build_model(cfg).apply(params, jnp.zeros((1, 4), jnp.int32))
+
+
+@pytest.mark.parametrize("name,want,backbone", [("vit_base_16", 86_567_656, 85_798_656),
+                                                ("vit_large_16", 304_326_632, 303_301_632)])
+def test_presets_have_the_published_parameter_counts(name, want, backbone):
+    """HF ``ViTForImageClassification`` (224 px, 1000 classes) and ``ViTModel`` without its pooler,
+    counted by transformers 5.24 (the paper rounds: 86M, 307M)."""
+    from jaxformer.models.presets import preset
+
+    cfg = ModelConfig.from_dict(preset(name))
+    count = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(build_model(cfg).abstract()))
+    assert count == want
+    assert count - cfg.d_model * cfg.num_classes - cfg.num_classes == backbone
