@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +43,15 @@ from jaxformer.data.builders.base import SPLITS, hash_split
 DIGITS_SPLIT = (0.6, 0.2, 0.2)  # train / validation / test of scikit-learn's 1,797 digits
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 IMAGE_SOURCES = ("digits", "tfds:<name>", "files:<dir>")
+
+
+def _optional(module: str, what: str):
+    """``module`` (of the ``[images]`` extra), or ImportError saying how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"{what} needs {module.split('.')[0]} (the [images] extra): "
+                          "pip install 'jaxformer[images]'") from e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +69,7 @@ class DigitsSource:
     pixels = PixelRange(16.0)
 
     def __init__(self, split: str):
-        from sklearn.datasets import load_digits
-
+        load_digits = _optional("sklearn.datasets", "data.source='digits'").load_digits
         if split not in SPLITS:
             raise ValueError(f"data.source='digits' has splits {SPLITS}, not {split!r}")
         digits = load_digits()
@@ -116,9 +125,8 @@ class FolderSource:
         return len(self.paths)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        from PIL import Image
-
-        with Image.open(self.paths[i]) as im:
+        image = _optional("PIL.Image", "an image folder")
+        with image.open(self.paths[i]) as im:
             pixels = np.asarray(im.convert(self.mode), np.uint8)
         return {"image": pixels.reshape(*pixels.shape[:2], -1), "label": int(self.labels[i]),
                 "id": os.path.relpath(self.paths[i], self.root)}
@@ -180,10 +188,9 @@ class ToPixels(grain.transforms.Map):
             raise ValueError(f"an image of {image.shape[-1]} channel(s) (record "
                              f"{record.get('id', '')!s}) for model.num_channels={self.channels}")
         if image.shape[:2] != (self.size, self.size):
-            from PIL import Image
-
-            planes = [np.asarray(Image.fromarray(image[..., c].astype(np.float32), mode="F").resize(
-                (self.size, self.size), Image.BILINEAR)) for c in range(self.channels)]
+            pil = _optional("PIL.Image", "resizing images")
+            planes = [np.asarray(pil.fromarray(image[..., c].astype(np.float32)).resize(
+                (self.size, self.size), pil.BILINEAR)) for c in range(self.channels)]
             image = np.stack(planes, -1)
         pixels = image.astype(np.float32) / np.float32(self.max_value)
         return {"image": (pixels - 0.5) / 0.5, "label": np.int32(record["label"]),
@@ -202,7 +209,8 @@ class RandomCropFlip(grain.transforms.RandomMap):
         image, p = example["image"], self.padding
         if p:
             h, w = image.shape[:2]
-            padded = np.pad(image, ((p, p), (p, p), (0, 0)), constant_values=-1.0)
+            padded = np.full((h + 2 * p, w + 2 * p, image.shape[2]), -1.0, image.dtype)
+            padded[p:p + h, p:p + w] = image
             dy, dx = rng.integers(0, 2 * p + 1, size=2)
             image = padded[dy:dy + h, dx:dx + w]
         if self.flip and rng.random() < 0.5:
@@ -218,7 +226,8 @@ def make_image_dataset(data: Any, split: str, *, image_size: int, num_channels: 
 
     Args:
       data: ``config.data`` (`jaxformer.data.pipeline.DataSettings`): the source keys, ``batch_size``,
-        ``shuffle``, ``image_crop_padding``, ``image_flip``.
+        ``shuffle``, ``read_threads`` (0: inline, the fastest for in-memory sources),
+        ``read_buffer``, ``image_crop_padding``, ``image_flip``.
       image_size, num_channels: the model's (``model.image_size``, ``model.num_channels``).
       seed: shuffling and augmentation.
       num_epochs: None repeats forever (training, full batches); an int makes a finite pass whose last
@@ -235,7 +244,8 @@ def make_image_dataset(data: Any, split: str, *, image_size: int, num_channels: 
     if data.shuffle:
         ds = ds.shuffle()
     it = ds.map(ToPixels(image_size, num_channels, pixels.max_value)).repeat(num_epochs)
-    it = it.to_iter_dataset()
+    it = it.to_iter_dataset(grain.ReadOptions(num_threads=data.read_threads,
+                                              prefetch_buffer_size=data.read_buffer))
     if split == "train" if augment is None else augment:
         it = it.random_map(RandomCropFlip(data.image_crop_padding, data.image_flip), seed=seed)
     local_batch = data.batch_size // process_count
