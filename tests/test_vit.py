@@ -219,3 +219,16 @@ def test_presets_have_the_published_parameter_counts(name, want, backbone):
     count = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(build_model(cfg).abstract()))
     assert count == want
     assert count - cfg.d_model * cfg.num_classes - cfg.num_classes == backbone
+
+
+def test_scanned_layers_and_the_nnx_module_compute_the_same():
+    from jaxformer.convert.mapping import stack_layers
+    from jaxformer.models import Transformer
+
+    cfg = tiny()
+    params = _init(cfg)
+    x = jnp.asarray(np.random.default_rng(6).normal(size=(2, 8, 8, 3)), jnp.float32)
+    want = np.asarray(build_model(cfg).apply(params, images=x))
+    scanned = build_model(cfg.replace(scan_layers=True)).apply(stack_layers(params), images=x)
+    np.testing.assert_allclose(np.asarray(scanned), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(Transformer(cfg, params=params)(images=x)), want)
