@@ -32,6 +32,7 @@ from jaxformer.ops.activations import ACTIVATIONS
 from jaxformer.ops.attention import IMPLEMENTATIONS
 from jaxformer.ops.kernel_choice import fastest_attention
 from jaxformer.ops.kernel_choice import unsupported as _kernel_cannot_run
+from jaxformer.ops.patches import RESIZE_METHODS
 from jaxformer.ops.positions import ROPE_SCALINGS, RopeScaling
 from jaxformer.ops.stack import REMAT_POLICIES as _REMAT
 from jaxformer.settings import setting
@@ -185,6 +186,21 @@ class ModelConfig:
         "router_aux_loss_coef), averaged over the MoE layers")
     router_z_loss_weight: float = _field(
         REGULARIZATION, 0.0, "weight of the router z-loss (ST-MoE: 0.001; HF router_z_loss_coef)")
+    # vision transformer (issue 64): images in place of tokens, encoder family (Dosovitskiy et al. 2021)
+    image_size: int | None = _field(
+        LAYOUT, None, "encoder: square images of this many pixels a side in place of tokens (ViT); the "
+        "learned positions are a grid of (image_size / patch_size)^2 rows; fine-tuning at another "
+        "size resamples them (position_interpolation, ViT §3.2); unset = a text model")
+    patch_size: int = _field(
+        ARCHITECTURE, 16, "image_size: side P of the square patches, each one token (a strided P×P "
+        "linear projection)")
+    num_channels: int = _field(ARCHITECTURE, 3, "image_size: colour channels of the images (last axis)")
+    class_token: bool = _field(
+        ARCHITECTURE, True, "image_size: a learned class vector before the patches (HF ViT's cls_token; "
+        "pooling='first' reads it)")
+    position_interpolation: str = _field(
+        LAYOUT, "bicubic", 'image_size: how the learned position grid is resampled for another '
+        'resolution: "bicubic" (HF ViT\'s interpolate_pos_encoding) or "bilinear"')
     # head: the output head (a new one starts fresh when fine-tuning)
     lm_head_bias: bool = _field(HEAD, False, "a bias on the LM / MLM output projection")
     head: str = _field(
@@ -322,6 +338,7 @@ class ModelConfig:
         self._validate_albert(bad)
         self._validate_rope_scaling(bad)
         self._validate_moe(bad)
+        self._validate_vision(bad)
         w = self.sliding_window
         if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w <= 0):
             bad("sliding_window", w, "must be a positive integer (or unset: full causal attention)")
@@ -402,6 +419,50 @@ class ModelConfig:
     def moe_layer(self, index: int) -> bool:
         """Whether layer ``index`` (from 0) of a stack has the MoE FFN (`moe_every`)."""
         return self.num_experts > 0 and (index + 1) % self.moe_every == 0
+    def _validate_vision(self, bad) -> None:
+        """The Vision Transformer's image input (``image_size`` set) on the encoder family."""
+        for f in ("patch_size", "num_channels"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                bad(f, v, "must be a positive integer")
+        if self.position_interpolation not in RESIZE_METHODS:
+            bad("position_interpolation", self.position_interpolation, f"choose one of {RESIZE_METHODS}")
+        size = self.image_size
+        if size is None:
+            return
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            bad("image_size", size, "must be a positive integer (or unset: a text model)")
+        if size % self.patch_size:
+            bad("image_size", size, f"must be a multiple of patch_size={self.patch_size} (whole patches)")
+        if self.family != "encoder":
+            bad("family", self.family, "images (image_size set) feed the encoder family: use 'encoder'")
+        if self.head not in ("classify", "none"):
+            bad("head", self.head, "an image model has no vocabulary or spans: use 'classify' or 'none'")
+        if self.pooling not in ("first", "mean"):
+            bad("pooling", self.pooling, "images pool the class token ('first') or the mean of the "
+                "patches ('mean')")
+        if self.pooling == "first" and not self.class_token:
+            bad("pooling", "first", "reads the class token, but class_token=False; use 'mean'")
+        if self.position not in ("learned", "sinusoidal", "none"):
+            bad("position", self.position, "image models take 'learned' (ViT), 'sinusoidal' or 'none'")
+        for f, off in (("type_vocab_size", 0), ("embedding_size", None), ("position_offset", 0),
+                       ("embedding_norm", False)):
+            if getattr(self, f) != off:
+                bad(f, getattr(self, f), f"is a text model's option; use {off!r} with image_size")
+
+    @property
+    def image_grid(self) -> tuple[int, int] | None:
+        """``(g, g)``, the patch grid of ``image_size`` images (None for a text model)."""
+        if self.image_size is None:
+            return None
+        return (self.image_size // self.patch_size,) * 2
+
+    @property
+    def image_length(self) -> int | None:
+        """Tokens an image becomes: the patches, plus the class token (None for a text model)."""
+        if self.image_size is None:
+            return None
+        return (self.image_size // self.patch_size) ** 2 + int(self.class_token)
 
     def _validate_albert(self, bad) -> None:
         """ALBERT's options (factorised embedding, shared layers) exist on the encoder family."""

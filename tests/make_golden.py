@@ -177,6 +177,28 @@ def _save_bf16_shards(model, path):
     model.to(torch.bfloat16).save_pretrained(path, max_shard_size="40KB")
 
 
+VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+           image_size=8, patch_size=2, num_channels=3)
+
+
+def vit_inputs() -> dict[str, np.ndarray]:
+    """Pixels `[2, 3, 8, 8]` (the model's size) and `[2, 3, 12, 12]` (read with the position grid
+    resampled: ``interpolate_pos_encoding=True``), NCHW as HF takes them."""
+    rng = np.random.default_rng(7)
+    return {"pixel_values": rng.normal(size=(B, 3, 8, 8)).astype(np.float32),
+            "pixel_values_big": rng.normal(size=(B, 3, 12, 12)).astype(np.float32)}
+
+
+def run_vit(fields: tuple[str, ...]):
+    """run(): the named outputs at the model's size, and ``<name>_big`` at 12×12 (interpolated)."""
+    def run(model, inputs):
+        x, big = (torch.tensor(inputs[k]) for k in ("pixel_values", "pixel_values_big"))
+        out, out_big = model(pixel_values=x), model(pixel_values=big, interpolate_pos_encoding=True)
+        return {**{f: getattr(out, f).numpy() for f in fields},
+                **{f"{f}_big": getattr(out_big, f).numpy() for f in fields}}
+    return run
+
+
 BERT_KEYS = ("input_ids", "token_type_ids", "attention_mask")
 T5_KEYS = ("input_ids", "attention_mask", "decoder_input_ids")
 CASES: dict[str, Case] = {
@@ -249,6 +271,13 @@ CASES: dict[str, Case] = {
     "roberta_bpe400": Case(finetune.build_roberta),
     "bart_bpe400": Case(finetune.build_bart),
     "distilbert_wp400": Case(finetune.build_distilbert),
+    # tests/test_convert_vit.py: ViT's classifier and backbone (+ pooler), at 8×8 and interpolated
+    # (every weight redrawn at std 0.1, norms included, so a swapped tensor changes the outputs)
+    "vit_cls": Case(lambda: llama._randomized(transformers.ViTForImageClassification(
+        transformers.ViTConfig(**VIT, num_labels=5)), 4), vit_inputs, run_vit(("logits",)), seed=4),
+    "vit_model": Case(lambda: llama._randomized(transformers.ViTModel(transformers.ViTConfig(**VIT)),
+                                                5), vit_inputs,
+                      run_vit(("last_hidden_state", "pooler_output")), seed=5),
     # init_from an HF directory (tests/test_train.py, test_nnx_train.py, test_lora.py): the tiny
     # configs' 512-token vocabulary
     "gpt2_v512": Case(lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(

@@ -126,6 +126,11 @@ class DataSettings(SourceSettings):
         0, "Grain worker processes (0 = none); each count gives another deterministic stream",
         check=at_least(0))
     worker_buffer_size: int = setting(2, "batches buffered per worker process", check=positive)
+    # images (issue 64, the Vision Transformer: jaxformer.data.images), training split only
+    image_crop_padding: int = setting(
+        0, "images: zero-pad this many pixels a side, then crop back at a random offset (0 = no crop)",
+        check=at_least(0))
+    image_flip: bool = setting(False, "images: mirror left-right with probability 1/2")
     tokenizer: TokenizerSettings = subsection(TokenizerSettings, "the tokenizer (data.tokenizer.*)")
 
 

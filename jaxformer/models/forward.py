@@ -44,6 +44,7 @@ from jaxformer.ops.inputs import embed_inputs, embed_tokens
 from jaxformer.ops.masks import prefix_lm_mask, sliding_window_mask
 from jaxformer.ops.moe import RouterStats
 from jaxformer.ops.norms import normalize
+from jaxformer.ops.patches import image_inputs
 from jaxformer.ops.positions import alibi_bias, relative_position_bias
 from jaxformer.ops.stack import has_dropout, run_stack
 
@@ -291,7 +292,7 @@ def head(cfg: ModelConfig, params: dict, x, segment_ids, *, rng=None, head_input
     def classifier(name, h):
         return classify(part(params, name), h, cfg=cfg, dropout_rng=_rng(rng, name, cfg.dropout_rate))
 
-    table = part(params, "token_embed")["embedding"]
+    table = part(params, "token_embed").get("embedding")  # None: an image model (no vocabulary)
     if cfg.head == "lm":
         return (lm_head_inputs if head_inputs else lm_logits)(part(params, "lm_head"), x, table,
                                                               cfg=cfg)
@@ -324,15 +325,21 @@ def gather_positions(x, positions):
     return jnp.einsum("bpl,bld->bpd", one_hot_BxPxL, x, precision=lax.Precision.HIGHEST)
 
 
-def encoder_only(cfg: ModelConfig, params: dict, tokens, *, rng=None, positions=None,
-                 segment_ids=None, token_types=None, return_hidden: bool = False,
+def encoder_only(cfg: ModelConfig, params: dict, tokens=None, *, images=None, rng=None,
+                 positions=None, segment_ids=None, token_types=None, return_hidden: bool = False,
                  head_inputs: bool = False, predict_positions=None):
     """BERT (Devlin et al. 2019): tokens `[B, L]` → MLM logits `[B, L, V]` (plus NSP `[B, 2]`), class
     logits `[B, C]`, token logits `[B, L, C]`, span logits `[B, 2, L]` or hidden states `[B, L, D]`,
     by ``cfg.head``. ``return_hidden``: (that output, the last hidden states `[B, L, D]` the head
     reads), e.g. for distillation's cosine loss (`jaxformer.train.distill`). ``head_inputs`` and
     ``predict_positions`` `[B, P]`: see `head`; with the latter the MLM logits (and the hidden
-    states ``return_hidden`` gives) are those of the ``P`` positions, `[B, P, ...]`."""
+    states ``return_hidden`` gives) are those of the ``P`` positions, `[B, P, ...]`.
+    A model with ``cfg.image_size`` reads ``images`` instead (`image_encoder`)."""
+    if cfg.image_size is not None or images is not None:
+        if tokens is not None or positions is not None or token_types is not None:
+            raise ValueError("an image model (model.image_size set) reads images=[B, H, W, C] "
+                             "only, not tokens, positions or token types")
+        return image_encoder(cfg, params, images, rng=rng, return_hidden=return_hidden)
     check_tokens(cfg, tokens, default_positions=positions is None)
     positions = default_positions(tokens, positions)
     with ring_scope(False, tokens):
@@ -342,6 +349,46 @@ def encoder_only(cfg: ModelConfig, params: dict, tokens, *, rng=None, positions=
     out = head(cfg, params, x, segment_ids, rng=rng, head_inputs=head_inputs,
                predict_positions=predict_positions)
     return (out, gather_positions(x, predict_positions)) if return_hidden else out
+
+
+def check_images(cfg: ModelConfig, images) -> None:
+    """``images`` are `[batch, height, width, model.num_channels]` pixels (channels last) of an image
+    model, whose sides are multiples of ``model.patch_size`` (a static check, also under jit)."""
+    if cfg.image_size is None:
+        raise ValueError("images were given to a text model: set model.image_size (and patch_size, "
+                         "num_channels) to read images")
+    shape = getattr(images, "shape", None)
+    if shape is None or len(shape) != 4 or shape[-1] != cfg.num_channels:
+        raise ValueError(f"images must be [batch, height, width, model.num_channels="
+                         f"{cfg.num_channels}] pixels (channels last), got shape {shape}")
+    if shape[1] % cfg.patch_size or shape[2] % cfg.patch_size:
+        raise ValueError(f"images of {shape[1]}x{shape[2]} pixels do not divide into model.patch_size="
+                         f"{cfg.patch_size} patches; resize them to a multiple (model.image_size="
+                         f"{cfg.image_size})")
+
+
+def image_encoder(cfg: ModelConfig, params: dict, images, *, rng=None, return_hidden: bool = False):
+    """The Vision Transformer (Dosovitskiy et al. 2021, eq. 1–4): images `[B, H, W, C]` → patches and
+    class token `[B, L, D]` (`jaxformer.ops.patches.image_inputs`) → the encoder stack (pre-LN:
+    its final norm) → the head: class logits `[B, C]` of the class token (``pooling="first"``,
+    eq. 4) or of the mean of the patch tokens (``"mean"``), or hidden states `[B, L, D]` (and the
+    pooler's `[B, D]` with ``pooler``). Images of another size than ``cfg.image_size`` read the
+    learned positions resampled to their grid (``cfg.position_interpolation``, ViT §3.2).
+    ``return_hidden``: as `encoder_only`. Not split over a context-parallel mesh axis."""
+    check_images(cfg, images)
+    x = image_inputs(params["embed"], images, grid=cfg.image_grid, position=cfg.position,
+                     dtype=cfg.dtype, dropout_rate=cfg.dropout_rate,
+                     dropout_rng=_rng(rng, "embed", cfg.dropout_rate),
+                     resize_method=cfg.position_interpolation)
+    x = constrain(x, ("batch", "act_length", "act_embed"))
+    positions = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
+    whole = ring_attention.context_parallel(None) if ring_attention.active() else contextlib.nullcontext()
+    with whole:
+        x = stack_pass(cfg, params, "encoder", x, positions, None, rng=rng, causal=False)
+    # mean pooling reads the patches only: the class token (if any) is marked as padding for it
+    pool_ids = (positions >= int(cfg.class_token)).astype(jnp.int32)
+    out = head(cfg, params, x, pool_ids, rng=rng)
+    return (out, x) if return_hidden else out
 
 
 def decoder_only(cfg: ModelConfig, params: dict, tokens, *, rng=None, cache: dict | None = None,

@@ -11,7 +11,11 @@ T5-base v1.0 222,903,552; GPT-2 large 774,030,080; GPT-2 XL 1,557,611,200; BERT-
 Llama-2-7B 6,738,415,616 ("llama2_7b"; ``llama_tiny`` is its 2-layer width-64 twin with GQA);
 Mixtral-8x7B 46,702,792,704 ("mixtral_8x7b"); Switch-Base-8 619,339,008 ("switch_base_8": HF
 google/switch-base-8's layout, tied embeddings; ``switch_tiny`` and ``mixtral_tiny`` are the
-tiny twins).
+tiny twins);
+ViT-B/16 86,567,656 and ViT-L/16 304,326,632 (224×224 images, class token, 1000-way classifier, no
+pooler: HF ``ViTForImageClassification``; Dosovitskiy et al. 2021 Table 1 rounds them to 86M and
+307M — no layout we know of gives 307M for ViT-L: HF and timm count 304.3M; the backbone alone,
+without the classifier, is 85,798,656 and 303,301,632).
 
 The GPT-2 presets pad the vocabulary of 50,257 to 50,304 rows (``vocab_pad_multiple=128``, as
 Megatron does), so that tensor = 2 … 128 divides the vocabulary tables; the padding is masked, so
@@ -71,6 +75,13 @@ _VASWANI = dict(family="encoder_decoder", position="sinusoidal", norm="layer", n
                 norm_eps=1e-6, activation="relu", use_bias=True, tie_embeddings=True,
                 scale_embeddings=True, dropout_rate=0.1, attention_dropout_rate=0.0,
                 init_scheme="transformer", init_std=1.0, embed_init_std=512 ** -0.5)
+# ViT (Dosovitskiy et al. 2021, Table 1), as HF's google/vit-*-patch16-224 configs: pre-LN (eps
+# 1e-12), exact GELU, class token read by a 1000-way classifier after the final norm, no pooler, no
+# dropout, truncated-normal init at 0.02. No vocabulary (images in place of tokens).
+_VIT = dict(family="encoder", image_size=224, patch_size=16, num_channels=3, class_token=True,
+            position="learned", norm="layer", norm_position="pre", norm_eps=1e-12, activation="gelu",
+            use_bias=True, head="classify", num_classes=1000, pooling="first", pooler=False,
+            dropout_rate=0.0, attention_dropout_rate=0.0, init_scheme="bert")
 
 # The configs' CPU-sized models: minutes per thousand steps on a laptop CPU.
 _MINI = dict(vocab_size=2048, d_model=128, num_heads=4, d_ff=512, num_layers=4, max_len=128,
@@ -122,6 +133,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                              num_layers=6, max_len=512),
     "transformer_tiny": dict(_VASWANI, vocab_size=512, d_model=64, num_heads=4, d_ff=256,
                              num_layers=2, max_len=128, embed_init_std=64 ** -0.5),
+    # ViT-B/16 and ViT-L/16 at 224 px, 1000 classes: 86,567,656 and 304,326,632 parameters (HF
+    # ViTForImageClassification; the paper's Table 1 says 86M and 307M); `vit_digits`: 8×8 grey digits.
+    "vit_base_16": dict(_VIT, d_model=768, num_heads=12, d_ff=3072, num_layers=12),
+    "vit_large_16": dict(_VIT, d_model=1024, num_heads=16, d_ff=4096, num_layers=24),
+    "vit_digits": dict(_VIT, image_size=8, patch_size=2, num_channels=1, num_classes=10, d_model=64,
+                     num_heads=4, d_ff=256, num_layers=2),
 }
 PRESETS.update({f"{name}_bf16": dict(PRESETS[name], **_BF16)
                 for name in ("gpt2_small", "gpt2_medium", "gpt2_large", "gpt2_xl", "bert_base",

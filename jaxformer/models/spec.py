@@ -259,6 +259,21 @@ def input_embedding_spec(cfg: ModelConfig) -> dict:
     return spec
 
 
+def image_embedding_spec(cfg: ModelConfig) -> dict:
+    """The Vision Transformer's input (`jaxformer.ops.patches.image_inputs`): the patch projection
+    ``patch_embedding`` {kernel `[P, P, C, D]`, bias `[D]`}, the class vector ``class_embedding``
+    `[D]` (``class_token``) and the learned positions ``pos_embedding`` `[image_length, D]`."""
+    p, c, d = cfg.patch_size, cfg.num_channels, cfg.d_model
+    spec = {"patch_embedding": {
+        "kernel": _kernel(cfg, (p, p, c, d), (None, None, None, "embed"), "projection", p * p * c),
+        "bias": ParamSpec((d,), ("embed",), "zeros")}}
+    if cfg.class_token:
+        spec["class_embedding"] = ParamSpec((d,), ("embed",), *initializer_of(cfg, "embedding", 1))
+    if cfg.position == "learned":
+        spec["pos_embedding"] = _table(cfg, cfg.image_length, ("length", "embed"))
+    return spec
+
+
 def relative_bias_spec(cfg: ModelConfig) -> dict:
     """T5's `[buckets, heads]` relative position table, one per stack."""
     return {"embedding": _table(cfg, cfg.relative_num_buckets, ("relpos", "heads"), cfg.num_heads,
@@ -316,9 +331,10 @@ def model_spec(cfg: ModelConfig) -> dict:
     """Every parameter of ``cfg``'s model, by top-level part: exactly the tree of the NNX
     ``build_model(cfg).init(...)["params"]`` and of the NNX model's `nnx.Param` state.
 
-    Parts: ``token_embed``; per stack ``S`` (``encoder``/``decoder``) its input embedding
-    (``embed``, or ``S_embed`` in encoder-decoder models), the blocks ``S``, ``S_relative_bias``
-    (relative positions) and ``S_norm`` (pre-LN); ``jump_embed`` (``permutation_lm``); then the
+    Parts: ``token_embed`` (not for images); per stack ``S`` (``encoder``/``decoder``) its input
+    embedding (``embed``, `image_embedding_spec`'s for images; ``S_embed`` in encoder-decoder
+    models), the blocks ``S``, ``S_relative_bias`` (relative positions) and ``S_norm`` (pre-LN);
+    ``jump_embed`` (``permutation_lm``); then the
     head's parts (``lm_head``, ``mlm_head``, ``pooler``, ``nsp_head``, ``classifier``,
     ``token_classifier``, ``qa_outputs``). Parts without parameters are left out.
     """
@@ -326,9 +342,9 @@ def model_spec(cfg: ModelConfig) -> dict:
               "decoder": [("decoder", "embed", cfg.num_layers, False)],
               "encoder_decoder": [("encoder", "encoder_embed", cfg.num_encoder_layers, False),
                                   ("decoder", "decoder_embed", cfg.num_decoder_layers, True)]}
-    spec = {"token_embed": token_embed_spec(cfg)}
+    spec = {} if cfg.image_size else {"token_embed": token_embed_spec(cfg)}  # ViT: pixels, no vocabulary
     for name, embed_name, n, cross in stacks[cfg.family]:
-        spec[embed_name] = input_embedding_spec(cfg)
+        spec[embed_name] = image_embedding_spec(cfg) if cfg.image_size else input_embedding_spec(cfg)
         if cfg.position == "relative":
             spec[f"{name}_relative_bias"] = relative_bias_spec(cfg)
         spec[name] = stack_spec(cfg, n, cross_attention=cross)

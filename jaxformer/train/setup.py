@@ -55,6 +55,7 @@ from jaxformer.data.sources import SourceSettings, get_source, label_names_from_
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from jaxformer.models import build_model
 from jaxformer.models.head_parts import HEAD_MODULE_NAMES
+from jaxformer.models.image_size import fit_image_size
 from jaxformer.models.vocab_padding import fit_vocab
 from jaxformer.objectives import get_objective
 from jaxformer.parallel.mesh import check_batch_size, describe, make_mesh
@@ -422,12 +423,14 @@ def load_pretrained(resolved: ResolvedConfig, built: Built) -> tuple[Any, list[s
     """(init_from's parameters with fresh ones for new heads, on the host; the fresh paths)."""
     model_cfg, pretrained, seed = resolved.model_cfg, resolved.pretrained, resolved.settings.seed
     if pretrained.is_hf:  # the importer initialises any head the checkpoint lacks (logged)
-        backbone = load_hf(pretrained.path, scan_layers=model_cfg.scan_layers,
-                           head=model_cfg.head, num_classes=model_cfg.num_classes,
-                           seed=seed, vocab_pad_multiple=model_cfg.vocab_pad_multiple)[1]
+        hf_cfg, backbone, _ = load_hf(pretrained.path, scan_layers=model_cfg.scan_layers,
+                                      head=model_cfg.head, num_classes=model_cfg.num_classes,
+                                      seed=seed, vocab_pad_multiple=model_cfg.vocab_pad_multiple)
+        backbone = fit_image_size(backbone, ModelConfig.from_dict(hf_cfg), model_cfg)
     else:  # verified first; its vocabulary tables re-padded as the model pads them (a layout)
-        backbone = fit_vocab(load_checkpoint_params(pretrained.run.step_dir),
-                             ModelConfig.from_dict(pretrained.model), model_cfg)
+        source = ModelConfig.from_dict(pretrained.model)  # ViT at another resolution: positions resampled
+        backbone = fit_image_size(fit_vocab(load_checkpoint_params(pretrained.run.step_dir), source,
+                                            model_cfg), source, model_cfg)
     fresh_params = create_params(built.model, built.param_shardings, seed)
     return merge_backbone(fresh_params, backbone)
 
