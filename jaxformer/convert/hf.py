@@ -1,5 +1,5 @@
-"""Import and export Hugging Face GPT-2, BERT, ALBERT, RoBERTa, DistilBERT, T5 / mT5, BART and
-Llama / Mistral / Qwen2 checkpoints.
+"""Import and export Hugging Face GPT-2, BERT, ALBERT, RoBERTa, DistilBERT, T5 / mT5, BART,
+Llama / Mistral / Qwen2 and ModernBERT checkpoints.
 
     cfg_dict, params, tokenizer = load_hf("path/to/hf_model")           # → jaxformer
     save_hf(cfg_dict, params, "path/to/out")                              # → from_pretrained-able
@@ -8,7 +8,7 @@ Llama / Mistral / Qwen2 checkpoints.
 NumPy float32 arrays; place them with ``jax.device_put``), in the
 unrolled (``layer_0 …``) or, with ``scan_layers=True``, the scanned (``layers`` with a leading layer
 axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert`, `hf_albert`,
-`hf_roberta`, `hf_distilbert`, `hf_t5`, `hf_bart` and `hf_llama`.
+`hf_roberta`, `hf_distilbert`, `hf_t5`, `hf_bart`, `hf_llama` and `hf_modernbert`.
 
 Tokenizers: ``load_hf`` returns what `jaxformer.convert.hf_io.find_tokenizer` finds (T5's
 ``spiece.model``; else the Hugging Face tokenizer, read by
@@ -36,6 +36,7 @@ from jaxformer.convert import (
     hf_distilbert,
     hf_gpt2,
     hf_llama,
+    hf_modernbert,
     hf_roberta,
     hf_t5,
 )
@@ -67,17 +68,21 @@ log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert": hf_albert,
                                      "t5": hf_t5, "mt5": hf_t5,  # mT5: T5 v1.1's graph
                                      "roberta": hf_roberta, "distilbert": hf_distilbert,
-                                     "bart": hf_bart, **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama)}
+                                     "bart": hf_bart, **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama),
+                                     "modernbert": hf_modernbert}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
 
 
 def export_converter(cfg: ModelConfig) -> ModuleType:
     """The converter a model exports with: by family, and within it by the options only one
-    architecture has: ALBERT for an encoder with ``embedding_size`` or ``share_layers``, RoBERTa
+    architecture has: ModernBERT for an encoder with RoPE, ALBERT for an encoder with
+    ``embedding_size`` or ``share_layers``, RoBERTa
     for one with ``position_offset`` (its padding row), DistilBERT for one without token types;
     Llama / Mistral / Qwen2 for a decoder with RoPE; BART for an encoder-decoder with learned
     positions (T5's are relative)."""
+    if cfg.family == "encoder" and cfg.position == "rope":
+        return hf_modernbert
     if cfg.family == "encoder" and (cfg.embedding_size is not None or cfg.share_layers):
         return hf_albert
     if cfg.family == "encoder" and cfg.position_offset:

@@ -74,7 +74,8 @@ def run_stack(params: dict, x: Array, *, cfg: ModelFields, num_layers: int, caus
         tokens are written at slot ``cache_index``. The cross-attention keys/values are computed
         on a call that passes ``encoder_out`` and read from the cache on the others.
       inputs: `transformer_block` arrays shared by the layers (``positions``, ``segment_ids``,
-        ``bias``, ``encoder_out``, ``encoder_segment_ids``; None when absent). They are explicit
+        ``bias``, ``encoder_out``, ``encoder_segment_ids``, ``local_mask``; None when absent).
+        Each block gets its ``layer_index`` (a traced scalar when scanned). They are explicit
         arguments of the rematerialised block, so the block compiles once per stack.
     """
     shared = params.get("shared")
@@ -82,30 +83,31 @@ def run_stack(params: dict, x: Array, *, cfg: ModelFields, num_layers: int, caus
     if cache is not None and shared is not None:
         raise ValueError("model.share_layers=True stacks do not decode (encoder family only)")
 
-    def block(p, h, rng, c, index, shared):
+    def block(p, h, rng, c, index, shared, layer):
         kwargs = {}
         if c is not None:
             kwargs = dict(cache=c["self"], cache_index=index)
             if "cross" in c and shared.get("encoder_out") is None:  # later steps: cached k/v
                 kwargs["cross_kv"] = c["cross"]
         h, new = stack_block(p, h, cfg=cfg, causal=causal, dropout_rng=rng, constrain=constrain,
-                             **shared, **kwargs)
+                             layer_index=layer, **shared, **kwargs)
         return h, None if c is None else {k: new[k] for k in c}
 
     if cfg.remat_policy != "none":
         block = jax.checkpoint(block, policy=REMAT_POLICIES[cfg.remat_policy],
                                prevent_cse=not scanned)
     rngs = None if dropout_rng is None else jax.random.split(dropout_rng, num_layers)
+    layers = jnp.arange(num_layers, dtype=jnp.int32)  # a scanned block's `layer_index`
     if scanned and shared is not None:
-        body = lambda h, rng: (block(shared, h, rng, None, None, inputs)[0], None)
-        return lax.scan(body, x, rngs, length=num_layers)[0]
+        body = lambda h, xs: (block(shared, h, xs[0], None, None, inputs, xs[1])[0], None)
+        return lax.scan(body, x, (rngs, layers), length=num_layers)[0]
     if scanned:
         def body(h, prc):
-            return block(prc[0], h, prc[1], prc[2], cache_index, inputs)
+            return block(prc[0], h, prc[1], prc[2], cache_index, inputs, prc[3])
 
         with jax.named_scope("layers"):
             x, new_cache = lax.scan(body, x, (params["layers"], rngs,
-                                              None if cache is None else cache["layers"]))
+                                              None if cache is None else cache["layers"], layers))
         return x if cache is None else (x, {"layers": new_cache})
     new_cache = {}
     for i in range(num_layers):
@@ -113,7 +115,7 @@ def run_stack(params: dict, x: Array, *, cfg: ModelFields, num_layers: int, caus
         p = params[name] if shared is None else shared
         with jax.named_scope(name):
             x, new_cache[name] = block(p, x, None if rngs is None else rngs[i],
-                                       None if cache is None else cache[name], cache_index, inputs)
+                                       None if cache is None else cache[name], cache_index, inputs, i)
     return x if cache is None else (x, new_cache)
 
 
