@@ -8,7 +8,9 @@ T5-small v1.0 60,506,624; ALBERT-base v2 11,683,584 (Lan et al. 2019: E = 128 fa
 one block shared by the 12 layers; with pooler, without MLM head); GPT-2 medium 354,823,168;
 T5-base v1.0 222,903,552; GPT-2 large 774,030,080; GPT-2 XL 1,557,611,200; BERT-large-uncased
 335,141,888 (with pooler, without MLM head); T5-large v1.0 737,668,096; T5-3B 2,851,598,336;
-Llama-2-7B 6,738,415,616 ("llama2_7b"; ``llama_tiny`` is its 2-layer width-64 twin with GQA).
+Llama-2-7B 6,738,415,616 ("llama2_7b"; ``llama_tiny`` is its 2-layer width-64 twin with GQA);
+ModernBERT-base 149,655,232 and -large 395,881,664 (with the MLM head; ours hold layer 0's unused
+attention norm besides, d_model more: `jaxformer.models.spec` keeps every layer's tree alike).
 
 The GPT-2 presets pad the vocabulary of 50,257 to 50,304 rows (``vocab_pad_multiple=128``, as
 Megatron does), so that tensor = 2 … 128 divides the vocabulary tables; the padding is masked, so
@@ -63,6 +65,16 @@ _LLAMA = dict(family="decoder", position="rope", norm="rms", norm_position="pre"
               activation="silu", gated_ffn=True, use_bias=False, tie_embeddings=False,
               rope_theta=10_000.0, dropout_rate=0.0, attention_dropout_rate=0.0,
               init_scheme="normal", init_std=0.02)
+# ModernBERT (Warner et al. 2024; HF ModernBertConfig): pre-LN without biases, GeGLU, RoPE with θ
+# 160,000 on the global layers (every third) and 10,000 on the local ones (window 128), layer 0
+# without its attention norm, the MLM head's dense + norm and its decoder bias; no dropout.
+_MODERNBERT = dict(family="encoder", position="rope", rope_theta=160_000.0, local_rope_theta=10_000.0,
+                   local_attention=128, global_attn_every_n_layers=3, first_attn_norm=False,
+                   norm="layer", norm_bias=False, norm_eps=1e-5, norm_position="pre",
+                   embedding_norm=True, activation="gelu", gated_ffn=True, use_bias=False,
+                   type_vocab_size=0, head="mlm", mlm_transform=True, lm_head_bias=True,
+                   pooling="first", dropout_rate=0.0, attention_dropout_rate=0.0,
+                   init_scheme="bert", init_std=0.02)
 _BF16 = dict(dtype="bfloat16", param_dtype="float32", attention_dropout_rate=0.0)
 _VASWANI = dict(family="encoder_decoder", position="sinusoidal", norm="layer", norm_position="post",
                 norm_eps=1e-6, activation="relu", use_bias=True, tie_embeddings=True,
@@ -115,6 +127,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                       num_layers=32, max_len=4096),
     "llama_tiny": dict(_LLAMA, vocab_size=512, d_model=64, num_heads=4, num_kv_heads=2, d_ff=192,
                        num_layers=2, max_len=128),
+    # ModernBERT-base / -large (HF ModernBertForMaskedLM): 149,655,232 and 395,881,664 with the MLM
+    # head (149M / 395M as published); ours store layer 0's unused attention norm too (+ d_model).
+    "modernbert_base": dict(_MODERNBERT, vocab_size=50368, d_model=768, num_heads=12, d_ff=1152,
+                            num_layers=22, max_len=8192),
+    "modernbert_large": dict(_MODERNBERT, vocab_size=50368, d_model=1024, num_heads=16, d_ff=2624,
+                             num_layers=28, max_len=8192),
+    "modernbert_tiny": dict(_MODERNBERT, vocab_size=512, d_model=64, num_heads=4, d_ff=128,
+                            num_layers=3, max_len=128, local_attention=16),
     "transformer_base": dict(_VASWANI, vocab_size=37000, d_model=512, num_heads=8, d_ff=2048,
                              num_layers=6, max_len=512),
     "transformer_tiny": dict(_VASWANI, vocab_size=512, d_model=64, num_heads=4, d_ff=256,
