@@ -37,9 +37,9 @@ import transformers
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 import test_convert_llama as llama  # noqa: E402  (the model zoo's builders live beside their tests)
 import test_convert_mt5 as mt5  # noqa: E402
-import test_modernbert as modernbert  # noqa: E402
 import test_convert_roberta_distilbert_bart as zoo  # noqa: E402
 import test_hf_finetune as finetune  # noqa: E402
+import test_modernbert as modernbert  # noqa: E402
 from golden import GOLDEN, rel_err  # noqa: E402
 
 RTOL = 1e-5  # a reloaded model against its committed outputs: the same program, so ~1e-7 in practice
