@@ -26,8 +26,8 @@ Each family initialises as its reference does (``init_scheme``, rules in
 at d_model^-1/2).
 
 ``<name>_bf16`` (gpt2_small … gpt2_xl, bert_base, bert_large, t5_base, t5_large, t5_3b,
-llama2_7b): the same model computing in bfloat16 with float32 parameters, for GPUs and TPUs, and
-without attention dropout so that the fused kernels can run it.
+llama2_7b, modernbert_base, modernbert_large): the same model computing in bfloat16 with float32
+parameters, for GPUs and TPUs, and without attention dropout so that the fused kernels can run it.
 
 Every preset states ``attention_impl="auto"``: the fastest implementation the platform it runs on
 (or is compiled for: ``jaxformer-compile --topology``) has for the model, resolved when the model
@@ -142,7 +142,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 PRESETS.update({f"{name}_bf16": dict(PRESETS[name], **_BF16)
                 for name in ("gpt2_small", "gpt2_medium", "gpt2_large", "gpt2_xl", "bert_base",
-                             "bert_large", "t5_base", "t5_large", "t5_3b", "llama2_7b")})
+                             "bert_large", "t5_base", "t5_large", "t5_3b", "llama2_7b",
+                             "modernbert_base", "modernbert_large")})
 PRESETS = {name: dict(kw, attention_impl="auto") for name, kw in PRESETS.items()}
 
 

@@ -97,7 +97,9 @@ def run_stack(params: dict, x: Array, *, cfg: ModelFields, num_layers: int, caus
         block = jax.checkpoint(block, policy=REMAT_POLICIES[cfg.remat_policy],
                                prevent_cse=not scanned)
     rngs = None if dropout_rng is None else jax.random.split(dropout_rng, num_layers)
-    layers = jnp.arange(num_layers, dtype=jnp.int32)  # a scanned block's `layer_index`
+    # a scanned block's `layer_index`, where a layer's kind depends on it (other programs unchanged)
+    per_layer = cfg.local_attention is not None or not cfg.first_attn_norm
+    layers = jnp.arange(num_layers, dtype=jnp.int32) if per_layer else None
     if scanned and shared is not None:
         body = lambda h, xs: (block(shared, h, xs[0], None, None, inputs, xs[1])[0], None)
         return lax.scan(body, x, (rngs, layers), length=num_layers)[0]
@@ -115,7 +117,8 @@ def run_stack(params: dict, x: Array, *, cfg: ModelFields, num_layers: int, caus
         p = params[name] if shared is None else shared
         with jax.named_scope(name):
             x, new_cache[name] = block(p, x, None if rngs is None else rngs[i],
-                                       None if cache is None else cache[name], cache_index, inputs, i)
+                                       None if cache is None else cache[name], cache_index, inputs,
+                                       i if per_layer else None)
     return x if cache is None else (x, new_cache)
 
 
