@@ -201,6 +201,20 @@ class ModelConfig:
     position_interpolation: str = _field(
         LAYOUT, "bicubic", 'image_size: how the learned position grid is resampled for another '
         'resolution: "bicubic" (HF ViT\'s interpolate_pos_encoding) or "bilinear"')
+    # ModernBERT (Warner et al. 2024): alternating global / local attention, a θ per kind, and
+    # no attention norm in layer 0 (HF ModernBertConfig's names; its global_rope_theta is rope_theta)
+    local_attention: int | None = _field(
+        ARCHITECTURE, None, "encoder: the local layers' window: a query sees the keys within "
+        "local_attention // 2 positions either side (ModernBERT: 128); unset = every layer global")
+    global_attn_every_n_layers: int = _field(
+        ARCHITECTURE, 1, "with local_attention: layer i attends globally when i % this == 0, locally "
+        "otherwise (ModernBERT: 3)")
+    local_rope_theta: float | None = _field(
+        ARCHITECTURE, None, "RoPE base wavelength of the local layers (ModernBERT: 10000; the global "
+        "layers use rope_theta, HF's global_rope_theta); unset = rope_theta")
+    first_attn_norm: bool = _field(
+        ARCHITECTURE, True, "pre-LN: layer 0 normalises its attention input; False: it reads the "
+        "embedding norm's output as is (ModernBERT; layer 0's self_attn_norm then goes unused)")
     # head: the output head (a new one starts fresh when fine-tuning)
     lm_head_bias: bool = _field(HEAD, False, "a bias on the LM / MLM output projection")
     head: str = _field(
@@ -217,6 +231,9 @@ class ModelConfig:
         'head) or "relu" (DistilBERT\'s pre_classifier)')
     mlm_transform: bool = _field(HEAD, False, "BERT's dense+activation+LayerNorm before the MLM decoder")
     nsp_head: bool = _field(HEAD, False, "BERT's next-sentence-prediction head (encoder with head='mlm')")
+    prediction_head: bool = _field(
+        HEAD, False, "ModernBERT's dense + activation + norm before the classifier (on the pooled "
+        "vector) or the token classifier (on every token); mlm_transform is the MLM head's")
     # regularization: training noise only
     dropout_rate: float = _field(REGULARIZATION, 0.1, "dropout on embeddings and sublayer outputs")
     attention_dropout_rate: float = _field(REGULARIZATION, 0.1, "dropout on the attention probabilities")
@@ -336,6 +353,7 @@ class ModelConfig:
         if self.nsp_head and not (self.family == "encoder" and self.head == "mlm"):
             bad("nsp_head", True, "next-sentence prediction needs family='encoder', head='mlm'")
         self._validate_albert(bad)
+        self._validate_local_attention(bad)
         self._validate_rope_scaling(bad)
         self._validate_moe(bad)
         self._validate_vision(bad)
@@ -358,10 +376,30 @@ class ModelConfig:
                 f"{self.attention_impl!r} cannot add; use attention_impl='xla' or 'chunked'")
         kernel_problem = _kernel_cannot_run(
             self.attention_impl, dtype=self.dtype, head_dim=self.head_dim,
-            relative_bias=self.position == "relative",
+            relative_bias=self.position == "relative", local_window=self.local_attention is not None,
             attention_dropout_rate=self.attention_dropout_rate, chunk_size=self.attention_chunk_size)
         if kernel_problem:
             bad(kernel_problem[0], getattr(self, kernel_problem[0]), kernel_problem[1])
+
+    def _validate_local_attention(self, bad) -> None:
+        """ModernBERT's alternating global / local layers (`jaxformer.ops.masks.local_window_mask`)."""
+        w, n = self.local_attention, self.global_attn_every_n_layers
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 2):
+            bad("local_attention", w, "must be an integer >= 2 (the window; unset: all layers global)")
+        if w is not None and self.family != "encoder":
+            bad("local_attention", w, f"is the encoder's bidirectional window, not {self.family!r}'s "
+                "(a causal decoder's is sliding_window)")
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+            bad("global_attn_every_n_layers", n, "must be a positive integer")
+        t = self.local_rope_theta
+        if t is not None and not (self.position == "rope" and w is not None and t > 1.0):
+            bad("local_rope_theta", t, "needs position='rope', local_attention set and a value > 1")
+        if not self.first_attn_norm and self.norm_position != "pre":
+            bad("first_attn_norm", False, "drops layer 0's pre-LN attention norm; needs "
+                "norm_position='pre'")
+        if self.prediction_head and self.head not in ("classify", "token_classify"):
+            bad("prediction_head", True, f"transforms a classifier's input; head={self.head!r} (the "
+                "MLM head's is mlm_transform)")
 
     def _validate_rope_scaling(self, bad) -> None:
         """RoPE's long-context scalings (`jaxformer.ops.positions.RopeScaling`)."""
@@ -530,6 +568,7 @@ class ModelConfig:
             return "xla"
         return fastest_attention(dtype=self.dtype, head_dim=self.head_dim,
                                  relative_bias=self.position == "relative", causal=self.causal,
+                                 local_window=self.local_attention is not None,
                                  attention_dropout_rate=self.attention_dropout_rate,
                                  chunk_size=self.attention_chunk_size)
 

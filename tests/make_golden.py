@@ -2,6 +2,7 @@
 
     python tests/make_golden.py            # rewrite tests/data/golden/ (needs the [hf] extra)
     python tests/make_golden.py --check    # the committed files against the installed transformers
+    python tests/make_golden.py --cases modernbert_mlm   # (re)write only these cases
 
 Each case builds a tiny random transformers model (PyTorch, CPU, float32) from a config and a fixed
 seed, saves it with ``save_pretrained`` (safetensors) and, for the cases the tests run, its outputs
@@ -39,6 +40,7 @@ import test_convert_mixtral as mixtral  # noqa: E402
 import test_convert_mt5 as mt5  # noqa: E402
 import test_convert_roberta_distilbert_bart as zoo  # noqa: E402
 import test_hf_finetune as finetune  # noqa: E402
+import test_modernbert as modernbert  # noqa: E402
 from golden import GOLDEN, rel_err  # noqa: E402
 
 RTOL = 1e-5  # a reloaded model against its committed outputs: the same program, so ~1e-7 in practice
@@ -250,6 +252,11 @@ CASES: dict[str, Case] = {
     "llama_classifier": Case(llama.build_llama_classifier, llama_inputs, run_classifier),
     # tests/test_convert_mixtral.py: Mixtral (4 experts, top-2, sliding window)
     "mixtral": Case(mixtral.build_mixtral, llama_inputs, run_llama),
+    # tests/test_modernbert.py: ModernBERT's MLM, sequence ("cls"; "mean" with every bias) and
+    # token classifiers, local window 6 < the 20 tokens
+    **{name: Case(build, lambda: {"input_ids": modernbert.TOKENS, "attention_mask": modernbert.MASK},
+                  lambda model, inputs: modernbert.reference_outputs(model))
+       for name, build in modernbert.BUILDERS.items()},
     # tests/test_convert_mt5.py: T5 v1.1 graphs
     "mt5": Case(mt5.build_mt5, lambda: {"input_ids": mt5.INPUTS, "decoder_input_ids": mt5.TARGETS},
                 lambda model, inputs: mt5.reference_outputs(model)),
@@ -368,13 +375,21 @@ def manifest(command: str) -> dict:
             "cases": sorted(CASES), "note": "made by tests/make_golden.py; do not edit by hand"}
 
 
-def make(root: Path) -> None:
-    if root.exists():
+def make(root: Path, only: list[str] | None = None) -> None:
+    """Write every case (``only``: just these, keeping the others and init_stats.json)."""
+    unknown = sorted(set(only or ()) - set(CASES))
+    if unknown:
+        raise SystemExit(f"unknown cases {unknown}; choose from {sorted(CASES)}")
+    if only is None and root.exists():
         shutil.rmtree(root)
-    root.mkdir(parents=True)
-    for name, case in CASES.items():
-        write_case(name, case, root)
-    (root / "init_stats.json").write_text(json.dumps(init_statistics(), indent=1, sort_keys=True))
+    root.mkdir(parents=True, exist_ok=True)
+    for name in only or CASES:
+        if (root / name).exists():
+            shutil.rmtree(root / name)
+        write_case(name, CASES[name], root)
+    if only is None:
+        (root / "init_stats.json").write_text(json.dumps(init_statistics(), indent=1,
+                                                         sort_keys=True))
     (root / "MANIFEST.json").write_text(json.dumps(
         manifest("python tests/make_golden.py"), indent=1) + "\n")
 
@@ -408,6 +423,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="compare, don't write")
     parser.add_argument("--out", type=Path, default=GOLDEN)
+    parser.add_argument("--cases", nargs="+", help="(re)write only these cases")
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     torch.use_deterministic_algorithms(True)
@@ -415,9 +431,9 @@ def main(argv=None) -> int:
         bad = check(args.out)
         print("\n".join(bad) or f"golden files match transformers {transformers.__version__}")
         return 1 if bad else 0
-    make(args.out)
+    make(args.out, args.cases)
     size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
-    print(f"wrote {len(CASES)} cases to {args.out} ({size / 2**20:.2f} MiB)")
+    print(f"wrote {len(args.cases or CASES)} cases to {args.out} ({size / 2**20:.2f} MiB)")
     return 0
 
 

@@ -155,7 +155,8 @@ def test_the_head_registry_names_every_head_module_a_model_builds():
                                 ("encoder", "mlm", {"nsp_head": True, "pooler": True,
                                                     "mlm_transform": True}),
                                 ("encoder", "classify", {"pooler": True}),
-                                ("encoder", "token_classify", {}), ("encoder", "span", {}),
+                                ("encoder", "token_classify", {"prediction_head": True}),
+                                ("encoder", "span", {}),
                                 ("encoder", "none", {})]:
         modules = set(model_spec(ModelConfig(family=family, head=head, **extra)))
         heads = {m for m in modules if m in HEAD_MODULES}

@@ -1,5 +1,5 @@
 """Import and export Hugging Face GPT-2, BERT, ALBERT, RoBERTa, DistilBERT, T5 / mT5, BART,
-Llama / Mistral / Qwen2 and ViT checkpoints.
+Llama / Mistral / Qwen2, Mixtral / Qwen2-MoE, ModernBERT and ViT checkpoints.
 
     cfg_dict, params, tokenizer = load_hf("path/to/hf_model")           # → jaxformer
     save_hf(cfg_dict, params, "path/to/out")                              # → from_pretrained-able
@@ -8,7 +8,8 @@ Llama / Mistral / Qwen2 and ViT checkpoints.
 NumPy float32 arrays; place them with ``jax.device_put``), in the
 unrolled (``layer_0 …``) or, with ``scan_layers=True``, the scanned (``layers`` with a leading layer
 axis) layout. The per-architecture name/layout rules live in `hf_gpt2`, `hf_bert`, `hf_albert`,
-`hf_roberta`, `hf_distilbert`, `hf_t5`, `hf_bart`, `hf_llama` and `hf_vit`.
+`hf_roberta`, `hf_distilbert`, `hf_t5`, `hf_bart`, `hf_llama`, `hf_mixtral`, `hf_modernbert` and
+`hf_vit`.
 
 Tokenizers: ``load_hf`` returns what `jaxformer.convert.hf_io.find_tokenizer` finds (T5's
 ``spiece.model``; else the Hugging Face tokenizer, read by
@@ -37,6 +38,7 @@ from jaxformer.convert import (
     hf_gpt2,
     hf_llama,
     hf_mixtral,
+    hf_modernbert,
     hf_roberta,
     hf_t5,
     hf_vit,
@@ -70,19 +72,22 @@ CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert":
                                      "t5": hf_t5, "mt5": hf_t5,  # mT5: T5 v1.1's graph
                                      "roberta": hf_roberta, "distilbert": hf_distilbert,
                                      "bart": hf_bart, **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama),
-                                     "mixtral": hf_mixtral, "vit": hf_vit}
+                                     "mixtral": hf_mixtral, "vit": hf_vit, "modernbert": hf_modernbert}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
 
 
 def export_converter(cfg: ModelConfig) -> ModuleType:
     """The converter a model exports with: by family, and within it by the options only one
-    architecture has: ALBERT for an encoder with ``embedding_size`` or ``share_layers``, RoBERTa
+    architecture has: ModernBERT for an encoder with RoPE, ALBERT for an encoder with
+    ``embedding_size`` or ``share_layers``, RoBERTa
     for one with ``position_offset`` (its padding row), DistilBERT for one without token types;
     Mixtral for a decoder with RoPE and MoE FFNs, Llama / Mistral / Qwen2 for one without; BART
     for an encoder-decoder with learned positions (T5's are relative); ViT for an encoder of images."""
     if cfg.image_size is not None:  # the Vision Transformer
         return hf_vit
+    if cfg.family == "encoder" and cfg.position == "rope":  # ModernBERT
+        return hf_modernbert
     if cfg.family == "encoder" and (cfg.embedding_size is not None or cfg.share_layers):
         return hf_albert
     if cfg.family == "encoder" and cfg.position_offset:

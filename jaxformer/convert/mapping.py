@@ -80,6 +80,30 @@ def fused(params: Sequence[str], tensor: str, prefix_shape: Sequence[int],
     return Rule(tuple(params), (tensor,), (pre + part,) * n, (t,), split, join)
 
 
+def fused_linear(params: Sequence[str], tensor: str, in_shape: Sequence[int],
+                 part_shape: Sequence[int]) -> Rule:
+    """``len(params)`` kernels `[*in_shape, *part_shape]` ↔ one ``nn.Linear.weight``
+    `[n · prod(part), prod(in)]` whose output rows hold them one after another (ModernBERT's
+    ``Wqkv``: q, k, v; its ``Wi``: the GLU's input and gate halves)."""
+    i, part, n = tuple(in_shape), tuple(part_shape), len(params)
+    fan_in, width = math.prod(i), math.prod(part)
+
+    def split(w):
+        return tuple(c.T.reshape(i + part) for c in np.split(w, n, axis=0))
+
+    def join(*ks):
+        return (np.concatenate([k.reshape(fan_in, width).T for k in ks], axis=0),)
+
+    return Rule(tuple(params), (tensor,), (i + part,) * n, ((n * width, fan_in),), split, join)
+
+
+def constant(param: str, shape: Sequence[int], value: float) -> Rule:
+    """A parameter with no tensor: set to ``value`` on import, left out on export (ModernBERT's
+    layer 0 has no attention norm; ours is there, unused: `jaxformer.ops.blocks.layer_kind`)."""
+    s = tuple(shape)
+    return Rule((param,), (), (s,), (), lambda: (np.full(s, value, np.float32),), lambda x: ())
+
+
 # --------------------------------------------------------------------------------------------------
 def _check_shape(kind: str, name: str, got: Shape, want: Shape, other: str) -> None:
     if tuple(got) != tuple(want):

@@ -39,9 +39,10 @@ from jaxformer.ops.heads import (
     mlm_logits,
     pooled,
     span_logits,
+    transform,
 )
 from jaxformer.ops.inputs import embed_inputs, embed_tokens
-from jaxformer.ops.masks import prefix_lm_mask, sliding_window_mask
+from jaxformer.ops.masks import local_window_mask, prefix_lm_mask, sliding_window_mask
 from jaxformer.ops.moe import RouterStats
 from jaxformer.ops.norms import normalize
 from jaxformer.ops.patches import image_inputs
@@ -243,7 +244,8 @@ def stack_pass(cfg: ModelConfig, params: dict, name: str, x, positions, segment_
                causal: bool, num_layers: int | None = None, cache: dict | None = None,
                cache_index=None, kv_positions=None, encoder_out=None, encoder_segment_ids=None,
                decode_mask=None, prefix=None):
-    """Relative or ALiBi bias and sliding window (if any) → the stack ``name`` → final norm (pre-LN).
+    """Relative or ALiBi bias, sliding window or ModernBERT's local window (if any) → the stack
+    ``name`` → final norm (pre-LN).
     `[B, L, D]` → `[B, L, D]` (with a decoding ``cache``: and the stack's new cache entry). The
     relative bias of a call without ``kv_positions`` (not decoding) is shared over the batch
     (`in_row_index`): it assumes positions consecutive within a segment. ``decode_mask`` `[B, L, S]`
@@ -270,10 +272,13 @@ def stack_pass(cfg: ModelConfig, params: dict, name: str, x, positions, segment_
     if prefix is not None:
         seen_Bx1xLxL = jnp.where(prefix_lm_mask(positions, positions, prefix), 0.0, -jnp.inf)
         bias = seen_Bx1xLxL.astype(cfg.dtype) if bias is None else bias + seen_Bx1xLxL.astype(cfg.dtype)
+    local = None  # ModernBERT's local layers' window (`jaxformer.ops.blocks.layer_kind`)
+    if cfg.local_attention is not None and not causal:
+        local = local_window_mask(positions, positions, cfg.local_attention)
     out = run_part_stack(cfg, params, name, x, rng=rng, num_layers=num_layers or cfg.num_layers,
                          causal=one_way, cache=cache, cache_index=cache_index, positions=positions,
                          segment_ids=segment_ids, bias=bias, encoder_out=encoder_out,
-                         encoder_segment_ids=encoder_segment_ids)
+                         encoder_segment_ids=encoder_segment_ids, local_mask=local)
     x, new = out if cache is not None else (out, None)
     if cfg.norm_position == "pre":
         x = normalize(cfg.norm, x, part(params, f"{name}_norm"), eps=cfg.norm_eps)
@@ -290,6 +295,8 @@ def head(cfg: ModelConfig, params: dict, x, segment_ids, *, rng=None, head_input
     (BERT's ``max_predictions_per_seq`` gather), giving `[B, P, V]` logits."""
 
     def classifier(name, h):
+        if cfg.prediction_head and name != "nsp_head":  # ModernBERT's dense → act → norm first
+            h = transform(part(params, "prediction_head"), h, cfg=cfg)
         return classify(part(params, name), h, cfg=cfg, dropout_rng=_rng(rng, name, cfg.dropout_rate))
 
     table = part(params, "token_embed").get("embedding")  # None: an image model (no vocabulary)

@@ -50,6 +50,9 @@ HEAD_MODULES: dict[str, HeadModule] = {m.name: m for m in (
     HeadModule("pooler", ("mlm", "classify", "none"), "pooler=True (BERT's dense + tanh)",
                per_row=True),
     HeadModule("nsp_head", ("mlm",), "nsp_head=True (next-sentence prediction)", per_row=True),
+    # ModernBERT: per row under head='classify', per token under 'token_classify' (counted so)
+    HeadModule("prediction_head", ("classify", "token_classify"),
+               "prediction_head=True (ModernBERT's dense + activation + norm)", per_row=False),
 )}
 
 HEAD_MODULE_NAMES: tuple[str, ...] = tuple(HEAD_MODULES)

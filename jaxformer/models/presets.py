@@ -16,6 +16,8 @@ ViT-B/16 86,567,656 and ViT-L/16 304,326,632 (224×224 images, class token, 1000
 pooler: HF ``ViTForImageClassification``; Dosovitskiy et al. 2021 Table 1 rounds them to 86M and
 307M — no layout we know of gives 307M for ViT-L: HF and timm count 304.3M; the backbone alone,
 without the classifier, is 85,798,656 and 303,301,632).
+ModernBERT-base 149,655,232 and -large 395,881,664 (with the MLM head; ours hold layer 0's unused
+attention norm besides, d_model more: `jaxformer.models.spec` keeps every layer's tree alike).
 
 The GPT-2 presets pad the vocabulary of 50,257 to 50,304 rows (``vocab_pad_multiple=128``, as
 Megatron does), so that tensor = 2 … 128 divides the vocabulary tables; the padding is masked, so
@@ -31,8 +33,8 @@ Each family initialises as its reference does (``init_scheme``, rules in
 at d_model^-1/2).
 
 ``<name>_bf16`` (gpt2_small … gpt2_xl, bert_base, bert_large, t5_base, t5_large, t5_3b,
-llama2_7b): the same model computing in bfloat16 with float32 parameters, for GPUs and TPUs, and
-without attention dropout so that the fused kernels can run it.
+llama2_7b, modernbert_base, modernbert_large): the same model computing in bfloat16 with float32
+parameters, for GPUs and TPUs, and without attention dropout so that the fused kernels can run it.
 
 Every preset states ``attention_impl="auto"``: the fastest implementation the platform it runs on
 (or is compiled for: ``jaxformer-compile --topology``) has for the model, resolved when the model
@@ -70,6 +72,16 @@ _LLAMA = dict(family="decoder", position="rope", norm="rms", norm_position="pre"
               activation="silu", gated_ffn=True, use_bias=False, tie_embeddings=False,
               rope_theta=10_000.0, dropout_rate=0.0, attention_dropout_rate=0.0,
               init_scheme="normal", init_std=0.02)
+# ModernBERT (Warner et al. 2024; HF ModernBertConfig): pre-LN without biases, GeGLU, RoPE with θ
+# 160,000 on the global layers (every third) and 10,000 on the local ones (window 128), layer 0
+# without its attention norm, the MLM head's dense + norm and its decoder bias; no dropout.
+_MODERNBERT = dict(family="encoder", position="rope", rope_theta=160_000.0, local_rope_theta=10_000.0,
+                   local_attention=128, global_attn_every_n_layers=3, first_attn_norm=False,
+                   norm="layer", norm_bias=False, norm_eps=1e-5, norm_position="pre",
+                   embedding_norm=True, activation="gelu", gated_ffn=True, use_bias=False,
+                   type_vocab_size=0, head="mlm", mlm_transform=True, lm_head_bias=True,
+                   pooling="first", dropout_rate=0.0, attention_dropout_rate=0.0,
+                   init_scheme="bert", init_std=0.02)
 _BF16 = dict(dtype="bfloat16", param_dtype="float32", attention_dropout_rate=0.0)
 _VASWANI = dict(family="encoder_decoder", position="sinusoidal", norm="layer", norm_position="post",
                 norm_eps=1e-6, activation="relu", use_bias=True, tie_embeddings=True,
@@ -129,6 +141,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                       num_layers=32, max_len=4096),
     "llama_tiny": dict(_LLAMA, vocab_size=512, d_model=64, num_heads=4, num_kv_heads=2, d_ff=192,
                        num_layers=2, max_len=128),
+    # ModernBERT-base / -large (HF ModernBertForMaskedLM): 149,655,232 and 395,881,664 with the MLM
+    # head (149M / 395M as published); ours store layer 0's unused attention norm too (+ d_model).
+    "modernbert_base": dict(_MODERNBERT, vocab_size=50368, d_model=768, num_heads=12, d_ff=1152,
+                            num_layers=22, max_len=8192),
+    "modernbert_large": dict(_MODERNBERT, vocab_size=50368, d_model=1024, num_heads=16, d_ff=2624,
+                             num_layers=28, max_len=8192),
+    "modernbert_tiny": dict(_MODERNBERT, vocab_size=512, d_model=64, num_heads=4, d_ff=128,
+                            num_layers=3, max_len=128, local_attention=16),
     "transformer_base": dict(_VASWANI, vocab_size=37000, d_model=512, num_heads=8, d_ff=2048,
                              num_layers=6, max_len=512),
     "transformer_tiny": dict(_VASWANI, vocab_size=512, d_model=64, num_heads=4, d_ff=256,
@@ -142,7 +162,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 PRESETS.update({f"{name}_bf16": dict(PRESETS[name], **_BF16)
                 for name in ("gpt2_small", "gpt2_medium", "gpt2_large", "gpt2_xl", "bert_base",
-                             "bert_large", "t5_base", "t5_large", "t5_3b", "llama2_7b")})
+                             "bert_large", "t5_base", "t5_large", "t5_3b", "llama2_7b",
+                             "modernbert_base", "modernbert_large")})
 # Mixture of experts (issue 62; jaxformer.ops.moe). Switch-Base-8 (Fedus et al. 2022; HF
 # google/switch-base-8): T5-base v1.0 with 8 top-1 experts in every other FFN of both stacks, router
 # jitter 0.01, α = 0.01 (the paper's), ST-MoE's z-loss 0.001. Mixtral 8x7B (Jiang et al. 2024; HF

@@ -297,12 +297,14 @@ def lm_head_spec(cfg: ModelConfig) -> dict:
 
 
 def mlm_head_spec(cfg: ModelConfig) -> dict:
-    """BERT's transform (dense + norm, with ``mlm_transform``) and the LM head as ``decoder``."""
+    """BERT's transform (dense + norm, with ``mlm_transform``; the dense biased with ``use_bias``)
+    and the LM head as ``decoder``."""
     spec = {}
     width, axis = embedding_width(cfg)
     if cfg.mlm_transform:  # ALBERT: d_model -> E, so that the tied E-wide table decodes
         axes = ("embed", "mlp" if cfg.embedding_size is None else axis)
-        spec = {"dense": head_dense_spec(cfg, width, axes, True), "norm": norm_spec(cfg, width, axis)}
+        spec = {"dense": head_dense_spec(cfg, width, axes, cfg.use_bias),
+                "norm": norm_spec(cfg, width, axis)}
     decoder = lm_head_spec(cfg)
     if cfg.embedding_size is not None and not cfg.tie_embeddings:  # decodes the E-wide transform
         decoder["kernel"] = _kernel(cfg, (width, cfg.padded_vocab_size), (axis, "vocab"), "head",
@@ -366,6 +368,9 @@ def model_spec(cfg: ModelConfig) -> dict:
         spec["pooler"] = head_dense_spec(cfg, cfg.d_model, ("embed", "mlp"), True)
     if cfg.nsp_head:
         spec["nsp_head"] = head_dense_spec(cfg, 2, classes, True)
+    if cfg.prediction_head:  # ModernBERT's dense + norm before the (token) classifier
+        spec["prediction_head"] = {"dense": head_dense_spec(cfg, cfg.d_model, ("embed", "mlp"),
+                                                            cfg.use_bias), "norm": norm_spec(cfg)}
     if cfg.head == "classify":
         spec["classifier"] = head_dense_spec(cfg, cfg.num_classes, classes, True)
     return {k: v for k, v in spec.items() if v}

@@ -91,6 +91,37 @@ def update_cache(cache: dict, k: Array, v: Array, valid: Array, index: Array) ->
             "valid": upd(cache["valid"], valid, 1)}
 
 
+def where(flag: bool | Array, on: Callable[[], Array], off: Callable[[], Array]) -> Array:
+    """``on()`` where ``flag`` else ``off()``: a Python bool computes one of them, a traced scalar
+    (a scanned stack's per-layer flag) both, selected elementwise."""
+    if isinstance(flag, bool):
+        return on() if flag else off()
+    return jnp.where(flag, on(), off())
+
+
+def layer_kind(cfg: ModelFields, layer_index: int | Array | None) -> tuple[bool | Array, bool | Array]:
+    """(local, bare) of layer ``layer_index`` (a Python int, or a traced scalar in a scanned
+    stack; None: a global layer with its norms). ``local``: ModernBERT's local attention, every
+    layer but each ``cfg.global_attn_every_n_layers``-th (Warner et al. 2024 §2.1.3); ``bare``:
+    layer 0 without its attention norm (``cfg.first_attn_norm`` False)."""
+    if layer_index is None:
+        return False, False
+    local = cfg.local_attention is not None and layer_index % cfg.global_attn_every_n_layers != 0
+    bare = not cfg.first_attn_norm and layer_index == 0
+    return (local if isinstance(local, bool) else jnp.asarray(local),
+            bare if isinstance(bare, bool) else jnp.asarray(bare))
+
+
+def rope(cfg: ModelFields, x_BxLxHxDh: Array, positions: Array, local: bool | Array = False) -> Array:
+    """RoPE at ``positions`` `[B, L]` with the global θ (``cfg.rope_theta``) or, where ``local``,
+    the local layers' (``cfg.local_rope_theta``, ModernBERT)."""
+    glob = lambda: apply_rope(x_BxLxHxDh, positions, theta=cfg.rope_theta, scaling=cfg.rope)
+    if local is False or cfg.local_rope_theta is None:
+        return glob()
+    return where(local, lambda: apply_rope(x_BxLxHxDh, positions, theta=cfg.local_rope_theta,
+                                           scaling=cfg.rope), glob)
+
+
 def attention_sublayer(
     params: dict,
     x: Array,
@@ -110,6 +141,7 @@ def attention_sublayer(
     dropout_rng: jax.Array | None = None,
     constrain: Constrain | None = None,
     kv_layout: str = "bskd",
+    local: bool | Array = False,
 ) -> tuple[Array, dict | None]:
     """Multi-head attention of `[B, L, D]` queries over ``kv_input`` `[B, S, D]` (self-attention when
     None).
@@ -119,7 +151,7 @@ def attention_sublayer(
     written at ``cache_index`` and attention runs over all cached slots.
     RoPE (``cfg.position == "rope"``) rotates queries and keys of self-attention by ``positions``;
     with ``kv_input`` and ``kv_positions`` `[B, S]` (XLNet's query stream over the content stream)
-    queries by ``positions`` and keys by ``kv_positions``.
+    queries by ``positions`` and keys by ``kv_positions``; ``local``: by the local layers' θ (`rope`).
 
     Returns:
       (`[B, L, D]`, updated cache or None).
@@ -134,9 +166,8 @@ def attention_sublayer(
     if cfg.position == "rope" and kv is None and (kv_input is None or kv_positions is not None):
         if positions is None:
             raise ValueError("RoPE attention needs positions")
-        q_BxLxHxDh = apply_rope(q_BxLxHxDh, positions, theta=cfg.rope_theta, scaling=cfg.rope)
-        k_BxSxKxDh = apply_rope(k_BxSxKxDh, positions if kv_input is None else kv_positions,
-                                theta=cfg.rope_theta, scaling=cfg.rope)
+        q_BxLxHxDh = rope(cfg, q_BxLxHxDh, positions, local)
+        k_BxSxKxDh = rope(cfg, k_BxSxKxDh, positions if kv_input is None else kv_positions, local)
     new_cache = None
     if cache is not None:
         valid_new = (jnp.ones(x.shape[:2], bool) if segment_ids is None else segment_ids != 0)
@@ -182,13 +213,15 @@ def _gradient_barrier_jvp(primals, tangents):
     return primals[0], lax.optimization_barrier(tangents[0])
 
 
-def _residual(cfg: ModelFields, norm_params: dict, x: Array, sublayer, rng) -> Array:
-    """Pre- or post-LN residual wrapper around ``sublayer`` (a function of the normalised input);
-    the gradient of ``x`` is materialised (`gradient_barrier`)."""
+def _residual(cfg: ModelFields, norm_params: dict, x: Array, sublayer, rng,
+              bare: bool | Array = False) -> Array:
+    """Pre- or post-LN residual wrapper around ``sublayer`` (a function of the normalised input;
+    pre-LN and ``bare``: of the input as is, ModernBERT's layer 0); the gradient of ``x`` is
+    materialised (`gradient_barrier`)."""
     norm = lambda h: normalize(cfg.norm, h, norm_params, eps=cfg.norm_eps)
     x = gradient_barrier(x)
     if cfg.norm_position == "pre":
-        return x + dropout(sublayer(norm(x)), cfg.dropout_rate, rng)
+        return x + dropout(sublayer(where(bare, lambda: x, lambda: norm(x))), cfg.dropout_rate, rng)
     return norm(x + dropout(sublayer(x), cfg.dropout_rate, rng))
 
 
@@ -233,6 +266,8 @@ def transformer_block(
     cache_index: Array | None = None,
     dropout_rng: jax.Array | None = None,
     constrain: Constrain | None = None,
+    layer_index: int | Array | None = None,
+    local_mask: Array | None = None,
 ) -> tuple[Array, dict | None]:
     """One block on `[B, L, D]` inputs. Cross-attention runs when ``params`` has ``cross_attn``.
 
@@ -247,6 +282,11 @@ def transformer_block(
       cache, cache_index: self-attention decoding cache (see module docstring).
       dropout_rng: enables dropout when given.
       constrain: sharding hook ``constrain(x, logical_names)`` (see the module docstring).
+      layer_index: the block's layer in its stack (an int, or a traced scalar when scanned), which
+        decides ModernBERT's local / global attention and layer 0's missing norm (`layer_kind`);
+        None: a global layer with its norms.
+      local_mask: `[B, 1, L, L]` bool, the local layers' window (`jaxformer.ops.masks.
+        local_window_mask`), ANDed into their self-attention mask.
 
     Returns:
       (`[B, L, D]`, ``{"self": cache, "cross": (k, v)}`` when decoding, else None, the MoE FFN's
@@ -254,16 +294,22 @@ def transformer_block(
     """
     rngs = list(jax.random.split(dropout_rng, 6)) if dropout_rng is not None else [None] * 6
     new_cache = None
+    local, bare = layer_kind(cfg, layer_index)
+    if local is not False:
+        if local_mask is None:
+            raise ValueError("a local-attention layer needs local_mask (ops.masks.local_window_mask)")
+        mask = combine_masks(mask, local_mask if local is True else local_mask | ~local)
 
     def self_attn(h):
         nonlocal new_cache
         out, new_cache = attention_sublayer(
             params["self_attn"], h, cfg=cfg, positions=positions, mask=mask, bias=bias,
             causal=causal, segment_ids=segment_ids, kv_segment_ids=segment_ids,
-            cache=cache, cache_index=cache_index, dropout_rng=rngs[0], constrain=constrain)
+            cache=cache, cache_index=cache_index, dropout_rng=rngs[0], constrain=constrain,
+            local=local)
         return out
 
-    x = _residual(cfg, params["self_attn_norm"], x, self_attn, rngs[1])
+    x = _residual(cfg, params["self_attn_norm"], x, self_attn, rngs[1], bare)
     cross_out_kv = None
     if "cross_attn" in params:
         if cross_kv is None:

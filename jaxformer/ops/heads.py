@@ -9,7 +9,8 @@
   for a loss that never forms the `[B, L, V]` logits (`jaxformer.ops.losses.blockwise_cross_entropy`).
 * `pool` / `pooled`: one `[B, D]` vector per sequence, BERT's dense+tanh pooler (DistilBERT's
   dense+relu) optional.
-* `classify`: dropout → dense, for sequence, token and next-sentence classification.
+* `classify`: dropout → dense, for sequence, token and next-sentence classification;
+  ModernBERT's `transform` comes first there too (``cfg.prediction_head``, applied by the model).
 * `span_logits`: extractive QA's start/end logits (BERT on SQuAD, Devlin et al. 2019 §4.2).
 """
 
@@ -96,11 +97,15 @@ def mlm_head_inputs(params: dict, x: Array, table: Array, *, cfg: ModelFields) -
 
 
 def _mlm_transform(params: dict, x: Array, cfg: ModelFields) -> Array:
-    """BERT's dense → activation → norm (when ``cfg.mlm_transform``): `[B, L, D]` → `[B, L, D]`."""
-    if cfg.mlm_transform:
-        x = get_activation(cfg.activation)(dense(params["dense"], x))
-        x = normalize(cfg.norm, x, params["norm"], eps=cfg.norm_eps)
-    return x
+    """BERT's `transform` (when ``cfg.mlm_transform``): `[B, L, D]` → `[B, L, D]`."""
+    return transform(params, x, cfg=cfg) if cfg.mlm_transform else x
+
+
+def transform(params: dict, x: Array, *, cfg: ModelFields) -> Array:
+    """dense → activation → norm on `[..., D]`: BERT's MLM transform, ModernBERT's prediction head
+    (its MLM head's, and before its classifiers)."""
+    x = get_activation(cfg.activation)(dense(params["dense"], x))
+    return normalize(cfg.norm, x, params["norm"], eps=cfg.norm_eps)
 
 
 def pool(x: Array, segment_ids: Array | None, how: str) -> Array:

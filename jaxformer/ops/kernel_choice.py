@@ -24,11 +24,16 @@ SPLASH_LANES = 128  # TPU lane width: splash blocks and padded lengths are multi
 
 
 def unsupported(impl: str, *, dtype: str, head_dim: int, relative_bias: bool,
-                attention_dropout_rate: float, chunk_size: int) -> tuple[str, str] | None:
-    """(field, why) of the first model setting ``impl`` cannot compute, or None."""
+                attention_dropout_rate: float, chunk_size: int, local_window: bool = False
+                ) -> tuple[str, str] | None:
+    """(field, why) of the first model setting ``impl`` cannot compute, or None. ``local_window``:
+    ModernBERT's local layers, whose window is a dense mask no kernel here takes."""
     if impl not in KERNELS:
         return None
     name = f"attention_impl={impl!r}"
+    if local_window:
+        return "local_attention", (f"{name} takes no dense mask, which the local layers' window is; "
+                                   "use 'xla' or 'chunked' (or 'auto')")
     if relative_bias and impl not in BIAS_KERNELS:
         return "position", (f"{name} cannot add T5's learned relative-position bias (it has no bias "
                             f"operand); use 'xla', 'chunked' or one of {BIAS_KERNELS}")
@@ -106,14 +111,15 @@ BIDIRECTIONAL_FIRST = {"tpu": "flash"}
 
 def fastest_attention(*, dtype: str, head_dim: int, relative_bias: bool, causal: bool,
                       attention_dropout_rate: float, chunk_size: int, platform: str | None = None,
-                      version: str | None = None) -> str:
+                      version: str | None = None, local_window: bool = False) -> str:
     """``model.attention_impl="auto"``: the fastest implementation the platform (``platform``, else
     the `target_platform` in context, else jax's backend) runs for a model with these settings
     (`unsupported`'s): the first of its `FASTEST` kernels that accepts them (`BIDIRECTIONAL_FIRST`
     first when the model is not ``causal``), else "xla"."""
     target = _platform(platform, version)
     settings = dict(dtype=dtype, head_dim=head_dim, relative_bias=relative_bias,
-                    attention_dropout_rate=attention_dropout_rate, chunk_size=chunk_size)
+                    attention_dropout_rate=attention_dropout_rate, chunk_size=chunk_size,
+                    local_window=local_window)
     order = FASTEST.get(target, ())
     if not causal and target in BIDIRECTIONAL_FIRST:
         first = BIDIRECTIONAL_FIRST[target]

@@ -65,6 +65,16 @@ def sliding_window_mask(q_positions: Array, kv_positions: Array, window: int) ->
     return q_positions[:, None, :, None] - kv_positions[:, None, None, :] < window
 
 
+def local_window_mask(q_positions: Array, kv_positions: Array, window: int) -> Array:
+    """ModernBERT's local attention (Warner et al. 2024 §2.1.3; HF's bidirectional sliding window):
+    a query at position ``p`` sees the keys at positions within ``window // 2`` of it, either side
+    (``|p - q| <= window // 2``: ``window + 1`` keys for an even window). Positions, not indices, so
+    packed rows (positions restarting per segment) see the same windows as the rows unpacked.
+    `[batch, q_len]`, `[batch, kv_len]` → `[batch, 1, q_len, kv_len]` bool."""
+    distance = q_positions[:, None, :, None] - kv_positions[:, None, None, :]
+    return jnp.abs(distance) <= window // 2
+
+
 def padding_mask(q_valid: Array, kv_valid: Array | None = None) -> Array:
     """Mask from per-token validity: `[batch, q_len]`, `[batch, kv_len]` bool → `[batch, 1, q, kv]`.
 

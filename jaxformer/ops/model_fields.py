@@ -35,6 +35,11 @@ class ModelFields(Protocol):
     position_offset: int
     rope_theta: float
     rope: RopeScaling | None
+    # ModernBERT's alternating global / local layers
+    local_attention: int | None
+    global_attn_every_n_layers: int
+    local_rope_theta: float | None
+    first_attn_norm: bool
     # embeddings and heads
     embedding_norm: bool
     scale_embeddings: bool

@@ -85,7 +85,8 @@ def run_stack(params: dict, x: Array, *, cfg: ModelFields, num_layers: int, caus
       router_stats: return (that output, the mean `jaxformer.ops.moe.RouterStats` of the stack's
         MoE layers, None without any).
       inputs: `transformer_block` arrays shared by the layers (``positions``, ``segment_ids``,
-        ``bias``, ``encoder_out``, ``encoder_segment_ids``; None when absent). They are explicit
+        ``bias``, ``encoder_out``, ``encoder_segment_ids``, ``local_mask``; None when absent).
+        Each block gets its ``layer_index`` (a traced scalar when scanned). They are explicit
         arguments of the rematerialised block, so the block compiles once per stack.
     """
     shared = params.get("shared")
@@ -93,14 +94,14 @@ def run_stack(params: dict, x: Array, *, cfg: ModelFields, num_layers: int, caus
     if cache is not None and shared is not None:
         raise ValueError("model.share_layers=True stacks do not decode (encoder family only)")
 
-    def block(p, h, rng, c, index, shared):
+    def block(p, h, rng, c, index, shared, layer):
         kwargs = {}
         if c is not None:
             kwargs = dict(cache=c["self"], cache_index=index)
             if "cross" in c and shared.get("encoder_out") is None:  # later steps: cached k/v
                 kwargs["cross_kv"] = c["cross"]
         h, new, stats = stack_block(p, h, cfg=cfg, causal=causal, dropout_rng=rng,
-                                    constrain=constrain, **shared, **kwargs)
+                                    constrain=constrain, layer_index=layer, **shared, **kwargs)
         return h, None if c is None else {k: new[k] for k in c}, stats
 
     if cfg.remat_policy != "none":
@@ -108,21 +109,25 @@ def run_stack(params: dict, x: Array, *, cfg: ModelFields, num_layers: int, caus
                                prevent_cse=not scanned)
     rngs = None if dropout_rng is None else jax.random.split(dropout_rng, num_layers)
     done = lambda out, stats: (out, mean_stats(stats)) if router_stats else out  # noqa: E731
+    # a scanned block's `layer_index`, where a layer's kind depends on it (other programs unchanged)
+    per_layer = cfg.local_attention is not None or not cfg.first_attn_norm
+    layers = jnp.arange(num_layers, dtype=jnp.int32) if per_layer else None
     if scanned and shared is not None:
-        def shared_body(h, rng):
-            h, _, stats = block(shared, h, rng, None, None, inputs)
+        def shared_body(h, xs):
+            h, _, stats = block(shared, h, xs[0], None, None, inputs, xs[1])
             return h, stats
 
-        x, stats = lax.scan(shared_body, x, rngs, length=num_layers)
+        x, stats = lax.scan(shared_body, x, (rngs, layers), length=num_layers)
         return done(x, [] if stats is None else [jax.tree.map(lambda a: a.mean(0), stats)])
     if scanned:
         def body(h, prc):
-            h, new, stats = block(prc[0], h, prc[1], prc[2], cache_index, inputs)
+            h, new, stats = block(prc[0], h, prc[1], prc[2], cache_index, inputs, prc[3])
             return h, (new, stats)
 
         with jax.named_scope("layers"):
             x, (new_cache, stats) = lax.scan(body, x, (params["layers"], rngs,
-                                                       None if cache is None else cache["layers"]))
+                                                       None if cache is None else cache["layers"],
+                                                       layers))
         stats = [] if stats is None else [jax.tree.map(lambda a: a.mean(0), stats)]
         return done(x if cache is None else (x, {"layers": new_cache}), stats)
     new_cache, stats = {}, []
@@ -132,7 +137,7 @@ def run_stack(params: dict, x: Array, *, cfg: ModelFields, num_layers: int, caus
         with jax.named_scope(name):
             x, new_cache[name], layer_stats = block(
                 p, x, None if rngs is None else rngs[i], None if cache is None else cache[name],
-                cache_index, inputs)
+                cache_index, inputs, i if per_layer else None)
         stats += [] if layer_stats is None else [layer_stats]
     return done(x if cache is None else (x, new_cache), stats)
 
