@@ -154,7 +154,7 @@ def test_processes_write_the_same_shards(made, tmp_path):
     text, _, tok, manifest = made
     two = write_token_shards(text, tok, tmp_path, ["train"], num_shards=3, processes=2)
     assert two["splits"]["train"] == manifest["splits"]["train"]
-    one_dir = Path(get_source(made[1], "train").base.paths[0]).parent
+    one_dir = Path(get_source(made[1], "train").base.files[0]).parent
     for s in two["splits"]["train"]["shards"]:
         assert (tmp_path / s["file"]).read_bytes() == (one_dir / s["file"]).read_bytes()
 

@@ -59,6 +59,7 @@ class _RowsIterator(grain.DatasetIterator):
         self.after = (0, 0)  # (example, piece) that begins the next buffer
         self.block: tuple[int, list] = (0, [])  # examples read ahead: (first index, examples)
         self.framed: tuple[int, list] = (-1, [])  # the last example framed: (index, its pieces)
+        self.arange = np.arange(spec.seq_len, dtype=np.int32)
 
     def _example(self, i: int) -> dict | None:
         first, got = self.block
@@ -104,15 +105,12 @@ class _RowsIterator(grain.DatasetIterator):
 
     def _row(self, pieces: list[np.ndarray]) -> dict:
         L = self.spec.seq_len
-        lengths = [len(p) for p in pieces]
-        used = sum(lengths)
         inputs = np.full(L, self.spec.pad_id, np.int32)
-        inputs[:used] = np.concatenate(pieces)
-        seg = np.zeros(L, np.int32)
-        seg[:used] = np.repeat(np.arange(1, len(pieces) + 1, dtype=np.int32), lengths)
-        pos = np.zeros(L, np.int32)
-        pos[:used] = np.arange(used, dtype=np.int32) - np.repeat(
-            np.cumsum([0, *lengths[:-1]]).astype(np.int32), lengths)
+        seg, pos, at = np.zeros(L, np.int32), np.zeros(L, np.int32), 0
+        for k, piece in enumerate(pieces, 1):
+            n = len(piece)
+            inputs[at:at + n], seg[at:at + n], pos[at:at + n] = piece, k, self.arange[:n]
+            at += n
         return {"inputs": inputs, "inputs_segment_ids": seg, "inputs_positions": pos}
 
     def __next__(self) -> dict:
