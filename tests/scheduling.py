@@ -75,8 +75,11 @@ MULTI_DEVICE_FILES = frozenset({
 
 # Files where only a few tests need the devices (no module-scoped fixture of theirs is shared with
 # the others): those tests are a work unit of their own on ``gw0``, and the rest of the file runs
-# on either worker. On 2 cores, a file's one-device tests cost ~X% more CPU on 8 simulated
-# devices (tests/test_decode.py: see `work_unit`).
+# on either worker, so ``gw0`` is not tied to ~300 s of work that needs no devices. What a test
+# saves on one device depends on what it runs (loaded 2-core machine, 2026-11-28, CPU seconds):
+# generation on unsharded params nothing (tests/test_decode.py, 32 tests: 137 s on one device,
+# 136 s on 8); a Trainer, whose mesh spans every device, ~12% (init + one step of
+# gpt_pretrain_tiny: 6.7-7.7 s on one device, 7.4-8.8 s on 8).
 MULTI_DEVICE_TESTS = {
     "test_albert.py": ("test_sharded_on_an_fsdp_tensor_mesh_equals_unsharded",),
     "test_decode.py": ("test_generate_on_sharded_params_matches_unsharded",),
