@@ -11,8 +11,9 @@ demo run, the pretrained workdirs) is built once. Two things make that quick on 
   costs 8 dispatches of every op and an SPMD-partitioned compile, and 2 cores run them no faster:
   the single-device files run ~20% quicker on one device (tests/test_qa.py: 48–54 s vs 64 s,
   loaded machine). Files in `MULTI_DEVICE_FILES` (meshes, sharding, pmap, multi-device
-  equalities) only ever go to ``gw0``; ``gw0`` takes them first, so the one-device worker is not
-  left waiting for them at the end.
+  equalities), and the tests in `MULTI_DEVICE_TESTS` (a work unit of their own, apart from the rest
+  of their file: `work_unit`), only ever go to ``gw0``; ``gw0`` takes them first, so the one-device
+  worker is not left waiting for them at the end.
 """
 
 from __future__ import annotations

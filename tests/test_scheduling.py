@@ -1,4 +1,4 @@
-"""`make test`'s device split (tests/scheduling.py): which files need 8 simulated devices, which
+"""`make test`'s device split (tests/scheduling.py): which files (or which of their tests) need 8
 worker takes which file, and how many devices each pytest process gets."""
 
 from __future__ import annotations
