@@ -1,5 +1,5 @@
 """`make test`'s device split (tests/scheduling.py): which files (or which of their tests) need 8
-worker takes which file, and how many devices each pytest process gets."""
+simulated devices, which worker takes which work unit, and how many devices each pytest process gets."""
 
 from __future__ import annotations
 
