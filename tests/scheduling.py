@@ -133,14 +133,15 @@ def needs_many_devices(scope: str) -> bool:
     return scope.endswith(MANY_DEVICES_UNIT) or os.path.basename(scope) in MULTI_DEVICE_FILES
 
 
-def next_scope(scopes, many_devices: bool) -> str | None:
+def next_scope(scopes, many_devices: bool, one_device_workers: int = 1) -> str | None:
     """The work unit a worker takes next from the queue's ``scopes`` (longest first): the
-    many-device worker its first multi-device file if one is left, else the first file; a
-    one-device worker the first file it can run, or None (it waits)."""
+    many-device worker its first multi-device unit if one is left, else the first unit (only
+    while it is the one-device worker's sole helper: beside 2 or more, it takes nothing else); a
+    one-device worker the first unit it can run, or None (it waits)."""
     fits = [s for s in scopes if needs_many_devices(s) == many_devices]
     if fits:
         return fits[0]
-    return next(iter(scopes), None) if many_devices else None
+    return next(iter(scopes), None) if many_devices and one_device_workers < 2 else None
 
 
 def make_device_split_scheduler(config, log):
@@ -155,7 +156,8 @@ def make_device_split_scheduler(config, log):
         def _assign_work_unit(self, node) -> None:
             # xdist shuts every worker down once the queue is empty and all assigned work is
             # done, so a one-device worker left with nothing it can run just waits until then.
-            scope = next_scope(list(self.workqueue), node.gateway.id == MANY_DEVICE_WORKER)
+            scope = next_scope(list(self.workqueue), node.gateway.id == MANY_DEVICE_WORKER,
+                               one_device_workers=len(self.nodes) - 1)
             if scope is None:
                 return
             self.workqueue.move_to_end(scope, last=False)

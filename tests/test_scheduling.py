@@ -96,6 +96,9 @@ def test_next_scope_sends_multi_device_files_to_the_many_device_worker_first():
     assert next_scope(queue, many_devices=False) == one
     assert next_scope([f"tests/{m}" for m in many], many_devices=False) is None  # it waits
     assert next_scope([one], many_devices=True) == one  # then takes anything
+    # beside two one-device workers (`pytest -n 3`), it runs only what needs its devices
+    assert next_scope(queue, many_devices=True, one_device_workers=2) == f"tests/{many[0]}"
+    assert next_scope([one], many_devices=True, one_device_workers=2) is None
     assert next_scope([], many_devices=True) is None
 
 
