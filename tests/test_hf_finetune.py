@@ -271,7 +271,10 @@ def roberta_mlm(tmp_path_factory):
     run = tmp / "run"
     Trainer(load_config(ROOT / "configs" / "bert_pretrain_tiny.py", {
         **TINY, "init_from": hf_dir, "data.source": f"files:{tmp}/text_{{split}}.txt",
-        "objective.whole_word_mask": True, "objective.mask_rate": 0.15}), run).run()
+        "objective.whole_word_mask": True, "objective.mask_rate": 0.15,
+        # no evaluation: nothing here reads it, and an MLM run's eval through the Trainer is
+        # tests/test_train.py's (test_pretraining_lowers_loss_and_checkpoints[bert])
+        "eval.num_batches": 0}), run).run()
     assert convert_main(["--from", str(run), "--to-hf", str(tmp / "export")]) == 0
     return tmp, load_run(run)
 
