@@ -360,10 +360,6 @@ def _fusion_bytes(fused: list, operand_types: list[str], result_type: str, hbm_o
         for o in f[3]:
             users.setdefault(o, []).append(f)
     root = next((f for f in fused if f[4].lstrip().startswith("ROOT")), fused[-1] if fused else None)
-    in_place = {root[3][0]} if root and root[2] == "dynamic-update-slice" else set()
-    if root and root[2] == "tuple":
-        in_place = {by_name[o][3][0] for o in root[3]
-                    if o in by_name and by_name[o][2] == "dynamic-update-slice"}
     read = 0
     for index, type_text in enumerate(operand_types):
         leaves = [b for b, space in _leaves(type_text) if not hbm_only or space == 0]
@@ -376,7 +372,7 @@ def _fusion_bytes(fused: list, operand_types: list[str], result_type: str, hbm_o
             if first and user[2] in ("slice", "dynamic-slice") or (
                     hbm_only and first and user[2] == "gather"):
                 part += sum(b for b, _ in _leaves(user[1]))
-            elif first and user[2] == "dynamic-update-slice" and name in in_place | {name}:
+            elif first and user[2] == "dynamic-update-slice":  # updated in place
                 continue
             else:
                 whole = True
