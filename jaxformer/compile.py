@@ -421,6 +421,7 @@ def hbm_bytes(hlo_text: str) -> dict:
             if opcode in _FREE:
                 continue
             operand_types = [types.get(o, "") for o in operands]
+            type_text = _unaliased(type_text, line)
             if opcode == "fusion" and (callee := re.search(r"\bcalls=%?([\w.\-]+)", line)) \
                     and callee.group(1) in parsed:
                 fused = parsed[callee.group(1)]
@@ -441,6 +442,21 @@ def hbm_bytes(hlo_text: str) -> dict:
     return {"xla_rule": xla, "hbm": hbm,
             "by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
             "top": [{"name": n, "opcode": o, "bytes": b, "op_name": m} for b, n, o, m in rows[:20]]}
+
+
+def _unaliased(type_text: str, line: str) -> str:
+    """An instruction's result type without the outputs it aliases to its operands
+    (``output_to_operand_aliasing={{2}: (0, {}), …}``: updated in place, or a buffer passed
+    through, as TPU's asynchronous-collective fusions pass their gather buffers): no bytes of
+    their own are written."""
+    aliasing = re.search(r"output_to_operand_aliasing=\{(.*?\))\}", line)
+    if not aliasing:
+        return type_text
+    aliased = {int(i) for i in re.findall(r"\{(\d+)\}:\s*\(", aliasing.group(1))}
+    if re.search(r"\{\}:\s*\(", aliasing.group(1)):
+        return "()"
+    parts = _top_level(type_text)
+    return "(" + ", ".join(p for i, p in enumerate(parts) if i not in aliased) + ")"
 
 
 def _instruction_bytes(opcode: str, type_text: str, operand_types: list[str]) -> tuple[int, int]:
