@@ -401,6 +401,10 @@ def hbm_bytes(hlo_text: str) -> dict:
       all, a gather's table as the rows it takes, and a while body as often as it runs
       (`_executions`).
 
+    Sizes are the layouts' tile-padded sizes (`_leaves`); an output aliased to an operand writes
+    nothing (`_unaliased`); a Pallas kernel is charged the ``bytes_accessed`` its cost estimate
+    declares (HBM: in the proportion of its operand and result bytes that are in HBM). Both counts
+    charge a fusion each operand once; a fusion that re-reads an operand's windows moves more.
     Also ``"by_kind"`` (HBM bytes per opcode) and ``"top"`` (the 20 instructions with the most
     HBM bytes: name, opcode, bytes, ``op_name`` metadata)."""
     computations = _computations(hlo_text)
