@@ -19,22 +19,24 @@ sequences per chip (global batch = rows × chips) of the preset's length (1,024 
 BERT and T5, T5's targets 512 too). ``model.scan_layers=True`` (one compiled layer: minutes per
 compile, not tens) and no remat.
 
-Caveats: compile-only — HBM is XLA's buffer assignment for that chip, and the MFU is the
-roofline's upper bound (`jaxformer.compile.roofline`: model FLOPs at peak vs bytes accessed at HBM
-bandwidth vs collective bytes at ICI bandwidth), not a measured MFU. With scanned layers XLA's
-cost analysis counts the loop body once, so the HBM term undercounts the layers' bytes (the
-compute term uses the model-FLOPs formula and is exact). Results are appended to the JSON file
-cell by cell, and cells already there are skipped, so an interrupted run resumes; the markdown
-table is rewritten from the JSON after each cell. ``--unrolled gpt2_medium_bf16@v5p:2x2x1`` gives
-the roofline with every layer's bytes (`unrolled_roofline`: two small compiles);
-``--rooflines v5p`` runs it for every preset on its smallest fitting v5p slice of the JSON and adds
-the table's MFU column (``--rerun`` recomputes those already in the JSON, e.g. after a change to
-the model or its kernels: ``python bench/fits.py --rooflines v5p --rerun`` regenerates the column
-for every preset, with ``--presets bert_base_bf16,bert_large_bf16`` for some; 2 compiles a
-preset, 10–40 min each on the shared 2-core host): v5p's bound from those compiles, v5e's and
-v6e's from the same bytes and model FLOPs per chip at their own peak and HBM bandwidth (the cells
-hold the same 4 sequences per chip; derived, not compiled: marked ≈), none for GPUs (their
-compile-only programs report no bytes accessed).
+Caveats: compile-only — HBM is XLA's buffer assignment for that chip, and the MFU is the roofline's
+upper bound (`jaxformer.compile.roofline`: model FLOPs at peak vs bytes accessed at HBM bandwidth vs
+collective bytes at ICI bandwidth), not a measured MFU. Two byte counts are given: XLA's "bytes
+accessed" (every memory space; a prefetch into VMEM charged 4 times its bytes and its reader once
+more) and, in brackets, the HBM-only count of the same program (`jaxformer.compile.hbm_bytes`); the
+truth lies between them until a TPU measures it. With scanned layers XLA's cost analysis counts the
+loop body once, so the HBM term undercounts the layers' bytes (the compute term uses the model-FLOPs
+formula and is exact). Results are appended to the JSON file cell by cell, and cells already there
+are skipped, so an interrupted run resumes; the markdown table is rewritten from the JSON after each
+cell. ``--unrolled gpt2_medium_bf16@v5p:2x2x1`` gives the roofline with every layer's bytes
+(`unrolled_roofline`: two small compiles); ``--rooflines v5p`` runs it for every preset on its
+smallest fitting v5p slice of the JSON and adds the table's MFU column (``--rerun`` recomputes those
+already in the JSON, e.g. after a change to the model or its kernels: ``python bench/fits.py
+--rooflines v5p --rerun`` regenerates the column for every preset, with ``--presets
+bert_base_bf16,bert_large_bf16`` for some; 2 compiles a preset, 10–40 min each on the shared 2-core
+host): v5p's bound from those compiles, v5e's and v6e's from the same bytes and model FLOPs per chip
+at their own peak and HBM bandwidth (the cells hold the same 4 sequences per chip; derived, not
+compiled: marked ≈), none for GPUs (their compile-only programs report no bytes accessed).
 """
 
 from __future__ import annotations
@@ -157,15 +159,21 @@ def unrolled_roofline(name: str, topology: str, overrides: tuple[str, ...] = ())
         if "bytes" not in r["xla"]:
             raise SystemExit(f"--unrolled {name}@{topology}: the {topo.chip.name} compiler reports "
                              "no bytes accessed (GPU compile-only programs have no cost analysis)")
-        out.append((r["xla"]["bytes"], r["model_flops_per_step"] / topo.num_chips))
+        out.append((r["xla"]["bytes"], r["hbm_traffic"]["hbm"],
+                    r["model_flops_per_step"] / topo.num_chips))
     layers = cell_config(name, 1).model.num_layers
-    (b1, f1), (b2, f2) = out
+    (b1, h1, f1), (b2, h2, f2) = out
     total, flops = b1 + (layers - 1) * (b2 - b1), f1 + (layers - 1) * (f2 - f1)
+    hbm_only = h1 + (layers - 1) * (h2 - h1)
     compute_s, hbm_s = flops / topo.chip.bf16_flops, total / topo.chip.hbm_bytes_per_s
+    hbm_only_s = hbm_only / topo.chip.hbm_bytes_per_s
     return {"preset": name, "topology": topology, "overrides": list(overrides),
             "model_flops_per_chip": flops, "bytes_per_layer": b2 - b1,
             "bytes_outside_layers": b1 - (b2 - b1), "bytes": total, "compute_s": compute_s,
-            "hbm_s": hbm_s, "mfu_bound": compute_s / max(compute_s, hbm_s)}
+            "hbm_s": hbm_s, "mfu_bound": compute_s / max(compute_s, hbm_s),
+            "hbm_only_bytes_per_layer": h2 - h1, "hbm_only_bytes_outside_layers": h1 - (h2 - h1),
+            "hbm_only_bytes": hbm_only, "hbm_only_s": hbm_only_s,
+            "mfu_bound_hbm_only": compute_s / max(compute_s, hbm_only_s)}
 
 
 def _parameters(name: str) -> int:
@@ -209,7 +217,9 @@ def mfu_bounds(mine: list[dict]) -> list[str]:
     """One preset's MFU bounds on v5e, v5p and v6e: v5p's from its unrolled compiles (``unrolled``
     of its fitting v5p cell), the others from the same bytes per chip at their own peak FLOP/s
     and HBM bandwidth (≈: derived; not for a rematerialised cell, whose step moves other bytes),
-    each with the model FLOPs per chip of the unrolled compiles (the fitting cell's in older JSON)."""
+    each with the model FLOPs per chip of the unrolled compiles (the fitting cell's in older JSON).
+    Each is XLA's bytes accessed, then in brackets the same with HBM-only bytes
+    (`jaxformer.compile.hbm_bytes`: VMEM buffers and prefetch copies counted as HBM moves them)."""
     from jaxformer.parallel.topology import CHIPS
 
     measured = next((x["unrolled"] for x in mine if "unrolled" in x), None)
@@ -220,8 +230,11 @@ def mfu_bounds(mine: list[dict]) -> list[str]:
             out.append("–")
             continue
         cell = min(fit, key=lambda x: x["chips"])
+        only = measured.get("hbm_only_bytes")  # older JSON: XLA's bytes alone
         if "unrolled" in cell:
-            out.append(f"{cell['unrolled']['mfu_bound']:.0%}")
+            u = cell["unrolled"]
+            out.append(f"{u['mfu_bound']:.0%}" + (f" (HBM only {u['mfu_bound_hbm_only']:.0%})"
+                                                  if "mfu_bound_hbm_only" in u else ""))
             continue
         if cell.get("overrides"):  # rematerialised: other bytes than v5p's step; not derived
             out.append("–")
@@ -229,7 +242,9 @@ def mfu_bounds(mine: list[dict]) -> list[str]:
         spec = CHIPS[chip]
         flops = measured.get("model_flops_per_chip", cell["model_flops_per_chip"])  # older JSON
         compute = flops / spec.bf16_flops
-        out.append(f"≈{compute / max(compute, measured['bytes'] / spec.hbm_bytes_per_s):.0%}")
+        bound = [f"≈{compute / max(compute, moved / spec.hbm_bytes_per_s):.0%}"
+                 for moved in (measured["bytes"], only) if moved]
+        out.append(bound[0] + (f" (HBM only {bound[1]})" if only else ""))
     return out
 
 

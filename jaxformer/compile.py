@@ -284,16 +284,228 @@ def _fused_reduce_scatters(computations: dict[str, str]) -> tuple[dict[str, str]
     return {k: v for k, v in computations.items() if k not in inner}, inner
 
 
+# ---- Bytes by memory space -------------------------------------------------------------------
+# XLA's "bytes accessed" (`HloCostAnalysis`, which libtpu's figure follows) charges every top-level
+# instruction its operands' and results' bytes whatever memory they live in: an asynchronous copy
+# of S bytes from HBM (memory space 0) to VMEM (``S(1)`` in the layout) costs 4·S (copy-start: its
+# operand and its (destination, source) result; copy-done: its result), and the fusion that reads
+# the VMEM buffer S more — 5·S for S bytes that cross HBM once. `hbm_bytes` counts HBM alone.
+_LEAF = re.compile(r"\b([a-z]+\d*(?:e\dm\d(?:fn)?)?)\[([\d,]*)\](?:\{([^{}]*)\})?")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
+# Top-level instructions that move no array bytes of their own (a while's or call's body is
+# counted as its own computation).
+_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
+         "partition-id", "replica-id", "opt-barrier", "while", "call", "conditional",
+         "add-dependency", "domain", "call-start", "call-update", "call-done", "async-start",
+         "async-update", "async-done"}
+# Instructions whose computations run as top-level programs (not fused, not a reducer).
+_RUNS_CALLEES = {"while", "conditional", "call", "call-start", "async-start"}
+
+
+def _leaves(type_text: str) -> list[tuple[int, int]]:
+    """``(bytes, memory space)`` of each array of an HLO type, the bytes as the layout stores
+    them: the dimensions padded to the layout's first tile (``{1,0:T(8,128)(2,1)}`` pads the two
+    most-minor dimensions to multiples of 8 and 128, as libtpu's cost analysis sizes them); the
+    memory space is the layout's ``S(n)``, 0 (HBM) when it names none."""
+    out = []
+    for dtype, dims, layout in _LEAF.findall(type_text):
+        if dtype not in _DTYPE_BYTES:
+            continue
+        shape = [int(d) for d in dims.split(",") if d]
+        order, _, tiling = (layout or "").partition(":")
+        minor_to_major = [int(d) for d in order.split(",") if d] or list(range(len(shape)))[::-1]
+        padded = [shape[d] for d in reversed(minor_to_major)]  # major to minor
+        tile = re.match(r"T\(([\d,]+)\)", tiling)
+        if tile:
+            sizes = [int(t) for t in tile.group(1).split(",")]
+            padded = [1] * max(0, len(sizes) - len(padded)) + padded
+            for i, t in enumerate(sizes[::-1]):
+                padded[-1 - i] = -(-padded[-1 - i] // t) * t
+        space = re.search(r"S\((\d+)\)", tiling)
+        out.append((_DTYPE_BYTES[dtype] * math.prod(padded), int(space.group(1)) if space else 0))
+    return out
+
+
+def _operands(rest: str) -> list[str]:
+    """Names of an instruction's operands: the ``%names`` inside its balanced opcode parentheses
+    (``rest`` is the line after ``opcode(``)."""
+    depth = 1
+    for i, ch in enumerate(rest):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0:
+            return re.findall(r"%([\w.\-]+)", rest[:i])
+    return re.findall(r"%([\w.\-]+)", rest)
+
+
+def _parse(text: str) -> list[tuple[str, str, str, list[str], str]]:
+    """``(name, type, opcode, operands, line)`` of each instruction of a computation's text."""
+    out = []
+    for line in text.splitlines():
+        m = _INSTRUCTION.match(line)
+        if m:
+            out.append((m.group(1), m.group(2), m.group(3), _operands(m.group(4)), line))
+    return out
+
+
+def _fusion_bytes(fused: list, operand_types: list[str], result_type: str, hbm_only: bool,
+                  ) -> tuple[int, int]:
+    """(operand bytes, result bytes) of a fusion, by XLA's fusion rules: a parameter read only
+    through slices, dynamic slices or (HBM count: gathers) costs what they take; the buffer a
+    root ``dynamic-update-slice`` updates in place costs only the update, read or written."""
+    by_name = {f[0]: f for f in fused}
+    params = {int(re.search(r"parameter\((\d+)\)", f[4]).group(1)): f[0]
+              for f in fused if f[2] == "parameter"}
+    users: dict[str, list] = {}
+    for f in fused:
+        for o in f[3]:
+            users.setdefault(o, []).append(f)
+    root = next((f for f in fused if f[4].lstrip().startswith("ROOT")), fused[-1] if fused else None)
+    read = 0
+    for index, type_text in enumerate(operand_types):
+        leaves = [b for b, space in _leaves(type_text) if not hbm_only or space == 0]
+        name = params.get(index)
+        if not leaves or name is None:
+            continue
+        whole, part = False, 0
+        for user in users.get(name, []):
+            first = user[3] and user[3][0] == name
+            if first and user[2] in ("slice", "dynamic-slice") or (
+                    hbm_only and first and user[2] == "gather"):
+                part += sum(b for b, _ in _leaves(user[1]))
+            elif first and user[2] == "dynamic-update-slice":  # updated in place
+                continue
+            else:
+                whole = True
+        read += min(sum(leaves), part + (sum(leaves) if whole else 0))
+    results = _leaves(result_type)
+    written = sum(b for b, space in results if not hbm_only or space == 0)
+    for name in ({root[0]} if root and root[2] == "dynamic-update-slice" else
+                 {o for o in (root[3] if root and root[2] == "tuple" else [])
+                  if o in by_name and by_name[o][2] == "dynamic-update-slice"}):
+        full = sum(b for b, _ in _leaves(by_name[name][1]))
+        update = sum(b for b, _ in _leaves(by_name[by_name[name][3][1]][1])) \
+            if by_name[name][3][1] in by_name else full
+        written -= full - update
+    return read, max(0, written)
+
+
+def hbm_bytes(hlo_text: str) -> dict:
+    """Bytes of one run of a compiled program's HLO, each top-level instruction charged its
+    operands' and results' bytes (fusions by XLA's fusion rules, `_fusion_bytes`), two ways:
+
+    * ``"xla_rule"``: every memory space, copies as XLA charges them (copy-start: operand +
+      (destination, source); copy-done: result), each computation once — XLA's "bytes
+      accessed", reproduced (it checks the parser against ``cost_analysis()``);
+    * ``"hbm"``: only arrays in HBM (memory space 0): a copy between memory spaces once, on
+      its HBM side (a prefetch reads HBM, an eviction writes it), a VMEM operand or result not at
+      all, a gather's table as the rows it takes, and a while body as often as it runs
+      (`_executions`).
+
+    Sizes are the layouts' tile-padded sizes (`_leaves`); an output aliased to an operand writes
+    nothing (`_unaliased`); a Pallas kernel is charged the ``bytes_accessed`` its cost estimate
+    declares (HBM: in the proportion of its operand and result bytes that are in HBM). Both counts
+    charge a fusion each operand once; a fusion that re-reads an operand's windows moves more.
+    Also ``"by_kind"`` (HBM bytes per opcode) and ``"top"`` (the 20 instructions with the most
+    HBM bytes: name, opcode, bytes, ``op_name`` metadata)."""
+    computations = _computations(hlo_text)
+    parsed = {name: _parse(text) for name, text in computations.items()}
+    types = {i[0]: i[1] for instrs in parsed.values() for i in instrs}
+    runs = _executions(computations)
+    top_level = {"ENTRY"}
+    for instrs in parsed.values():
+        for _, _, opcode, _, line in instrs:
+            if opcode in _RUNS_CALLEES:
+                for _, callee, listed in _CALLS.findall(line):
+                    top_level.update([callee] if callee else re.findall(r"%?([\w.\-]+)", listed))
+    xla = hbm = 0
+    by_kind: dict[str, int] = {}
+    rows = []
+    for comp in top_level & set(parsed):
+        for name, type_text, opcode, operands, line in parsed[comp]:
+            if opcode in _FREE:
+                continue
+            operand_types = [types.get(o, "") for o in operands]
+            type_text = _unaliased(type_text, line)
+            if opcode == "fusion" and (callee := re.search(r"\bcalls=%?([\w.\-]+)", line)) \
+                    and callee.group(1) in parsed:
+                fused = parsed[callee.group(1)]
+                r, w = _fusion_bytes(fused, operand_types, type_text, False)
+                hr, hw = _fusion_bytes(fused, operand_types, type_text, True)
+                x, h = r + w, hr + hw
+            else:
+                x, h = _instruction_bytes(opcode, type_text, operand_types)
+                declared = re.search(r'"cost_estimate":\{[^}]*"bytes_accessed":"(\d+)"', line)
+                if declared:  # a Pallas kernel's own figure; HBM: its share on HBM buffers
+                    h, x = int(int(declared.group(1)) * h / x) if x else 0, int(declared.group(1))
+            xla += x
+            hbm += h * runs.get(comp, 1)
+            by_kind[opcode] = by_kind.get(opcode, 0) + h * runs.get(comp, 1)
+            meta = re.search(r'op_name="([^"]*)"', line)
+            rows.append((h * runs.get(comp, 1), name, opcode, meta.group(1) if meta else ""))
+    rows.sort(reverse=True)
+    return {"xla_rule": xla, "hbm": hbm,
+            "by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+            "top": [{"name": n, "opcode": o, "bytes": b, "op_name": m} for b, n, o, m in rows[:20]]}
+
+
+def _unaliased(type_text: str, line: str) -> str:
+    """An instruction's result type without the outputs it aliases to its operands
+    (``output_to_operand_aliasing={{2}: (0, {}), …}``: updated in place, or a buffer passed
+    through, as TPU's asynchronous-collective fusions pass their gather buffers): no bytes of
+    their own are written."""
+    aliasing = re.search(r"output_to_operand_aliasing=\{(.*?\))\}", line)
+    if not aliasing:
+        return type_text
+    aliased = {int(i) for i in re.findall(r"\{(\d+)\}:\s*\(", aliasing.group(1))}
+    if re.search(r"\{\}:\s*\(", aliasing.group(1)):
+        return "()"
+    parts = _top_level(type_text)
+    return "(" + ", ".join(p for i, p in enumerate(parts) if i not in aliased) + ")"
+
+
+def _instruction_bytes(opcode: str, type_text: str, operand_types: list[str]) -> tuple[int, int]:
+    """(XLA's bytes, HBM bytes) of one unfused instruction (`hbm_bytes`)."""
+    def total(text: str, hbm_only: bool) -> int:
+        return sum(b for b, space in _leaves(text) if not hbm_only or space == 0)
+
+    result = _leaves(type_text)
+    if opcode == "copy-start":  # result (destination, source, context)
+        dest = _leaves(_top_level(type_text)[0])
+        return (sum(total(t, False) for t in operand_types) + sum(b for b, _ in result[:2]),
+                sum(total(t, True) for t in operand_types) + sum(b for b, s in dest if s == 0))
+    if opcode == "copy-done":
+        return total(type_text, False), 0
+    if opcode in ("slice", "dynamic-slice"):
+        out = total(type_text, False)
+        h = total(type_text, True) + (out if operand_types and total(operand_types[0], True) else 0)
+        return 2 * out, h
+    if opcode == "dynamic-update-slice":
+        update = total(operand_types[1], False) if len(operand_types) > 1 else 0
+        return 2 * update, (total(operand_types[1], True) if len(operand_types) > 1 else 0) + (
+            update if total(type_text, True) else 0)
+    x = total(type_text, False) + sum(total(t, False) for t in operand_types)
+    h = total(type_text, True) + sum(total(t, True) for t in operand_types)
+    if opcode.endswith("-done"):  # the -start's result already holds its buffers
+        return x, 0
+    return x, h
+
+
 _MEGASCALE_KINDS = {"ALL_REDUCE": "all-reduce", "ALL_GATHER": "all-gather",
                     "REDUCE_SCATTER": "reduce-scatter", "ALL_TO_ALL": "all-to-all"}
 
 
 def roofline(topo: Topology, model_flops_per_device: float, xla: dict, comm_bytes: float,
-             devices_per_chip: int = 1, network_bytes: float = 0.0) -> dict:
+             devices_per_chip: int = 1, network_bytes: float = 0.0,
+             hbm_only_bytes: float | None = None) -> dict:
     """Lower bounds on the step time from each resource of one device (a chip, or one of its
     ``devices_per_chip`` TensorCores), the largest, and the MFU it allows. Where the chip has a
     network figure (GPUs: `topology.Chip.network_bytes_per_s`), the ``network_bytes`` of
-    collectives that cross hosts are priced at it, the rest of ``comm_bytes`` at the ICI."""
+    collectives that cross hosts are priced at it, the rest of ``comm_bytes`` at the ICI.
+
+    The HBM term is XLA's "bytes accessed" (``hbm_s``: every memory space, a VMEM prefetch
+    charged 5 times its bytes, see `hbm_bytes`). Given ``hbm_only_bytes`` (`hbm_bytes`'s
+    ``"hbm"``), ``hbm_only_s``, ``bound_by_hbm_only`` and ``mfu_bound_hbm_only`` are the same
+    roofline with that term instead; ``step_s``, ``bound_by`` and ``mfu_bound`` stay XLA's."""
     chip, share = topo.chip, 1.0 / devices_per_chip
     network = chip.network_bytes_per_s
     ici_bytes = comm_bytes - network_bytes if network else comm_bytes
@@ -303,8 +515,15 @@ def roofline(topo: Topology, model_flops_per_device: float, xla: dict, comm_byte
               "network_s": network_bytes / (network * share) if network and network_bytes else None}
     step = max(v for v in bounds.values() if v is not None)
     bound = max(bounds, key=lambda k: bounds[k] or 0.0)
-    return {**bounds, "step_s": step, "bound_by": bound.removesuffix("_s"),
-            "mfu_bound": bounds["compute_s"] / step if step else None}
+    out = {**bounds, "step_s": step, "bound_by": bound.removesuffix("_s"),
+           "mfu_bound": bounds["compute_s"] / step if step else None}
+    if hbm_only_bytes is not None:
+        only = {**bounds, "hbm_s": hbm_only_bytes / (chip.hbm_bytes_per_s * share)}
+        only_step = max(v for v in only.values() if v is not None)
+        out.update(hbm_only_s=only["hbm_s"],
+                   bound_by_hbm_only=max(only, key=lambda k: only[k] or 0.0).removesuffix("_s"),
+                   mfu_bound_hbm_only=only["compute_s"] / only_step if only_step else None)
+    return out
 
 
 def compile_report(config, topo: Topology) -> dict:
@@ -320,11 +539,13 @@ def compile_report(config, topo: Topology) -> dict:
             raise
         return _refused_by_compiler(report, topo, oom, time.perf_counter() - started)
     mem, xla = compiled_memory(compiled), compiled_cost(compiled)
+    text = compiled.as_text()
+    traffic = hbm_bytes(text) if "bytes" in xla else None  # TPU: layouts name memory spaces
     n_devices = mesh.size
     # The program's device i is the mesh's i-th device (its device assignment). What crosses:
     # TPU slices (the data-center network), or GPU hosts (InfiniBand; NVLink within a host).
     gpu = topo.chip.platform == "cuda"
-    comm = collectives(compiled.as_text(),
+    comm = collectives(text,
                        [d.process_index if gpu else getattr(d, "slice_index", 0) or 0
                         for d in mesh.devices.flat])
     per_chip = max(1, n_devices // topo.num_chips)  # 1: v4 and v5p in megacore mode
@@ -334,9 +555,11 @@ def compile_report(config, topo: Topology) -> dict:
         platform=topo.chip.platform, hosts=len({d.process_index for d in mesh.devices.flat}),
         chip_source=topo.chip.source, devices_per_chip=per_chip, compile_s=seconds, memory=mem,
         hbm_capacity=capacity, fits=mem["peak_estimate"] <= capacity, xla=xla, collectives=comm,
+        hbm_traffic=traffic,
         roofline=roofline(topo, report["model_flops_per_step"] / n_devices, xla,
                           sum(c["bytes"] for c in comm.values()), per_chip,
-                          sum(c["dcn_bytes"] for c in comm.values())))
+                          sum(c["dcn_bytes"] for c in comm.values()),
+                          traffic["hbm"] if traffic else None))
     return report
 
 
@@ -400,5 +623,5 @@ def gib(x: float) -> str:
     return f"{x / 2**30:.2f} GiB"
 
 
-__all__ = ["COLLECTIVES", "collectives", "compile_report", "compiler_oom", "gib", "refusal",
-           "roofline"]
+__all__ = ["COLLECTIVES", "collectives", "compile_report", "compiler_oom", "gib", "hbm_bytes",
+           "refusal", "roofline"]

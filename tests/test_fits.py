@@ -81,6 +81,24 @@ def test_mfu_column_is_v5ps_unrolled_bound_and_derived_for_v5e_and_v6e():
     assert "MFU" not in fits.markdown(cells[:1]).splitlines()[0]  # no unrolled cell: no column
 
 
+def test_mfu_column_gives_the_hbm_only_bound_beside_xlas():
+    """A rerun roofline carries the HBM-only bytes (`jaxformer.compile.hbm_bytes`): each bound is
+    XLA's figure, then the HBM-only one in brackets, v5p's as compiled, v5e's derived from the same
+    bytes at v5e's peak and bandwidth."""
+    flops, moved, only = 1e12, 4e10, 1e10
+    cell = dict(preset="bert_base_bf16", parameters=110_000_000, hbm_gib=3.0, fits=True,
+                model_flops_per_chip=flops, roofline=dict(compute_s=0.1, ici_s=0.001))
+    cells = [dict(cell, topology="v5e:2x2", chips=4),
+             dict(cell, topology="v5p:2x2x1", chips=4,
+                  unrolled=dict(bytes=moved, mfu_bound=0.35, hbm_only_bytes=only,
+                                mfu_bound_hbm_only=0.88, model_flops_per_chip=flops))]
+    c = CHIPS["v5e"]
+    compute = flops / c.bf16_flops
+    v5e, v5e_only = (compute / max(compute, b / c.hbm_bytes_per_s) for b in (moved, only))
+    assert fits.mfu_bounds(cells) == [f"≈{v5e:.0%} (HBM only ≈{v5e_only:.0%})",
+                                      "35% (HBM only 88%)", "–"]
+
+
 def test_derived_bounds_take_the_unrolled_compiles_model_flops():
     """A rerun roofline (`--rooflines v5p --rerun`) carries its own model FLOPs per chip (BERT's
     count fell when its MLM head moved to the masked positions): v5e's derived bound uses them,

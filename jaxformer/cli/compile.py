@@ -62,6 +62,10 @@ def format_report(r: dict) -> str:
                       if k.endswith("_s") and k != "step_s" and v is not None)
     rows.append(f"  roofline: {terms} → step ≥ {roof['step_s'] * 1e3:.2f} ms ({roof['bound_by']}"
                 f"-bound), MFU ≤ {roof['mfu_bound']:.1%}  [peaks: {r['chip_source']}]")
+    if roof.get("mfu_bound_hbm_only") is not None:  # XLA's bytes count VMEM too (`hbm_bytes`)
+        rows.append(f"  roofline with HBM-only bytes ({r['hbm_traffic']['hbm'] / 2**30:.2f} GiB, "
+                    f"not XLA's {r['xla']['bytes'] / 2**30:.2f}): MFU ≤ "
+                    f"{roof['mfu_bound_hbm_only']:.1%} ({roof['bound_by_hbm_only']}-bound)")
     return "\n".join(rows)
 
 
