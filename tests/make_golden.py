@@ -2,6 +2,7 @@
 
     python tests/make_golden.py            # rewrite tests/data/golden/ (needs the [hf] extra)
     python tests/make_golden.py --check    # the committed files against the installed transformers
+    python tests/make_golden.py --only mixtral qwen2_moe   # (re)write these cases only
 
 Each case builds a tiny random transformers model (PyTorch, CPU, float32) from a config and a fixed
 seed, saves it with ``save_pretrained`` (safetensors) and, for the cases the tests run, its outputs
@@ -35,6 +36,7 @@ import transformers
 # also where only a .pth file points at the project's environment, as in .venv-hf)
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 import test_convert_llama as llama  # noqa: E402  (the model zoo's builders live beside their tests)
+import test_convert_moe as moe  # noqa: E402
 import test_convert_mt5 as mt5  # noqa: E402
 import test_convert_roberta_distilbert_bart as zoo  # noqa: E402
 import test_hf_finetune as finetune  # noqa: E402
@@ -225,6 +227,10 @@ CASES: dict[str, Case] = {
     "mistral": Case(llama.build_mistral, llama_inputs, run_llama),
     "qwen2": Case(llama.build_qwen2, llama_inputs, run_llama),
     "llama_classifier": Case(llama.build_llama_classifier, llama_inputs, run_classifier),
+    # tests/test_convert_moe.py: Mixtral (top-2 renormalised), Qwen2-MoE (dense + sparse layers,
+    # shared expert and its gate)
+    "mixtral": Case(moe.build_mixtral, llama_inputs, run_llama),
+    "qwen2_moe": Case(moe.build_qwen2_moe, llama_inputs, run_llama),
     # tests/test_convert_mt5.py: T5 v1.1 graphs
     "mt5": Case(mt5.build_mt5, lambda: {"input_ids": mt5.INPUTS, "decoder_input_ids": mt5.TARGETS},
                 lambda model, inputs: mt5.reference_outputs(model)),
@@ -336,13 +342,20 @@ def manifest(command: str) -> dict:
             "cases": sorted(CASES), "note": "made by tests/make_golden.py; do not edit by hand"}
 
 
-def make(root: Path) -> None:
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    for name, case in CASES.items():
-        write_case(name, case, root)
-    (root / "init_stats.json").write_text(json.dumps(init_statistics(), indent=1, sort_keys=True))
+def make(root: Path, only: list[str] | None = None) -> None:
+    """Write every case (``only``: those cases, leaving the others and init_stats.json as they
+    are)."""
+    if only:
+        for name in only:
+            shutil.rmtree(root / name, ignore_errors=True)
+            write_case(name, CASES[name], root)
+    else:
+        if root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        for name, case in CASES.items():
+            write_case(name, case, root)
+        (root / "init_stats.json").write_text(json.dumps(init_statistics(), indent=1, sort_keys=True))
     (root / "MANIFEST.json").write_text(json.dumps(
         manifest("python tests/make_golden.py"), indent=1) + "\n")
 
@@ -376,6 +389,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="compare, don't write")
     parser.add_argument("--out", type=Path, default=GOLDEN)
+    parser.add_argument("--only", nargs="+", choices=sorted(CASES), metavar="CASE",
+                        help="write these cases only (the others stay as committed)")
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     torch.use_deterministic_algorithms(True)
@@ -383,7 +398,7 @@ def main(argv=None) -> int:
         bad = check(args.out)
         print("\n".join(bad) or f"golden files match transformers {transformers.__version__}")
         return 1 if bad else 0
-    make(args.out)
+    make(args.out, args.only)
     size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
     print(f"wrote {len(CASES)} cases to {args.out} ({size / 2**20:.2f} MiB)")
     return 0

@@ -36,6 +36,7 @@ from jaxformer.convert import (
     hf_distilbert,
     hf_gpt2,
     hf_llama,
+    hf_mixtral,
     hf_roberta,
     hf_t5,
 )
@@ -67,7 +68,8 @@ log = logging.getLogger(__name__)
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert": hf_albert,
                                      "t5": hf_t5, "mt5": hf_t5,  # mT5: T5 v1.1's graph
                                      "roberta": hf_roberta, "distilbert": hf_distilbert,
-                                     "bart": hf_bart, **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama)}
+                                     "bart": hf_bart, **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama),
+                                     **dict.fromkeys(hf_mixtral.MODEL_TYPES, hf_mixtral)}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
 
@@ -76,8 +78,8 @@ def export_converter(cfg: ModelConfig) -> ModuleType:
     """The converter a model exports with: by family, and within it by the options only one
     architecture has: ALBERT for an encoder with ``embedding_size`` or ``share_layers``, RoBERTa
     for one with ``position_offset`` (its padding row), DistilBERT for one without token types;
-    Llama / Mistral / Qwen2 for a decoder with RoPE; BART for an encoder-decoder with learned
-    positions (T5's are relative)."""
+    Llama / Mistral / Qwen2 for a decoder with RoPE (Mixtral / Qwen2-MoE with experts); BART for
+    an encoder-decoder with learned positions (T5's are relative)."""
     if cfg.family == "encoder" and (cfg.embedding_size is not None or cfg.share_layers):
         return hf_albert
     if cfg.family == "encoder" and cfg.position_offset:
@@ -85,7 +87,7 @@ def export_converter(cfg: ModelConfig) -> ModuleType:
     if cfg.family == "encoder" and not cfg.type_vocab_size:
         return hf_distilbert
     if cfg.family == "decoder" and cfg.position == "rope":
-        return hf_llama
+        return hf_mixtral if cfg.num_experts else hf_llama
     if cfg.family == "encoder_decoder" and cfg.position == "learned":
         return hf_bart
     return BY_FAMILY[cfg.family]

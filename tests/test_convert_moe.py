@@ -1,0 +1,194 @@
+"""Hugging Face Mixtral / Qwen2-MoE ↔ jaxformer MoE decoders: logits and greedy generation against
+PyTorch, import → export byte for byte, export → ``from_pretrained``; HF's routing against a float64
+NumPy reference.
+
+The references are small random transformers models built by the ``build_*`` functions below (the
+inputs and `reference_outputs` are `tests/test_convert_llama.py`'s); `tests/make_golden.py` commits
+them (`tests/golden.py`), so the CPU suite needs no torch; the ``hf`` tests load exports back into
+live PyTorch. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from golden import golden_dir, reference, rel_err
+from test_convert_llama import MASK, SMALL, _load_reference, _our_greedy, _our_logits
+from test_convert_llama import _randomized as randomized
+from test_convert_llama import reference_outputs as llama_outputs
+
+from jaxformer.config import ModelConfig
+from jaxformer.convert import hf_mixtral, load_hf, save_hf
+from jaxformer.convert.mapping import flatten
+from jaxformer.models import build_model
+from jaxformer.ops.moe import router_logits, top_k_gates
+
+RTOL = 1e-5
+
+
+def build_mixtral():
+    """Mixtral: 4 SwiGLU experts, top-2 renormalised, every layer sparse; GQA, untied head."""
+    import transformers
+    cfg = transformers.MixtralConfig(**dict(SMALL, intermediate_size=48), num_local_experts=4,
+                                     num_experts_per_tok=2, rope_theta=1e4)
+    return randomized(transformers.MixtralForCausalLM(cfg), 10)
+
+
+def build_qwen2_moe():
+    """Qwen2-MoE: layer 0 dense (decoder_sparse_step=2), layer 1 sparse with 4 experts top-2 (raw
+    softmax gates: norm_topk_prob=False), a shared expert 2 experts wide and its sigmoid gate."""
+    import transformers
+    cfg = transformers.Qwen2MoeConfig(**SMALL, moe_intermediate_size=24,
+                                      shared_expert_intermediate_size=48, num_experts=4,
+                                      num_experts_per_tok=2, decoder_sparse_step=2,
+                                      mlp_only_layers=[], norm_topk_prob=False)
+    return randomized(transformers.Qwen2MoeForCausalLM(cfg), 11)
+
+
+BUILDERS = {"mixtral": build_mixtral, "qwen2_moe": build_qwen2_moe}
+
+
+def reference_outputs(model) -> dict[str, np.ndarray]:
+    return llama_outputs(model)
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_logits_greedy_and_byte_identical_round_trip(name, tmp_path):
+    path, ref = golden_dir(name), reference(name)
+    cfg, params, _ = load_hf(path)
+    valid = MASK == 1
+    err = rel_err(_our_logits(cfg, params)[valid], ref["logits"][valid])
+    print(f"{name}: max relative logit error {err:.2e}")
+    assert err <= RTOL
+    np.testing.assert_array_equal(_our_greedy(cfg, params), ref["greedy"])
+    out = tmp_path / "exported"
+    save_hf(cfg, params, out)
+    with open(f"{path}/model.safetensors", "rb") as a, open(out / "model.safetensors", "rb") as b:
+        assert a.read() == b.read()
+    assert load_hf(out)[0] == cfg  # and the config reads back the same
+
+
+def test_mixtral_scanned_layout_and_capacity_path_give_the_same_logits():
+    """The scanned import computes the same logits; so does the capacity path with room for
+    every assignment (capacity_factor = E / k: C = length), which HF's dropless routing equals."""
+    cfg, params, _ = load_hf(golden_dir("mixtral"), scan_layers=True)
+    ref, valid = reference("mixtral")["logits"], MASK == 1
+    assert rel_err(_our_logits(cfg, params)[valid], ref[valid]) <= RTOL
+    roomy = dict(cfg, moe_dropless=False, capacity_factor=cfg["num_experts"] / 2)
+    assert rel_err(_our_logits(roomy, params)[valid], ref[valid]) <= RTOL
+
+
+def test_configs_read_from_each_variant():
+    want = {
+        "mixtral": dict(num_experts=4, experts_per_token=2, norm_topk_prob=True, moe_every=1,
+                        moe_d_ff=48, d_ff=48, num_shared_experts=0, moe_dropless=True,
+                        use_bias=False, qkv_bias=False, router_aux_loss_weight=0.001),
+        "qwen2_moe": dict(num_experts=4, experts_per_token=2, norm_topk_prob=False, moe_every=2,
+                          moe_d_ff=24, d_ff=96, num_shared_experts=2, shared_expert_gate=True,
+                          moe_dropless=True, qkv_bias=True, use_bias=False),
+    }
+    for name, fields in want.items():
+        cfg, _, _ = load_hf(golden_dir(name))
+        assert {k: cfg[k] for k in fields} == fields, name
+        assert hf_mixtral.model_type_of(ModelConfig.from_dict(cfg)) == name
+
+
+def _numpy_routing(x, w_de, k, norm):
+    """float64 HF routing (modeling_mixtral / modeling_qwen2_moe ``TopKRouter``): softmax over all
+    E logits, the k largest, renormalised over them iff ``norm``."""
+    logits = x.astype(np.float64) @ w_de.astype(np.float64)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    idx = np.argsort(-p, axis=-1, kind="stable")[..., :k]
+    g = np.take_along_axis(p, idx, -1)
+    return (g / g.sum(-1, keepdims=True) if norm else g), idx
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_router_matches_hf_routing_in_float64(name):
+    """Our router on the imported kernel picks HF's experts with HF's gates (float64 NumPy)."""
+    cfg, params, _ = load_hf(golden_dir(name))
+    c = ModelConfig.from_dict(cfg)
+    kernel = np.asarray(flatten(params)[f"decoder/layer_{c.num_layers - 1}/ffn/router/kernel"])
+    x = np.random.default_rng(0).normal(size=(2, 16, c.d_model)).astype(np.float32)
+    gates, experts, _ = top_k_gates(router_logits(kernel, x), c.experts_per_token,
+                                    norm_topk_prob=c.norm_topk_prob)
+    want_g, want_i = _numpy_routing(x, kernel, c.experts_per_token, c.norm_topk_prob)
+    np.testing.assert_array_equal(np.asarray(experts), want_i)
+    np.testing.assert_allclose(np.asarray(gates), want_g, rtol=1e-5)
+    assert np.allclose(want_g.sum(-1), 1.0) == c.norm_topk_prob
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_export_loads_in_pytorch_with_the_same_logits(name, tmp_path):
+    """A live model (not the golden copy) → import → export → ``from_pretrained``: HF's logits and
+    greedy tokens; and the golden files are what this transformers computes."""
+    import torch
+    torch.manual_seed(0)
+    BUILDERS[name]().save_pretrained(tmp_path / "hf")
+    live = reference_outputs(_load_reference(tmp_path / "hf"))
+    cfg, params, _ = load_hf(tmp_path / "hf")
+    save_hf(cfg, params, tmp_path / "exported")
+    back = reference_outputs(_load_reference(tmp_path / "exported"))
+    valid = MASK == 1
+    assert rel_err(back["logits"][valid], live["logits"][valid]) <= RTOL
+    np.testing.assert_array_equal(back["greedy"], live["greedy"])
+    assert rel_err(_our_logits(cfg, params)[valid], live["logits"][valid]) <= RTOL
+    np.testing.assert_array_equal(_our_greedy(cfg, params), live["greedy"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Torch-free: refusals name the HF field or ours.
+
+QWEN = {"model_type": "qwen2_moe", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64,
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+        "shared_expert_intermediate_size": 48, "mlp_only_layers": []}
+
+
+@pytest.mark.parametrize("extra,field", [
+    (dict(mlp_only_layers=[0]), "mlp_only_layers=[0]"),
+    (dict(shared_expert_intermediate_size=36), "shared_expert_intermediate_size=36"),
+    (dict(use_sliding_window=True, sliding_window=8), "use_sliding_window"),
+])
+def test_unsupported_qwen2_moe_variants_are_refused_naming_the_field(extra, field):
+    with pytest.raises(ValueError, match=field.replace("[", r"\[")):
+        hf_mixtral.config_from_hf({**QWEN, **extra}, {}, head=None, num_classes=None)
+
+
+def test_configs_with_no_hf_equivalent_are_refused_on_export():
+    base = dict(family="decoder", position="rope", norm="rms", gated_ffn=True, activation="silu",
+                use_bias=False, vocab_size=96, d_model=32, num_heads=4, d_ff=64, num_layers=2,
+                num_experts=4)
+    with pytest.raises(ValueError, match="Mixtral equivalent: moe_every=2"):
+        hf_mixtral.config_to_hf(ModelConfig(**base, moe_every=2))
+    with pytest.raises(ValueError, match="Mixtral equivalent: norm_topk_prob=False"):
+        hf_mixtral.config_to_hf(ModelConfig(**base, norm_topk_prob=False))
+    with pytest.raises(ValueError, match="Qwen2Moe equivalent: shared_expert_gate=False"):
+        hf_mixtral.config_to_hf(ModelConfig(**base, num_shared_experts=1))
+    hf, _ = hf_mixtral.config_to_hf(ModelConfig(**base, num_shared_experts=2, moe_d_ff=16,
+                                                shared_expert_gate=True, moe_every=2))
+    assert (hf["model_type"], hf["shared_expert_intermediate_size"], hf["decoder_sparse_step"],
+            hf["architectures"]) == ("qwen2_moe", 32, 2, ["Qwen2MoeForCausalLM"])
+    fields, _ = hf_mixtral.config_from_hf(hf, {}, head=None, num_classes=None)
+    assert (fields["num_shared_experts"], fields["moe_d_ff"], fields["moe_every"]) == (2, 16, 2)
+
+
+def test_a_jaxformer_mixtral_round_trips_through_hf_files(tmp_path):
+    """A fresh jaxformer MoE decoder (capacity path, its own aux-loss weight) → save_hf → load_hf:
+    the same parameters and config (the compute / regularisation fields ride in jaxformer_config)."""
+    cfg = ModelConfig(family="decoder", position="rope", norm="rms", gated_ffn=True,
+                      activation="silu", use_bias=False, vocab_size=96, d_model=32, num_heads=4,
+                      num_kv_heads=2, d_ff=48, num_layers=2, num_experts=4, capacity_factor=1.5,
+                      router_aux_loss_weight=0.02, pooling="last")
+    params = jax.jit(lambda k: build_model(cfg).init(k))(jax.random.key(0))
+    save_hf(cfg, params, tmp_path / "out")
+    back_cfg, back, _ = load_hf(tmp_path / "out")
+    assert ModelConfig.from_dict(back_cfg) == cfg
+    ours, theirs = flatten(jax.device_get(params)), flatten(back)
+    assert sorted(ours) == sorted(theirs)
+    for k in ours:
+        np.testing.assert_array_equal(np.asarray(ours[k]), theirs[k])
+
