@@ -159,6 +159,15 @@ def run_llama(model, inputs):
     return llama.reference_outputs(model)
 
 
+def switch_inputs() -> dict[str, np.ndarray]:
+    return {"input_ids": moe.SOURCES, "attention_mask": moe.SOURCE_MASK,
+            "decoder_input_ids": moe.TARGETS}
+
+
+def run_switch(model, inputs):
+    return moe.switch_outputs(model)
+
+
 def run_zoo(name: str):
     """run() of `tests/test_convert_roberta_distilbert_bart.py`'s model ``name`` (on its batch)."""
     return lambda model, inputs: zoo.reference_outputs(name, model)
@@ -231,6 +240,9 @@ CASES: dict[str, Case] = {
     # shared expert and its gate)
     "mixtral": Case(moe.build_mixtral, llama_inputs, run_llama),
     "qwen2_moe": Case(moe.build_qwen2_moe, llama_inputs, run_llama),
+    # Switch-T5 with room for every token, and with HF's expert_capacity=2 (both drop tokens)
+    "switch": Case(moe.build_switch, switch_inputs, run_switch),
+    "switch_drop": Case(lambda: moe.build_switch(expert_capacity=2), switch_inputs, run_switch),
     # tests/test_convert_mt5.py: T5 v1.1 graphs
     "mt5": Case(mt5.build_mt5, lambda: {"input_ids": mt5.INPUTS, "decoder_input_ids": mt5.TARGETS},
                 lambda model, inputs: mt5.reference_outputs(model)),

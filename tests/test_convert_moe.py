@@ -1,6 +1,6 @@
-"""Hugging Face Mixtral / Qwen2-MoE ↔ jaxformer MoE decoders: logits and greedy generation against
-PyTorch, import → export byte for byte, export → ``from_pretrained``; HF's routing against a float64
-NumPy reference.
+"""Hugging Face Mixtral / Qwen2-MoE / Switch Transformers ↔ jaxformer MoE models: logits and greedy
+generation against PyTorch (Switch also where both drop tokens past capacity), import → export byte
+for byte, export → ``from_pretrained``; HF's routing against a float64 NumPy reference.
 
 The references are small random transformers models built by the ``build_*`` functions below (the
 inputs and `reference_outputs` are `tests/test_convert_llama.py`'s); `tests/make_golden.py` commits
@@ -14,13 +14,14 @@ import jax
 import numpy as np
 import pytest
 from golden import golden_dir, reference, rel_err
-from test_convert_llama import MASK, SMALL, _load_reference, _our_greedy, _our_logits
+from test_convert_llama import MASK, SMALL, V, _load_reference, _our_greedy, _our_logits
 from test_convert_llama import _randomized as randomized
 from test_convert_llama import reference_outputs as llama_outputs
 
 from jaxformer.config import ModelConfig
-from jaxformer.convert import hf_mixtral, load_hf, save_hf
+from jaxformer.convert import hf_mixtral, hf_switch, load_hf, save_hf
 from jaxformer.convert.mapping import flatten
+from jaxformer.decode import generate
 from jaxformer.models import build_model
 from jaxformer.ops.moe import router_logits, top_k_gates
 
@@ -47,6 +48,41 @@ def build_qwen2_moe():
 
 
 BUILDERS = {"mixtral": build_mixtral, "qwen2_moe": build_qwen2_moe}
+
+# Switch: sources [2, 12] (3 right-padding positions in row 0), decoder inputs [2, 7]
+SOURCES = np.random.default_rng(2).integers(2, V, (2, 12)).astype(np.int32)
+SOURCE_MASK = np.ones_like(SOURCES)
+SOURCE_MASK[0, 9:] = 0
+TARGETS = np.random.default_rng(3).integers(2, V, (2, 7)).astype(np.int32)
+# capacity_factor giving HF's expert_capacity=2 at both lengths: ceil(0.6·12/4) = ceil(0.6·7/4) = 2
+DROP_CAPACITY_FACTOR = 0.6
+
+
+def build_switch(expert_capacity: int = 64):
+    """Switch-T5: 4 layers per stack, experts in layers 1 and 3 (num_sparse_*_layers=2 → step 2),
+    4 ReLU experts, top-1; tied head with the d_model^-0.5 rescale. ``expert_capacity`` 64: nothing
+    dropped at these lengths; 2: most experts drop tokens."""
+    import transformers
+    cfg = transformers.SwitchTransformersConfig(
+        vocab_size=V, d_model=32, d_kv=8, d_ff=48, num_layers=4, num_decoder_layers=4, num_heads=4,
+        num_experts=4, expert_capacity=expert_capacity, num_sparse_encoder_layers=2,
+        num_sparse_decoder_layers=2, relative_attention_num_buckets=16,
+        relative_attention_max_distance=20, decoder_start_token_id=0)
+    return randomized(transformers.SwitchTransformersForConditionalGeneration(cfg), 12)
+
+
+def switch_outputs(model) -> dict[str, np.ndarray]:
+    """``logits`` `[2, 7, V]` on (`SOURCES`, `TARGETS`) and ``greedy`` `[2, 6]` (cached decoding
+    from decoder start 0, no EOS)."""
+    import torch
+
+    src, mask = torch.tensor(SOURCES).long(), torch.tensor(SOURCE_MASK).long()
+    with torch.no_grad():
+        logits = model(input_ids=src, attention_mask=mask,
+                       decoder_input_ids=torch.tensor(TARGETS).long()).logits
+        out = model.generate(src, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                             num_beams=1, eos_token_id=None, decoder_start_token_id=0)
+    return {"logits": logits.numpy(), "greedy": out[:, 1:].numpy().astype(np.int32)}
 
 
 def reference_outputs(model) -> dict[str, np.ndarray]:
@@ -118,6 +154,93 @@ def test_router_matches_hf_routing_in_float64(name):
     np.testing.assert_array_equal(np.asarray(experts), want_i)
     np.testing.assert_allclose(np.asarray(gates), want_g, rtol=1e-5)
     assert np.allclose(want_g.sum(-1), 1.0) == c.norm_topk_prob
+
+
+def _switch_logits(cfg: dict, params, **overrides) -> np.ndarray:
+    model = build_model(ModelConfig.from_dict(dict(cfg, **overrides)))
+    return np.asarray(jax.jit(model.apply)(params, SOURCES, TARGETS, inputs_segment_ids=SOURCE_MASK))
+
+
+def _switch_greedy(cfg: dict, params, **overrides) -> np.ndarray:
+    model = build_model(ModelConfig.from_dict(dict(cfg, **overrides)))
+    prompts = [list(map(int, row[m == 1])) for row, m in zip(SOURCES, SOURCE_MASK)]
+    return np.asarray(generate(model, params, prompts, max_new_tokens=6, eos_id=None).tokens)[:, :6]
+
+
+@pytest.mark.parametrize("name,capacity_factor", [("switch", 4.0), ("switch_drop", DROP_CAPACITY_FACTOR)])
+def test_switch_logits_greedy_and_round_trip(name, capacity_factor, tmp_path):
+    """Capacity for every token (capacity_factor = E: C = length), and HF's capacity 2 where both
+    drop tokens past it in sequence order (HF's cumsum priority = our positions_in_expert)."""
+    path, ref = golden_dir(name), reference(name)
+    cfg, params, _ = load_hf(path)
+    ours = _switch_logits(cfg, params, capacity_factor=capacity_factor)
+    err = rel_err(ours, ref["logits"])
+    print(f"{name}: max relative logit error {err:.2e}")
+    assert err <= RTOL
+    np.testing.assert_array_equal(_switch_greedy(cfg, params, capacity_factor=capacity_factor),
+                                  ref["greedy"])
+    dropless = _switch_logits(cfg, params, moe_dropless=True)
+    assert (rel_err(dropless, ref["logits"]) > 1e-2) == (name == "switch_drop")  # drops matter
+    out = tmp_path / "exported"
+    save_hf(cfg, params, out)
+    with open(f"{path}/model.safetensors", "rb") as a, open(out / "model.safetensors", "rb") as b:
+        assert a.read() == b.read()
+    assert load_hf(out)[0] == cfg
+
+
+def test_switch_config_read():
+    cfg, _, _ = load_hf(golden_dir("switch_drop"))
+    c = ModelConfig.from_dict(cfg)
+    assert (c.num_experts, c.experts_per_token, c.norm_topk_prob, c.moe_every, c.moe_dropless,
+            c.activation, c.gated_ffn, c.tie_embeddings, c.rescale_tied_logits) == (
+        4, 1, False, 2, False, "relu", False, True, True)
+    assert c.capacity_factor == 2 * 4 / c.max_len  # HF's count at max_len tokens
+    assert (c.router_aux_loss_weight, c.router_z_loss_weight, c.router_jitter_noise) == (
+        0.001, 0.001, 0.01)
+    assert [i for i in range(4) if c.moe_layer(i)] == [1, 3]
+
+
+@pytest.mark.parametrize("layers,sparse", [(4, 2), (4, 4), (6, 3), (5, 2), (3, 1), (4, 1)])
+def test_switch_sparse_layers_are_hf_s_or_refused(layers, sparse):
+    """HF's rule (i % step == 1, or step 1) and ours ((i + 1) % moe_every == 0): imported when they
+    name the same layers, refused naming the fields otherwise; exports write back HF's count."""
+    want = hf_switch.hf_sparse_layers(layers, sparse)
+    hf = {"num_layers": layers, "num_sparse_encoder_layers": sparse,
+          "num_sparse_decoder_layers": sparse}
+    ours = [[i for i in range(layers) if (i + 1) % m == 0] for m in range(1, layers + 1)]
+    if want in ours:
+        every = hf_switch._moe_every(hf)
+        assert [i for i in range(layers) if (i + 1) % every == 0] == want
+        assert hf_switch.hf_sparse_layers(layers, hf_switch._num_sparse(layers, every)) == want
+    else:
+        with pytest.raises(ValueError, match=f"num_sparse_encoder_layers={sparse}"):
+            hf_switch._moe_every(hf)
+
+
+def test_switch_refusals_name_the_field():
+    cfg = ModelConfig.from_dict(load_hf(golden_dir("switch"))[0])
+    with pytest.raises(ValueError, match="SwitchTransformers equivalent: experts_per_token=2"):
+        hf_switch.config_to_hf(cfg.replace(experts_per_token=2))
+    with pytest.raises(ValueError, match="router_bias=True"):
+        hf_switch.config_from_hf({"router_bias": True}, {}, head=None, num_classes=None)
+    hf, _ = hf_switch.config_to_hf(cfg.replace(capacity_factor=1.0, max_len=64))
+    assert hf["expert_capacity"] == 16 and hf["num_sparse_encoder_layers"] == 2
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("name", ["switch", "switch_drop"])
+def test_switch_export_loads_in_pytorch(name, tmp_path):
+    """Import → export → ``from_pretrained``: the golden logits and greedy tokens (and the golden
+    files are what this transformers computes)."""
+    import transformers
+    cfg, params, _ = load_hf(golden_dir(name))
+    save_hf(cfg, params, tmp_path / "exported")
+    for path in (golden_dir(name), tmp_path / "exported"):
+        model = transformers.SwitchTransformersForConditionalGeneration.from_pretrained(
+            path, attn_implementation="eager").eval()
+        got = switch_outputs(model)
+        assert rel_err(got["logits"], reference(name)["logits"]) <= RTOL
+        np.testing.assert_array_equal(got["greedy"], reference(name)["greedy"])
 
 
 @pytest.mark.hf

@@ -38,6 +38,7 @@ from jaxformer.convert import (
     hf_llama,
     hf_mixtral,
     hf_roberta,
+    hf_switch,
     hf_t5,
 )
 from jaxformer.convert.hf_io import (
@@ -69,7 +70,8 @@ CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert":
                                      "t5": hf_t5, "mt5": hf_t5,  # mT5: T5 v1.1's graph
                                      "roberta": hf_roberta, "distilbert": hf_distilbert,
                                      "bart": hf_bart, **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama),
-                                     **dict.fromkeys(hf_mixtral.MODEL_TYPES, hf_mixtral)}
+                                     **dict.fromkeys(hf_mixtral.MODEL_TYPES, hf_mixtral),
+                                     hf_switch.MODEL_TYPE: hf_switch}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
 
@@ -79,7 +81,8 @@ def export_converter(cfg: ModelConfig) -> ModuleType:
     architecture has: ALBERT for an encoder with ``embedding_size`` or ``share_layers``, RoBERTa
     for one with ``position_offset`` (its padding row), DistilBERT for one without token types;
     Llama / Mistral / Qwen2 for a decoder with RoPE (Mixtral / Qwen2-MoE with experts); BART for
-    an encoder-decoder with learned positions (T5's are relative)."""
+    an encoder-decoder with learned positions (T5's are relative); Switch Transformers for a T5
+    with experts."""
     if cfg.family == "encoder" and (cfg.embedding_size is not None or cfg.share_layers):
         return hf_albert
     if cfg.family == "encoder" and cfg.position_offset:
@@ -90,6 +93,8 @@ def export_converter(cfg: ModelConfig) -> ModuleType:
         return hf_mixtral if cfg.num_experts else hf_llama
     if cfg.family == "encoder_decoder" and cfg.position == "learned":
         return hf_bart
+    if cfg.family == "encoder_decoder" and cfg.num_experts:
+        return hf_switch
     return BY_FAMILY[cfg.family]
 # The ModelConfig fields a Hugging Face config cannot express (`jaxformer.config.exported_fields`:
 # HF T5 has one dropout rate, no init scale of ours, no attention implementation): exports store
