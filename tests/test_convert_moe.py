@@ -62,13 +62,17 @@ def build_switch(expert_capacity: int = 64):
     """Switch-T5: 4 layers per stack, experts in layers 1 and 3 (num_sparse_*_layers=2 → step 2),
     4 ReLU experts, top-1; tied head with the d_model^-0.5 rescale. ``expert_capacity`` 64: nothing
     dropped at these lengths; 2: most experts drop tokens."""
+    import torch
     import transformers
     cfg = transformers.SwitchTransformersConfig(
         vocab_size=V, d_model=32, d_kv=8, d_ff=48, num_layers=4, num_decoder_layers=4, num_heads=4,
         num_experts=4, expert_capacity=expert_capacity, num_sparse_encoder_layers=2,
         num_sparse_decoder_layers=2, relative_attention_num_buckets=16,
         relative_attention_max_distance=20, decoder_start_token_id=0)
-    return randomized(transformers.SwitchTransformersForConditionalGeneration(cfg), 12)
+    model = randomized(transformers.SwitchTransformersForConditionalGeneration(cfg), 12)
+    with torch.no_grad():  # logits of std ~1 (the tied head rescales by d_model^-0.5), so that
+        model.decoder.final_layer_norm.weight.mul_(10.0)  # greedy tokens vary
+    return model
 
 
 def switch_outputs(model) -> dict[str, np.ndarray]:
