@@ -242,7 +242,6 @@ CASES: dict[str, Case] = {
     "qwen2_moe": Case(moe.build_qwen2_moe, llama_inputs, run_llama),
     # Switch-T5 with room for every token, and with HF's expert_capacity=2 (both drop tokens)
     "switch": Case(moe.build_switch, switch_inputs, run_switch),
-    "switch_drop": Case(lambda: moe.build_switch(expert_capacity=2), switch_inputs, run_switch),
     # tests/test_convert_mt5.py: T5 v1.1 graphs
     "mt5": Case(mt5.build_mt5, lambda: {"input_ids": mt5.INPUTS, "decoder_input_ids": mt5.TARGETS},
                 lambda model, inputs: mt5.reference_outputs(model)),

@@ -26,12 +26,14 @@ from jaxformer.models import build_model
 from jaxformer.ops.moe import router_logits, top_k_gates
 
 RTOL = 1e-5
+# the golden files stay small: `SMALL` (Llama's) narrowed to 32 wide
+TINY = dict(SMALL, hidden_size=32, intermediate_size=32)
 
 
 def build_mixtral():
     """Mixtral: 4 SwiGLU experts, top-2 renormalised, every layer sparse; GQA, untied head."""
     import transformers
-    cfg = transformers.MixtralConfig(**dict(SMALL, intermediate_size=48), num_local_experts=4,
+    cfg = transformers.MixtralConfig(**TINY, num_local_experts=4,
                                      num_experts_per_tok=2, rope_theta=1e4)
     return randomized(transformers.MixtralForCausalLM(cfg), 10)
 
@@ -40,8 +42,8 @@ def build_qwen2_moe():
     """Qwen2-MoE: layer 0 dense (decoder_sparse_step=2), layer 1 sparse with 4 experts top-2 (raw
     softmax gates: norm_topk_prob=False), a shared expert 2 experts wide and its sigmoid gate."""
     import transformers
-    cfg = transformers.Qwen2MoeConfig(**SMALL, moe_intermediate_size=24,
-                                      shared_expert_intermediate_size=48, num_experts=4,
+    cfg = transformers.Qwen2MoeConfig(**TINY, moe_intermediate_size=16,
+                                      shared_expert_intermediate_size=32, num_experts=4,
                                       num_experts_per_tok=2, decoder_sparse_step=2,
                                       mlp_only_layers=[], norm_topk_prob=False)
     return randomized(transformers.Qwen2MoeForCausalLM(cfg), 11)
@@ -58,16 +60,16 @@ TARGETS = np.random.default_rng(3).integers(2, V, (2, 7)).astype(np.int32)
 DROP_CAPACITY_FACTOR = 0.6
 
 
-def build_switch(expert_capacity: int = 64):
-    """Switch-T5: 4 layers per stack, experts in layers 1 and 3 (num_sparse_*_layers=2 → step 2),
-    4 ReLU experts, top-1; tied head with the d_model^-0.5 rescale. ``expert_capacity`` 64: nothing
-    dropped at these lengths; 2: most experts drop tokens."""
+def build_switch():
+    """Switch-T5: 2 layers per stack, experts in layer 1 (num_sparse_*_layers=1 → step 2), 4 ReLU
+    experts, top-1; tied head with the d_model^-0.5 rescale; expert_capacity 64: nothing dropped
+    at these lengths (`switch_outputs` also runs it with 2)."""
     import torch
     import transformers
     cfg = transformers.SwitchTransformersConfig(
-        vocab_size=V, d_model=32, d_kv=8, d_ff=48, num_layers=4, num_decoder_layers=4, num_heads=4,
-        num_experts=4, expert_capacity=expert_capacity, num_sparse_encoder_layers=2,
-        num_sparse_decoder_layers=2, relative_attention_num_buckets=16,
+        vocab_size=V, d_model=32, d_kv=8, d_ff=32, num_layers=2, num_decoder_layers=2, num_heads=4,
+        num_experts=4, expert_capacity=64, num_sparse_encoder_layers=1,
+        num_sparse_decoder_layers=1, relative_attention_num_buckets=16,
         relative_attention_max_distance=20, decoder_start_token_id=0)
     model = randomized(transformers.SwitchTransformersForConditionalGeneration(cfg), 12)
     with torch.no_grad():  # logits of std ~1 (the tied head rescales by d_model^-0.5), so that
@@ -75,9 +77,7 @@ def build_switch(expert_capacity: int = 64):
     return model
 
 
-def switch_outputs(model) -> dict[str, np.ndarray]:
-    """``logits`` `[2, 7, V]` on (`SOURCES`, `TARGETS`) and ``greedy`` `[2, 6]` (cached decoding
-    from decoder start 0, no EOS)."""
+def _switch_run(model) -> dict[str, np.ndarray]:
     import torch
 
     src, mask = torch.tensor(SOURCES).long(), torch.tensor(SOURCE_MASK).long()
@@ -87,6 +87,25 @@ def switch_outputs(model) -> dict[str, np.ndarray]:
         out = model.generate(src, attention_mask=mask, max_new_tokens=6, do_sample=False,
                              num_beams=1, eos_token_id=None, decoder_start_token_id=0)
     return {"logits": logits.numpy(), "greedy": out[:, 1:].numpy().astype(np.int32)}
+
+
+def switch_outputs(model) -> dict[str, np.ndarray]:
+    """``logits`` `[2, 7, V]` on (`SOURCES`, `TARGETS`) and ``greedy`` `[2, 6]` (cached decoding
+    from decoder start 0, no EOS); ``logits_drop`` / ``greedy_drop`` the same with every router's
+    expert_capacity set to 2 (most experts drop tokens)."""
+    import transformers
+
+    out = _switch_run(model)
+    routers = [m for m in model.modules()
+               if isinstance(m, transformers.models.switch_transformers.modeling_switch_transformers
+                             .SwitchTransformersTop1Router)]
+    assert routers
+    for r in routers:
+        r.expert_capacity = 2
+    out.update({f"{k}_drop": v for k, v in _switch_run(model).items()})
+    for r in routers:
+        r.expert_capacity = model.config.expert_capacity
+    return out
 
 
 def reference_outputs(model) -> dict[str, np.ndarray]:
@@ -122,10 +141,10 @@ def test_mixtral_scanned_layout_and_capacity_path_give_the_same_logits():
 def test_configs_read_from_each_variant():
     want = {
         "mixtral": dict(num_experts=4, experts_per_token=2, norm_topk_prob=True, moe_every=1,
-                        moe_d_ff=48, d_ff=48, num_shared_experts=0, moe_dropless=True,
+                        moe_d_ff=32, d_ff=32, num_shared_experts=0, moe_dropless=True,
                         use_bias=False, qkv_bias=False, router_aux_loss_weight=0.001),
         "qwen2_moe": dict(num_experts=4, experts_per_token=2, norm_topk_prob=False, moe_every=2,
-                          moe_d_ff=24, d_ff=96, num_shared_experts=2, shared_expert_gate=True,
+                          moe_d_ff=16, d_ff=32, num_shared_experts=2, shared_expert_gate=True,
                           moe_dropless=True, qkv_bias=True, use_bias=False),
     }
     for name, fields in want.items():
@@ -171,20 +190,20 @@ def _switch_greedy(cfg: dict, params, **overrides) -> np.ndarray:
     return np.asarray(generate(model, params, prompts, max_new_tokens=6, eos_id=None).tokens)[:, :6]
 
 
-@pytest.mark.parametrize("name,capacity_factor", [("switch", 4.0), ("switch_drop", DROP_CAPACITY_FACTOR)])
-def test_switch_logits_greedy_and_round_trip(name, capacity_factor, tmp_path):
+@pytest.mark.parametrize("case,capacity_factor", [("", 4.0), ("_drop", DROP_CAPACITY_FACTOR)])
+def test_switch_logits_greedy_and_round_trip(case, capacity_factor, tmp_path):
     """Capacity for every token (capacity_factor = E: C = length), and HF's capacity 2 where both
     drop tokens past it in sequence order (HF's cumsum priority = our positions_in_expert)."""
-    path, ref = golden_dir(name), reference(name)
+    path, ref = golden_dir("switch"), reference("switch")
     cfg, params, _ = load_hf(path)
     ours = _switch_logits(cfg, params, capacity_factor=capacity_factor)
-    err = rel_err(ours, ref["logits"])
-    print(f"{name}: max relative logit error {err:.2e}")
+    err = rel_err(ours, ref["logits" + case])
+    print(f"switch{case}: max relative logit error {err:.2e}")
     assert err <= RTOL
     np.testing.assert_array_equal(_switch_greedy(cfg, params, capacity_factor=capacity_factor),
-                                  ref["greedy"])
+                                  ref["greedy" + case])
     dropless = _switch_logits(cfg, params, moe_dropless=True)
-    assert (rel_err(dropless, ref["logits"]) > 1e-2) == (name == "switch_drop")  # drops matter
+    assert (rel_err(dropless, ref["logits" + case]) > 1e-2) == (case == "_drop")  # drops matter
     out = tmp_path / "exported"
     save_hf(cfg, params, out)
     with open(f"{path}/model.safetensors", "rb") as a, open(out / "model.safetensors", "rb") as b:
@@ -193,15 +212,15 @@ def test_switch_logits_greedy_and_round_trip(name, capacity_factor, tmp_path):
 
 
 def test_switch_config_read():
-    cfg, _, _ = load_hf(golden_dir("switch_drop"))
+    cfg, _, _ = load_hf(golden_dir("switch"))
     c = ModelConfig.from_dict(cfg)
     assert (c.num_experts, c.experts_per_token, c.norm_topk_prob, c.moe_every, c.moe_dropless,
             c.activation, c.gated_ffn, c.tie_embeddings, c.rescale_tied_logits) == (
         4, 1, False, 2, False, "relu", False, True, True)
-    assert c.capacity_factor == 2 * 4 / c.max_len  # HF's count at max_len tokens
+    assert c.capacity_factor == 64 * 4 / c.max_len  # HF's count at max_len tokens
     assert (c.router_aux_loss_weight, c.router_z_loss_weight, c.router_jitter_noise) == (
         0.001, 0.001, 0.01)
-    assert [i for i in range(4) if c.moe_layer(i)] == [1, 3]
+    assert [i for i in range(2) if c.moe_layer(i)] == [1]
 
 
 @pytest.mark.parametrize("layers,sparse", [(4, 2), (4, 4), (6, 3), (5, 2), (3, 1), (4, 1)])
@@ -228,23 +247,24 @@ def test_switch_refusals_name_the_field():
     with pytest.raises(ValueError, match="router_bias=True"):
         hf_switch.config_from_hf({"router_bias": True}, {}, head=None, num_classes=None)
     hf, _ = hf_switch.config_to_hf(cfg.replace(capacity_factor=1.0, max_len=64))
-    assert hf["expert_capacity"] == 16 and hf["num_sparse_encoder_layers"] == 2
+    assert hf["expert_capacity"] == 16 and hf["num_sparse_encoder_layers"] == 1
 
 
 @pytest.mark.hf
-@pytest.mark.parametrize("name", ["switch", "switch_drop"])
-def test_switch_export_loads_in_pytorch(name, tmp_path):
+def test_switch_export_loads_in_pytorch(tmp_path):
     """Import → export → ``from_pretrained``: the golden logits and greedy tokens (and the golden
     files are what this transformers computes)."""
     import transformers
-    cfg, params, _ = load_hf(golden_dir(name))
+    cfg, params, _ = load_hf(golden_dir("switch"))
     save_hf(cfg, params, tmp_path / "exported")
-    for path in (golden_dir(name), tmp_path / "exported"):
+    ref = reference("switch")
+    for path in (golden_dir("switch"), tmp_path / "exported"):
         model = transformers.SwitchTransformersForConditionalGeneration.from_pretrained(
             path, attn_implementation="eager").eval()
         got = switch_outputs(model)
-        assert rel_err(got["logits"], reference(name)["logits"]) <= RTOL
-        np.testing.assert_array_equal(got["greedy"], reference(name)["greedy"])
+        for case in ("", "_drop"):
+            assert rel_err(got["logits" + case], ref["logits" + case]) <= RTOL
+            np.testing.assert_array_equal(got["greedy" + case], ref["greedy" + case])
 
 
 @pytest.mark.hf
