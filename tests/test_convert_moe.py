@@ -276,6 +276,7 @@ def test_export_loads_in_pytorch_with_the_same_logits(name, tmp_path):
     torch.manual_seed(0)
     BUILDERS[name]().save_pretrained(tmp_path / "hf")
     live = reference_outputs(_load_reference(tmp_path / "hf"))
+    assert rel_err(live["logits"], reference(name)["logits"]) <= RTOL  # golden = this transformers
     cfg, params, _ = load_hf(tmp_path / "hf")
     save_hf(cfg, params, tmp_path / "exported")
     back = reference_outputs(_load_reference(tmp_path / "exported"))
