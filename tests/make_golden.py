@@ -226,8 +226,9 @@ CASES: dict[str, Case] = {
     "mistral": Case(llama.build_mistral, llama_inputs, run_llama),
     "qwen2": Case(llama.build_qwen2, llama_inputs, run_llama),
     "llama_classifier": Case(llama.build_llama_classifier, llama_inputs, run_classifier),
-    # tests/test_convert_mixtral.py: Mixtral (4 experts, top-2, sliding window)
+    # tests/test_convert_mixtral.py: Mixtral (4 experts, top-2, sliding window), Qwen2-MoE
     "mixtral": Case(mixtral.build_mixtral, llama_inputs, run_llama),
+    "qwen2_moe": Case(mixtral.build_qwen2_moe, llama_inputs, run_llama),
     # tests/test_convert_mt5.py: T5 v1.1 graphs
     "mt5": Case(mt5.build_mt5, lambda: {"input_ids": mt5.INPUTS, "decoder_input_ids": mt5.TARGETS},
                 lambda model, inputs: mt5.reference_outputs(model)),

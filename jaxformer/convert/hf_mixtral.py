@@ -35,7 +35,7 @@ def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str 
     return cfg, prefix
 
 
-def _experts(param: str, tensor: str, e: int, in_dim: int, out_dim: int) -> Rule:
+def experts_rule(param: str, tensor: str, e: int, in_dim: int, out_dim: int) -> Rule:
     """``E`` ``nn.Linear`` weights `[out, in]` ↔ one kernel `[E, in, out]`."""
     return Rule((param,), tuple(tensor.format(j) for j in range(e)), ((e, in_dim, out_dim),),
                 ((out_dim, in_dim),) * e,
@@ -53,9 +53,9 @@ def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
         out += [
             Rule((f"{m}router/kernel",), (f"{t}gate.weight",), ((d, e),), ((e, d),),
                  lambda w: (w.T,), lambda k: (k.T,)),
-            _experts(f"{m}wi/kernel", t + "experts.{}.w1.weight", e, d, f),
-            _experts(f"{m}wi_gate/kernel", t + "experts.{}.w3.weight", e, d, f),
-            _experts(f"{m}wo/kernel", t + "experts.{}.w2.weight", e, f, d),
+            experts_rule(f"{m}wi/kernel", t + "experts.{}.w1.weight", e, d, f),
+            experts_rule(f"{m}wi_gate/kernel", t + "experts.{}.w3.weight", e, d, f),
+            experts_rule(f"{m}wo/kernel", t + "experts.{}.w2.weight", e, f, d),
         ]
     return out
 
