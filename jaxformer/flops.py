@@ -16,7 +16,9 @@ of each attention layer, ``2·T_q·T_k·H·Dh`` each forward; a causal mask make
 matrix useless, so causal self-attention counts half (the work a fused kernel skips; the plain XLA
 path still does it, which MFU then shows). Encoder parameters see the ``seq_len`` input tokens,
 decoder parameters and the output projection the ``target_len`` target tokens, the pooler and
-sequence-classifier heads one row each. Padding counts as tokens: the step computes it. An MLM head
+sequence-classifier heads one row each; an MoE FFN's experts k / E of their weights per token
+(the active parameters; capacity slots left empty and dropped tokens are not subtracted), its
+router in full. Padding counts as tokens: the step computes it. An MLM head
 that reads only ``predictions`` gathered positions per row (BERT's ``max_predictions_per_seq``,
 `jaxformer.objectives.mlm.max_predictions`) counts those rows, not ``seq_len``: its transform and
 output projection run at `[B, P, D]` (as MaxText, the FLOPs the program computes; the one-hot
@@ -50,6 +52,13 @@ DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5"
                 "NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200"}
 
 
+def _expert_kernel(names: list[str], leaf) -> bool:
+    """Whether a kernel is an MoE FFN's experts' `[E, …]` (`jaxformer.ops.moe`; a scanned stack
+    adds the ``layers`` axis): ``ffn/{wi,wi_gate,wo}/kernel`` with the extra expert axis."""
+    return (len(names) >= 3 and names[-3] == "ffn" and names[-2] in ("wi", "wi_gate", "wo")
+            and len(leaf.shape) == 3 + ("layers" in names))
+
+
 def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
                 target_len: int, predictions: int = 0) -> dict:
     """Training FLOPs (forward + backward) of one step of ``batch`` rows by the formula in the
@@ -74,9 +83,12 @@ def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
         uses = batch if names[0] in PER_ROW_MODULES else src if encoder_side else tgt
         if mlm_rows is not None and (tied_output or names[0] == "mlm_head"):
             uses = mlm_rows  # the MLM head's transform and output projection: `[B, P, D]`
-        if "shared" in names:  # ALBERT's cross-layer sharing: one block used num_layers times
+        if names[1:2] == ["shared"]:  # ALBERT's cross-layer sharing: one block, num_layers uses
             uses *= m.num_layers
-        dense += 6 * math.prod(leaf.shape) * uses
+        active = 1.0
+        if _expert_kernel(names, leaf):  # an MoE FFN: each token runs k of the E experts
+            active = m.experts_per_token / m.num_experts
+        dense += 6 * math.prod(leaf.shape) * uses * active
     hd = m.num_heads * m.head_dim
     if enc_dec:
         attn = 12 * batch * hd * (m.num_encoder_layers * seq_len ** 2

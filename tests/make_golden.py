@@ -2,7 +2,7 @@
 
     python tests/make_golden.py            # rewrite tests/data/golden/ (needs the [hf] extra)
     python tests/make_golden.py --check    # the committed files against the installed transformers
-    python tests/make_golden.py --only mixtral qwen2_moe   # (re)write these cases only
+    python tests/make_golden.py --only switch    # (re)write these cases only
 
 Each case builds a tiny random transformers model (PyTorch, CPU, float32) from a config and a fixed
 seed, saves it with ``save_pretrained`` (safetensors) and, for the cases the tests run, its outputs
@@ -36,6 +36,7 @@ import transformers
 # also where only a .pth file points at the project's environment, as in .venv-hf)
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 import test_convert_llama as llama  # noqa: E402  (the model zoo's builders live beside their tests)
+import test_convert_mixtral as mixtral  # noqa: E402
 import test_convert_moe as moe  # noqa: E402
 import test_convert_mt5 as mt5  # noqa: E402
 import test_convert_roberta_distilbert_bart as zoo  # noqa: E402
@@ -236,11 +237,11 @@ CASES: dict[str, Case] = {
     "mistral": Case(llama.build_mistral, llama_inputs, run_llama),
     "qwen2": Case(llama.build_qwen2, llama_inputs, run_llama),
     "llama_classifier": Case(llama.build_llama_classifier, llama_inputs, run_classifier),
-    # tests/test_convert_moe.py: Mixtral (top-2 renormalised), Qwen2-MoE (dense + sparse layers,
-    # shared expert and its gate)
-    "mixtral": Case(moe.build_mixtral, llama_inputs, run_llama),
-    "qwen2_moe": Case(moe.build_qwen2_moe, llama_inputs, run_llama),
-    # Switch-T5 with room for every token, and with HF's expert_capacity=2 (both drop tokens)
+    # tests/test_convert_mixtral.py: Mixtral (4 experts, top-2, sliding window), Qwen2-MoE
+    "mixtral": Case(mixtral.build_mixtral, llama_inputs, run_llama),
+    "qwen2_moe": Case(mixtral.build_qwen2_moe, llama_inputs, run_llama),
+    # tests/test_convert_moe.py: Switch-T5 (its outputs with room for every token, and with HF's
+    # expert_capacity=2, where both drop tokens)
     "switch": Case(moe.build_switch, switch_inputs, run_switch),
     # tests/test_convert_mt5.py: T5 v1.1 graphs
     "mt5": Case(mt5.build_mt5, lambda: {"input_ids": mt5.INPUTS, "decoder_input_ids": mt5.TARGETS},

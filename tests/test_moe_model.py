@@ -200,3 +200,22 @@ def test_moe_presets_have_the_published_parameter_counts(name, want):
     assert count == want
     if name == "switch_base_8":
         assert count == 222_903_552 + 12 * (7 * 2 * 768 * 3072 + 768 * 8)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_model_flops_count_the_active_experts(scan):
+    """6 · N · tokens with an MoE FFN's experts at k / E of their weights: 8 experts of width F at
+    k = 1 cost the dense model's FLOPs plus the router's 6 · D · 8 per token and layer; shared
+    experts count in full, once per layer (not as ALBERT's shared block)."""
+    from jaxformer.flops import model_flops
+
+    def flops(cfg):
+        return model_flops(cfg, build_model(cfg).abstract(), 2, 8, 8)["dense_flops_per_step"]
+
+    dense = _cfg("llama", scan_layers=scan)
+    moe = dense.replace(num_experts=8, experts_per_token=1)
+    tokens, layers = 2 * 8, dense.num_layers
+    assert flops(moe) == flops(dense) + 6 * tokens * layers * dense.d_model * 8
+    shared = moe.replace(num_shared_experts=1)
+    ffn = 3 * dense.d_model * dense.d_ff  # wi, wi_gate, wo
+    assert flops(shared) == flops(moe) + 6 * tokens * layers * ffn

@@ -1,9 +1,11 @@
 """Expert parallelism (issue 62): an MoE model's experts split over the ``expert`` mesh axis, tokens
-sent to them and back by all-to-all; ``expert=4 × data=2`` on 8 simulated devices trains as one
-device does (losses and parameters after 3 steps), and what it cannot run is refused by name."""
+sent to them and back by all-to-all; ``expert=4 × data=2`` and ``expert=2 × fsdp=2 × tensor=2`` on
+8 simulated devices train as one device does (losses and parameters after 3 steps), and what it
+cannot run is refused by name."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -52,13 +54,20 @@ def _train(mesh_sizes: dict, host_state=None, steps: int = 3):
     return jax.device_get(state), np.array(losses), hlo, shardings
 
 
-def test_expert_parallel_mesh_trains_as_one_device_with_all_to_alls():
-    one = jax.device_get(create_train_state(
+@functools.cache
+def _one_device():
+    """(the initial state on the host, the state after 3 steps and their losses) on one device."""
+    host = jax.device_get(create_train_state(
         build_model(ModelConfig.from_dict(preset("llama_tiny", **MOE))),
-        make_optimizer(OPTIMIZER, 32, 10)[0],
-        make_mesh({"data": 1}, jax.devices()[:1]), seed=0)[0])
-    single, single_losses, _, _ = _train({"data": 1}, one)
-    sharded, sharded_losses, hlo, shardings = _train({"data": 2, "expert": 4}, one)
+        make_optimizer(OPTIMIZER, 32, 10)[0], make_mesh({"data": 1}, jax.devices()[:1]), seed=0)[0])
+    state, losses, _, _ = _train({"data": 1}, host)
+    return host, state, losses
+
+
+@pytest.mark.parametrize("mesh", [{"data": 2, "expert": 4}, {"fsdp": 2, "expert": 2, "tensor": 2}])
+def test_expert_parallel_mesh_trains_as_one_device_with_all_to_alls(mesh):
+    host, single, single_losses = _one_device()
+    sharded, sharded_losses, hlo, shardings = _train(mesh, host)
     wi = shardings.params["decoder"]["layer_0"]["ffn"]["wi"]["kernel"].spec
     assert wi[0] == "expert"  # [E, D, F]: the experts split over the expert axis
     assert "all-to-all" in hlo

@@ -37,6 +37,7 @@ from jaxformer.convert import (
     hf_gpt2,
     hf_llama,
     hf_mixtral,
+    hf_qwen2_moe,
     hf_roberta,
     hf_switch,
     hf_t5,
@@ -70,7 +71,7 @@ CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert":
                                      "t5": hf_t5, "mt5": hf_t5,  # mT5: T5 v1.1's graph
                                      "roberta": hf_roberta, "distilbert": hf_distilbert,
                                      "bart": hf_bart, **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama),
-                                     **dict.fromkeys(hf_mixtral.MODEL_TYPES, hf_mixtral),
+                                     "mixtral": hf_mixtral, "qwen2_moe": hf_qwen2_moe,
                                      hf_switch.MODEL_TYPE: hf_switch}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
@@ -80,17 +81,22 @@ def export_converter(cfg: ModelConfig) -> ModuleType:
     """The converter a model exports with: by family, and within it by the options only one
     architecture has: ALBERT for an encoder with ``embedding_size`` or ``share_layers``, RoBERTa
     for one with ``position_offset`` (its padding row), DistilBERT for one without token types;
-    Llama / Mistral / Qwen2 for a decoder with RoPE (Mixtral / Qwen2-MoE with experts); BART for
-    an encoder-decoder with learned positions (T5's are relative); Switch Transformers for a T5
-    with experts."""
+    Qwen2-MoE for a decoder with RoPE and MoE FFNs with gated shared experts, Mixtral for one
+    without shared experts, Llama / Mistral / Qwen2 for one without; BART
+    for an encoder-decoder with learned positions (T5's are relative); Switch Transformers for
+    one with MoE FFNs."""
     if cfg.family == "encoder" and (cfg.embedding_size is not None or cfg.share_layers):
         return hf_albert
     if cfg.family == "encoder" and cfg.position_offset:
         return hf_roberta
     if cfg.family == "encoder" and not cfg.type_vocab_size:
         return hf_distilbert
+    if hf_qwen2_moe.is_qwen2_moe(cfg):
+        return hf_qwen2_moe
+    if hf_mixtral.is_mixtral(cfg):
+        return hf_mixtral
     if cfg.family == "decoder" and cfg.position == "rope":
-        return hf_mixtral if cfg.num_experts else hf_llama
+        return hf_llama
     if cfg.family == "encoder_decoder" and cfg.position == "learned":
         return hf_bart
     if cfg.family == "encoder_decoder" and cfg.num_experts:
