@@ -23,6 +23,7 @@ from jaxformer.convert import hf_mixtral, hf_qwen2_moe, hf_switch, load_hf, save
 from jaxformer.convert.mapping import flatten
 from jaxformer.decode import generate
 from jaxformer.models import build_model
+from jaxformer.models.presets import preset
 from jaxformer.ops.moe import router_logits, top_k_gates
 
 RTOL = 1e-5
@@ -188,6 +189,10 @@ def test_switch_refusals_name_the_field():
         hf_switch.config_from_hf({"router_bias": True}, {}, head=None, num_classes=None)
     hf, _ = hf_switch.config_to_hf(cfg.replace(capacity_factor=1.0, max_len=64))
     assert hf["expert_capacity"] == 16 and hf["num_sparse_encoder_layers"] == 1
+    # switch_base_8: experts in 6 of its 12 layers per stack, written as that count
+    hf, _ = hf_switch.config_to_hf(ModelConfig.from_dict(preset("switch_base_8")))
+    assert (hf["num_sparse_encoder_layers"], hf["num_sparse_decoder_layers"], hf["num_experts"],
+            hf["d_ff"], hf["num_layers"]) == (6, 6, 8, 3072, 12)
 
 
 @pytest.mark.hf

@@ -114,9 +114,10 @@ def rules(cfg: ModelConfig, prefix: str = "", *, export: bool = False) -> list[R
 
 
 def _num_sparse(num_layers: int, moe_every: int) -> int:
-    """HF's ``num_sparse_*_layers`` that makes our sparse layers sparse; ValueError if none does."""
+    """HF's ``num_sparse_*_layers`` that makes our sparse layers sparse (the largest: the count of
+    them when that works); ValueError if none does."""
     ours = _our_sparse_layers(num_layers, moe_every)
-    for n in range(1, num_layers + 1):
+    for n in range(num_layers, 0, -1):
         if hf_sparse_layers(num_layers, n) == ours:
             return n
     raise ValueError(f"this model config has no Hugging Face SwitchTransformers equivalent: "
