@@ -37,6 +37,7 @@ import transformers
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 import test_convert_llama as llama  # noqa: E402  (the model zoo's builders live beside their tests)
 import test_convert_mixtral as mixtral  # noqa: E402
+import test_convert_moe as moe  # noqa: E402
 import test_convert_mt5 as mt5  # noqa: E402
 import test_convert_roberta_distilbert_bart as zoo  # noqa: E402
 import test_hf_finetune as finetune  # noqa: E402
@@ -160,6 +161,15 @@ def run_llama(model, inputs):
     return llama.reference_outputs(model)
 
 
+def switch_inputs() -> dict[str, np.ndarray]:
+    return {"input_ids": moe.SOURCES, "attention_mask": moe.SOURCE_MASK,
+            "decoder_input_ids": moe.TARGETS}
+
+
+def run_switch(model, inputs):
+    return moe.switch_outputs(model)
+
+
 def run_zoo(name: str):
     """run() of `tests/test_convert_roberta_distilbert_bart.py`'s model ``name`` (on its batch)."""
     return lambda model, inputs: zoo.reference_outputs(name, model)
@@ -250,13 +260,17 @@ CASES: dict[str, Case] = {
     "mistral": Case(llama.build_mistral, llama_inputs, run_llama),
     "qwen2": Case(llama.build_qwen2, llama_inputs, run_llama),
     "llama_classifier": Case(llama.build_llama_classifier, llama_inputs, run_classifier),
-    # tests/test_convert_mixtral.py: Mixtral (4 experts, top-2, sliding window)
+    # tests/test_convert_mixtral.py: Mixtral (4 experts, top-2, sliding window), Qwen2-MoE
     "mixtral": Case(mixtral.build_mixtral, llama_inputs, run_llama),
     # tests/test_modernbert.py: ModernBERT's MLM, sequence ("cls"; "mean" with every bias) and
     # token classifiers, local window 6 < the 20 tokens
     **{name: Case(build, lambda: {"input_ids": modernbert.TOKENS, "attention_mask": modernbert.MASK},
                   lambda model, inputs: modernbert.reference_outputs(model))
        for name, build in modernbert.BUILDERS.items()},
+    "qwen2_moe": Case(mixtral.build_qwen2_moe, llama_inputs, run_llama),
+    # tests/test_convert_moe.py: Switch-T5 (its outputs with room for every token, and with HF's
+    # expert_capacity=2, where both drop tokens)
+    "switch": Case(moe.build_switch, switch_inputs, run_switch),
     # tests/test_convert_mt5.py: T5 v1.1 graphs
     "mt5": Case(mt5.build_mt5, lambda: {"input_ids": mt5.INPUTS, "decoder_input_ids": mt5.TARGETS},
                 lambda model, inputs: mt5.reference_outputs(model)),

@@ -1,8 +1,9 @@
-"""Hugging Face Mixtral ↔ jaxformer (MoE decoder): logits and greedy generation against PyTorch,
-import → export byte for byte, export → ``from_pretrained`` (``hf`` tier).
+"""Hugging Face Mixtral and Qwen2-MoE ↔ jaxformer (MoE decoders): logits and greedy generation
+against PyTorch, import → export byte for byte, export → ``from_pretrained`` (``hf`` tier).
 
-The reference is a small random `MixtralForCausalLM` (4 experts, top-2, GQA, sliding window
-shorter than the inputs) built by `build_mixtral`; `tests/make_golden.py` saves it and its outputs
+The references are a small random `MixtralForCausalLM` (4 experts, top-2, GQA, sliding window
+shorter than the inputs) and `Qwen2MoeForCausalLM` (gated shared expert, MoE every other layer),
+built by `build_mixtral` / `build_qwen2_moe`; `tests/make_golden.py` saves it and its outputs
 on `tests/test_convert_llama.py`'s inputs as a committed golden file, read here without torch.
 """
 
@@ -25,14 +26,29 @@ def build_mixtral():
     return llama._randomized(transformers.MixtralForCausalLM(cfg), 7)
 
 
-def test_logits_greedy_and_byte_identical_round_trip(tmp_path):
-    path, ref = golden_dir("mixtral"), reference("mixtral")
+def build_qwen2_moe():
+    """Qwen2-MoE: 4 experts of width 32, top-2 unnormalised, a gated shared expert 64 wide (2 × 32),
+    MoE in every other layer (decoder_sparse_step 2: layer 1; layer 0 keeps the dense mlp)."""
+    import transformers
+    cfg = transformers.Qwen2MoeConfig(**llama.SMALL, num_experts=4, num_experts_per_tok=2,
+                                      moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                      decoder_sparse_step=2, norm_topk_prob=False)
+    return llama._randomized(transformers.Qwen2MoeForCausalLM(cfg), 8)
+
+
+CASES = {"mixtral": (4, 2, 1, 0), "qwen2_moe": (4, 2, 2, 2)}  # E, k, moe_every, shared experts
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_logits_greedy_and_byte_identical_round_trip(name, tmp_path):
+    path, ref = golden_dir(name), reference(name)
     cfg, params, _ = load_hf(path)
-    model_cfg = ModelConfig.from_dict(cfg)
-    assert (model_cfg.num_experts, model_cfg.experts_per_token, model_cfg.moe_dropless) == (4, 2, True)
+    m = ModelConfig.from_dict(cfg)
+    assert (m.num_experts, m.experts_per_token, m.moe_every, m.num_shared_experts) == CASES[name]
+    assert m.moe_dropless
     valid = llama.MASK == 1
     err = rel_err(llama._our_logits(cfg, params)[valid], ref["logits"][valid])
-    print(f"mixtral: max relative logit error {err:.2e}")
+    print(f"{name}: max relative logit error {err:.2e}")
     assert err <= llama.RTOL
     np.testing.assert_array_equal(llama._our_greedy(cfg, params), ref["greedy"])
     out = tmp_path / "exported"
@@ -42,13 +58,14 @@ def test_logits_greedy_and_byte_identical_round_trip(tmp_path):
 
 
 @pytest.mark.hf
-def test_export_loads_in_pytorch_with_the_same_logits(tmp_path):
-    cfg, params, _ = load_hf(golden_dir("mixtral"))
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_export_loads_in_pytorch_with_the_same_logits(name, tmp_path):
+    cfg, params, _ = load_hf(golden_dir(name))
     save_hf(cfg, params, tmp_path / "exported")
     valid = llama.MASK == 1
     got = llama.reference_outputs(llama._load_reference(tmp_path / "exported"))
-    assert rel_err(got["logits"][valid], reference("mixtral")["logits"][valid]) <= llama.RTOL
-    np.testing.assert_array_equal(got["greedy"], reference("mixtral")["greedy"])
+    assert rel_err(got["logits"][valid], reference(name)["logits"][valid]) <= llama.RTOL
+    np.testing.assert_array_equal(got["greedy"], reference(name)["greedy"])
 
 
 def test_configs_with_no_mixtral_equivalent_are_refused_on_export(tmp_path):

@@ -393,8 +393,8 @@ def test_a_mesh_too_big_for_the_devices_says_how_to_get_them():
 
 def test_mesh_shape_fills_and_validates():
     assert mesh_shape({}, 8) == {"data": 8, "fsdp": 1, "expert": 1, "context": 1, "tensor": 1}
-    assert mesh_shape({"data": -1, "tensor": 2}, 8) == {"data": 4, "fsdp": 1, "context": 1,
-                                                        "tensor": 2}
+    assert mesh_shape({"data": -1, "tensor": 2}, 8) == {"data": 4, "fsdp": 1, "expert": 1,
+                                                        "context": 1, "tensor": 2}
     assert mesh_shape({"data": 1, "fsdp": -1, "tensor": 4}, 8)["fsdp"] == 2
     with pytest.raises(ValueError, match="has 4 devices but 8 are available"):
         mesh_shape({"data": 2, "fsdp": 2, "tensor": 1}, 8)
@@ -545,8 +545,8 @@ def test_plan_gpt2_small_parameters_and_flops():
         plan.plan(plan.preset_config("gpt2_small", batch=4, seq_len=64, mesh="fsdp=8"),
                   devices=8, compile=False)
     assert plan.plan(plan.preset_config("gpt2_small", batch=8, seq_len=64, mesh="fsdp=-1"),
-                     devices=8, compile=False)["mesh"] == {"data": 1, "fsdp": 8, "context": 1,
-                                                           "tensor": 1}
+                     devices=8, compile=False)["mesh"] == {"data": 1, "fsdp": 8, "expert": 1,
+                                                           "context": 1, "tensor": 1}
 
 
 def test_a_mesh_the_heads_do_not_divide_fails_before_any_work(tmp_path):

@@ -360,7 +360,7 @@ def test_planner_knows_the_context_axis():
 
     config = plan.preset_config("gpt2_small_bf16", batch=2, seq_len=64, mesh="data=2,context=4")
     assert plan.plan(config, devices=8, compile=False)["mesh"] == {
-        "data": 2, "fsdp": 1, "context": 4, "tensor": 1}
+        "data": 2, "fsdp": 1, "expert": 1, "context": 4, "tensor": 1}
     config = plan.preset_config("gpt2_small_bf16", batch=2, seq_len=60, mesh="data=2,context=4")
     with pytest.raises(ValueError, match=r"data.seq_len=60 is not divisible by 2 × mesh.context"):
         plan.plan(config, devices=8, compile=False)

@@ -1,5 +1,5 @@
 """Import and export Hugging Face GPT-2, BERT, ALBERT, RoBERTa, DistilBERT, T5 / mT5, BART,
-Llama / Mistral / Qwen2, Mixtral / Qwen2-MoE, ModernBERT and ViT checkpoints.
+Llama / Mistral / Qwen2, Mixtral / Qwen2-MoE, Switch Transformers, ModernBERT and ViT checkpoints.
 
     cfg_dict, params, tokenizer = load_hf("path/to/hf_model")           # → jaxformer
     save_hf(cfg_dict, params, "path/to/out")                              # → from_pretrained-able
@@ -39,7 +39,9 @@ from jaxformer.convert import (
     hf_llama,
     hf_mixtral,
     hf_modernbert,
+    hf_qwen2_moe,
     hf_roberta,
+    hf_switch,
     hf_t5,
     hf_vit,
 )
@@ -72,7 +74,9 @@ CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "albert":
                                      "t5": hf_t5, "mt5": hf_t5,  # mT5: T5 v1.1's graph
                                      "roberta": hf_roberta, "distilbert": hf_distilbert,
                                      "bart": hf_bart, **dict.fromkeys(hf_llama.MODEL_TYPES, hf_llama),
-                                     "mixtral": hf_mixtral, "vit": hf_vit, "modernbert": hf_modernbert}
+                                     "mixtral": hf_mixtral, "qwen2_moe": hf_qwen2_moe,
+                                     hf_switch.MODEL_TYPE: hf_switch, "vit": hf_vit,
+                                     "modernbert": hf_modernbert}
 BY_FAMILY: dict[str, ModuleType] = {"decoder": hf_gpt2, "encoder": hf_bert,
                                     "encoder_decoder": hf_t5}
 
@@ -82,8 +86,10 @@ def export_converter(cfg: ModelConfig) -> ModuleType:
     architecture has: ModernBERT for an encoder with RoPE, ALBERT for an encoder with
     ``embedding_size`` or ``share_layers``, RoBERTa
     for one with ``position_offset`` (its padding row), DistilBERT for one without token types;
-    Mixtral for a decoder with RoPE and MoE FFNs, Llama / Mistral / Qwen2 for one without; BART
-    for an encoder-decoder with learned positions (T5's are relative); ViT for an encoder of images."""
+    Qwen2-MoE for a decoder with RoPE and MoE FFNs with gated shared experts, Mixtral for one
+    without shared experts, Llama / Mistral / Qwen2 for one without; BART
+    for an encoder-decoder with learned positions (T5's are relative); Switch Transformers for
+    one with MoE FFNs; ViT for an encoder of images."""
     if cfg.image_size is not None:  # the Vision Transformer
         return hf_vit
     if cfg.family == "encoder" and cfg.position == "rope":  # ModernBERT
@@ -94,12 +100,16 @@ def export_converter(cfg: ModelConfig) -> ModuleType:
         return hf_roberta
     if cfg.family == "encoder" and not cfg.type_vocab_size:
         return hf_distilbert
+    if hf_qwen2_moe.is_qwen2_moe(cfg):
+        return hf_qwen2_moe
     if hf_mixtral.is_mixtral(cfg):
         return hf_mixtral
     if cfg.family == "decoder" and cfg.position == "rope":
         return hf_llama
     if cfg.family == "encoder_decoder" and cfg.position == "learned":
         return hf_bart
+    if cfg.family == "encoder_decoder" and cfg.num_experts:
+        return hf_switch
     return BY_FAMILY[cfg.family]
 # The ModelConfig fields a Hugging Face config cannot express (`jaxformer.config.exported_fields`:
 # HF T5 has one dropout rate, no init scale of ours, no attention implementation): exports store

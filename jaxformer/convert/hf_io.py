@@ -59,7 +59,8 @@ def read_config(directory: str | os.PathLike) -> dict:
         cfg = json.load(f)
     if "model_type" not in cfg:
         raise ValueError(f"{path} has no 'model_type'; expected one of gpt2, bert, albert, "
-                         "roberta, distilbert, t5, mt5, bart, llama, mistral, qwen2")
+                         "roberta, distilbert, t5, mt5, bart, llama, mistral, qwen2, mixtral, "
+                         "qwen2_moe, switch_transformers")
     return cfg
 
 

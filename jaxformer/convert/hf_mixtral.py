@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxformer.config import ModelConfig
 from jaxformer.convert import hf_llama
-from jaxformer.convert.mapping import Rule, leftover_rule, require
+from jaxformer.convert.mapping import Rule, experts_linear, leftover_rule, require
 
 MODEL_TYPES = ("mixtral",)
 CLASS_PREFIX = "Mixtral"
@@ -35,12 +35,9 @@ def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str 
     return cfg, prefix
 
 
-def _experts(param: str, tensor: str, e: int, in_dim: int, out_dim: int) -> Rule:
-    """``E`` ``nn.Linear`` weights `[out, in]` ↔ one kernel `[E, in, out]`."""
-    return Rule((param,), tuple(tensor.format(j) for j in range(e)), ((e, in_dim, out_dim),),
-                ((out_dim, in_dim),) * e,
-                lambda *ws: (np.stack([w.T for w in ws]),),
-                lambda k: tuple(k[j].T for j in range(e)))
+def experts(prefix: str, name: str, e: int) -> list[str]:
+    """The ``e`` experts' tensor names ``{prefix}experts.{j}.{name}.weight``."""
+    return [f"{prefix}experts.{j}.{name}.weight" for j in range(e)]
 
 
 def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
@@ -53,9 +50,9 @@ def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
         out += [
             Rule((f"{m}router/kernel",), (f"{t}gate.weight",), ((d, e),), ((e, d),),
                  lambda w: (w.T,), lambda k: (k.T,)),
-            _experts(f"{m}wi/kernel", t + "experts.{}.w1.weight", e, d, f),
-            _experts(f"{m}wi_gate/kernel", t + "experts.{}.w3.weight", e, d, f),
-            _experts(f"{m}wo/kernel", t + "experts.{}.w2.weight", e, f, d),
+            experts_linear(f"{m}wi/kernel", experts(t, "w1", e), (d,), (f,)),
+            experts_linear(f"{m}wi_gate/kernel", experts(t, "w3", e), (d,), (f,)),
+            experts_linear(f"{m}wo/kernel", experts(t, "w2", e), (f,), (d,)),
         ]
     return out
 

@@ -63,6 +63,24 @@ def linear(param: str, tensor: str, in_shape: Sequence[int], out_shape: Sequence
                 lambda k: (k.reshape(flat),))
 
 
+def experts_linear(param: str, tensors: Sequence[str], in_shape: Sequence[int],
+                   out_shape: Sequence[int]) -> Rule:
+    """An experts' kernel `[E, *in_shape, *out_shape]` ↔ ``E = len(tensors)`` ``nn.Linear.weight``
+    `[prod(out), prod(in)]`, one per expert (Mixtral's ``experts.{e}.w1``, Switch's
+    ``experts.expert_{e}.wi``)."""
+    i, o = tuple(in_shape), tuple(out_shape)
+    flat = (math.prod(o), math.prod(i))
+
+    def stack(*ws):
+        return (np.stack([w.T.reshape(i + o) for w in ws]),)
+
+    def split(k):
+        return tuple(x.reshape(flat[::-1]).T for x in k)
+
+    return Rule((param,), tuple(tensors), ((len(tensors),) + i + o,), (flat,) * len(tensors),
+                stack, split)
+
+
 def fused(params: Sequence[str], tensor: str, prefix_shape: Sequence[int],
           part_shape: Sequence[int]) -> Rule:
     """``len(params)`` parameters `[*prefix, *part]` ↔ one tensor `[*prefix, n · prod(part)]`
