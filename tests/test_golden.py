@@ -34,7 +34,9 @@ def test_every_case_is_committed_small_and_recorded():
                                               for f in files), name
     assert set(json.loads((GOLDEN / "init_stats.json").read_text())) >= {"t5_step0", "gpt2", "t5"}
     size = sum(p.stat().st_size for p in GOLDEN.rglob("*") if p.is_file())
-    assert size < 10 * 2**20, f"golden files are {size / 2**20:.1f} MiB: keep the models tiny"
+    # 12 MiB for 18 architectures' cases (10 MiB held the first twelve); the largest, mixtral and the
+    # T5 v1.1 graphs (~0.75 MiB each), are the place to shrink before raising it again
+    assert size < 12 * 2**20, f"golden files are {size / 2**20:.1f} MiB: keep the models tiny"
 
 
 @pytest.mark.hf
