@@ -412,7 +412,8 @@ def test_mesh_shape_fills_and_validates():
     with pytest.raises(ValueError, match="unknown mesh axes"):
         mesh_shape({"model": 2}, 8)
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-    assert mesh.axis_names == ("data", "fsdp", "context", "tensor") and mesh.size == jax.device_count()
+    assert mesh.axis_names == ("data", "fsdp", "expert", "context", "tensor")
+    assert mesh.size == jax.device_count()
     assert describe(mesh) == "data=2 fsdp=2 expert=1 context=1 tensor=2 (8 devices, 1 process)"
     assert describe(make_mesh({"data": 1}, jax.devices()[:1])).endswith("(1 device, 1 process)")
 
