@@ -101,6 +101,7 @@ ONE_DEVICE_IS_ENOUGH = {
     "test_multiprocess.py": "its train.py processes set their own XLA_FLAGS (4 devices each)",
     "test_host.py": "its one jax.devices() is in a subprocess without the suite's XLA_FLAGS",
     "test_flash_attention.py": "its loss curve trains on a one-device mesh (jax.devices()[:1])",
+    "test_images.py": "its ViT train steps run on a one-device mesh (jax.devices()[:1])",
 }
 
 
