@@ -1,6 +1,7 @@
 #!/bin/bash
 # ModernBERT vs BERT of equal size (1.08M / 1.09M parameters): the demo's BERT path for each.
-cd /work/wt/mbert && export PYTHONPATH=$PWD
+# Usage: demo_results/modernbert/run.sh modernbert|bert  (docs/models.md, "ModernBERT")
+cd "$(dirname "$0")/../.." && export PYTHONPATH=$PWD  # the repository root
 MB=""
 for c in bert_pretrain_tiny bert_finetune_tiny; do
   for kv in model.position=rope model.rope_theta=160000.0 model.local_rope_theta=10000.0 \
