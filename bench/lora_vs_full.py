@@ -58,9 +58,7 @@ def _finetune(init_from: Path, workdir: Path, seed: int, method: str) -> dict:
     start = time.perf_counter()
     metrics = trainer.run()
     seconds = time.perf_counter() - start
-    with trainer.config.unlocked():
-        trainer.config.eval.split = "test"
-    test = trainer.evaluate(trainer.model_params(trainer.state))
+    test = trainer.evaluate(trainer.model_params(trainer.state), split="test")
     return {"method": method, "seed": seed, "validation_accuracy": metrics.get("eval_accuracy"),
             "test_accuracy": test["eval_accuracy"], "trainable_params": trainable,
             "s_per_step": seconds / flags.FLAGS.finetune_steps}

@@ -96,13 +96,8 @@ def eval_batches(trainer, split: str) -> Iterator[dict]:
 def evaluate_split(trainer, params, split: str, max_batches: int = 0) -> dict:
     """`Trainer.evaluate` over the whole of ``split`` (its first ``max_batches`` batches when
     > 0): loss, accuracy, perplexity."""
-    eval_cfg = trainer.config.eval
-    saved = (eval_cfg.split, eval_cfg.num_batches)
-    eval_cfg.split, eval_cfg.num_batches = split, max_batches if max_batches > 0 else 10**9
-    try:
-        out = trainer.evaluate(params)
-    finally:
-        eval_cfg.split, eval_cfg.num_batches = saved
+    out = trainer.evaluate(params, split=split,
+                           num_batches=max_batches if max_batches > 0 else 10**9)
     return {k.removeprefix("eval_"): float(v) for k, v in out.items()}
 
 

@@ -530,3 +530,20 @@ def test_a_feature_reaches_the_step_and_evaluation_through_its_extension_only(tm
     uniform = float(np.log(trainer.model_cfg.vocab_size))  # -log(1/V) at every position
     np.testing.assert_allclose([toyed["loss"], toyed["eval_loss"]], uniform, rtol=1e-6)
     assert abs(plain["loss"] - uniform) > 1e-4 and abs(plain["eval_loss"] - uniform) > 1e-4
+
+
+def test_evaluate_scores_the_split_it_is_given(pretrained, tmp_path):
+    """`Trainer.evaluate(split=…, num_batches=…)` scores that split, as a run configured with it
+    does (the demo's and the benchmarks' test figures: mutating ``trainer.config`` after set-up no
+    longer reaches the typed settings the trainer reads)."""
+    init = str(pretrained["gpt"])
+    trainer = Trainer(load_config("gpt_finetune_tiny", init_from=init), tmp_path / "a")
+    params = trainer.model_params(trainer.state)
+    validation = trainer.evaluate(params)
+    test = trainer.evaluate(params, split="test")
+    configured = Trainer(load_config("gpt_finetune_tiny", init_from=init, **{"eval.split": "test"}),
+                         tmp_path / "b")
+    assert test == pytest.approx(configured.evaluate(params), rel=1e-6)
+    assert test["eval_loss"] != pytest.approx(validation["eval_loss"], rel=1e-6)
+    assert trainer.evaluate(params, split="test", num_batches=1) != test  # 1 batch, not 4
+    assert trainer.evaluate(params, num_batches=0) == {}

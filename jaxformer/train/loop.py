@@ -124,13 +124,17 @@ class Trainer:
         return compile_step(s.parallel, step_fn, self.mesh, self.shardings,
                             self.extension.frozen_shardings)
 
-    def evaluate(self, params, step: int | None = None) -> dict:
-        """Loss, accuracy and perplexity over ``eval.num_batches`` batches of ``eval.split``, and
-        decoding scores with ``eval.generate_examples``. A sequence classifier's evaluations at
-        ``step`` are watched for a collapse to one class or an accuracy at or below the
-        majority-class rate (`jaxformer.train.collapse`)."""
+    def evaluate(self, params, step: int | None = None, *, split: str | None = None,
+                 num_batches: int | None = None) -> dict:
+        """Loss, accuracy and perplexity over ``num_batches`` batches (default ``eval.num_batches``)
+        of ``split`` (default ``eval.split``), and decoding scores of its first
+        ``eval.generate_examples`` examples. A sequence classifier's evaluations at ``step`` are
+        watched for a collapse to one class or an accuracy at or below the majority-class rate
+        (`jaxformer.train.collapse`)."""
         s = self.settings
-        if s.eval.num_batches == 0:
+        split = s.eval.split if split is None else split
+        num_batches = s.eval.num_batches if num_batches is None else num_batches
+        if num_batches == 0:
             return {}
         if not hasattr(self, "_eval_fn"):
             counts = self.predicts_labels and self.model_cfg.head == "classify"
@@ -141,14 +145,14 @@ class Trainer:
                 self._collapse = CollapseWatch(s.data.label_names)
             self._eval_fn = sharded_jit(eval_step, self.mesh,
                                         in_shardings=(self.param_shardings, None, None))
-        totals = self._eval_sums(params, self.make_ds(s.eval.split, num_epochs=1))
+        totals = self._eval_sums(params, self.make_ds(split, num_epochs=1), num_batches)
         if totals is None:
             return {}
         parts = {}  # a mixture's components, each scored on its own too: eval_loss/<component>
-        for name, source in component_sources(s.data, s.eval.split, self.settings.objective.name,
+        for name, source in component_sources(s.data, split, self.settings.objective.name,
                                               s.objective_options):
-            sums = self._eval_sums(params, self.make_ds(s.eval.split, num_epochs=1, source=source,
-                                                        source_name=name)) or {}
+            sums = self._eval_sums(params, self.make_ds(split, num_epochs=1, source=source,
+                                                        source_name=name), num_batches) or {}
             parts.update({f"eval_{k}/{name}": v for k, v in summarize_eval(sums).items()
                           if k in ("loss", "accuracy")} if sums else {})
         predicted, labelled = totals.pop("predicted", None), totals.pop("labelled", None)
@@ -158,29 +162,29 @@ class Trainer:
         if self.predicts_labels:  # exp(cross-entropy) of a label is no perplexity
             out.pop("perplexity")
         if s.eval.generate_examples > 0:
-            out.update(self._decoding_scores(params))
+            out.update(self._decoding_scores(params, split))
         return {**{f"eval_{k}": v for k, v in out.items()}, **parts}
 
-    def _eval_sums(self, params, batches) -> dict | None:
-        """The eval step's sums over the first ``eval.num_batches`` of ``batches`` (None: none)."""
+    def _eval_sums(self, params, batches, num_batches: int) -> dict | None:
+        """The eval step's sums over the first ``num_batches`` of ``batches`` (None: none)."""
         totals, key = None, jax.random.key(self.settings.seed + 1)
-        for i, batch in zip(range(self.settings.eval.num_batches), iter(batches)):
+        for i, batch in zip(range(num_batches), iter(batches)):
             _check_batch(batch, self.model_cfg, self.predicts_labels)
             sums = self._eval_fn(params, global_batch(batch, self.mesh), jax.random.fold_in(key, i))
             totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
         return totals
 
-    def _decoding_scores(self, params) -> dict:
+    def _decoding_scores(self, params, split: str) -> dict:
         """BLEU, chrF and exact match of generations for the first ``eval.generate_examples``
-        examples of ``eval.split`` (`jaxformer.evaluation.decoding`; the same sample each time)."""
+        examples of ``split`` (`jaxformer.evaluation.decoding`; the same sample each time)."""
         s = self.settings
         if not hasattr(self, "_decoding"):
-            examples = decoding_examples(s, self.tokenizer, s.eval.split,
-                                         limit=s.eval.generate_examples)
-            self._decoding = (self.model, examples,
-                              generation_config(s, self.tokenizer))
-        model, examples, gen = self._decoding
-        scores, _ = score_decoding(model, params, self.tokenizer, examples, gen,
+            self._decoding = {}
+        if split not in self._decoding:
+            self._decoding[split] = decoding_examples(s, self.tokenizer, split,
+                                                      limit=s.eval.generate_examples)
+        scores, _ = score_decoding(self.model, params, self.tokenizer, self._decoding[split],
+                                   generation_config(s, self.tokenizer),
                                    batch_size=s.data.batch_size)
         return {k: scores[k] for k in ("bleu", "chrf", "exact_match")}
 
