@@ -180,31 +180,54 @@ class Trainer:
         if s.eval.num_batches == 0:
             return {}
         if not hasattr(self, "_eval_fn"):
-            counts = self.predicts_labels and self.model_cfg.head == "classify"
-            eval_step = make_eval_step(self.model, self.prepare, predictions=counts,
-                                       vocab_block_size=s.objective.vocab_block_size)
-            if counts:
-                eval_step = with_prediction_counts(eval_step, self.model_cfg.num_classes)
-                self._collapse = CollapseWatch(s.data.label_names)
-            self._eval_fn = sharded_jit(eval_step, self.mesh,
-                                        in_shardings=(self.param_shardings, None, None))
+            self._eval_fn = self._eval_step()
         it = iter(self.make_ds(s.eval.split, num_epochs=1))
         totals, key = None, jax.random.key(s.seed + 1)
+        evaluator = self.extension.evaluator
+        frozen = None if evaluator is None else self.extension.frozen
         for i, batch in zip(range(s.eval.num_batches), it):
             _check_batch(batch, self.model_cfg, self.predicts_labels)
-            sums = self._eval_fn(params, global_batch(batch, self.mesh), jax.random.fold_in(key, i))
+            sums = self._eval_fn(params, global_batch(batch, self.mesh), jax.random.fold_in(key, i),
+                                 frozen)
             totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
         if totals is None:
             return {}
+        if evaluator is not None:  # a feature's own metrics (DPO's preference metrics)
+            out = evaluator.summarize(totals)
+        else:
+            out = self._summarize(totals, step)
+        if s.eval.generate_examples > 0:
+            out.update(self._decoding_scores(params))
+        return {f"eval_{k}": v for k, v in out.items()}
+
+    def _summarize(self, totals: dict, step: int | None) -> dict:
+        """`summarize_eval` of the totals; a classifier's prediction counts to its collapse watch."""
         predicted, labelled = totals.pop("predicted", None), totals.pop("labelled", None)
         out = summarize_eval(totals)
         if predicted is not None and step is not None and jax.process_index() == 0:
             self._collapse.push(step, predicted, labelled, out["accuracy"])
         if self.predicts_labels:  # exp(cross-entropy) of a label is no perplexity
             out.pop("perplexity")
-        if s.eval.generate_examples > 0:
-            out.update(self._decoding_scores(params))
-        return {f"eval_{k}": v for k, v in out.items()}
+        return out
+
+    def _eval_step(self):
+        """``(params, batch, key, frozen) -> sums`` compiled: the extension's evaluator's sums of
+        the prepared batch (``frozen``: its frozen tree), or the objective's cross-entropy
+        (`make_eval_step`, with the predictions' counts of a classifier)."""
+        s, evaluator = self.settings, self.extension.evaluator
+        if evaluator is not None:
+            def step(params, batch, key, frozen):
+                return evaluator.sums(self.model, params, frozen, self.prepare(batch, key))
+            return sharded_jit(step, self.mesh, in_shardings=(
+                self.param_shardings, None, None, self.extension.frozen_shardings))
+        counts = self.predicts_labels and self.model_cfg.head == "classify"
+        eval_step = make_eval_step(self.model, self.prepare, predictions=counts,
+                                   vocab_block_size=s.objective.vocab_block_size)
+        if counts:
+            eval_step = with_prediction_counts(eval_step, self.model_cfg.num_classes)
+            self._collapse = CollapseWatch(s.data.label_names)
+        return sharded_jit(lambda params, batch, key, frozen: eval_step(params, batch, key),
+                           self.mesh, in_shardings=(self.param_shardings, None, None, None))
 
     def _decoding_scores(self, params) -> dict:
         """BLEU, chrF and exact match of generations for the first ``eval.generate_examples``
