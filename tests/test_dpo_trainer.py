@@ -63,6 +63,17 @@ def dpo_run(tmp_path_factory):
     trainer.lock.release()
 
 
+@pytest.fixture(scope="module")
+def sft_run(dpo_run):
+    """(the SFT run's workdir, its pairs' data.source) of `dpo_run`."""
+    workdir = dpo_run[1]
+    return workdir.parent / "sft", trainer_source(dpo_run[0])
+
+
+def trainer_source(trainer) -> str:
+    return trainer.settings.data.source
+
+
 def test_dpo_seq2seq_from_a_t5_sft_run_through_the_trainer(dpo_run):
     trainer, workdir, before = dpo_run
     rows = [r for r in read_metrics(workdir) if "rewards_accuracies" in r]
@@ -74,6 +85,35 @@ def test_dpo_seq2seq_from_a_t5_sft_run_through_the_trainer(dpo_run):
     print(before, after)
     assert after["eval_rewards_accuracies"] >= 0.8, after
     assert after["eval_loss"] < np.log(2) and after["eval_rewards_margins"] > 0
+
+
+def test_a_lora_sft_run_as_init_from_is_its_base_with_the_adapters_merged(sft_run, tmp_path):
+    """DPO from a LoRA SFT run (its checkpoint holds adapters only): the policy starts from, and the
+    reference is, the parameters the LoRA run's model applied (its base with the adapters merged, as
+    its trainer's LoRA hook made them), not a fresh initialisation."""
+    import jax
+
+    sft, pairs = sft_run
+    lora = Trainer(load_config(ROOT / "configs" / "t5_finetune_tiny.py", {
+        **TINY, "init_from": str(sft), "optimizer.lora.rank": 2, "optimizer.lora.alpha": 4.0,
+        "data.source": f"files:{sft.parent}/sft_data/{{split}}.jsonl", "num_train_steps": 3,
+        "optimizer.peak_lr": 1e-2, "eval.num_batches": 0, "checkpoint.every_steps": 3}),
+        tmp_path / "lora_sft")
+    lora.run()
+    applied = jax.device_get(lora.model_params(lora.state))
+    lora.lock.release()
+    assert set(lora.state.params) == {"lora"}  # the run's checkpoint holds the adapters only
+    for kind, extra in (("full", {}), ("lora", {"optimizer.lora.rank": 2})):
+        dpo = Trainer(load_config(ROOT / "configs" / "t5_finetune_tiny.py", {
+            **TINY, "init_from": str(tmp_path / "lora_sft"), "objective.name": "dpo_seq2seq",
+            "data.source": pairs, "num_train_steps": 1, "eval.num_batches": 0, **extra}),
+            tmp_path / f"dpo_{kind}")
+        start = jax.device_get(dpo.model_params(dpo.state))
+        reference = jax.device_get(dpo.extension.frozen)
+        dpo.lock.release()
+        for tree in (start, reference):  # LoRA-DPO: the merged SFT model is its base (adapters 0)
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6),
+                         tree, applied)
 
 
 def test_the_trainers_evaluation_is_evaluate_pairs_on_the_same_split(dpo_run):
