@@ -1,7 +1,8 @@
 """DPO through the trainer, end to end on tiny sizes: a T5 SFT run (``seq2seq``), then ``dpo_seq2seq``
 from it (``init_from``) on JSONL pairs. Step 0's loss is log 2, held-out reward accuracy rises, and the
-trainer's evaluation (``Trainer.evaluate``, the DPO extension's evaluator) reports the preference
-metrics that `jaxformer.train.dpo_run.evaluate_pairs` computes on the same split."""
+trainer's evaluation (``Trainer.evaluate``, the DPO extension's evaluator) and `evaluate_run` on the
+workdir report the preference metrics that `jaxformer.train.dpo_run.evaluate_pairs` computes on the
+same split; a LoRA SFT run as ``init_from`` is its base with the adapters merged."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from jaxformer.checkpoint import read_metrics
+from jaxformer.evaluate_run import evaluate_run
 from jaxformer.train.config import load_config
 from jaxformer.train.dpo_run import evaluate_pairs
 from jaxformer.train.loop import Trainer
@@ -130,4 +132,15 @@ def test_the_trainers_evaluation_is_evaluate_pairs_on_the_same_split(dpo_run):
     assert direct["pairs"] == 16  # the whole validation split
     assert set(logged) == {f"eval_{k}" for k in direct}
     for k, v in direct.items():
+        assert logged[f"eval_{k}"] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+
+
+def test_evaluate_run_scores_a_dpo_workdir_as_the_trainer_does(dpo_run):
+    """``jaxformer-evaluate`` (`evaluate_run`) on the DPO workdir: its reference read again from
+    ``init_from``, the metrics the trainer logged at the last step on the same split."""
+    _, workdir, _ = dpo_run
+    logged = [r for r in read_metrics(workdir) if "eval_rewards_accuracies" in r][-1]
+    scored = evaluate_run(workdir, split="validation", progress=False)["metrics"]
+    assert scored["pairs"] == 16 and "perplexity" not in scored
+    for k, v in scored.items():
         assert logged[f"eval_{k}"] == pytest.approx(v, rel=1e-5, abs=1e-6), k

@@ -21,7 +21,14 @@ from typing import Any
 
 import jax
 
+from jaxformer.checkpoint import open_run
+from jaxformer.config import ModelConfig
+from jaxformer.convert.hf import load_hf
+from jaxformer.convert.hf_io import is_hf_directory
+from jaxformer.convert.lora import merged_params
+from jaxformer.models.vocab_padding import fit_vocab
 from jaxformer.objectives.dpo import DPOOptions, dpo_sums
+from jaxformer.train.config import TrainSettings
 from jaxformer.train.extension import Extension
 from jaxformer.train.setup import Built, ResolvedConfig, load_pretrained
 from jaxformer.train.step import StepHooks
@@ -105,6 +112,19 @@ def evaluate_pairs(model, params: Any, reference: Any, batches, options: DPOOpti
         sums = step(params, reference, batch)
         totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
     return {} if totals is None else evaluator.summarize(totals)
+
+
+def saved_reference(settings: TrainSettings, model_cfg: ModelConfig) -> Any:
+    """The reference of a finished DPO run (its ``settings``), read again for scoring it
+    (`jaxformer.evaluate_run`): ``init_from``'s parameters (a LoRA run's merged into its base), as
+    the trainer read them (for a LoRA-DPO run: its base, the adapters off), host arrays."""
+    path = settings.init_from
+    if is_hf_directory(path):
+        return load_hf(path, scan_layers=model_cfg.scan_layers, head=model_cfg.head,
+                       num_classes=model_cfg.num_classes, seed=settings.seed,
+                       vocab_pad_multiple=model_cfg.vocab_pad_multiple)[1]
+    run = open_run(path, step=settings.init_from_step, best=bool(settings.init_from_best))
+    return fit_vocab(merged_params(run), ModelConfig.from_dict(run.run_config["model"]), model_cfg)
 
 
 def evaluate_trainer(trainer, split: str = "validation") -> dict[str, float]:
