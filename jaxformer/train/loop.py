@@ -172,7 +172,8 @@ class Trainer:
                             self.extension.frozen_shardings)
 
     def evaluate(self, params, step: int | None = None) -> dict:
-        """Loss, accuracy and perplexity over ``eval.num_batches`` batches of ``eval.split``, and
+        """Loss, accuracy and perplexity over ``eval.num_batches`` batches of ``eval.split`` (a
+        feature's own metrics when its extension has an ``evaluator``: DPO's preference metrics), and
         decoding scores with ``eval.generate_examples``. A sequence classifier's evaluations at
         ``step`` are watched for a collapse to one class or an accuracy at or below the
         majority-class rate (`jaxformer.train.collapse`)."""
