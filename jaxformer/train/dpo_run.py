@@ -11,6 +11,10 @@ per step; docs/training.md has the compiled memory of both forms.
 With LoRA (``optimizer.lora.rank`` > 0) the reference is LoRA's frozen base, the adapters switched
 off: `jaxformer.train.lora_run` already holds it as the step's frozen tree, so DPO adds only its loss
 and no second copy.
+
+The run's evaluation (`DPOEval`, the extension's ``evaluator``) reports the DPO loss and TRL's eval
+metrics on held-out pairs; `saved_reference` reads a finished run's reference again for
+`jaxformer.evaluate_run`.
 """
 
 from __future__ import annotations
