@@ -1,9 +1,11 @@
 """DPO on a toy preference: SFT, then DPO, on a tiny decoder; reward accuracy and greedy win rate.
 
     python bench/dpo_toy.py [--seeds 0,1,2] [--sft_steps 40] [--dpo_steps 60] [--beta 0.1] \
-        [--out bench/results/dpo_toy.json]
+        [--dpo_lr 1e-3] [--prompt_lengths 4,7] [--out bench/results/dpo_toy.json]
 
-Synthetic pairs of token ids (no tokenizer): a prompt of 4–7 symbols; the chosen response is the
+(docs/training.md's figure: ``--sft_steps 80 --dpo_steps 30 --beta 0.1 --dpo_lr 3e-4
+--prompt_lengths 2,4``.) Synthetic pairs of token ids (no tokenizer): a prompt of
+``--prompt_lengths`` distinct symbols (of 12); the chosen response is the
 prompt reversed, the rejected one a shuffle of it (never the reversal). A 2-layer GPT (width 64) is
 first fine-tuned on (prompt, chosen) with the ``sft`` objective for ``--sft_steps`` steps (short on
 purpose: its greedy reversals are still often wrong), then trained with the ``dpo`` objective for
@@ -44,11 +46,14 @@ SEQ_LEN = 2 * (1 + 7 + 7 + 1)  # the longest pair: two halves of <s> prompt resp
 SPECIAL = SpecialTokens(vocab_size=FIRST + SYMBOLS, pad_id=PAD, eos_id=EOS, bos_id=BOS)
 
 
-def pairs(rng: np.random.Generator, n: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """``n`` (prompt, chosen = reversed, rejected = a shuffle other than the reversal)."""
+def pairs(rng: np.random.Generator, n: int, lengths: tuple[int, int] = (4, 7)
+          ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``n`` (prompt, chosen = reversed, rejected = a shuffle other than the reversal), prompts of
+    ``lengths[0]``–``lengths[1]`` distinct symbols (at most 7: `SEQ_LEN`)."""
     out = []
     for _ in range(n):
-        prompt = rng.choice(SYMBOLS, size=int(rng.integers(4, 8)), replace=False) + FIRST
+        size = int(rng.integers(lengths[0], lengths[1] + 1))
+        prompt = rng.choice(SYMBOLS, size=size, replace=False) + FIRST
         rejected = prompt[::-1]
         while np.array_equal(rejected, prompt[::-1]):
             rejected = rng.permutation(prompt)
@@ -109,24 +114,24 @@ def matches(out: list[int], want: np.ndarray) -> int:
 
 
 def run(seed: int, sft_steps: int = 40, dpo_steps: int = 60, beta: float = 0.1,
-        batch_size: int = 32, sft_lr: float = 3e-3, dpo_lr: float = 1e-3, held_out: int = 256
-        ) -> dict:
+        batch_size: int = 32, sft_lr: float = 3e-3, dpo_lr: float = 1e-3, held_out: int = 256,
+        lengths: tuple[int, int] = (4, 7)) -> dict:
     """One seed: SFT, then DPO; held-out metrics (module docstring)."""
     rng = np.random.default_rng(seed)
     model, params = model_and_params(seed)
     sft_prepare = lambda b, k: prepare_sft(b, k, SPECIAL)
     sft, _ = train(model, params, (sft_prepare, StepHooks()),
-                   (sft_batch(pairs(rng, batch_size)) for _ in range(sft_steps)), sft_lr)
+                   (sft_batch(pairs(rng, batch_size, lengths)) for _ in range(sft_steps)), sft_lr)
     options = DPOOptions(dpo_beta=beta)
     dpo_prepare = lambda b, k: prepare_dpo(b, k, SPECIAL)
     policy, log = train(model, sft, (dpo_prepare, StepHooks(loss=DPOLoss(options))),
-                        (dpo_batch(pairs(rng, batch_size)) for _ in range(dpo_steps)), dpo_lr,
+                        (dpo_batch(pairs(rng, batch_size, lengths)) for _ in range(dpo_steps)), dpo_lr,
                         frozen=sft)
     out = {"seed": seed, "train_loss_first": log[0]["loss"], "train_loss_last": log[-1]["loss"],
            "train_reward_accuracy_first": log[0]["rewards_accuracies"],
            "train_reward_accuracy_last": log[-1]["rewards_accuracies"]}
     for split, offset in (("val", 10_000), ("test", 20_000)):
-        held = pairs(np.random.default_rng(offset + seed), held_out)
+        held = pairs(np.random.default_rng(offset + seed), held_out, lengths)
         out.update({f"{split}_{k}": v for k, v in evaluate(model, policy, sft, held, options).items()})
     return out
 
@@ -155,11 +160,13 @@ def mean_sem(xs: list[float]) -> tuple[float, float]:
 def main(argv):
     del argv
     f = flags.FLAGS
-    runs = [run(int(s), f.sft_steps, f.dpo_steps, f.beta, dpo_lr=f.dpo_lr) for s in f.seeds]
+    lengths = (int(f.prompt_lengths[0]), int(f.prompt_lengths[1]))
+    runs = [run(int(s), f.sft_steps, f.dpo_steps, f.beta, dpo_lr=f.dpo_lr, lengths=lengths)
+            for s in f.seeds]
     keys = [k for k in runs[0] if k != "seed"]
     summary = {k: mean_sem([r[k] for r in runs]) for k in keys}
     report = {"config": {"sft_steps": f.sft_steps, "dpo_steps": f.dpo_steps, "beta": f.beta,
-                         "dpo_lr": f.dpo_lr,
+                         "dpo_lr": f.dpo_lr, "prompt_lengths": list(lengths),
                          "seeds": [int(s) for s in f.seeds]}, "runs": runs,
               "mean_sem": summary}
     print(json.dumps(report))
@@ -178,5 +185,6 @@ if __name__ == "__main__":
     flags.DEFINE_integer("dpo_steps", 60, "DPO steps")
     flags.DEFINE_float("beta", 0.1, "DPO β")
     flags.DEFINE_float("dpo_lr", 1e-3, "DPO learning rate (Adam, constant)")
+    flags.DEFINE_list("prompt_lengths", ["4", "7"], "shortest, longest prompt (symbols, ≤ 7)")
     flags.DEFINE_string("out", "", "also write the JSON here")
     app.run(main)

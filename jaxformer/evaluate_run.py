@@ -58,6 +58,7 @@ from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.progress import bar_disabled
 from jaxformer.settings import read
 from jaxformer.train.config import TrainSettings, run_settings
+from jaxformer.train.dpo_run import DPO_OBJECTIVES, evaluate_pairs, saved_reference
 from jaxformer.train.setup import wire_objective
 from jaxformer.train.step import make_eval_step, summarize_eval
 
@@ -134,14 +135,18 @@ def teacher_forced(loaded: LoadedRun, settings: TrainSettings, split: str, *,
                    progress: bool | None = None) -> dict[str, Any]:
     """Loss, accuracy, perplexity (not for classification) and, for classification, the
     `classification_report`, over every batch of ``split`` (``settings.data``: the data read,
-    the run's or ``--data``'s)."""
+    the run's or ``--data``'s); for a DPO run, its preference metrics against its reference
+    (`jaxformer.train.dpo_run.evaluate_pairs`, what the trainer's evaluation logs)."""
+    batches = make_dataset(settings.data, split, tokenizer=loaded.tokenizer, seed=settings.seed,
+                           objective=settings.objective.name, options=settings.objective_options,
+                           process_index=0, process_count=1, num_epochs=1)
+    if settings.objective.name in DPO_OBJECTIVES:  # the trainer's evaluation (`DPOEval`)
+        return evaluate_pairs(loaded.model, loaded.params, saved_reference(settings, loaded.model_cfg),
+                              batches, settings.objective_options,
+                              wire_objective(settings, loaded.tokenizer))
     classify = predicts_labels(loaded.model_cfg, settings.objective.name)
     step_fn = jax.jit(make_eval_step(loaded.model, wire_objective(settings, loaded.tokenizer),
                                      predictions=classify))
-    batches = make_dataset(settings.data, split, tokenizer=loaded.tokenizer, seed=settings.seed,
-                           objective=settings.objective.name, options=settings.objective_options,
-                           process_index=0, process_count=1,
-                           num_epochs=1)
     totals: dict[str, float] = {}
     labels, predicted = [], []
     key = jax.random.key(settings.seed + 1)  # the trainer's eval keys (`Trainer.evaluate`)

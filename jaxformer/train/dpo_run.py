@@ -11,6 +11,10 @@ per step; docs/training.md has the compiled memory of both forms.
 With LoRA (``optimizer.lora.rank`` > 0) the reference is LoRA's frozen base, the adapters switched
 off: `jaxformer.train.lora_run` already holds it as the step's frozen tree, so DPO adds only its loss
 and no second copy.
+
+The run's evaluation (`DPOEval`, the extension's ``evaluator``) reports the DPO loss and TRL's eval
+metrics on held-out pairs; `saved_reference` reads a finished run's reference again for
+`jaxformer.evaluate_run`.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from typing import Any
 
 import jax
 
+from jaxformer.checkpoint import open_run
+from jaxformer.config import ModelConfig
+from jaxformer.convert.hf import load_hf
+from jaxformer.convert.hf_io import is_hf_directory
+from jaxformer.convert.lora import merged_params
+from jaxformer.models.vocab_padding import fit_vocab
 from jaxformer.objectives.dpo import DPOOptions, dpo_sums
+from jaxformer.train.config import TrainSettings
 from jaxformer.train.extension import Extension
 from jaxformer.train.setup import Built, ResolvedConfig, load_pretrained
 from jaxformer.train.step import StepHooks
@@ -43,6 +54,28 @@ class DPOLoss:
         return dpo_sums(model, params, frozen, prepared, self.options)
 
 
+@dataclasses.dataclass(frozen=True)
+class DPOEval:
+    """The trainer's evaluation of a DPO run (`jaxformer.train.extension.Extension.evaluator`):
+    the DPO loss and TRL's eval metrics of the policy against the reference on held-out pairs, in
+    place of the cross-entropy of both responses."""
+
+    options: DPOOptions
+
+    def sums(self, model, params, reference, prepared: dict) -> dict:
+        """`dpo_sums` of one preference batch (add over batches)."""
+        return dpo_sums(model, params, reference, prepared, self.options)
+
+    @staticmethod
+    def summarize(totals: dict) -> dict[str, float]:
+        """Totals over batches → ``loss``, ``rewards_accuracies``, ``rewards_chosen``,
+        ``rewards_rejected``, ``rewards_margins``, ``logps_chosen``, ``logps_rejected`` (means over
+        the pairs, as TRL's eval logs them) and ``pairs``."""
+        n = max(float(totals["weight"]), 1.0)
+        out = {k: float(v) / n for k, v in totals.items() if k not in ("weight", "correct")}
+        return {**out, "pairs": float(totals["weight"])}
+
+
 def load_reference(resolved: ResolvedConfig, built: Built) -> Any:
     """``init_from``'s parameters (heads it lacks fresh, seeded by ``seed``), placed on the policy's
     parameter shardings."""
@@ -57,15 +90,16 @@ def extension(resolved: ResolvedConfig, built: Built) -> Extension | None:
     if settings.objective.name not in DPO_OBJECTIVES:
         return None
     hooks = StepHooks(loss=DPOLoss(settings.objective_options))
-    if settings.optimizer.lora.rank:
-        return Extension(hooks=hooks)  # LoRA's base is the frozen tree: the reference
+    evaluator = DPOEval(settings.objective_options)
+    if settings.optimizer.lora.rank:  # LoRA's base is the frozen tree: the reference
+        return Extension(hooks=hooks, evaluator=evaluator)
     if resolved.pretrained is None:
         raise ValueError(f"objective.name={settings.objective.name!r} needs init_from=<the SFT run "
                          "or Hugging Face directory>: the frozen reference the policy starts from")
     print(f"DPO reference: {resolved.pretrained.path} (frozen, on the policy's mesh; β="
           f"{settings.objective_options.dpo_beta}, loss {settings.objective_options.dpo_loss})")
     return Extension(hooks=hooks, frozen=load_reference(resolved, built),
-                     frozen_shardings=built.param_shardings)
+                     frozen_shardings=built.param_shardings, evaluator=evaluator)
 
 
 def evaluate_pairs(model, params: Any, reference: Any, batches, options: DPOOptions, prepare: Callable
@@ -75,16 +109,26 @@ def evaluate_pairs(model, params: Any, reference: Any, batches, options: DPOOpti
     ``rewards_accuracies``, ``rewards_chosen``, ``rewards_rejected``, ``rewards_margins``,
     ``logps_chosen``, ``logps_rejected`` (means over the pairs, as TRL's eval logs them) and
     ``pairs``. ``prepare(batch, rng)`` is the bound objective (``trainer.prepare``)."""
-    step = jax.jit(lambda p, r, b: dpo_sums(model, p, r, prepare(b, None), options))
+    evaluator = DPOEval(options)
+    step = jax.jit(lambda p, r, b: evaluator.sums(model, p, r, prepare(b, None)))
     totals = None
     for batch in batches:
         sums = step(params, reference, batch)
         totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
-    if totals is None:
-        return {}
-    n = max(float(totals["weight"]), 1.0)
-    out = {k: float(v) / n for k, v in totals.items() if k not in ("weight", "correct")}
-    return {**out, "pairs": float(totals["weight"])}
+    return {} if totals is None else evaluator.summarize(totals)
+
+
+def saved_reference(settings: TrainSettings, model_cfg: ModelConfig) -> Any:
+    """The reference of a finished DPO run (its ``settings``), read again for scoring it
+    (`jaxformer.evaluate_run`): ``init_from``'s parameters (a LoRA run's merged into its base), as
+    the trainer read them (for a LoRA-DPO run: its base, the adapters off), host arrays."""
+    path = settings.init_from
+    if is_hf_directory(path):
+        return load_hf(path, scan_layers=model_cfg.scan_layers, head=model_cfg.head,
+                       num_classes=model_cfg.num_classes, seed=settings.seed,
+                       vocab_pad_multiple=model_cfg.vocab_pad_multiple)[1]
+    run = open_run(path, step=settings.init_from_step, best=bool(settings.init_from_best))
+    return fit_vocab(merged_params(run), ModelConfig.from_dict(run.run_config["model"]), model_cfg)
 
 
 def evaluate_trainer(trainer, split: str = "validation") -> dict[str, float]:

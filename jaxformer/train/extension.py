@@ -33,6 +33,10 @@ class Extension:
       frozen_shardings: their `NamedSharding`s on the run's mesh (None: where they are).
       init_state: ``(resolved, built) -> TrainState`` for a fresh run, in place of
         `jaxformer.train.setup.init_state`; None: that one.
+      evaluator: what `jaxformer.train.loop.Trainer.evaluate` reports in place of the objective's
+        cross-entropy: ``evaluator.sums(model, params, frozen, prepared) -> sums`` of one batch
+        (added over batches) and ``evaluator.summarize(totals) -> metrics`` (DPO's preference
+        metrics, `jaxformer.train.dpo_run.DPOEval`); None: the cross-entropy.
     """
 
     hooks: StepHooks = StepHooks()
@@ -40,6 +44,7 @@ class Extension:
     frozen: Any = None
     frozen_shardings: Any = None
     init_state: Callable | None = None
+    evaluator: Any = None
 
 
 def combine(*extensions: Extension | None) -> Extension:

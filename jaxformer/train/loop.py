@@ -127,24 +127,18 @@ class Trainer:
     def evaluate(self, params, step: int | None = None, *, split: str | None = None,
                  num_batches: int | None = None) -> dict:
         """Loss, accuracy and perplexity over ``num_batches`` batches (default ``eval.num_batches``)
-        of ``split`` (default ``eval.split``), and decoding scores of its first
-        ``eval.generate_examples`` examples. A sequence classifier's evaluations at ``step`` are
-        watched for a collapse to one class or an accuracy at or below the majority-class rate
-        (`jaxformer.train.collapse`)."""
+        of ``split`` (default ``eval.split``) — a feature's own metrics when its extension has an
+        ``evaluator`` (DPO's preference metrics) — a mixture's per component, and decoding scores
+        of its first ``eval.generate_examples`` examples. A sequence classifier's evaluations at
+        ``step`` are watched for a collapse to one class or an accuracy at or below the
+        majority-class rate (`jaxformer.train.collapse`)."""
         s = self.settings
         split = s.eval.split if split is None else split
         num_batches = s.eval.num_batches if num_batches is None else num_batches
         if num_batches == 0:
             return {}
         if not hasattr(self, "_eval_fn"):
-            counts = self.predicts_labels and self.model_cfg.head == "classify"
-            eval_step = make_eval_step(self.model, self.prepare, predictions=counts,
-                                       vocab_block_size=s.objective.vocab_block_size)
-            if counts:
-                eval_step = with_prediction_counts(eval_step, self.model_cfg.num_classes)
-                self._collapse = CollapseWatch(s.data.label_names)
-            self._eval_fn = sharded_jit(eval_step, self.mesh,
-                                        in_shardings=(self.param_shardings, None, None))
+            self._eval_fn = self._eval_step()
         totals = self._eval_sums(params, self.make_ds(split, num_epochs=1), num_batches)
         if totals is None:
             return {}
@@ -155,22 +149,52 @@ class Trainer:
                                                         source_name=name), num_batches) or {}
             parts.update({f"eval_{k}/{name}": v for k, v in summarize_eval(sums).items()
                           if k in ("loss", "accuracy")} if sums else {})
+        evaluator = self.extension.evaluator
+        if evaluator is not None:  # a feature's own metrics (DPO's preference metrics)
+            out = evaluator.summarize(totals)
+        else:
+            out = self._summarize(totals, step)
+        if s.eval.generate_examples > 0:
+            out.update(self._decoding_scores(params, split))
+        return {**{f"eval_{k}": v for k, v in out.items()}, **parts}
+
+    def _summarize(self, totals: dict, step: int | None) -> dict:
+        """`summarize_eval` of the totals; a classifier's prediction counts to its collapse watch."""
         predicted, labelled = totals.pop("predicted", None), totals.pop("labelled", None)
         out = summarize_eval(totals)
         if predicted is not None and step is not None and jax.process_index() == 0:
             self._collapse.push(step, predicted, labelled, out["accuracy"])
         if self.predicts_labels:  # exp(cross-entropy) of a label is no perplexity
             out.pop("perplexity")
-        if s.eval.generate_examples > 0:
-            out.update(self._decoding_scores(params, split))
-        return {**{f"eval_{k}": v for k, v in out.items()}, **parts}
+        return out
+
+    def _eval_step(self):
+        """``(params, batch, key, frozen) -> sums`` compiled: the extension's evaluator's sums of
+        the prepared batch (``frozen``: its frozen tree), or the objective's cross-entropy
+        (`make_eval_step`, with the predictions' counts of a classifier)."""
+        s, evaluator = self.settings, self.extension.evaluator
+        if evaluator is not None:
+            def step(params, batch, key, frozen):
+                return evaluator.sums(self.model, params, frozen, self.prepare(batch, key))
+            return sharded_jit(step, self.mesh, in_shardings=(
+                self.param_shardings, None, None, self.extension.frozen_shardings))
+        counts = self.predicts_labels and self.model_cfg.head == "classify"
+        eval_step = make_eval_step(self.model, self.prepare, predictions=counts,
+                                   vocab_block_size=s.objective.vocab_block_size)
+        if counts:
+            eval_step = with_prediction_counts(eval_step, self.model_cfg.num_classes)
+            self._collapse = CollapseWatch(s.data.label_names)
+        return sharded_jit(lambda params, batch, key, frozen: eval_step(params, batch, key),
+                           self.mesh, in_shardings=(self.param_shardings, None, None, None))
 
     def _eval_sums(self, params, batches, num_batches: int) -> dict | None:
         """The eval step's sums over the first ``num_batches`` of ``batches`` (None: none)."""
         totals, key = None, jax.random.key(self.settings.seed + 1)
+        frozen = None if self.extension.evaluator is None else self.extension.frozen
         for i, batch in zip(range(num_batches), iter(batches)):
             _check_batch(batch, self.model_cfg, self.predicts_labels)
-            sums = self._eval_fn(params, global_batch(batch, self.mesh), jax.random.fold_in(key, i))
+            sums = self._eval_fn(params, global_batch(batch, self.mesh), jax.random.fold_in(key, i),
+                                 frozen)
             totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
         return totals
 

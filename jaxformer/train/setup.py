@@ -46,14 +46,15 @@ from jaxformer.checkpoint import (
     save_run_config,
     with_shardings,
 )
-from jaxformer.checkpoint.verify import verify_tokenizer
+from jaxformer.checkpoint.verify import verify_for_reading, verify_tokenizer
 from jaxformer.config import ModelConfig, architecture_fields, changed_fields, fine_tuning_fields
 from jaxformer.convert.hf import hf_model_config, load_hf
 from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory, read_config
+from jaxformer.convert.lora import merged_params
 from jaxformer.data.pipeline import check_train_records, make_dataset, source_texts
 from jaxformer.data.sources import SourceSettings, get_source, label_names_from_data
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
-from jaxformer.models import build_model
+from jaxformer.models import build_model, lora
 from jaxformer.models.head_parts import HEAD_MODULE_NAMES
 from jaxformer.models.image_size import fit_image_size
 from jaxformer.models.vocab_padding import fit_vocab
@@ -429,10 +430,20 @@ def load_pretrained(resolved: ResolvedConfig, built: Built) -> tuple[Any, list[s
         backbone = fit_image_size(backbone, ModelConfig.from_dict(hf_cfg), model_cfg)
     else:  # verified first; its vocabulary tables re-padded as the model pads them (a layout)
         source = ModelConfig.from_dict(pretrained.model)  # ViT at another resolution: positions resampled
-        backbone = fit_image_size(fit_vocab(load_checkpoint_params(pretrained.run.step_dir), source,
-                                            model_cfg), source, model_cfg)
+        backbone = fit_image_size(fit_vocab(_run_params(pretrained.run), source, model_cfg), source,
+                                  model_cfg)
     fresh_params = create_params(built.model, built.param_shardings, seed)
     return merge_backbone(fresh_params, backbone)
+
+
+def _run_params(run: SavedRun) -> Any:
+    """The parameters a run's model applies, verified: its checkpoint's, or for a LoRA run (whose
+    checkpoint holds adapters and task heads only) those merged into its base
+    (`jaxformer.convert.lora.merged_params`; its ``init_from``, a run or a Hugging Face model)."""
+    if not lora.is_lora(run.run_config):
+        return load_checkpoint_params(run.step_dir)
+    verify_for_reading(run.step_dir.parent, int(run.step_dir.name))
+    return merged_params(run)
 
 
 def report_init_from(pretrained: Pretrained | None, fresh: list[str]) -> None:
