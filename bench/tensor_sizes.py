@@ -53,7 +53,8 @@ def rows() -> list[dict]:
         cfg = ModelConfig.from_dict(PRESETS[name])
         one_layer = ModelConfig.from_dict(dict(PRESETS[name], num_layers=1))  # layers are alike
         out.append({"preset": name, "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads,
-                    "d_ff": cfg.d_ff, "vocab_rows": cfg.padded_vocab_size,
+                    "d_ff": cfg.d_ff,  # an image model (ViT) has no token table
+                    "vocab_rows": None if cfg.image_size else cfg.padded_vocab_size,
                     "tensor": accepted_sizes(one_layer)})
     return out
 
@@ -64,7 +65,7 @@ def markdown(table: list[dict]) -> str:
     for r in table:
         sizes = ", ".join(map(str, r["tensor"])) or "none"
         lines.append(f"| {r['preset']} | {r['heads']} | {r['kv_heads']} | {r['d_ff']:,} | "
-                     f"{r['vocab_rows']:,} | {sizes} |")
+                     f"{'—' if r['vocab_rows'] is None else format(r['vocab_rows'], ',')} | {sizes} |")
     return "\n".join(lines)
 
 

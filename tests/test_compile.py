@@ -267,7 +267,7 @@ def test_dcn_sizes_multiply_the_slice_sizes_and_slices_hold_contiguous_blocks():
     with pytest.raises(ValueError, match="do not split into"):
         mesh_shape({"dcn_data": 3}, 8)
     mesh = make_mesh(cfg, jax.devices()[:8])  # CPU: consecutive devices stand in for a slice
-    ids = [[d.id for d in row] for row in mesh.devices[:, :, 0, 0]]
+    ids = [[d.id for d in row] for row in mesh.devices[:, :, 0, 0, 0]]
     assert sorted(sum(ids[:2], [])) == [0, 1, 2, 3] and sorted(sum(ids[2:], [])) == [4, 5, 6, 7]
 
 

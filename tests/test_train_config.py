@@ -2,6 +2,7 @@
 declared with a type, default and doc; unknown keys, wrong types and refused values fail naming the
 key before anything compiles; ``--print_config`` and resuming are derived from the declarations."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -322,6 +323,11 @@ def test_a_config_json_written_by_main_reads_as_its_config_file(name, caplog):
     run_config = json.loads((MAIN_RUNS / name / "config.json").read_text())
     assert run_config["module_api"] == "nnx"
     want = resolve_config(load_config(ROOT / "configs" / f"{name}.py", MAIN_OVERRIDES[name])).settings
+    # One default changed since: ModernBERT's `prediction_head` (issue 64) joined the head prefixes;
+    # an old run keeps the prefixes it stored, which are today's without it.
+    opt = want.optimizer
+    want = dataclasses.replace(want, optimizer=dataclasses.replace(opt, head_param_prefixes=tuple(
+        p for p in opt.head_param_prefixes if p != "prediction_head")))
     caplog.clear()
     with caplog.at_level("WARNING"):
         got = run_settings(run_config)
