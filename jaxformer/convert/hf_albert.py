@@ -24,6 +24,7 @@ from jaxformer.convert.mapping import (
     TO_HF_ACTIVATIONS,
     Rule,
     copy,
+    dense,
     from_hf_activation,
     is_tied,
     labels_config,
@@ -32,7 +33,6 @@ from jaxformer.convert.mapping import (
     linear,
     num_labels,
     require,
-    reshape,
 )
 
 MODEL_TYPE = "albert"
@@ -100,21 +100,16 @@ def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str 
     return cfg, prefix
 
 
-def _dense(param: str, tensor: str, d_in, d_out) -> list[Rule]:
-    return [linear(f"{param}/kernel", f"{tensor}.weight", d_in, d_out),
-            reshape(f"{param}/bias", f"{tensor}.bias", d_out)]
-
-
 def _block(b: str, t: str, cfg: ModelConfig) -> list[Rule]:
     """One post-LN layer: our block ``b`` ↔ HF ``t`` (``…albert_layers.0.``)."""
     d, h, dh, f = cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.d_ff
     out = []
     for name in ("query", "key", "value"):
-        out += _dense(f"{b}self_attn/{name}", f"{t}attention.{name}", (d,), (h, dh))
-    return [*out, *_dense(f"{b}self_attn/out", f"{t}attention.dense", (h, dh), (d,)),
+        out += dense(f"{b}self_attn/{name}", f"{t}attention.{name}", (d,), (h, dh))
+    return [*out, *dense(f"{b}self_attn/out", f"{t}attention.dense", (h, dh), (d,)),
             *layer_norm(f"{b}self_attn_norm", f"{t}attention.LayerNorm", d),
-            *_dense(f"{b}ffn/wi", f"{t}ffn", (d,), (f,)),
-            *_dense(f"{b}ffn/wo", f"{t}ffn_output", (f,), (d,)),
+            *dense(f"{b}ffn/wi", f"{t}ffn", (d,), (f,)),
+            *dense(f"{b}ffn/wo", f"{t}ffn_output", (f,), (d,)),
             *layer_norm(f"{b}ffn_norm", f"{t}full_layer_layer_norm", d)]
 
 
@@ -134,15 +129,15 @@ def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
            copy("embed/type_embedding", f"{emb}token_type_embeddings.weight",
                 (cfg.type_vocab_size, e)),
            *layer_norm("embed/norm", f"{emb}LayerNorm", e),
-           *_dense("embed/projection", f"{prefix}encoder.embedding_hidden_mapping_in", (e,), (d,))]
+           *dense("embed/projection", f"{prefix}encoder.embedding_hidden_mapping_in", (e,), (d,))]
     blocks = ["shared"] if cfg.share_layers else [f"layer_{i}" for i in range(cfg.num_layers)]
     for g, name in enumerate(blocks):
         out += _block(f"encoder/{name}/", f"{prefix}encoder.albert_layer_groups.{g}.albert_layers.0.",
                       cfg)
     if _pooled_head(cfg):
-        out += _dense("pooler", f"{prefix}pooler", (d,), (d,))
+        out += dense("pooler", f"{prefix}pooler", (d,), (d,))
     if cfg.head == "mlm":
-        out += [*_dense("mlm_head/dense", "predictions.dense", (d,), (e,)),
+        out += [*dense("mlm_head/dense", "predictions.dense", (d,), (e,)),
                 *layer_norm("mlm_head/norm", "predictions.LayerNorm", e)]
         if cfg.tie_embeddings:
             out.append(copy("mlm_head/decoder/bias", "predictions.bias", (v,)))
@@ -150,10 +145,10 @@ def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
             out += [linear("mlm_head/decoder/kernel", "predictions.decoder.weight", (e,), (v,)),
                     _untied_bias(v)]
         if cfg.nsp_head:
-            out += _dense("nsp_head", "sop_classifier.classifier", (d,), (2,))
+            out += dense("nsp_head", "sop_classifier.classifier", (d,), (2,))
     elif cfg.head in ("classify", "token_classify"):
         name = "classifier" if cfg.head == "classify" else "token_classifier"
-        out += _dense(name, "classifier", (d,), (cfg.num_classes,))
+        out += dense(name, "classifier", (d,), (cfg.num_classes,))
     return out
 
 

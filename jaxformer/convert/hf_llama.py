@@ -36,13 +36,13 @@ from jaxformer.convert.mapping import (
     TO_HF_ACTIVATIONS,
     Rule,
     copy,
+    dense,
     from_hf_activation,
     is_tied,
     leftover_rule,
     linear,
     num_labels,
     require,
-    reshape,
 )
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -161,13 +161,6 @@ def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str 
     return cfg, prefix
 
 
-def _dense(param: str, tensor: str, in_shape, out_shape, bias: bool) -> list[Rule]:
-    out = [linear(f"{param}/kernel", f"{tensor}.weight", in_shape, out_shape)]
-    if bias:
-        out.append(reshape(f"{param}/bias", f"{tensor}.bias", out_shape))
-    return out
-
-
 def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
     """Rules for every parameter of ``cfg`` (unrolled layout)."""
     d, h, k, dh, f, p = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_ff,
@@ -178,13 +171,13 @@ def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
         b, t = f"decoder/layer_{i}/", f"{p}layers.{i}."
         a, m = f"{b}self_attn/", f"{b}ffn/"
         out += [
-            *_dense(f"{a}query", f"{t}self_attn.q_proj", (d,), (h, dh), qkv_bias),
-            *_dense(f"{a}key", f"{t}self_attn.k_proj", (d,), (k, dh), qkv_bias),
-            *_dense(f"{a}value", f"{t}self_attn.v_proj", (d,), (k, dh), qkv_bias),
-            *_dense(f"{a}out", f"{t}self_attn.o_proj", (h, dh), (d,), cfg.use_bias),
-            *_dense(f"{m}wi", f"{t}mlp.gate_proj", (d,), (f,), cfg.use_bias),
-            *_dense(f"{m}wi_gate", f"{t}mlp.up_proj", (d,), (f,), cfg.use_bias),
-            *_dense(f"{m}wo", f"{t}mlp.down_proj", (f,), (d,), cfg.use_bias),
+            *dense(f"{a}query", f"{t}self_attn.q_proj", (d,), (h, dh), qkv_bias),
+            *dense(f"{a}key", f"{t}self_attn.k_proj", (d,), (k, dh), qkv_bias),
+            *dense(f"{a}value", f"{t}self_attn.v_proj", (d,), (k, dh), qkv_bias),
+            *dense(f"{a}out", f"{t}self_attn.o_proj", (h, dh), (d,), cfg.use_bias),
+            *dense(f"{m}wi", f"{t}mlp.gate_proj", (d,), (f,), cfg.use_bias),
+            *dense(f"{m}wi_gate", f"{t}mlp.up_proj", (d,), (f,), cfg.use_bias),
+            *dense(f"{m}wo", f"{t}mlp.down_proj", (f,), (d,), cfg.use_bias),
             copy(f"{b}self_attn_norm/scale", f"{t}input_layernorm.weight", (d,)),
             copy(f"{b}ffn_norm/scale", f"{t}post_attention_layernorm.weight", (d,)),
         ]

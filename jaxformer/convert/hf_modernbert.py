@@ -38,6 +38,7 @@ from jaxformer.convert.mapping import (
     Rule,
     constant,
     copy,
+    dense,
     from_hf_activation,
     fused,
     fused_linear,
@@ -49,7 +50,6 @@ from jaxformer.convert.mapping import (
     num_labels,
     pick_head,
     require,
-    reshape,
 )
 
 MODEL_TYPE = "modernbert"
@@ -142,22 +142,15 @@ def config_from_hf(hf: Mapping, tensors: Mapping[str, np.ndarray], *, head: str 
     return cfg, prefix
 
 
-def _dense(param: str, tensor: str, in_shape, out_shape, bias: bool) -> list[Rule]:
-    out = [linear(f"{param}/kernel", f"{tensor}.weight", in_shape, out_shape)]
-    if bias:
-        out.append(reshape(f"{param}/bias", f"{tensor}.bias", out_shape))
-    return out
-
-
 def _layer_rules(cfg: ModelConfig, i: int, prefix: str) -> list[Rule]:
     d, h, dh, f, bias = cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.d_ff, cfg.use_bias
     b, t = f"encoder/layer_{i}/", f"{prefix}layers.{i}."
     a, m = f"{b}self_attn/", f"{b}ffn/"
     qkv = [f"{a}{n}/kernel" for n in ("query", "key", "value")]
     out = [fused_linear(qkv, f"{t}attn.Wqkv.weight", (d,), (h, dh)),
-           *_dense(f"{a}out", f"{t}attn.Wo", (h, dh), (d,), bias),
+           *dense(f"{a}out", f"{t}attn.Wo", (h, dh), (d,), bias),
            fused_linear([f"{m}wi/kernel", f"{m}wi_gate/kernel"], f"{t}mlp.Wi.weight", (d,), (f,)),
-           *_dense(f"{m}wo", f"{t}mlp.Wo", (f,), (d,), bias),
+           *dense(f"{m}wo", f"{t}mlp.Wo", (f,), (d,), bias),
            *layer_norm(f"{b}ffn_norm", f"{t}mlp_norm", d, bias=cfg.norm_bias)]
     if bias:
         out += [fused([f"{a}{n}/bias" for n in ("query", "key", "value")], f"{t}attn.Wqkv.bias",
@@ -180,7 +173,7 @@ def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
     transform = {"mlm": "mlm_head", "classify": "prediction_head",
                  "token_classify": "prediction_head"}.get(cfg.head)
     if transform:
-        out += [*_dense(f"{transform}/dense", "head.dense", (d,), (d,), cfg.use_bias),
+        out += [*dense(f"{transform}/dense", "head.dense", (d,), (d,), cfg.use_bias),
                 *layer_norm(f"{transform}/norm", "head.norm", d, bias=cfg.norm_bias)]
     if cfg.head == "mlm" and cfg.lm_head_bias:
         out.append(copy("mlm_head/decoder/bias", "decoder.bias", (v,)))
@@ -188,7 +181,7 @@ def rules(cfg: ModelConfig, prefix: str, *, export: bool = False) -> list[Rule]:
         out.append(linear("mlm_head/decoder/kernel", "decoder.weight", (d,), (v,)))
     if cfg.head in ("classify", "token_classify"):
         name = "classifier" if cfg.head == "classify" else "token_classifier"
-        out += _dense(name, "classifier", (d,), (cfg.num_classes,), True)
+        out += dense(name, "classifier", (d,), (cfg.num_classes,), True)
     return out
 
 

@@ -63,6 +63,15 @@ def linear(param: str, tensor: str, in_shape: Sequence[int], out_shape: Sequence
                 lambda k: (k.reshape(flat),))
 
 
+def dense(param: str, tensor: str, in_shape: Sequence[int], out_shape: Sequence[int],
+          bias: bool = True) -> list[Rule]:
+    """``{param}/kernel`` (+ ``bias``) ↔ ``{tensor}.weight`` (+ ``.bias``) of an ``nn.Linear``."""
+    out = [linear(f"{param}/kernel", f"{tensor}.weight", in_shape, out_shape)]
+    if bias:
+        out.append(reshape(f"{param}/bias", f"{tensor}.bias", out_shape))
+    return out
+
+
 def experts_linear(param: str, tensors: Sequence[str], in_shape: Sequence[int],
                    out_shape: Sequence[int]) -> Rule:
     """An experts' kernel `[E, *in_shape, *out_shape]` ↔ ``E = len(tensors)`` ``nn.Linear.weight``
