@@ -16,8 +16,9 @@ are the dense model's plus the router's. Read from each run's ``metrics.jsonl``:
 loss (``eval_loss``, the same 20 validation batches for every run) at each evaluated step, and the
 router metrics of the last logged training step. Per step: mean ± standard error over seeds
 (`demo.stats`), the difference Switch − dense with its standard error √(se₁² + se₂²), and whether
-|difference| > 2 SE of the difference; also the paired (same-seed) differences. Runs that have
-not reached a step are left out of that step's statistics and named under ``missing``.
+|difference| > 2 SE of the difference (None for one seed); also the paired (same-seed)
+differences. Runs that have not reached a step are left out of that step's statistics and named
+under ``missing``.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def summarise(runs_dir: Path, seeds: list[int], steps: list[int]) -> dict:
         paired = [vals["switch"][s] - vals["dense"][s] for s in seeds
                   if s in vals["switch"] and s in vals["dense"]]
         by_step[step] = {"dense": d, "switch": w, "difference": diff, "difference_se": diff_se,
-                         "beyond_2se": abs(diff) > 2 * diff_se,
+                         "beyond_2se": abs(diff) > 2 * diff_se if min(d["n"], w["n"]) > 1 else None,
                          "paired_difference": mean_se(paired) if paired else None}
     router = {k: mean_se([r["last_train"][k] for r in runs["switch"].values() if k in r["last_train"]])
               for k in ROUTER_KEYS
@@ -88,7 +89,7 @@ def table(result: dict) -> str:
         lines.append(f"| {step} | {r['dense']['mean']:.3f} ± {r['dense']['se']:.3f} (n={r['dense']['n']}) "
                      f"| {r['switch']['mean']:.3f} ± {r['switch']['se']:.3f} (n={r['switch']['n']}) "
                      f"| {r['difference']:+.3f} ± {r['difference_se']:.3f} "
-                     f"| {'yes' if r['beyond_2se'] else 'no'} "
+                     f"| {({True: 'yes', False: 'no', None: 'n/a (one seed)'})[r['beyond_2se']]} "
                      f"| {p['mean']:+.3f} ± {p['se']:.3f} |")
     lines.append("")
     lines += [f"{k}: {v['mean']:.4f} ± {v['se']:.4f} (n={v['n']})"
