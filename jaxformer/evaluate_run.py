@@ -43,7 +43,7 @@ from jaxformer.checkpoint import open_run, resolve_checkpoint
 from jaxformer.checkpoint.run_files import workdir_hint
 from jaxformer.config import ModelConfig
 from jaxformer.convert.lora import merged_params
-from jaxformer.data.pipeline import DataSettings, make_dataset
+from jaxformer.data.pipeline import DataSettings
 from jaxformer.data.sources import source_splits
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.evaluation.decoding import (
@@ -58,6 +58,7 @@ from jaxformer.objectives.cloze import predicts_labels
 from jaxformer.progress import bar_disabled
 from jaxformer.settings import read
 from jaxformer.train.config import TrainSettings, run_settings
+from jaxformer.train.inputs import inputs_of
 from jaxformer.train.setup import wire_objective
 from jaxformer.train.step import make_eval_step, summarize_eval
 
@@ -72,7 +73,7 @@ class LoadedRun:
     model_cfg: ModelConfig
     model: Any
     params: Any
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None: an image model's run (`jaxformer.train.inputs`)
     step: int
 
 
@@ -102,12 +103,13 @@ def load_run(workdir: str | os.PathLike, *, step: int | None = None, best: bool 
              ) -> LoadedRun:
     """Verify and read one checkpoint of ``workdir`` (`checkpoint_path`) with its run config."""
     run = open_run(checkpoint_path(workdir, step=step, best=best))
-    if run.tokenizer is None:
-        raise FileNotFoundError(f"{workdir} has no tokenizer.model: its data cannot be encoded")
     config, settings = ml_collections.ConfigDict(run.run_config), run_settings(run.run_config)
+    if run.tokenizer is None and inputs_of(settings.model).needs_tokenizer:
+        raise FileNotFoundError(f"{workdir} has no tokenizer.model: its data cannot be encoded")
+    tokenizer = None if run.tokenizer is None else Tokenizer.load(str(run.tokenizer))
     params = jax.tree.map(jnp.asarray, merged_params(run))  # a LoRA run's merged, any base
     return LoadedRun(config, settings, settings.model, build_model(settings.model), params,
-                     Tokenizer.load(str(run.tokenizer)), int(run.step_dir.name))
+                     tokenizer, int(run.step_dir.name))
 
 
 def _whole_files(data: str | None) -> str | None:
@@ -138,10 +140,11 @@ def teacher_forced(loaded: LoadedRun, settings: TrainSettings, split: str, *,
     classify = predicts_labels(loaded.model_cfg, settings.objective.name)
     step_fn = jax.jit(make_eval_step(loaded.model, wire_objective(settings, loaded.tokenizer),
                                      predictions=classify))
-    batches = make_dataset(settings.data, split, tokenizer=loaded.tokenizer, seed=settings.seed,
-                           objective=settings.objective.name, options=settings.objective_options,
-                           process_index=0, process_count=1,
-                           num_epochs=1)
+    make_ds = inputs_of(loaded.model_cfg).dataset_maker(  # text, or an image model's images
+        settings.data, loaded.model_cfg, loaded.tokenizer, seed=settings.seed,
+        objective=settings.objective.name, options=settings.objective_options, process_index=0,
+        process_count=1)
+    batches = make_ds(split, num_epochs=1)
     totals: dict[str, float] = {}
     labels, predicted = [], []
     key = jax.random.key(settings.seed + 1)  # the trainer's eval keys (`Trainer.evaluate`)

@@ -94,12 +94,12 @@ class ImageInputs:
 
     @staticmethod
     def dataset_maker(data: DataSettings, model_cfg: ModelConfig, tokenizer: Tokenizer | None, *,
-                      seed: int, objective: Objective | str, report: bool = False,
-                      **kwargs: Any) -> Callable[..., Any]:
+                      seed: int, objective: Objective | str, options: Any = None,
+                      report: bool = False, **kwargs: Any) -> Callable[..., Any]:
         """``make_ds(split, num_epochs=None, **more)``: `jaxformer.data.images.make_image_dataset`
-        at the model's ``image_size`` and ``num_channels`` (``report``: the text pipeline's
-        size report, which image batches do not print)."""
-        del tokenizer, objective
+        at the model's ``image_size`` and ``num_channels`` (``objective``, ``options``,
+        ``report``: the text pipeline's, which image batches do not read)."""
+        del tokenizer, objective, options, report
 
         def make_ds(split: str, num_epochs: int | None = None, report: bool = False, **more):
             del report
