@@ -132,3 +132,17 @@ def test_an_image_run_refuses_text_data_naming_the_field(tmp_path, key, value, m
     with pytest.raises(ValueError, match=message):
         Trainer(load_config(**{key: value}), tmp_path / "w")
     assert not (tmp_path / "w").exists()
+
+
+def test_a_compile_only_plan_lowers_the_batches_the_image_pipeline_yields():
+    """`jaxformer.plan.abstract_batch` (what ``jaxformer-compile`` lowers the step with) = the shapes
+    and dtypes of a real batch of the image pipeline."""
+    from jaxformer.data.images import make_image_dataset
+    from jaxformer.plan import abstract_batch
+
+    settings = run_settings(load_config().to_dict())
+    declared = abstract_batch(settings.data, settings.model, "classify")
+    batch = next(iter(make_image_dataset(settings.data, "train", image_size=8, num_channels=1,
+                                         seed=0)))
+    assert {k: (v.shape, v.dtype) for k, v in declared.items()} == {
+        k: (np.asarray(v).shape, np.asarray(v).dtype) for k, v in batch.items()}

@@ -109,6 +109,14 @@ class ImageInputs:
         return make_ds
 
     @staticmethod
+    def batch_shapes(data: DataSettings, model_cfg: ModelConfig) -> dict[str, tuple[tuple, Any]]:
+        """``{feature: (shape, dtype)}`` of one global batch as `make_image_dataset` yields it
+        (what a compile-only plan lowers the step with, `jaxformer.plan.abstract_batch`)."""
+        b, s = data.batch_size, model_cfg.image_size
+        return {"image": ((b, s, s, model_cfg.num_channels), np.float32),
+                "label": ((b,), np.int32), "image_valid": ((b,), np.float32)}
+
+    @staticmethod
     def tokens(batch: dict, model_cfg: ModelConfig) -> float:
         """The tokens the batch's images become (``model_cfg.image_length`` each; padding rows
         not counted)."""
