@@ -146,3 +146,12 @@ def test_a_compile_only_plan_lowers_the_batches_the_image_pipeline_yields():
                                          seed=0)))
     assert {k: (v.shape, v.dtype) for k, v in declared.items()} == {
         k: (np.asarray(v).shape, np.asarray(v).dtype) for k, v in batch.items()}
+
+
+def test_a_config_that_leaves_image_size_to_init_from_reads_images(run):
+    """``init_from`` a ViT run with ``model.image_size`` unset: the run's model decides (images)."""
+    from jaxformer.train.inputs import ImageInputs, TextInputs
+    from jaxformer.train.setup import stated_inputs
+
+    assert stated_inputs(load_config(**{"init_from": str(run), "model.image_size": None})) is ImageInputs
+    assert stated_inputs(load_config(**{"model.image_size": None})) is TextInputs
