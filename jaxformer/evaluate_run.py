@@ -43,7 +43,7 @@ from jaxformer.checkpoint import open_run, resolve_checkpoint
 from jaxformer.checkpoint.run_files import workdir_hint
 from jaxformer.config import ModelConfig
 from jaxformer.convert.lora import merged_params
-from jaxformer.data.pipeline import DataSettings, make_dataset
+from jaxformer.data.pipeline import DataSettings
 from jaxformer.data.sources import source_splits
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.evaluation.decoding import (
@@ -59,6 +59,7 @@ from jaxformer.progress import bar_disabled
 from jaxformer.settings import read
 from jaxformer.train.config import TrainSettings, run_settings
 from jaxformer.train.dpo_run import DPO_OBJECTIVES, evaluate_pairs, saved_reference
+from jaxformer.train.inputs import inputs_of
 from jaxformer.train.setup import wire_objective
 from jaxformer.train.step import make_eval_step, summarize_eval
 
@@ -73,7 +74,7 @@ class LoadedRun:
     model_cfg: ModelConfig
     model: Any
     params: Any
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None: an image model's run (`jaxformer.train.inputs`)
     step: int
 
 
@@ -103,12 +104,13 @@ def load_run(workdir: str | os.PathLike, *, step: int | None = None, best: bool 
              ) -> LoadedRun:
     """Verify and read one checkpoint of ``workdir`` (`checkpoint_path`) with its run config."""
     run = open_run(checkpoint_path(workdir, step=step, best=best))
-    if run.tokenizer is None:
-        raise FileNotFoundError(f"{workdir} has no tokenizer.model: its data cannot be encoded")
     config, settings = ml_collections.ConfigDict(run.run_config), run_settings(run.run_config)
+    if run.tokenizer is None and inputs_of(settings.model).needs_tokenizer:
+        raise FileNotFoundError(f"{workdir} has no tokenizer.model: its data cannot be encoded")
+    tokenizer = None if run.tokenizer is None else Tokenizer.load(str(run.tokenizer))
     params = jax.tree.map(jnp.asarray, merged_params(run))  # a LoRA run's merged, any base
     return LoadedRun(config, settings, settings.model, build_model(settings.model), params,
-                     Tokenizer.load(str(run.tokenizer)), int(run.step_dir.name))
+                     tokenizer, int(run.step_dir.name))
 
 
 def _whole_files(data: str | None) -> str | None:
@@ -137,9 +139,11 @@ def teacher_forced(loaded: LoadedRun, settings: TrainSettings, split: str, *,
     `classification_report`, over every batch of ``split`` (``settings.data``: the data read,
     the run's or ``--data``'s); for a DPO run, its preference metrics against its reference
     (`jaxformer.train.dpo_run.evaluate_pairs`, what the trainer's evaluation logs)."""
-    batches = make_dataset(settings.data, split, tokenizer=loaded.tokenizer, seed=settings.seed,
-                           objective=settings.objective.name, options=settings.objective_options,
-                           process_index=0, process_count=1, num_epochs=1)
+    make_ds = inputs_of(loaded.model_cfg).dataset_maker(  # text, or an image model's images
+        settings.data, loaded.model_cfg, loaded.tokenizer, seed=settings.seed,
+        objective=settings.objective.name, options=settings.objective_options, process_index=0,
+        process_count=1)
+    batches = make_ds(split, num_epochs=1)
     if settings.objective.name in DPO_OBJECTIVES:  # the trainer's evaluation (`DPOEval`)
         return evaluate_pairs(loaded.model, loaded.params, saved_reference(settings, loaded.model_cfg),
                               batches, settings.objective_options,

@@ -106,12 +106,14 @@ def model_flops(model_cfg: ModelConfig, params: Any, batch: int, seq_len: int,
 def train_step_flops(settings: Any, params: Any) -> dict:
     """`model_flops` of the step of a run's `TrainSettings` ``settings``
     (`jaxformer.train.config`; ``data.batch_size`` rows of ``data.seq_len`` / ``data.target_len``;
-    with objective ``mlm``, the head at its `max_predictions` positions): the one count of the
-    trainer's MFU logs and the compile report's roofline."""
+    with objective ``mlm``, the head at its `max_predictions` positions; an image model's rows are
+    its ``image_length`` tokens, patches and class token): the one count of the trainer's MFU logs
+    and the compile report's roofline."""
     d, model_cfg = settings.data, settings.model
     predictions = (max_predictions(settings.objective_options, d.seq_len)
                    if settings.objective.name == "mlm" and model_cfg.head == "mlm" else 0)
-    return model_flops(model_cfg, params, d.batch_size, d.seq_len, d.target_len, predictions)
+    length = model_cfg.image_length or d.seq_len
+    return model_flops(model_cfg, params, d.batch_size, length, d.target_len, predictions)
 
 
 def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 10) -> dict[str, float]:

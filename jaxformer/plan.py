@@ -81,6 +81,7 @@ from jaxformer.parallel.rules import batch_sharding, param_shardings
 from jaxformer.parallel.topology import Topology, topology_devices
 from jaxformer.train.config import base_config
 from jaxformer.train.dpo_run import DPO_OBJECTIVES, DPOLoss
+from jaxformer.train.inputs import ImageInputs, inputs_of
 from jaxformer.train.lora_run import adapted, trainable_abstract
 from jaxformer.train.setup import ResolvedConfig, resolve_config
 from jaxformer.train.state import state_shardings
@@ -112,7 +113,11 @@ def preset_config(name: str, *, batch: int, seq_len: int, target_len: int | None
 
 def abstract_batch(data_cfg, model_cfg: ModelConfig, task: str) -> dict[str, jax.ShapeDtypeStruct]:
     """Shapes of one global batch as the pipeline yields it for data ``task``
-    (`Objective.data_task`; `jaxformer.data.pipeline`)."""
+    (`Objective.data_task`; `jaxformer.data.pipeline`; an image model's images:
+    `jaxformer.train.inputs.ImageInputs.batch_shapes`)."""
+    if not inputs_of(model_cfg).needs_tokenizer:
+        return {k: jax.ShapeDtypeStruct(shape, dtype)
+                for k, (shape, dtype) in ImageInputs.batch_shapes(data_cfg, model_cfg).items()}
     b, out = data_cfg.batch_size, {}
     features = {"inputs": data_cfg.seq_len}
     if model_cfg.family == "encoder_decoder":

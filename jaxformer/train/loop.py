@@ -41,6 +41,7 @@ from jaxformer.parallel.partition import sharded_jit
 from jaxformer.parallel.runner import StepRunner, axis_name, compile_step, global_batch
 from jaxformer.train import distill, dpo_run, extension, lora_run
 from jaxformer.train.collapse import CollapseWatch, with_prediction_counts
+from jaxformer.train.inputs import inputs_of
 from jaxformer.train.metrics import MetricWriter, Progress
 from jaxformer.train.nonfinite import NonfiniteGuard
 from jaxformer.train.setup import set_up
@@ -95,6 +96,7 @@ class Trainer:
         self.config, self.settings = resolved.config, resolved.settings  # config.json's; typed
         self.model_cfg, self.tx, self.schedule = resolved.model_cfg, resolved.tx, resolved.schedule
         self.predicts_labels = predicts_labels(self.model_cfg, self.settings.objective.name)
+        self.inputs = inputs_of(self.model_cfg)  # text or images (`jaxformer.train.inputs`)
         self.workdir, self.lock, self.ckpt = ready.workdir, ready.lock, ready.ckpt
         self.model, self.mesh, self.param_shardings = built.model, built.mesh, built.param_shardings
         self.shardings = built.shardings  # the state's: what a feature trains, if not the model
@@ -282,8 +284,7 @@ class Trainer:
                     train_metrics.update(self.mix_tokens.row())
                 progress.update(1, loss=train_metrics.get("loss"),  # None before the first log
                                 lr=train_metrics.get("learning_rate"), mfu=train_metrics.get("mfu"),
-                                tokens=float(np.sum(batch.get("inputs_segment_ids",
-                                                              batch["inputs"]) != 0)))
+                                tokens=self.inputs.tokens(batch, self.model_cfg))
                 row = dict(train_metrics) if log_now else {}
                 eval_metrics = None
                 if eval_now:

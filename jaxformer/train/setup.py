@@ -4,6 +4,7 @@ by `set_up` (what ``Trainer(config, workdir)`` calls):
     resolved = resolve_config(config)             # pure: init_from read, validated once
     built = build(resolved)                       # model, mesh, abstract state and its shardings
     tokenizer = open_tokenizer(resolved, ...)     # the run's, init_from's, a given or a new one
+                                                  # (None: an image model, `jaxformer.train.inputs`)
     prepare = wire_objective(...)                 # the objective's step, bound to the tokenizer
     make_ds, train_iter = open_data(...)          # the Grain pipeline (eval split probed)
     state = init_state(resolved, built)           # fresh, or init_from's backbone + fresh heads
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -51,7 +51,7 @@ from jaxformer.config import ModelConfig, architecture_fields, changed_fields, f
 from jaxformer.convert.hf import hf_model_config, load_hf
 from jaxformer.convert.hf_io import find_tokenizer, is_hf_directory, read_config
 from jaxformer.convert.lora import merged_params
-from jaxformer.data.pipeline import check_train_records, make_dataset, source_texts
+from jaxformer.data.pipeline import check_train_records, source_texts
 from jaxformer.data.sources import SourceSettings, get_source, label_names_from_data
 from jaxformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from jaxformer.models import build_model, lora
@@ -71,6 +71,7 @@ from jaxformer.train.config import (
     with_derived_model_fields,
 )
 from jaxformer.train.extension import Extension, combine
+from jaxformer.train.inputs import Inputs, inputs_of
 from jaxformer.train.metrics import truncate_metrics
 from jaxformer.train.state import TrainState, create_params, create_train_state, state_shardings
 
@@ -303,10 +304,13 @@ def with_trained(built: Built, tx: optax.GradientTransformation,
 # 3. The tokenizer, the objective and the data.
 
 
-def open_tokenizer(resolved: ResolvedConfig, workdir: Path, resuming: bool) -> Tokenizer:
+def open_tokenizer(resolved: ResolvedConfig, workdir: Path, resuming: bool) -> Tokenizer | None:
     """The run's own ``tokenizer.model`` when resuming; else ``data.tokenizer.path`` (given, or
-    init_from's), else one trained on the train split (its size was checked with the config)."""
+    init_from's), else one trained on the train split (its size was checked with the config);
+    None for a run that reads no text (an image model: `jaxformer.train.inputs`)."""
     data = resolved.settings.data
+    if not inputs_of(resolved.model_cfg).needs_tokenizer:
+        return None
     if resuming:
         path = workdir / "tokenizer.model"
     elif data.tokenizer.path:
@@ -321,37 +325,41 @@ def open_tokenizer(resolved: ResolvedConfig, workdir: Path, resuming: bool) -> T
     return tokenizer
 
 
-def record_tokenizer(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> None:
+def record_tokenizer(config: ml_collections.ConfigDict, tokenizer: Tokenizer | None) -> None:
     """``data.tokenizer.vocab_size`` of ``config`` (the resolved config, what ``config.json``
     stores) set to the size of a tokenizer loaded from ``data.tokenizer.path``: the key sizes a
     tokenizer to be trained, and a loaded one has its own (a Hugging Face ``init_from``'s 30,522
     pieces were recorded as a tiny config's 2,048). Resuming compares it only for trained ones
     (`jaxformer.train.config.resume`)."""
-    if config.data.tokenizer.get("path"):
+    if tokenizer is not None and config.data.tokenizer.get("path"):
         with config.unlocked():
             config.data.tokenizer.vocab_size = int(tokenizer.vocab_size)
 
 
-def wire_objective(settings: TrainSettings, tokenizer: Tokenizer) -> Callable[[dict, Any], dict]:
+def wire_objective(settings: TrainSettings, tokenizer: Tokenizer | None
+                   ) -> Callable[[dict, Any], dict]:
     """The ``prepare(batch, rng)`` of the objective of ``settings`` (a run's `TrainSettings`: its
     resolved ``objective_spec`` and ``objective.decoder_start_id``) for the train step, bound to the
     tokenizer's ids (its host-side per-example step, if any, is applied by the pipeline:
-    `open_data`)."""
+    `open_data`); an image model's (no tokenizer) to its `jaxformer.train.inputs` ids."""
     spec = settings.objective_spec
-    return spec.bind(spec.resolved_options, tokenizer.special, tokenizer=tokenizer,
+    special = inputs_of(settings.model).special(tokenizer, settings.model)
+    return spec.bind(spec.resolved_options, special, tokenizer=tokenizer,
                      decoder_start_id=settings.objective.decoder_start_id)
 
 
-def open_data(resolved: ResolvedConfig, tokenizer: Tokenizer) -> tuple[Callable[..., Any], Any]:
+def open_data(resolved: ResolvedConfig, tokenizer: Tokenizer | None
+              ) -> tuple[Callable[..., Any], Any]:
     """(``make_ds(split, num_epochs=None)``, the train iterator), examples built for the
-    objective's data task, framing and host-side step. A missing, empty or unreadable eval split
-    fails now, not after training. Each split's size (and what was cut to fit) is reported once,
-    by these first datasets, not by every evaluation's."""
-    settings = resolved.settings
-    make_ds = functools.partial(make_dataset, settings.data, tokenizer=tokenizer,
-                                seed=settings.seed, objective=settings.objective_spec,
-                                process_index=jax.process_index(),
-                                process_count=jax.process_count(), report=False)
+    objective's data task, framing and host-side step (an image model's: image batches,
+    `jaxformer.train.inputs`). A missing, empty or unreadable eval split fails now, not after
+    training. Each split's size (and what was cut to fit) is reported once, by these first
+    datasets, not by every evaluation's."""
+    settings, model_cfg = resolved.settings, resolved.model_cfg
+    make_ds = inputs_of(model_cfg).dataset_maker(
+        settings.data, model_cfg, tokenizer, seed=settings.seed,
+        objective=settings.objective_spec, process_index=jax.process_index(),
+        process_count=jax.process_count(), report=False)
     train_iter = iter(make_ds("train", report=True))
     if settings.eval.num_batches > 0:
         probe = iter(make_ds(settings.eval.split, num_epochs=1, report=True))
@@ -463,10 +471,10 @@ class ResumePlan:
     notes: list[str]
 
 
-def plan_resume(ckpt: Checkpointer, workdir: Path, config: ml_collections.ConfigDict
-                ) -> ResumePlan | None:
+def plan_resume(ckpt: Checkpointer, workdir: Path, config: ml_collections.ConfigDict,
+                inputs: Inputs) -> ResumePlan | None:
     """None if the workdir holds no checkpoint; else the newest intact step and the checks a resume
-    must pass (config, tokenizer), before any write."""
+    must pass (config; the tokenizer, when ``inputs`` read text), before any write."""
     if not ckpt.steps():
         return None
     step, manifest, damaged = ckpt.newest_intact()
@@ -477,7 +485,7 @@ def plan_resume(ckpt: Checkpointer, workdir: Path, config: ml_collections.Config
             + ". Restore the files from a copy, or move the checkpoints folder away to "
               "train from scratch")
     notes = check_resume(load_run_config(workdir, manifest), config)
-    verify_tokenizer(workdir, manifest, required=True)
+    verify_tokenizer(workdir, manifest, required=inputs.needs_tokenizer)
     return ResumePlan(step, manifest, damaged, notes)
 
 
@@ -526,7 +534,8 @@ class Setup:
       built: the model, the mesh and the state's shardings (a feature's trained tree included).
       workdir: the run's directory; ``lock``: held on it, claimed (the run writes it).
       ckpt: the workdir's `Checkpointer`.
-      tokenizer: the run's tokenizer; ``prepare``: the objective's ``prepare(batch, rng)``.
+      tokenizer: the run's tokenizer (None: an image model's); ``prepare``: the objective's
+        ``prepare(batch, rng)``.
       make_ds, train_iter: ``make_ds(split, num_epochs=None)`` and the train iterator.
       extension: the features' combined `Extension`.
       state, start_step: the state training starts from (resumed, from ``init_from``, a feature's
@@ -538,13 +547,22 @@ class Setup:
     workdir: Path
     lock: WorkdirLock
     ckpt: Checkpointer
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None
     prepare: Callable[[dict, Any], dict]
     make_ds: Callable[..., Any]
     train_iter: Any
     extension: Extension
     state: TrainState
     start_step: int
+
+
+def stated_inputs(config: ml_collections.ConfigDict) -> Inputs:
+    """What a run of the stated ``config`` reads (`jaxformer.train.inputs.inputs_of`), before it
+    is resolved: of ``config.model``, or of ``init_from``'s model when it leaves ``image_size``
+    unset (a fine-tuning config takes the pretrained model's)."""
+    if config.model.get("image_size") is None and config.get("init_from"):
+        return inputs_of(open_pretrained(config).model)
+    return inputs_of(config.model.to_dict())
 
 
 def set_up(config: ml_collections.ConfigDict, workdir: str | Path, features: Sequence[Feature],
@@ -558,10 +576,11 @@ def set_up(config: ml_collections.ConfigDict, workdir: str | Path, features: Seq
     before the lock is claimed, leaves no trace (`jaxformer.checkpoint.lock`); after it the run
     writes ``config.json``, a new tokenizer and the metrics cut back to its start step."""
     source = read(SourceSettings, config.data)  # the sources' section, read once before resolve
-    config, source = with_label_names_from_data(config, source)  # string labels: sorted
-    objective = get_objective(config.objective.name)  # a bad record: refused now, before the
-    check_train_records(source, objective.resolve(  # config's other checks
-        objective.read_options(config.objective)))
+    if stated_inputs(config).needs_tokenizer:  # text records; image files are read as batched
+        config, source = with_label_names_from_data(config, source)  # string labels: sorted
+        objective = get_objective(config.objective.name)  # a bad record: refused now, before the
+        check_train_records(source, objective.resolve(  # config's other checks
+            objective.read_options(config.objective)))
     for step in config_steps:
         config = step(config)
     resolved = resolve_config(config, source)
@@ -573,7 +592,7 @@ def set_up(config: ml_collections.ConfigDict, workdir: str | Path, features: Seq
     try:  # every check that can refuse the run, reading only: a refusal leaves no trace
         settings, model_cfg = resolved.settings, resolved.model_cfg
         ckpt = Checkpointer(workdir, settings.checkpoint)
-        resume = plan_resume(ckpt, workdir, resolved.config)
+        resume = plan_resume(ckpt, workdir, resolved.config, inputs_of(model_cfg))
         if jax.process_index() == 0:
             print(f"Mesh {describe(built.mesh)}, parallel={settings.parallel}, attention "
                   f"{model_cfg.attention_summary(built.mesh.shape['context'])}")
@@ -593,7 +612,7 @@ def set_up(config: ml_collections.ConfigDict, workdir: str | Path, features: Seq
     lock.claim()  # the checks have passed: the run writes the workdir from here on
     if jax.process_index() == 0:
         save_run_config(workdir, resolved.config)
-        if resume is None:  # a resumed run keeps its own
+        if resume is None and tokenizer is not None:  # a resumed run keeps its own
             tokenizer.save(str(workdir / "tokenizer.model"))
         truncate_metrics(workdir, start_step)  # one row per step across crashes
     return Setup(resolved, built, workdir, lock, ckpt, tokenizer, prepare, make_ds, train_iter, ext,

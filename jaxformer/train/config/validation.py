@@ -22,7 +22,7 @@ import ml_collections
 import optax
 
 from jaxformer.config import ModelConfig
-from jaxformer.data.pipeline import DataSettings, check_data_config
+from jaxformer.data.pipeline import DataSettings
 from jaxformer.evaluation.decoding import check_generation
 from jaxformer.objectives import check_objective, get_objective
 from jaxformer.objectives.cloze import check_cloze_config, predicts_labels
@@ -35,6 +35,7 @@ from jaxformer.ops.kernel_choice import check_backend
 from jaxformer.settings import read
 from jaxformer.train.config.schema import TrainSettings, check_schema, train_settings
 from jaxformer.train.distill_config import check_distill
+from jaxformer.train.inputs import inputs_of
 from jaxformer.train.optim import make_optimizer
 
 
@@ -191,7 +192,11 @@ def _check_data(config: ml_collections.ConfigDict, settings: TrainSettings, reso
         raise ValueError(f"data.task={legacy!r} does not fit objective.name={objective.name!r}, "
                          f"whose data task is {objective.data_task!r}; remove data.task (it is "
                          "derived from objective.name)")
-    check_data_config(data, objective=objective)
+    inputs = inputs_of(model_cfg)  # text or images (`jaxformer.train.inputs`)
+    inputs.check_data(data, objective)
+    _check_label_names(data, settings)
+    if not inputs.needs_tokenizer:  # the rest checks text rows and their tokenizer
+        return
     for key, n in position_lengths(data, model_cfg).items():  # init_from's table: resolve_config
         if n > model_cfg.max_len:  # has fitted the lengths to it (it cannot grow)
             raise ValueError(f"data.{key}={n} exceeds model.max_len={model_cfg.max_len}, the "
@@ -205,7 +210,11 @@ def _check_data(config: ml_collections.ConfigDict, settings: TrainSettings, reso
     tok = data.tokenizer
     if not tok.path and (resolved or not settings.init_from):  # else init_from's may be used
         check_vocabulary(tok.vocab_size, model_cfg, f"data.tokenizer.vocab_size={tok.vocab_size}")
-    names = data.label_names
+
+
+def _check_label_names(data: DataSettings, settings: TrainSettings) -> None:
+    """String labels within the classifier's classes."""
+    model_cfg, names = settings.model, data.label_names
     if (names and predicts_labels(model_cfg, settings.objective.name)
             and len(names) > model_cfg.num_classes):
         raise ValueError(f"data.label_names has {len(names)} labels {names} but model.num_classes="
